@@ -1,0 +1,102 @@
+//! The command line: the contract users and later work rely on (grow it, do not rename it).
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "dflash-top",
+    version,
+    about = "Train a DFlash drafter on libtorch and watch every thread of the pipeline live",
+    long_about = "Train a DFlash speculative-decoding drafter on libtorch and watch, live in the \
+terminal, where every thread of the training pipeline spends its time.\n\nWith no subcommand: \
+`train` with the TUI, preset `tiny`, on the CPU, on synthetic data."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a drafter (the TUI by default, --headless for log lines).
+    Train(TrainArgs),
+    /// Show a recorded run (--record FILE) in the TUI.
+    Replay {
+        /// A JSONL file written by `train --record`.
+        file: PathBuf,
+    },
+    /// Write a Chrome trace (opens in Perfetto) from a recorded run.
+    Export {
+        /// A JSONL file written by `train --record`.
+        file: PathBuf,
+        /// Where to write the Chrome-trace JSON.
+        #[arg(long, value_name = "OUT.json")]
+        chrome: PathBuf,
+    },
+    /// Measure the engine: training steps/s and tok/s for a preset.
+    Bench(BenchArgs),
+    /// Check libtorch, CUDA, NVML and per-thread CPU on this machine.
+    Doctor,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct TrainArgs {
+    /// Print one line per interval instead of the TUI.
+    #[arg(long)]
+    pub headless: bool,
+    /// Model shapes with random weights when no --target is given.
+    #[arg(long, value_name = "NAME")]
+    pub preset: Option<String>,
+    /// A Hugging Face Qwen3 directory (config.json + safetensors) for the target.
+    #[arg(long, value_name = "DIR")]
+    pub target: Option<PathBuf>,
+    /// A DFlash drafter directory to start from (released or saved).
+    #[arg(long, value_name = "DIR")]
+    pub drafter: Option<PathBuf>,
+    /// `synthetic` or a JSONL file (input_ids, or text/chat with the target's tokenizer).
+    #[arg(long, value_name = "synthetic|PATH")]
+    pub data: Option<String>,
+    /// Stop after this many drafter steps (default: run until quit).
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u64>,
+    /// Where checkpoints go.
+    #[arg(long, value_name = "DIR")]
+    pub save_dir: Option<PathBuf>,
+    /// Save a checkpoint every N drafter steps.
+    #[arg(long, value_name = "N")]
+    pub save_every: Option<u64>,
+    /// Continue a run from a checkpoint directory.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Devices of the target workers, e.g. `cpu` or `cuda:0,cuda:1`.
+    #[arg(long, value_name = "LIST")]
+    pub target_devices: Option<String>,
+    /// Devices of the drafter workers, e.g. `cpu` or `cuda:2,cuda:3`.
+    #[arg(long, value_name = "LIST")]
+    pub drafter_devices: Option<String>,
+    /// Write every snapshot to this JSONL file.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// A TOML run configuration; flags override it.
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+    /// Random seed.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Slow a stage on purpose to see starvation, e.g. `target=20ms` or `drafter=50ms`.
+    #[arg(long, value_name = "STAGE=DURATION")]
+    pub slow: Vec<String>,
+    /// Seconds between headless lines.
+    #[arg(long, value_name = "SECONDS")]
+    pub interval: Option<f64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// What to measure: `engine` (training step) or `telemetry` (phase-mark cost).
+    #[arg(default_value = "engine")]
+    pub what: String,
+    #[command(flatten)]
+    pub train: TrainArgs,
+}

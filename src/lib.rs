@@ -1,0 +1,8 @@
+//! dflash-top: train a DFlash drafter on libtorch and watch every thread of the pipeline live.
+
+pub mod app;
+pub mod cancel;
+pub mod cli;
+pub mod doctor;
+pub mod probe;
+pub mod telemetry;

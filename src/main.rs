@@ -1,0 +1,15 @@
+use clap::Parser;
+use dflash_top::cli::{Cli, Command};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::Train(Default::default()));
+    match dflash_top::app::run(command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("dflash-top: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! Telemetry: phases, per-thread recorders, monitored queues, the hub and its snapshots.
+
+pub mod assemble;
+pub mod clock;
+pub mod hub;
+pub mod phase;
+pub mod queue;
+pub mod recorder;
+pub mod snapshot;
+pub mod switches;
+pub mod verdict;
+pub mod window;
+
+pub use hub::{HubCommand, Telemetry};
+pub use phase::{Phase, Role, N_PHASES};
+pub use recorder::{PhaseRecorder, StepRecord, TrainMetrics};
+pub use snapshot::Snapshot;
+pub use switches::{GpuTiming, Switches};

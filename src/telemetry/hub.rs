@@ -1,0 +1,182 @@
+//! The hub: the one place where numbers meet. It drains step records, closes a tick every 100 ms,
+//! reads queues, CPU and GPUs at their own rates, and publishes an immutable `Snapshot` to every
+//! subscribed front-end.
+
+use super::assemble::Assembler;
+use super::clock;
+use super::queue::QueueProbe;
+use super::recorder::{RecordSink, Registry, StepRecord};
+use super::snapshot::Snapshot;
+use super::switches::Switches;
+use super::window::TICK_NS;
+use crate::cancel::CancelToken;
+use crate::probe::cpu::CpuProbe;
+use crate::probe::gpu::GpuProbe;
+use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender, TrySendError};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Capacity of the step-record channel; beyond it records are dropped and counted.
+pub const RECORD_CHANNEL: usize = 4096;
+const CPU_EVERY_TICKS: u64 = 5;
+const GPU_EVERY_TICKS: u64 = 5;
+
+/// Commands a front-end sends the hub.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HubCommand {
+    ResetWindows,
+    /// A line to show in the header (checkpoint saved, run finished, …).
+    Status(String),
+}
+
+/// Everything the engine and front-ends share with the hub.
+#[derive(Clone)]
+pub struct Telemetry {
+    sink: RecordSink,
+    rx: Receiver<StepRecord>,
+    queues: Arc<Mutex<Vec<QueueProbe>>>,
+    subscribers: Arc<Mutex<Vec<Sender<Arc<Snapshot>>>>>,
+    commands: (Sender<HubCommand>, Receiver<HubCommand>),
+    /// Whether the hub samples /proc and NVML (off in tests that script everything).
+    pub probes: bool,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Telemetry {
+    pub fn new() -> Self {
+        Self::with_capacity(RECORD_CHANNEL)
+    }
+
+    pub fn with_capacity(records: usize) -> Self {
+        clock::init();
+        let (tx, rx) = bounded(records);
+        Telemetry {
+            sink: RecordSink {
+                tx,
+                dropped: Arc::new(AtomicU64::new(0)),
+                switches: Arc::new(Switches::default()),
+                registry: Arc::new(Registry::default()),
+            },
+            rx,
+            queues: Arc::default(),
+            subscribers: Arc::default(),
+            commands: unbounded(),
+            probes: true,
+        }
+    }
+
+    pub fn sink(&self) -> &RecordSink {
+        &self.sink
+    }
+
+    pub fn switches(&self) -> &Arc<Switches> {
+        &self.sink.switches
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.sink.registry
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.sink.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn records(&self) -> &Receiver<StepRecord> {
+        &self.rx
+    }
+
+    pub fn add_queue(&self, probe: QueueProbe) {
+        self.queues.lock().expect("queue list poisoned").push(probe);
+    }
+
+    pub fn queue_probes(&self) -> Vec<QueueProbe> {
+        self.queues.lock().expect("queue list poisoned").clone()
+    }
+
+    /// A new front-end's feed of snapshots. A slow front-end misses snapshots, never blocks.
+    pub fn subscribe(&self) -> Receiver<Arc<Snapshot>> {
+        let (tx, rx) = bounded(2);
+        self.subscribers
+            .lock()
+            .expect("subscribers poisoned")
+            .push(tx);
+        rx
+    }
+
+    pub fn command(&self, c: HubCommand) {
+        let _ = self.commands.0.send(c);
+    }
+
+    /// Starts the hub thread; it stops when `cancel` is set and publishes a last snapshot.
+    pub fn spawn_hub(&self, cancel: CancelToken) -> std::io::Result<JoinHandle<()>> {
+        let t = self.clone();
+        std::thread::Builder::new()
+            .name("hub".into())
+            .spawn(move || t.run_hub(cancel))
+    }
+
+    fn publish(&self, snap: Snapshot) {
+        let snap = Arc::new(snap);
+        let mut subs = self.subscribers.lock().expect("subscribers poisoned");
+        subs.retain(|s| !matches!(s.try_send(snap.clone()), Err(TrySendError::Disconnected(_))));
+    }
+
+    fn run_hub(&self, cancel: CancelToken) {
+        let mut asm = Assembler::new(clock::now_ns());
+        let mut cpu = self.probes.then(CpuProbe::new);
+        let gpu = if self.probes {
+            GpuProbe::open()
+        } else {
+            GpuProbe::Absent(String::new())
+        };
+        if let GpuProbe::Absent(why) = &gpu {
+            asm.set_gpu_absent(why);
+        }
+        let ticker = tick(Duration::from_nanos(TICK_NS));
+        let mut n: u64 = 0;
+        loop {
+            select! {
+                recv(self.rx) -> r => if let Ok(r) = r { asm.ingest(&r) },
+                recv(self.commands.1) -> c => match c {
+                    Ok(HubCommand::ResetWindows) => asm.reset_windows(),
+                    Ok(HubCommand::Status(s)) => asm.set_status(s),
+                    Err(_) => {}
+                },
+                recv(ticker) -> _ => {
+                    let stopping = cancel.is_cancelled();
+                    while let Ok(r) = self.rx.try_recv() {
+                        asm.ingest(&r);
+                    }
+                    n += 1;
+                    if let Some(p) = cpu.as_mut().filter(|_| n % CPU_EVERY_TICKS == 1) {
+                        asm.set_cpu(p.sample());
+                    }
+                    if n % GPU_EVERY_TICKS == 1 {
+                        if let Ok(g) = gpu.sample() {
+                            asm.set_gpus(g);
+                        }
+                    }
+                    let now = clock::now_ns();
+                    let snap = asm.tick(
+                        now,
+                        &self.sink.registry.threads(),
+                        &self.queue_probes(),
+                        &self.sink.switches,
+                        self.dropped(),
+                    );
+                    self.publish(snap);
+                    if stopping {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

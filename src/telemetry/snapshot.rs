@@ -1,0 +1,202 @@
+//! The immutable picture the hub publishes ~10 times a second. Front-ends render only this.
+
+use super::phase::{Phase, Role, N_PHASES};
+use super::switches::GpuTiming;
+use super::verdict::Verdict;
+use serde::{Deserialize, Serialize};
+
+/// Phase time of one thread over a window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhaseWindow {
+    pub steps: u64,
+    pub wall_ns: u64,
+    pub phase_ns: [u64; N_PHASES],
+    pub tokens: u64,
+    /// Wall-clock length of the window (not of the steps in it).
+    pub span_ns: u64,
+}
+
+impl PhaseWindow {
+    pub fn add(&mut self, other: &PhaseWindow) {
+        self.steps += other.steps;
+        self.wall_ns += other.wall_ns;
+        self.tokens += other.tokens;
+        self.span_ns += other.span_ns;
+        for i in 0..N_PHASES {
+            self.phase_ns[i] += other.phase_ns[i];
+        }
+    }
+
+    /// Mean milliseconds per step spent in `phase`.
+    pub fn ms_per_step(&self, phase: Phase) -> f64 {
+        if self.steps == 0 {
+            return 0.0;
+        }
+        self.phase_ns[phase.index()] as f64 / 1e6 / self.steps as f64
+    }
+
+    /// Mean wall milliseconds per step.
+    pub fn step_ms(&self) -> f64 {
+        if self.steps == 0 {
+            return 0.0;
+        }
+        self.wall_ns as f64 / 1e6 / self.steps as f64
+    }
+
+    /// Share of the recorded wall time spent in `phase`, 0..1.
+    pub fn share(&self, phase: Phase) -> f64 {
+        if self.wall_ns == 0 {
+            return 0.0;
+        }
+        self.phase_ns[phase.index()] as f64 / self.wall_ns as f64
+    }
+
+    /// Share of recorded wall time not spent waiting on a queue.
+    pub fn busy_share(&self) -> f64 {
+        let wait: u64 = Phase::ALL
+            .iter()
+            .filter(|p| p.is_wait())
+            .map(|p| self.phase_ns[p.index()])
+            .sum();
+        if self.wall_ns == 0 {
+            return 0.0;
+        }
+        1.0 - wait as f64 / self.wall_ns as f64
+    }
+
+    pub fn steps_per_s(&self) -> f64 {
+        if self.span_ns == 0 {
+            return 0.0;
+        }
+        self.steps as f64 / (self.span_ns as f64 / 1e9)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ThreadState {
+    Working,
+    Waiting,
+    Exited,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThreadView {
+    pub name: String,
+    pub role: Role,
+    pub device: String,
+    pub tid: i32,
+    pub cpu_pct: Option<f32>,
+    pub phase: Phase,
+    pub state: ThreadState,
+    pub w1: PhaseWindow,
+    pub w10: PhaseWindow,
+    pub run: PhaseWindow,
+}
+
+/// Threads of the process that no worker registered (libtorch's pools, the UI, …), by name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThreadGroupView {
+    pub name: String,
+    pub count: usize,
+    pub cpu_pct: f32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueView {
+    pub name: String,
+    pub producers: String,
+    pub consumers: String,
+    pub capacity: usize,
+    pub depth: usize,
+    pub min_depth: usize,
+    pub max_depth: usize,
+    pub mean_depth: f64,
+    pub empty_share: f64,
+    pub full_share: f64,
+    pub push_per_s: f64,
+    pub pop_per_s: f64,
+    pub mean_age_ms: f64,
+    /// Share of the consumers' time spent waiting on an empty queue (1 s window).
+    pub consumer_wait_share: f64,
+    /// Share of the producers' time spent waiting on a full queue (1 s window).
+    pub producer_wait_share: f64,
+    /// Mean depth per tick, oldest first.
+    pub history: Vec<f64>,
+    pub starving: bool,
+    pub blocking: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub name: String,
+    pub util_pct: u32,
+    pub mem_used_mib: u64,
+    pub mem_total_mib: u64,
+    pub power_w: f64,
+    pub sm_clock_mhz: u32,
+    pub temp_c: u32,
+    pub util_history: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum GpuPanel {
+    Absent(String),
+    Present(Vec<GpuView>),
+}
+
+impl Default for GpuPanel {
+    fn default() -> Self {
+        GpuPanel::Absent("no NVIDIA GPU (NVML not found)".into())
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainView {
+    pub step: u64,
+    pub loss: Option<f32>,
+    pub tau: Option<f32>,
+    pub lr: Option<f32>,
+    pub grad_norm: Option<f32>,
+    pub slot_acc: Vec<f32>,
+    pub tokens_total: u64,
+    pub tok_per_s_1s: f64,
+    pub tok_per_s_10s: f64,
+}
+
+/// What the profiler itself costs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SelfCost {
+    pub marks_per_s: f64,
+    pub ns_per_mark: f64,
+    pub snapshot_us: f64,
+    pub dropped: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub seq: u64,
+    pub elapsed_s: f64,
+    pub train: TrainView,
+    pub profiling: bool,
+    pub gpu_timing: Option<GpuTiming>,
+    pub paused: bool,
+    pub verdict: Verdict,
+    pub threads: Vec<ThreadView>,
+    pub groups: Vec<ThreadGroupView>,
+    pub cpu_note: Option<String>,
+    pub queues: Vec<QueueView>,
+    pub gpus: GpuPanel,
+    /// (elapsed s, value), oldest first.
+    pub loss_history: Vec<(f64, f64)>,
+    pub tok_history: Vec<(f64, f64)>,
+    pub self_cost: SelfCost,
+    /// A line from the engine: a saved checkpoint, an error, "finished".
+    pub status: Option<String>,
+}
+
+impl Snapshot {
+    pub fn queue(&self, name: &str) -> Option<&QueueView> {
+        self.queues.iter().find(|q| q.name == name)
+    }
+}

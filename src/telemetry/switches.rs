@@ -1,0 +1,85 @@
+//! Runtime switches the front-end flips while training runs; the workers only read them.
+
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+/// How GPU work is attributed to phases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuTiming {
+    /// Host wall time: queued CUDA work lands in whichever phase next waits on the device.
+    Async,
+    /// Synchronize the device at every phase boundary: true attribution, at a throughput cost.
+    Sync,
+}
+
+impl GpuTiming {
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuTiming::Async => "async",
+            GpuTiming::Sync => "sync",
+        }
+    }
+
+    pub fn next(self) -> GpuTiming {
+        match self {
+            GpuTiming::Async => GpuTiming::Sync,
+            GpuTiming::Sync => GpuTiming::Async,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Switches {
+    profiling: AtomicBool,
+    /// Bumped on every profiling toggle, so a recorder can tell whether a whole step was profiled
+    /// without touching anything on the off path.
+    profiling_epoch: AtomicU64,
+    gpu_timing: AtomicU8,
+    paused: AtomicBool,
+}
+
+impl Default for Switches {
+    fn default() -> Self {
+        Switches {
+            profiling: AtomicBool::new(true),
+            profiling_epoch: AtomicU64::new(0),
+            gpu_timing: AtomicU8::new(GpuTiming::Async as u8),
+            paused: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Switches {
+    #[inline(always)]
+    pub fn profiling(&self) -> bool {
+        self.profiling.load(Relaxed)
+    }
+
+    pub fn set_profiling(&self, on: bool) {
+        self.profiling.store(on, Relaxed);
+        self.profiling_epoch.fetch_add(1, Relaxed);
+    }
+
+    pub fn profiling_epoch(&self) -> u64 {
+        self.profiling_epoch.load(Relaxed)
+    }
+
+    pub fn gpu_timing(&self) -> GpuTiming {
+        match self.gpu_timing.load(Relaxed) {
+            1 => GpuTiming::Sync,
+            _ => GpuTiming::Async,
+        }
+    }
+
+    pub fn set_gpu_timing(&self, mode: GpuTiming) {
+        self.gpu_timing.store(mode as u8, Relaxed);
+    }
+
+    pub fn paused(&self) -> bool {
+        self.paused.load(Relaxed)
+    }
+
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Relaxed);
+    }
+}

@@ -1,0 +1,4 @@
+//! Integration tests, one binary.
+
+mod cli;
+mod telemetry_core;

@@ -1,0 +1,55 @@
+use clap::CommandFactory;
+use dflash_top::cli::Cli;
+
+#[test]
+fn cli_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn every_documented_train_flag_parses() {
+    use clap::Parser;
+    let cli = Cli::try_parse_from([
+        "dflash-top",
+        "train",
+        "--headless",
+        "--preset",
+        "tiny",
+        "--target",
+        "t",
+        "--drafter",
+        "d",
+        "--data",
+        "synthetic",
+        "--steps",
+        "3",
+        "--save-dir",
+        "s",
+        "--save-every",
+        "2",
+        "--resume",
+        "r",
+        "--target-devices",
+        "cpu",
+        "--drafter-devices",
+        "cpu",
+        "--record",
+        "f.jsonl",
+        "--config",
+        "c.toml",
+        "--seed",
+        "7",
+        "--slow",
+        "target=20ms",
+    ])
+    .expect("the documented flags parse");
+    match cli.command {
+        Some(dflash_top::cli::Command::Train(a)) => {
+            assert!(a.headless);
+            assert_eq!(a.steps, Some(3));
+            assert_eq!(a.seed, Some(7));
+            assert_eq!(a.slow, vec!["target=20ms".to_string()]);
+        }
+        other => panic!("parsed as {other:?}"),
+    }
+}
