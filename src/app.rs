@@ -1,20 +1,27 @@
 //! Dispatches a parsed command line to the part of the program that does it.
 
-use crate::cli::Command;
+use crate::cancel::CancelToken;
+use crate::cli::{Command, TrainArgs};
+use crate::config::RunConfig;
+use crate::engine::pipeline::Pipeline;
+use crate::telemetry::Telemetry;
+use anyhow::Result;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 /// Exit code for a part that a later issue fills in.
 pub const NOT_BUILT: u8 = 2;
 
-pub fn run(command: Command) -> anyhow::Result<ExitCode> {
+pub fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Doctor => {
             print!("{}", crate::doctor::report());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Train(args) if args.headless => train_headless(&args),
         other => {
             let name = match other {
-                Command::Train(_) => "train",
+                Command::Train(_) => "train (TUI)",
                 Command::Replay { .. } => "replay",
                 Command::Export { .. } => "export",
                 Command::Bench(_) => "bench",
@@ -24,4 +31,69 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(NOT_BUILT))
         }
     }
+}
+
+/// A running training session: hub + pipeline.
+pub struct Session {
+    pub telemetry: Telemetry,
+    pub pipeline: Pipeline,
+    hub_cancel: CancelToken,
+    hub: std::thread::JoinHandle<()>,
+}
+
+impl Session {
+    pub fn start(cfg: &RunConfig) -> Result<Session> {
+        let telemetry = Telemetry::new();
+        let pipeline = Pipeline::start(cfg, &telemetry)?;
+        let hub_cancel = CancelToken::new();
+        let hub = telemetry.spawn_hub(hub_cancel.clone())?;
+        Ok(Session {
+            telemetry,
+            pipeline,
+            hub_cancel,
+            hub,
+        })
+    }
+
+    /// Stops the pipeline (saving as configured) and then the hub, which publishes a last
+    /// snapshot.
+    pub fn finish(self) -> Result<()> {
+        let result = self.pipeline.stop();
+        self.hub_cancel.cancel();
+        let _ = self.hub.join();
+        result
+    }
+}
+
+fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
+    let cfg = RunConfig::from_args(args)?;
+    let session = Session::start(&cfg)?;
+    let snapshots = session.telemetry.subscribe();
+    let interrupted = CancelToken::new();
+    {
+        let i = interrupted.clone();
+        let _ = ctrlc::set_handler(move || i.cancel());
+    }
+    let start_step = session.pipeline.start_step;
+    let interval = Duration::from_secs_f64(cfg.interval);
+    let mut next = Instant::now() + interval;
+    let mut last = None;
+    while !session.pipeline.is_finished() && !interrupted.is_cancelled() {
+        if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
+            if Instant::now() >= next {
+                println!("{}", crate::headless::interval_line(&s));
+                next += interval;
+            }
+            last = Some(s);
+        }
+    }
+    let result = session.finish();
+    while let Ok(s) = snapshots.try_recv() {
+        last = Some(s);
+    }
+    result?;
+    if let Some(s) = last {
+        println!("{}", crate::headless::summary_line(&s, start_step));
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -3,6 +3,9 @@
 pub mod app;
 pub mod cancel;
 pub mod cli;
+pub mod config;
 pub mod doctor;
+pub mod engine;
+pub mod headless;
 pub mod probe;
 pub mod telemetry;

@@ -194,6 +194,17 @@ impl PhaseRecorder {
         self.published.store(Phase::Other as u8, Relaxed);
     }
 
+    /// Starts a fresh iteration without reporting the time since the last one (after a pause).
+    pub fn restart(&mut self) {
+        let now = clock::ticks();
+        self.acc = [0; N_PHASES];
+        self.iter_start = now;
+        self.last = now;
+        self.current_phase = Phase::Other;
+        self.epoch = self.switches.profiling_epoch();
+        self.published.store(Phase::Other as u8, Relaxed);
+    }
+
     /// This thread's index in the registry (what `StepRecord::thread` carries).
     pub fn thread_index(&self) -> usize {
         self.thread

@@ -1,0 +1,15 @@
+//! The DFlash training engine: data, the Qwen3 target, the DFlash drafter, blocks and masks,
+//! the loss, the optimizer, checkpoints, and the pipelined workers.
+
+pub mod blocks;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod drafter;
+pub mod layers;
+pub mod loss;
+pub mod optim;
+pub mod pipeline;
+pub mod qwen3;
+pub mod weights;
+pub mod workers;

@@ -1,0 +1,146 @@
+//! Training blocks: anchor sampling, the block attention mask, block inputs, positions and
+//! labels (DESIGN.md §3).
+
+use super::data::Rng;
+use tch::{Device, Kind, Tensor};
+
+/// Anchors of one row: up to `max` positions sampled uniformly without replacement among
+/// positions p with `loss_mask[p]`, room for a whole block in the row (`p + block <= seq`, our
+/// reading of "room for a block"), and at least one label in p's own document. Sorted.
+pub fn sample_anchors(
+    doc_ids: &[i64],
+    loss_mask: &[bool],
+    block: usize,
+    max: usize,
+    rng: &mut Rng,
+) -> Vec<i64> {
+    let seq = doc_ids.len();
+    let mut candidates: Vec<i64> = (0..seq.saturating_sub(block - 1))
+        .filter(|&p| loss_mask[p] && p + 1 < seq && doc_ids[p + 1] == doc_ids[p])
+        .map(|p| p as i64)
+        .collect();
+    // Partial Fisher-Yates: the first `max` are a uniform sample without replacement.
+    let take = max.min(candidates.len());
+    for i in 0..take {
+        let j = i + rng.below((candidates.len() - i) as u64) as usize;
+        candidates.swap(i, j);
+    }
+    candidates.truncate(take);
+    candidates.sort_unstable();
+    candidates
+}
+
+/// Anchors of every row, padded to `max` with `valid` false.
+#[derive(Debug)]
+pub struct Anchors {
+    /// [b, a] positions (0 where invalid)
+    pub pos: Tensor,
+    /// [b, a] bool
+    pub valid: Tensor,
+    pub count: usize,
+}
+
+pub fn anchors_tensor(per_row: &[Vec<i64>], max: usize, device: Device) -> Anchors {
+    let b = per_row.len();
+    let mut pos = vec![0i64; b * max];
+    let mut valid = vec![false; b * max];
+    let mut count = 0;
+    for (r, row) in per_row.iter().enumerate() {
+        for (i, p) in row.iter().take(max).enumerate() {
+            pos[r * max + i] = *p;
+            valid[r * max + i] = true;
+            count += 1;
+        }
+    }
+    let shape = [b as i64, max as i64];
+    Anchors {
+        pos: Tensor::from_slice(&pos).view(shape).to_device(device),
+        valid: Tensor::from_slice(&valid).view(shape).to_device(device),
+        count,
+    }
+}
+
+/// Position index of every block slot: `anchor + k`.
+// anchors [b, a] -> [b, a, block]
+fn slot_index(anchors: &Tensor, block: i64) -> Tensor {
+    anchors.unsqueeze(-1) + Tensor::arange(block, (Kind::Int64, anchors.device()))
+}
+
+/// The block tokens: `[anchor token, MASK x (block-1)]` per anchor.
+// input_ids [b, s], anchors [b, a] -> [b, a * block]
+pub fn block_input_ids(
+    input_ids: &Tensor,
+    anchors: &Anchors,
+    block: i64,
+    mask_token: i64,
+) -> Tensor {
+    let (b, a) = (anchors.pos.size()[0], anchors.pos.size()[1]);
+    let first = input_ids.gather(1, &anchors.pos, false).unsqueeze(-1);
+    let rest = Tensor::full(
+        [b, a, block - 1],
+        mask_token,
+        (Kind::Int64, input_ids.device()),
+    );
+    Tensor::cat(&[first, rest], -1).view([b, a * block])
+}
+
+/// Block positions: the anchor's position in its document plus k.
+// positions [b, s], anchors [b, a] -> [b, a * block]
+pub fn block_positions(positions: &Tensor, anchors: &Anchors, block: i64) -> Tensor {
+    let (b, a) = (anchors.pos.size()[0], anchors.pos.size()[1]);
+    let base = positions.gather(1, &anchors.pos, false).unsqueeze(-1);
+    (base + Tensor::arange(block, (Kind::Int64, positions.device()))).view([b, a * block])
+}
+
+/// The block attention mask over keys `[context (s), blocks (a * block)]`: a block sees context
+/// keys before its anchor in its own document, sees its own block both ways, and never another
+/// block. An invalid (padding) block sees nothing: its rows are fully masked.
+// doc_ids [b, s], anchors [b, a] -> [b, 1, a * block, s + a * block] bool
+pub fn block_mask(doc_ids: &Tensor, anchors: &Anchors, block: i64) -> Tensor {
+    let (b, s) = (doc_ids.size()[0], doc_ids.size()[1]);
+    let a = anchors.pos.size()[1];
+    let dev = doc_ids.device();
+    let anchor_doc = doc_ids.gather(1, &anchors.pos, false); // [b, a]
+    let kv = Tensor::arange(s, (Kind::Int64, dev)).view([1, 1, s]);
+    let before = kv.lt_tensor(&anchors.pos.unsqueeze(-1)); // [b, a, s]
+    let same_doc = doc_ids.unsqueeze(1).eq_tensor(&anchor_doc.unsqueeze(-1)); // [b, a, s]
+    let valid = anchors.valid.unsqueeze(-1);
+    let ctx = before.logical_and(&same_doc).logical_and(&valid); // [b, a, s]
+    let ctx = ctx
+        .unsqueeze(2)
+        .expand([b, a, block, s], false)
+        .reshape([b, a * block, s]);
+    let block_of = Tensor::arange(a, (Kind::Int64, dev)).repeat_interleave_self_int(block, 0, None);
+    let own = block_of.unsqueeze(1).eq_tensor(&block_of.unsqueeze(0)); // [a*blk, a*blk]
+    let valid_rows = anchors.valid.repeat_interleave_self_int(block, 1, None); // [b, a*blk]
+    let blocks = own.unsqueeze(0).logical_and(&valid_rows.unsqueeze(-1)); // [b, a*blk, a*blk]
+    Tensor::cat(&[ctx, blocks], -1).unsqueeze(1)
+}
+
+/// Labels at `anchor + k` and where they carry loss: k >= 1, inside the row, in the anchor's
+/// document, inside the loss mask, and the anchor valid.
+// input_ids, doc_ids, loss_mask [b, s], anchors [b, a] -> ([b, a, block] i64, [b, a, block] bool)
+pub fn block_labels(
+    input_ids: &Tensor,
+    doc_ids: &Tensor,
+    loss_mask: &Tensor,
+    anchors: &Anchors,
+    block: i64,
+) -> (Tensor, Tensor) {
+    let (b, s) = (input_ids.size()[0], input_ids.size()[1]);
+    let a = anchors.pos.size()[1];
+    let idx = slot_index(&anchors.pos, block); // [b, a, blk]
+    let inside = idx.lt(s);
+    let flat = idx.clamp_max(s - 1).view([b, a * block]);
+    let gather = |t: &Tensor| t.gather(1, &flat, false).view([b, a, block]);
+    let labels = gather(input_ids);
+    let anchor_doc = doc_ids.gather(1, &anchors.pos, false).unsqueeze(-1);
+    let same_doc = gather(doc_ids).eq_tensor(&anchor_doc);
+    let not_first = Tensor::arange(block, (Kind::Int64, input_ids.device())).ge(1);
+    let valid = inside
+        .logical_and(&same_doc)
+        .logical_and(&gather(loss_mask))
+        .logical_and(&not_first)
+        .logical_and(&anchors.valid.unsqueeze(-1));
+    (labels, valid)
+}

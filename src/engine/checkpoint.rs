@@ -1,0 +1,182 @@
+//! Drafter checkpoints as Hugging Face directories that z-lab's `dflash` package loads:
+//! config.json (a Qwen3 config plus `num_target_layers`, `block_size` and `dflash_config`),
+//! model.safetensors with the drafter's own names, and beside them the optimizer state and the
+//! trainer state. A checkpoint is written into a temporary directory and renamed into place, so
+//! it is never half written.
+
+use super::config::{DrafterSpec, Qwen3Config};
+use super::optim::AdamW;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use tch::nn::VarStore;
+
+pub const MODEL_FILE: &str = "model.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const TRAINER_FILE: &str = "trainer_state.json";
+
+/// Where a run stands, saved beside the weights.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub step: u64,
+    pub total_steps: u64,
+    pub seed: u64,
+    pub lr: f64,
+}
+
+/// config.json of a drafter.
+pub fn drafter_config_json(spec: &DrafterSpec) -> serde_json::Value {
+    let c = &spec.layers;
+    json!({
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings.unwrap_or(40960),
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": false,
+        "torch_dtype": "float32",
+        "layer_types": c.layer_types.clone().unwrap_or_else(|| vec!["full_attention".into(); c.num_hidden_layers as usize]),
+        "sliding_window": c.sliding_window,
+        "num_target_layers": spec.num_target_layers,
+        "block_size": spec.block_size,
+        "dflash_config": {
+            "target_layer_ids": spec.target_layer_ids,
+            "mask_token_id": spec.mask_token_id,
+            "block_size": spec.block_size,
+        },
+    })
+}
+
+/// Reads a drafter directory's config.json.
+pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read {}: --drafter/--resume need a drafter directory",
+            path.display()
+        )
+    })?;
+    let layers = Qwen3Config::from_json(&text).with_context(|| format!("in {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let d = v.get("dflash_config").cloned().unwrap_or(json!({}));
+    let pick = |k: &str| d.get(k).or_else(|| v.get(k)).cloned();
+    let num_target_layers = pick("num_target_layers")
+        .and_then(|x| x.as_i64())
+        .with_context(|| format!("{} has no `num_target_layers`", path.display()))?;
+    let target_layer_ids = match pick("target_layer_ids") {
+        Some(x) => serde_json::from_value(x).with_context(|| {
+            format!(
+                "{}: `target_layer_ids` must be a list of integers",
+                path.display()
+            )
+        })?,
+        None => super::config::build_target_layer_ids(num_target_layers, layers.num_hidden_layers),
+    };
+    let mask_token_id = pick("mask_token_id")
+        .and_then(|x| x.as_i64())
+        .with_context(|| format!("{} has no `dflash_config.mask_token_id`", path.display()))?;
+    let block_size = pick("block_size").and_then(|x| x.as_i64()).unwrap_or(16);
+    Ok(DrafterSpec {
+        layers,
+        target_layer_ids,
+        block_size,
+        mask_token_id,
+        num_target_layers,
+    })
+}
+
+/// Writes a checkpoint to `dir` atomically (temp dir + rename).
+pub fn save(
+    dir: &Path,
+    spec: &DrafterSpec,
+    vs: &VarStore,
+    opt: &AdamW,
+    state: &TrainerState,
+) -> Result<PathBuf> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create {}: check --save-dir", parent.display()))?;
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("checkpoint");
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let write = || -> Result<()> {
+        let cfg = serde_json::to_string_pretty(&drafter_config_json(spec))?;
+        std::fs::write(tmp.join("config.json"), cfg)?;
+        // Weights on the CPU in f32: the master weights, whatever the training device.
+        let mut named: Vec<(String, tch::Tensor)> = vs
+            .variables()
+            .into_iter()
+            .map(|(k, v)| (k, v.detach().to_device(tch::Device::Cpu).contiguous()))
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        tch::Tensor::write_safetensors(&named, tmp.join(MODEL_FILE))?;
+        opt.save(&tmp.join(OPTIMIZER_FILE))?;
+        std::fs::write(tmp.join(TRAINER_FILE), serde_json::to_string_pretty(state)?)?;
+        Ok(())
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e.context(format!("saving checkpoint {}", dir.display())));
+    }
+    if dir.exists() {
+        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+        std::fs::rename(dir, &old)?;
+        std::fs::rename(&tmp, dir)?;
+        let _ = std::fs::remove_dir_all(old);
+    } else {
+        std::fs::rename(&tmp, dir)?;
+    }
+    Ok(dir.to_path_buf())
+}
+
+pub fn read_trainer_state(dir: &Path) -> Result<TrainerState> {
+    let path = dir.join(TRAINER_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read {}: --resume needs a checkpoint saved by dflash-top",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("{} is malformed", path.display()))
+}
+
+/// Loads drafter weights from a directory into `vs` (names must match exactly).
+pub fn load_weights(dir: &Path, vs: &VarStore) -> Result<()> {
+    let file = dir.join(MODEL_FILE);
+    if !file.exists() {
+        bail!(
+            "{} is missing: a drafter directory needs its weights",
+            file.display()
+        );
+    }
+    let tensors = super::weights::read_all(dir)?;
+    let unused = super::weights::copy_into(vs, &tensors, &file)?;
+    if !unused.is_empty() {
+        eprintln!(
+            "dflash-top: note: {} tensor(s) in {} are not part of the drafter and were skipped (e.g. {})",
+            unused.len(),
+            file.display(),
+            unused[0]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! Model configuration: a serde struct with config.json's own keys, the presets, and validation
+//! that names the file and field at fault.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A Qwen3 config.json (the keys the target and the drafter read).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Qwen3Config {
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub num_key_value_heads: i64,
+    pub head_dim: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub vocab_size: i64,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub max_position_embeddings: Option<i64>,
+    /// `full_attention` or `sliding_attention` per layer; absent means all full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<i64>,
+}
+
+/// Raw config.json as read: every field optional, so a missing one becomes a sentence.
+#[derive(Deserialize)]
+struct RawConfig {
+    hidden_size: Option<i64>,
+    intermediate_size: Option<i64>,
+    num_hidden_layers: Option<i64>,
+    num_attention_heads: Option<i64>,
+    num_key_value_heads: Option<i64>,
+    head_dim: Option<i64>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<serde_json::Value>,
+    vocab_size: Option<i64>,
+    tie_word_embeddings: Option<bool>,
+    max_position_embeddings: Option<i64>,
+    layer_types: Option<Vec<String>>,
+    sliding_window: Option<i64>,
+}
+
+impl Qwen3Config {
+    /// Reads `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read {}: point the flag at a Hugging Face model directory",
+                path.display()
+            )
+        })?;
+        Self::from_json(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    pub fn from_json(text: &str) -> Result<Self> {
+        let raw: RawConfig = serde_json::from_str(text).context("config.json is not valid JSON")?;
+        fn need<T>(v: Option<T>, key: &str) -> Result<T> {
+            v.with_context(|| format!("config.json has no `{key}`: add it (a Qwen3 config has it)"))
+        }
+        let hidden_size = need(raw.hidden_size, "hidden_size")?;
+        let num_attention_heads = need(raw.num_attention_heads, "num_attention_heads")?;
+        // transformers 5 moved rope_theta into rope_parameters.
+        let rope_theta = raw.rope_theta.or_else(|| {
+            raw.rope_parameters
+                .as_ref()
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(|v| v.as_f64())
+        });
+        let cfg = Qwen3Config {
+            hidden_size,
+            intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
+            num_hidden_layers: need(raw.num_hidden_layers, "num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads: raw.num_key_value_heads.unwrap_or(num_attention_heads),
+            head_dim: raw
+                .head_dim
+                .unwrap_or(hidden_size / num_attention_heads.max(1)),
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta: need(rope_theta, "rope_theta")?,
+            vocab_size: need(raw.vocab_size, "vocab_size")?,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            max_position_embeddings: raw.max_position_embeddings,
+            layer_types: raw.layer_types,
+            sliding_window: raw.sliding_window,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+        ];
+        for (k, v) in positive {
+            if v <= 0 {
+                bail!("`{k}` is {v}: it must be a positive integer");
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            bail!(
+                "`num_attention_heads` ({}) is not a multiple of `num_key_value_heads` ({})",
+                self.num_attention_heads,
+                self.num_key_value_heads
+            );
+        }
+        if self.head_dim % 2 != 0 {
+            bail!(
+                "`head_dim` ({}) must be even for rotary embeddings",
+                self.head_dim
+            );
+        }
+        if let Some(t) = &self.layer_types {
+            if t.len() as i64 != self.num_hidden_layers {
+                bail!(
+                    "`layer_types` lists {} layers but `num_hidden_layers` is {}",
+                    t.len(),
+                    self.num_hidden_layers
+                );
+            }
+            if let Some(bad) = t
+                .iter()
+                .find(|x| *x != "full_attention" && *x != "sliding_attention")
+            {
+                bail!("`layer_types` has `{bad}`: use full_attention or sliding_attention");
+            }
+            if t.iter().any(|x| x == "sliding_attention") && self.sliding_window.is_none() {
+                bail!("`layer_types` has sliding_attention layers but no `sliding_window`");
+            }
+        }
+        Ok(())
+    }
+
+    /// The sliding window of layer `i`, if it is a sliding-attention layer.
+    pub fn window_of(&self, i: usize) -> Option<i64> {
+        match &self.layer_types {
+            Some(t) if t.get(i).map(String::as_str) == Some("sliding_attention") => {
+                self.sliding_window
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The drafter's own settings beside its Qwen3 layer shapes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrafterSpec {
+    pub layers: Qwen3Config,
+    pub target_layer_ids: Vec<i64>,
+    pub block_size: i64,
+    pub mask_token_id: i64,
+    pub num_target_layers: i64,
+}
+
+/// `build_target_layer_ids(L, n)`: n == 1 → [L/2]; else round(1 + i*(L-4)/(n-1)).
+pub fn build_target_layer_ids(num_target_layers: i64, n: i64) -> Vec<i64> {
+    if n == 1 {
+        return vec![num_target_layers / 2];
+    }
+    let span = (num_target_layers - 4) as f64;
+    (0..n)
+        .map(|i| (1.0 + i as f64 * span / (n - 1) as f64).round_ties_even() as i64)
+        .collect()
+}
+
+/// A named model shape with random weights.
+#[derive(Clone, Debug)]
+pub struct Preset {
+    pub name: &'static str,
+    pub target: Qwen3Config,
+    pub drafter_layers: i64,
+    pub mask_token_id: i64,
+    pub seq_len: i64,
+    pub batch: i64,
+    pub anchors: i64,
+    /// Peak learning rate (6e-4 for real shapes; the tiny model learns faster with more).
+    pub lr: f64,
+    /// Std of the random embedding / lm-head init (HF uses 0.02; tiny needs larger logits).
+    pub embed_std: f64,
+}
+
+pub const PRESETS: [&str; 4] = ["tiny", "qwen3-0.6b", "qwen3-4b", "qwen3-8b"];
+
+fn qwen3(hidden: i64, inter: i64, layers: i64, heads: i64, kv: i64, tie: bool) -> Qwen3Config {
+    Qwen3Config {
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv,
+        head_dim: 128,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        vocab_size: 151_936,
+        tie_word_embeddings: tie,
+        max_position_embeddings: Some(40_960),
+        layer_types: None,
+        sliding_window: None,
+    }
+}
+
+impl Preset {
+    pub fn by_name(name: &str) -> Result<Preset> {
+        Ok(match name {
+            // Small enough that a training step takes well under a second on 2 CPU cores.
+            "tiny" => Preset {
+                name: "tiny",
+                target: Qwen3Config {
+                    hidden_size: 128,
+                    intermediate_size: 384,
+                    num_hidden_layers: 6,
+                    num_attention_heads: 4,
+                    num_key_value_heads: 2,
+                    head_dim: 32,
+                    rms_norm_eps: 1e-6,
+                    rope_theta: 10_000.0,
+                    vocab_size: 512,
+                    tie_word_embeddings: false,
+                    max_position_embeddings: Some(4096),
+                    layer_types: None,
+                    sliding_window: None,
+                },
+                drafter_layers: 2,
+                mask_token_id: 511,
+                seq_len: 256,
+                batch: 2,
+                anchors: 16,
+                lr: 3e-3,
+                embed_std: 0.5,
+            },
+            "qwen3-0.6b" => Preset {
+                name: "qwen3-0.6b",
+                target: qwen3(1024, 3072, 28, 16, 8, true),
+                drafter_layers: 5,
+                mask_token_id: 151_669,
+                seq_len: 3072,
+                batch: 1,
+                anchors: 512,
+                lr: 6e-4,
+                embed_std: 0.02,
+            },
+            "qwen3-4b" => Preset {
+                name: "qwen3-4b",
+                target: qwen3(2560, 9728, 36, 32, 8, true),
+                drafter_layers: 5,
+                mask_token_id: 151_669,
+                seq_len: 3072,
+                batch: 1,
+                anchors: 512,
+                lr: 6e-4,
+                embed_std: 0.02,
+            },
+            "qwen3-8b" => Preset {
+                name: "qwen3-8b",
+                target: qwen3(4096, 12288, 36, 32, 8, false),
+                drafter_layers: 5,
+                mask_token_id: 151_669,
+                seq_len: 3072,
+                batch: 1,
+                anchors: 512,
+                lr: 6e-4,
+                embed_std: 0.02,
+            },
+            other => bail!(
+                "unknown preset `{other}` for --preset: use one of {}",
+                PRESETS.join(", ")
+            ),
+        })
+    }
+
+    /// The drafter for this target: Qwen3 layers of the target's width.
+    pub fn drafter_spec(&self, target: &Qwen3Config) -> DrafterSpec {
+        drafter_spec_for(target, self.drafter_layers, self.mask_token_id, 16)
+    }
+}
+
+/// A fresh drafter's spec for a target: `n` layers, its target layers by the rule above.
+pub fn drafter_spec_for(
+    target: &Qwen3Config,
+    n: i64,
+    mask_token_id: i64,
+    block: i64,
+) -> DrafterSpec {
+    let mut layers = target.clone();
+    layers.num_hidden_layers = n;
+    layers.layer_types = None;
+    layers.sliding_window = None;
+    DrafterSpec {
+        layers,
+        target_layer_ids: build_target_layer_ids(target.num_hidden_layers, n),
+        block_size: block,
+        mask_token_id,
+        num_target_layers: target.num_hidden_layers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_layer_ids_follow_the_rule() {
+        assert_eq!(build_target_layer_ids(36, 1), vec![18]);
+        assert_eq!(build_target_layer_ids(36, 5), vec![1, 9, 17, 25, 33]);
+        assert_eq!(build_target_layer_ids(28, 5), vec![1, 7, 13, 19, 25]);
+        assert_eq!(build_target_layer_ids(6, 2), vec![1, 3]);
+    }
+
+    #[test]
+    fn a_missing_field_is_named() {
+        let e = Qwen3Config::from_json(r#"{"hidden_size": 8}"#).unwrap_err();
+        assert!(format!("{e:#}").contains("intermediate_size"), "{e:#}");
+    }
+
+    #[test]
+    fn unknown_preset_lists_the_known_ones() {
+        let e = Preset::by_name("qwen9").unwrap_err().to_string();
+        assert!(e.contains("--preset") && e.contains("qwen3-8b"), "{e}");
+    }
+}

@@ -1,0 +1,277 @@
+//! Data: documents from a source, packed into fixed-length rows with document ids and
+//! per-document positions.
+
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use tch::{Kind, Tensor};
+
+/// One document: token ids and which of them carry loss.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Doc {
+    pub ids: Vec<i64>,
+    pub loss_mask: Vec<bool>,
+}
+
+/// Where documents come from. Sources cycle: they never run dry.
+pub trait DocSource: Send {
+    fn next_doc(&mut self) -> Doc;
+}
+
+/// A small, fast, seeded generator (SplitMix64): data must not depend on libtorch's RNG state.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in 0..n.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    pub fn chance(&mut self, p: f64) -> bool {
+        ((self.next_u64() >> 11) as f64 / ((1u64 << 53) as f64)) < p
+    }
+}
+
+/// Synthetic documents with learnable structure: each token is followed by a fixed successor
+/// (a random permutation of the vocabulary) with probability `follow`, by a random token
+/// otherwise. A drafter that learns the successor map predicts many tokens ahead, so the loss
+/// falls and tau rises within minutes on a CPU. The first `prompt` tokens carry no loss, like a
+/// chat prompt.
+pub struct Synthetic {
+    rng: Rng,
+    successor: Vec<i64>,
+    vocab: u64,
+    follow: f64,
+    min_len: u64,
+    max_len: u64,
+    prompt: usize,
+}
+
+impl Synthetic {
+    /// `vocab` excludes reserved ids (the mask token sits above it).
+    pub fn new(seed: u64, vocab: i64, max_len: i64) -> Synthetic {
+        let mut rng = Rng::new(seed);
+        let vocab = vocab.max(2) as u64;
+        let mut successor: Vec<i64> = (0..vocab as i64).collect();
+        for i in (1..successor.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            successor.swap(i, j);
+        }
+        let max_len = (max_len.max(8)) as u64;
+        Synthetic {
+            rng: Rng::new(seed.wrapping_add(1)),
+            successor,
+            vocab,
+            follow: 0.9,
+            min_len: (max_len / 4).max(4),
+            max_len,
+            prompt: 4,
+        }
+    }
+}
+
+impl DocSource for Synthetic {
+    fn next_doc(&mut self) -> Doc {
+        let len = self.min_len + self.rng.below(self.max_len - self.min_len + 1);
+        let mut ids = Vec::with_capacity(len as usize);
+        let mut t = self.rng.below(self.vocab) as i64;
+        for _ in 0..len {
+            ids.push(t);
+            t = if self.rng.chance(self.follow) {
+                self.successor[t as usize]
+            } else {
+                self.rng.below(self.vocab) as i64
+            };
+        }
+        let loss_mask = (0..ids.len()).map(|i| i >= self.prompt).collect();
+        Doc { ids, loss_mask }
+    }
+}
+
+/// Documents from a JSONL file: one object a line with `input_ids` (and optional `loss_mask`,
+/// 0/1 or booleans), the format hidden-state preparation tools emit. Read once, then cycled.
+pub struct JsonlSource {
+    docs: Vec<Doc>,
+    next: usize,
+}
+
+impl JsonlSource {
+    pub fn open(path: &Path, vocab_size: i64) -> Result<JsonlSource> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read data file {}: check --data", path.display()))?;
+        let mut docs = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let at = || format!("{} line {}", path.display(), n + 1);
+            let v: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("{}: not valid JSON", at()))?;
+            let Some(ids) = v.get("input_ids").and_then(|x| x.as_array()) else {
+                if v.get("text").is_some() || v.get("messages").is_some() {
+                    bail!(
+                        "{}: text and chat JSONL need a tokenizer, which this build does not \
+                         read yet: pre-tokenize to `input_ids`",
+                        at()
+                    );
+                }
+                bail!("{}: no `input_ids` array: each line needs one", at());
+            };
+            let ids: Vec<i64> = ids
+                .iter()
+                .map(|x| x.as_i64().filter(|t| (0..vocab_size).contains(t)))
+                .collect::<Option<_>>()
+                .with_context(|| {
+                    format!("{}: `input_ids` must be integers in 0..{vocab_size}", at())
+                })?;
+            let loss_mask = match v.get("loss_mask").and_then(|x| x.as_array()) {
+                None => vec![true; ids.len()],
+                Some(m) => {
+                    if m.len() != ids.len() {
+                        bail!(
+                            "{}: `loss_mask` has {} entries but `input_ids` has {}",
+                            at(),
+                            m.len(),
+                            ids.len()
+                        );
+                    }
+                    m.iter()
+                        .map(|x| x.as_bool().unwrap_or(x.as_i64().unwrap_or(0) != 0))
+                        .collect()
+                }
+            };
+            if ids.len() >= 2 {
+                docs.push(Doc { ids, loss_mask });
+            }
+        }
+        if docs.is_empty() {
+            bail!(
+                "{} holds no document with at least 2 tokens: give --data a non-empty JSONL file",
+                path.display()
+            );
+        }
+        Ok(JsonlSource { docs, next: 0 })
+    }
+}
+
+impl DocSource for JsonlSource {
+    fn next_doc(&mut self) -> Doc {
+        let d = self.docs[self.next].clone();
+        self.next = (self.next + 1) % self.docs.len();
+        d
+    }
+}
+
+/// A packed batch on the host: `rows` rows of `seq` tokens.
+#[derive(Debug)]
+pub struct PackedBatch {
+    pub rows: i64,
+    pub seq: i64,
+    pub input_ids: Tensor,
+    pub positions: Tensor,
+    pub doc_ids: Tensor,
+    pub loss_mask: Tensor,
+    /// Host copies the drafter samples anchors from.
+    pub host_doc_ids: Vec<i64>,
+    pub host_loss_mask: Vec<bool>,
+}
+
+/// Packs documents into rows: concatenated up to the row length; a document that does not fit
+/// is cut and its rest starts the next row as a document of its own (our choice: no padding).
+pub struct Packer {
+    carry: Option<Doc>,
+}
+
+impl Default for Packer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Packer {
+    pub fn new() -> Packer {
+        Packer { carry: None }
+    }
+
+    /// Fills one row; returns token ids, loss mask and document lengths.
+    pub fn fill_row(
+        &mut self,
+        src: &mut dyn DocSource,
+        seq: usize,
+    ) -> (Vec<i64>, Vec<bool>, Vec<i64>) {
+        let mut ids = Vec::with_capacity(seq);
+        let mut mask = Vec::with_capacity(seq);
+        let mut lengths = Vec::new();
+        while ids.len() < seq {
+            let mut doc = self.carry.take().unwrap_or_else(|| src.next_doc());
+            let room = seq - ids.len();
+            if doc.ids.len() > room {
+                let rest = Doc {
+                    ids: doc.ids.split_off(room),
+                    loss_mask: doc.loss_mask.split_off(room),
+                };
+                if rest.ids.len() >= 2 {
+                    self.carry = Some(rest);
+                }
+            }
+            lengths.push(doc.ids.len() as i64);
+            ids.extend(doc.ids);
+            mask.extend(doc.loss_mask);
+        }
+        (ids, mask, lengths)
+    }
+
+    pub fn pack(&mut self, src: &mut dyn DocSource, rows: i64, seq: i64) -> PackedBatch {
+        let mut all_ids = Vec::with_capacity((rows * seq) as usize);
+        let mut all_mask = Vec::with_capacity((rows * seq) as usize);
+        let mut doc_rows = Vec::with_capacity(rows as usize);
+        let mut pos_rows = Vec::with_capacity(rows as usize);
+        for _ in 0..rows {
+            let (ids, mask, lengths) = self.fill_row(src, seq as usize);
+            let (doc_ids, positions) = doc_ids_and_positions(&lengths);
+            doc_rows.push(doc_ids);
+            pos_rows.push(positions);
+            all_ids.extend(ids);
+            all_mask.extend(mask);
+        }
+        let doc_ids = Tensor::stack(&doc_rows, 0);
+        let host_doc_ids = Vec::<i64>::try_from(doc_ids.flatten(0, -1)).unwrap_or_default();
+        PackedBatch {
+            rows,
+            seq,
+            input_ids: Tensor::from_slice(&all_ids).view([rows, seq]),
+            positions: Tensor::stack(&pos_rows, 0),
+            doc_ids,
+            loss_mask: Tensor::from_slice(&all_mask).view([rows, seq]),
+            host_doc_ids,
+            host_loss_mask: all_mask,
+        }
+    }
+}
+
+/// `document_ids = repeat_interleave(arange(n_docs), lengths)`; positions restart per document.
+// lengths [n_docs] -> ([seq], [seq])
+pub fn doc_ids_and_positions(lengths: &[i64]) -> (Tensor, Tensor) {
+    let lengths = Tensor::from_slice(lengths);
+    let n = lengths.size()[0];
+    let doc_ids = Tensor::arange(n, (Kind::Int64, tch::Device::Cpu))
+        .repeat_interleave_self_tensor(&lengths, 0, None);
+    let starts = lengths.cumsum(0, Kind::Int64) - &lengths;
+    let seq = doc_ids.size()[0];
+    let positions =
+        Tensor::arange(seq, (Kind::Int64, tch::Device::Cpu)) - starts.index_select(0, &doc_ids);
+    (doc_ids, positions)
+}

@@ -1,0 +1,57 @@
+//! The DFlash drafter: `fc` + `hidden_norm` over the concatenated target features (once), then
+//! Qwen3 decoder layers whose attention takes queries from the block tokens and keys/values from
+//! `[context, block]` (KV injection, the context never updated), then `norm`. Embeddings and the
+//! lm head are the target's, frozen. Names match z-lab's `DFlashDraftModel` state dict.
+
+use super::config::DrafterSpec;
+use super::layers::{rope_tables, Linear, RmsNorm};
+use super::qwen3::DecoderLayer;
+use tch::{nn, Tensor};
+
+#[derive(Debug)]
+pub struct Drafter {
+    pub spec: DrafterSpec,
+    fc: Linear,
+    hidden_norm: RmsNorm,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+}
+
+impl Drafter {
+    pub fn new(root: &nn::Path, spec: &DrafterSpec) -> Drafter {
+        let c = &spec.layers;
+        let n_feat = spec.target_layer_ids.len() as i64;
+        Drafter {
+            spec: spec.clone(),
+            fc: Linear::new(root / "fc", n_feat * c.hidden_size, c.hidden_size),
+            hidden_norm: RmsNorm::new(root / "hidden_norm", c.hidden_size, c.rms_norm_eps),
+            layers: (0..c.num_hidden_layers)
+                .map(|i| DecoderLayer::new(root / "layers" / i, c))
+                .collect(),
+            norm: RmsNorm::new(root / "norm", c.hidden_size, c.rms_norm_eps),
+        }
+    }
+
+    /// Final hidden states of the block tokens.
+    // target_hidden [b, s, n*h], ctx_pos [b, s], block_emb [b, q, h], block_pos [b, q],
+    // mask [b, 1, q, s + q] (true = attend) -> [b, q, h]
+    pub fn forward(
+        &self,
+        target_hidden: &Tensor,
+        ctx_pos: &Tensor,
+        block_emb: &Tensor,
+        block_pos: &Tensor,
+        mask: &Tensor,
+    ) -> Tensor {
+        let c = &self.spec.layers;
+        let context = self.hidden_norm.forward(&self.fc.forward(target_hidden));
+        let (qc, qs) = rope_tables(block_pos, c.head_dim, c.rope_theta);
+        let all_pos = Tensor::cat(&[ctx_pos, block_pos], 1);
+        let (kc, ks) = rope_tables(&all_pos, c.head_dim, c.rope_theta);
+        let mut x = block_emb.shallow_clone();
+        for layer in &self.layers {
+            x = layer.forward(&x, Some(&context), (&qc, &qs), (&kc, &ks), mask);
+        }
+        self.norm.forward(&x)
+    }
+}

@@ -1,0 +1,118 @@
+//! The building blocks both models share: linear without bias, RMSNorm in fp32, rotary tables,
+//! the SwiGLU MLP. Weights live in the dtype their VarStore gives them; `compute` is the dtype the
+//! matmuls run in (bf16 on GPU, f32 on CPU), so fp32 master weights train with bf16 compute.
+
+use super::config::Qwen3Config;
+use tch::{nn, Kind, Tensor};
+
+/// `y = x W^T`, no bias; `W` is [out, in].
+#[derive(Debug)]
+pub struct Linear {
+    pub weight: Tensor,
+}
+
+impl Linear {
+    pub fn new(p: nn::Path, inp: i64, out: i64) -> Linear {
+        let bound = 1.0 / (inp as f64).sqrt();
+        Linear {
+            weight: p.var(
+                "weight",
+                &[out, inp],
+                nn::Init::Uniform {
+                    lo: -bound,
+                    up: bound,
+                },
+            ),
+        }
+    }
+
+    // [.., in] -> [.., out]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.matmul(&self.weight.to_kind(x.kind()).tr())
+    }
+}
+
+/// Qwen3 RMSNorm: normalise in fp32, scale, return in the input dtype.
+#[derive(Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(p: nn::Path, dim: i64, eps: f64) -> RmsNorm {
+        RmsNorm {
+            weight: p.var("weight", &[dim], nn::Init::Const(1.0)),
+            eps,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let xf = x.to_kind(Kind::Float);
+        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let normed = xf * (var + self.eps).rsqrt();
+        (self.weight.to_kind(Kind::Float) * normed).to_kind(kind)
+    }
+}
+
+/// SwiGLU: down(silu(gate(x)) * up(x)).
+#[derive(Debug)]
+pub struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    pub fn new(p: nn::Path, cfg: &Qwen3Config) -> Mlp {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Mlp {
+            gate: Linear::new(&p / "gate_proj", h, i),
+            up: Linear::new(&p / "up_proj", h, i),
+            down: Linear::new(&p / "down_proj", i, h),
+        }
+    }
+
+    // [.., hidden] -> [.., hidden]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.down
+            .forward(&(self.gate.forward(x).silu() * self.up.forward(x)))
+    }
+}
+
+/// cos and sin for NeoX rotate-half RoPE at the given positions: each [.., head_dim], f32.
+pub fn rope_tables(positions: &Tensor, head_dim: i64, theta: f64) -> (Tensor, Tensor) {
+    let device = positions.device();
+    let inv_freq = Tensor::arange_start_step(0, head_dim, 2, (Kind::Float, device))
+        .divide_scalar(head_dim as f64)
+        .multiply_scalar(-theta.ln())
+        .exp();
+    let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
+    let emb = Tensor::cat(&[&freqs, &freqs], -1);
+    (emb.cos(), emb.sin())
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size().last().copied().unwrap_or(0) / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[&x2.neg(), &x1], -1)
+}
+
+/// Applies RoPE to `x` [batch, heads, seq, head_dim] with tables [batch, seq, head_dim].
+pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let kind = x.kind();
+    let cos = cos.unsqueeze(1).to_kind(kind);
+    let sin = sin.unsqueeze(1).to_kind(kind);
+    x * &cos + rotate_half(x) * &sin
+}
+
+/// Scaled dot-product attention with a boolean mask (true = attend) and GQA; rows the mask
+/// blocks entirely come back as zeros, on every device.
+// q [b, hq, lq, d], k/v [b, hkv, lk, d], mask [b, 1, lq, lk] -> [b, hq, lq, d]
+pub fn masked_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Tensor {
+    let out = Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, true);
+    // masked_fill, not a multiply: it also clears a NaN a kernel may return for such a row.
+    out.masked_fill(&mask.any_dim(-1, true).logical_not(), 0.0)
+}

@@ -1,0 +1,313 @@
+//! Builds the models and queues from a `RunConfig` and runs loader → [batch queue] → targets →
+//! [HS queue] → drafters, each worker on its own named thread. Stop is graceful: one
+//! cancellation token, every thread joined, the first error reported.
+
+use super::checkpoint;
+use super::config::{drafter_spec_for, DrafterSpec, Qwen3Config};
+use super::data::{DocSource, JsonlSource, Synthetic};
+use super::drafter::Drafter;
+use super::optim::AdamW;
+use super::qwen3::Qwen3Target;
+use super::workers::{
+    run_drafter, run_loader, run_target, DrafterJob, LoaderJob, TargetJob, TrainControl,
+};
+use crate::cancel::CancelToken;
+use crate::config::{DataSpec, RunConfig};
+use crate::telemetry::queue::monitored_queue;
+use crate::telemetry::Telemetry;
+use anyhow::{bail, Context, Result};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use tch::{nn::VarStore, Device, Kind};
+
+pub struct Pipeline {
+    pub cancel: CancelToken,
+    pub control: Arc<TrainControl>,
+    handles: Vec<JoinHandle<()>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    /// Optimizer step the run started from (non-zero when resumed).
+    pub start_step: u64,
+}
+
+/// The target: shapes from --target's config.json or the preset, weights from the directory or
+/// random (seeded).
+fn build_target(
+    cfg: &RunConfig,
+    target_cfg: &Qwen3Config,
+    capture: &[i64],
+    device: Device,
+) -> Result<(VarStore, Qwen3Target)> {
+    let mut vs = VarStore::new(device);
+    let model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
+    if let Some(dir) = &cfg.target {
+        let tensors = super::weights::read_all(dir)?;
+        super::weights::copy_into(&vs, &tensors, dir)?;
+    }
+    vs.freeze();
+    if device.is_cuda() {
+        vs.set_kind(Kind::BFloat16);
+    }
+    Ok((vs, model))
+}
+
+fn drafter_spec(cfg: &RunConfig, target_cfg: &Qwen3Config) -> Result<DrafterSpec> {
+    let from = cfg.resume.as_ref().or(cfg.drafter.as_ref());
+    let spec = match from {
+        Some(dir) => checkpoint::read_drafter_spec(dir)?,
+        None if cfg.target.is_some() => drafter_spec_for(
+            target_cfg,
+            cfg.preset.drafter_layers.min(target_cfg.num_hidden_layers),
+            mask_token_for(target_cfg, cfg),
+            16,
+        ),
+        None => cfg.preset.drafter_spec(target_cfg),
+    };
+    if spec.layers.hidden_size != target_cfg.hidden_size {
+        bail!(
+            "the drafter's hidden_size ({}) differs from the target's ({}): pair a drafter with \
+             the target it was trained for",
+            spec.layers.hidden_size,
+            target_cfg.hidden_size
+        );
+    }
+    if let Some(bad) = spec
+        .target_layer_ids
+        .iter()
+        .find(|&&i| i < 0 || i >= target_cfg.num_hidden_layers)
+    {
+        bail!(
+            "the drafter reads target layer {bad}, but the target has {} layers",
+            target_cfg.num_hidden_layers
+        );
+    }
+    if spec.mask_token_id < 0 || spec.mask_token_id >= target_cfg.vocab_size {
+        bail!(
+            "mask_token_id {} is outside the target's vocabulary ({})",
+            spec.mask_token_id,
+            target_cfg.vocab_size
+        );
+    }
+    Ok(spec)
+}
+
+/// Qwen3's reserved mask token when the vocabulary has it, else the last id.
+fn mask_token_for(target: &Qwen3Config, cfg: &RunConfig) -> i64 {
+    if target.vocab_size > cfg.preset.mask_token_id && cfg.preset.mask_token_id >= 151_000 {
+        cfg.preset.mask_token_id
+    } else {
+        target.vocab_size - 1
+    }
+}
+
+fn data_source(
+    cfg: &RunConfig,
+    target_cfg: &Qwen3Config,
+    spec: &DrafterSpec,
+    start_step: u64,
+) -> Result<Box<dyn DocSource>> {
+    Ok(match &cfg.data {
+        DataSpec::Synthetic => {
+            // Synthetic tokens stay below the mask token; a resumed run draws fresh documents.
+            let vocab = spec.mask_token_id.min(target_cfg.vocab_size).min(4096);
+            let mut s = Synthetic::new(cfg.seed, vocab, cfg.seq_len / 2);
+            for _ in 0..start_step * cfg.batch as u64 {
+                s.next_doc();
+            }
+            Box::new(s)
+        }
+        DataSpec::Jsonl(p) => Box::new(JsonlSource::open(p, target_cfg.vocab_size)?),
+    })
+}
+
+fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
+    name: String,
+    errors: &Arc<Mutex<Vec<String>>>,
+    cancel: &CancelToken,
+    f: F,
+) -> Result<JoinHandle<()>> {
+    let errors = errors.clone();
+    let cancel = cancel.clone();
+    let label = name.clone();
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            if let Err(e) = f() {
+                errors
+                    .lock()
+                    .expect("errors poisoned")
+                    .push(format!("{label}: {e:#}"));
+                cancel.cancel();
+            }
+        })
+        .context("cannot start a worker thread")
+}
+
+impl Pipeline {
+    pub fn start(cfg: &RunConfig, telemetry: &Telemetry) -> Result<Pipeline> {
+        let cancel = CancelToken::new();
+        let target_cfg = match &cfg.target {
+            Some(dir) => Qwen3Config::from_dir(dir)?,
+            None => cfg.preset.target.clone(),
+        };
+        let spec = drafter_spec(cfg, &target_cfg)?;
+        let n_workers = (cfg.target_devices.len() + cfg.drafter_devices.len()) as i32;
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get() as i32)
+            .unwrap_or(1);
+        let threads = cfg
+            .threads_per_worker
+            .unwrap_or((cores / n_workers.max(1)).max(1));
+        tch::manual_seed(cfg.seed as i64);
+
+        // Targets (built here, one after another, so that seeded random weights are the same).
+        let mut targets = Vec::new();
+        for &dev in &cfg.target_devices {
+            targets.push(build_target(cfg, &target_cfg, &spec.target_layer_ids, dev)?);
+        }
+        let (embed, lm_head) = {
+            let t = &targets[0].1;
+            (t.embed_tokens.shallow_clone(), t.lm_head.shallow_clone())
+        };
+
+        // Drafters: same initial weights on every replica.
+        let mut start_step = 0;
+        let mut drafters = Vec::new();
+        for &dev in &cfg.drafter_devices {
+            tch::manual_seed(cfg.seed as i64 + 1);
+            let vs = VarStore::new(dev);
+            let model = Drafter::new(&vs.root(), &spec);
+            let from = cfg.resume.as_ref().or(cfg.drafter.as_ref());
+            if let Some(dir) = from {
+                checkpoint::load_weights(dir, &vs)?;
+            }
+            let params: Vec<_> = vs.variables().into_iter().collect();
+            let mut optimizer = AdamW::new(params);
+            if let Some(dir) = &cfg.resume {
+                optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+                let state = checkpoint::read_trainer_state(dir)?;
+                optimizer.step = state.step as i64;
+                start_step = state.step;
+            }
+            let kind = if dev.is_cuda() {
+                Kind::BFloat16
+            } else {
+                Kind::Float
+            };
+            let embed = embed.to_device(dev).to_kind(kind);
+            let lm_head = lm_head.to_device(dev).to_kind(kind);
+            drafters.push((vs, model, optimizer, embed, lm_head, dev));
+        }
+        if let Some(n) = cfg.steps {
+            if start_step >= n {
+                bail!("--resume is at step {start_step}, already at or past --steps {n}: raise --steps");
+            }
+        }
+
+        let (batch_tx, batch_rx, batch_probe) =
+            monitored_queue("batch", cfg.batch_queue, "loader", "target", cancel.clone());
+        let (hs_tx, hs_rx, hs_probe) =
+            monitored_queue("hs", cfg.hs_queue, "target", "drafter", cancel.clone());
+        telemetry.add_queue(batch_probe);
+        telemetry.add_queue(hs_probe);
+
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let control = Arc::new(TrainControl::default());
+        let mut handles = Vec::new();
+
+        let source = data_source(cfg, &target_cfg, &spec, start_step)?;
+        let job = LoaderJob {
+            source,
+            rows: cfg.batch,
+            seq: cfg.seq_len,
+            out: batch_tx,
+            slow: cfg.slow.loader,
+        };
+        let (t, c) = (telemetry.clone(), cancel.clone());
+        handles.push(spawn("loader".into(), &errors, &cancel, move || {
+            run_loader(job, t, c)
+        })?);
+
+        for (i, ((_vs, model), &dev)) in targets.into_iter().zip(&cfg.target_devices).enumerate() {
+            let job = TargetJob {
+                model,
+                device: dev,
+                input: batch_rx.clone(),
+                out: hs_tx.clone(),
+                slow: cfg.slow.target,
+                threads,
+            };
+            let (t, c) = (telemetry.clone(), cancel.clone());
+            handles.push(spawn(format!("target-{i}"), &errors, &cancel, move || {
+                let _keep = _vs;
+                run_target(job, t, c)
+            })?);
+        }
+        drop(hs_tx);
+        drop(batch_rx);
+
+        for (i, (vs, model, optimizer, embed, lm_head, dev)) in drafters.into_iter().enumerate() {
+            let job = DrafterJob {
+                model,
+                vs,
+                optimizer,
+                spec: spec.clone(),
+                embed,
+                lm_head,
+                device: dev,
+                input: hs_rx.clone(),
+                anchors: cfg.anchors,
+                lr: cfg.lr,
+                schedule_steps: cfg.schedule_steps,
+                max_steps: cfg.steps,
+                save_dir: cfg.save_dir.clone(),
+                save_every: cfg.save_every,
+                seed: cfg.seed + i as u64,
+                slow: cfg.slow.drafter,
+                threads,
+                saves: i == 0,
+                control: control.clone(),
+            };
+            let (t, c) = (telemetry.clone(), cancel.clone());
+            handles.push(spawn(
+                format!("drafter-{i}"),
+                &errors,
+                &cancel,
+                move || run_drafter(job, t, c),
+            )?);
+        }
+        Ok(Pipeline {
+            cancel,
+            control,
+            handles,
+            errors,
+            start_step,
+        })
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.handles.iter().all(|h| h.is_finished())
+    }
+
+    /// Stops every worker, joins them, and returns the first error any of them hit.
+    pub fn stop(self) -> Result<()> {
+        self.cancel.cancel();
+        self.join()
+    }
+
+    /// Joins every worker (after the run ended by itself or was cancelled).
+    pub fn join(self) -> Result<()> {
+        for h in self.handles {
+            if h.join().is_err() {
+                self.errors
+                    .lock()
+                    .expect("errors poisoned")
+                    .push("a worker thread panicked".into());
+            }
+        }
+        let errors = self.errors.lock().expect("errors poisoned");
+        match errors.first() {
+            Some(e) => bail!("{e}"),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! The three worker loops. Each runs on its own named thread, owns its device and its phase
+//! recorder, and marks every phase of DESIGN.md §4.
+
+use super::blocks::{
+    anchors_tensor, block_input_ids, block_labels, block_mask, block_positions, sample_anchors,
+};
+use super::checkpoint::{self, TrainerState};
+use super::config::DrafterSpec;
+use super::data::{DocSource, PackedBatch, Packer, Rng};
+use super::drafter::Drafter;
+use super::loss::{block_metrics, chunked_loss_backward, gamma_for, slot_weights};
+use super::optim::{cosine_lr, AdamW};
+use super::qwen3::Qwen3Target;
+use crate::cancel::CancelToken;
+use crate::telemetry::queue::{QueueRx, QueueTx};
+use crate::telemetry::recorder::{PhaseRecorder, TrainMetrics, MAX_SLOTS};
+use crate::telemetry::{GpuTiming, HubCommand, Phase, Switches, Telemetry};
+use anyhow::Result;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tch::{nn::VarStore, Device, Tensor};
+
+/// Hidden states on their way from a target worker to a drafter worker.
+pub struct HiddenBatch {
+    /// [b, s, n * hidden] on the target's device
+    pub hidden: Tensor,
+    pub input_ids: Tensor,
+    pub positions: Tensor,
+    pub doc_ids: Tensor,
+    pub loss_mask: Tensor,
+    pub host_doc_ids: Vec<i64>,
+    pub host_loss_mask: Vec<bool>,
+    pub rows: i64,
+    pub seq: i64,
+}
+
+/// A phase recorder that, in `sync` GPU timing mode, waits for the device at each boundary so
+/// that queued CUDA work lands in the phase that launched it.
+pub struct Marks {
+    pub rec: PhaseRecorder,
+    cuda: Option<i64>,
+    switches: Arc<Switches>,
+}
+
+impl Marks {
+    pub fn new(rec: PhaseRecorder, device: Device, switches: Arc<Switches>) -> Marks {
+        let cuda = match device {
+            Device::Cuda(i) => Some(i as i64),
+            _ => None,
+        };
+        Marks {
+            rec,
+            cuda,
+            switches,
+        }
+    }
+
+    #[inline]
+    pub fn mark(&mut self, phase: Phase) {
+        if let Some(i) = self.cuda {
+            if self.switches.gpu_timing() == GpuTiming::Sync && self.switches.profiling() {
+                tch::Cuda::synchronize(i);
+            }
+        }
+        self.rec.mark(phase);
+    }
+
+    /// Blocks while training is paused; the paused time is not reported as a step.
+    pub fn hold_while_paused(&mut self, cancel: &CancelToken) {
+        if !self.switches.paused() {
+            return;
+        }
+        while self.switches.paused() && !cancel.is_cancelled() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.rec.restart();
+    }
+}
+
+/// Sleeps `d` in small slices so that a stop is not held up.
+fn slow_down(d: Duration, cancel: &CancelToken) {
+    let end = std::time::Instant::now() + d;
+    while !d.is_zero() && std::time::Instant::now() < end && !cancel.is_cancelled() {
+        std::thread::sleep((end - std::time::Instant::now()).min(Duration::from_millis(10)));
+    }
+}
+
+pub struct LoaderJob {
+    pub source: Box<dyn DocSource>,
+    pub rows: i64,
+    pub seq: i64,
+    pub out: QueueTx<PackedBatch>,
+    pub slow: Duration,
+}
+
+pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {
+    let LoaderJob {
+        mut source,
+        rows,
+        seq,
+        out,
+        slow,
+    } = job;
+    let rec = telemetry
+        .sink()
+        .recorder(crate::telemetry::Role::Loader, "cpu");
+    let mut m = Marks::new(rec, Device::Cpu, telemetry.switches().clone());
+    let mut packer = Packer::new();
+    while !cancel.is_cancelled() {
+        m.hold_while_paused(&cancel);
+        m.mark(Phase::Read);
+        // Reading and packing interleave in the packer; `read` covers the deliberate delay.
+        slow_down(slow, &cancel);
+        m.mark(Phase::Pack);
+        let batch = packer.pack(source.as_mut(), rows, seq);
+        m.mark(Phase::PushWait);
+        if out.push(batch).is_err() {
+            break;
+        }
+        m.rec.end_step((rows * seq) as u64, None);
+    }
+    Ok(())
+}
+
+pub struct TargetJob {
+    pub model: Qwen3Target,
+    pub device: Device,
+    pub input: QueueRx<PackedBatch>,
+    pub out: QueueTx<HiddenBatch>,
+    pub slow: Duration,
+    pub threads: i32,
+}
+
+pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {
+    let TargetJob {
+        model,
+        device,
+        input,
+        out,
+        slow,
+        threads,
+    } = job;
+    tch::set_num_threads(threads);
+    let _no_grad = tch::no_grad_guard();
+    let rec = telemetry
+        .sink()
+        .recorder(crate::telemetry::Role::Target, &device_name(device));
+    let mut m = Marks::new(rec, device, telemetry.switches().clone());
+    while !cancel.is_cancelled() {
+        m.hold_while_paused(&cancel);
+        m.mark(Phase::BatchWait);
+        let Ok(b) = input.pop() else { break };
+        m.mark(Phase::H2d);
+        let ids = b.input_ids.to_device(device);
+        let pos = b.positions.to_device(device);
+        let docs = b.doc_ids.to_device(device);
+        let loss_mask = b.loss_mask.to_device(device);
+        m.mark(Phase::Forward);
+        let hidden = model.forward(&ids, &pos, &docs);
+        slow_down(slow, &cancel);
+        m.mark(Phase::HsPack);
+        let item = HiddenBatch {
+            hidden: hidden.contiguous(),
+            input_ids: ids,
+            positions: pos,
+            doc_ids: docs,
+            loss_mask,
+            host_doc_ids: b.host_doc_ids,
+            host_loss_mask: b.host_loss_mask,
+            rows: b.rows,
+            seq: b.seq,
+        };
+        m.mark(Phase::HsPushWait);
+        if out.push(item).is_err() {
+            break;
+        }
+        m.rec.end_step((b.rows * b.seq) as u64, None);
+    }
+    Ok(())
+}
+
+/// Shared between drafter workers and the front-end.
+#[derive(Default)]
+pub struct TrainControl {
+    pub steps_done: AtomicU64,
+    pub checkpoint_now: AtomicBool,
+}
+
+pub struct DrafterJob {
+    pub model: Drafter,
+    pub vs: VarStore,
+    pub optimizer: AdamW,
+    pub spec: DrafterSpec,
+    pub embed: Tensor,
+    pub lm_head: Tensor,
+    pub device: Device,
+    pub input: QueueRx<HiddenBatch>,
+    pub anchors: i64,
+    pub lr: f64,
+    pub schedule_steps: u64,
+    pub max_steps: Option<u64>,
+    pub save_dir: Option<PathBuf>,
+    pub save_every: Option<u64>,
+    pub seed: u64,
+    pub slow: Duration,
+    pub threads: i32,
+    /// Only the first drafter saves checkpoints.
+    pub saves: bool,
+    pub control: Arc<TrainControl>,
+}
+
+/// Rows of lm-head logits per chunk: about 256 MiB of f32 logits at a time.
+fn chunk_rows(vocab: i64) -> i64 {
+    ((256i64 << 20) / (4 * vocab.max(1))).max(16)
+}
+
+pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {
+    let DrafterJob {
+        model,
+        vs,
+        mut optimizer,
+        spec,
+        embed,
+        lm_head,
+        device,
+        input,
+        anchors,
+        lr,
+        schedule_steps,
+        max_steps,
+        save_dir,
+        save_every,
+        seed,
+        slow,
+        threads,
+        saves,
+        control,
+    } = job;
+    tch::set_num_threads(threads);
+    let rec = telemetry
+        .sink()
+        .recorder(crate::telemetry::Role::Drafter, &device_name(device));
+    let mut m = Marks::new(rec, device, telemetry.switches().clone());
+    let block = spec.block_size;
+    let weights = slot_weights(block, gamma_for(block));
+    let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(optimizer.step as u64));
+    let mut last_saved = optimizer.step as u64;
+    let rows_per_chunk = chunk_rows(spec.layers.vocab_size);
+    let save = |optimizer: &AdamW, step: u64| -> Result<()> {
+        let Some(dir) = &save_dir else { return Ok(()) };
+        let path = dir.join(format!("step-{step:06}"));
+        let state = TrainerState {
+            step,
+            total_steps: schedule_steps,
+            seed,
+            lr,
+        };
+        checkpoint::save(&path, &spec, &vs, optimizer, &state)?;
+        telemetry.command(HubCommand::Status(format!("saved {}", path.display())));
+        Ok(())
+    };
+    while !cancel.is_cancelled() {
+        m.hold_while_paused(&cancel);
+        m.mark(Phase::HsWait);
+        let Ok(b) = input.pop() else { break };
+        m.mark(Phase::Anchors);
+        let to = |t: &Tensor| t.to_device(device);
+        let (hidden, ids, pos, docs, lmask) = (
+            to(&b.hidden),
+            to(&b.input_ids),
+            to(&b.positions),
+            to(&b.doc_ids),
+            to(&b.loss_mask),
+        );
+        let seq = b.seq as usize;
+        let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
+            .map(|r| {
+                let span = r * seq..(r + 1) * seq;
+                sample_anchors(
+                    &b.host_doc_ids[span.clone()],
+                    &b.host_loss_mask[span],
+                    block as usize,
+                    anchors as usize,
+                    &mut rng,
+                )
+            })
+            .collect();
+        let anch = anchors_tensor(&per_row, anchors as usize, device);
+        let block_ids = block_input_ids(&ids, &anch, block, spec.mask_token_id);
+        let block_pos = block_positions(&pos, &anch, block);
+        let mask = block_mask(&docs, &anch, block);
+        let (labels, valid) = block_labels(&ids, &docs, &lmask, &anch, block);
+        m.mark(Phase::Forward);
+        let block_emb =
+            Tensor::embedding(&embed, &block_ids, -1, false, false).to_kind(hidden.kind());
+        let out = model.forward(&hidden, &pos, &block_emb, &block_pos, &mask);
+        slow_down(slow, &cancel);
+        m.mark(Phase::Loss);
+        let (loss, backward) =
+            chunked_loss_backward(&out, &lm_head, &labels, &valid, &weights, rows_per_chunk);
+        m.mark(Phase::Backward);
+        backward();
+        m.mark(Phase::Clip);
+        let grad_norm = optimizer.clip_grad_norm(1.0);
+        m.mark(Phase::Optim);
+        let step = optimizer.step as u64;
+        let lr_now = cosine_lr(lr, step, schedule_steps, 0.04);
+        optimizer.step(lr_now);
+        m.mark(Phase::Metrics);
+        let (acc, tau) = block_metrics(&loss.correct, &valid, &anch.valid);
+        let packed = Tensor::cat(
+            &[loss.loss.view([1]), tau.view([1]), grad_norm.view([1]), acc],
+            0,
+        );
+        let host = Vec::<f32>::try_from(packed.to_device(Device::Cpu))?; // the one transfer
+        let mut slot_acc = [0f32; MAX_SLOTS];
+        for (i, a) in host[3..].iter().take(MAX_SLOTS).enumerate() {
+            slot_acc[i] = *a;
+        }
+        let metrics = TrainMetrics {
+            loss: host[0],
+            tau: host[1],
+            grad_norm: host[2],
+            lr: lr_now as f32,
+            slot_acc,
+            block_size: block.min(MAX_SLOTS as i64) as u8,
+        };
+        m.rec.end_step((b.rows * b.seq) as u64, Some(metrics));
+        control.steps_done.fetch_add(1, Ordering::SeqCst);
+        let step = optimizer.step as u64;
+        if saves {
+            let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));
+            if periodic || control.checkpoint_now.swap(false, Ordering::SeqCst) {
+                save(&optimizer, step)?;
+                last_saved = step;
+            }
+        }
+        // --steps counts optimizer steps of the run, so a resumed run stops at the same step.
+        if max_steps.is_some_and(|n| step >= n) {
+            cancel.cancel();
+        }
+    }
+    if saves && optimizer.step as u64 > last_saved {
+        save(&optimizer, optimizer.step as u64)?;
+    }
+    Ok(())
+}
+
+pub fn device_name(d: Device) -> String {
+    match d {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// Compile-time check: what crosses the queues can cross threads.
+#[allow(dead_code)]
+fn _assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<HiddenBatch>();
+    is_send::<PackedBatch>();
+}

@@ -1,0 +1,77 @@
+//! Headless front-end: one `key=value` line per interval (the training-log habit), then a
+//! summary line.
+
+use crate::telemetry::snapshot::{PhaseWindow, Snapshot};
+use crate::telemetry::Phase;
+use std::fmt::Write;
+
+/// One interval line from a snapshot.
+pub fn interval_line(s: &Snapshot) -> String {
+    let mut out = String::new();
+    let f = |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
+    let _ = write!(
+        out,
+        "t={:.1}s step={} loss={} tau={} tok/s={:.0} lr={} gnorm={}",
+        s.elapsed_s,
+        s.train.step,
+        f(s.train.loss, 4),
+        f(s.train.tau, 3),
+        s.train.tok_per_s_1s,
+        s.train
+            .lr
+            .map(|x| format!("{x:.2e}"))
+            .unwrap_or_else(|| "-".into()),
+        f(s.train.grad_norm, 3),
+    );
+    for t in &s.threads {
+        let _ = write!(out, " | {}", t.name);
+        let _ = write!(out, "{}", phase_fields(&t.w1, t.role.phases()));
+    }
+    for q in &s.queues {
+        let _ = write!(
+            out,
+            " | q.{}={}/{} empty={:.0}% full={:.0}%",
+            q.name,
+            q.depth,
+            q.capacity,
+            q.empty_share * 100.0,
+            q.full_share * 100.0
+        );
+    }
+    let _ = write!(
+        out,
+        " | verdict={} dropped={}",
+        s.verdict.short(),
+        s.self_cost.dropped
+    );
+    out
+}
+
+fn phase_fields(w: &PhaseWindow, phases: &[Phase]) -> String {
+    let mut out = format!(" step_ms={:.1}", w.step_ms());
+    for p in phases {
+        let _ = write!(out, " {}_ms={:.1}", p.name(), w.ms_per_step(*p));
+    }
+    out
+}
+
+/// The last line of a run.
+pub fn summary_line(s: &Snapshot, start_step: u64) -> String {
+    let mean_tok = if s.elapsed_s > 0.0 {
+        s.train.tokens_total as f64 / s.elapsed_s
+    } else {
+        0.0
+    };
+    let f = |v: Option<f32>| v.map(|x| format!("{x:.4}")).unwrap_or_else(|| "-".into());
+    format!(
+        "summary: steps={} from_step={} loss={} tau={} mean_tok/s={:.0} elapsed={:.1}s verdict={} dropped={}",
+        s.train.step,
+        start_step,
+        f(s.train.loss),
+        f(s.train.tau),
+        mean_tok,
+        s.elapsed_s,
+        s.verdict.short(),
+        s.self_cost.dropped
+    )
+}
