@@ -321,7 +321,11 @@ mod tests {
 
     #[test]
     fn a_missing_field_is_named() {
-        let e = Qwen3Config::from_json(r#"{"hidden_size": 8}"#).unwrap_err();
+        let e = Qwen3Config::from_json(
+            r#"{"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "rope_theta": 10000.0, "vocab_size": 16}"#,
+        )
+        .unwrap_err();
         assert!(format!("{e:#}").contains("intermediate_size"), "{e:#}");
     }
 
