@@ -19,9 +19,10 @@ pub fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Train(args) if args.headless => train_headless(&args),
+        Command::Train(args) => train_tui(&args),
         other => {
             let name = match other {
-                Command::Train(_) => "train (TUI)",
+                Command::Train(_) => unreachable!(),
                 Command::Replay { .. } => "replay",
                 Command::Export { .. } => "export",
                 Command::Bench(_) => "bench",
@@ -95,5 +96,57 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     if let Some(s) = last {
         println!("{}", crate::headless::summary_line(&s, start_step));
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
+    use crate::tui::{self, app::App, terminal, theme::Theme, EngineControls};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let cfg = RunConfig::from_args(args)?;
+    let session = Session::start(&cfg)?;
+    let (mut term, guard) = match terminal::init() {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = session.finish();
+            return Err(e);
+        }
+    };
+    let snapshots = session.telemetry.subscribe();
+    let stop_input = Arc::new(AtomicBool::new(false));
+    let (input, input_thread) = tui::spawn_input(stop_input.clone())?;
+    let ctl = EngineControls {
+        switches: session.telemetry.switches().clone(),
+        telemetry: session.telemetry.clone(),
+        train: session.pipeline.control.clone(),
+        can_save: cfg.save_dir.is_some(),
+    };
+    let mut app = App::new();
+    let pipeline = &session.pipeline;
+    let finished = || {
+        pipeline
+            .is_finished()
+            .then(|| "run finished: press q to leave".to_string())
+    };
+    let result = tui::run_loop(
+        &mut term,
+        &mut app,
+        &ctl,
+        &snapshots,
+        &input,
+        &finished,
+        Theme::from_env(),
+    );
+    stop_input.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = input_thread.join();
+    drop(term);
+    drop(guard);
+    if terminal::PANICKED.load(std::sync::atomic::Ordering::SeqCst) {
+        let _ = session.finish();
+        anyhow::bail!("a thread panicked (the message is above); the terminal was restored");
+    }
+    let finish = session.finish();
+    result?;
+    finish?;
     Ok(ExitCode::SUCCESS)
 }

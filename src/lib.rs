@@ -9,3 +9,4 @@ pub mod engine;
 pub mod headless;
 pub mod probe;
 pub mod telemetry;
+pub mod tui;

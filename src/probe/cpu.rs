@@ -33,26 +33,21 @@ impl CpuProbe {
         }
     }
 
-    /// Refreshes the process (whole-process CPU and its task list), then each task by its id.
-    /// Returns the task ids. The main thread's id is the process id, whose /proc entry counts the
-    /// whole process, so it is refreshed only as the process.
+    /// Refreshes CPU times with tasks. Only a refresh of all processes makes sysinfo read each
+    /// thread from /proc/PID/task/TID (a refresh by id reads /proc/TID, which on Linux reports
+    /// the whole process), so that is what this does; it costs about a millisecond.
     fn refresh(&mut self) -> Vec<Pid> {
-        let kind = ProcessRefreshKind::nothing().with_cpu().with_tasks();
+        let kind = ProcessRefreshKind::nothing()
+            .with_cpu()
+            .with_tasks()
+            .with_exe(UpdateKind::Never);
         self.sys
-            .refresh_processes_specifics(ProcessesToUpdate::Some(&[self.pid]), true, kind);
-        let tasks: Vec<Pid> = self
-            .sys
+            .refresh_processes_specifics(ProcessesToUpdate::All, true, kind);
+        self.sys
             .process(self.pid)
             .and_then(|p| p.tasks())
             .map(|t| t.iter().copied().collect())
-            .unwrap_or_default();
-        let others: Vec<Pid> = tasks.iter().copied().filter(|t| *t != self.pid).collect();
-        let kind = ProcessRefreshKind::nothing()
-            .with_cpu()
-            .with_exe(UpdateKind::Never);
-        self.sys
-            .refresh_processes_specifics(ProcessesToUpdate::Some(&others), true, kind);
-        tasks
+            .unwrap_or_default()
     }
 
     /// Samples every thread. The first call only primes the counters and returns None.
@@ -118,6 +113,8 @@ mod tests {
             })
             .unwrap();
         let tid = rx.recv().unwrap();
+        // sysinfo starts counting a thread only once it has used some CPU time.
+        std::thread::sleep(Duration::from_millis(100));
         probe.sample();
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_millis(300) {

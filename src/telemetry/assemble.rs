@@ -133,11 +133,14 @@ impl Assembler {
         dropped: u64,
     ) -> Snapshot {
         let elapsed_s = now_ns.saturating_sub(self.start_ns) as f64 / 1e9;
-        let thread_views: Vec<ThreadView> = threads
+        let mut thread_views: Vec<ThreadView> = threads
             .iter()
             .enumerate()
             .map(|(i, t)| self.thread_view(i, t))
             .collect();
+        // Pipeline order: loader, targets, drafters; by name within a role.
+        thread_views
+            .sort_by(|a, b| (role_rank(a.role), &a.name).cmp(&(role_rank(b.role), &b.name)));
         let count_role = |role: &str| {
             threads
                 .iter()
@@ -294,6 +297,16 @@ impl Assembler {
         let mut v: Vec<_> = groups.into_values().collect();
         v.sort_by(|a, b| b.cpu_pct.total_cmp(&a.cpu_pct));
         v
+    }
+}
+
+fn role_rank(r: Role) -> u8 {
+    match r {
+        Role::Loader => 0,
+        Role::Target => 1,
+        Role::Drafter => 2,
+        Role::Hub => 3,
+        Role::Ui => 4,
     }
 }
 

@@ -130,6 +130,7 @@ impl Telemetry {
 
     fn run_hub(&self, cancel: CancelToken) {
         let mut asm = Assembler::new(clock::now_ns());
+        asm.ns_per_mark = measure_mark_cost();
         let mut cpu = self.probes.then(CpuProbe::new);
         let gpu = if self.probes {
             GpuProbe::open()
@@ -179,4 +180,22 @@ impl Telemetry {
             }
         }
     }
+}
+
+/// What one phase mark costs on this machine, measured once at hub start (about a millisecond),
+/// for the self-cost line.
+pub fn measure_mark_cost() -> f64 {
+    use super::phase::{Phase, Role};
+    let t = Telemetry::with_capacity(1);
+    let mut rec = t.sink().recorder(Role::Hub, "cpu");
+    let n = 20_000;
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        rec.mark(if i % 2 == 0 {
+            Phase::Forward
+        } else {
+            Phase::Backward
+        });
+    }
+    start.elapsed().as_nanos() as f64 / n as f64
 }

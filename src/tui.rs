@@ -1,0 +1,158 @@
+//! The live front-end: one event enum, one loop, a capped redraw rate; keys become actions and
+//! `App::update` applies them; frames are drawn from the latest immutable snapshot only.
+
+pub mod app;
+pub mod panels;
+pub mod terminal;
+pub mod theme;
+pub mod view;
+
+use crate::engine::workers::TrainControl;
+use crate::telemetry::{GpuTiming, HubCommand, Snapshot, Switches, Telemetry};
+use app::{action_for, App, Controls};
+use crossbeam_channel::{select, tick, unbounded, Receiver};
+use crossterm::event::{self, Event};
+use ratatui::backend::Backend;
+use ratatui::Terminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use theme::Theme;
+use view::Badges;
+
+/// Redraw period: 10 frames a second, plus one right after each key.
+pub const FRAME: Duration = Duration::from_millis(100);
+
+/// The live engine's controls.
+pub struct EngineControls {
+    pub switches: Arc<Switches>,
+    pub telemetry: Telemetry,
+    pub train: Arc<TrainControl>,
+    pub can_save: bool,
+}
+
+impl Controls for EngineControls {
+    fn profiling(&self) -> bool {
+        self.switches.profiling()
+    }
+    fn set_profiling(&self, on: bool) {
+        self.switches.set_profiling(on)
+    }
+    fn gpu_timing(&self) -> GpuTiming {
+        self.switches.gpu_timing()
+    }
+    fn set_gpu_timing(&self, mode: GpuTiming) {
+        self.switches.set_gpu_timing(mode)
+    }
+    fn paused(&self) -> bool {
+        self.switches.paused()
+    }
+    fn set_paused(&self, paused: bool) {
+        self.switches.set_paused(paused)
+    }
+    fn reset_windows(&self) {
+        self.telemetry.command(HubCommand::ResetWindows)
+    }
+    fn checkpoint(&self) -> Result<(), String> {
+        if !self.can_save {
+            return Err("no --save-dir: checkpoints have nowhere to go".into());
+        }
+        self.train.checkpoint_now.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+    fn live(&self) -> bool {
+        true
+    }
+}
+
+/// Reads terminal events on a named thread until `stop` is set.
+pub fn spawn_input(
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<(Receiver<Event>, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = unbounded();
+    let h = std::thread::Builder::new()
+        .name("ui-input".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if event::poll(Duration::from_millis(30)).unwrap_or(false) {
+                    match event::read() {
+                        Ok(e) => {
+                            if tx.send(e).is_err() {
+                                return;
+                            }
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }
+        })?;
+    Ok((rx, h))
+}
+
+fn badges(ctl: &dyn Controls) -> Badges {
+    Badges {
+        profiling: ctl.profiling(),
+        gpu_timing: ctl.gpu_timing(),
+        paused: ctl.paused(),
+        live: ctl.live(),
+    }
+}
+
+/// The UI loop, generic over the backend so tests drive it with `TestBackend`. Returns when the
+/// user quits, or a panic anywhere was caught by the hook. `finished` gives a line to show once
+/// the engine stopped by itself (the screen stays until the user quits).
+pub fn run_loop<B: Backend>(
+    term: &mut Terminal<B>,
+    app: &mut App,
+    ctl: &dyn Controls,
+    snapshots: &Receiver<Arc<Snapshot>>,
+    input: &Receiver<Event>,
+    finished: &dyn Fn() -> Option<String>,
+    theme: Theme,
+) -> anyhow::Result<()>
+where
+    B::Error: Send + Sync + 'static,
+{
+    let ticker = tick(FRAME);
+    let mut dirty = true;
+    let mut last_draw = Instant::now() - FRAME;
+    let mut finished_note = false;
+    while !app.quit && !terminal::PANICKED.load(Ordering::SeqCst) {
+        if dirty && last_draw.elapsed() >= FRAME / 4 {
+            term.draw(|f| view::draw(f, app, theme, badges(ctl)))?;
+            last_draw = Instant::now();
+            dirty = false;
+        }
+        select! {
+            recv(snapshots) -> s => if let Ok(s) = s {
+                app.on_snapshot(s);
+            },
+            recv(input) -> e => match e {
+                Ok(Event::Key(k)) => {
+                    if let Some(a) = action_for(k) {
+                        app.update(a, ctl);
+                        // Draw now: a key shows its effect within one frame.
+                        term.draw(|f| view::draw(f, app, theme, badges(ctl)))?;
+                        last_draw = Instant::now();
+                    }
+                }
+                Ok(Event::Resize(_, _)) => {
+                    term.autoresize()?;
+                    dirty = true;
+                }
+                Ok(_) => {}
+                Err(_) => app.quit = true,
+            },
+            recv(ticker) -> _ => {
+                dirty = true;
+                if !finished_note {
+                    if let Some(note) = finished() {
+                        app.note = Some(note);
+                        finished_note = true;
+                    }
+                }
+            },
+        }
+    }
+    Ok(())
+}

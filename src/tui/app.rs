@@ -1,0 +1,237 @@
+//! Front-end state, the `Action` every key becomes, and the one `update` that changes state.
+//! No terminal here: tests drive it directly.
+
+use crate::telemetry::{GpuTiming, Snapshot};
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    Overview,
+    Threads,
+    Phases,
+    Queues,
+    Charts,
+}
+
+impl View {
+    pub const ALL: [View; 5] = [
+        View::Overview,
+        View::Threads,
+        View::Phases,
+        View::Queues,
+        View::Charts,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            View::Overview => "1 overview",
+            View::Threads => "2 threads",
+            View::Phases => "3 phases",
+            View::Queues => "4 queues+gpu",
+            View::Charts => "5 charts",
+        }
+    }
+
+    fn index(self) -> usize {
+        View::ALL.iter().position(|v| *v == self).unwrap_or(0)
+    }
+}
+
+/// Which rolling window the phase bars show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    OneSecond,
+    TenSeconds,
+    Run,
+}
+
+impl Window {
+    pub fn name(self) -> &'static str {
+        match self {
+            Window::OneSecond => "1s",
+            Window::TenSeconds => "10s",
+            Window::Run => "run",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Quit,
+    ToggleProfiling,
+    CycleGpuTiming,
+    TogglePause,
+    ToggleFreeze,
+    ResetWindows,
+    Checkpoint,
+    NextView,
+    PrevView,
+    ShowView(usize),
+    ToggleHelp,
+    CycleWindow,
+}
+
+/// Maps a key press to an action.
+pub fn action_for(key: KeyEvent) -> Option<Action> {
+    if key.kind == KeyEventKind::Release {
+        return None;
+    }
+    let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+    Some(match key.code {
+        KeyCode::Char('c') if ctrl => Action::Quit,
+        KeyCode::Char('q') | KeyCode::Esc => Action::Quit,
+        KeyCode::Char('p') => Action::ToggleProfiling,
+        KeyCode::Char('g') => Action::CycleGpuTiming,
+        KeyCode::Char(' ') => Action::TogglePause,
+        KeyCode::Char('f') => Action::ToggleFreeze,
+        KeyCode::Char('r') => Action::ResetWindows,
+        KeyCode::Char('c') => Action::Checkpoint,
+        KeyCode::Char('w') => Action::CycleWindow,
+        KeyCode::Tab => Action::NextView,
+        KeyCode::BackTab => Action::PrevView,
+        KeyCode::Char('?') | KeyCode::Char('h') => Action::ToggleHelp,
+        KeyCode::Char(c @ '1'..='5') => Action::ShowView(c as usize - '1' as usize),
+        _ => return None,
+    })
+}
+
+/// What the front-end can ask of the engine. Replays implement it as "not available".
+pub trait Controls {
+    fn profiling(&self) -> bool;
+    fn set_profiling(&self, on: bool);
+    fn gpu_timing(&self) -> GpuTiming;
+    fn set_gpu_timing(&self, mode: GpuTiming);
+    fn paused(&self) -> bool;
+    fn set_paused(&self, paused: bool);
+    fn reset_windows(&self);
+    fn checkpoint(&self) -> Result<(), String>;
+    /// Whether these controls reach a live engine (false in replay).
+    fn live(&self) -> bool;
+}
+
+pub struct App {
+    pub view: View,
+    pub window: Window,
+    pub help: bool,
+    pub quit: bool,
+    /// The snapshot on screen while frozen.
+    pub frozen: Option<Arc<Snapshot>>,
+    pub latest: Option<Arc<Snapshot>>,
+    /// A short note about the last key (shown in the header).
+    pub note: Option<String>,
+}
+
+impl Default for App {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl App {
+    pub fn new() -> App {
+        App {
+            view: View::Overview,
+            window: Window::OneSecond,
+            help: false,
+            quit: false,
+            frozen: None,
+            latest: None,
+            note: None,
+        }
+    }
+
+    /// The snapshot to render.
+    pub fn shown(&self) -> Option<&Arc<Snapshot>> {
+        self.frozen.as_ref().or(self.latest.as_ref())
+    }
+
+    pub fn on_snapshot(&mut self, s: Arc<Snapshot>) {
+        self.latest = Some(s);
+    }
+
+    pub fn update(&mut self, action: Action, ctl: &dyn Controls) {
+        let engine_only = |app: &mut App| {
+            if !ctl.live() {
+                app.note = Some("replay: the engine cannot be changed".into());
+                return false;
+            }
+            true
+        };
+        match action {
+            Action::Quit => self.quit = true,
+            Action::ToggleProfiling => {
+                if engine_only(self) {
+                    let on = !ctl.profiling();
+                    ctl.set_profiling(on);
+                    self.note = Some(format!("profiling {}", if on { "on" } else { "off" }));
+                }
+            }
+            Action::CycleGpuTiming => {
+                if engine_only(self) {
+                    let mode = ctl.gpu_timing().next();
+                    ctl.set_gpu_timing(mode);
+                    self.note = Some(format!("GPU timing: {}", mode.name()));
+                }
+            }
+            Action::TogglePause => {
+                if engine_only(self) {
+                    let p = !ctl.paused();
+                    ctl.set_paused(p);
+                    self.note = Some(
+                        if p {
+                            "training paused"
+                        } else {
+                            "training resumed"
+                        }
+                        .into(),
+                    );
+                }
+            }
+            Action::ToggleFreeze => {
+                self.frozen = match self.frozen.take() {
+                    Some(_) => None,
+                    None => self.latest.clone(),
+                };
+                self.note = Some(
+                    if self.frozen.is_some() {
+                        "display frozen"
+                    } else {
+                        "display live"
+                    }
+                    .into(),
+                );
+            }
+            Action::ResetWindows => {
+                ctl.reset_windows();
+                self.note = Some("windows reset".into());
+            }
+            Action::Checkpoint => {
+                if engine_only(self) {
+                    self.note = Some(match ctl.checkpoint() {
+                        Ok(()) => "checkpoint requested".into(),
+                        Err(why) => why,
+                    });
+                }
+            }
+            Action::NextView => self.view = View::ALL[(self.view.index() + 1) % View::ALL.len()],
+            Action::PrevView => {
+                self.view = View::ALL[(self.view.index() + View::ALL.len() - 1) % View::ALL.len()]
+            }
+            Action::ShowView(i) => {
+                if let Some(v) = View::ALL.get(i) {
+                    self.view = *v;
+                }
+            }
+            Action::ToggleHelp => self.help = !self.help,
+            Action::CycleWindow => {
+                self.window = match self.window {
+                    Window::OneSecond => Window::TenSeconds,
+                    Window::TenSeconds => Window::Run,
+                    Window::Run => Window::OneSecond,
+                };
+                self.note = Some(format!("phase window: {}", self.window.name()));
+            }
+        }
+    }
+}

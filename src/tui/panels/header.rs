@@ -1,0 +1,98 @@
+//! Header: step, tok/s, loss, tau, lr, elapsed, the profiling / GPU-timing / run badges, the
+//! verdict, dropped records and what the profiler costs.
+
+use super::super::view::Ctx;
+use crate::telemetry::verdict::Verdict;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+use ratatui::Frame;
+
+pub fn fmt_elapsed(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    format!("{:02}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+}
+
+pub fn fmt_rate(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e4 {
+        format!("{:.1}K", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
+    let s = c.snap;
+    let t = c.theme;
+    let opt =
+        |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
+    let badge = |on: bool, text: String| {
+        let style = if on {
+            t.ok().add_modifier(ratatui::style::Modifier::REVERSED)
+        } else {
+            t.alert()
+        };
+        Span::styled(format!(" {text} "), style)
+    };
+    let line1 = Line::from(vec![
+        Span::styled("dflash-top ", t.bold()),
+        Span::raw(format!("step {} ", s.train.step)),
+        Span::styled(
+            format!("tok/s {} ", fmt_rate(s.train.tok_per_s_1s)),
+            t.bold(),
+        ),
+        Span::raw(format!(
+            "loss {} tau {} lr {} ",
+            opt(s.train.loss, 3),
+            opt(s.train.tau, 2),
+            s.train
+                .lr
+                .map(|x| format!("{x:.1e}"))
+                .unwrap_or_else(|| "-".into())
+        )),
+        Span::raw(format!("{} ", fmt_elapsed(s.elapsed_s))),
+        badge(
+            c.badges.profiling,
+            format!("PROF {}", if c.badges.profiling { "on" } else { "off" }),
+        ),
+        Span::raw(" "),
+        badge(true, format!("GPU {}", c.badges.gpu_timing.name())),
+        Span::raw(" "),
+        match (c.badges.live, c.badges.paused, c.app.frozen.is_some()) {
+            (false, _, _) => badge(false, "REPLAY".into()),
+            (_, _, true) => badge(false, "FROZEN".into()),
+            (_, true, _) => badge(false, "PAUSED".into()),
+            _ => badge(true, "RUNNING".into()),
+        },
+    ]);
+    let verdict_style = match s.verdict {
+        Verdict::Balanced => t.ok(),
+        Verdict::Warmup => t.dim(),
+        _ => t.alert(),
+    };
+    let mut spans = vec![
+        Span::raw("verdict: "),
+        Span::styled(s.verdict.text(), verdict_style),
+        Span::raw(format!(
+            "  dropped {}  prof cost {:.0} ns/mark x {:.0}/s  snap {:.0} us",
+            s.self_cost.dropped,
+            s.self_cost.ns_per_mark,
+            s.self_cost.marks_per_s,
+            s.self_cost.snapshot_us
+        )),
+    ];
+    if let Some(note) = c.app.note.as_ref().or(s.status.as_ref()) {
+        spans.push(Span::styled(format!("  » {note}"), t.bold()));
+    }
+    let help = Line::from(Span::styled(
+        format!(
+            "  [{}] window {}  ? help  q quit",
+            c.app.view.title(),
+            c.app.window.name()
+        ),
+        t.dim(),
+    ));
+    f.render_widget(Paragraph::new(vec![line1, Line::from(spans), help]), area);
+}

@@ -1,0 +1,51 @@
+//! The help overlay: every key.
+
+use super::super::view::Ctx;
+use ratatui::layout::Rect;
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Borders, Clear, Paragraph};
+use ratatui::Frame;
+
+pub const KEYS: [(&str, &str); 13] = [
+    (
+        "p",
+        "profiling on/off (steps, tokens and loss are always counted)",
+    ),
+    (
+        "g",
+        "GPU timing mode: async (host wall) / sync (true attribution)",
+    ),
+    ("space", "pause / resume training"),
+    ("f", "freeze / unfreeze the display"),
+    ("r", "reset the rolling windows"),
+    ("w", "phase window: 1s / 10s / run"),
+    ("c", "save a checkpoint now (needs --save-dir)"),
+    ("tab", "next view (shift-tab: previous)"),
+    ("1-5", "overview, threads, phases, queues+GPUs, charts"),
+    ("?", "this help"),
+    ("q", "quit: stop the pipeline, save, restore the terminal"),
+    ("ctrl-c", "quit, as q"),
+    ("esc", "quit, as q"),
+];
+
+pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
+    let w = 72.min(area.width);
+    let h = (KEYS.len() as u16 + 4).min(area.height);
+    let r = Rect {
+        x: area.x + (area.width - w) / 2,
+        y: area.y + (area.height - h) / 2,
+        width: w,
+        height: h,
+    };
+    let mut lines: Vec<Line> = KEYS
+        .iter()
+        .map(|(k, d)| Line::from(format!(" {k:>7}  {d}")))
+        .collect();
+    lines.push(Line::from(""));
+    lines.push(Line::styled(" press ? to close", c.theme.dim()));
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" keys ")),
+        r,
+    );
+}

@@ -1,0 +1,158 @@
+//! Stacked per-phase wall-time bars: one bar per thread, one colour per phase, a legend, and
+//! ms per step with each phase's share.
+
+use super::super::view::Ctx;
+use crate::telemetry::snapshot::PhaseWindow;
+use crate::telemetry::Phase;
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph};
+use ratatui::Frame;
+
+/// Splits `width` cells among phases by their share of wall time (largest remainder), in the
+/// role's phase order. Phases with no time get no cell.
+pub fn bar_cells(w: &PhaseWindow, phases: &[Phase], width: usize) -> Vec<(Phase, usize)> {
+    let total: u64 = phases.iter().map(|p| w.phase_ns[p.index()]).sum();
+    if total == 0 || width == 0 {
+        return Vec::new();
+    }
+    let exact: Vec<f64> = phases
+        .iter()
+        .map(|p| w.phase_ns[p.index()] as f64 / total as f64 * width as f64)
+        .collect();
+    let mut cells: Vec<usize> = exact.iter().map(|x| x.floor() as usize).collect();
+    let mut left = width - cells.iter().sum::<usize>();
+    let mut order: Vec<usize> = (0..phases.len()).collect();
+    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())));
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        if exact[i] > 0.0 {
+            cells[i] += 1;
+            left -= 1;
+        }
+    }
+    phases
+        .iter()
+        .zip(cells)
+        .filter(|(_, n)| *n > 0)
+        .map(|(p, n)| (*p, n))
+        .collect()
+}
+
+fn draw_bar(buf: &mut Buffer, x: u16, y: u16, cells: &[(Phase, usize)], c: &Ctx) {
+    let mut cx = x;
+    for (p, n) in cells {
+        let (ch, style) = c.theme.phase_cell(*p);
+        for _ in 0..*n {
+            buf[(cx, y)].set_char(ch).set_style(style);
+            cx += 1;
+        }
+    }
+}
+
+/// The legend: every phase that has time in any shown thread, in a fixed order.
+fn legend(c: &Ctx) -> Line<'static> {
+    let mut spans = Vec::new();
+    for p in Phase::ALL {
+        let used = c
+            .snap
+            .threads
+            .iter()
+            .any(|t| c.window_of(t).phase_ns[p.index()] > 0);
+        if used {
+            let (ch, style) = c.theme.phase_cell(p);
+            spans.push(Span::styled(format!("{ch}"), style));
+            spans.push(Span::raw(format!("{} ", p.name())));
+        }
+    }
+    Line::from(spans)
+}
+
+pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
+    let block = Block::default().borders(Borders::ALL).title(format!(
+        " phases: wall time per step, window {} ",
+        c.app.window.name()
+    ));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    if inner.height == 0 || inner.width < 30 {
+        return;
+    }
+    let name_w = 11u16;
+    let stats_w = 26u16;
+    let bar_w = inner.width.saturating_sub(name_w + stats_w + 2) as usize;
+    let mut y = inner.y;
+    let legend_rows = 3u16.min(inner.height.saturating_sub(1));
+    let bottom = inner.y + inner.height - legend_rows;
+    for th in &c.snap.threads {
+        if y >= bottom {
+            break;
+        }
+        let w = c.window_of(th);
+        let phases = th.role.phases();
+        let name: String = th.name.chars().take(name_w as usize - 1).collect();
+        f.buffer_mut()
+            .set_string(inner.x, y, &name, Style::default());
+        let cells = bar_cells(&w, phases, bar_w);
+        draw_bar(f.buffer_mut(), inner.x + name_w, y, &cells, c);
+        let top = phases
+            .iter()
+            .filter(|p| **p != Phase::Other)
+            .max_by_key(|p| w.phase_ns[p.index()]);
+        let stats = match top {
+            Some(p) if w.steps > 0 => format!(
+                "{:6.1}ms {:>12} {:3.0}%",
+                w.step_ms(),
+                truncate(p.name(), 12),
+                w.share(*p) * 100.0
+            ),
+            _ => "   no steps".to_string(),
+        };
+        f.buffer_mut().set_string(
+            inner.x + name_w + bar_w as u16 + 1,
+            y,
+            stats,
+            Style::default(),
+        );
+        y += 1;
+        if detail && y < bottom && w.steps > 0 {
+            let parts: Vec<String> = phases
+                .iter()
+                .filter(|p| w.phase_ns[p.index()] > 0)
+                .map(|p| {
+                    format!(
+                        "{} {:.1}ms {:.0}%",
+                        p.name(),
+                        w.ms_per_step(*p),
+                        w.share(*p) * 100.0
+                    )
+                })
+                .collect();
+            f.buffer_mut().set_string(
+                inner.x + 2,
+                y,
+                truncate(&parts.join("  "), inner.width as usize - 2),
+                c.theme.dim(),
+            );
+            y += 1;
+        }
+    }
+    let legend_area = Rect {
+        x: inner.x,
+        y: bottom,
+        width: inner.width,
+        height: legend_rows,
+    };
+    f.render_widget(
+        Paragraph::new(legend(c)).wrap(ratatui::widgets::Wrap { trim: true }),
+        legend_area,
+    );
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}

@@ -1,0 +1,99 @@
+//! Queues: depth against capacity, a depth-history sparkline, share of time empty and full,
+//! rates and item age. A starving queue turns red and says which side waits.
+
+use super::super::view::Ctx;
+use crate::telemetry::snapshot::QueueView;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Gauge, Paragraph, Sparkline};
+use ratatui::Frame;
+
+/// What the queue says about its two sides, if anything.
+pub fn queue_alert(q: &QueueView) -> Option<String> {
+    if q.starving {
+        Some(format!(
+            "{}s starve: wait {:.0}% on empty",
+            q.consumers,
+            q.consumer_wait_share * 100.0
+        ))
+    } else if q.blocking {
+        Some(format!(
+            "{}s blocked: wait {:.0}% on full",
+            q.producers,
+            q.producer_wait_share * 100.0
+        ))
+    } else {
+        None
+    }
+}
+
+fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
+    let t = c.theme;
+    let alert = queue_alert(q);
+    let title = format!(" {} queue  {} → {} ", q.name, q.producers, q.consumers);
+    let mut block = Block::default().borders(Borders::ALL).title(title);
+    if alert.is_some() {
+        block = block.border_style(t.alert());
+    }
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let rows = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(1),
+        Constraint::Min(0),
+    ])
+    .split(inner);
+    let ratio = (q.depth as f64 / q.capacity.max(1) as f64).clamp(0.0, 1.0);
+    let gauge = Gauge::default()
+        .ratio(ratio)
+        .label(format!(
+            "depth {}/{} (min {} max {} mean {:.1})",
+            q.depth, q.capacity, q.min_depth, q.max_depth, q.mean_depth
+        ))
+        .gauge_style(if alert.is_some() {
+            t.alert()
+        } else {
+            t.fg(ratatui::style::Color::Cyan)
+        });
+    f.render_widget(gauge, rows[0]);
+    let mut spans = vec![Span::raw(format!(
+        "empty {:.0}% full {:.0}% push {:.1}/s pop {:.1}/s age {:.0}ms",
+        q.empty_share * 100.0,
+        q.full_share * 100.0,
+        q.push_per_s,
+        q.pop_per_s,
+        q.mean_age_ms
+    ))];
+    if let Some(a) = alert {
+        spans.push(Span::styled(format!("  {a}"), t.alert()));
+    }
+    f.render_widget(Paragraph::new(Line::from(spans)), rows[1]);
+    if rows[2].height > 0 {
+        let width = rows[2].width as usize;
+        let scale = 100.0 / q.capacity.max(1) as f64;
+        let data: Vec<u64> = q
+            .history
+            .iter()
+            .rev()
+            .take(width)
+            .rev()
+            .map(|d| (d * scale).round() as u64)
+            .collect();
+        f.render_widget(
+            Sparkline::default()
+                .data(&data)
+                .max(100)
+                .style(t.fg(ratatui::style::Color::Cyan)),
+            rows[2],
+        );
+    }
+}
+
+pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
+    let n = c.snap.queues.len().max(1) as u32;
+    let areas = Layout::vertical((0..n).map(|_| Constraint::Ratio(1, n))).split(area);
+    // Each queue keeps a fixed, small height; the history sparkline takes what is left.
+    for (q, a) in c.snap.queues.iter().zip(areas.iter()) {
+        one(f, *a, q, c);
+    }
+}

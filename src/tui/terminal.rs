@@ -1,0 +1,61 @@
+//! Terminal init and restore: raw mode + alternate screen on the way in; on the way out, on
+//! every path: normal return (a guard), error, and a panic in any thread (a chained hook, which
+//! also tells the UI loop to leave).
+
+use crossterm::{cursor, execute, terminal};
+use ratatui::backend::CrosstermBackend;
+use ratatui::Terminal;
+use std::io::{stdout, Stdout};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+
+static RAW: AtomicBool = AtomicBool::new(false);
+/// Set by the panic hook: the UI loop leaves at its next turn.
+pub static PANICKED: AtomicBool = AtomicBool::new(false);
+static HOOK: Once = Once::new();
+
+pub type Term = Terminal<CrosstermBackend<Stdout>>;
+
+/// Leaves raw mode and the alternate screen if we entered them. Safe to call twice.
+pub fn restore() {
+    if RAW.swap(false, Ordering::SeqCst) {
+        let _ = terminal::disable_raw_mode();
+        let _ = execute!(stdout(), terminal::LeaveAlternateScreen, cursor::Show);
+    }
+}
+
+fn install_panic_hook() {
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICKED.store(true, Ordering::SeqCst);
+            restore();
+            previous(info);
+        }));
+    });
+}
+
+/// Restores the terminal when dropped (unless a panic hook already did).
+pub struct Guard;
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            restore();
+        }
+    }
+}
+
+pub fn init() -> anyhow::Result<(Term, Guard)> {
+    use std::io::IsTerminal;
+    if !stdout().is_terminal() {
+        anyhow::bail!("standard output is not a terminal: run in a terminal, or pass --headless");
+    }
+    install_panic_hook();
+    terminal::enable_raw_mode()?;
+    RAW.store(true, Ordering::SeqCst);
+    let guard = Guard;
+    execute!(stdout(), terminal::EnterAlternateScreen, cursor::Hide)?;
+    let term = Terminal::new(CrosstermBackend::new(stdout()))?;
+    Ok((term, guard))
+}

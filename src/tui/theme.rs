@@ -1,0 +1,85 @@
+//! Colours and glyphs. Every phase has one colour everywhere; with NO_COLOR set, phases are told
+//! apart by their fill glyph instead.
+
+use crate::telemetry::Phase;
+use ratatui::style::{Color, Modifier, Style};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Theme {
+    pub color: bool,
+}
+
+impl Theme {
+    /// Colour unless NO_COLOR is set to a non-empty value (no-color.org).
+    pub fn from_env() -> Theme {
+        Theme {
+            color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+
+    pub fn phase_color(self, p: Phase) -> Color {
+        match p {
+            Phase::Other => Color::DarkGray,
+            Phase::Read => Color::Cyan,
+            Phase::Pack => Color::LightCyan,
+            Phase::PushWait => Color::Red,
+            Phase::BatchWait => Color::LightRed,
+            Phase::H2d => Color::Magenta,
+            Phase::Forward => Color::Blue,
+            Phase::HsPack => Color::LightMagenta,
+            Phase::HsPushWait => Color::Red,
+            Phase::HsWait => Color::LightRed,
+            Phase::Anchors => Color::Yellow,
+            Phase::Loss => Color::LightYellow,
+            Phase::Backward => Color::Green,
+            Phase::Clip => Color::LightGreen,
+            Phase::Optim => Color::LightBlue,
+            Phase::Metrics => Color::White,
+        }
+    }
+
+    /// The bar cell of a phase: a coloured block, or a glyph of its own without colour.
+    pub fn phase_cell(self, p: Phase) -> (char, Style) {
+        if self.color {
+            ('█', Style::default().fg(self.phase_color(p)))
+        } else {
+            let glyphs = [
+                '·', 'r', 'p', '!', '?', 'h', 'F', 's', '#', '~', 'a', 'L', 'B', 'c', 'O', 'm',
+            ];
+            (glyphs[p.index()], Style::default())
+        }
+    }
+
+    pub fn fg(self, c: Color) -> Style {
+        if self.color {
+            Style::default().fg(c)
+        } else {
+            Style::default()
+        }
+    }
+
+    pub fn bold(self) -> Style {
+        Style::default().add_modifier(Modifier::BOLD)
+    }
+
+    /// Warning text: red, or reversed without colour.
+    pub fn alert(self) -> Style {
+        if self.color {
+            Style::default().fg(Color::Red).add_modifier(Modifier::BOLD)
+        } else {
+            Style::default().add_modifier(Modifier::REVERSED)
+        }
+    }
+
+    pub fn ok(self) -> Style {
+        self.fg(Color::Green)
+    }
+
+    pub fn dim(self) -> Style {
+        if self.color {
+            Style::default().fg(Color::DarkGray)
+        } else {
+            Style::default()
+        }
+    }
+}

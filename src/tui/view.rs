@@ -1,0 +1,104 @@
+//! Lays out the panels of each view and draws a frame from one snapshot.
+
+use super::app::{App, View, Window};
+use super::panels;
+use super::theme::Theme;
+use crate::telemetry::snapshot::{PhaseWindow, ThreadView};
+use crate::telemetry::{GpuTiming, Snapshot};
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::text::Line;
+use ratatui::widgets::Paragraph;
+use ratatui::Frame;
+
+pub const MIN_WIDTH: u16 = 80;
+pub const MIN_HEIGHT: u16 = 24;
+
+/// The engine switches as the front-end last set or read them (shown at once, not a tick later).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Badges {
+    pub profiling: bool,
+    pub gpu_timing: GpuTiming,
+    pub paused: bool,
+    pub live: bool,
+}
+
+/// What every panel renders from.
+pub struct Ctx<'a> {
+    pub snap: &'a Snapshot,
+    pub app: &'a App,
+    pub theme: Theme,
+    pub badges: Badges,
+}
+
+impl Ctx<'_> {
+    pub fn window_of(&self, t: &ThreadView) -> PhaseWindow {
+        match self.app.window {
+            Window::OneSecond => t.w1,
+            Window::TenSeconds => t.w10,
+            Window::Run => t.run,
+        }
+    }
+}
+
+pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
+    let area = f.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        let msg = format!(
+            "terminal too small: {}x{}, dflash-top needs {}x{} — enlarge it (q quits)",
+            area.width, area.height, MIN_WIDTH, MIN_HEIGHT
+        );
+        f.render_widget(Paragraph::new(Line::from(msg)), Rect { height: 1, ..area });
+        return;
+    }
+    let empty = Snapshot::default();
+    let snap = app.shown().map(|s| s.as_ref()).unwrap_or(&empty);
+    let c = Ctx {
+        snap,
+        app,
+        theme,
+        badges,
+    };
+    let [header, body] = Layout::vertical([Constraint::Length(3), Constraint::Min(0)]).areas(area);
+    panels::header::render(f, header, &c);
+    match app.view {
+        View::Overview => overview(f, body, &c),
+        View::Threads => panels::threads::render(f, body, &c, true),
+        View::Phases => panels::phases::render(f, body, &c, true),
+        View::Queues => {
+            let [q, g] = Layout::vertical([Constraint::Min(8), Constraint::Length(gpu_height(&c))])
+                .areas(body);
+            panels::queues::render(f, q, &c);
+            panels::gpus::render(f, g, &c);
+        }
+        View::Charts => panels::charts::render(f, body, &c, true),
+    }
+    if app.help {
+        panels::help::render(f, area, &c);
+    }
+}
+
+fn gpu_height(c: &Ctx) -> u16 {
+    match &c.snap.gpus {
+        crate::telemetry::snapshot::GpuPanel::Present(g) => 2 + 2 * g.len().max(1) as u16,
+        _ => 3,
+    }
+}
+
+fn overview(f: &mut Frame, area: Rect, c: &Ctx) {
+    let threads = c.snap.threads.len() as u16;
+    // Borders, one row a thread, three legend rows.
+    let phase_h = (threads + 5).clamp(8, area.height / 2);
+    let [top, bottom] =
+        Layout::vertical([Constraint::Length(phase_h), Constraint::Min(0)]).areas(area);
+    let [threads_area, phases_area] =
+        Layout::horizontal([Constraint::Percentage(42), Constraint::Percentage(58)]).areas(top);
+    panels::threads::render(f, threads_area, c, false);
+    panels::phases::render(f, phases_area, c, false);
+    let [left, right] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
+    let queues_h = (c.snap.queues.len().max(1) as u16 * 6).min(left.height.saturating_sub(3));
+    let [q, g] = Layout::vertical([Constraint::Length(queues_h), Constraint::Min(3)]).areas(left);
+    panels::queues::render(f, q, c);
+    panels::gpus::render(f, g, c);
+    panels::charts::render(f, right, c, true);
+}
