@@ -1,4 +1,5 @@
 //! Integration tests, one binary.
 
 mod cli;
+mod engine;
 mod telemetry_core;

@@ -1,0 +1,242 @@
+//! The engine on the CPU: packing, anchors, masks, labels, loss weights, shapes, a falling
+//! loss, and bad inputs that must end in a sentence, not a panic.
+
+use dflash_top::engine::blocks::*;
+use dflash_top::engine::config::{drafter_spec_for, Preset, Qwen3Config};
+use dflash_top::engine::data::{doc_ids_and_positions, Doc, DocSource, Packer, Rng};
+use dflash_top::engine::drafter::Drafter;
+use dflash_top::engine::loss::{block_metrics, chunked_loss_backward, gamma_for, slot_weights};
+use dflash_top::engine::qwen3::{document_causal_mask, Qwen3Target};
+use tch::{nn::VarStore, Device, Kind, Tensor};
+
+fn vec_i64(t: &Tensor) -> Vec<i64> {
+    Vec::<i64>::try_from(t.flatten(0, -1)).unwrap()
+}
+
+fn vec_bool(t: &Tensor) -> Vec<bool> {
+    Vec::<bool>::try_from(t.flatten(0, -1)).unwrap()
+}
+
+#[test]
+fn doc_ids_repeat_and_positions_restart_per_document() {
+    let (docs, pos) = doc_ids_and_positions(&[3, 1, 2]);
+    assert_eq!(vec_i64(&docs), vec![0, 0, 0, 1, 2, 2]);
+    assert_eq!(vec_i64(&pos), vec![0, 1, 2, 0, 0, 1]);
+}
+
+struct Fixed(Vec<Doc>, usize);
+
+impl DocSource for Fixed {
+    fn next_doc(&mut self) -> Doc {
+        let d = self.0[self.1 % self.0.len()].clone();
+        self.1 += 1;
+        d
+    }
+}
+
+fn doc(ids: &[i64]) -> Doc {
+    Doc { ids: ids.to_vec(), loss_mask: vec![true; ids.len()] }
+}
+
+#[test]
+fn packing_fills_rows_and_carries_a_cut_document_over() {
+    let mut src = Fixed(vec![doc(&[1, 2, 3, 4, 5]), doc(&[6, 7, 8])], 0);
+    let b = Packer::new().pack(&mut src, 2, 6);
+    assert_eq!(vec_i64(&b.input_ids), vec![1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]);
+    // Row 0: doc [1..5] then the first token of [6,7,8]; row 1 starts with its rest.
+    assert_eq!(vec_i64(&b.doc_ids), vec![0, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1]);
+    assert_eq!(vec_i64(&b.positions), vec![0, 1, 2, 3, 4, 0, 0, 1, 0, 1, 2, 3]);
+    assert_eq!(b.host_doc_ids, vec_i64(&b.doc_ids));
+}
+
+#[test]
+fn anchors_stay_inside_their_document_and_the_loss_mask() {
+    // Two documents: [0..10) and [10..20); loss only from position 2 of each.
+    let doc_ids: Vec<i64> = (0..20).map(|i| i / 10).collect();
+    let mask: Vec<bool> = (0..20).map(|i| i % 10 >= 2).collect();
+    let mut rng = Rng::new(1);
+    for _ in 0..50 {
+        let a = sample_anchors(&doc_ids, &mask, 4, 6, &mut rng);
+        assert!(a.len() <= 6);
+        assert!(a.windows(2).all(|w| w[0] < w[1]), "sorted, no repeats: {a:?}");
+        for &p in &a {
+            let p = p as usize;
+            assert!(mask[p], "anchor {p} outside the loss mask");
+            assert!(p + 4 <= 20, "room for a block");
+            assert_eq!(doc_ids[p + 1], doc_ids[p], "anchor {p} is its document's last token");
+        }
+    }
+    // Every candidate is reachable.
+    let all = sample_anchors(&doc_ids, &mask, 4, 100, &mut rng);
+    assert_eq!(all, vec![2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 16]);
+}
+
+fn anchors(pos: &[i64], valid: &[bool]) -> Anchors {
+    let n = pos.len() as i64;
+    Anchors {
+        pos: Tensor::from_slice(pos).view([1, n]),
+        valid: Tensor::from_slice(valid).view([1, n]),
+        count: valid.iter().filter(|v| **v).count(),
+    }
+}
+
+#[test]
+fn block_mask_on_hand_made_cases() {
+    // Row of 8: doc 0 = [0..5), doc 1 = [5..8). Blocks of 2 at anchors 0 (doc start), 3, 6, and
+    // one padding block.
+    let docs = Tensor::from_slice(&[0i64, 0, 0, 0, 0, 1, 1, 1]).view([1, 8]);
+    let a = anchors(&[0, 3, 6, 0], &[true, true, true, false]);
+    let m = block_mask(&docs, &a, 2);
+    assert_eq!(m.size(), vec![1, 1, 8, 16]);
+    let row = |q: i64| -> Vec<bool> { vec_bool(&m.get(0).get(0).get(q)) };
+    let ctx = |r: &[bool]| r[..8].to_vec();
+    let blocks = |r: &[bool]| r[8..].to_vec();
+    let f = false;
+    let t = true;
+    // Anchor 0: no context (nothing before it), its own block both ways.
+    assert_eq!(ctx(&row(0)), vec![f; 8]);
+    assert_eq!(blocks(&row(0)), vec![t, t, f, f, f, f, f, f]);
+    assert_eq!(blocks(&row(1)), vec![t, t, f, f, f, f, f, f]);
+    // Anchor 3: context 0,1,2 (before it, same doc), never another block.
+    assert_eq!(ctx(&row(2)), vec![t, t, t, f, f, f, f, f]);
+    assert_eq!(blocks(&row(3)), vec![f, f, t, t, f, f, f, f]);
+    // Anchor 6: context only its own document (5), not doc 0.
+    assert_eq!(ctx(&row(4)), vec![f, f, f, f, f, t, f, f]);
+    // The padding block sees nothing at all.
+    assert!(row(6).iter().chain(row(7).iter()).all(|x| !x));
+}
+
+#[test]
+fn labels_follow_the_anchor_and_stop_at_document_and_row_ends() {
+    let ids = Tensor::from_slice(&[10i64, 11, 12, 13, 14, 20, 21, 22]).view([1, 8]);
+    let docs = Tensor::from_slice(&[0i64, 0, 0, 0, 0, 1, 1, 1]).view([1, 8]);
+    let lmask = Tensor::from_slice(&[t(), t(), t(), false, t(), t(), t(), t()]).view([1, 8]);
+    let a = anchors(&[2, 6], &[true, true]);
+    let (labels, valid) = block_labels(&ids, &docs, &lmask, &a, 4);
+    assert_eq!(vec_i64(&labels.get(0).get(0)), vec![12, 13, 14, 20]);
+    // slot 0 never; 13 outside the loss mask; 20 is another document.
+    assert_eq!(vec_bool(&valid.get(0).get(0)), vec![false, false, true, false]);
+    // Anchor 6: slot 1 = 22, then past the row.
+    assert_eq!(vec_bool(&valid.get(0).get(1)), vec![false, true, false, false]);
+    let inputs = block_input_ids(&ids, &a, 4, 99);
+    assert_eq!(vec_i64(&inputs), vec![12, 99, 99, 99, 21, 99, 99, 99]);
+    let pos = Tensor::from_slice(&[0i64, 1, 2, 3, 4, 0, 1, 2]).view([1, 8]);
+    assert_eq!(vec_i64(&block_positions(&pos, &a, 4)), vec![2, 3, 4, 5, 1, 2, 3, 4]);
+}
+
+fn t() -> bool {
+    true
+}
+
+#[test]
+fn loss_weights_decay_from_slot_one_and_skip_slot_zero() {
+    let w = slot_weights(16, gamma_for(16));
+    assert_eq!(w[0], 0.0);
+    assert!((w[1] - 1.0).abs() < 1e-7);
+    assert!((w[8] - (-1.0f32).exp()).abs() < 1e-6, "exp(-(8-1)/7) = e^-1");
+    assert!(w.windows(2).skip(1).all(|p| p[1] < p[0]));
+    assert_eq!(gamma_for(10), 5.0);
+    assert_eq!(gamma_for(8), 4.0);
+}
+
+#[test]
+fn target_mask_is_causal_within_each_document() {
+    let docs = Tensor::from_slice(&[0i64, 0, 1, 1]).view([1, 4]);
+    let m = document_causal_mask(&docs, None);
+    let rows: Vec<Vec<bool>> = (0..4).map(|q| vec_bool(&m.get(0).get(0).get(q))).collect();
+    assert_eq!(rows[1], vec![true, true, false, false]);
+    assert_eq!(rows[2], vec![false, false, true, false]);
+    assert_eq!(rows[3], vec![false, false, true, true]);
+    let w = document_causal_mask(&Tensor::zeros([1, 4], (Kind::Int64, Device::Cpu)), Some(2));
+    assert_eq!(vec_bool(&w.get(0).get(0).get(3)), vec![false, false, true, true]);
+}
+
+fn tiny() -> (Qwen3Config, dflash_top::engine::config::DrafterSpec) {
+    let p = Preset::by_name("tiny").unwrap();
+    let spec = p.drafter_spec(&p.target);
+    (p.target, spec)
+}
+
+#[test]
+fn shapes_through_target_drafter_and_loss() {
+    tch::manual_seed(0);
+    let (cfg, spec) = tiny();
+    let vs = VarStore::new(Device::Cpu);
+    let target = Qwen3Target::new(&vs.root(), &cfg, &spec.target_layer_ids, 0.5);
+    let (b, s) = (2, 32);
+    let ids = Tensor::randint(500, [b, s], (Kind::Int64, Device::Cpu));
+    let docs = Tensor::zeros([b, s], (Kind::Int64, Device::Cpu));
+    let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu)).unsqueeze(0).repeat([b, 1]);
+    let hidden = tch::no_grad(|| target.forward(&ids, &pos, &docs));
+    assert_eq!(hidden.size(), vec![b, s, 2 * cfg.hidden_size]);
+
+    let dvs = VarStore::new(Device::Cpu);
+    let drafter = Drafter::new(&dvs.root(), &spec);
+    let a = Anchors {
+        pos: Tensor::from_slice(&[4i64, 9, 3, 0]).view([2, 2]),
+        valid: Tensor::from_slice(&[true, true, true, false]).view([2, 2]),
+        count: 3,
+    };
+    let block = spec.block_size;
+    let block_ids = block_input_ids(&ids, &a, block, spec.mask_token_id);
+    let emb = Tensor::embedding(&target.embed_tokens, &block_ids, -1, false, false).detach();
+    let mask = block_mask(&docs, &a, block);
+    let out = drafter.forward(&hidden, &pos, &emb, &block_positions(&pos, &a, block), &mask);
+    assert_eq!(out.size(), vec![b, 2 * block, cfg.hidden_size]);
+    // The padding block's rows are fully masked: finite, never NaN.
+    assert!(bool::try_from(out.isfinite().all()).unwrap());
+
+    let lmask = Tensor::ones([b, s], (Kind::Bool, Device::Cpu));
+    let (labels, valid) = block_labels(&ids, &docs, &lmask, &a, block);
+    let w = slot_weights(block, gamma_for(block));
+    let (loss, backward) = chunked_loss_backward(&out, &target.lm_head, &labels, &valid, &w, 7);
+    backward();
+    let l = f32::try_from(&loss.loss).unwrap();
+    assert!(l.is_finite() && l > 0.0);
+    let grads: Vec<f64> = dvs.trainable_variables().iter().map(|v| f64::try_from(v.grad().abs().sum(Kind::Float)).unwrap()).collect();
+    assert!(grads.iter().all(|g| g.is_finite()) && grads.iter().any(|g| *g > 0.0));
+    let (acc, tau) = block_metrics(&loss.correct, &valid, &a.valid);
+    assert_eq!(acc.size(), vec![block]);
+    assert!(f32::try_from(&tau).unwrap() >= 1.0);
+}
+
+#[test]
+fn chunking_does_not_change_the_loss_or_its_gradient() {
+    tch::manual_seed(3);
+    let (b, a, block, h, v) = (1, 3, 4, 8, 50);
+    let hidden = Tensor::randn([b, a * block, h], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let head = Tensor::randn([v, h], (Kind::Float, Device::Cpu));
+    let labels = Tensor::randint(v, [b, a, block], (Kind::Int64, Device::Cpu));
+    let valid = Tensor::rand([b, a, block], (Kind::Float, Device::Cpu)).gt(0.3);
+    let w = slot_weights(block, 2.0);
+    let run = |chunk: i64| {
+        let x = hidden.detach().set_requires_grad(true);
+        let (out, backward) = chunked_loss_backward(&x, &head, &labels, &valid, &w, chunk);
+        backward();
+        (f64::try_from(&out.loss).unwrap(), x.grad())
+    };
+    let (l1, g1) = run(1);
+    let (l_all, g_all) = run(1000);
+    assert!((l1 - l_all).abs() < 1e-5);
+    assert!(bool::try_from(g1.allclose(&g_all, 1e-5, 1e-6, false)).unwrap());
+    // Against a direct weighted cross-entropy.
+    let logits = hidden.detach().matmul(&head.tr()).view([-1, v]);
+    let nll = logits.log_softmax(-1, Kind::Float).gather(1, &labels.view([-1, 1]), false).view([-1]).neg();
+    let wt = (valid.to_kind(Kind::Float) * Tensor::from_slice(&w).view([1, 1, block])).view([-1]);
+    let direct = f64::try_from((nll * &wt).sum(Kind::Float) / wt.sum(Kind::Float)).unwrap();
+    assert!((l1 - direct).abs() < 1e-5, "{l1} vs {direct}");
+    // Nothing that counts: zero loss, zero gradient, no NaN.
+    let none = Tensor::zeros([b, a, block], (Kind::Bool, Device::Cpu));
+    let x = hidden.detach().set_requires_grad(true);
+    let (out, backward) = chunked_loss_backward(&x, &head, &labels, &none, &w, 4);
+    backward();
+    assert_eq!(f64::try_from(&out.loss).unwrap(), 0.0);
+}
+
+#[test]
+fn drafter_spec_follows_the_target() {
+    let p = Preset::by_name("qwen3-8b").unwrap();
+    let s = drafter_spec_for(&p.target, 5, 151_669, 16);
+    assert_eq!(s.target_layer_ids, vec![1, 9, 17, 25, 33]);
+    assert_eq!(s.layers.hidden_size, 4096);
+}
