@@ -2,4 +2,5 @@
 
 mod cli;
 mod engine;
+mod runs;
 mod telemetry_core;

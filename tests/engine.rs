@@ -35,17 +35,29 @@ impl DocSource for Fixed {
 }
 
 fn doc(ids: &[i64]) -> Doc {
-    Doc { ids: ids.to_vec(), loss_mask: vec![true; ids.len()] }
+    Doc {
+        ids: ids.to_vec(),
+        loss_mask: vec![true; ids.len()],
+    }
 }
 
 #[test]
 fn packing_fills_rows_and_carries_a_cut_document_over() {
     let mut src = Fixed(vec![doc(&[1, 2, 3, 4, 5]), doc(&[6, 7, 8])], 0);
     let b = Packer::new().pack(&mut src, 2, 6);
-    assert_eq!(vec_i64(&b.input_ids), vec![1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]);
+    assert_eq!(
+        vec_i64(&b.input_ids),
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
+    );
     // Row 0: doc [1..5] then the first token of [6,7,8]; row 1 starts with its rest.
-    assert_eq!(vec_i64(&b.doc_ids), vec![0, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1]);
-    assert_eq!(vec_i64(&b.positions), vec![0, 1, 2, 3, 4, 0, 0, 1, 0, 1, 2, 3]);
+    assert_eq!(
+        vec_i64(&b.doc_ids),
+        vec![0, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1]
+    );
+    assert_eq!(
+        vec_i64(&b.positions),
+        vec![0, 1, 2, 3, 4, 0, 0, 1, 0, 1, 2, 3]
+    );
     assert_eq!(b.host_doc_ids, vec_i64(&b.doc_ids));
 }
 
@@ -58,12 +70,19 @@ fn anchors_stay_inside_their_document_and_the_loss_mask() {
     for _ in 0..50 {
         let a = sample_anchors(&doc_ids, &mask, 4, 6, &mut rng);
         assert!(a.len() <= 6);
-        assert!(a.windows(2).all(|w| w[0] < w[1]), "sorted, no repeats: {a:?}");
+        assert!(
+            a.windows(2).all(|w| w[0] < w[1]),
+            "sorted, no repeats: {a:?}"
+        );
         for &p in &a {
             let p = p as usize;
             assert!(mask[p], "anchor {p} outside the loss mask");
             assert!(p + 4 <= 20, "room for a block");
-            assert_eq!(doc_ids[p + 1], doc_ids[p], "anchor {p} is its document's last token");
+            assert_eq!(
+                doc_ids[p + 1],
+                doc_ids[p],
+                "anchor {p} is its document's last token"
+            );
         }
     }
     // Every candidate is reachable.
@@ -115,13 +134,22 @@ fn labels_follow_the_anchor_and_stop_at_document_and_row_ends() {
     let (labels, valid) = block_labels(&ids, &docs, &lmask, &a, 4);
     assert_eq!(vec_i64(&labels.get(0).get(0)), vec![12, 13, 14, 20]);
     // slot 0 never; 13 outside the loss mask; 20 is another document.
-    assert_eq!(vec_bool(&valid.get(0).get(0)), vec![false, false, true, false]);
+    assert_eq!(
+        vec_bool(&valid.get(0).get(0)),
+        vec![false, false, true, false]
+    );
     // Anchor 6: slot 1 = 22, then past the row.
-    assert_eq!(vec_bool(&valid.get(0).get(1)), vec![false, true, false, false]);
+    assert_eq!(
+        vec_bool(&valid.get(0).get(1)),
+        vec![false, true, false, false]
+    );
     let inputs = block_input_ids(&ids, &a, 4, 99);
     assert_eq!(vec_i64(&inputs), vec![12, 99, 99, 99, 21, 99, 99, 99]);
     let pos = Tensor::from_slice(&[0i64, 1, 2, 3, 4, 0, 1, 2]).view([1, 8]);
-    assert_eq!(vec_i64(&block_positions(&pos, &a, 4)), vec![2, 3, 4, 5, 1, 2, 3, 4]);
+    assert_eq!(
+        vec_i64(&block_positions(&pos, &a, 4)),
+        vec![2, 3, 4, 5, 1, 2, 3, 4]
+    );
 }
 
 fn t() -> bool {
@@ -133,7 +161,10 @@ fn loss_weights_decay_from_slot_one_and_skip_slot_zero() {
     let w = slot_weights(16, gamma_for(16));
     assert_eq!(w[0], 0.0);
     assert!((w[1] - 1.0).abs() < 1e-7);
-    assert!((w[8] - (-1.0f32).exp()).abs() < 1e-6, "exp(-(8-1)/7) = e^-1");
+    assert!(
+        (w[8] - (-1.0f32).exp()).abs() < 1e-6,
+        "exp(-(8-1)/7) = e^-1"
+    );
     assert!(w.windows(2).skip(1).all(|p| p[1] < p[0]));
     assert_eq!(gamma_for(10), 5.0);
     assert_eq!(gamma_for(8), 4.0);
@@ -148,7 +179,10 @@ fn target_mask_is_causal_within_each_document() {
     assert_eq!(rows[2], vec![false, false, true, false]);
     assert_eq!(rows[3], vec![false, false, true, true]);
     let w = document_causal_mask(&Tensor::zeros([1, 4], (Kind::Int64, Device::Cpu)), Some(2));
-    assert_eq!(vec_bool(&w.get(0).get(0).get(3)), vec![false, false, true, true]);
+    assert_eq!(
+        vec_bool(&w.get(0).get(0).get(3)),
+        vec![false, false, true, true]
+    );
 }
 
 fn tiny() -> (Qwen3Config, dflash_top::engine::config::DrafterSpec) {
@@ -166,7 +200,9 @@ fn shapes_through_target_drafter_and_loss() {
     let (b, s) = (2, 32);
     let ids = Tensor::randint(500, [b, s], (Kind::Int64, Device::Cpu));
     let docs = Tensor::zeros([b, s], (Kind::Int64, Device::Cpu));
-    let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu)).unsqueeze(0).repeat([b, 1]);
+    let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu))
+        .unsqueeze(0)
+        .repeat([b, 1]);
     let hidden = tch::no_grad(|| target.forward(&ids, &pos, &docs));
     assert_eq!(hidden.size(), vec![b, s, 2 * cfg.hidden_size]);
 
@@ -181,7 +217,13 @@ fn shapes_through_target_drafter_and_loss() {
     let block_ids = block_input_ids(&ids, &a, block, spec.mask_token_id);
     let emb = Tensor::embedding(&target.embed_tokens, &block_ids, -1, false, false).detach();
     let mask = block_mask(&docs, &a, block);
-    let out = drafter.forward(&hidden, &pos, &emb, &block_positions(&pos, &a, block), &mask);
+    let out = drafter.forward(
+        &hidden,
+        &pos,
+        &emb,
+        &block_positions(&pos, &a, block),
+        &mask,
+    );
     assert_eq!(out.size(), vec![b, 2 * block, cfg.hidden_size]);
     // The padding block's rows are fully masked: finite, never NaN.
     assert!(bool::try_from(out.isfinite().all()).unwrap());
@@ -193,7 +235,11 @@ fn shapes_through_target_drafter_and_loss() {
     backward();
     let l = f32::try_from(&loss.loss).unwrap();
     assert!(l.is_finite() && l > 0.0);
-    let grads: Vec<f64> = dvs.trainable_variables().iter().map(|v| f64::try_from(v.grad().abs().sum(Kind::Float)).unwrap()).collect();
+    let grads: Vec<f64> = dvs
+        .trainable_variables()
+        .iter()
+        .map(|v| f64::try_from(v.grad().abs().sum(Kind::Float)).unwrap())
+        .collect();
     assert!(grads.iter().all(|g| g.is_finite()) && grads.iter().any(|g| *g > 0.0));
     let (acc, tau) = block_metrics(&loss.correct, &valid, &a.valid);
     assert_eq!(acc.size(), vec![block]);
@@ -204,7 +250,8 @@ fn shapes_through_target_drafter_and_loss() {
 fn chunking_does_not_change_the_loss_or_its_gradient() {
     tch::manual_seed(3);
     let (b, a, block, h, v) = (1, 3, 4, 8, 50);
-    let hidden = Tensor::randn([b, a * block, h], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let hidden =
+        Tensor::randn([b, a * block, h], (Kind::Float, Device::Cpu)).set_requires_grad(true);
     let head = Tensor::randn([v, h], (Kind::Float, Device::Cpu));
     let labels = Tensor::randint(v, [b, a, block], (Kind::Int64, Device::Cpu));
     let valid = Tensor::rand([b, a, block], (Kind::Float, Device::Cpu)).gt(0.3);
@@ -221,7 +268,11 @@ fn chunking_does_not_change_the_loss_or_its_gradient() {
     assert!(bool::try_from(g1.allclose(&g_all, 1e-5, 1e-6, false)).unwrap());
     // Against a direct weighted cross-entropy.
     let logits = hidden.detach().matmul(&head.tr()).view([-1, v]);
-    let nll = logits.log_softmax(-1, Kind::Float).gather(1, &labels.view([-1, 1]), false).view([-1]).neg();
+    let nll = logits
+        .log_softmax(-1, Kind::Float)
+        .gather(1, &labels.view([-1, 1]), false)
+        .view([-1])
+        .neg();
     let wt = (valid.to_kind(Kind::Float) * Tensor::from_slice(&w).view([1, 1, block])).view([-1]);
     let direct = f64::try_from((nll * &wt).sum(Kind::Float) / wt.sum(Kind::Float)).unwrap();
     assert!((l1 - direct).abs() < 1e-5, "{l1} vs {direct}");

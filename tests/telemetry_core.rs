@@ -45,7 +45,11 @@ fn phases_sum_to_wall_time_and_land_where_marked() {
         let ms = |p: Phase| r.phase_ns[p.index()] as f64 / 1e6;
         // Spins last at least as long as asked (upper bounds would depend on machine load).
         assert!(ms(Phase::Forward) >= 5.9, "forward {}", ms(Phase::Forward));
-        assert!(ms(Phase::Backward) >= 2.9, "backward {}", ms(Phase::Backward));
+        assert!(
+            ms(Phase::Backward) >= 2.9,
+            "backward {}",
+            ms(Phase::Backward)
+        );
         assert!(ms(Phase::Other) >= 1.9, "other {}", ms(Phase::Other));
         for p in [Phase::Read, Phase::HsWait, Phase::Optim] {
             assert_eq!(r.phase_ns[p.index()], 0, "{} was never marked", p.name());

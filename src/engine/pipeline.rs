@@ -41,7 +41,7 @@ fn build_target(
     let model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
     if let Some(dir) = &cfg.target {
         let tensors = super::weights::read_all(dir)?;
-        super::weights::copy_into(&vs, &tensors, dir)?;
+        super::weights::copy_into(&vs, &tensors, &super::weights::weights_label(dir))?;
     }
     vs.freeze();
     if device.is_cuda() {

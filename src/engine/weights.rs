@@ -32,6 +32,14 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     )
 }
 
+/// The path to name in messages about a directory's weights: its one file, or its index.
+pub fn weights_label(dir: &Path) -> PathBuf {
+    match safetensors_files(dir) {
+        Ok(files) if files.len() == 1 => files[0].clone(),
+        _ => dir.join("model.safetensors.index.json"),
+    }
+}
+
 /// Every tensor of the directory's safetensors files, by name.
 pub fn read_all(dir: &Path) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();

@@ -1,0 +1,264 @@
+//! The real binary: headless training whose loss falls, checkpoints and resume, and bad inputs
+//! that end in one sentence naming the file or flag, a non-zero exit and no panic.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn field(line: &str, key: &str) -> Option<f64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Fails with the message when the run did not end in a clear user error.
+fn assert_user_error(o: &Output, must_mention: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "a panic, not a sentence: {err}"
+    );
+    assert!(err.starts_with("dflash-top: "), "{err}");
+    for m in must_mention {
+        assert!(err.contains(m), "error should mention `{m}`: {err}");
+    }
+}
+
+#[test]
+fn headless_run_prints_interval_lines_and_its_loss_falls() {
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "160",
+        "--interval",
+        "0.5",
+        "--seed",
+        "3",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("t=")).collect();
+    assert!(lines.len() >= 2, "{out}");
+    for key in [
+        "step=",
+        "loss=",
+        "tau=",
+        "tok/s=",
+        "forward_ms=",
+        "q.hs=",
+        "q.batch=",
+        "verdict=",
+    ] {
+        assert!(
+            lines.last().unwrap().contains(key),
+            "no {key} in {}",
+            lines.last().unwrap()
+        );
+    }
+    let first = lines
+        .iter()
+        .find_map(|l| field(l, "loss"))
+        .expect("a loss in the interval lines");
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("summary:"))
+        .expect("summary line");
+    assert_eq!(field(summary, "steps"), Some(160.0));
+    let last = field(summary, "loss").unwrap();
+    assert!(
+        last < 0.8 * first,
+        "loss did not fall: first {first}, last {last}"
+    );
+}
+
+#[test]
+fn checkpoints_are_complete_and_resume_continues_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().to_str().unwrap();
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "6",
+        "--save-dir",
+        save,
+        "--save-every",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for step in ["step-000003", "step-000006"] {
+        let ck = dir.path().join(step);
+        for f in [
+            "config.json",
+            "model.safetensors",
+            "optimizer.safetensors",
+            "trainer_state.json",
+        ] {
+            assert!(ck.join(f).is_file(), "{step}/{f} missing");
+        }
+    }
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("step-000006/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cfg["dflash_config"]["block_size"], 16);
+    assert_eq!(
+        cfg["dflash_config"]["target_layer_ids"],
+        serde_json::json!([1, 3])
+    );
+    // No temporary directory left behind.
+    assert!(std::fs::read_dir(dir.path()).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with('.')));
+
+    let resume = dir.path().join("step-000006");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "9",
+        "--resume",
+        resume.to_str().unwrap(),
+        "--save-dir",
+        save,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
+    assert_eq!(field(summary, "from_step"), Some(6.0), "{summary}");
+    assert_eq!(
+        field(summary, "steps"),
+        Some(3.0),
+        "three more steps: {summary}"
+    );
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("step-000009/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["step"], 9);
+}
+
+fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value)) {
+    use dflash_top::engine::config::Preset;
+    use dflash_top::engine::qwen3::Qwen3Target;
+    let p = Preset::by_name("tiny").unwrap();
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let _t = Qwen3Target::new(&vs.root(), &p.target, &[5], 0.02);
+    vs.save(dir.join("model.safetensors")).unwrap();
+    let mut cfg = serde_json::to_value(&p.target).unwrap();
+    config_edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+}
+
+#[test]
+fn a_target_directory_loads_and_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_target(dir.path(), |_| {});
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "2",
+        "--target",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_inputs_end_in_a_sentence_not_a_panic() {
+    let unknown = run(&["train", "--headless", "--preset", "qwen9"]);
+    assert_user_error(&unknown, &["--preset", "tiny"]);
+
+    let no_device = run(&["train", "--headless", "--target-devices", "cuda:3"]);
+    assert_user_error(&no_device, &["--target-devices", "cuda:3"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let o = run(&["train", "--headless", "--data", empty.to_str().unwrap()]);
+    assert_user_error(&o, &["empty.jsonl", "no document"]);
+
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, \"x\"]}\n",
+    )
+    .unwrap();
+    let o = run(&["train", "--headless", "--data", bad.to_str().unwrap()]);
+    assert_user_error(&o, &["bad.jsonl line 2", "input_ids"]);
+
+    let missing_field = tempfile::tempdir().unwrap();
+    write_tiny_target(missing_field.path(), |c| {
+        c.as_object_mut().unwrap().remove("intermediate_size");
+    });
+    let o = run(&[
+        "train",
+        "--headless",
+        "--target",
+        missing_field.path().to_str().unwrap(),
+    ]);
+    assert_user_error(&o, &["config.json", "intermediate_size"]);
+
+    let wrong_shape = tempfile::tempdir().unwrap();
+    write_tiny_target(wrong_shape.path(), |c| {
+        c["intermediate_size"] = serde_json::json!(256)
+    });
+    let o = run(&[
+        "train",
+        "--headless",
+        "--target",
+        wrong_shape.path().to_str().unwrap(),
+    ]);
+    assert_user_error(&o, &["model.safetensors", "has shape"]);
+
+    let truncated = tempfile::tempdir().unwrap();
+    write_tiny_target(truncated.path(), |_| {});
+    let f = truncated.path().join("model.safetensors");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
+    let o = run(&[
+        "train",
+        "--headless",
+        "--target",
+        truncated.path().to_str().unwrap(),
+    ]);
+    assert_user_error(&o, &["model.safetensors", "truncated"]);
+
+    let bad_toml = dir.path().join("run.toml");
+    std::fs::write(&bad_toml, "sequence_length = 5\n").unwrap();
+    let o = run(&[
+        "train",
+        "--headless",
+        "--config",
+        bad_toml.to_str().unwrap(),
+    ]);
+    assert_user_error(&o, &["run.toml", "sequence_length"]);
+
+    let o = run(&["train", "--headless", "--resume", "/nonexistent/ckpt"]);
+    assert_user_error(&o, &["--resume", "/nonexistent/ckpt"]);
+
+    let o = run(&["train", "--headless", "--slow", "gpu=5ms"]);
+    assert_user_error(&o, &["--slow", "gpu"]);
+}
+
+#[test]
+fn the_tui_refuses_a_non_terminal_with_a_sentence() {
+    let o = run(&["train", "--steps", "1"]);
+    assert_user_error(&o, &["not a terminal", "--headless"]);
+}
