@@ -7,13 +7,27 @@ TORCH_VERSION := 2.11.0
 LIBTORCH_LINK := $(VENV)/libtorch
 CARGO ?= cargo
 
-.PHONY: run test venv build release bench clean-venv
+REF_DEPS := $(VENV)/.reference-deps
+REFERENCE := target/reference/reference.safetensors
+
+.PHONY: run test venv reference build release bench clean-venv
 
 run: venv
 	$(CARGO) run --release --
 
-test: venv
+test: venv reference
 	$(CARGO) test --all-targets
+
+# Reference numbers from PyTorch + transformers + z-lab's dflash (without its extras).
+reference: $(REFERENCE)
+
+$(REF_DEPS): $(LIBTORCH_LINK)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check transformers==5.15.0 numpy
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps dflash==0.1.0
+	touch $@
+
+$(REFERENCE): tests/reference/make_reference.py $(REF_DEPS)
+	$(VENV)/bin/python tests/reference/make_reference.py target/reference
 
 build: venv
 	$(CARGO) build --release

@@ -2,5 +2,6 @@
 
 mod cli;
 mod engine;
+mod reference;
 mod runs;
 mod telemetry_core;
