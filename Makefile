@@ -10,13 +10,17 @@ CARGO ?= cargo
 REF_DEPS := $(VENV)/.reference-deps
 REFERENCE := target/reference/reference.safetensors
 
-.PHONY: run test venv reference build release bench clean-venv
+.PHONY: run test venv reference tools build release bench clean-venv
 
 run: venv
 	$(CARGO) run --release --
 
-test: venv reference
+test: venv reference tools
 	$(CARGO) test --all-targets
+
+# The end-to-end test drives the real binary in tmux.
+tools:
+	@command -v tmux >/dev/null || (apt-get update -qq && apt-get install -y -qq tmux)
 
 # Reference numbers from PyTorch + transformers + z-lab's dflash (without its extras).
 reference: $(REFERENCE)

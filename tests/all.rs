@@ -5,3 +5,5 @@ mod engine;
 mod reference;
 mod runs;
 mod telemetry_core;
+mod tmux;
+mod tui;

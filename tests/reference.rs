@@ -27,7 +27,10 @@ fn reference_dir() -> PathBuf {
 }
 
 fn load(path: &Path) -> HashMap<String, Tensor> {
-    Tensor::read_safetensors(path).unwrap().into_iter().collect()
+    Tensor::read_safetensors(path)
+        .unwrap()
+        .into_iter()
+        .collect()
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -56,13 +59,27 @@ fn load_models() -> Loaded {
     let drafter_vs = VarStore::new(Device::Cpu);
     let drafter = Drafter::new(&drafter_vs.root(), &spec);
     checkpoint::load_weights(&ddir, &drafter_vs).unwrap();
-    Loaded { reference, target, _target_vs: target_vs, drafter, drafter_vs }
+    Loaded {
+        reference,
+        target,
+        _target_vs: target_vs,
+        drafter,
+        drafter_vs,
+    }
 }
 
 fn drafter_out(m: &Loaded) -> Tensor {
     let r = &m.reference;
     let emb = Tensor::embedding(&m.target.embed_tokens, &r["block_ids"], -1, false, false);
-    tch::no_grad(|| m.drafter.forward(&r["target_hidden"], &r["positions"], &emb, &r["block_pos"], &r["mask"]))
+    tch::no_grad(|| {
+        m.drafter.forward(
+            &r["target_hidden"],
+            &r["positions"],
+            &emb,
+            &r["block_pos"],
+            &r["mask"],
+        )
+    })
 }
 
 #[test]
@@ -81,7 +98,10 @@ fn drafter_output_and_mask_match_dflash() {
     let r = &m.reference;
     let spec = &m.drafter.spec;
     assert_eq!(spec.target_layer_ids, vec![1, 3]);
-    assert_eq!((spec.block_size, spec.mask_token_id, spec.num_target_layers), (4, 255, 6));
+    assert_eq!(
+        (spec.block_size, spec.mask_token_id, spec.num_target_layers),
+        (4, 255, 6)
+    );
     let d = max_diff(&drafter_out(&m), &r["drafter_out"]);
     assert!(d < 1e-4, "drafter outputs differ by {d}");
     // Our mask builder gives the same mask the reference used.
@@ -101,7 +121,12 @@ fn a_checkpoint_saved_here_loads_in_dflash_with_the_same_outputs() {
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = tmp.path().join("step-000001");
     let opt = AdamW::new(m.drafter_vs.variables().into_iter().collect());
-    let state = TrainerState { step: 1, total_steps: 10, seed: 0, lr: 1e-3 };
+    let state = TrainerState {
+        step: 1,
+        total_steps: 10,
+        seed: 0,
+        lr: 1e-3,
+    };
     checkpoint::save(&ckpt, &m.drafter.spec, &m.drafter_vs, &opt, &state).unwrap();
     let out = tmp.path().join("python_out.safetensors");
     let status = std::process::Command::new(root().join(".venv/bin/python"))
@@ -109,7 +134,10 @@ fn a_checkpoint_saved_here_loads_in_dflash_with_the_same_outputs() {
         .args([&ckpt, &reference_dir(), &out])
         .status()
         .expect("the venv's python runs (make test installs it)");
-    assert!(status.success(), "dflash could not load the checkpoint cleanly");
+    assert!(
+        status.success(),
+        "dflash could not load the checkpoint cleanly"
+    );
     let theirs = load(&out);
     let d = max_diff(&ours, &theirs["drafter_out"]);
     assert!(d < 1e-4, "outputs after the round trip differ by {d}");

@@ -147,6 +147,11 @@ impl App {
     }
 
     pub fn on_snapshot(&mut self, s: Arc<Snapshot>) {
+        // A new line from the engine (a saved checkpoint, …) replaces the last key's note.
+        let previous = self.latest.as_ref().and_then(|l| l.status.as_ref());
+        if s.status.is_some() && s.status.as_ref() != previous {
+            self.note = None;
+        }
         self.latest = Some(s);
     }
 

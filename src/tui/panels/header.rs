@@ -38,21 +38,28 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     };
     let line1 = Line::from(vec![
         Span::styled("dflash-top ", t.bold()),
-        Span::raw(format!("step {} ", s.train.step)),
+        Span::raw(format!("step {}  ", s.train.step)),
         Span::styled(
-            format!("tok/s {} ", fmt_rate(s.train.tok_per_s_1s)),
+            format!("tok/s {}  ", fmt_rate(s.train.tok_per_s_1s)),
             t.bold(),
         ),
         Span::raw(format!(
-            "loss {} tau {} lr {} ",
+            "loss {}  tau {}  lr {}  {}",
             opt(s.train.loss, 3),
             opt(s.train.tau, 2),
             s.train
                 .lr
                 .map(|x| format!("{x:.1e}"))
-                .unwrap_or_else(|| "-".into())
+                .unwrap_or_else(|| "-".into()),
+            fmt_elapsed(s.elapsed_s)
         )),
-        Span::raw(format!("{} ", fmt_elapsed(s.elapsed_s))),
+    ]);
+    let verdict_style = match s.verdict {
+        Verdict::Balanced => t.ok(),
+        Verdict::Warmup => t.dim(),
+        _ => t.alert(),
+    };
+    let line2 = Line::from(vec![
         badge(
             c.badges.profiling,
             format!("PROF {}", if c.badges.profiling { "on" } else { "off" }),
@@ -66,33 +73,24 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             (_, true, _) => badge(false, "PAUSED".into()),
             _ => badge(true, "RUNNING".into()),
         },
-    ]);
-    let verdict_style = match s.verdict {
-        Verdict::Balanced => t.ok(),
-        Verdict::Warmup => t.dim(),
-        _ => t.alert(),
-    };
-    let mut spans = vec![
-        Span::raw("verdict: "),
+        Span::raw("  "),
         Span::styled(s.verdict.text(), verdict_style),
-        Span::raw(format!(
-            "  dropped {}  prof cost {:.0} ns/mark x {:.0}/s  snap {:.0} us",
+    ]);
+    let mut spans = Vec::new();
+    if let Some(note) = c.app.note.as_ref().or(s.status.as_ref()) {
+        spans.push(Span::styled(format!("» {note}  "), t.bold()));
+    }
+    spans.push(Span::styled(
+        format!(
+            "dropped {} · prof {:.0} ns/mark x {:.0}/s · snap {:.0}us · [{}] ? help q quit",
             s.self_cost.dropped,
             s.self_cost.ns_per_mark,
             s.self_cost.marks_per_s,
-            s.self_cost.snapshot_us
-        )),
-    ];
-    if let Some(note) = c.app.note.as_ref().or(s.status.as_ref()) {
-        spans.push(Span::styled(format!("  » {note}"), t.bold()));
-    }
-    let help = Line::from(Span::styled(
-        format!(
-            "  [{}] window {}  ? help  q quit",
-            c.app.view.title(),
-            c.app.window.name()
+            s.self_cost.snapshot_us,
+            c.app.view.title()
         ),
         t.dim(),
     ));
-    f.render_widget(Paragraph::new(vec![line1, Line::from(spans), help]), area);
+    let help = Line::from(spans);
+    f.render_widget(Paragraph::new(vec![line1, line2, help]), area);
 }

@@ -56,17 +56,19 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             t.fg(ratatui::style::Color::Cyan)
         });
     f.render_widget(gauge, rows[0]);
-    let mut spans = vec![Span::raw(format!(
+    // The alert first: it is what the panel is for when it is there.
+    let mut spans = Vec::new();
+    if let Some(a) = alert {
+        spans.push(Span::styled(format!("{a}  "), t.alert()));
+    }
+    spans.push(Span::raw(format!(
         "empty {:.0}% full {:.0}% push {:.1}/s pop {:.1}/s age {:.0}ms",
         q.empty_share * 100.0,
         q.full_share * 100.0,
         q.push_per_s,
         q.pop_per_s,
         q.mean_age_ms
-    ))];
-    if let Some(a) = alert {
-        spans.push(Span::styled(format!("  {a}"), t.alert()));
-    }
+    )));
     f.render_widget(Paragraph::new(Line::from(spans)), rows[1]);
     if rows[2].height > 0 {
         let width = rows[2].width as usize;

@@ -1,0 +1,124 @@
+//! End to end: the real binary in a real terminal (tmux). Start it, press keys, read the screen,
+//! quit, and check that the terminal came back and the run saved.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+struct Session(String);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.0])
+            .status();
+    }
+}
+
+fn tmux(args: &[&str]) -> String {
+    let o = Command::new("tmux")
+        .args(args)
+        .output()
+        .expect("tmux runs (make test installs it)");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+impl Session {
+    fn screen(&self) -> String {
+        tmux(&["capture-pane", "-p", "-t", &self.0])
+    }
+
+    /// Waits until the screen satisfies `ok`; the limit only bounds a hung run.
+    fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.screen();
+            if ok(&s) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(90),
+                "never saw {what}; screen:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn keys(&self, k: &str) {
+        tmux(&["send-keys", "-t", &self.0, k]);
+    }
+}
+
+#[test]
+fn keys_work_in_a_real_terminal_and_quit_restores_it() {
+    let save = tempfile::tempdir().unwrap();
+    let name = format!("dflash-e2e-{}", std::process::id());
+    let cmd = format!(
+        "{} train --save-dir {}; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        save.path().display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &name,
+        "-x",
+        "100",
+        "-y",
+        "30",
+        &cmd,
+    ]);
+    let s = Session(name);
+
+    s.wait_for("training steps", |x| {
+        x.lines()
+            .next()
+            .and_then(|l| l.split("step ").nth(1))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+    });
+    assert_eq!(
+        tmux(&["display", "-p", "-t", &s.0, "#{alternate_on}"]).trim(),
+        "1",
+        "TUI on the alternate screen"
+    );
+
+    s.keys("p");
+    s.wait_for("the profiling badge off", |x| x.contains("PROF off"));
+    s.keys("p");
+    s.wait_for("the profiling badge on", |x| x.contains("PROF on"));
+    s.keys("2");
+    s.wait_for("the threads view", |x| {
+        x.contains("[2 threads]") && x.contains("drafter-0")
+    });
+    s.keys("?");
+    s.wait_for("the help overlay", |x| {
+        x.contains("keys") && x.contains("ctrl-c")
+    });
+    s.keys("?");
+    s.keys("Space");
+    s.wait_for("the paused badge", |x| x.contains("PAUSED"));
+    s.keys("Space");
+    s.wait_for("running again", |x| x.contains("RUNNING"));
+    s.keys("c");
+    s.wait_for("a saved checkpoint", |x| x.contains("saved "));
+
+    s.keys("q");
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+    assert!(
+        !after.contains("PROF"),
+        "the TUI is gone from the screen: {after}"
+    );
+    assert_eq!(
+        tmux(&["display", "-p", "-t", &s.0, "#{alternate_on}"]).trim(),
+        "0",
+        "alternate screen left"
+    );
+    let saved: Vec<_> = std::fs::read_dir(save.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(!saved.is_empty(), "quitting saved a checkpoint");
+}

@@ -1,0 +1,388 @@
+//! The front-end without a terminal: actions and state, panels in buffers, whole screens as
+//! snapshots, the UI loop on a TestBackend. Everything renders from scripted snapshots.
+
+use crossbeam_channel::unbounded;
+use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
+use dflash_top::engine::workers::TrainControl;
+use dflash_top::telemetry::snapshot::*;
+use dflash_top::telemetry::verdict::Verdict;
+use dflash_top::telemetry::{GpuTiming, Phase, Role, Telemetry, N_PHASES};
+use dflash_top::tui::app::{action_for, Action, App, View};
+use dflash_top::tui::panels::phases::bar_cells;
+use dflash_top::tui::theme::Theme;
+use dflash_top::tui::view::{draw, Badges};
+use dflash_top::tui::{run_loop, EngineControls};
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+fn window(ms: &[(Phase, u64)], steps: u64) -> PhaseWindow {
+    let mut phase_ns = [0u64; N_PHASES];
+    for (p, v) in ms {
+        phase_ns[p.index()] = v * 1_000_000 * steps;
+    }
+    PhaseWindow {
+        steps,
+        wall_ns: phase_ns.iter().sum(),
+        phase_ns,
+        tokens: steps * 512,
+        span_ns: 1_000_000_000,
+    }
+}
+
+fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
+    ThreadView {
+        name: name.into(),
+        role,
+        device: "cpu".into(),
+        tid: 100,
+        cpu_pct: Some(97.0),
+        phase,
+        state: if phase.is_wait() {
+            ThreadState::Waiting
+        } else {
+            ThreadState::Working
+        },
+        w1: w,
+        w10: w,
+        run: w,
+    }
+}
+
+/// Drafters starved: targets are slow, the HS queue is empty.
+fn starved_snapshot() -> Snapshot {
+    let loader = window(&[(Phase::Pack, 2), (Phase::PushWait, 78)], 12);
+    let target = window(
+        &[(Phase::H2d, 1), (Phase::Forward, 75), (Phase::HsPack, 4)],
+        12,
+    );
+    let drafter = window(
+        &[
+            (Phase::HsWait, 45),
+            (Phase::Anchors, 2),
+            (Phase::Forward, 12),
+            (Phase::Loss, 5),
+            (Phase::Backward, 14),
+            (Phase::Optim, 2),
+        ],
+        12,
+    );
+    Snapshot {
+        seq: 7,
+        elapsed_s: 83.0,
+        train: TrainView {
+            step: 1200,
+            loss: Some(3.25),
+            tau: Some(2.4),
+            lr: Some(5.5e-4),
+            grad_norm: Some(0.8),
+            slot_acc: vec![0.0, 0.7, 0.5],
+            tokens_total: 600_000,
+            tok_per_s_1s: 6144.0,
+            tok_per_s_10s: 6000.0,
+        },
+        profiling: true,
+        gpu_timing: Some(GpuTiming::Async),
+        paused: false,
+        verdict: Verdict::TargetBound,
+        threads: vec![
+            thread("loader", Role::Loader, Phase::PushWait, loader),
+            thread("target-0", Role::Target, Phase::Forward, target),
+            thread("drafter-0", Role::Drafter, Phase::HsWait, drafter),
+        ],
+        groups: vec![ThreadGroupView {
+            name: "dflash-top".into(),
+            count: 3,
+            cpu_pct: 4.0,
+        }],
+        cpu_note: None,
+        queues: vec![
+            QueueView {
+                name: "batch".into(),
+                producers: "loader".into(),
+                consumers: "target".into(),
+                capacity: 4,
+                depth: 4,
+                min_depth: 3,
+                max_depth: 4,
+                mean_depth: 3.9,
+                full_share: 0.95,
+                push_per_s: 12.0,
+                pop_per_s: 12.0,
+                mean_age_ms: 300.0,
+                producer_wait_share: 0.97,
+                history: vec![4.0; 20],
+                blocking: true,
+                ..Default::default()
+            },
+            QueueView {
+                name: "hs".into(),
+                producers: "target".into(),
+                consumers: "drafter".into(),
+                capacity: 2,
+                empty_share: 0.98,
+                push_per_s: 12.0,
+                pop_per_s: 12.0,
+                mean_age_ms: 0.5,
+                consumer_wait_share: 0.56,
+                history: vec![0.0; 20],
+                starving: true,
+                ..Default::default()
+            },
+        ],
+        gpus: GpuPanel::Absent("no NVIDIA GPU (NVML not found)".into()),
+        loss_history: (0..40).map(|i| (i as f64, 8.0 - i as f64 * 0.1)).collect(),
+        tok_history: (0..40)
+            .map(|i| (i as f64, 6000.0 + (i % 5) as f64 * 50.0))
+            .collect(),
+        self_cost: SelfCost {
+            marks_per_s: 250.0,
+            ns_per_mark: 12.0,
+            snapshot_us: 40.0,
+            dropped: 0,
+        },
+        status: None,
+    }
+}
+
+fn controls(can_save: bool) -> (EngineControls, Arc<TrainControl>) {
+    let t = Telemetry::new();
+    let train = Arc::new(TrainControl::default());
+    let ctl = EngineControls {
+        switches: t.switches().clone(),
+        telemetry: t,
+        train: train.clone(),
+        can_save,
+    };
+    (ctl, train)
+}
+
+fn key(c: KeyCode) -> KeyEvent {
+    KeyEvent::new(c, KeyModifiers::NONE)
+}
+
+fn screen(app: &App, w: u16, h: u16, theme: Theme, badges: Badges) -> String {
+    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+    term.draw(|f| draw(f, app, theme, badges)).unwrap();
+    let buf = term.backend().buffer().clone();
+    (0..h)
+        .map(|y| {
+            (0..w)
+                .map(|x| buf[(x, y)].symbol().to_string())
+                .collect::<String>()
+                .trim_end()
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+const LIVE: Badges = Badges {
+    profiling: true,
+    gpu_timing: GpuTiming::Async,
+    paused: false,
+    live: true,
+};
+
+#[test]
+fn keys_map_to_actions() {
+    assert_eq!(
+        action_for(key(KeyCode::Char('p'))),
+        Some(Action::ToggleProfiling)
+    );
+    assert_eq!(
+        action_for(key(KeyCode::Char(' '))),
+        Some(Action::TogglePause)
+    );
+    assert_eq!(action_for(key(KeyCode::Tab)), Some(Action::NextView));
+    assert_eq!(
+        action_for(key(KeyCode::Char('3'))),
+        Some(Action::ShowView(2))
+    );
+    assert_eq!(
+        action_for(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)),
+        Some(Action::Quit)
+    );
+    assert_eq!(
+        action_for(key(KeyCode::Char('c'))),
+        Some(Action::Checkpoint)
+    );
+    assert_eq!(action_for(key(KeyCode::Char('z'))), None);
+}
+
+#[test]
+fn actions_change_the_engine_switches_and_the_app() {
+    let (ctl, train) = controls(false);
+    let mut app = App::new();
+    app.update(Action::ToggleProfiling, &ctl);
+    assert!(!ctl.switches.profiling());
+    assert_eq!(app.note.as_deref(), Some("profiling off"));
+    app.update(Action::CycleGpuTiming, &ctl);
+    assert_eq!(ctl.switches.gpu_timing(), GpuTiming::Sync);
+    app.update(Action::TogglePause, &ctl);
+    assert!(ctl.switches.paused());
+    app.update(Action::Checkpoint, &ctl);
+    assert!(
+        app.note.as_deref().unwrap().contains("--save-dir"),
+        "no save dir: says so"
+    );
+    assert!(!train.checkpoint_now.load(Ordering::SeqCst));
+    let (ctl2, train2) = controls(true);
+    app.update(Action::Checkpoint, &ctl2);
+    assert!(train2.checkpoint_now.load(Ordering::SeqCst));
+
+    app.update(Action::NextView, &ctl);
+    assert_eq!(app.view, View::Threads);
+    app.update(Action::PrevView, &ctl);
+    app.update(Action::PrevView, &ctl);
+    assert_eq!(app.view, View::Charts);
+    app.update(Action::ShowView(2), &ctl);
+    assert_eq!(app.view, View::Phases);
+    app.update(Action::ToggleHelp, &ctl);
+    assert!(app.help);
+    app.update(Action::Quit, &ctl);
+    assert!(app.quit);
+}
+
+#[test]
+fn freeze_keeps_the_shown_snapshot() {
+    let (ctl, _) = controls(false);
+    let mut app = App::new();
+    let mut a = starved_snapshot();
+    a.seq = 1;
+    app.on_snapshot(Arc::new(a));
+    app.update(Action::ToggleFreeze, &ctl);
+    let mut b = starved_snapshot();
+    b.seq = 2;
+    app.on_snapshot(Arc::new(b));
+    assert_eq!(app.shown().unwrap().seq, 1);
+    app.update(Action::ToggleFreeze, &ctl);
+    assert_eq!(app.shown().unwrap().seq, 2);
+}
+
+#[test]
+fn bar_cells_split_the_width_by_share() {
+    let w = window(
+        &[
+            (Phase::HsWait, 50),
+            (Phase::Forward, 25),
+            (Phase::Backward, 25),
+        ],
+        1,
+    );
+    let cells = bar_cells(&w, Role::Drafter.phases(), 20);
+    assert_eq!(
+        cells,
+        vec![
+            (Phase::HsWait, 10),
+            (Phase::Forward, 5),
+            (Phase::Backward, 5)
+        ]
+    );
+    let odd = window(
+        &[(Phase::Forward, 1), (Phase::Backward, 1), (Phase::Optim, 1)],
+        1,
+    );
+    let cells = bar_cells(&odd, Role::Drafter.phases(), 10);
+    assert_eq!(
+        cells.iter().map(|c| c.1).sum::<usize>(),
+        10,
+        "always fills the bar"
+    );
+    assert!(bar_cells(&PhaseWindow::default(), Role::Drafter.phases(), 10).is_empty());
+}
+
+#[test]
+fn overview_shows_starvation_at_a_glance() {
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    let s = screen(&app, 120, 36, Theme { color: true }, LIVE);
+    assert!(s.contains("drafters starved: target-bound"), "{s}");
+    assert!(s.contains("drafters starve: wait 56% on empty"), "{s}");
+    assert!(s.contains("loaders blocked: wait 97% on full"), "{s}");
+    assert!(s.contains("no NVIDIA GPU (NVML not found)"));
+    assert!(s.contains("PROF on"));
+    insta::assert_snapshot!("overview_starved", s);
+}
+
+#[test]
+fn every_view_renders_at_the_minimum_size() {
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    let (ctl, _) = controls(false);
+    for i in 0..5 {
+        app.update(Action::ShowView(i), &ctl);
+        let s = screen(&app, 80, 24, Theme { color: true }, LIVE);
+        assert!(s.starts_with("dflash-top step 1200"), "view {i}: {s}");
+        assert!(!s.contains("too small"));
+    }
+    app.update(Action::ShowView(2), &ctl);
+    insta::assert_snapshot!(
+        "phases_80x24",
+        screen(&app, 80, 24, Theme { color: true }, LIVE)
+    );
+    app.update(Action::ToggleHelp, &ctl);
+    let help = screen(&app, 80, 24, Theme { color: true }, LIVE);
+    for k in ["space", "ctrl-c", "checkpoint", "freeze", "GPU timing"] {
+        assert!(help.contains(k), "help lists {k}: {help}");
+    }
+}
+
+#[test]
+fn below_the_minimum_size_one_line_says_so() {
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    let s = screen(&app, 70, 20, Theme { color: true }, LIVE);
+    let lines: Vec<&str> = s.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{s}");
+    assert!(lines[0].contains("too small: 70x20") && lines[0].contains("80x24"));
+}
+
+#[test]
+fn without_colour_phases_differ_by_glyph() {
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    let s = screen(&app, 120, 36, Theme { color: false }, LIVE);
+    let drafter_row = s
+        .lines()
+        .find(|l| l.contains("│drafter-0") && l.contains('~'))
+        .expect("a drafter bar");
+    // hs_wait '~', forward 'F', backward 'B' in the drafter's bar.
+    assert!(
+        drafter_row.contains("~~~") && drafter_row.contains("FF") && drafter_row.contains("BB"),
+        "{drafter_row}"
+    );
+}
+
+#[test]
+fn the_loop_applies_keys_and_quits() {
+    let (ctl, _) = controls(false);
+    let mut app = App::new();
+    let (snap_tx, snap_rx) = unbounded();
+    let (key_tx, key_rx) = unbounded();
+    snap_tx.send(Arc::new(starved_snapshot())).unwrap();
+    key_tx.send(Event::Key(key(KeyCode::Char('p')))).unwrap();
+    key_tx.send(Event::Key(key(KeyCode::Char('2')))).unwrap();
+    key_tx.send(Event::Key(key(KeyCode::Char('q')))).unwrap();
+    let mut term = Terminal::new(TestBackend::new(100, 30)).unwrap();
+    run_loop(
+        &mut term,
+        &mut app,
+        &ctl,
+        &snap_rx,
+        &key_rx,
+        &|| None,
+        Theme { color: true },
+    )
+    .unwrap();
+    assert!(app.quit);
+    assert!(!ctl.switches.profiling(), "p reached the engine's switch");
+    assert_eq!(app.view, View::Threads);
+    let buf = term.backend().buffer().clone();
+    let badges: String = (0..100).map(|x| buf[(x, 1)].symbol().to_string()).collect();
+    assert!(
+        badges.contains("PROF off"),
+        "the screen shows the change: {badges}"
+    );
+}
