@@ -65,4 +65,63 @@ fn phase_mark(c: &mut Criterion) {
 }
 
 criterion_group!(benches, phase_mark);
-criterion_main!(benches);
+
+/// A full overview frame on a TestBackend, for 8 and 64 threads.
+fn render_frame(c: &mut Criterion) {
+    use dflash_top::telemetry::snapshot::*;
+    use dflash_top::telemetry::N_PHASES;
+    use dflash_top::tui::app::App;
+    use dflash_top::tui::theme::Theme;
+    use dflash_top::tui::view::{draw, Badges};
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+    use std::sync::Arc;
+
+    fn snapshot(threads: usize) -> Snapshot {
+        let roles = [Role::Loader, Role::Target, Role::Drafter];
+        let mut s = Snapshot::default();
+        for i in 0..threads {
+            let role = roles[i % 3];
+            let mut phase_ns = [0u64; N_PHASES];
+            for (k, p) in role.phases().iter().enumerate() {
+                phase_ns[p.index()] = (k as u64 + 1) * 1_000_000;
+            }
+            let w = PhaseWindow { steps: 10, wall_ns: phase_ns.iter().sum(), phase_ns, tokens: 5120, span_ns: 1_000_000_000 };
+            s.threads.push(ThreadView {
+                name: format!("{}-{i}", role.name()),
+                role,
+                device: "cuda:0".into(),
+                tid: i as i32,
+                cpu_pct: Some(50.0),
+                phase: Phase::Forward,
+                state: ThreadState::Working,
+                w1: w,
+                w10: w,
+                run: w,
+            });
+        }
+        for name in ["batch", "hs"] {
+            s.queues.push(QueueView { name: name.into(), capacity: 4, history: vec![2.0; 100], ..Default::default() });
+        }
+        s.loss_history = (0..3000).map(|i| (i as f64 * 0.1, 5.0 - i as f64 * 0.001)).collect();
+        s.tok_history = (0..3000).map(|i| (i as f64 * 0.1, 12000.0 + (i % 7) as f64)).collect();
+        s
+    }
+
+    let badges = Badges { profiling: true, gpu_timing: dflash_top::telemetry::GpuTiming::Async, paused: false, live: true };
+    let mut g = c.benchmark_group("render_frame");
+    for n in [8usize, 64] {
+        let mut app = App::new();
+        app.on_snapshot(Arc::new(snapshot(n)));
+        let mut term = Terminal::new(TestBackend::new(200, 60)).unwrap();
+        g.bench_function(format!("overview_{n}_threads_200x60"), |b| {
+            b.iter(|| {
+                term.draw(|f| draw(f, &app, Theme { color: true }, badges)).unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(ui, render_frame);
+criterion_main!(benches, ui);

@@ -20,12 +20,13 @@ pub fn run(command: Command) -> Result<ExitCode> {
         }
         Command::Train(args) if args.headless => train_headless(&args),
         Command::Train(args) => train_tui(&args),
+        Command::Bench(args) => bench(&args),
         other => {
             let name = match other {
                 Command::Train(_) => unreachable!(),
                 Command::Replay { .. } => "replay",
                 Command::Export { .. } => "export",
-                Command::Bench(_) => "bench",
+                Command::Bench(_) => unreachable!(),
                 Command::Doctor => unreachable!(),
             };
             eprintln!("dflash-top: `{name}` is not built yet");
@@ -149,4 +150,53 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     result?;
     finish?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `dflash-top bench`: `engine` trains for --steps (default 60) without printing and reports
+/// throughput over the last 10 s and per-thread phase times; `telemetry` measures a phase mark.
+fn bench(args: &crate::cli::BenchArgs) -> Result<ExitCode> {
+    match args.what.as_str() {
+        "telemetry" => {
+            let on = crate::telemetry::hub::measure_mark_cost();
+            println!("bench: phase mark with profiling on: {on:.1} ns (clock {})", crate::telemetry::clock::source());
+            Ok(ExitCode::SUCCESS)
+        }
+        "engine" => {
+            let mut train = args.train.clone();
+            train.steps = Some(train.steps.unwrap_or(60));
+            let cfg = RunConfig::from_args(&train)?;
+            let session = Session::start(&cfg)?;
+            let snapshots = session.telemetry.subscribe();
+            let mut last = None;
+            while !session.pipeline.is_finished() {
+                if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
+                    last = Some(s);
+                }
+            }
+            let start_step = session.pipeline.start_step;
+            session.finish()?;
+            while let Ok(s) = snapshots.try_recv() {
+                last = Some(s);
+            }
+            let Some(s) = last else { anyhow::bail!("the run ended before any snapshot") };
+            let drafter_steps: f64 = s.threads.iter().filter(|t| t.role == crate::telemetry::Role::Drafter).map(|t| t.w10.steps_per_s()).sum();
+            println!(
+                "bench: preset={} steps={} steps/s={:.2} tok/s={:.0} (last 10 s) devices target={:?} drafter={:?}",
+                cfg.preset.name, s.train.step, drafter_steps, s.train.tok_per_s_10s, cfg.target_devices, cfg.drafter_devices
+            );
+            for t in &s.threads {
+                let w = &t.w10;
+                let phases: Vec<String> = t
+                    .role
+                    .phases()
+                    .iter()
+                    .map(|p| format!("{}={:.1}", p.name(), w.ms_per_step(*p)))
+                    .collect();
+                println!("bench: {} step_ms={:.1} {}", t.name, w.step_ms(), phases.join(" "));
+            }
+            println!("{}", crate::headless::summary_line(&s, start_step));
+            Ok(ExitCode::SUCCESS)
+        }
+        other => anyhow::bail!("bench `{other}`: use `engine` or `telemetry`"),
+    }
 }

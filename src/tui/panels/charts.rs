@@ -31,7 +31,24 @@ fn bounds(points: &[(f64, f64)]) -> ([f64; 2], [f64; 2]) {
     )
 }
 
+/// At most `n` points: the mean of each of `n` equal runs (a braille cell is 2 dots wide, so
+/// more points than twice the width draw nothing new).
+pub fn downsample(points: &[(f64, f64)], n: usize) -> Vec<(f64, f64)> {
+    if points.len() <= n || n == 0 {
+        return points.to_vec();
+    }
+    let per = points.len().div_ceil(n);
+    points
+        .chunks(per)
+        .map(|c| {
+            let k = c.len() as f64;
+            (c.iter().map(|p| p.0).sum::<f64>() / k, c.iter().map(|p| p.1).sum::<f64>() / k)
+        })
+        .collect()
+}
+
 fn chart(f: &mut Frame, area: Rect, c: &Ctx, title: &str, points: &[(f64, f64)], color: Color) {
+    let points = &downsample(points, 2 * area.width as usize);
     let (xb, yb) = bounds(points);
     let ds = Dataset::default()
         .marker(Marker::Braille)
