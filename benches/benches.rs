@@ -86,7 +86,13 @@ fn render_frame(c: &mut Criterion) {
             for (k, p) in role.phases().iter().enumerate() {
                 phase_ns[p.index()] = (k as u64 + 1) * 1_000_000;
             }
-            let w = PhaseWindow { steps: 10, wall_ns: phase_ns.iter().sum(), phase_ns, tokens: 5120, span_ns: 1_000_000_000 };
+            let w = PhaseWindow {
+                steps: 10,
+                wall_ns: phase_ns.iter().sum(),
+                phase_ns,
+                tokens: 5120,
+                span_ns: 1_000_000_000,
+            };
             s.threads.push(ThreadView {
                 name: format!("{}-{i}", role.name()),
                 role,
@@ -101,14 +107,28 @@ fn render_frame(c: &mut Criterion) {
             });
         }
         for name in ["batch", "hs"] {
-            s.queues.push(QueueView { name: name.into(), capacity: 4, history: vec![2.0; 100], ..Default::default() });
+            s.queues.push(QueueView {
+                name: name.into(),
+                capacity: 4,
+                history: vec![2.0; 100],
+                ..Default::default()
+            });
         }
-        s.loss_history = (0..3000).map(|i| (i as f64 * 0.1, 5.0 - i as f64 * 0.001)).collect();
-        s.tok_history = (0..3000).map(|i| (i as f64 * 0.1, 12000.0 + (i % 7) as f64)).collect();
+        s.loss_history = (0..3000)
+            .map(|i| (i as f64 * 0.1, 5.0 - i as f64 * 0.001))
+            .collect();
+        s.tok_history = (0..3000)
+            .map(|i| (i as f64 * 0.1, 12000.0 + (i % 7) as f64))
+            .collect();
         s
     }
 
-    let badges = Badges { profiling: true, gpu_timing: dflash_top::telemetry::GpuTiming::Async, paused: false, live: true };
+    let badges = Badges {
+        profiling: true,
+        gpu_timing: dflash_top::telemetry::GpuTiming::Async,
+        paused: false,
+        live: true,
+    };
     let mut g = c.benchmark_group("render_frame");
     for n in [8usize, 64] {
         let mut app = App::new();
@@ -116,7 +136,8 @@ fn render_frame(c: &mut Criterion) {
         let mut term = Terminal::new(TestBackend::new(200, 60)).unwrap();
         g.bench_function(format!("overview_{n}_threads_200x60"), |b| {
             b.iter(|| {
-                term.draw(|f| draw(f, &app, Theme { color: true }, badges)).unwrap();
+                term.draw(|f| draw(f, &app, Theme { color: true }, badges))
+                    .unwrap();
             })
         });
     }

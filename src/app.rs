@@ -46,6 +46,7 @@ pub struct Session {
 impl Session {
     pub fn start(cfg: &RunConfig) -> Result<Session> {
         let telemetry = Telemetry::new();
+        telemetry.switches().set_gpu_timing(cfg.gpu_timing);
         let pipeline = Pipeline::start(cfg, &telemetry)?;
         let hub_cancel = CancelToken::new();
         let hub = telemetry.spawn_hub(hub_cancel.clone())?;
@@ -158,7 +159,10 @@ fn bench(args: &crate::cli::BenchArgs) -> Result<ExitCode> {
     match args.what.as_str() {
         "telemetry" => {
             let on = crate::telemetry::hub::measure_mark_cost();
-            println!("bench: phase mark with profiling on: {on:.1} ns (clock {})", crate::telemetry::clock::source());
+            println!(
+                "bench: phase mark with profiling on: {on:.1} ns (clock {})",
+                crate::telemetry::clock::source()
+            );
             Ok(ExitCode::SUCCESS)
         }
         "engine" => {
@@ -178,8 +182,15 @@ fn bench(args: &crate::cli::BenchArgs) -> Result<ExitCode> {
             while let Ok(s) = snapshots.try_recv() {
                 last = Some(s);
             }
-            let Some(s) = last else { anyhow::bail!("the run ended before any snapshot") };
-            let drafter_steps: f64 = s.threads.iter().filter(|t| t.role == crate::telemetry::Role::Drafter).map(|t| t.w10.steps_per_s()).sum();
+            let Some(s) = last else {
+                anyhow::bail!("the run ended before any snapshot")
+            };
+            let drafter_steps: f64 = s
+                .threads
+                .iter()
+                .filter(|t| t.role == crate::telemetry::Role::Drafter)
+                .map(|t| t.w10.steps_per_s())
+                .sum();
             println!(
                 "bench: preset={} steps={} steps/s={:.2} tok/s={:.0} (last 10 s) devices target={:?} drafter={:?}",
                 cfg.preset.name, s.train.step, drafter_steps, s.train.tok_per_s_10s, cfg.target_devices, cfg.drafter_devices
@@ -192,7 +203,12 @@ fn bench(args: &crate::cli::BenchArgs) -> Result<ExitCode> {
                     .iter()
                     .map(|p| format!("{}={:.1}", p.name(), w.ms_per_step(*p)))
                     .collect();
-                println!("bench: {} step_ms={:.1} {}", t.name, w.step_ms(), phases.join(" "));
+                println!(
+                    "bench: {} step_ms={:.1} {}",
+                    t.name,
+                    w.step_ms(),
+                    phases.join(" ")
+                );
             }
             println!("{}", crate::headless::summary_line(&s, start_step));
             Ok(ExitCode::SUCCESS)

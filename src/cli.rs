@@ -87,6 +87,9 @@ pub struct TrainArgs {
     /// Slow a stage on purpose to see starvation, e.g. `target=20ms` or `drafter=50ms`.
     #[arg(long, value_name = "STAGE=DURATION")]
     pub slow: Vec<String>,
+    /// GPU timing mode at start: `async` (host wall time) or `sync` (synchronize per phase).
+    #[arg(long, value_name = "async|sync")]
+    pub gpu_timing: Option<String>,
     /// Seconds between headless lines.
     #[arg(long, value_name = "SECONDS")]
     pub interval: Option<f64>,

@@ -49,6 +49,7 @@ pub struct RunConfig {
     pub hs_queue: usize,
     /// libtorch intra-op threads per worker (CPU); None = cores / workers.
     pub threads_per_worker: Option<i32>,
+    pub gpu_timing: crate::telemetry::GpuTiming,
 }
 
 /// The TOML file: every key optional, unknown keys refused (a typo is an error, not a no-op).
@@ -74,6 +75,7 @@ pub struct FileConfig {
     pub threads_per_worker: Option<i32>,
     pub slow: Option<Vec<String>>,
     pub interval: Option<f64>,
+    pub gpu_timing: Option<String>,
 }
 
 impl FileConfig {
@@ -250,6 +252,11 @@ impl RunConfig {
             batch_queue: file.batch_queue.unwrap_or(4),
             hs_queue: file.hs_queue.unwrap_or(2),
             threads_per_worker: file.threads_per_worker,
+            gpu_timing: match args.gpu_timing.as_deref().or(file.gpu_timing.as_deref()) {
+                None | Some("async") => crate::telemetry::GpuTiming::Async,
+                Some("sync") => crate::telemetry::GpuTiming::Sync,
+                Some(other) => bail!("--gpu-timing `{other}`: use async or sync"),
+            },
             preset,
         };
         cfg.validate()?;

@@ -6,10 +6,17 @@ use std::collections::HashMap;
 use std::path::Path;
 use tch::{Kind, Tensor};
 
+/// AdamW whose parameters live in one flat f32 buffer (each parameter a view into it), so that
+/// clipping and the update are a handful of whole-buffer kernels instead of a few per tensor.
 pub struct AdamW {
     params: Vec<(String, Tensor)>,
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
+    /// (offset, numel) of each parameter in the flat buffers.
+    spans: Vec<(i64, i64)>,
+    flat: Tensor,
+    m: Tensor,
+    v: Tensor,
+    /// The gradients gathered by `clip_grad_norm`, used by `step`.
+    flat_grad: Option<Tensor>,
     pub step: i64,
     pub beta1: f64,
     pub beta2: f64,
@@ -18,15 +25,37 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// Over `params` (name, tensor), sorted by name so that the state file is stable.
+    /// Over `params` (name, tensor), sorted by name so that the state file is stable. The
+    /// parameters are moved into one buffer: every handle to them (the VarStore, the modules)
+    /// sees the same storage afterwards.
     pub fn new(mut params: Vec<(String, Tensor)>) -> AdamW {
         params.sort_by(|a, b| a.0.cmp(&b.0));
-        let m = params.iter().map(|(_, p)| p.zeros_like()).collect();
-        let v = params.iter().map(|(_, p)| p.zeros_like()).collect();
+        let device = params
+            .first()
+            .map(|(_, p)| p.device())
+            .unwrap_or(tch::Device::Cpu);
+        let mut spans = Vec::with_capacity(params.len());
+        let mut total = 0;
+        for (_, p) in &params {
+            spans.push((total, p.numel() as i64));
+            total += p.numel() as i64;
+        }
+        let flat = Tensor::zeros([total], (Kind::Float, device));
+        {
+            let _g = tch::no_grad_guard();
+            for ((_, p), (off, n)) in params.iter_mut().zip(&spans) {
+                let mut view = flat.narrow(0, *off, *n).view(p.size().as_slice());
+                let _ = view.copy_(p);
+                p.set_data(&view);
+            }
+        }
         AdamW {
             params,
-            m,
-            v,
+            spans,
+            m: flat.zeros_like(),
+            v: flat.zeros_like(),
+            flat,
+            flat_grad: None,
             step: 0,
             beta1: 0.9,
             beta2: 0.999,
@@ -35,65 +64,59 @@ impl AdamW {
         }
     }
 
-    /// Scales gradients so that their global L2 norm is at most `max_norm`; returns the norm
-    /// before clipping as a device scalar (no host sync).
-    pub fn clip_grad_norm(&self, max_norm: f64) -> Tensor {
-        let _g = tch::no_grad_guard();
-        let norms: Vec<Tensor> = self
+    fn gather_grads(&self) -> Tensor {
+        let parts: Vec<Tensor> = self
             .params
             .iter()
-            .map(|(_, p)| p.grad())
-            .filter(|g| g.defined())
-            .map(|g| g.to_kind(Kind::Float).norm())
+            .map(|(_, p)| {
+                let g = p.grad();
+                if g.defined() {
+                    g.to_kind(Kind::Float).reshape([-1])
+                } else {
+                    Tensor::zeros([p.numel() as i64], (Kind::Float, p.device()))
+                }
+            })
             .collect();
-        if norms.is_empty() {
-            return Tensor::zeros([], (Kind::Float, self.device()));
-        }
-        let total = Tensor::stack(&norms, 0).norm();
+        Tensor::cat(&parts, 0)
+    }
+
+    /// Gathers the gradients and scales them so that their global L2 norm is at most
+    /// `max_norm`; returns the norm before clipping as a device scalar (no host sync).
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> Tensor {
+        let _g = tch::no_grad_guard();
+        let mut g = self.gather_grads();
+        let total = g.norm();
         let scale = (Tensor::full([], max_norm, (Kind::Float, total.device())) / (&total + 1e-6))
             .clamp_max(1.0);
-        for (_, p) in &self.params {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.g_mul_(&scale);
-            }
-        }
+        let _ = g.g_mul_(&scale);
+        self.flat_grad = Some(g);
         total
     }
 
     pub fn device(&self) -> tch::Device {
-        self.params
-            .first()
-            .map(|(_, p)| p.device())
-            .unwrap_or(tch::Device::Cpu)
+        self.flat.device()
     }
 
-    /// One AdamW step at learning rate `lr`, then clears the gradients.
+    /// One AdamW step at learning rate `lr` (on the clipped gradients when `clip_grad_norm` ran
+    /// since the last step), then clears the gradients.
     pub fn step(&mut self, lr: f64) {
         let _g = tch::no_grad_guard();
+        let g = match self.flat_grad.take() {
+            Some(g) => g,
+            None => self.gather_grads(),
+        };
         self.step += 1;
         let t = self.step as f64;
         let bc1 = 1.0 - self.beta1.powf(t);
         let bc2 = 1.0 - self.beta2.powf(t);
-        for (i, (_, p)) in self.params.iter_mut().enumerate() {
-            let g = p.grad();
-            if !g.defined() {
-                continue;
-            }
-            let m = &mut self.m[i];
-            let v = &mut self.v[i];
-            let _ = m
-                .g_mul_scalar_(self.beta1)
-                .g_add_(&(&g * (1.0 - self.beta1)));
-            let _ = v
-                .g_mul_scalar_(self.beta2)
-                .addcmul_(&g, &(&g * (1.0 - self.beta2)));
-            if self.weight_decay > 0.0 {
-                let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
-            }
-            let denom = (&*v / bc2).sqrt() + self.eps;
-            let update = &*m / denom * (lr / bc1);
-            let _ = p.g_sub_(&update);
+        let _ = self.m.lerp_(&g, 1.0 - self.beta1);
+        let _ = self.v.lerp_(&(&g * &g), 1.0 - self.beta2);
+        if self.weight_decay > 0.0 {
+            let _ = self.flat.g_mul_scalar_(1.0 - lr * self.weight_decay);
+        }
+        let denom = (self.v.sqrt() / bc2.sqrt()) + self.eps;
+        let _ = self.flat.g_sub_(&(&self.m / denom * (lr / bc1)));
+        for (_, p) in self.params.iter_mut() {
             p.zero_grad();
         }
     }
@@ -101,15 +124,15 @@ impl AdamW {
     /// Saves m, v and the step (safetensors + the step in `step`).
     pub fn save(&self, path: &Path) -> Result<()> {
         let mut named: Vec<(String, Tensor)> = Vec::new();
-        for (i, (name, _)) in self.params.iter().enumerate() {
-            named.push((
-                format!("exp_avg.{name}"),
-                self.m[i].to_device(tch::Device::Cpu),
-            ));
-            named.push((
-                format!("exp_avg_sq.{name}"),
-                self.v[i].to_device(tch::Device::Cpu),
-            ));
+        for ((name, p), (off, n)) in self.params.iter().zip(&self.spans) {
+            let slice = |t: &Tensor| {
+                t.narrow(0, *off, *n)
+                    .view(p.size().as_slice())
+                    .to_device(tch::Device::Cpu)
+                    .contiguous()
+            };
+            named.push((format!("exp_avg.{name}"), slice(&self.m)));
+            named.push((format!("exp_avg_sq.{name}"), slice(&self.v)));
         }
         named.push(("step".into(), Tensor::from_slice(&[self.step])));
         Tensor::write_safetensors(&named, path)
@@ -124,8 +147,9 @@ impl AdamW {
             .into_iter()
             .collect();
         let _g = tch::no_grad_guard();
-        for (i, (name, _)) in self.params.iter().enumerate() {
-            for (prefix, dst) in [("exp_avg", &mut self.m[i]), ("exp_avg_sq", &mut self.v[i])] {
+        for ((name, p), (off, n)) in self.params.iter().zip(&self.spans) {
+            for (prefix, buf) in [("exp_avg", &self.m), ("exp_avg_sq", &self.v)] {
+                let mut dst = buf.narrow(0, *off, *n).view(p.size().as_slice());
                 let key = format!("{prefix}.{name}");
                 let t = tensors.get(&key).with_context(|| {
                     format!(
@@ -176,6 +200,30 @@ mod tests {
         assert!((cosine_lr(1.0, 4, 100, 0.04) - 1.0).abs() < 1e-9);
         assert!(cosine_lr(1.0, 50, 100, 0.04) < 0.6);
         assert!(cosine_lr(1.0, 100, 100, 0.04) < 1e-9);
+    }
+
+    #[test]
+    fn parameters_keep_their_values_and_every_handle_sees_the_update() {
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let a = vs.root().var("a", &[2, 3], tch::nn::Init::Const(2.0));
+        let b = vs.root().var("b", &[4], tch::nn::Init::Const(-1.0));
+        let mut opt = AdamW::new(vs.variables().into_iter().collect());
+        assert_eq!(
+            f64::try_from(a.sum(Kind::Float)).unwrap(),
+            12.0,
+            "values survive the move"
+        );
+        assert_eq!(f64::try_from(b.sum(Kind::Float)).unwrap(), -4.0);
+        (&a * 3.0).sum(Kind::Float).backward();
+        opt.step(0.1);
+        // a moved (by lr, Adam's first step), b had a zero gradient and stays.
+        let moved = f64::try_from(a.mean(Kind::Float)).unwrap();
+        assert!((moved - 1.9).abs() < 1e-4, "{moved}");
+        assert_eq!(
+            f64::try_from(vs.variables()["a"].mean(Kind::Float)).unwrap(),
+            moved
+        );
+        assert_eq!(f64::try_from(b.sum(Kind::Float)).unwrap(), -4.0);
     }
 
     #[test]

@@ -42,7 +42,10 @@ pub fn downsample(points: &[(f64, f64)], n: usize) -> Vec<(f64, f64)> {
         .chunks(per)
         .map(|c| {
             let k = c.len() as f64;
-            (c.iter().map(|p| p.0).sum::<f64>() / k, c.iter().map(|p| p.1).sum::<f64>() / k)
+            (
+                c.iter().map(|p| p.0).sum::<f64>() / k,
+                c.iter().map(|p| p.1).sum::<f64>() / k,
+            )
         })
         .collect()
 }
