@@ -45,7 +45,7 @@ impl AdamW {
             let _g = tch::no_grad_guard();
             for ((_, p), (off, n)) in params.iter_mut().zip(&spans) {
                 let mut view = flat.narrow(0, *off, *n).view(p.size().as_slice());
-                let _ = view.copy_(p);
+                view.copy_(p);
                 p.set_data(&view);
             }
         }
