@@ -291,3 +291,79 @@ fn drafter_spec_follows_the_target() {
     assert_eq!(s.target_layer_ids, vec![1, 9, 17, 25, 33]);
     assert_eq!(s.layers.hidden_size, 4096);
 }
+
+pub fn word_tokenizer(dir: &std::path::Path) -> std::path::PathBuf {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    use tokenizers::{AddedToken, Tokenizer};
+    let words = [
+        "[UNK]",
+        "<|im_start|>",
+        "<|im_end|>",
+        "user",
+        "assistant",
+        "hi",
+        "there",
+        "how",
+        "are",
+        "you",
+        "fine",
+    ];
+    let vocab = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), i as u32))
+        .collect();
+    let model = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("[UNK]".into())
+        .build()
+        .unwrap();
+    let mut tok = Tokenizer::new(model);
+    tok.with_pre_tokenizer(Some(Whitespace {}));
+    tok.add_special_tokens(&[
+        AddedToken::from("<|im_start|>", true),
+        AddedToken::from("<|im_end|>", true),
+    ]);
+    let path = dir.join("tokenizer.json");
+    tok.save(&path, false).unwrap();
+    path
+}
+
+#[test]
+fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
+    use dflash_top::engine::data::JsonlSource;
+    let dir = tempfile::tempdir().unwrap();
+    let tok = word_tokenizer(dir.path());
+    let data = dir.path().join("chat.jsonl");
+    std::fs::write(
+        &data,
+        concat!(
+            r#"{"messages": [{"role": "user", "content": "how are you"}, {"role": "assistant", "content": "fine"}]}"#,
+            "\n",
+            r#"{"text": "hi there"}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let mut src = JsonlSource::open(&data, 512, Some(&tok)).unwrap();
+    let chat = src.next_doc();
+    // <|im_start|> user how are you <|im_end|> <|im_start|> assistant fine <|im_end|>
+    assert_eq!(chat.ids, vec![1, 3, 7, 8, 9, 2, 1, 4, 10, 2]);
+    assert_eq!(
+        chat.loss_mask,
+        vec![false, false, false, false, false, false, false, false, true, true]
+    );
+    let text = src.next_doc();
+    assert_eq!(text.ids, vec![5, 6]);
+    assert_eq!(text.loss_mask, vec![true, true]);
+    // Without a tokenizer: a sentence that says what to give.
+    let e = JsonlSource::open(&data, 512, None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("--target") && e.contains("tokenizer.json"),
+        "{e}"
+    );
+}

@@ -100,17 +100,81 @@ impl DocSource for Synthetic {
     }
 }
 
-/// Documents from a JSONL file: one object a line with `input_ids` (and optional `loss_mask`,
-/// 0/1 or booleans), the format hidden-state preparation tools emit. Read once, then cycled.
+/// Documents from a JSONL file, read once, then cycled. Each line is one of:
+/// - `{"input_ids": [...], "loss_mask": [...]}` (loss_mask optional, 0/1 or booleans), the format
+///   hidden-state preparation tools emit;
+/// - `{"text": "..."}`: tokenized with the target's tokenizer.json, every token with loss;
+/// - `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered as Qwen's ChatML
+///   (`<|im_start|>role\ncontent<|im_end|>\n`) and tokenized; the loss mask covers the assistant
+///   turns' content and their `<|im_end|>` (our reading of "loss mask = assistant turns").
 pub struct JsonlSource {
     docs: Vec<Doc>,
     next: usize,
 }
 
+/// Turns a text or chat line into a document.
+struct TextTokenizer {
+    tok: tokenizers::Tokenizer,
+}
+
+impl TextTokenizer {
+    fn open(path: &Path) -> Result<TextTokenizer> {
+        let tok = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot read tokenizer {}: {e}; text data needs the target's tokenizer.json",
+                path.display()
+            )
+        })?;
+        Ok(TextTokenizer { tok })
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<i64>> {
+        let enc = self
+            .tok
+            .encode(text, false)
+            .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+        Ok(enc.get_ids().iter().map(|&i| i as i64).collect())
+    }
+
+    fn text(&self, text: &str) -> Result<Doc> {
+        let ids = self.encode(text)?;
+        Ok(Doc {
+            loss_mask: vec![true; ids.len()],
+            ids,
+        })
+    }
+
+    fn chat(&self, messages: &[serde_json::Value]) -> Result<Doc> {
+        let mut doc = Doc {
+            ids: Vec::new(),
+            loss_mask: Vec::new(),
+        };
+        let mut push = |ids: Vec<i64>, loss: bool| {
+            doc.loss_mask.extend(std::iter::repeat_n(loss, ids.len()));
+            doc.ids.extend(ids);
+        };
+        for (i, m) in messages.iter().enumerate() {
+            let role = m.get("role").and_then(|r| r.as_str());
+            let content = m.get("content").and_then(|c| c.as_str());
+            let (Some(role), Some(content)) = (role, content) else {
+                bail!("message {} needs string `role` and `content`", i + 1);
+            };
+            let assistant = role == "assistant";
+            push(self.encode(&format!("<|im_start|>{role}\n"))?, false);
+            push(self.encode(content)?, assistant);
+            push(self.encode("<|im_end|>")?, assistant);
+            push(self.encode("\n")?, false);
+        }
+        Ok(doc)
+    }
+}
+
 impl JsonlSource {
-    pub fn open(path: &Path, vocab_size: i64) -> Result<JsonlSource> {
+    /// `tokenizer`: the tokenizer.json that text and chat lines need.
+    pub fn open(path: &Path, vocab_size: i64, tokenizer: Option<&Path>) -> Result<JsonlSource> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read data file {}: check --data", path.display()))?;
+        let mut tok: Option<TextTokenizer> = None;
         let mut docs = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -120,41 +184,43 @@ impl JsonlSource {
             let at = || format!("{} line {}", path.display(), n + 1);
             let v: serde_json::Value =
                 serde_json::from_str(line).with_context(|| format!("{}: not valid JSON", at()))?;
-            let Some(ids) = v.get("input_ids").and_then(|x| x.as_array()) else {
-                if v.get("text").is_some() || v.get("messages").is_some() {
-                    bail!(
-                        "{}: text and chat JSONL need a tokenizer, which this build does not \
-                         read yet: pre-tokenize to `input_ids`",
-                        at()
-                    );
-                }
-                bail!("{}: no `input_ids` array: each line needs one", at());
-            };
-            let ids: Vec<i64> = ids
-                .iter()
-                .map(|x| x.as_i64().filter(|t| (0..vocab_size).contains(t)))
-                .collect::<Option<_>>()
-                .with_context(|| {
-                    format!("{}: `input_ids` must be integers in 0..{vocab_size}", at())
-                })?;
-            let loss_mask = match v.get("loss_mask").and_then(|x| x.as_array()) {
-                None => vec![true; ids.len()],
-                Some(m) => {
-                    if m.len() != ids.len() {
+            let doc = if let Some(ids) = v.get("input_ids") {
+                ids_doc(ids, v.get("loss_mask"), vocab_size).with_context(at)?
+            } else if v.get("text").is_some() || v.get("messages").is_some() {
+                if tok.is_none() {
+                    let Some(p) = tokenizer else {
                         bail!(
-                            "{}: `loss_mask` has {} entries but `input_ids` has {}",
-                            at(),
-                            m.len(),
-                            ids.len()
+                            "{}: text and chat lines need a tokenizer: give --target DIR with a \
+                             tokenizer.json, or pre-tokenize to `input_ids`",
+                            at()
                         );
-                    }
-                    m.iter()
-                        .map(|x| x.as_bool().unwrap_or(x.as_i64().unwrap_or(0) != 0))
-                        .collect()
+                    };
+                    tok = Some(TextTokenizer::open(p)?);
                 }
+                let t = tok.as_ref().expect("opened above");
+                let doc = match (
+                    v.get("text").and_then(|x| x.as_str()),
+                    v.get("messages").and_then(|x| x.as_array()),
+                ) {
+                    (Some(s), _) => t.text(s),
+                    (None, Some(m)) => t.chat(m),
+                    _ => Err(anyhow::anyhow!(
+                        "`text` must be a string and `messages` a list"
+                    )),
+                }
+                .with_context(at)?;
+                if let Some(bad) = doc.ids.iter().find(|&&i| i >= vocab_size) {
+                    bail!("{}: the tokenizer gave id {bad}, outside the target's vocabulary ({vocab_size})", at());
+                }
+                doc
+            } else {
+                bail!(
+                    "{}: no `input_ids`, `text` or `messages`: each line needs one",
+                    at()
+                );
             };
-            if ids.len() >= 2 {
-                docs.push(Doc { ids, loss_mask });
+            if doc.ids.len() >= 2 {
+                docs.push(doc);
             }
         }
         if docs.is_empty() {
@@ -165,6 +231,36 @@ impl JsonlSource {
         }
         Ok(JsonlSource { docs, next: 0 })
     }
+}
+
+fn ids_doc(
+    ids: &serde_json::Value,
+    mask: Option<&serde_json::Value>,
+    vocab_size: i64,
+) -> Result<Doc> {
+    let ids: Vec<i64> = ids
+        .as_array()
+        .context("`input_ids` must be an array")?
+        .iter()
+        .map(|x| x.as_i64().filter(|t| (0..vocab_size).contains(t)))
+        .collect::<Option<_>>()
+        .with_context(|| format!("`input_ids` must be integers in 0..{vocab_size}"))?;
+    let loss_mask = match mask.and_then(|x| x.as_array()) {
+        None => vec![true; ids.len()],
+        Some(m) => {
+            if m.len() != ids.len() {
+                bail!(
+                    "`loss_mask` has {} entries but `input_ids` has {}",
+                    m.len(),
+                    ids.len()
+                );
+            }
+            m.iter()
+                .map(|x| x.as_bool().unwrap_or(x.as_i64().unwrap_or(0) != 0))
+                .collect()
+        }
+    };
+    Ok(Doc { ids, loss_mask })
 }
 
 impl DocSource for JsonlSource {

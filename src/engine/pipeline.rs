@@ -115,7 +115,14 @@ fn data_source(
             }
             Box::new(s)
         }
-        DataSpec::Jsonl(p) => Box::new(JsonlSource::open(p, target_cfg.vocab_size)?),
+        DataSpec::Jsonl(p) => {
+            let tokenizer = cfg.target.as_ref().map(|d| d.join("tokenizer.json"));
+            Box::new(JsonlSource::open(
+                p,
+                target_cfg.vocab_size,
+                tokenizer.as_deref(),
+            )?)
+        }
     })
 }
 
