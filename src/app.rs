@@ -106,6 +106,8 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     let cfg = RunConfig::from_args(args)?;
+    // Before any worker starts: a panic in any thread, from now on, restores the terminal.
+    terminal::install_panic_hook();
     let session = Session::start(&cfg)?;
     let (mut term, guard) = match terminal::init() {
         Ok(t) => t,
@@ -144,6 +146,9 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     drop(term);
     drop(guard);
     if terminal::PANICKED.load(std::sync::atomic::Ordering::SeqCst) {
+        if let Some(msg) = terminal::take_held_panic() {
+            eprintln!("{msg}");
+        }
         let _ = session.finish();
         anyhow::bail!("a thread panicked (the message is above); the terminal was restored");
     }

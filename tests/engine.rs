@@ -367,3 +367,21 @@ fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
         "{e}"
     );
 }
+
+#[test]
+fn sliding_layers_drop_keys_beyond_the_window() {
+    use dflash_top::engine::drafter::sliding;
+    // One block of 2 at anchor 5 over a row of 6: context keys 0..5, block keys at 5, 6.
+    let docs = Tensor::zeros([1, 6], (Kind::Int64, Device::Cpu));
+    let a = anchors(&[5], &[true]);
+    let mask = block_mask(&docs, &a, 2);
+    let pos = Tensor::arange(6, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+    let bpos = block_positions(&pos, &a, 2);
+    let all = Tensor::cat(&[&pos, &bpos], 1);
+    let m = sliding(&mask, &bpos, &all, 3);
+    // Query at position 6 (slot 1): context 4 (distance 2) stays, 3 (distance 3) goes.
+    assert_eq!(
+        vec_bool(&m.get(0).get(0).get(1)),
+        vec![false, false, false, false, true, false, true, true]
+    );
+}

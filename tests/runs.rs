@@ -262,3 +262,93 @@ fn the_tui_refuses_a_non_terminal_with_a_sentence() {
     let o = run(&["train", "--steps", "1"]);
     assert_user_error(&o, &["not a terminal", "--headless"]);
 }
+
+#[test]
+fn a_sharded_target_loads_through_its_index() {
+    use dflash_top::engine::config::Preset;
+    use dflash_top::engine::qwen3::Qwen3Target;
+    let dir = tempfile::tempdir().unwrap();
+    let p = Preset::by_name("tiny").unwrap();
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let _t = Qwen3Target::new(&vs.root(), &p.target, &[5], 0.02);
+    let mut names: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    let half = names.len() / 2;
+    let mut map = serde_json::Map::new();
+    for (i, part) in [&names[..half], &names[half..]].iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+        tch::Tensor::write_safetensors(part, dir.path().join(&file)).unwrap();
+        for (n, _) in part.iter() {
+            map.insert(n.clone(), serde_json::Value::String(file.clone()));
+        }
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": map });
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_string(&p.target).unwrap(),
+    )
+    .unwrap();
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "2",
+        "--target",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A shard named in the index but missing: named in the error.
+    std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "2",
+        "--target",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_user_error(&o, &["model-00002-of-00002.safetensors", "missing"]);
+}
+
+#[test]
+fn training_starts_from_a_saved_drafter_and_refuses_a_mismatched_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("runs");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "2",
+        "--save-dir",
+        save.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ckpt = save.join("step-000002");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "2",
+        "--drafter",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("from_step=0"),
+        "--drafter starts a new run from those weights: {out}"
+    );
+
+    let cfg_path = ckpt.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["hidden_size"] = serde_json::json!(64);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let o = run(&["train", "--headless", "--drafter", ckpt.to_str().unwrap()]);
+    assert_user_error(&o, &["hidden_size", "64", "128"]);
+}

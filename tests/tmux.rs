@@ -122,3 +122,36 @@ fn keys_work_in_a_real_terminal_and_quit_restores_it() {
         .collect();
     assert!(!saved.is_empty(), "quitting saved a checkpoint");
 }
+
+#[test]
+fn a_panic_in_a_worker_thread_restores_the_terminal() {
+    let name = format!("dflash-panic-{}", std::process::id());
+    let cmd = format!(
+        "DFLASH_TOP_PANIC_IN=drafter-0 {} train; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &name,
+        "-x",
+        "100",
+        "-y",
+        "30",
+        &cmd,
+    ]);
+    let s = Session(name);
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(!after.contains("EXITED=0"), "a panic is a failure: {after}");
+    assert!(
+        after.contains("injected panic in drafter-0"),
+        "the panic message is readable: {after}"
+    );
+    assert!(after.contains("dflash-top: a thread panicked"), "{after}");
+    assert_eq!(
+        tmux(&["display", "-p", "-t", &s.0, "#{alternate_on}"]).trim(),
+        "0",
+        "alternate screen left"
+    );
+}

@@ -49,9 +49,21 @@ impl Drafter {
         let all_pos = Tensor::cat(&[ctx_pos, block_pos], 1);
         let (kc, ks) = rope_tables(&all_pos, c.head_dim, c.rope_theta);
         let mut x = block_emb.shallow_clone();
-        for layer in &self.layers {
-            x = layer.forward(&x, Some(&context), (&qc, &qs), (&kc, &ks), mask);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_mask = match c.window_of(i) {
+                Some(w) => sliding(mask, block_pos, &all_pos, w),
+                None => mask.shallow_clone(),
+            };
+            x = layer.forward(&x, Some(&context), (&qc, &qs), (&kc, &ks), &layer_mask);
         }
         self.norm.forward(&x)
     }
+}
+
+/// A sliding-attention layer also drops keys `window` or more positions behind the query (our
+/// choice for training: the distance rule of the inference mask, on top of the block mask).
+// mask [b, 1, q, k], block_pos [b, q], all_pos [b, k] -> [b, 1, q, k]
+pub fn sliding(mask: &Tensor, block_pos: &Tensor, all_pos: &Tensor, window: i64) -> Tensor {
+    let dist = block_pos.unsqueeze(2) - all_pos.unsqueeze(1); // [b, q, k]
+    mask.logical_and(&dist.lt(window).unsqueeze(1))
 }

@@ -138,6 +138,10 @@ fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
     std::thread::Builder::new()
         .name(name)
         .spawn(move || {
+            // Fault injection for the tests of the terminal's restore path: checked once, at start.
+            if std::env::var("DFLASH_TOP_PANIC_IN").is_ok_and(|t| t == label) {
+                panic!("injected panic in {label} (DFLASH_TOP_PANIC_IN)");
+            }
             if let Err(e) = f() {
                 errors
                     .lock()
@@ -289,6 +293,15 @@ impl Pipeline {
             errors,
             start_step,
         })
+    }
+
+    /// The first error a worker reported, if any (the run stops on it).
+    pub fn first_error(&self) -> Option<String> {
+        self.errors
+            .lock()
+            .expect("errors poisoned")
+            .first()
+            .cloned()
     }
 
     pub fn is_finished(&self) -> bool {

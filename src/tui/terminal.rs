@@ -7,7 +7,7 @@ use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 use std::io::{stdout, Stdout};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, Once, OnceLock};
 
 static RAW: AtomicBool = AtomicBool::new(false);
 /// Set by the panic hook: the UI loop leaves at its next turn.
@@ -24,15 +24,38 @@ pub fn restore() {
     }
 }
 
-fn install_panic_hook() {
+/// A panic message held back while the TUI owns the screen; printed once it is restored.
+static HELD: Mutex<Option<String>> = Mutex::new(None);
+static UI_THREAD: OnceLock<std::thread::ThreadId> = OnceLock::new();
+
+/// Installs the chained panic hook. A panic on the UI thread, or while no TUI is up, restores
+/// the terminal and reports as usual. A panic in another thread while the TUI is up is held
+/// back and flags the UI loop, which leaves within a frame; the message is printed after the
+/// terminal is restored (`take_held_panic`), so nothing draws over it. Idempotent.
+pub fn install_panic_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             PANICKED.store(true, Ordering::SeqCst);
+            let on_ui = UI_THREAD.get() == Some(&std::thread::current().id());
+            if RAW.load(Ordering::SeqCst) && !on_ui {
+                let thread = std::thread::current()
+                    .name()
+                    .unwrap_or("unnamed")
+                    .to_string();
+                *HELD.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(format!("thread '{thread}' {info}"));
+                return;
+            }
             restore();
             previous(info);
         }));
     });
+}
+
+/// The panic message held back while the TUI was up, if any.
+pub fn take_held_panic() -> Option<String> {
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 /// Restores the terminal when dropped (unless a panic hook already did).
@@ -52,6 +75,7 @@ pub fn init() -> anyhow::Result<(Term, Guard)> {
         anyhow::bail!("standard output is not a terminal: run in a terminal, or pass --headless");
     }
     install_panic_hook();
+    let _ = UI_THREAD.set(std::thread::current().id());
     terminal::enable_raw_mode()?;
     RAW.store(true, Ordering::SeqCst);
     let guard = Guard;
