@@ -190,12 +190,13 @@ fn bench(args: &crate::cli::BenchArgs) -> Result<ExitCode> {
             let Some(s) = last else {
                 anyhow::bail!("the run ended before any snapshot")
             };
+            // Replicas step together: the run's rate is one replica's.
             let drafter_steps: f64 = s
                 .threads
                 .iter()
                 .filter(|t| t.role == crate::telemetry::Role::Drafter)
                 .map(|t| t.w10.steps_per_s())
-                .sum();
+                .fold(0.0, f64::max);
             println!(
                 "bench: preset={} steps={} steps/s={:.2} tok/s={:.0} (last 10 s) devices target={:?} drafter={:?}",
                 cfg.preset.name, s.train.step, drafter_steps, s.train.tok_per_s_10s, cfg.target_devices, cfg.drafter_devices

@@ -11,5 +11,6 @@ pub mod loss;
 pub mod optim;
 pub mod pipeline;
 pub mod qwen3;
+pub mod replicas;
 pub mod weights;
 pub mod workers;

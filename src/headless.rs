@@ -64,9 +64,10 @@ pub fn summary_line(s: &Snapshot, start_step: u64) -> String {
     };
     let f = |v: Option<f32>| v.map(|x| format!("{x:.4}")).unwrap_or_else(|| "-".into());
     format!(
-        "summary: steps={} from_step={} loss={} tau={} mean_tok/s={:.0} elapsed={:.1}s verdict={} dropped={}",
+        "summary: step={} from_step={} steps={} loss={} tau={} mean_tok/s={:.0} elapsed={:.1}s verdict={} dropped={}",
         s.train.step,
         start_step,
+        s.train.step.saturating_sub(start_step),
         f(s.train.loss),
         f(s.train.tau),
         mean_tok,

@@ -385,3 +385,152 @@ fn sliding_layers_drop_keys_beyond_the_window() {
         vec![false, false, false, false, true, false, true, true]
     );
 }
+
+/// One training step as the drafter worker does it: forward, chunked loss + backward, gradient
+/// mean across replicas, clip, AdamW.
+fn dp_step(
+    drafter: &Drafter,
+    opt: &mut dflash_top::engine::optim::AdamW,
+    replicas: &mut dyn dflash_top::engine::replicas::GradMean,
+    head: &Tensor,
+    batch: &DpBatch,
+) -> f64 {
+    let out = drafter.forward(
+        &batch.hidden,
+        &batch.pos,
+        &batch.emb,
+        &batch.block_pos,
+        &batch.mask,
+    );
+    let w = slot_weights(4, gamma_for(4));
+    let (_loss, backward) = chunked_loss_backward(&out, head, &batch.labels, &batch.valid, &w, 64);
+    backward();
+    replicas.mean(opt.gathered_grads()).unwrap();
+    let norm = f64::try_from(opt.clip_grad_norm(1.0)).unwrap();
+    opt.step(1e-2);
+    norm
+}
+
+struct DpBatch {
+    hidden: Tensor,
+    pos: Tensor,
+    emb: Tensor,
+    block_pos: Tensor,
+    mask: Tensor,
+    labels: Tensor,
+    valid: Tensor,
+}
+
+impl DpBatch {
+    fn row(&self, r: i64) -> DpBatch {
+        let n = |t: &Tensor| t.narrow(0, r, 1);
+        DpBatch {
+            hidden: n(&self.hidden),
+            pos: n(&self.pos),
+            emb: n(&self.emb),
+            block_pos: n(&self.block_pos),
+            mask: n(&self.mask),
+            labels: n(&self.labels),
+            valid: n(&self.valid),
+        }
+    }
+}
+
+#[test]
+fn two_replicas_stay_identical_and_match_one_drafter_with_twice_the_batch() {
+    use dflash_top::engine::config::drafter_spec_for;
+    use dflash_top::engine::optim::AdamW;
+    use dflash_top::engine::replicas::{LocalGroup, Single};
+    tch::manual_seed(11);
+    let (cfg, _) = tiny();
+    let spec = drafter_spec_for(&cfg, 1, 511, 4);
+    let (b, s, v) = (2, 24, cfg.vocab_size);
+    let head = Tensor::randn([v, cfg.hidden_size], (Kind::Float, Device::Cpu)) * 0.3;
+    let ids = Tensor::randint(500, [b, s], (Kind::Int64, Device::Cpu));
+    let docs = Tensor::zeros([b, s], (Kind::Int64, Device::Cpu));
+    let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu))
+        .unsqueeze(0)
+        .repeat([b, 1]);
+    // Both rows have the same anchors, so each replica's loss has the same weight sum and the
+    // mean of their gradients is the gradient of the two-row loss.
+    let a = Anchors {
+        pos: Tensor::from_slice(&[3i64, 9, 3, 9]).view([2, 2]),
+        valid: Tensor::ones([2, 2], (Kind::Bool, Device::Cpu)),
+        count: 4,
+    };
+    let lmask = Tensor::ones([b, s], (Kind::Bool, Device::Cpu));
+    let (labels, valid) = block_labels(&ids, &docs, &lmask, &a, 4);
+    let block_ids = block_input_ids(&ids, &a, 4, 511);
+    let batch = DpBatch {
+        hidden: Tensor::randn(
+            [b, s, spec.target_layer_ids.len() as i64 * cfg.hidden_size],
+            (Kind::Float, Device::Cpu),
+        ),
+        emb: Tensor::embedding(&head, &block_ids, -1, false, false),
+        block_pos: block_positions(&pos, &a, 4),
+        mask: block_mask(&docs, &a, 4),
+        pos,
+        labels,
+        valid,
+    };
+    // Every copy starts from the same weights (copied, not re-drawn: tests share the global RNG).
+    let template = VarStore::new(Device::Cpu);
+    let _template_model = Drafter::new(&template.root(), &spec);
+    let fresh = || {
+        let mut vs = VarStore::new(Device::Cpu);
+        let d = Drafter::new(&vs.root(), &spec);
+        vs.copy(&template).unwrap();
+        let opt = AdamW::new(vs.variables().into_iter().collect());
+        (vs, d, opt)
+    };
+    // One drafter, both rows.
+    let (single_vs, single, mut single_opt) = fresh();
+    let single_norms: Vec<f64> = (0..3)
+        .map(|_| dp_step(&single, &mut single_opt, &mut Single, &head, &batch))
+        .collect();
+    // Two replicas, one row each, averaging gradients.
+    let group = LocalGroup::new(2, dflash_top::cancel::CancelToken::new());
+    // Built here, one after the other: the seeded generator is global.
+    let built: Vec<_> = (0..2).map(|_| fresh()).collect();
+    let replicas: Vec<(VarStore, Vec<f64>)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = built
+            .into_iter()
+            .enumerate()
+            .map(|(r, (vs, d, mut opt))| {
+                let mut member = group.member(r);
+                let row = batch.row(r as i64);
+                let head = head.shallow_clone();
+                std::thread::Builder::new()
+                    .name(format!("replica-{r}"))
+                    .spawn_scoped(sc, move || {
+                        let norms: Vec<f64> = (0..3)
+                            .map(|_| dp_step(&d, &mut opt, &mut member, &head, &row))
+                            .collect();
+                        (vs, norms)
+                    })
+                    .unwrap()
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // The averaged gradient is the two-row gradient (a sum would have twice its norm).
+    for (rank, (_, norms)) in replicas.iter().enumerate() {
+        for (k, (a, b)) in norms.iter().zip(&single_norms).enumerate() {
+            assert!(
+                (a - b).abs() < 1e-4 * b.max(1.0),
+                "replica {rank} step {k}: grad norm {a} vs {b}"
+            );
+        }
+    }
+    let (r0, r1) = (replicas[0].0.variables(), replicas[1].0.variables());
+    let single_vars = single_vs.variables();
+    for (name, t) in &r0 {
+        assert!(t.equal(&r1[name]), "replicas differ in {name}");
+        // Float rounding of the split sums, amplified by Adam for tiny gradients: well under lr.
+        let d = f64::try_from((t - &single_vars[name]).abs().max()).unwrap();
+        assert!(
+            d < 1e-4,
+            "{name}: replicas and the single drafter differ by {d}"
+        );
+    }
+}

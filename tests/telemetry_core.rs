@@ -366,7 +366,7 @@ fn assembler_builds_a_snapshot_with_windows_and_verdict() {
         .name("drafter-0".into())
         .spawn(move || {
             let mut rec = sink.recorder(Role::Drafter, "cpu");
-            for _ in 0..5 {
+            for step in 1..=5 {
                 rec.mark(Phase::HsWait);
                 let _ = rx.pop();
                 rec.mark(Phase::Forward);
@@ -374,6 +374,7 @@ fn assembler_builds_a_snapshot_with_windows_and_verdict() {
                 let m = dflash_top::telemetry::TrainMetrics {
                     loss: 2.5,
                     tau: 1.5,
+                    step,
                     ..Default::default()
                 };
                 rec.end_step(64, Some(m));

@@ -80,11 +80,24 @@ impl AdamW {
         Tensor::cat(&parts, 0)
     }
 
-    /// Gathers the gradients and scales them so that their global L2 norm is at most
-    /// `max_norm`; returns the norm before clipping as a device scalar (no host sync).
+    /// The gradients gathered into one flat tensor (for averaging across replicas before the
+    /// clip and the step use them).
+    pub fn gathered_grads(&mut self) -> &mut Tensor {
+        if self.flat_grad.is_none() {
+            let _g = tch::no_grad_guard();
+            self.flat_grad = Some(self.gather_grads());
+        }
+        self.flat_grad.as_mut().expect("set above")
+    }
+
+    /// Scales the (gathered) gradients so that their global L2 norm is at most `max_norm`;
+    /// returns the norm before clipping as a device scalar (no host sync).
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> Tensor {
         let _g = tch::no_grad_guard();
-        let mut g = self.gather_grads();
+        let mut g = match self.flat_grad.take() {
+            Some(g) => g,
+            None => self.gather_grads(),
+        };
         let total = g.norm();
         let scale = (Tensor::full([], max_norm, (Kind::Float, total.device())) / (&total + 1e-6))
             .clamp_max(1.0);

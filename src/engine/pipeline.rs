@@ -8,6 +8,7 @@ use super::data::{DocSource, JsonlSource, Synthetic};
 use super::drafter::Drafter;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
+use super::replicas::{LocalGroup, Single};
 use super::workers::{
     run_drafter, run_loader, run_target, DrafterJob, LoaderJob, TargetJob, TrainControl,
 };
@@ -180,17 +181,29 @@ impl Pipeline {
             (t.embed_tokens.shallow_clone(), t.lm_head.shallow_clone())
         };
 
-        // Drafters: same initial weights on every replica.
+        // Drafters: one replica per device, all starting from replica 0's weights.
         let mut start_step = 0;
-        let mut drafters = Vec::new();
+        let mut built = Vec::new();
         for &dev in &cfg.drafter_devices {
             tch::manual_seed(cfg.seed as i64 + 1);
             let vs = VarStore::new(dev);
             let model = Drafter::new(&vs.root(), &spec);
-            let from = cfg.resume.as_ref().or(cfg.drafter.as_ref());
-            if let Some(dir) = from {
-                checkpoint::load_weights(dir, &vs)?;
+            built.push((vs, model, dev));
+        }
+        if let Some(dir) = cfg.resume.as_ref().or(cfg.drafter.as_ref()) {
+            checkpoint::load_weights(dir, &built[0].0)?;
+        }
+        {
+            let _g = tch::no_grad_guard();
+            let first = built[0].0.variables();
+            for (vs, _, _) in built.iter().skip(1) {
+                for (name, mut var) in vs.variables() {
+                    var.copy_(&first[&name]);
+                }
             }
+        }
+        let mut drafters = Vec::new();
+        for (vs, model, dev) in built {
             let params: Vec<_> = vs.variables().into_iter().collect();
             let mut optimizer = AdamW::new(params);
             if let Some(dir) = &cfg.resume {
@@ -208,6 +221,7 @@ impl Pipeline {
             let lm_head = lm_head.to_device(dev).to_kind(kind);
             drafters.push((vs, model, optimizer, embed, lm_head, dev));
         }
+        let group = (drafters.len() > 1).then(|| LocalGroup::new(drafters.len(), cancel.clone()));
         if let Some(n) = cfg.steps {
             if start_step >= n {
                 bail!("--resume is at step {start_step}, already at or past --steps {n}: raise --steps");
@@ -277,6 +291,10 @@ impl Pipeline {
                 threads,
                 saves: i == 0,
                 control: control.clone(),
+                replicas: match &group {
+                    Some(g) => Box::new(g.member(i)),
+                    None => Box::new(Single),
+                },
             };
             let (t, c) = (telemetry.clone(), cancel.clone());
             handles.push(spawn(

@@ -208,6 +208,8 @@ pub struct DrafterJob {
     pub threads: i32,
     /// Only the first drafter saves checkpoints.
     pub saves: bool,
+    /// Averages gradients with the other replicas (data parallel).
+    pub replicas: Box<dyn super::replicas::GradMean>,
     pub control: Arc<TrainControl>,
 }
 
@@ -237,6 +239,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         threads,
         saves,
         control,
+        mut replicas,
     } = job;
     tch::set_num_threads(threads);
     let rec = telemetry
@@ -302,6 +305,15 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             chunked_loss_backward(&out, &lm_head, &labels, &valid, &weights, rows_per_chunk);
         m.mark(Phase::Backward);
         backward();
+        if replicas.world() > 1 {
+            m.mark(Phase::GradSync);
+            if let Err(e) = replicas.mean(optimizer.gathered_grads()) {
+                if cancel.is_cancelled() {
+                    break; // the run stopped while we waited for the other replicas
+                }
+                return Err(e);
+            }
+        }
         m.mark(Phase::Clip);
         let grad_norm = optimizer.clip_grad_norm(1.0);
         m.mark(Phase::Optim);
@@ -326,6 +338,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             lr: lr_now as f32,
             slot_acc,
             block_size: block.min(MAX_SLOTS as i64) as u8,
+            step: optimizer.step as u64,
         };
         m.rec.end_step((b.rows * b.seq) as u64, Some(metrics));
         control.steps_done.fetch_add(1, Ordering::SeqCst);

@@ -213,7 +213,7 @@ impl Assembler {
             seq: self.seq,
             elapsed_s,
             train: TrainView {
-                step: self.windows.latest.drafter_steps,
+                step: m.map(|m| m.step).unwrap_or(0),
                 loss: m.map(|m| m.loss),
                 tau: m.map(|m| m.tau),
                 lr: m.map(|m| m.lr),

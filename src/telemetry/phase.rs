@@ -22,9 +22,11 @@ pub enum Phase {
     Clip,
     Optim,
     Metrics,
+    /// Drafter replicas averaging their gradients (data parallel).
+    GradSync,
 }
 
-pub const N_PHASES: usize = 16;
+pub const N_PHASES: usize = 17;
 
 impl Phase {
     pub const ALL: [Phase; N_PHASES] = [
@@ -44,6 +46,7 @@ impl Phase {
         Phase::Clip,
         Phase::Optim,
         Phase::Metrics,
+        Phase::GradSync,
     ];
 
     pub fn name(self) -> &'static str {
@@ -64,6 +67,7 @@ impl Phase {
             Phase::Clip => "clip",
             Phase::Optim => "optim",
             Phase::Metrics => "metrics",
+            Phase::GradSync => "grad_sync",
         }
     }
 
@@ -112,7 +116,7 @@ impl Role {
             Role::Loader => &[Read, Pack, PushWait, Other],
             Role::Target => &[BatchWait, H2d, Forward, HsPack, HsPushWait, Other],
             Role::Drafter => &[
-                HsWait, Anchors, Forward, Loss, Backward, Clip, Optim, Metrics, Other,
+                HsWait, Anchors, Forward, Loss, Backward, GradSync, Clip, Optim, Metrics, Other,
             ],
             Role::Hub | Role::Ui => &[Other],
         }

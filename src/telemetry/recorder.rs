@@ -25,6 +25,8 @@ pub struct TrainMetrics {
     pub grad_norm: f32,
     pub slot_acc: [f32; MAX_SLOTS],
     pub block_size: u8,
+    /// The run's optimizer step after this update (continues across a resume).
+    pub step: u64,
 }
 
 /// One iteration of one thread.

@@ -35,6 +35,7 @@ impl Theme {
             Phase::Clip => Color::LightGreen,
             Phase::Optim => Color::LightBlue,
             Phase::Metrics => Color::White,
+            Phase::GradSync => Color::Indexed(208),
         }
     }
 
@@ -44,7 +45,7 @@ impl Theme {
             ('█', Style::default().fg(self.phase_color(p)))
         } else {
             let glyphs = [
-                '·', 'r', 'p', '!', '?', 'h', 'F', 's', '#', '~', 'a', 'L', 'B', 'c', 'O', 'm',
+                '·', 'r', 'p', '!', '?', 'h', 'F', 's', '#', '~', 'a', 'L', 'B', 'c', 'O', 'm', 'S',
             ];
             (glyphs[p.index()], Style::default())
         }
