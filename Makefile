@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
-# Both install libtorch (the torch==2.11.0 wheel from PyPI) into .venv first when it is missing.
+# Both install libtorch (the torch==2.11.0 wheel from PyPI) into .venv first when it is missing,
+# with CUDA's crt and CCCL headers, which the NCCL shim for multi-GPU drafters compiles against.
 
 PYTHON ?= python3
 VENV := .venv
@@ -44,7 +45,8 @@ venv: $(LIBTORCH_LINK)
 # The stamp is the link to torch's directory inside the venv: present means installed.
 $(LIBTORCH_LINK):
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) \
+		"nvidia-cuda-crt==13.0.*" "nvidia-cuda-cccl==13.0.*"
 	cd $(VENV) && ln -sfn "$$(bin/python -c 'import torch, os; print(os.path.relpath(os.path.dirname(torch.__file__)))')" libtorch
 	@echo "libtorch $(TORCH_VERSION) ready in $(LIBTORCH_LINK)"
 

@@ -23,6 +23,23 @@ pub fn report() -> String {
             "not available".to_string()
         }
     );
+    let _ = writeln!(out, "masked rows     {}", masked_rows_on(tch::Device::Cpu));
+    if cuda {
+        let _ = writeln!(
+            out,
+            "masked rows     {}",
+            masked_rows_on(tch::Device::Cuda(0))
+        );
+    }
+    let _ = writeln!(
+        out,
+        "NCCL shim       {}",
+        if crate::engine::nccl::AVAILABLE {
+            "built in"
+        } else {
+            "not built (multi-GPU replicas unavailable)"
+        }
+    );
     match GpuProbe::open().sample() {
         Ok(gpus) => {
             let _ = writeln!(out, "NVML            present, {} GPU(s)", gpus.len());
@@ -103,4 +120,37 @@ fn num_cpus() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+/// What scaled_dot_product_attention returns for a fully masked row on `device` (bf16), and what
+/// the engine's masked attention returns.
+pub fn masked_rows_on(device: tch::Device) -> String {
+    use tch::{Kind, Tensor};
+    let q = Tensor::randn([1, 2, 3, 8], (Kind::BFloat16, device));
+    let k = Tensor::randn([1, 2, 4, 8], (Kind::BFloat16, device));
+    let mask = Tensor::ones([1, 1, 3, 4], (Kind::Bool, device));
+    let _ = mask.get(0).get(0).get(1).fill_(0);
+    let raw =
+        Tensor::scaled_dot_product_attention(&q, &k, &k, Some(&mask), 0.0, false, None, false);
+    let row = raw.get(0).get(0).get(1).to_kind(Kind::Float);
+    let raw_state = if bool::try_from(row.isnan().any()).unwrap_or(false) {
+        "NaN"
+    } else if f64::try_from(row.abs().sum(Kind::Float)).unwrap_or(1.0) == 0.0 {
+        "zeros"
+    } else {
+        "non-zero values"
+    };
+    let ours = crate::engine::layers::masked_attention(&q, &k, &k, &mask)
+        .get(0)
+        .get(0)
+        .get(1)
+        .to_kind(Kind::Float);
+    let ours_zero = f64::try_from(ours.abs().sum(Kind::Float))
+        .map(|v| v == 0.0)
+        .unwrap_or(false);
+    format!(
+        "fully masked SDPA row on {:?}: {raw_state}; engine gives {}",
+        device,
+        if ours_zero { "zeros" } else { "NOT zeros" }
+    )
 }

@@ -8,6 +8,7 @@ pub mod data;
 pub mod drafter;
 pub mod layers;
 pub mod loss;
+pub mod nccl;
 pub mod optim;
 pub mod pipeline;
 pub mod qwen3;

@@ -6,6 +6,7 @@ use super::checkpoint;
 use super::config::{drafter_spec_for, DrafterSpec, Qwen3Config};
 use super::data::{DocSource, JsonlSource, Synthetic};
 use super::drafter::Drafter;
+use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use super::replicas::{LocalGroup, Single};
@@ -154,6 +155,42 @@ fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
         .context("cannot start a worker thread")
 }
 
+enum Replicas {
+    Single,
+    Local(Arc<LocalGroup>),
+    Nccl(NcclGroup),
+}
+
+/// How the drafter replicas average gradients: NCCL when every replica has a GPU of its own,
+/// the in-process group on the CPU. `DFLASH_TOP_NCCL_WORLD1=1` puts even one GPU drafter through
+/// NCCL (world size 1), to exercise the path on a one-GPU machine.
+fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
+    let all_cuda = devices.iter().all(|d| d.is_cuda());
+    let force = std::env::var("DFLASH_TOP_NCCL_WORLD1").is_ok_and(|v| v == "1");
+    if devices.len() == 1 && !(force && all_cuda) {
+        return Ok(Replicas::Single);
+    }
+    if all_cuda {
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = devices.iter().find(|d| !seen.insert(format!("{d:?}"))) {
+            bail!(
+                "--drafter-devices lists {dup:?} twice: drafter replicas on GPUs average through \
+                 NCCL, which needs one GPU per replica"
+            );
+        }
+        return Ok(Replicas::Nccl(NcclGroup::new(devices.len())?));
+    }
+    if devices.iter().any(|d| d.is_cuda()) {
+        bail!(
+            "--drafter-devices mixes cpu and cuda: replicas must all be on the CPU or all on GPUs"
+        );
+    }
+    Ok(Replicas::Local(LocalGroup::new(
+        devices.len(),
+        cancel.clone(),
+    )))
+}
+
 impl Pipeline {
     pub fn start(cfg: &RunConfig, telemetry: &Telemetry) -> Result<Pipeline> {
         let cancel = CancelToken::new();
@@ -221,7 +258,7 @@ impl Pipeline {
             let lm_head = lm_head.to_device(dev).to_kind(kind);
             drafters.push((vs, model, optimizer, embed, lm_head, dev));
         }
-        let group = (drafters.len() > 1).then(|| LocalGroup::new(drafters.len(), cancel.clone()));
+        let group = replica_group(&cfg.drafter_devices, &cancel)?;
         if let Some(n) = cfg.steps {
             if start_step >= n {
                 bail!("--resume is at step {start_step}, already at or past --steps {n}: raise --steps");
@@ -292,8 +329,9 @@ impl Pipeline {
                 saves: i == 0,
                 control: control.clone(),
                 replicas: match &group {
-                    Some(g) => Box::new(g.member(i)),
-                    None => Box::new(Single),
+                    Replicas::Local(g) => Box::new(g.member(i)),
+                    Replicas::Nccl(g) => Box::new(g.member(i)),
+                    Replicas::Single => Box::new(Single),
                 },
             };
             let (t, c) = (telemetry.clone(), cancel.clone());

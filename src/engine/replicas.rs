@@ -13,6 +13,10 @@ use tch::Tensor;
 pub trait GradMean: Send {
     fn mean(&mut self, flat: &mut Tensor) -> Result<()>;
     fn world(&self) -> usize;
+    /// Whether the worker calls `mean` at all (a lone replica has nothing to average).
+    fn syncs(&self) -> bool {
+        self.world() > 1
+    }
 }
 
 /// One replica: nothing to average.

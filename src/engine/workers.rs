@@ -305,7 +305,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             chunked_loss_backward(&out, &lm_head, &labels, &valid, &weights, rows_per_chunk);
         m.mark(Phase::Backward);
         backward();
-        if replicas.world() > 1 {
+        if replicas.syncs() {
             m.mark(Phase::GradSync);
             if let Err(e) = replicas.mean(optimizer.gathered_grads()) {
                 if cancel.is_cancelled() {
