@@ -355,12 +355,28 @@ fn training_starts_from_a_saved_drafter_and_refuses_a_mismatched_one() {
 
 #[test]
 fn two_cpu_drafter_replicas_train_in_step() {
-    let o = run(&["train", "--headless", "--drafter-devices", "cpu,cpu", "--steps", "4", "--interval", "0.2"]);
+    let o = run(&[
+        "train",
+        "--headless",
+        "--drafter-devices",
+        "cpu,cpu",
+        "--steps",
+        "4",
+        "--interval",
+        "0.2",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
-    assert_eq!(field(summary, "step"), Some(4.0), "replicas step together: {summary}");
+    assert_eq!(
+        field(summary, "step"),
+        Some(4.0),
+        "replicas step together: {summary}"
+    );
     let line = out.lines().rfind(|l| l.starts_with("t=")).unwrap();
-    assert!(line.contains("drafter-0") && line.contains("drafter-1"), "{line}");
+    assert!(
+        line.contains("drafter-0") && line.contains("drafter-1"),
+        "{line}"
+    );
     assert!(line.contains("grad_sync_ms="), "{line}");
 }

@@ -23,6 +23,22 @@ fn tmux(args: &[&str]) -> String {
 }
 
 impl Session {
+    /// Runs `cmd` in a new detached 100x30 tmux session.
+    fn start(name: String, cmd: &str) -> Session {
+        tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &name,
+            "-x",
+            "100",
+            "-y",
+            "30",
+            cmd,
+        ]);
+        Session(name)
+    }
+
     fn screen(&self) -> String {
         tmux(&["capture-pane", "-p", "-t", &self.0])
     }
@@ -57,18 +73,7 @@ fn keys_work_in_a_real_terminal_and_quit_restores_it() {
         env!("CARGO_BIN_EXE_dflash-top"),
         save.path().display()
     );
-    tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &name,
-        "-x",
-        "100",
-        "-y",
-        "30",
-        &cmd,
-    ]);
-    let s = Session(name);
+    let s = Session::start(name, &cmd);
 
     s.wait_for("training steps", |x| {
         x.lines()
@@ -130,18 +135,7 @@ fn a_panic_in_a_worker_thread_restores_the_terminal() {
         "DFLASH_TOP_PANIC_IN=drafter-0 {} train; echo EXITED=$?; sleep 600",
         env!("CARGO_BIN_EXE_dflash-top")
     );
-    tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &name,
-        "-x",
-        "100",
-        "-y",
-        "30",
-        &cmd,
-    ]);
-    let s = Session(name);
+    let s = Session::start(name, &cmd);
     let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
     assert!(!after.contains("EXITED=0"), "a panic is a failure: {after}");
     assert!(

@@ -212,6 +212,21 @@ fn qwen3(hidden: i64, inter: i64, layers: i64, heads: i64, kv: i64, tie: bool) -
     }
 }
 
+/// A released Qwen3 shape with a 5-layer drafter and SpecForge's training defaults.
+fn qwen3_preset(name: &'static str, target: Qwen3Config) -> Preset {
+    Preset {
+        name,
+        target,
+        drafter_layers: 5,
+        mask_token_id: 151_669,
+        seq_len: 3072,
+        batch: 1,
+        anchors: 512,
+        lr: 6e-4,
+        embed_std: 0.02,
+    }
+}
+
 impl Preset {
     pub fn by_name(name: &str) -> Result<Preset> {
         Ok(match name {
@@ -241,39 +256,9 @@ impl Preset {
                 lr: 3e-3,
                 embed_std: 0.5,
             },
-            "qwen3-0.6b" => Preset {
-                name: "qwen3-0.6b",
-                target: qwen3(1024, 3072, 28, 16, 8, true),
-                drafter_layers: 5,
-                mask_token_id: 151_669,
-                seq_len: 3072,
-                batch: 1,
-                anchors: 512,
-                lr: 6e-4,
-                embed_std: 0.02,
-            },
-            "qwen3-4b" => Preset {
-                name: "qwen3-4b",
-                target: qwen3(2560, 9728, 36, 32, 8, true),
-                drafter_layers: 5,
-                mask_token_id: 151_669,
-                seq_len: 3072,
-                batch: 1,
-                anchors: 512,
-                lr: 6e-4,
-                embed_std: 0.02,
-            },
-            "qwen3-8b" => Preset {
-                name: "qwen3-8b",
-                target: qwen3(4096, 12288, 36, 32, 8, false),
-                drafter_layers: 5,
-                mask_token_id: 151_669,
-                seq_len: 3072,
-                batch: 1,
-                anchors: 512,
-                lr: 6e-4,
-                embed_std: 0.02,
-            },
+            "qwen3-0.6b" => qwen3_preset("qwen3-0.6b", qwen3(1024, 3072, 28, 16, 8, true)),
+            "qwen3-4b" => qwen3_preset("qwen3-4b", qwen3(2560, 9728, 36, 32, 8, true)),
+            "qwen3-8b" => qwen3_preset("qwen3-8b", qwen3(4096, 12288, 36, 32, 8, false)),
             other => bail!(
                 "unknown preset `{other}` for --preset: use one of {}",
                 PRESETS.join(", ")

@@ -17,7 +17,7 @@ use crate::telemetry::recorder::{PhaseRecorder, TrainMetrics, MAX_SLOTS};
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Switches, Telemetry};
 use anyhow::Result;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tch::{nn::VarStore, Device, Tensor};
@@ -184,7 +184,6 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
 /// Shared between drafter workers and the front-end.
 #[derive(Default)]
 pub struct TrainControl {
-    pub steps_done: AtomicU64,
     pub checkpoint_now: AtomicBool,
 }
 
@@ -341,7 +340,6 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             step: optimizer.step as u64,
         };
         m.rec.end_step((b.rows * b.seq) as u64, Some(metrics));
-        control.steps_done.fetch_add(1, Ordering::SeqCst);
         let step = optimizer.step as u64;
         if saves {
             let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));

@@ -306,7 +306,6 @@ fn role_rank(r: Role) -> u8 {
         Role::Target => 1,
         Role::Drafter => 2,
         Role::Hub => 3,
-        Role::Ui => 4,
     }
 }
 

@@ -94,8 +94,8 @@ pub enum Role {
     Loader,
     Target,
     Drafter,
+    /// The hub's own measurements (never shown as a worker).
     Hub,
-    Ui,
 }
 
 impl Role {
@@ -105,7 +105,6 @@ impl Role {
             Role::Target => "target",
             Role::Drafter => "drafter",
             Role::Hub => "hub",
-            Role::Ui => "ui",
         }
     }
 
@@ -118,7 +117,7 @@ impl Role {
             Role::Drafter => &[
                 HsWait, Anchors, Forward, Loss, Backward, GradSync, Clip, Optim, Metrics, Other,
             ],
-            Role::Hub | Role::Ui => &[Other],
+            Role::Hub => &[Other],
         }
     }
 }

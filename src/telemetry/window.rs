@@ -91,7 +91,6 @@ pub struct Windows {
     run_queues: Vec<QueueTick>,
     prev_queue: Vec<Option<QueueCounters>>,
     pub latest: LatestMetrics,
-    pub records: u64,
 }
 
 fn grow<T: Default>(v: &mut Vec<T>, len: usize) {
@@ -114,7 +113,6 @@ impl Windows {
             self.latest.metrics = Some(m);
             self.latest.drafter_steps += 1;
         }
-        self.records += 1;
     }
 
     /// Closes the open tick: `span_ns` of wall clock passed, queues read as `queues`.
