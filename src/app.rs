@@ -9,9 +9,6 @@ use anyhow::Result;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// Exit code for a part that a later issue fills in.
-pub const NOT_BUILT: u8 = 2;
-
 pub fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Doctor => {
@@ -21,17 +18,12 @@ pub fn run(command: Command) -> Result<ExitCode> {
         Command::Train(args) if args.headless => train_headless(&args),
         Command::Train(args) => train_tui(&args),
         Command::Bench(args) => bench(&args),
-        other => {
-            let name = match other {
-                Command::Train(_) => unreachable!(),
-                Command::Replay { .. } => "replay",
-                Command::Export { .. } => "export",
-                Command::Bench(_) => unreachable!(),
-                Command::Doctor => unreachable!(),
-            };
-            eprintln!("dflash-top: `{name}` is not built yet");
-            Ok(ExitCode::from(NOT_BUILT))
-        }
+        Command::Export {
+            file,
+            chrome,
+            seconds,
+        } => export(&file, &chrome, seconds),
+        Command::Replay { file } => replay(&file),
     }
 }
 
@@ -41,12 +33,23 @@ pub struct Session {
     pub pipeline: Pipeline,
     hub_cancel: CancelToken,
     hub: std::thread::JoinHandle<()>,
+    recorder: Option<(CancelToken, std::thread::JoinHandle<Result<()>>)>,
 }
 
 impl Session {
     pub fn start(cfg: &RunConfig) -> Result<Session> {
         let telemetry = Telemetry::new();
         telemetry.switches().set_gpu_timing(cfg.gpu_timing);
+        let recorder = match &cfg.record {
+            Some(path) => {
+                let stop = CancelToken::new();
+                // Ten minutes of backlog: a stalled disk delays the file, it does not thin it.
+                let rx = telemetry.subscribe_with(6000);
+                let h = crate::telemetry::record::spawn_recorder(rx, path, stop.clone())?;
+                Some((stop, h))
+            }
+            None => None,
+        };
         let pipeline = Pipeline::start(cfg, &telemetry)?;
         let hub_cancel = CancelToken::new();
         let hub = telemetry.spawn_hub(hub_cancel.clone())?;
@@ -55,6 +58,7 @@ impl Session {
             pipeline,
             hub_cancel,
             hub,
+            recorder,
         })
     }
 
@@ -64,6 +68,13 @@ impl Session {
         let result = self.pipeline.stop();
         self.hub_cancel.cancel();
         let _ = self.hub.join();
+        if let Some((stop, h)) = self.recorder {
+            stop.cancel();
+            match h.join() {
+                Ok(r) => r?,
+                Err(_) => anyhow::bail!("the recorder thread panicked"),
+            }
+        }
         result
     }
 }
@@ -221,4 +232,92 @@ fn bench(args: &crate::cli::BenchArgs) -> Result<ExitCode> {
         }
         other => anyhow::bail!("bench `{other}`: use `engine` or `telemetry`"),
     }
+}
+
+/// `dflash-top export FILE --chrome OUT.json [--seconds N]`.
+fn export(file: &std::path::Path, out: &std::path::Path, seconds: Option<f64>) -> Result<ExitCode> {
+    use crate::telemetry::trace;
+    let snaps = crate::telemetry::record::read_recording(file)?;
+    let mut spans: Vec<_> = snaps.into_iter().flat_map(|s| s.steps).collect();
+    if spans.is_empty() {
+        anyhow::bail!(
+            "{} holds no step spans to trace: record with this version's `train --record`",
+            file.display()
+        );
+    }
+    if let Some(s) = seconds {
+        if s.is_nan() || s <= 0.0 {
+            anyhow::bail!("--seconds must be a positive number");
+        }
+        spans = trace::last_seconds(&spans, s);
+    }
+    trace::write_trace(out, &spans)?;
+    println!(
+        "wrote {} ({} steps) — open it in https://ui.perfetto.dev",
+        out.display(),
+        spans.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dflash-top replay FILE`: the recorded run in the same TUI, at its recorded pace.
+fn replay(file: &std::path::Path) -> Result<ExitCode> {
+    use crate::tui::{self, app::App, terminal, theme::Theme, ReplayControls};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let snaps = crate::telemetry::record::read_recording(file)?;
+    terminal::install_panic_hook();
+    let (mut term, guard) = terminal::init()?;
+    let (tx, rx) = crossbeam_channel::bounded(2);
+    let done = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let (done, stop) = (done.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("replay".into())
+            .spawn(move || {
+                let mut prev: Option<f64> = None;
+                for s in snaps {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if let Some(p) = prev {
+                        std::thread::sleep(Duration::from_secs_f64(
+                            (s.elapsed_s - p).clamp(0.0, 1.0),
+                        ));
+                    }
+                    prev = Some(s.elapsed_s);
+                    if tx.send(Arc::new(s)).is_err() {
+                        break;
+                    }
+                }
+                done.store(true, Ordering::SeqCst);
+            })?
+    };
+    let stop_input = Arc::new(AtomicBool::new(false));
+    let (input, input_thread) = tui::spawn_input(stop_input.clone())?;
+    let ctl = ReplayControls;
+    let mut app = App::new();
+    let finished = || {
+        done.load(Ordering::SeqCst)
+            .then(|| "replay finished: press q to leave".to_string())
+    };
+    let result = tui::run_loop(
+        &mut term,
+        &mut app,
+        &ctl,
+        &rx,
+        &input,
+        &finished,
+        Theme::from_env(),
+    );
+    stop.store(true, Ordering::Relaxed);
+    stop_input.store(true, Ordering::Relaxed);
+    drop(rx);
+    let _ = feeder.join();
+    let _ = input_thread.join();
+    drop(term);
+    drop(guard);
+    result?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -33,6 +33,9 @@ pub enum Command {
         /// Where to write the Chrome-trace JSON.
         #[arg(long, value_name = "OUT.json")]
         chrome: PathBuf,
+        /// Only the last N seconds of the recording.
+        #[arg(long, value_name = "N")]
+        seconds: Option<f64>,
     },
     /// Measure the engine: training steps/s and tok/s for a preset.
     Bench(BenchArgs),

@@ -5,9 +5,11 @@ pub mod clock;
 pub mod hub;
 pub mod phase;
 pub mod queue;
+pub mod record;
 pub mod recorder;
 pub mod snapshot;
 pub mod switches;
+pub mod trace;
 pub mod verdict;
 pub mod window;
 

@@ -65,6 +65,32 @@ impl Controls for EngineControls {
     }
 }
 
+/// A replay's controls: nothing reaches an engine; the badges read as recorded defaults.
+#[derive(Default)]
+pub struct ReplayControls;
+
+impl Controls for ReplayControls {
+    fn profiling(&self) -> bool {
+        true
+    }
+    fn set_profiling(&self, _: bool) {}
+    fn gpu_timing(&self) -> GpuTiming {
+        GpuTiming::Async
+    }
+    fn set_gpu_timing(&self, _: GpuTiming) {}
+    fn paused(&self) -> bool {
+        false
+    }
+    fn set_paused(&self, _: bool) {}
+    fn reset_windows(&self) {}
+    fn checkpoint(&self) -> Result<(), String> {
+        Err("replay: no engine to checkpoint".into())
+    }
+    fn live(&self) -> bool {
+        false
+    }
+}
+
 /// Reads terminal events on a named thread until `stop` is set.
 pub fn spawn_input(
     stop: Arc<AtomicBool>,

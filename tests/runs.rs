@@ -380,3 +380,59 @@ fn two_cpu_drafter_replicas_train_in_step() {
     );
     assert!(line.contains("grad_sync_ms="), "{line}");
 }
+
+#[test]
+fn a_recorded_run_exports_a_chrome_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("run.jsonl");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "8",
+        "--record",
+        rec.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = dir.path().join("trace.json");
+    let o = run(&[
+        "export",
+        rec.to_str().unwrap(),
+        "--chrome",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let drafter_tid = events
+        .iter()
+        .find(|e| e["ph"] == "M" && e["args"]["name"] == "drafter-0")
+        .map(|e| e["tid"].clone())
+        .expect("a drafter-0 track");
+    let forwards: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == drafter_tid && e["name"] == "forward")
+        .collect();
+    assert_eq!(forwards.len(), 8, "one forward slice per drafter step");
+    let mut last_end = 0.0;
+    for e in events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == drafter_tid)
+    {
+        let ts = e["ts"].as_f64().unwrap();
+        assert!(ts + 1e-3 >= last_end, "slices of a thread do not overlap");
+        last_end = ts + e["dur"].as_f64().unwrap();
+    }
+    // A file that is not a recording: a sentence naming it.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"hello\": 1}\n").unwrap();
+    let o = run(&[
+        "export",
+        bad.to_str().unwrap(),
+        "--chrome",
+        out.to_str().unwrap(),
+    ]);
+    assert_user_error(&o, &["bad.jsonl line 1", "train --record"]);
+    let o = run(&["replay", dir.path().join("missing.jsonl").to_str().unwrap()]);
+    assert_user_error(&o, &["missing.jsonl"]);
+}

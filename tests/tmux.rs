@@ -149,3 +149,53 @@ fn a_panic_in_a_worker_thread_restores_the_terminal() {
         "alternate screen left"
     );
 }
+
+#[test]
+fn a_recording_replays_in_the_tui() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("run.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+        .args([
+            "train",
+            "--headless",
+            "--steps",
+            "10",
+            "--record",
+            rec.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let name = format!("dflash-replay-{}", std::process::id());
+    let cmd = format!(
+        "cd {} && {} replay {}; echo EXITED=$?; sleep 600",
+        dir.path().display(),
+        env!("CARGO_BIN_EXE_dflash-top"),
+        rec.display()
+    );
+    let s = Session::start(name, &cmd);
+    s.wait_for("the replay badge and the last step", |x| {
+        x.contains("REPLAY") && x.contains("step 10 ")
+    });
+    s.keys("p");
+    s.wait_for("a note that replays cannot change the engine", |x| {
+        x.contains("cannot be changed")
+    });
+    s.keys("e");
+    s.wait_for("the trace written", |x| {
+        x.contains("trace of the last 10 s")
+    });
+    s.keys("q");
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+    let traces: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("dflash-top-trace-")
+        })
+        .collect();
+    assert_eq!(traces.len(), 1, "e wrote one trace file");
+}

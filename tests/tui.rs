@@ -143,6 +143,7 @@ fn starved_snapshot() -> Snapshot {
             dropped: 0,
         },
         status: None,
+        steps: Vec::new(),
     }
 }
 

@@ -33,7 +33,12 @@ pub struct Assembler {
     seq: u64,
     /// Cost of one phase mark measured at start, ns.
     pub ns_per_mark: f64,
+    /// Records since the last snapshot, handed out as `StepSpan`s.
+    pending: Vec<StepRecord>,
 }
+
+/// Spans kept between two snapshots at most (a burst beyond it is not traced).
+const MAX_PENDING_SPANS: usize = 4096;
 
 fn push_capped<T>(q: &mut VecDeque<T>, v: T, cap: usize) {
     q.push_back(v);
@@ -57,11 +62,15 @@ impl Assembler {
             status: None,
             seq: 0,
             ns_per_mark: 0.0,
+            pending: Vec::new(),
         }
     }
 
     pub fn ingest(&mut self, r: &StepRecord) {
         self.windows.ingest(r);
+        if self.pending.len() < MAX_PENDING_SPANS {
+            self.pending.push(*r);
+        }
     }
 
     pub fn reset_windows(&mut self) {
@@ -246,7 +255,31 @@ impl Assembler {
                 dropped,
             },
             status: self.status.clone(),
+            steps: self.spans(threads),
         }
+    }
+
+    fn spans(&mut self, threads: &[ThreadInfo]) -> Vec<StepSpan> {
+        std::mem::take(&mut self.pending)
+            .into_iter()
+            .filter_map(|r| {
+                let t = threads.get(r.thread)?;
+                let phases = t
+                    .role
+                    .phases()
+                    .iter()
+                    .map(|p| (*p, r.phase_ns[p.index()]))
+                    .filter(|(_, ns)| *ns > 0)
+                    .collect();
+                Some(StepSpan {
+                    thread: t.name.clone(),
+                    role: t.role,
+                    end_ns: r.end_ns,
+                    wall_ns: r.wall_ns,
+                    phases,
+                })
+            })
+            .collect()
     }
 
     fn thread_view(&self, i: usize, t: &ThreadInfo) -> ThreadView {

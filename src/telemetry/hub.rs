@@ -21,6 +21,8 @@ use std::time::Duration;
 /// Capacity of the step-record channel; beyond it records are dropped and counted.
 pub const RECORD_CHANNEL: usize = 4096;
 const CPU_EVERY_TICKS: u64 = 5;
+/// Snapshots a front-end may fall behind by (1.6 s at 10 a second) before it misses one.
+pub const SUBSCRIBER_BACKLOG: usize = 16;
 const GPU_EVERY_TICKS: u64 = 5;
 
 /// Commands a front-end sends the hub.
@@ -102,7 +104,13 @@ impl Telemetry {
 
     /// A new front-end's feed of snapshots. A slow front-end misses snapshots, never blocks.
     pub fn subscribe(&self) -> Receiver<Arc<Snapshot>> {
-        let (tx, rx) = bounded(2);
+        self.subscribe_with(SUBSCRIBER_BACKLOG)
+    }
+
+    /// A feed that holds up to `backlog` snapshots before it misses any (the recorder, which must
+    /// keep every one, asks for a long one).
+    pub fn subscribe_with(&self, backlog: usize) -> Receiver<Arc<Snapshot>> {
+        let (tx, rx) = bounded(backlog.max(1));
         self.subscribers
             .lock()
             .expect("subscribers poisoned")

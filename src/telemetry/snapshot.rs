@@ -193,6 +193,21 @@ pub struct Snapshot {
     pub self_cost: SelfCost,
     /// A line from the engine: a saved checkpoint, an error, "finished".
     pub status: Option<String>,
+    /// The steps that ended since the previous snapshot (for traces); empty when not kept.
+    #[serde(default)]
+    pub steps: Vec<StepSpan>,
+}
+
+/// One ended iteration of one thread, for the Chrome trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepSpan {
+    /// Index into `Snapshot::threads` order is not stable; the thread's name is.
+    pub thread: String,
+    pub role: Role,
+    pub end_ns: u64,
+    pub wall_ns: u64,
+    /// Non-zero phases, in the order the role marks them.
+    pub phases: Vec<(Phase, u64)>,
 }
 
 impl Snapshot {

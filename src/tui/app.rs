@@ -1,6 +1,7 @@
 //! Front-end state, the `Action` every key becomes, and the one `update` that changes state.
 //! No terminal here: tests drive it directly.
 
+use crate::telemetry::snapshot::StepSpan;
 use crate::telemetry::{GpuTiming, Snapshot};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use std::sync::Arc;
@@ -70,6 +71,7 @@ pub enum Action {
     ShowView(usize),
     ToggleHelp,
     CycleWindow,
+    ExportTrace,
 }
 
 /// Maps a key press to an action.
@@ -88,6 +90,7 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('r') => Action::ResetWindows,
         KeyCode::Char('c') => Action::Checkpoint,
         KeyCode::Char('w') => Action::CycleWindow,
+        KeyCode::Char('e') => Action::ExportTrace,
         KeyCode::Tab => Action::NextView,
         KeyCode::BackTab => Action::PrevView,
         KeyCode::Char('?') | KeyCode::Char('h') => Action::ToggleHelp,
@@ -120,7 +123,12 @@ pub struct App {
     pub latest: Option<Arc<Snapshot>>,
     /// A short note about the last key (shown in the header).
     pub note: Option<String>,
+    /// Step spans of the last `TRACE_SECONDS`, for `e`.
+    pub recent: std::collections::VecDeque<StepSpan>,
 }
+
+/// What `e` exports: the last seconds of phases.
+pub const TRACE_SECONDS: f64 = 10.0;
 
 impl Default for App {
     fn default() -> Self {
@@ -138,6 +146,7 @@ impl App {
             frozen: None,
             latest: None,
             note: None,
+            recent: std::collections::VecDeque::new(),
         }
     }
 
@@ -151,6 +160,13 @@ impl App {
         let previous = self.latest.as_ref().and_then(|l| l.status.as_ref());
         if s.status.is_some() && s.status.as_ref() != previous {
             self.note = None;
+        }
+        self.recent.extend(s.steps.iter().cloned());
+        if let Some(end) = self.recent.back().map(|x| x.end_ns) {
+            let from = end.saturating_sub((TRACE_SECONDS * 1e9) as u64);
+            while self.recent.front().is_some_and(|x| x.end_ns < from) {
+                self.recent.pop_front();
+            }
         }
         self.latest = Some(s);
     }
@@ -229,6 +245,24 @@ impl App {
                 }
             }
             Action::ToggleHelp => self.help = !self.help,
+            Action::ExportTrace => {
+                let spans: Vec<StepSpan> = self.recent.iter().cloned().collect();
+                let stamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let path = std::path::PathBuf::from(format!("dflash-top-trace-{stamp}.json"));
+                self.note = Some(if spans.is_empty() {
+                    "no steps to trace yet".to_string()
+                } else {
+                    match crate::telemetry::trace::write_trace(&path, &spans) {
+                        Ok(()) => {
+                            format!("trace of the last {TRACE_SECONDS:.0} s: {}", path.display())
+                        }
+                        Err(e) => format!("{e:#}"),
+                    }
+                });
+            }
             Action::CycleWindow => {
                 self.window = match self.window {
                     Window::OneSecond => Window::TenSeconds,

@@ -6,7 +6,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};
 use ratatui::Frame;
 
-pub const KEYS: [(&str, &str); 13] = [
+pub const KEYS: [(&str, &str); 14] = [
     (
         "p",
         "profiling on/off (steps, tokens and loss are always counted)",
@@ -20,6 +20,10 @@ pub const KEYS: [(&str, &str); 13] = [
     ("r", "reset the rolling windows"),
     ("w", "phase window: 1s / 10s / run"),
     ("c", "save a checkpoint now (needs --save-dir)"),
+    (
+        "e",
+        "export the last 10 s of phases as a Chrome trace (Perfetto)",
+    ),
     ("tab", "next view (shift-tab: previous)"),
     ("1-5", "overview, threads, phases, queues+GPUs, charts"),
     ("?", "this help"),
