@@ -113,60 +113,68 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
 }
 
 fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
-    use crate::tui::{self, app::App, terminal, theme::Theme, EngineControls};
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
+    use crate::tui::{terminal, EngineControls};
     let cfg = RunConfig::from_args(args)?;
     // Before any worker starts: a panic in any thread, from now on, restores the terminal.
     terminal::install_panic_hook();
     let session = Session::start(&cfg)?;
-    let (mut term, guard) = match terminal::init() {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = session.finish();
-            return Err(e);
-        }
-    };
     let snapshots = session.telemetry.subscribe();
-    let stop_input = Arc::new(AtomicBool::new(false));
-    let (input, input_thread) = tui::spawn_input(stop_input.clone())?;
     let ctl = EngineControls {
         switches: session.telemetry.switches().clone(),
         telemetry: session.telemetry.clone(),
         train: session.pipeline.control.clone(),
         can_save: cfg.save_dir.is_some(),
     };
-    let mut app = App::new();
     let pipeline = &session.pipeline;
     let finished = || {
         pipeline
             .is_finished()
-            .then(|| "run finished: press q to leave".to_string())
+            .then(|| match pipeline.first_error() {
+                Some(e) => format!("stopped: {e} (q to leave)"),
+                None => "run finished: press q to leave".to_string(),
+            })
     };
+    let shown = run_front_end(&ctl, &snapshots, &finished);
+    let finish = session.finish();
+    shown?;
+    finish?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the TUI on `snapshots` until the user quits (or a thread panics); the terminal is
+/// restored before this returns, and a held-back panic message printed after it.
+fn run_front_end(
+    ctl: &dyn crate::tui::app::Controls,
+    snapshots: &crossbeam_channel::Receiver<std::sync::Arc<crate::telemetry::Snapshot>>,
+    finished: &dyn Fn() -> Option<String>,
+) -> Result<()> {
+    use crate::tui::{self, app::App, terminal, theme::Theme};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (mut term, guard) = terminal::init()?;
+    let stop_input = Arc::new(AtomicBool::new(false));
+    let (input, input_thread) = tui::spawn_input(stop_input.clone())?;
+    let mut app = App::new();
     let result = tui::run_loop(
         &mut term,
         &mut app,
-        &ctl,
-        &snapshots,
+        ctl,
+        snapshots,
         &input,
-        &finished,
+        finished,
         Theme::from_env(),
     );
-    stop_input.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop_input.store(true, Ordering::Relaxed);
     let _ = input_thread.join();
     drop(term);
     drop(guard);
-    if terminal::PANICKED.load(std::sync::atomic::Ordering::SeqCst) {
+    if terminal::PANICKED.load(Ordering::SeqCst) {
         if let Some(msg) = terminal::take_held_panic() {
             eprintln!("{msg}");
         }
-        let _ = session.finish();
         anyhow::bail!("a thread panicked (the message is above); the terminal was restored");
     }
-    let finish = session.finish();
-    result?;
-    finish?;
-    Ok(ExitCode::SUCCESS)
+    result
 }
 
 /// `dflash-top bench`: `engine` trains for --steps (default 60) without printing and reports
@@ -262,12 +270,11 @@ fn export(file: &std::path::Path, out: &std::path::Path, seconds: Option<f64>) -
 
 /// `dflash-top replay FILE`: the recorded run in the same TUI, at its recorded pace.
 fn replay(file: &std::path::Path) -> Result<ExitCode> {
-    use crate::tui::{self, app::App, terminal, theme::Theme, ReplayControls};
+    use crate::tui::{terminal, ReplayControls};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let snaps = crate::telemetry::record::read_recording(file)?;
     terminal::install_panic_hook();
-    let (mut term, guard) = terminal::init()?;
     let (tx, rx) = crossbeam_channel::bounded(2);
     let done = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -294,30 +301,14 @@ fn replay(file: &std::path::Path) -> Result<ExitCode> {
                 done.store(true, Ordering::SeqCst);
             })?
     };
-    let stop_input = Arc::new(AtomicBool::new(false));
-    let (input, input_thread) = tui::spawn_input(stop_input.clone())?;
-    let ctl = ReplayControls;
-    let mut app = App::new();
     let finished = || {
         done.load(Ordering::SeqCst)
             .then(|| "replay finished: press q to leave".to_string())
     };
-    let result = tui::run_loop(
-        &mut term,
-        &mut app,
-        &ctl,
-        &rx,
-        &input,
-        &finished,
-        Theme::from_env(),
-    );
+    let shown = run_front_end(&ReplayControls, &rx, &finished);
     stop.store(true, Ordering::Relaxed);
-    stop_input.store(true, Ordering::Relaxed);
     drop(rx);
     let _ = feeder.join();
-    let _ = input_thread.join();
-    drop(term);
-    drop(guard);
-    result?;
+    shown?;
     Ok(ExitCode::SUCCESS)
 }
