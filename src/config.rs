@@ -50,6 +50,8 @@ pub struct RunConfig {
     /// libtorch intra-op threads per worker (CPU); None = cores / workers.
     pub threads_per_worker: Option<i32>,
     pub gpu_timing: crate::telemetry::GpuTiming,
+    /// f32 logits per lm-head chunk in the loss, MiB.
+    pub loss_chunk_mib: i64,
 }
 
 /// The TOML file: every key optional, unknown keys refused (a typo is an error, not a no-op).
@@ -76,6 +78,7 @@ pub struct FileConfig {
     pub slow: Option<Vec<String>>,
     pub interval: Option<f64>,
     pub gpu_timing: Option<String>,
+    pub loss_chunk_mib: Option<i64>,
 }
 
 impl FileConfig {
@@ -252,6 +255,7 @@ impl RunConfig {
             batch_queue: file.batch_queue.unwrap_or(4),
             hs_queue: file.hs_queue.unwrap_or(2),
             threads_per_worker: file.threads_per_worker,
+            loss_chunk_mib: file.loss_chunk_mib.unwrap_or(1024),
             gpu_timing: match args.gpu_timing.as_deref().or(file.gpu_timing.as_deref()) {
                 None | Some("async") => crate::telemetry::GpuTiming::Async,
                 Some("sync") => crate::telemetry::GpuTiming::Sync,
@@ -275,6 +279,12 @@ impl RunConfig {
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             bail!("`lr` must be a positive number");
+        }
+        if !(16..=65536).contains(&self.loss_chunk_mib) {
+            bail!(
+                "`loss_chunk_mib` {} is out of range: use 16..=65536",
+                self.loss_chunk_mib
+            );
         }
         if self.batch_queue == 0 || self.hs_queue == 0 {
             bail!("queue depths (`batch_queue`, `hs_queue`) must be at least 1");

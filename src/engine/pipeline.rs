@@ -328,6 +328,7 @@ impl Pipeline {
                 threads,
                 saves: i == 0,
                 control: control.clone(),
+                loss_chunk_mib: cfg.loss_chunk_mib,
                 replicas: match &group {
                     Replicas::Local(g) => Box::new(g.member(i)),
                     Replicas::Nccl(g) => Box::new(g.member(i)),

@@ -209,12 +209,14 @@ pub struct DrafterJob {
     pub saves: bool,
     /// Averages gradients with the other replicas (data parallel).
     pub replicas: Box<dyn super::replicas::GradMean>,
+    /// f32 logits per lm-head chunk, MiB.
+    pub loss_chunk_mib: i64,
     pub control: Arc<TrainControl>,
 }
 
-/// Rows of lm-head logits per chunk: about 256 MiB of f32 logits at a time.
-fn chunk_rows(vocab: i64) -> i64 {
-    ((256i64 << 20) / (4 * vocab.max(1))).max(16)
+/// Rows of lm-head logits per chunk: about `mib` MiB of f32 logits at a time.
+fn chunk_rows(vocab: i64, mib: i64) -> i64 {
+    ((mib.max(1) << 20) / (4 * vocab.max(1))).max(16)
 }
 
 pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {
@@ -239,6 +241,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         saves,
         control,
         mut replicas,
+        loss_chunk_mib,
     } = job;
     tch::set_num_threads(threads);
     let rec = telemetry
@@ -249,7 +252,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     let weights = slot_weights(block, gamma_for(block));
     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(optimizer.step as u64));
     let mut last_saved = optimizer.step as u64;
-    let rows_per_chunk = chunk_rows(spec.layers.vocab_size);
+    let rows_per_chunk = chunk_rows(spec.layers.vocab_size, loss_chunk_mib);
     let save = |optimizer: &AdamW, step: u64| -> Result<()> {
         let Some(dir) = &save_dir else { return Ok(()) };
         let path = dir.join(format!("step-{step:06}"));
