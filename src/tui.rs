@@ -10,7 +10,7 @@ pub mod view;
 use crate::engine::workers::TrainControl;
 use crate::telemetry::{GpuTiming, HubCommand, Snapshot, Switches, Telemetry};
 use app::{action_for, App, Controls};
-use crossbeam_channel::{select, tick, unbounded, Receiver};
+use crossbeam_channel::{never, select, tick, unbounded, Receiver};
 use crossterm::event::{self, Event};
 use ratatui::backend::Backend;
 use ratatui::Terminal;
@@ -140,6 +140,9 @@ where
     B::Error: Send + Sync + 'static,
 {
     let ticker = tick(FRAME);
+    // Once the feed ends (a finished replay), stop selecting on it: a disconnected channel is
+    // always ready and would spin the loop.
+    let mut feed = snapshots.clone();
     let mut dirty = true;
     let mut last_draw = Instant::now() - FRAME;
     let mut finished_note = false;
@@ -150,8 +153,9 @@ where
             dirty = false;
         }
         select! {
-            recv(snapshots) -> s => if let Ok(s) = s {
-                app.on_snapshot(s);
+            recv(feed) -> s => match s {
+                Ok(s) => app.on_snapshot(s),
+                Err(_) => feed = never(),
             },
             recv(input) -> e => match e {
                 Ok(Event::Key(k)) => {
