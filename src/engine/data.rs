@@ -285,6 +285,24 @@ pub struct PackedBatch {
     pub host_loss_mask: Vec<bool>,
 }
 
+impl PackedBatch {
+    /// The same batch with its tensors on `device` (host copies kept).
+    pub fn to_device(self, device: tch::Device) -> PackedBatch {
+        PackedBatch {
+            input_ids: self.input_ids.to_device(device),
+            positions: self.positions.to_device(device),
+            doc_ids: self.doc_ids.to_device(device),
+            loss_mask: self.loss_mask.to_device(device),
+            ..self
+        }
+    }
+
+    /// Target input tokens in the batch.
+    pub fn tokens(&self) -> u64 {
+        (self.rows * self.seq) as u64
+    }
+}
+
 /// Packs documents into rows: concatenated up to the row length; a document that does not fit
 /// is cut and its rest starts the next row as a document of its own (our choice: no padding).
 pub struct Packer {

@@ -106,10 +106,6 @@ impl AdamW {
         total
     }
 
-    pub fn device(&self) -> tch::Device {
-        self.flat.device()
-    }
-
     /// One AdamW step at learning rate `lr` (on the clipped gradients when `clip_grad_norm` ran
     /// since the last step), then clears the gradients.
     pub fn step(&mut self, lr: f64) {

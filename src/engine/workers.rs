@@ -26,14 +26,8 @@ use tch::{nn::VarStore, Device, Tensor};
 pub struct HiddenBatch {
     /// [b, s, n * hidden] on the target's device
     pub hidden: Tensor,
-    pub input_ids: Tensor,
-    pub positions: Tensor,
-    pub doc_ids: Tensor,
-    pub loss_mask: Tensor,
-    pub host_doc_ids: Vec<i64>,
-    pub host_loss_mask: Vec<bool>,
-    pub rows: i64,
-    pub seq: i64,
+    /// The batch it came from, its tensors on the target's device.
+    pub batch: PackedBatch,
 }
 
 /// A phase recorder that, in `sync` GPU timing mode, waits for the device at each boundary so
@@ -153,30 +147,21 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
         m.mark(Phase::BatchWait);
         let Ok(b) = input.pop() else { break };
         m.mark(Phase::H2d);
-        let ids = b.input_ids.to_device(device);
-        let pos = b.positions.to_device(device);
-        let docs = b.doc_ids.to_device(device);
-        let loss_mask = b.loss_mask.to_device(device);
+        let b = b.to_device(device);
         m.mark(Phase::Forward);
-        let hidden = model.forward(&ids, &pos, &docs);
+        let hidden = model.forward(&b.input_ids, &b.positions, &b.doc_ids);
         slow_down(slow, &cancel);
         m.mark(Phase::HsPack);
+        let tokens = b.tokens();
         let item = HiddenBatch {
             hidden: hidden.contiguous(),
-            input_ids: ids,
-            positions: pos,
-            doc_ids: docs,
-            loss_mask,
-            host_doc_ids: b.host_doc_ids,
-            host_loss_mask: b.host_loss_mask,
-            rows: b.rows,
-            seq: b.seq,
+            batch: b,
         };
         m.mark(Phase::HsPushWait);
         if out.push(item).is_err() {
             break;
         }
-        m.rec.end_step((b.rows * b.seq) as u64, None);
+        m.rec.end_step(tokens, None);
     }
     Ok(())
 }
@@ -271,14 +256,10 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         m.mark(Phase::HsWait);
         let Ok(b) = input.pop() else { break };
         m.mark(Phase::Anchors);
-        let to = |t: &Tensor| t.to_device(device);
-        let (hidden, ids, pos, docs, lmask) = (
-            to(&b.hidden),
-            to(&b.input_ids),
-            to(&b.positions),
-            to(&b.doc_ids),
-            to(&b.loss_mask),
-        );
+        // The hand-off: hidden states and the batch move to this drafter's device.
+        let hidden = b.hidden.to_device(device);
+        let b = b.batch.to_device(device);
+        let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
         let seq = b.seq as usize;
         let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
             .map(|r| {
@@ -293,14 +274,14 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             })
             .collect();
         let anch = anchors_tensor(&per_row, anchors as usize, device);
-        let block_ids = block_input_ids(&ids, &anch, block, spec.mask_token_id);
-        let block_pos = block_positions(&pos, &anch, block);
-        let mask = block_mask(&docs, &anch, block);
-        let (labels, valid) = block_labels(&ids, &docs, &lmask, &anch, block);
+        let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
+        let block_pos = block_positions(pos, &anch, block);
+        let mask = block_mask(docs, &anch, block);
+        let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
         m.mark(Phase::Forward);
         let block_emb =
             Tensor::embedding(&embed, &block_ids, -1, false, false).to_kind(hidden.kind());
-        let out = model.forward(&hidden, &pos, &block_emb, &block_pos, &mask);
+        let out = model.forward(&hidden, pos, &block_emb, &block_pos, &mask);
         slow_down(slow, &cancel);
         m.mark(Phase::Loss);
         let (loss, backward) =
@@ -342,7 +323,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             block_size: block.min(MAX_SLOTS as i64) as u8,
             step: optimizer.step as u64,
         };
-        m.rec.end_step((b.rows * b.seq) as u64, Some(metrics));
+        m.rec.end_step(b.tokens(), Some(metrics));
         let step = optimizer.step as u64;
         if saves {
             let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));

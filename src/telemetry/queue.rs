@@ -187,10 +187,6 @@ impl<T> QueueTx<T> {
         c.push_wait_ns += now - start;
         Ok(())
     }
-
-    pub fn capacity(&self) -> usize {
-        self.shared.capacity
-    }
 }
 
 impl<T> QueueRx<T> {

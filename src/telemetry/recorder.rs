@@ -206,9 +206,4 @@ impl PhaseRecorder {
         self.epoch = self.switches.profiling_epoch();
         self.published.store(Phase::Other as u8, Relaxed);
     }
-
-    /// This thread's index in the registry (what `StepRecord::thread` carries).
-    pub fn thread_index(&self) -> usize {
-        self.thread
-    }
 }

@@ -51,19 +51,6 @@ impl PhaseWindow {
         self.phase_ns[phase.index()] as f64 / self.wall_ns as f64
     }
 
-    /// Share of recorded wall time not spent waiting on a queue.
-    pub fn busy_share(&self) -> f64 {
-        let wait: u64 = Phase::ALL
-            .iter()
-            .filter(|p| p.is_wait())
-            .map(|p| self.phase_ns[p.index()])
-            .sum();
-        if self.wall_ns == 0 {
-            return 0.0;
-        }
-        1.0 - wait as f64 / self.wall_ns as f64
-    }
-
     pub fn steps_per_s(&self) -> f64 {
         if self.span_ns == 0 {
             return 0.0;

@@ -88,7 +88,6 @@ pub struct Windows {
     open: Tick,
     ring: VecDeque<Tick>,
     run: Vec<PhaseWindow>,
-    run_queues: Vec<QueueTick>,
     prev_queue: Vec<Option<QueueCounters>>,
     pub latest: LatestMetrics,
 }
@@ -144,10 +143,6 @@ impl Windows {
         for (run, w) in self.run.iter_mut().zip(&tick.threads) {
             run.add(w);
         }
-        grow(&mut self.run_queues, tick.queues.len());
-        for (run, q) in self.run_queues.iter_mut().zip(&tick.queues) {
-            run.add(q);
-        }
         self.ring.push_back(tick);
         while self.ring.len() > RING_TICKS {
             self.ring.pop_front();
@@ -194,10 +189,6 @@ impl Windows {
             q.min_depth = q.depth;
         }
         q
-    }
-
-    pub fn queue_run(&self, i: usize) -> QueueTick {
-        self.run_queues.get(i).copied().unwrap_or_default()
     }
 
     /// Mean depth of queue `i` in each of the newest `ticks` ticks, oldest first.
