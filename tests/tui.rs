@@ -387,3 +387,38 @@ fn the_loop_applies_keys_and_quits() {
         "the screen shows the change: {badges}"
     );
 }
+
+#[test]
+fn a_replay_says_the_engine_cannot_change_and_e_writes_a_trace() {
+    use dflash_top::telemetry::snapshot::StepSpan;
+    use dflash_top::tui::ReplayControls;
+    let mut app = App::new();
+    let mut snap = starved_snapshot();
+    snap.steps = vec![StepSpan {
+        thread: "drafter-0".into(),
+        role: Role::Drafter,
+        end_ns: 2_000_000,
+        wall_ns: 1_000_000,
+        phases: vec![(Phase::Forward, 600_000), (Phase::Backward, 400_000)],
+    }];
+    app.on_snapshot(Arc::new(snap));
+    app.update(Action::ToggleProfiling, &ReplayControls);
+    assert_eq!(
+        app.note.as_deref(),
+        Some("replay: the engine cannot be changed")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let here = std::env::current_dir().unwrap();
+    std::env::set_current_dir(dir.path()).unwrap();
+    app.update(Action::ExportTrace, &ReplayControls);
+    std::env::set_current_dir(here).unwrap();
+    assert!(
+        app.note
+            .as_deref()
+            .unwrap()
+            .starts_with("trace of the last 10 s"),
+        "{:?}",
+        app.note
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
