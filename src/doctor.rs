@@ -40,6 +40,15 @@ pub fn report() -> String {
             "not built (multi-GPU replicas unavailable)"
         }
     );
+    let _ = writeln!(
+        out,
+        "CUDA shim       {}",
+        if crate::engine::cuda::AVAILABLE {
+            "built in (a stream per worker, events timing)"
+        } else {
+            "not built (default streams; events timing unavailable)"
+        }
+    );
     match GpuProbe::open().sample() {
         Ok(gpus) => {
             let _ = writeln!(out, "NVML            present, {} GPU(s)", gpus.len());

@@ -5,5 +5,6 @@ mod engine;
 mod reference;
 mod runs;
 mod telemetry_core;
+mod telemetry_live;
 mod tmux;
 mod tui;
