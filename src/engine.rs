@@ -15,5 +15,6 @@ pub mod optim;
 pub mod pipeline;
 pub mod qwen3;
 pub mod replicas;
+pub mod tiled;
 pub mod weights;
 pub mod workers;

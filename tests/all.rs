@@ -1,5 +1,6 @@
 //! Integration tests, one binary.
 
+mod attention;
 mod cli;
 mod engine;
 mod reference;

@@ -2,7 +2,8 @@
 //! recorder, and marks every phase of DESIGN.md §4.
 
 use super::blocks::{
-    anchors_tensor, block_input_ids, block_labels, block_mask, block_positions, sample_anchors,
+    anchors_tensor, block_input_ids, block_labels, block_positions, sample_anchors,
+    tiled_block_mask,
 };
 use super::checkpoint::{self, TrainerState};
 use super::config::DrafterSpec;
@@ -274,12 +275,12 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         let anch = anchors_tensor(&per_row, anchors as usize, device);
         let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
         let block_pos = block_positions(pos, &anch, block);
-        let mask = block_mask(docs, &anch, block);
+        let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
         let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
         m.mark(Phase::Forward);
         let block_emb =
             Tensor::embedding(&embed, &block_ids, -1, false, false).to_kind(hidden.kind());
-        let out = model.forward(&hidden, pos, &block_emb, &block_pos, &mask);
+        let out = model.forward_masked(&hidden, pos, &block_emb, &block_pos, &mask);
         slow_down(slow, &cancel);
         m.mark(Phase::Loss);
         let (loss, backward) =
