@@ -225,6 +225,7 @@ where
                 if !finished_note {
                     if let Some(note) = finished() {
                         app.note = Some(note);
+                        app.finished = true;
                         finished_note = true;
                     }
                 }

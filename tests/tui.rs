@@ -200,8 +200,12 @@ fn keys_map_to_actions() {
     );
     assert_eq!(
         action_for(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)),
-        Some(Action::Quit)
+        Some(Action::QuitNow)
     );
+    assert_eq!(action_for(key(KeyCode::Esc)), Some(Action::Back));
+    assert_eq!(action_for(key(KeyCode::Char('q'))), Some(Action::Quit));
+    assert_eq!(action_for(key(KeyCode::Char('l'))), Some(Action::NextView));
+    assert_eq!(action_for(key(KeyCode::Left)), Some(Action::PrevView));
     assert_eq!(
         action_for(key(KeyCode::Char('c'))),
         Some(Action::Checkpoint)
@@ -256,7 +260,36 @@ fn actions_change_the_engine_switches_and_the_app() {
     app.update(Action::ToggleHelp, &ctl);
     assert!(app.help);
     app.update(Action::Quit, &ctl);
+    assert!(!app.quit, "a live run asks once");
+    assert!(app.note.as_deref().unwrap().contains("q again"));
+    app.update(Action::Quit, &ctl);
     assert!(app.quit);
+}
+
+#[test]
+fn esc_closes_the_overlay_and_never_quits() {
+    let (ctl, _t) = controls(false);
+    let mut app = App::new();
+    app.update(Action::ToggleHelp, &ctl);
+    app.update(Action::Back, &ctl);
+    assert!(!app.help, "esc closed the help");
+    app.update(Action::Back, &ctl);
+    assert!(!app.quit, "esc never quits");
+    // Another key between two q's disarms the question.
+    app.update(Action::Quit, &ctl);
+    app.update(Action::NextView, &ctl);
+    app.update(Action::Quit, &ctl);
+    assert!(!app.quit);
+    app.update(Action::QuitNow, &ctl);
+    assert!(app.quit, "ctrl-c quits at once");
+    // A replay, or a run that has finished, leaves on the first q.
+    let mut replay = App::new();
+    replay.update(Action::Quit, &ReplayControls);
+    assert!(replay.quit);
+    let mut done = App::new();
+    done.finished = true;
+    done.update(Action::Quit, &ctl);
+    assert!(done.quit);
 }
 
 #[test]
@@ -378,6 +411,8 @@ fn the_loop_applies_keys_and_quits() {
     snap_tx.send(Arc::new(starved_snapshot())).unwrap();
     key_tx.send(Event::Key(key(KeyCode::Char('p')))).unwrap();
     key_tx.send(Event::Key(key(KeyCode::Char('2')))).unwrap();
+    // A live run asks once: q, q.
+    key_tx.send(Event::Key(key(KeyCode::Char('q')))).unwrap();
     key_tx.send(Event::Key(key(KeyCode::Char('q')))).unwrap();
     let mut term = Terminal::new(TestBackend::new(100, 30)).unwrap();
     run_loop(
