@@ -2,6 +2,7 @@
 
 mod cli;
 mod engine;
+mod probes;
 mod reference;
 mod runs;
 mod telemetry_core;
