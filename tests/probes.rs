@@ -185,3 +185,31 @@ fn no_gpu_is_one_line_not_a_panel() {
         }
     }
 }
+
+#[test]
+fn recordings_made_before_the_probe_fields_still_load() {
+    let mut v = serde_json::to_value(with_gpus()).unwrap();
+    v.as_object_mut().unwrap().remove("memory");
+    for t in v["threads"].as_array_mut().unwrap() {
+        t.as_object_mut().unwrap().remove("os_state");
+    }
+    for g in v["groups"].as_array_mut().unwrap() {
+        let g = g.as_object_mut().unwrap();
+        g.remove("owner");
+        g.remove("states");
+    }
+    for g in v["gpus"]["Present"].as_array_mut().unwrap() {
+        let g = g.as_object_mut().unwrap();
+        for k in ["cuda", "mem_bw_pct", "proc_mem_mib", "throttle"] {
+            assert!(g.remove(k).is_some(), "{k} is serialised");
+        }
+    }
+    let old: Snapshot = serde_json::from_value(v).expect("an old recording loads");
+    assert_eq!(old.memory, None);
+    assert_eq!(old.threads[0].os_state, None);
+    assert_eq!(old.groups[0].owner, None);
+    let GpuPanel::Present(g) = &old.gpus else {
+        panic!("GPUs lost")
+    };
+    assert_eq!((g[0].cuda, g[0].mem_bw_pct, g[0].util_pct), (None, 0, 97));
+}

@@ -3,9 +3,10 @@
 //! (this pid only). No other process is read: a refresh costs the same on a busy host as on an
 //! idle one.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::time::Instant;
 use sysinfo::{MemoryRefreshKind, Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
@@ -66,31 +67,49 @@ pub fn parse_stat(tid: i32, line: &str) -> Option<TaskStat> {
     })
 }
 
-/// Reads the task list of this process. A thread that exits while it is read is skipped.
-pub fn read_tasks(buf: &mut String) -> std::io::Result<Vec<TaskStat>> {
-    let mut out = Vec::with_capacity(64);
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let Ok(entry) = entry else { continue };
-        let Some(tid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        buf.clear();
-        let path = entry.path().join("stat");
-        if File::open(&path)
-            .and_then(|mut f| f.read_to_string(buf))
-            .is_err()
-        {
-            continue;
+/// Reads this process's task list. Each thread's stat file stays open and is read again from
+/// offset 0 (the kernel writes it afresh), so a refresh costs a directory listing and one read a
+/// thread, not an open and a close as well.
+#[derive(Default)]
+pub struct TaskReader {
+    files: HashMap<i32, File>,
+    tids: Vec<i32>,
+    buf: Vec<u8>,
+}
+
+impl TaskReader {
+    /// Every thread of this process now. A thread that exits while it is read is skipped.
+    pub fn read(&mut self) -> std::io::Result<Vec<TaskStat>> {
+        self.tids.clear();
+        for entry in std::fs::read_dir("/proc/self/task")? {
+            let Ok(entry) = entry else { continue };
+            if let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) {
+                self.tids.push(tid);
+            }
         }
-        if let Some(t) = parse_stat(tid, buf) {
-            out.push(t);
+        self.tids.sort_unstable();
+        let tids = &self.tids;
+        self.files.retain(|tid, _| tids.binary_search(tid).is_ok());
+        self.buf.resize(4096, 0);
+        let mut out = Vec::with_capacity(self.tids.len());
+        for &tid in &self.tids {
+            let file = match self.files.entry(tid) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(v) => match File::open(format!("/proc/self/task/{tid}/stat")) {
+                    Ok(f) => v.insert(f),
+                    Err(_) => continue,
+                },
+            };
+            let Ok(n) = file.read_at(&mut self.buf, 0) else {
+                continue;
+            };
+            let line = std::str::from_utf8(&self.buf[..n]).ok();
+            if let Some(t) = line.and_then(|l| parse_stat(tid, l)) {
+                out.push(t);
+            }
         }
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// Memory through sysinfo, refreshed for this pid and /proc/meminfo only.
@@ -124,12 +143,18 @@ impl MemoryProbe {
     }
 }
 
+/// Memory is read every this many samples (every 2 s at the hub's rate): it moves slowly, and
+/// sysinfo's read of it costs about as much as the whole task list.
+const MEMORY_EVERY: u64 = 4;
+
 pub struct CpuProbe {
-    buf: String,
+    tasks: TaskReader,
     prev: HashMap<i32, u64>,
     prev_at: Option<Instant>,
     ticks_per_s: f64,
     memory: MemoryProbe,
+    last_memory: Option<MemorySample>,
+    samples: u64,
 }
 
 impl Default for CpuProbe {
@@ -152,11 +177,13 @@ fn ticks_per_s() -> f64 {
 impl CpuProbe {
     pub fn new() -> Self {
         CpuProbe {
-            buf: String::with_capacity(512),
+            tasks: TaskReader::default(),
             prev: HashMap::new(),
             prev_at: None,
             ticks_per_s: ticks_per_s(),
             memory: MemoryProbe::new(),
+            last_memory: None,
+            samples: 0,
         }
     }
 
@@ -164,7 +191,7 @@ impl CpuProbe {
     /// call; the first call only primes the counters and returns None, as does a failed read.
     pub fn sample_threads(&mut self) -> Option<HashMap<i32, ThreadCpu>> {
         let now = Instant::now();
-        let tasks = read_tasks(&mut self.buf).ok()?;
+        let tasks = self.tasks.read().ok()?;
         let prev_at = self.prev_at.replace(now);
         let prev = std::mem::take(&mut self.prev);
         self.prev = tasks.iter().map(|t| (t.tid, t.ticks)).collect();
@@ -193,12 +220,17 @@ impl CpuProbe {
         )
     }
 
-    /// Threads and memory; None on the priming call (see `sample_threads`).
+    /// Threads and memory (read every `MEMORY_EVERY` samples, the last value in between); None
+    /// on the priming call (see `sample_threads`).
     pub fn sample(&mut self) -> Option<CpuSample> {
         let threads = self.sample_threads()?;
+        if self.samples.is_multiple_of(MEMORY_EVERY) {
+            self.last_memory = self.memory.sample();
+        }
+        self.samples += 1;
         Some(CpuSample {
             threads,
-            memory: self.memory.sample(),
+            memory: self.last_memory,
         })
     }
 }
@@ -280,6 +312,17 @@ mod tests {
         );
         let m = s.memory.expect("sysinfo reads this process's memory");
         assert!(m.rss_mib > 0 && m.host_total_mib >= m.rss_mib, "{m:?}");
+        // Joined threads leave the list (the kernel may take a moment to release them).
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = probe.sample_threads().expect("later samples have data");
+            !now.contains_key(&spin_tid) && !now.contains_key(&sleep_tid)
+        });
+        assert!(gone, "exited threads are still listed");
+        assert!(
+            !probe.tasks.files.contains_key(&spin_tid),
+            "the stat file of an exited thread is closed"
+        );
     }
 
     #[test]
