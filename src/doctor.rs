@@ -68,6 +68,15 @@ fn gpu_lines(out: &mut String) {
         gpus.len(),
         visible.as_deref().unwrap_or("unset (all visible)")
     );
+    let mixed = gpus.windows(2).any(|w| w[0].name != w[1].name);
+    let bus_order = std::env::var("CUDA_DEVICE_ORDER").is_ok_and(|o| o == "PCI_BUS_ID");
+    if mixed && !bus_order {
+        let _ = writeln!(
+            out,
+            "  note          GPUs of several models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may \
+             number them fastest first, not as matched here; set CUDA_DEVICE_ORDER=PCI_BUS_ID"
+        );
+    }
     for g in gpus {
         let cuda = g
             .cuda

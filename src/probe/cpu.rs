@@ -235,20 +235,6 @@ impl CpuProbe {
     }
 }
 
-/// The short word for a state letter, for the screen.
-pub fn state_word(state: char) -> &'static str {
-    match state {
-        'R' => "run",
-        'S' => "sleep",
-        'D' => "io",
-        'T' | 't' => "stop",
-        'Z' => "zombie",
-        'X' => "dead",
-        'I' => "idle",
-        _ => "?",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
