@@ -91,8 +91,10 @@ fn render_frame(c: &mut Criterion) {
                 steps: 10,
                 wall_ns: phase_ns.iter().sum(),
                 phase_ns,
-                tokens: 5120,
+                phase_steps: 10.0,
+                tokens: 5120.0,
                 span_ns: 1_000_000_000,
+                ..Default::default()
             };
             s.threads.push(ThreadView {
                 name: format!("{}-{i}", role.name()),
@@ -101,6 +103,7 @@ fn render_frame(c: &mut Criterion) {
                 tid: i as i32,
                 cpu_pct: Some(50.0),
                 phase: Phase::Forward,
+                phase_s: 0.1,
                 state: ThreadState::Working,
                 os_state: Some('R'),
                 w1: w,

@@ -40,6 +40,15 @@ pub fn report() -> String {
             "not built (multi-GPU replicas unavailable)"
         }
     );
+    let _ = writeln!(
+        out,
+        "CUDA shim       {}",
+        if crate::engine::cuda::AVAILABLE {
+            "built in (a stream per worker, events timing)"
+        } else {
+            "not built (default streams; events timing unavailable)"
+        }
+    );
     gpu_lines(&mut out);
     cpu_lines(&mut out);
     let _ = writeln!(out, "profiler clock  {}", clock::source());

@@ -4,10 +4,12 @@
 pub mod blocks;
 pub mod checkpoint;
 pub mod config;
+pub mod cuda;
 pub mod data;
 pub mod drafter;
 pub mod layers;
 pub mod loss;
+pub mod marks;
 pub mod nccl;
 pub mod optim;
 pub mod pipeline;

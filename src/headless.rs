@@ -45,6 +45,15 @@ pub fn interval_line(s: &Snapshot) -> String {
         s.verdict.short(),
         s.self_cost.dropped
     );
+    if let Some(what) = &s.stall {
+        let _ = write!(out, " stalled=\"{what}\"");
+    }
+    if let Some(mode) = s.gpu_timing {
+        let _ = write!(out, " timing={}", mode.name());
+    }
+    if !s.profiling {
+        out.push_str(" profiling=off");
+    }
     out
 }
 
@@ -73,6 +82,13 @@ fn phase_fields(w: &PhaseWindow, phases: &[Phase]) -> String {
     let mut out = format!(" step_ms={:.1}", w.step_ms());
     for p in phases {
         let _ = write!(out, " {}_ms={:.1}", p.name(), w.ms_per_step(*p));
+    }
+    if w.gpu_idle_ns > 0 && w.wall_ns > 0 {
+        let _ = write!(
+            out,
+            " gpu_idle={:.0}%",
+            w.gpu_idle_ns as f64 / w.wall_ns as f64 * 100.0
+        );
     }
     out
 }

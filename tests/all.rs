@@ -6,5 +6,6 @@ mod probes;
 mod reference;
 mod runs;
 mod telemetry_core;
+mod telemetry_live;
 mod tmux;
 mod tui;

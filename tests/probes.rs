@@ -19,7 +19,7 @@ fn worker(name: &str, role: Role, device: &str, tid: i32) -> ThreadInfo {
         role,
         device: device.into(),
         tid,
-        current: Arc::default(),
+        live: Arc::default(),
     }
 }
 

@@ -3,7 +3,6 @@
 
 use crossbeam_channel::unbounded;
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
-use dflash_top::engine::workers::TrainControl;
 use dflash_top::telemetry::snapshot::*;
 use dflash_top::telemetry::verdict::Verdict;
 use dflash_top::telemetry::{GpuTiming, Phase, Role, Telemetry, N_PHASES};
@@ -11,7 +10,7 @@ use dflash_top::tui::app::{action_for, Action, App, View};
 use dflash_top::tui::panels::phases::bar_cells;
 use dflash_top::tui::theme::Theme;
 use dflash_top::tui::view::{draw, Badges};
-use dflash_top::tui::{run_loop, EngineControls};
+use dflash_top::tui::{badges, run_loop, EngineControls, ReplayControls};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 use std::sync::atomic::Ordering;
@@ -26,8 +25,10 @@ fn window(ms: &[(Phase, u64)], steps: u64) -> PhaseWindow {
         steps,
         wall_ns: phase_ns.iter().sum(),
         phase_ns,
-        tokens: steps * 512,
+        phase_steps: steps as f64,
+        tokens: (steps * 512) as f64,
         span_ns: 1_000_000_000,
+        ..Default::default()
     }
 }
 
@@ -39,6 +40,7 @@ fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
         tid: 100,
         cpu_pct: Some(97.0),
         phase,
+        phase_s: 0.2,
         state: if phase.is_wait() {
             ThreadState::Waiting
         } else {
@@ -87,6 +89,7 @@ pub fn starved_snapshot() -> Snapshot {
         gpu_timing: Some(GpuTiming::Async),
         paused: false,
         verdict: Verdict::TargetBound,
+        stall: None,
         threads: vec![
             thread("loader", Role::Loader, Phase::PushWait, loader),
             thread("target-0", Role::Target, Phase::Forward, target),
@@ -158,22 +161,16 @@ pub fn starved_snapshot() -> Snapshot {
             ns_per_mark: 12.0,
             snapshot_us: 40.0,
             dropped: 0,
+            spans_dropped: 0,
         },
         status: None,
         steps: Vec::new(),
     }
 }
 
-pub fn controls(can_save: bool) -> (EngineControls, Arc<TrainControl>) {
+pub fn controls(can_save: bool) -> (EngineControls, Telemetry) {
     let t = Telemetry::new();
-    let train = Arc::new(TrainControl::default());
-    let ctl = EngineControls {
-        switches: t.switches().clone(),
-        telemetry: t,
-        train: train.clone(),
-        can_save,
-    };
-    (ctl, train)
+    (EngineControls::new(&t, can_save), t)
 }
 
 fn key(c: KeyCode) -> KeyEvent {
@@ -231,24 +228,40 @@ fn keys_map_to_actions() {
 
 #[test]
 fn actions_change_the_engine_switches_and_the_app() {
-    let (ctl, train) = controls(false);
+    let (ctl, t) = controls(false);
     let mut app = App::new();
     app.update(Action::ToggleProfiling, &ctl);
+    // Every change goes through the one control path: the hub applies it.
+    assert!(
+        ctl.switches.profiling(),
+        "not applied before the hub sees it"
+    );
+    t.apply_pending();
     assert!(!ctl.switches.profiling());
     assert_eq!(app.note.as_deref(), Some("profiling off"));
-    app.update(Action::CycleGpuTiming, &ctl);
-    assert_eq!(ctl.switches.gpu_timing(), GpuTiming::Sync);
+    for want in [GpuTiming::Events, GpuTiming::Sync, GpuTiming::Async] {
+        app.update(Action::CycleGpuTiming, &ctl);
+        t.apply_pending();
+        assert_eq!(
+            ctl.switches.gpu_timing(),
+            want,
+            "g cycles async/events/sync"
+        );
+    }
     app.update(Action::TogglePause, &ctl);
+    t.apply_pending();
     assert!(ctl.switches.paused());
     app.update(Action::Checkpoint, &ctl);
+    t.apply_pending();
     assert!(
         app.note.as_deref().unwrap().contains("--save-dir"),
         "no save dir: says so"
     );
-    assert!(!train.checkpoint_now.load(Ordering::SeqCst));
-    let (ctl2, train2) = controls(true);
+    assert!(!t.requests().checkpoint_now.load(Ordering::SeqCst));
+    let (ctl2, t2) = controls(true);
     app.update(Action::Checkpoint, &ctl2);
-    assert!(train2.checkpoint_now.load(Ordering::SeqCst));
+    t2.apply_pending();
+    assert!(t2.requests().checkpoint_now.load(Ordering::SeqCst));
 
     app.update(Action::NextView, &ctl);
     assert_eq!(app.view, View::Threads);
@@ -375,7 +388,7 @@ fn without_colour_phases_differ_by_glyph() {
 
 #[test]
 fn the_loop_applies_keys_and_quits() {
-    let (ctl, _) = controls(false);
+    let (ctl, _t) = controls(false);
     let mut app = App::new();
     let (snap_tx, snap_rx) = unbounded();
     let (key_tx, key_rx) = unbounded();
@@ -395,6 +408,7 @@ fn the_loop_applies_keys_and_quits() {
     )
     .unwrap();
     assert!(app.quit);
+    _t.apply_pending();
     assert!(!ctl.switches.profiling(), "p reached the engine's switch");
     assert_eq!(app.view, View::Threads);
     let buf = term.backend().buffer().clone();
@@ -438,4 +452,38 @@ fn a_replay_says_the_engine_cannot_change_and_e_writes_a_trace() {
         app.note
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_replay_shows_the_modes_it_recorded() {
+    let mut app = App::new();
+    let mut s = starved_snapshot();
+    s.profiling = false;
+    s.gpu_timing = Some(GpuTiming::Events);
+    s.paused = true;
+    app.on_snapshot(Arc::new(s));
+    let b = badges(&ReplayControls, &app);
+    assert!(!b.profiling);
+    assert_eq!(b.gpu_timing, GpuTiming::Events);
+    assert!(b.paused);
+    assert!(!b.live);
+    let text = screen(&app, 120, 30, Theme { color: true }, b);
+    assert!(text.contains("PROF off"), "{text}");
+    assert!(text.contains("GPU events"), "{text}");
+}
+
+#[test]
+fn no_gpu_timing_badge_on_the_cpu_and_missed_snapshots_are_counted() {
+    let (ctl, _t) = controls(false);
+    let mut app = App::new();
+    let mut a = starved_snapshot();
+    a.gpu_timing = None;
+    a.seq = 1;
+    app.on_snapshot(Arc::new(a.clone()));
+    a.seq = 5;
+    app.on_snapshot(Arc::new(a));
+    assert_eq!(app.missed_snapshots, 3);
+    let text = screen(&app, 120, 30, Theme { color: true }, badges(&ctl, &app));
+    assert!(!text.contains("GPU async"), "{text}");
+    assert!(text.contains("+3 snaps"), "{text}");
 }

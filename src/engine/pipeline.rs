@@ -10,9 +10,7 @@ use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use super::replicas::{LocalGroup, Single};
-use super::workers::{
-    run_drafter, run_loader, run_target, DrafterJob, LoaderJob, TargetJob, TrainControl,
-};
+use super::workers::{run_drafter, run_loader, run_target, DrafterJob, LoaderJob, TargetJob};
 use crate::cancel::CancelToken;
 use crate::config::{DataSpec, RunConfig};
 use crate::telemetry::queue::monitored_queue;
@@ -24,7 +22,6 @@ use tch::{nn::VarStore, Device, Kind};
 
 pub struct Pipeline {
     pub cancel: CancelToken,
-    pub control: Arc<TrainControl>,
     handles: Vec<JoinHandle<()>>,
     errors: Arc<Mutex<Vec<String>>>,
     /// Optimizer step the run started from (non-zero when resumed).
@@ -273,7 +270,6 @@ impl Pipeline {
         telemetry.add_queue(hs_probe);
 
         let errors = Arc::new(Mutex::new(Vec::new()));
-        let control = Arc::new(TrainControl::default());
         let mut handles = Vec::new();
 
         let source = data_source(cfg, &target_cfg, &spec, start_step)?;
@@ -327,7 +323,6 @@ impl Pipeline {
                 slow: cfg.slow.drafter,
                 threads,
                 saves: i == 0,
-                control: control.clone(),
                 loss_chunk_mib: cfg.loss_chunk_mib,
                 replicas: match &group {
                     Replicas::Local(g) => Box::new(g.member(i)),
@@ -345,7 +340,6 @@ impl Pipeline {
         }
         Ok(Pipeline {
             cancel,
-            control,
             handles,
             errors,
             start_step,

@@ -6,19 +6,20 @@ use super::blocks::{
 };
 use super::checkpoint::{self, TrainerState};
 use super::config::DrafterSpec;
+use super::cuda::{Event, Stream};
 use super::data::{DocSource, PackedBatch, Packer, Rng};
 use super::drafter::Drafter;
 use super::loss::{block_metrics, chunked_loss_backward, gamma_for, slot_weights};
+use super::marks::Marks;
 use super::optim::{cosine_lr, AdamW};
 use super::qwen3::Qwen3Target;
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::{QueueRx, QueueTx};
-use crate::telemetry::recorder::{PhaseRecorder, TrainMetrics, MAX_SLOTS};
-use crate::telemetry::{GpuTiming, HubCommand, Phase, Switches, Telemetry};
+use crate::telemetry::recorder::{TrainMetrics, MAX_SLOTS};
+use crate::telemetry::{HubCommand, Phase, Telemetry};
 use anyhow::Result;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tch::{nn::VarStore, Device, Tensor};
 
@@ -28,48 +29,43 @@ pub struct HiddenBatch {
     pub hidden: Tensor,
     /// The batch it came from, its tensors on the target's device.
     pub batch: PackedBatch,
+    /// On a GPU: recorded on the target's stream after the forward; the consumer's stream waits
+    /// for it on the device (the host never does).
+    pub ready: Option<Event>,
 }
 
-/// A phase recorder that, in `sync` GPU timing mode, waits for the device at each boundary so
-/// that queued CUDA work lands in the phase that launched it.
-pub struct Marks {
-    pub rec: PhaseRecorder,
-    cuda: Option<i64>,
-    switches: Arc<Switches>,
-}
-
-impl Marks {
-    pub fn new(rec: PhaseRecorder, device: Device, switches: Arc<Switches>) -> Marks {
-        let cuda = match device {
-            Device::Cuda(i) => Some(i as i64),
-            _ => None,
-        };
-        Marks {
-            rec,
-            cuda,
-            switches,
-        }
-    }
-
-    #[inline]
-    pub fn mark(&mut self, phase: Phase) {
-        if let Some(i) = self.cuda {
-            if self.switches.gpu_timing() == GpuTiming::Sync && self.switches.profiling() {
-                tch::Cuda::synchronize(i);
+impl HiddenBatch {
+    /// Takes the hand-off on the consumer's side: the consumer's streams wait for the producer's
+    /// `ready` event, and the producer's memory is marked as used there, so that its allocator does
+    /// not hand it out again while this side's kernels still read it. Then moves it to `device`.
+    fn receive(self, device: Device) -> Result<(Tensor, PackedBatch)> {
+        if let (Some(ready), Device::Cuda(src)) = (&self.ready, self.hidden.device()) {
+            // The copy to another GPU runs behind this thread's current stream on the source.
+            let here = Stream::current(src)?;
+            here.wait(ready)?;
+            for t in self.tensors() {
+                here.record_tensor(t)?;
+            }
+            if let Device::Cuda(dst) = device {
+                if dst != src {
+                    Stream::current(dst)?.wait(ready)?;
+                }
             }
         }
-        self.rec.mark(phase);
+        let hidden = self.hidden.to_device(device);
+        let batch = self.batch.to_device(device);
+        Ok((hidden, batch))
     }
 
-    /// Blocks while training is paused; the paused time is not reported as a step.
-    pub fn hold_while_paused(&mut self, cancel: &CancelToken) {
-        if !self.switches.paused() {
-            return;
-        }
-        while self.switches.paused() && !cancel.is_cancelled() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.rec.restart();
+    fn tensors(&self) -> [&Tensor; 5] {
+        let b = &self.batch;
+        [
+            &self.hidden,
+            &b.input_ids,
+            &b.positions,
+            &b.doc_ids,
+            &b.loss_mask,
+        ]
     }
 }
 
@@ -100,7 +96,7 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Loader, "cpu");
-    let mut m = Marks::new(rec, Device::Cpu, telemetry.switches().clone());
+    let mut m = Marks::new(rec, Device::Cpu, telemetry.switches().clone())?;
     let mut packer = Packer::new();
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
@@ -113,7 +109,7 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
         if out.push(batch).is_err() {
             break;
         }
-        m.rec.end_step((rows * seq) as u64, None);
+        m.end_step((rows * seq) as u64, None);
     }
     Ok(())
 }
@@ -141,7 +137,7 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Target, &device_name(device));
-    let mut m = Marks::new(rec, device, telemetry.switches().clone());
+    let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
         m.mark(Phase::BatchWait);
@@ -153,23 +149,27 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
         slow_down(slow, &cancel);
         m.mark(Phase::HsPack);
         let tokens = b.tokens();
+        let hidden = hidden.contiguous();
+        let ready = match m.stream() {
+            Some(stream) => {
+                let e = Event::new(false)?;
+                e.record(stream)?;
+                Some(e)
+            }
+            None => None,
+        };
         let item = HiddenBatch {
-            hidden: hidden.contiguous(),
+            hidden,
             batch: b,
+            ready,
         };
         m.mark(Phase::HsPushWait);
         if out.push(item).is_err() {
             break;
         }
-        m.rec.end_step(tokens, None);
+        m.end_step(tokens, None);
     }
     Ok(())
-}
-
-/// Shared between drafter workers and the front-end.
-#[derive(Default)]
-pub struct TrainControl {
-    pub checkpoint_now: AtomicBool,
 }
 
 pub struct DrafterJob {
@@ -196,7 +196,6 @@ pub struct DrafterJob {
     pub replicas: Box<dyn super::replicas::GradMean>,
     /// f32 logits per lm-head chunk, MiB.
     pub loss_chunk_mib: i64,
-    pub control: Arc<TrainControl>,
 }
 
 /// Rows of lm-head logits per chunk: about `mib` MiB of f32 logits at a time.
@@ -224,7 +223,6 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         slow,
         threads,
         saves,
-        control,
         mut replicas,
         loss_chunk_mib,
     } = job;
@@ -232,7 +230,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Drafter, &device_name(device));
-    let mut m = Marks::new(rec, device, telemetry.switches().clone());
+    let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
+    let requests = telemetry.requests().clone();
     let block = spec.block_size;
     let weights = slot_weights(block, gamma_for(block));
     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(optimizer.step as u64));
@@ -256,9 +255,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         m.mark(Phase::HsWait);
         let Ok(b) = input.pop() else { break };
         m.mark(Phase::Anchors);
-        // The hand-off: hidden states and the batch move to this drafter's device.
-        let hidden = b.hidden.to_device(device);
-        let b = b.batch.to_device(device);
+        // The hand-off: hidden states and the batch move to this drafter's device and stream.
+        let (hidden, b) = b.receive(device)?;
         let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
         let seq = b.seq as usize;
         let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
@@ -323,11 +321,11 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             block_size: block.min(MAX_SLOTS as i64) as u8,
             step: optimizer.step as u64,
         };
-        m.rec.end_step(b.tokens(), Some(metrics));
+        m.end_step(b.tokens(), Some(metrics));
         let step = optimizer.step as u64;
         if saves {
             let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));
-            if periodic || control.checkpoint_now.swap(false, Ordering::SeqCst) {
+            if periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst) {
                 save(&optimizer, step)?;
                 last_saved = step;
             }

@@ -125,6 +125,8 @@ pub struct App {
     pub note: Option<String>,
     /// Step spans of the last `TRACE_SECONDS`, for `e`.
     pub recent: std::collections::VecDeque<StepSpan>,
+    /// Snapshots the hub published that this front-end never got (gaps in `seq`).
+    pub missed_snapshots: u64,
 }
 
 /// What `e` exports: the last seconds of phases.
@@ -147,6 +149,7 @@ impl App {
             latest: None,
             note: None,
             recent: std::collections::VecDeque::new(),
+            missed_snapshots: 0,
         }
     }
 
@@ -160,6 +163,9 @@ impl App {
         let previous = self.latest.as_ref().and_then(|l| l.status.as_ref());
         if s.status.is_some() && s.status.as_ref() != previous {
             self.note = None;
+        }
+        if let Some(prev) = &self.latest {
+            self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
         }
         self.recent.extend(s.steps.iter().cloned());
         if let Some(end) = self.recent.back().map(|x| x.end_ns) {

@@ -13,7 +13,7 @@ pub const KEYS: [(&str, &str); 14] = [
     ),
     (
         "g",
-        "GPU timing mode: async (host wall) / sync (true attribution)",
+        "GPU timing: async (host wall) / events (device time) / sync (stream synced)",
     ),
     ("space", "pause / resume training"),
     ("f", "freeze / unfreeze the display"),
