@@ -3,6 +3,7 @@
 mod attention;
 mod cli;
 mod engine;
+mod probes;
 mod reference;
 mod runs;
 mod telemetry_core;

@@ -46,6 +46,7 @@ fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
         } else {
             ThreadState::Working
         },
+        os_state: Some(if phase.is_wait() { 'S' } else { 'R' }),
         w1: w,
         w10: w,
         run: w,
@@ -53,7 +54,7 @@ fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
 }
 
 /// Drafters starved: targets are slow, the HS queue is empty.
-fn starved_snapshot() -> Snapshot {
+pub fn starved_snapshot() -> Snapshot {
     let loader = window(&[(Phase::Pack, 2), (Phase::PushWait, 78)], 12);
     let target = window(
         &[(Phase::H2d, 1), (Phase::Forward, 75), (Phase::HsPack, 4)],
@@ -94,12 +95,28 @@ fn starved_snapshot() -> Snapshot {
             thread("target-0", Role::Target, Phase::Forward, target),
             thread("drafter-0", Role::Drafter, Phase::HsWait, drafter),
         ],
-        groups: vec![ThreadGroupView {
-            name: "dflash-top".into(),
-            count: 3,
-            cpu_pct: 4.0,
-        }],
+        groups: vec![
+            ThreadGroupView {
+                name: "dflash-top".into(),
+                count: 3,
+                cpu_pct: 4.0,
+                owner: None,
+                states: vec![('S', 3)],
+            },
+            ThreadGroupView {
+                name: "target-0".into(),
+                count: 2,
+                cpu_pct: 150.0,
+                owner: Some("target-0".into()),
+                states: vec![('R', 2)],
+            },
+        ],
         cpu_note: None,
+        memory: Some(MemoryView {
+            rss_mib: 1536,
+            host_used_mib: 40 * 1024,
+            host_total_mib: 128 * 1024,
+        }),
         queues: vec![
             QueueView {
                 name: "batch".into(),
@@ -151,7 +168,7 @@ fn starved_snapshot() -> Snapshot {
     }
 }
 
-fn controls(can_save: bool) -> (EngineControls, Telemetry) {
+pub fn controls(can_save: bool) -> (EngineControls, Telemetry) {
     let t = Telemetry::new();
     (EngineControls::new(&t, can_save), t)
 }
@@ -160,7 +177,7 @@ fn key(c: KeyCode) -> KeyEvent {
     KeyEvent::new(c, KeyModifiers::NONE)
 }
 
-fn screen(app: &App, w: u16, h: u16, theme: Theme, badges: Badges) -> String {
+pub fn screen(app: &App, w: u16, h: u16, theme: Theme, badges: Badges) -> String {
     let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
     term.draw(|f| draw(f, app, theme, badges)).unwrap();
     let buf = term.backend().buffer().clone();
@@ -176,7 +193,7 @@ fn screen(app: &App, w: u16, h: u16, theme: Theme, badges: Badges) -> String {
         .join("\n")
 }
 
-const LIVE: Badges = Badges {
+pub const LIVE: Badges = Badges {
     profiling: true,
     gpu_timing: GpuTiming::Async,
     paused: false,

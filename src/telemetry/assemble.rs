@@ -8,9 +8,10 @@ use super::snapshot::*;
 use super::switches::{GpuTiming, Switches, Timing};
 use super::verdict::{Verdict, VerdictTracker, WaitShares};
 use super::window::{InFlight, QueueTick, Windows, RING_TICKS};
-use crate::probe::cpu::ThreadCpu;
+use crate::probe::cpu::CpuSample;
 use crate::probe::gpu::GpuSample;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use crate::probe::owner::{owner, Worker};
+use std::collections::{BTreeMap, VecDeque};
 
 const W1: usize = 10;
 const W10: usize = RING_TICKS;
@@ -32,7 +33,7 @@ pub struct Assembler {
     /// Step spans that did not fit between two snapshots.
     spans_dropped: u64,
     verdict: VerdictTracker,
-    cpu: Option<HashMap<i32, ThreadCpu>>,
+    cpu: Option<CpuSample>,
     gpus: GpuPanel,
     gpu_history: BTreeMap<u32, VecDeque<u32>>,
     loss_history: VecDeque<(f64, f64)>,
@@ -167,7 +168,7 @@ impl Assembler {
         self.status = Some(s);
     }
 
-    pub fn set_cpu(&mut self, cpu: Option<HashMap<i32, ThreadCpu>>) {
+    pub fn set_cpu(&mut self, cpu: Option<CpuSample>) {
         if cpu.is_some() {
             self.cpu = cpu;
         }
@@ -193,6 +194,10 @@ impl Assembler {
                     sm_clock_mhz: g.sm_clock_mhz,
                     temp_c: g.temp_c,
                     util_history: h.iter().copied().collect(),
+                    cuda: g.cuda,
+                    mem_bw_pct: g.mem_bw_pct,
+                    proc_mem_mib: g.proc_mem_mib,
+                    throttle: g.throttle.iter().map(|t| t.to_string()).collect(),
                 }
             })
             .collect();
@@ -370,6 +375,7 @@ impl Assembler {
                 .cpu
                 .is_none()
                 .then(|| "per-thread CPU: sampling…".to_string()),
+            memory: self.memory(),
             threads: thread_views,
             queues: queue_views,
             gpus: self.gpus.clone(),
@@ -460,7 +466,7 @@ impl Assembler {
         now_ns: u64,
         live: Option<&LiveTime>,
     ) -> ThreadView {
-        let cpu = self.cpu.as_ref();
+        let cpu = self.cpu.as_ref().map(|c| &c.threads);
         let alive = cpu.map(|c| c.contains_key(&t.tid)).unwrap_or(true);
         let phase = t.live.phase();
         let state = if !alive {
@@ -487,35 +493,65 @@ impl Assembler {
                 .map(|l| now_ns.saturating_sub(l.live.phase_start_ns) as f64 / 1e9)
                 .unwrap_or(0.0),
             state,
+            os_state: cpu.and_then(|c| c.get(&t.tid)).map(|c| c.state),
             w1: with_live(self.windows.thread(i, W1), self.windows.window_start(W1)),
             w10: with_live(self.windows.thread(i, W10), self.windows.window_start(W10)),
             run: with_live(self.windows.thread_run(i), 0),
         }
     }
 
-    /// Threads no worker registered, grouped by name (libtorch's pools share their creator's).
+    /// Threads no worker registered, grouped by name and by the worker that drives them
+    /// (libtorch's intra-op pool shares its creator's name; `pt_autograd_N` runs a drafter's
+    /// backward on cuda:N).
     fn groups(&self, threads: &[ThreadInfo]) -> Vec<ThreadGroupView> {
         let Some(cpu) = &self.cpu else {
             return Vec::new();
         };
-        let mut groups: BTreeMap<String, ThreadGroupView> = BTreeMap::new();
-        for c in cpu.values() {
+        let workers: Vec<Worker> = threads
+            .iter()
+            .map(|t| Worker {
+                name: &t.name,
+                role: t.role,
+                device: &t.device,
+            })
+            .collect();
+        let mut groups: BTreeMap<(Option<usize>, String), ThreadGroupView> = BTreeMap::new();
+        for c in cpu.threads.values() {
             if threads.iter().any(|t| t.tid == c.tid) {
                 continue;
             }
+            let by = owner(&c.name, &workers);
             let g = groups
-                .entry(c.name.clone())
+                .entry((by, c.name.clone()))
                 .or_insert_with(|| ThreadGroupView {
                     name: c.name.clone(),
                     count: 0,
                     cpu_pct: 0.0,
+                    owner: by.map(|i| threads[i].name.clone()),
+                    states: Vec::new(),
                 });
             g.count += 1;
             g.cpu_pct += c.cpu_pct;
+            match g.states.iter_mut().find(|(s, _)| *s == c.state) {
+                Some((_, n)) => *n += 1,
+                None => g.states.push((c.state, 1)),
+            }
         }
         let mut v: Vec<_> = groups.into_values().collect();
+        for g in &mut v {
+            g.states.sort();
+        }
         v.sort_by(|a, b| b.cpu_pct.total_cmp(&a.cpu_pct));
         v
+    }
+
+    fn memory(&self) -> Option<MemoryView> {
+        let m = self.cpu.as_ref()?.memory?;
+        Some(MemoryView {
+            rss_mib: m.rss_mib,
+            host_used_mib: m.host_used_mib,
+            host_total_mib: m.host_total_mib,
+        })
     }
 }
 

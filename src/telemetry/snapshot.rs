@@ -125,17 +125,35 @@ pub struct ThreadView {
     #[serde(default)]
     pub phase_s: f64,
     pub state: ThreadState,
+    /// The kernel's state letter from /proc (R running, S sleeping, D blocked in I/O, …).
+    #[serde(default)]
+    pub os_state: Option<char>,
     pub w1: PhaseWindow,
     pub w10: PhaseWindow,
     pub run: PhaseWindow,
 }
 
-/// Threads of the process that no worker registered (libtorch's pools, the UI, …), by name.
+/// Threads of the process that no worker registered (libtorch's pools, the UI, …), by name and
+/// by the worker that drives them where that is known.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ThreadGroupView {
     pub name: String,
     pub count: usize,
     pub cpu_pct: f32,
+    /// The worker these threads work for (its intra-op pool, its autograd thread).
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// How many of them are in each kernel state, by state letter.
+    #[serde(default)]
+    pub states: Vec<(char, usize)>,
+}
+
+/// Memory of this process and of the host (sysinfo), MiB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryView {
+    pub rss_mib: u64,
+    pub host_used_mib: u64,
+    pub host_total_mib: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -174,6 +192,18 @@ pub struct GpuView {
     pub sm_clock_mhz: u32,
     pub temp_c: u32,
     pub util_history: Vec<u32>,
+    /// This device is `cuda:N` in the process; None when CUDA_VISIBLE_DEVICES hides it.
+    #[serde(default)]
+    pub cuda: Option<u32>,
+    /// Memory-bandwidth utilisation, percent.
+    #[serde(default)]
+    pub mem_bw_pct: u32,
+    /// This process's memory on the device, MiB, when NVML lists it.
+    #[serde(default)]
+    pub proc_mem_mib: Option<u64>,
+    /// Why the clocks are held down (`sw-power`, `hw-thermal`, `idle`, …).
+    #[serde(default)]
+    pub throttle: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -230,6 +260,8 @@ pub struct Snapshot {
     pub threads: Vec<ThreadView>,
     pub groups: Vec<ThreadGroupView>,
     pub cpu_note: Option<String>,
+    #[serde(default)]
+    pub memory: Option<MemoryView>,
     pub queues: Vec<QueueView>,
     pub gpus: GpuPanel,
     /// (elapsed s, value), oldest first.
