@@ -81,6 +81,22 @@ fn device_ids(nvml: &Nvml) -> Result<Vec<DeviceId>, String> {
         .collect()
 }
 
+/// PCI bus ids of `cuda:0`, `cuda:1`, … as this process's CUDA runtime numbers them.
+fn runtime_bus_ids() -> Option<Vec<String>> {
+    if !crate::engine::cuda::AVAILABLE {
+        return None;
+    }
+    let n = tch::Cuda::device_count();
+    (0..n)
+        .map(|i| {
+            crate::engine::cuda::device_pci(i as usize)
+                .ok()
+                .map(|(b, _)| b)
+        })
+        .collect::<Option<Vec<_>>>()
+        .filter(|v| !v.is_empty())
+}
+
 impl GpuProbe {
     pub fn open() -> GpuProbe {
         let nvml = match Nvml::init() {
@@ -91,8 +107,15 @@ impl GpuProbe {
             Ok(ids) => ids,
             Err(e) => return GpuProbe::Absent(format!("no NVIDIA GPU ({e})")),
         };
-        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-        let cuda = cuda_to_nvml(visible.as_deref(), &ids);
+        // The CUDA runtime's own bus ids are exact; the environment is the fallback (a viewer
+        // process without CUDA, a build without the shim).
+        let cuda = match runtime_bus_ids().and_then(|bus| super::visible::by_bus_id(&bus, &ids)) {
+            Some(cuda) => cuda,
+            None => {
+                let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+                cuda_to_nvml(visible.as_deref(), &ids)
+            }
+        };
         GpuProbe::Present(Box::new(Gpus {
             nvml,
             cuda_of: nvml_to_cuda(&cuda, ids.len()),

@@ -74,6 +74,18 @@ fn by_uuid(entry: &str, devices: &[DeviceId]) -> Option<u32> {
     }
 }
 
+/// NVML index of each `cuda:N` from its bus id; None when one does not match.
+pub fn by_bus_id(bus: &[String], ids: &[DeviceId]) -> Option<Vec<u32>> {
+    bus.iter()
+        .map(|b| {
+            let want = parse_bus_id(b)?;
+            ids.iter()
+                .find(|d| parse_bus_id(&d.pci_bus_id) == Some(want))
+                .map(|d| d.nvml_index)
+        })
+        .collect()
+}
+
 /// The inverse: for each NVML index, the `cuda:N` it is in this process, if it is visible.
 pub fn nvml_to_cuda(cuda_to_nvml: &[u32], nvml_count: usize) -> Vec<Option<u32>> {
     let mut out = vec![None; nvml_count];
@@ -102,6 +114,13 @@ mod tests {
             d(2, "GPU-cccc3333-0000", "00000000:9A:00.0"),
             d(3, "GPU-cccc4444-0000", "00000000:3A:00.0"),
         ]
+    }
+
+    #[test]
+    fn the_runtime_bus_ids_match_whatever_the_environment_says() {
+        let bus = vec!["0000:9a:00.0".to_string(), "0000:18:00.0".to_string()];
+        assert_eq!(by_bus_id(&bus, &host()), Some(vec![2, 0]));
+        assert_eq!(by_bus_id(&["0000:77:00.0".to_string()], &host()), None);
     }
 
     #[test]
