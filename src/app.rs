@@ -81,6 +81,7 @@ impl Session {
 
 fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     let cfg = RunConfig::from_args(args)?;
+    println!("{}", cfg.recipe_line());
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
     let interrupted = CancelToken::new();

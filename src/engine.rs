@@ -12,6 +12,7 @@ pub mod nccl;
 pub mod optim;
 pub mod pipeline;
 pub mod qwen3;
+pub mod recipe;
 pub mod replicas;
 pub mod weights;
 pub mod workers;

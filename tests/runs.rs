@@ -165,19 +165,45 @@ fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
 }
 
+/// CPU-sized overrides of SpecForge's recipe for a tiny --target.
+const SMALL: [&str; 8] = [
+    "--seq-len",
+    "128",
+    "--anchors",
+    "4",
+    "--drafter-layers",
+    "2",
+    "--batch",
+    "1",
+];
+
 #[test]
-fn a_target_directory_loads_and_trains() {
+fn a_target_directory_loads_and_trains_with_its_recipe() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_target(dir.path(), |_| {});
-    let o = run(&[
-        "train",
-        "--headless",
-        "--steps",
-        "2",
-        "--target",
-        dir.path().to_str().unwrap(),
-    ]);
+    // No tokenizer: no mask token to find, and the sentence says how to give one.
+    let target = dir.path().to_str().unwrap();
+    let o = run(&["train", "--headless", "--steps", "2", "--target", target]);
+    assert_user_error(&o, &["tokenizer_config.json", "--mask-token-id"]);
+    // With the target's tokenizer (11 ids): the mask token is the first id it leaves unused.
+    crate::engine::word_tokenizer(dir.path());
+    let mut args = vec!["train", "--headless", "--steps", "2", "--target", target];
+    args.extend(SMALL);
+    let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().next().unwrap();
+    assert!(line.starts_with("config: recipe=specforge "), "{line}");
+    for kv in [
+        "lr=6e-4",
+        "block=16",
+        "mask_token_id=11",
+        "seq_len=128",
+        "anchors_per_doc=4",
+        "drafter_layers=2",
+    ] {
+        assert!(line.contains(kv), "no {kv} in {line}");
+    }
 }
 
 #[test]
@@ -210,6 +236,8 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
     let o = run(&[
         "train",
         "--headless",
+        "--mask-token-id",
+        "511",
         "--target",
         missing_field.path().to_str().unwrap(),
     ]);
@@ -222,6 +250,8 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
     let o = run(&[
         "train",
         "--headless",
+        "--mask-token-id",
+        "511",
         "--target",
         wrong_shape.path().to_str().unwrap(),
     ]);
@@ -235,6 +265,8 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
     let o = run(&[
         "train",
         "--headless",
+        "--mask-token-id",
+        "511",
         "--target",
         truncated.path().to_str().unwrap(),
     ]);
@@ -293,25 +325,33 @@ fn a_sharded_target_loads_through_its_index() {
         serde_json::to_string(&p.target).unwrap(),
     )
     .unwrap();
-    let o = run(&[
+    let mut args = vec![
         "train",
         "--headless",
         "--steps",
         "2",
+        "--mask-token-id",
+        "511",
         "--target",
         dir.path().to_str().unwrap(),
-    ]);
+    ];
+    args.extend(SMALL);
+    let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     // A shard named in the index but missing: named in the error.
     std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
-    let o = run(&[
+    let mut args = vec![
         "train",
         "--headless",
         "--steps",
         "2",
+        "--mask-token-id",
+        "511",
         "--target",
         dir.path().to_str().unwrap(),
-    ]);
+    ];
+    args.extend(SMALL);
+    let o = run(&args);
     assert_user_error(&o, &["model-00002-of-00002.safetensors", "missing"]);
 }
 

@@ -3,7 +3,7 @@
 //! cancellation token, every thread joined, the first error reported.
 
 use super::checkpoint;
-use super::config::{drafter_spec_for, DrafterSpec, Qwen3Config};
+use super::config::{DrafterSpec, Qwen3Config};
 use super::data::{DocSource, JsonlSource, Synthetic};
 use super::drafter::Drafter;
 use super::nccl::NcclGroup;
@@ -50,55 +50,6 @@ fn build_target(
         vs.set_kind(Kind::BFloat16);
     }
     Ok((vs, model))
-}
-
-fn drafter_spec(cfg: &RunConfig, target_cfg: &Qwen3Config) -> Result<DrafterSpec> {
-    let from = cfg.resume.as_ref().or(cfg.drafter.as_ref());
-    let spec = match from {
-        Some(dir) => checkpoint::read_drafter_spec(dir)?,
-        None if cfg.target.is_some() => drafter_spec_for(
-            target_cfg,
-            cfg.preset.drafter_layers.min(target_cfg.num_hidden_layers),
-            mask_token_for(target_cfg, cfg),
-            16,
-        ),
-        None => cfg.preset.drafter_spec(target_cfg),
-    };
-    if spec.layers.hidden_size != target_cfg.hidden_size {
-        bail!(
-            "the drafter's hidden_size ({}) differs from the target's ({}): pair a drafter with \
-             the target it was trained for",
-            spec.layers.hidden_size,
-            target_cfg.hidden_size
-        );
-    }
-    if let Some(bad) = spec
-        .target_layer_ids
-        .iter()
-        .find(|&&i| i < 0 || i >= target_cfg.num_hidden_layers)
-    {
-        bail!(
-            "the drafter reads target layer {bad}, but the target has {} layers",
-            target_cfg.num_hidden_layers
-        );
-    }
-    if spec.mask_token_id < 0 || spec.mask_token_id >= target_cfg.vocab_size {
-        bail!(
-            "mask_token_id {} is outside the target's vocabulary ({})",
-            spec.mask_token_id,
-            target_cfg.vocab_size
-        );
-    }
-    Ok(spec)
-}
-
-/// Qwen3's reserved mask token when the vocabulary has it, else the last id.
-fn mask_token_for(target: &Qwen3Config, cfg: &RunConfig) -> i64 {
-    if target.vocab_size > cfg.preset.mask_token_id && cfg.preset.mask_token_id >= 151_000 {
-        cfg.preset.mask_token_id
-    } else {
-        target.vocab_size - 1
-    }
 }
 
 fn data_source(
@@ -194,11 +145,8 @@ fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
 impl Pipeline {
     pub fn start(cfg: &RunConfig, telemetry: &Telemetry) -> Result<Pipeline> {
         let cancel = CancelToken::new();
-        let target_cfg = match &cfg.target {
-            Some(dir) => Qwen3Config::from_dir(dir)?,
-            None => cfg.preset.target.clone(),
-        };
-        let spec = drafter_spec(cfg, &target_cfg)?;
+        let target_cfg = cfg.target_config.clone();
+        let spec = cfg.spec.clone();
         let n_workers = (cfg.target_devices.len() + cfg.drafter_devices.len()) as i32;
         let cores = std::thread::available_parallelism()
             .map(|n| n.get() as i32)
@@ -319,7 +267,7 @@ impl Pipeline {
                 input: hs_rx.clone(),
                 anchors: cfg.anchors,
                 lr: cfg.lr,
-                schedule_steps: cfg.schedule_steps,
+                schedule: cfg.schedule,
                 max_steps: cfg.steps,
                 save_dir: cfg.save_dir.clone(),
                 save_every: cfg.save_every,

@@ -9,7 +9,7 @@ use super::config::DrafterSpec;
 use super::data::{DocSource, PackedBatch, Packer, Rng};
 use super::drafter::Drafter;
 use super::loss::{block_metrics, chunked_loss_backward, gamma_for, slot_weights};
-use super::optim::{cosine_lr, AdamW};
+use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::{QueueRx, QueueTx};
@@ -183,7 +183,7 @@ pub struct DrafterJob {
     pub input: QueueRx<HiddenBatch>,
     pub anchors: i64,
     pub lr: f64,
-    pub schedule_steps: u64,
+    pub schedule: super::optim::Schedule,
     pub max_steps: Option<u64>,
     pub save_dir: Option<PathBuf>,
     pub save_every: Option<u64>,
@@ -216,7 +216,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         input,
         anchors,
         lr,
-        schedule_steps,
+        schedule,
         max_steps,
         save_dir,
         save_every,
@@ -243,7 +243,10 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         let path = dir.join(format!("step-{step:06}"));
         let state = TrainerState {
             step,
-            total_steps: schedule_steps,
+            total_steps: match schedule {
+                super::optim::Schedule::Cosine { total } => total,
+                super::optim::Schedule::Constant => 0,
+            },
             seed,
             lr,
         };
@@ -301,7 +304,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         let grad_norm = optimizer.clip_grad_norm(1.0);
         m.mark(Phase::Optim);
         let step = optimizer.step as u64;
-        let lr_now = cosine_lr(lr, step, schedule_steps, 0.04);
+        let lr_now = schedule.lr(lr, step);
         optimizer.step(lr_now);
         m.mark(Phase::Metrics);
         let (acc, tau) = block_metrics(&loss.correct, &valid, &anch.valid);
