@@ -90,6 +90,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
         let _ = ctrlc::set_handler(move || i.cancel());
     }
     let start_step = session.pipeline.start_step;
+    let control = session.pipeline.control.clone();
     let interval = Duration::from_secs_f64(cfg.interval);
     let mut next = Instant::now() + interval;
     let mut last = None;
@@ -110,6 +111,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     if let Some(s) = last {
         println!("{}", crate::headless::summary_line(&s, start_step));
     }
+    println!("data: {}", control.data_counts());
     Ok(ExitCode::SUCCESS)
 }
 

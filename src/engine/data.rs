@@ -283,6 +283,10 @@ pub struct PackedBatch {
     /// Host copies the drafter samples anchors from.
     pub host_doc_ids: Vec<i64>,
     pub host_loss_mask: Vec<bool>,
+    /// Documents the source had given when this batch was complete (the data position after it).
+    pub docs_placed: u64,
+    /// Documents of this batch truncated to the row length.
+    pub truncated: u64,
 }
 
 impl PackedBatch {
@@ -303,10 +307,17 @@ impl PackedBatch {
     }
 }
 
-/// Packs documents into rows: concatenated up to the row length; a document that does not fit
-/// is cut and its rest starts the next row as a document of its own (our choice: no padding).
+/// Packs whole documents into rows: documents are concatenated while they fit; one that does
+/// not fit in what is left of a row starts the next row; the rest of the row is padding (token 0,
+/// no loss, a document id of its own). A document longer than a row is truncated to the row
+/// (counted in `truncated`), as SpecForge truncates a sample to `max_length`.
 pub struct Packer {
-    carry: Option<Doc>,
+    /// The document that did not fit in the previous row (and whether it was truncated).
+    pending: Option<(Doc, bool)>,
+    /// Documents taken from the source so far.
+    drawn: u64,
+    /// Documents placed in rows truncated so far.
+    pub truncated: u64,
 }
 
 impl Default for Packer {
@@ -315,51 +326,83 @@ impl Default for Packer {
     }
 }
 
+/// One packed row on the host.
+pub struct Row {
+    pub ids: Vec<i64>,
+    pub loss_mask: Vec<bool>,
+    /// Lengths of the documents, then of the padding when there is any.
+    pub lengths: Vec<i64>,
+}
+
 impl Packer {
     pub fn new() -> Packer {
-        Packer { carry: None }
+        Packer {
+            pending: None,
+            drawn: 0,
+            truncated: 0,
+        }
     }
 
-    /// Fills one row; returns token ids, loss mask and document lengths.
-    pub fn fill_row(
-        &mut self,
-        src: &mut dyn DocSource,
-        seq: usize,
-    ) -> (Vec<i64>, Vec<bool>, Vec<i64>) {
-        let mut ids = Vec::with_capacity(seq);
-        let mut mask = Vec::with_capacity(seq);
-        let mut lengths = Vec::new();
-        while ids.len() < seq {
-            let mut doc = self.carry.take().unwrap_or_else(|| src.next_doc());
-            let room = seq - ids.len();
-            if doc.ids.len() > room {
-                let rest = Doc {
-                    ids: doc.ids.split_off(room),
-                    loss_mask: doc.loss_mask.split_off(room),
-                };
-                if rest.ids.len() >= 2 {
-                    self.carry = Some(rest);
-                }
-            }
-            lengths.push(doc.ids.len() as i64);
-            ids.extend(doc.ids);
-            mask.extend(doc.loss_mask);
+    /// Documents placed in rows so far: the data position a resumed run skips to.
+    pub fn docs_placed(&self) -> u64 {
+        self.drawn - self.pending.is_some() as u64
+    }
+
+    /// The next document, truncated to `seq`; true when it was.
+    fn draw(&mut self, src: &mut dyn DocSource, seq: usize) -> (Doc, bool) {
+        let mut doc = src.next_doc();
+        self.drawn += 1;
+        let cut = doc.ids.len() > seq;
+        if cut {
+            doc.ids.truncate(seq);
+            doc.loss_mask.truncate(seq);
         }
-        (ids, mask, lengths)
+        (doc, cut)
+    }
+
+    /// Fills one row with whole documents, then padding.
+    pub fn fill_row(&mut self, src: &mut dyn DocSource, seq: usize) -> Row {
+        let mut row = Row {
+            ids: Vec::with_capacity(seq),
+            loss_mask: Vec::with_capacity(seq),
+            lengths: Vec::new(),
+        };
+        while row.ids.len() < seq {
+            let (doc, cut) = match self.pending.take() {
+                Some(d) => d,
+                None => self.draw(src, seq),
+            };
+            if doc.ids.len() > seq - row.ids.len() {
+                self.pending = Some((doc, cut)); // never in an empty row: a document fits a row
+                break;
+            }
+            self.truncated += cut as u64;
+            row.lengths.push(doc.ids.len() as i64);
+            row.ids.extend(doc.ids);
+            row.loss_mask.extend(doc.loss_mask);
+        }
+        let pad = seq - row.ids.len();
+        if pad > 0 {
+            row.lengths.push(pad as i64);
+            row.ids.extend(std::iter::repeat_n(0, pad));
+            row.loss_mask.extend(std::iter::repeat_n(false, pad));
+        }
+        row
     }
 
     pub fn pack(&mut self, src: &mut dyn DocSource, rows: i64, seq: i64) -> PackedBatch {
+        let truncated_before = self.truncated;
         let mut all_ids = Vec::with_capacity((rows * seq) as usize);
         let mut all_mask = Vec::with_capacity((rows * seq) as usize);
         let mut doc_rows = Vec::with_capacity(rows as usize);
         let mut pos_rows = Vec::with_capacity(rows as usize);
         for _ in 0..rows {
-            let (ids, mask, lengths) = self.fill_row(src, seq as usize);
-            let (doc_ids, positions) = doc_ids_and_positions(&lengths);
+            let row = self.fill_row(src, seq as usize);
+            let (doc_ids, positions) = doc_ids_and_positions(&row.lengths);
             doc_rows.push(doc_ids);
             pos_rows.push(positions);
-            all_ids.extend(ids);
-            all_mask.extend(mask);
+            all_ids.extend(row.ids);
+            all_mask.extend(row.loss_mask);
         }
         let doc_ids = Tensor::stack(&doc_rows, 0);
         let host_doc_ids = Vec::<i64>::try_from(doc_ids.flatten(0, -1)).unwrap_or_default();
@@ -372,6 +415,8 @@ impl Packer {
             loss_mask: Tensor::from_slice(&all_mask).view([rows, seq]),
             host_doc_ids,
             host_loss_mask: all_mask,
+            docs_placed: self.docs_placed(),
+            truncated: self.truncated - truncated_before,
         }
     }
 }

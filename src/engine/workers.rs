@@ -17,7 +17,7 @@ use crate::telemetry::recorder::{PhaseRecorder, TrainMetrics, MAX_SLOTS};
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Switches, Telemetry};
 use anyhow::Result;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tch::{nn::VarStore, Device, Tensor};
@@ -170,6 +170,21 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
 #[derive(Default)]
 pub struct TrainControl {
     pub checkpoint_now: AtomicBool,
+    /// Documents truncated to the row length, in the batches the drafters took.
+    pub truncated_docs: AtomicU64,
+    /// Batches with no label that carries loss: no optimizer step was taken on them.
+    pub skipped_batches: AtomicU64,
+}
+
+impl TrainControl {
+    /// `truncated_docs=N skipped_batches=M`, for the end of a run.
+    pub fn data_counts(&self) -> String {
+        format!(
+            "truncated_docs={} skipped_batches={}",
+            self.truncated_docs.load(Ordering::Relaxed),
+            self.skipped_batches.load(Ordering::Relaxed)
+        )
+    }
 }
 
 pub struct DrafterJob {
@@ -262,6 +277,9 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         // The hand-off: hidden states and the batch move to this drafter's device.
         let hidden = b.hidden.to_device(device);
         let b = b.batch.to_device(device);
+        control
+            .truncated_docs
+            .fetch_add(b.truncated, Ordering::Relaxed);
         let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
         let seq = b.seq as usize;
         let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
@@ -276,7 +294,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                 )
             })
             .collect();
-        let anch = anchors_tensor(&per_row, anchors as usize, device);
+        let width = per_row.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let anch = anchors_tensor(&per_row, width, device);
         let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
         let block_pos = block_positions(pos, &anch, block);
         let mask = block_mask(docs, &anch, block);
