@@ -476,3 +476,46 @@ fn a_recorded_run_exports_a_chrome_trace() {
     let o = run(&["replay", dir.path().join("missing.jsonl").to_str().unwrap()]);
     assert_user_error(&o, &["missing.jsonl"]);
 }
+
+#[test]
+fn a_batch_without_loss_tokens_is_no_optimizer_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("half.jsonl");
+    // Rows of 32 tokens hold one 40-token document each (truncated); every other one has no loss.
+    let line = |loss: u8| {
+        let ids: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
+        serde_json::json!({"input_ids": ids, "loss_mask": vec![loss; 40]}).to_string()
+    };
+    std::fs::write(&data, format!("{}\n{}\n", line(0), line(1))).unwrap();
+    let save = dir.path().join("ck");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "3",
+        "--data",
+        data.to_str().unwrap(),
+        "--seq-len",
+        "32",
+        "--batch",
+        "1",
+        "--save-dir",
+        save.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let data_line = out.lines().find(|l| l.starts_with("data:")).unwrap();
+    assert_eq!(field(data_line, "skipped_batches"), Some(3.0), "{out}");
+    assert_eq!(field(data_line, "truncated_docs"), Some(6.0), "{out}");
+    // Three optimizer steps on the three batches with loss: AdamW's own count says so.
+    let opt =
+        tch::Tensor::read_safetensors(save.join("step-000003/optimizer.safetensors")).unwrap();
+    let step = opt.iter().find(|(n, _)| n == "step").unwrap();
+    assert_eq!(Vec::<i64>::try_from(&step.1).unwrap(), vec![3]);
+
+    // A file with no loss at all would never step: refused up front.
+    let none = dir.path().join("none.jsonl");
+    std::fs::write(&none, format!("{}\n", line(0))).unwrap();
+    let o = run(&["train", "--headless", "--data", none.to_str().unwrap()]);
+    assert_user_error(&o, &["none.jsonl", "loss_mask"]);
+}

@@ -229,6 +229,14 @@ impl JsonlSource {
                 path.display()
             );
         }
+        let trains = |d: &Doc| d.loss_mask.windows(2).any(|w| w[0] && w[1]);
+        if !docs.iter().any(trains) {
+            bail!(
+                "{} has no line with two consecutive loss tokens: no block could be trained; \
+                 check its `loss_mask` (1 on the tokens to learn)",
+                path.display()
+            );
+        }
         Ok(JsonlSource { docs, next: 0 })
     }
 }

@@ -294,6 +294,12 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                 )
             })
             .collect();
+        if per_row.iter().all(Vec::is_empty) {
+            // No label carries loss: no optimizer step, no schedule step; counted.
+            control.skipped_batches.fetch_add(1, Ordering::Relaxed);
+            m.rec.end_step(b.tokens(), None);
+            continue;
+        }
         let width = per_row.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let anch = anchors_tensor(&per_row, width, device);
         let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
