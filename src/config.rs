@@ -379,7 +379,7 @@ impl RunConfig {
         format!(
             "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
              target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
-             anchors_per_doc={} lr={:e} schedule={} grad_clip=1.0 steps={} \
+             anchors_per_doc={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
              seed={} data={}",
             self.recipe_from,
             target,

@@ -611,3 +611,31 @@ fn two_replicas_stay_identical_and_match_one_drafter_with_twice_the_batch() {
         );
     }
 }
+
+#[test]
+fn a_fresh_drafter_is_initialised_as_dflash_draft_model() {
+    tch::manual_seed(5);
+    let (_, spec) = tiny();
+    let vs = VarStore::new(Device::Cpu);
+    let _d = Drafter::new(&vs.root(), &spec);
+    let vars = vs.variables();
+    let mut linears = 0;
+    for (name, t) in &vars {
+        let std = f64::try_from(t.std(true)).unwrap();
+        let mean = f64::try_from(t.mean(Kind::Float)).unwrap();
+        if name.ends_with("norm.weight") {
+            assert!(
+                t.eq(1.0).all().int64_value(&[]) == 1,
+                "{name}: norms start at 1"
+            );
+        } else {
+            // normal(0, initializer_range = 0.02), as transformers' _init_weights.
+            assert!((std - 0.02).abs() < 0.002, "{name}: std {std}");
+            assert!(mean.abs() < 0.002, "{name}: mean {mean}");
+            linears += 1;
+        }
+    }
+    // fc + 7 projections per layer.
+    assert_eq!(linears, 1 + 7 * spec.layers.num_hidden_layers as usize);
+    assert!(vars.contains_key("hidden_norm.weight") && vars.contains_key("fc.weight"));
+}
