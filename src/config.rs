@@ -46,6 +46,8 @@ pub struct RunConfig {
     pub save_dir: Option<PathBuf>,
     pub save_every: Option<u64>,
     pub resume: Option<PathBuf>,
+    /// The trainer state of --resume: step, schedule, data position, sampler state.
+    pub resume_state: Option<checkpoint::TrainerState>,
     pub target_devices: Vec<Device>,
     pub drafter_devices: Vec<Device>,
     pub record: Option<PathBuf>,
@@ -220,6 +222,14 @@ impl RunConfig {
             Some(_) => (Recipe::specforge(), "specforge".to_string()),
             None => (preset.recipe.clone(), format!("preset:{}", preset.name)),
         };
+        // A resumed run is the same run: its data recipe and schedule come from its checkpoint.
+        let resume_state = match &args.resume {
+            Some(dir) if dir.is_dir() => Some(checkpoint::read_trainer_state(dir)?),
+            _ => None,
+        };
+        let saved =
+            |f: fn(&checkpoint::TrainerState) -> Option<i64>| resume_state.as_ref().and_then(f);
+        let lr_given = args.lr.or(file.lr);
         let recipe = Recipe {
             drafter_layers: args
                 .drafter_layers
@@ -229,10 +239,24 @@ impl RunConfig {
                 .block_size
                 .or(file.block_size)
                 .unwrap_or(base.block_size),
-            seq_len: args.seq_len.or(file.seq_len).unwrap_or(base.seq_len),
-            batch: args.batch.or(file.batch).unwrap_or(base.batch),
-            anchors: args.anchors.or(file.anchors).unwrap_or(base.anchors),
-            lr: args.lr.or(file.lr).unwrap_or(base.lr),
+            seq_len: args
+                .seq_len
+                .or(file.seq_len)
+                .or(saved(|s| s.seq_len))
+                .unwrap_or(base.seq_len),
+            batch: args
+                .batch
+                .or(file.batch)
+                .or(saved(|s| s.batch))
+                .unwrap_or(base.batch),
+            anchors: args
+                .anchors
+                .or(file.anchors)
+                .or(saved(|s| s.anchors))
+                .unwrap_or(base.anchors),
+            lr: lr_given
+                .or(resume_state.as_ref().map(|s| s.lr))
+                .unwrap_or(base.lr),
         };
         let drafter = args.drafter.clone().or(file.drafter.clone());
         let explicit = Explicit {
@@ -303,7 +327,11 @@ impl RunConfig {
             drafter,
             data,
             steps,
-            schedule: Schedule::for_steps(steps),
+            schedule: match &resume_state {
+                Some(s) => resumed_schedule(s, steps, lr_given, args.resume.as_deref())?,
+                None => Schedule::for_steps(steps),
+            },
+            resume_state,
             save_dir,
             save_every,
             resume: args.resume.clone(),
@@ -402,6 +430,37 @@ impl RunConfig {
             data,
         )
     }
+}
+
+/// The schedule of a resumed run: its checkpoint's. --steps only says where to stop, within it;
+/// a different --lr is refused (it would be another run).
+fn resumed_schedule(
+    state: &checkpoint::TrainerState,
+    steps: Option<u64>,
+    lr_given: Option<f64>,
+    dir: Option<&Path>,
+) -> Result<Schedule> {
+    let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
+    let schedule = state.schedule();
+    if let Some(lr) = lr_given.filter(|lr| *lr != state.lr) {
+        bail!(
+            "`lr` {lr:e} differs from the run in {} (lr {:e}): a resumed run keeps its schedule; \
+             leave --lr out, or start a new run from those weights with --drafter",
+            file.display(),
+            state.lr
+        );
+    }
+    if let (Schedule::Cosine { total }, Some(n)) = (schedule, steps) {
+        if n > total {
+            bail!(
+                "--steps {n} is past the end of the schedule of the run in {} (cosine over {total} \
+                 steps; the lr is 0 after it): give --steps {total} or less, or start a new run \
+                 from those weights with --drafter",
+                file.display()
+            );
+        }
+    }
+    Ok(schedule)
 }
 
 /// Recipe values the user gave (flag or TOML), as opposed to defaults.

@@ -126,6 +126,7 @@ fn checkpoints_are_complete_and_resume_continues_the_run() {
         .to_string_lossy()
         .starts_with('.')));
 
+    // A cosine run ends at its --steps: resuming past it is refused, not trained at lr 0.
     let resume = dir.path().join("step-000006");
     let o = run(&[
         "train",
@@ -134,23 +135,97 @@ fn checkpoints_are_complete_and_resume_continues_the_run() {
         "9",
         "--resume",
         resume.to_str().unwrap(),
-        "--save-dir",
-        save,
     ]);
+    assert_user_error(&o, &["--steps 9", "trainer_state.json", "cosine over 6"]);
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn tensors(path: &Path) -> std::collections::HashMap<String, tch::Tensor> {
+    tch::Tensor::read_safetensors(path)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Every tensor of `a` equals `b`'s to float tolerance.
+fn assert_same_tensors(a: &Path, b: &Path) {
+    let (a_t, b_t) = (tensors(a), tensors(b));
+    assert_eq!(a_t.len(), b_t.len(), "{}", a.display());
+    for (name, t) in &a_t {
+        let u = &b_t[name];
+        let diff = f64::try_from(
+            (t.to_kind(tch::Kind::Double) - u.to_kind(tch::Kind::Double))
+                .abs()
+                .max(),
+        )
+        .unwrap();
+        assert!(
+            diff <= 1e-6,
+            "{name} in {}: differs by {diff}",
+            a.file_name().unwrap().to_string_lossy()
+        );
+    }
+}
+
+#[test]
+fn n_steps_then_resume_and_n_more_equal_2n_steps_in_one_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let common = [
+        "--headless",
+        "--seed",
+        "4",
+        "--save-every",
+        "1",
+        "--interval",
+        "30",
+    ];
+    let mut args = vec!["train", "--steps", "6", "--save-dir", one.to_str().unwrap()];
+    args.extend(common);
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let from = one.join("step-000003");
+    let mut args = vec!["train", "--steps", "6", "--save-dir", two.to_str().unwrap()];
+    args.extend(["--resume", from.to_str().unwrap()]);
+    args.extend(common);
+    let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
-    assert_eq!(field(summary, "from_step"), Some(6.0), "{summary}");
-    assert_eq!(
-        field(summary, "steps"),
-        Some(3.0),
-        "three more steps: {summary}"
+    assert_eq!(field(summary, "from_step"), Some(3.0), "{summary}");
+    assert_eq!(field(summary, "steps"), Some(3.0), "{summary}");
+    for step in 4..=6 {
+        let ck = format!("step-{step:06}");
+        let (a, b) = (one.join(&ck), two.join(&ck));
+        let (sa, sb) = (
+            json(&a.join("trainer_state.json")),
+            json(&b.join("trainer_state.json")),
+        );
+        let (la, lb) = (
+            sa["last_loss"].as_f64().unwrap(),
+            sb["last_loss"].as_f64().unwrap(),
+        );
+        assert!(
+            (la - lb).abs() <= 1e-5 * la.abs().max(1.0),
+            "step {step}: loss {la} in one go, {lb} resumed"
+        );
+        for key in ["data_docs", "anchor_rng", "schedule", "lr", "step"] {
+            assert_eq!(sa[key], sb[key], "step {step}: {key}");
+        }
+    }
+    // The weights and the AdamW moments at the end, not only the losses.
+    let last = "step-000006";
+    assert_same_tensors(
+        &one.join(last).join("model.safetensors"),
+        &two.join(last).join("model.safetensors"),
     );
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("step-000009/trainer_state.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(state["step"], 9);
+    assert_same_tensors(
+        &one.join(last).join("optimizer.safetensors"),
+        &two.join(last).join("optimizer.safetensors"),
+    );
 }
 
 fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value)) {

@@ -15,6 +15,13 @@ pub struct Doc {
 /// Where documents come from. Sources cycle: they never run dry.
 pub trait DocSource: Send {
     fn next_doc(&mut self) -> Doc;
+
+    /// Skips `n` documents (a resumed run continues where its data stood).
+    fn skip(&mut self, n: u64) {
+        for _ in 0..n {
+            self.next_doc();
+        }
+    }
 }
 
 /// A small, fast, seeded generator (SplitMix64): data must not depend on libtorch's RNG state.
@@ -37,6 +44,15 @@ impl Rng {
     /// Uniform in 0..n.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
+    }
+
+    /// The generator's state, to save; `from_state` continues from it.
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
+    pub fn from_state(state: u64) -> Rng {
+        Rng(state)
     }
 
     pub fn chance(&mut self, p: f64) -> bool {
@@ -277,6 +293,10 @@ impl DocSource for JsonlSource {
         self.next = (self.next + 1) % self.docs.len();
         d
     }
+
+    fn skip(&mut self, n: u64) {
+        self.next = ((self.next as u64 + n) % self.docs.len() as u64) as usize;
+    }
 }
 
 /// A packed batch on the host: `rows` rows of `seq` tokens.
@@ -344,9 +364,14 @@ pub struct Row {
 
 impl Packer {
     pub fn new() -> Packer {
+        Packer::starting_at(0)
+    }
+
+    /// A packer whose source has already given `docs` documents (a resumed run).
+    pub fn starting_at(docs: u64) -> Packer {
         Packer {
             pending: None,
-            drawn: 0,
+            drawn: docs,
             truncated: 0,
         }
     }

@@ -56,17 +56,12 @@ fn data_source(
     cfg: &RunConfig,
     target_cfg: &Qwen3Config,
     spec: &DrafterSpec,
-    start_step: u64,
 ) -> Result<Box<dyn DocSource>> {
-    Ok(match &cfg.data {
+    let mut source: Box<dyn DocSource> = match &cfg.data {
         DataSpec::Synthetic => {
-            // Synthetic tokens stay below the mask token; a resumed run draws fresh documents.
+            // Synthetic tokens stay below the mask token.
             let vocab = spec.mask_token_id.min(target_cfg.vocab_size).min(4096);
-            let mut s = Synthetic::new(cfg.seed, vocab, cfg.seq_len / 2);
-            for _ in 0..start_step * cfg.batch as u64 {
-                s.next_doc();
-            }
-            Box::new(s)
+            Box::new(Synthetic::new(cfg.seed, vocab, cfg.seq_len / 2))
         }
         DataSpec::Jsonl(p) => {
             let tokenizer = cfg.target.as_ref().map(|d| d.join("tokenizer.json"));
@@ -76,7 +71,14 @@ fn data_source(
                 tokenizer.as_deref(),
             )?)
         }
-    })
+    };
+    // A resumed run continues where its data stood.
+    source.skip(resumed_docs(cfg));
+    Ok(source)
+}
+
+fn resumed_docs(cfg: &RunConfig) -> u64 {
+    cfg.resume_state.as_ref().map_or(0, |s| s.data_docs)
 }
 
 fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
@@ -191,9 +193,8 @@ impl Pipeline {
         for (vs, model, dev) in built {
             let params: Vec<_> = vs.variables().into_iter().collect();
             let mut optimizer = AdamW::new(params);
-            if let Some(dir) = &cfg.resume {
+            if let (Some(dir), Some(state)) = (&cfg.resume, &cfg.resume_state) {
                 optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
-                let state = checkpoint::read_trainer_state(dir)?;
                 optimizer.step = state.step as i64;
                 start_step = state.step;
             }
@@ -224,13 +225,14 @@ impl Pipeline {
         let control = Arc::new(TrainControl::default());
         let mut handles = Vec::new();
 
-        let source = data_source(cfg, &target_cfg, &spec, start_step)?;
+        let source = data_source(cfg, &target_cfg, &spec)?;
         let job = LoaderJob {
             source,
             rows: cfg.batch,
             seq: cfg.seq_len,
             out: batch_tx,
             slow: cfg.slow.loader,
+            docs_before: resumed_docs(cfg),
         };
         let (t, c) = (telemetry.clone(), cancel.clone());
         handles.push(spawn("loader".into(), &errors, &cancel, move || {
@@ -272,6 +274,13 @@ impl Pipeline {
                 save_dir: cfg.save_dir.clone(),
                 save_every: cfg.save_every,
                 seed: cfg.seed + i as u64,
+                // Replica 0's sampler saved its state; the others start theirs afresh.
+                rng_state: cfg
+                    .resume_state
+                    .as_ref()
+                    .and_then(|s| s.anchor_rng)
+                    .filter(|_| i == 0),
+                data_docs: resumed_docs(cfg),
                 slow: cfg.slow.drafter,
                 threads,
                 saves: i == 0,

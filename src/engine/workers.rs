@@ -87,6 +87,8 @@ pub struct LoaderJob {
     pub seq: i64,
     pub out: QueueTx<PackedBatch>,
     pub slow: Duration,
+    /// Documents the source skipped (a resumed run): the packer counts on from there.
+    pub docs_before: u64,
 }
 
 pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {
@@ -96,12 +98,13 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
         seq,
         out,
         slow,
+        docs_before,
     } = job;
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Loader, "cpu");
     let mut m = Marks::new(rec, Device::Cpu, telemetry.switches().clone());
-    let mut packer = Packer::new();
+    let mut packer = Packer::starting_at(docs_before);
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
         m.mark(Phase::Read);
@@ -203,6 +206,10 @@ pub struct DrafterJob {
     pub save_dir: Option<PathBuf>,
     pub save_every: Option<u64>,
     pub seed: u64,
+    /// The anchor sampler's state saved by the run this one resumes.
+    pub rng_state: Option<u64>,
+    /// Documents the run had taken from its source when it resumed.
+    pub data_docs: u64,
     pub slow: Duration,
     pub threads: i32,
     /// Only the first drafter saves checkpoints.
@@ -236,6 +243,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         save_dir,
         save_every,
         seed,
+        rng_state,
+        mut data_docs,
         slow,
         threads,
         saves,
@@ -250,11 +259,19 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     let mut m = Marks::new(rec, device, telemetry.switches().clone());
     let block = spec.block_size;
     let weights = slot_weights(block, gamma_for(block));
-    let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(optimizer.step as u64));
+    let mut rng = match rng_state {
+        Some(s) => Rng::from_state(s),
+        None => Rng::new(seed.wrapping_mul(31).wrapping_add(optimizer.step as u64)),
+    };
     let mut last_saved = optimizer.step as u64;
     let rows_per_chunk = chunk_rows(spec.layers.vocab_size, loss_chunk_mib);
-    let save = |optimizer: &AdamW, step: u64| -> Result<()> {
+    let mut shape = (0, 0);
+    let mut last_loss = None;
+    // Where the run stands after the last batch this worker took (exact with one drafter; with
+    // several, replica 0's view: up to D-1 batches of the others may be seen again or skipped).
+    let save = |optimizer: &AdamW, at: (u64, u64, &Rng, (i64, i64), Option<f32>)| -> Result<()> {
         let Some(dir) = &save_dir else { return Ok(()) };
+        let (step, data_docs, rng, (seq_len, batch), last_loss) = at;
         let path = dir.join(format!("step-{step:06}"));
         let state = TrainerState {
             step,
@@ -264,6 +281,13 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             },
             seed,
             lr,
+            schedule: Some(schedule),
+            data_docs,
+            anchor_rng: Some(rng.state()),
+            last_loss,
+            seq_len: Some(seq_len),
+            batch: Some(batch),
+            anchors: Some(anchors),
         };
         checkpoint::save(&path, &spec, &vs, optimizer, &state)?;
         telemetry.command(HubCommand::Status(format!("saved {}", path.display())));
@@ -277,6 +301,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         // The hand-off: hidden states and the batch move to this drafter's device.
         let hidden = b.hidden.to_device(device);
         let b = b.batch.to_device(device);
+        data_docs = b.docs_placed;
+        shape = (b.seq, b.rows);
         control
             .truncated_docs
             .fetch_add(b.truncated, Ordering::Relaxed);
@@ -351,12 +377,13 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             block_size: block.min(MAX_SLOTS as i64) as u8,
             step: optimizer.step as u64,
         };
+        last_loss = Some(host[0]);
         m.rec.end_step(b.tokens(), Some(metrics));
         let step = optimizer.step as u64;
         if saves {
             let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));
             if periodic || control.checkpoint_now.swap(false, Ordering::SeqCst) {
-                save(&optimizer, step)?;
+                save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
                 last_saved = step;
             }
         }
@@ -366,7 +393,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         }
     }
     if saves && optimizer.step as u64 > last_saved {
-        save(&optimizer, optimizer.step as u64)?;
+        let step = optimizer.step as u64;
+        save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
     }
     Ok(())
 }
