@@ -678,6 +678,35 @@ mod tests {
     }
 
     #[test]
+    fn a_resumed_run_keeps_its_schedule() {
+        let cosine = checkpoint::TrainerState {
+            step: 3,
+            total_steps: 6,
+            lr: 1e-3,
+            schedule: Some(Schedule::Cosine { total: 6 }),
+            ..Default::default()
+        };
+        let dir = Path::new("ck");
+        assert_eq!(
+            resumed_schedule(&cosine, Some(6), None, Some(dir)).unwrap(),
+            Schedule::Cosine { total: 6 }
+        );
+        let e = resumed_schedule(&cosine, Some(9), None, Some(dir)).unwrap_err();
+        assert!(e.to_string().contains("ck/trainer_state.json"), "{e}");
+        let e = resumed_schedule(&cosine, None, Some(2e-3), Some(dir)).unwrap_err();
+        assert!(e.to_string().contains("--drafter"), "{e}");
+        // An open run stays open: --steps only stops it, no decay appears.
+        let open = checkpoint::TrainerState {
+            schedule: Some(Schedule::Constant),
+            ..cosine
+        };
+        assert_eq!(
+            resumed_schedule(&open, Some(100), None, Some(dir)).unwrap(),
+            Schedule::Constant
+        );
+    }
+
+    #[test]
     fn devices_parse_and_missing_ones_are_refused() {
         assert_eq!(parse_devices("cpu", "--x").unwrap(), vec![Device::Cpu]);
         let e = parse_devices("cuda:7", "--drafter-devices")

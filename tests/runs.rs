@@ -433,30 +433,54 @@ fn a_sharded_target_loads_through_its_index() {
 #[test]
 fn training_starts_from_a_saved_drafter_and_refuses_a_mismatched_one() {
     let dir = tempfile::tempdir().unwrap();
-    let save = dir.path().join("runs");
+    let (save, again) = (dir.path().join("runs"), dir.path().join("again"));
+    // 30 steps from a fresh drafter; step-000001 holds the fresh drafter's first loss.
     let o = run(&[
         "train",
         "--headless",
         "--steps",
-        "2",
+        "30",
+        "--save-every",
+        "1",
         "--save-dir",
         save.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let ckpt = save.join("step-000002");
+    let ckpt = save.join("step-000030");
+    // The same first batch (same seed, data from the start), from the trained weights, with an
+    // lr so small that the step leaves them as they were.
     let o = run(&[
         "train",
         "--headless",
         "--steps",
-        "2",
+        "1",
+        "--lr",
+        "1e-12",
         "--drafter",
         ckpt.to_str().unwrap(),
+        "--save-dir",
+        again.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         out.contains("from_step=0"),
         "--drafter starts a new run from those weights: {out}"
+    );
+    let first = again.join("step-000001");
+    assert_same_tensors(
+        &first.join("model.safetensors"),
+        &ckpt.join("model.safetensors"),
+    );
+    let loss = |d: &Path| {
+        json(&d.join("trainer_state.json"))["last_loss"]
+            .as_f64()
+            .unwrap()
+    };
+    let (fresh, trained) = (loss(&save.join("step-000001")), loss(&first));
+    assert!(
+        trained < 0.8 * fresh,
+        "the first loss from the saved drafter ({trained}) is no lower than a fresh one's ({fresh})"
     );
 
     let cfg_path = ckpt.join("config.json");
