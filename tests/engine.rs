@@ -639,3 +639,51 @@ fn a_fresh_drafter_is_initialised_as_dflash_draft_model() {
     assert_eq!(linears, 1 + 7 * spec.layers.num_hidden_layers as usize);
     assert!(vars.contains_key("hidden_norm.weight") && vars.contains_key("fc.weight"));
 }
+
+#[test]
+fn chat_lines_go_through_the_tokenizers_own_chat_template() {
+    use dflash_top::engine::data::JsonlSource;
+    let dir = tempfile::tempdir().unwrap();
+    let tok = word_tokenizer(dir.path());
+    // Not ChatML: a "there" before every assistant answer, Python's str.strip, raise_exception,
+    // and HF's trim_blocks / lstrip_blocks.
+    let template = r#"{% for m in messages %}
+    {% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role') }}{% endif %}
+    {{ '<|im_start|>' + m.role + ' ' }}{% if m.role == 'assistant' %}{{ 'there ' }}{% endif %}
+{{ m.content.strip() + '<|im_end|>' }}
+{% endfor %}"#;
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::json!({ "chat_template": template }).to_string(),
+    )
+    .unwrap();
+    let data = dir.path().join("chat.jsonl");
+    std::fs::write(
+        &data,
+        r#"{"messages": [{"role": "user", "content": "how are you"}, {"role": "assistant", "content": " fine "}]}"#,
+    )
+    .unwrap();
+    let mut src = JsonlSource::open(&data, 512, Some(&tok)).unwrap();
+    let chat = src.next_doc();
+    // <|im_start|> user how are you <|im_end|> <|im_start|> assistant there fine <|im_end|>
+    assert_eq!(chat.ids, vec![1, 3, 7, 8, 9, 2, 1, 4, 6, 10, 2]);
+    assert_eq!(
+        chat.loss_mask,
+        vec![false, false, false, false, false, false, false, false, false, true, true],
+        "loss on the answer and its end token, not on the template's own words"
+    );
+    // A template error is a sentence naming the file.
+    std::fs::write(
+        &data,
+        r#"{"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "fine"}]}"#,
+    )
+    .unwrap();
+    let e = format!(
+        "{:#}",
+        JsonlSource::open(&data, 512, Some(&tok)).err().unwrap()
+    );
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("bad role"),
+        "{e}"
+    );
+}

@@ -120,9 +120,11 @@ impl DocSource for Synthetic {
 /// - `{"input_ids": [...], "loss_mask": [...]}` (loss_mask optional, 0/1 or booleans), the format
 ///   hidden-state preparation tools emit;
 /// - `{"text": "..."}`: tokenized with the target's tokenizer.json, every token with loss;
-/// - `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered as Qwen's ChatML
-///   (`<|im_start|>role\ncontent<|im_end|>\n`) and tokenized; the loss mask covers the assistant
-///   turns' content and their `<|im_end|>` (our reading of "loss mask = assistant turns").
+/// - `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the tokenizer's own chat
+///   template (tokenizer_config.json `chat_template` or chat_template.jinja beside tokenizer.json),
+///   else as Qwen's ChatML (`<|im_start|>role\ncontent<|im_end|>\n`), and tokenized; the loss mask
+///   covers the assistant turns' content and the end token right after it (our reading of "loss
+///   mask = assistant turns").
 pub struct JsonlSource {
     docs: Vec<Doc>,
     next: usize,
@@ -131,6 +133,8 @@ pub struct JsonlSource {
 /// Turns a text or chat line into a document.
 struct TextTokenizer {
     tok: tokenizers::Tokenizer,
+    /// The model directory's own chat template, when it has one.
+    template: Option<super::chat::ChatTemplate>,
 }
 
 impl TextTokenizer {
@@ -141,7 +145,11 @@ impl TextTokenizer {
                 path.display()
             )
         })?;
-        Ok(TextTokenizer { tok })
+        let template = match path.parent() {
+            Some(dir) => super::chat::ChatTemplate::find(dir)?,
+            None => None,
+        };
+        Ok(TextTokenizer { tok, template })
     }
 
     fn encode(&self, text: &str) -> Result<Vec<i64>> {
@@ -160,7 +168,41 @@ impl TextTokenizer {
         })
     }
 
+    /// A conversation through the tokenizer's chat template; the loss mask covers the tokens of
+    /// the assistant turns (`chat::assistant_spans`).
+    fn templated_chat(
+        &self,
+        template: &super::chat::ChatTemplate,
+        messages: &[serde_json::Value],
+    ) -> Result<Doc> {
+        let text = template.render(messages)?;
+        let specials: Vec<String> = self
+            .tok
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|t| t.special)
+            .map(|t| t.content.clone())
+            .collect();
+        let spans = super::chat::assistant_spans(&text, messages, &specials);
+        let enc = self
+            .tok
+            .encode(text.as_str(), false)
+            .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+        let loss_mask = enc
+            .get_offsets()
+            .iter()
+            .map(|&(s, e)| spans.iter().any(|r| s < r.end && e > r.start))
+            .collect();
+        Ok(Doc {
+            ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
+            loss_mask,
+        })
+    }
+
     fn chat(&self, messages: &[serde_json::Value]) -> Result<Doc> {
+        if let Some(t) = &self.template {
+            return self.templated_chat(t, messages);
+        }
         let mut doc = Doc {
             ids: Vec::new(),
             loss_mask: Vec::new(),
