@@ -18,36 +18,53 @@ fn main() {
     }
 }
 
-/// The NCCL shim needs libtorch's c10d headers, NCCL's and CUDA's (all in the PyTorch wheel's
-/// site-packages). Without them the build goes on without it and multi-GPU replicas say so.
-fn build_nccl_shim(lib: &std::path::Path) {
-    println!("cargo:rerun-if-changed=src/engine/cxx/nccl_shim.cpp");
-    let torch = lib.parent().expect("lib has a parent");
-    let site = torch.parent().expect("torch has a parent");
-    let includes = [
+/// Include directories of the wheel's torch, NCCL and CUDA headers, when all are there (with
+/// CUDA's crt/ and CCCL's nv/ headers, which come in their own wheels: nvidia-cuda-crt, -cccl).
+fn wheel_includes(lib: &std::path::Path) -> Option<Vec<PathBuf>> {
+    let torch = lib.parent()?;
+    let site = torch.parent()?;
+    let includes = vec![
         torch.join("include"),
         torch.join("include/torch/csrc/api/include"),
         site.join("nvidia/nccl/include"),
         site.join("nvidia/cu13/include"),
     ];
-    // CUDA's crt/ and CCCL's nv/ headers come in their own wheels (nvidia-cuda-crt, -cccl).
     let cuda = site.join("nvidia/cu13/include");
     let needed = [cuda.join("crt/host_config.h"), cuda.join("nv/target")];
-    if !includes.iter().chain(needed.iter()).all(|p| p.exists()) {
-        println!("cargo:warning=NCCL or CUDA headers not found: building without the NCCL shim");
-        return;
-    }
+    includes
+        .iter()
+        .chain(needed.iter())
+        .all(|p| p.exists())
+        .then_some(includes)
+}
+
+fn shim_build(file: &str, includes: &[PathBuf]) -> cc::Build {
+    println!("cargo:rerun-if-changed={file}");
     let mut b = cc::Build::new();
     b.cpp(true)
-        .file("src/engine/cxx/nccl_shim.cpp")
+        .file(file)
         .flag("-std=c++17")
         .flag("-w")
-        .define("USE_C10D_NCCL", None)
         .define("_GLIBCXX_USE_CXX11_ABI", "1");
-    for i in &includes {
+    for i in includes {
         b.include(i);
     }
-    b.compile("dflash_nccl_shim");
+    b
+}
+
+/// The shims need libtorch's c10 / c10d headers, NCCL's and CUDA's (all in the PyTorch wheel's
+/// site-packages). Without them the build goes on without them: one stream per worker, `events`
+/// timing and multi-GPU replicas then say they are not built in.
+fn build_nccl_shim(lib: &std::path::Path) {
+    let Some(includes) = wheel_includes(lib) else {
+        println!("cargo:warning=NCCL or CUDA headers not found: building without the CUDA shims");
+        return;
+    };
+    shim_build("src/engine/cxx/cuda_shim.cpp", &includes).compile("dflash_cuda_shim");
+    println!("cargo:rustc-cfg=cuda_shim");
+    shim_build("src/engine/cxx/nccl_shim.cpp", &includes)
+        .define("USE_C10D_NCCL", None)
+        .compile("dflash_nccl_shim");
     println!("cargo:rustc-cfg=nccl_shim");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");

@@ -1,4 +1,5 @@
-//! Benchmarks, one binary: `cargo bench --bench benches` (or `make bench`).
+//! Benchmarks, one binary: `cargo bench --bench benches` (or `make bench`); one group:
+//! `cargo bench --bench benches -- cpu_probe_refresh`.
 //! Results go in the README as ratios of side-by-side runs.
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -90,8 +91,10 @@ fn render_frame(c: &mut Criterion) {
                 steps: 10,
                 wall_ns: phase_ns.iter().sum(),
                 phase_ns,
-                tokens: 5120,
+                phase_steps: 10.0,
+                tokens: 5120.0,
                 span_ns: 1_000_000_000,
+                ..Default::default()
             };
             s.threads.push(ThreadView {
                 name: format!("{}-{i}", role.name()),
@@ -100,7 +103,9 @@ fn render_frame(c: &mut Criterion) {
                 tid: i as i32,
                 cpu_pct: Some(50.0),
                 phase: Phase::Forward,
+                phase_s: 0.1,
                 state: ThreadState::Working,
+                os_state: Some('R'),
                 w1: w,
                 w10: w,
                 run: w,
@@ -145,4 +150,54 @@ fn render_frame(c: &mut Criterion) {
 }
 
 criterion_group!(ui, render_frame);
-criterion_main!(benches, ui);
+
+/// One refresh of the per-thread CPU probe with 64 idle threads in the process: this process's
+/// /proc task list (what the hub does), the same plus memory through sysinfo (this pid only), and
+/// beside them sysinfo's refresh of every process of the host with their tasks (what it did
+/// before, and what grows with the host's thread count).
+fn cpu_probe_refresh(c: &mut Criterion) {
+    use dflash_top::probe::cpu::CpuProbe;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::Arc;
+    use sysinfo::{ProcessRefreshKind, ProcessesToUpdate, System, UpdateKind};
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let idle: Vec<_> = (0..64)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("idle-{i}"))
+                .spawn(move || {
+                    while !stop.load(Relaxed) {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                })
+                .unwrap()
+        })
+        .collect();
+    let mut g = c.benchmark_group("cpu_probe_refresh");
+    let mut probe = CpuProbe::new();
+    probe.sample();
+    g.bench_function("proc_tasks_64_threads", |b| {
+        b.iter(|| black_box(probe.sample_threads()))
+    });
+    g.bench_function("proc_tasks_and_memory_64_threads", |b| {
+        b.iter(|| black_box(probe.sample()))
+    });
+    let mut sys = System::new();
+    let kind = ProcessRefreshKind::nothing()
+        .with_cpu()
+        .with_tasks()
+        .with_exe(UpdateKind::Never);
+    g.bench_function("sysinfo_all_processes_64_threads", |b| {
+        b.iter(|| black_box(sys.refresh_processes_specifics(ProcessesToUpdate::All, true, kind)))
+    });
+    g.finish();
+    stop.store(true, Relaxed);
+    for t in idle {
+        let _ = t.join();
+    }
+}
+
+criterion_group!(probes, cpu_probe_refresh);
+criterion_main!(benches, ui, probes);

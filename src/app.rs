@@ -17,7 +17,7 @@ pub fn run(command: Command) -> Result<ExitCode> {
         }
         Command::Train(args) if args.headless => train_headless(&args),
         Command::Train(args) => train_tui(&args),
-        Command::Bench(args) => bench(&args),
+        Command::Bench(args) => crate::bench::run(&args),
         Command::Export {
             file,
             chrome,
@@ -40,6 +40,7 @@ impl Session {
     pub fn start(cfg: &RunConfig) -> Result<Session> {
         let telemetry = Telemetry::new();
         telemetry.switches().set_gpu_timing(cfg.gpu_timing);
+        telemetry.switches().set_profiling(cfg.profiling);
         let recorder = match &cfg.record {
             Some(path) => {
                 let stop = CancelToken::new();
@@ -90,7 +91,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
         let _ = ctrlc::set_handler(move || i.cancel());
     }
     let start_step = session.pipeline.start_step;
-    let control = session.pipeline.control.clone();
+    let counts = session.pipeline.counts.clone();
     let interval = Duration::from_secs_f64(cfg.interval);
     let mut next = Instant::now() + interval;
     let mut last = None;
@@ -111,7 +112,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     if let Some(s) = last {
         println!("{}", crate::headless::summary_line(&s, start_step));
     }
-    println!("data: {}", control.data_counts());
+    println!("data: {}", counts.line());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -122,12 +123,7 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     terminal::install_panic_hook();
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
-    let ctl = EngineControls {
-        switches: session.telemetry.switches().clone(),
-        telemetry: session.telemetry.clone(),
-        train: session.pipeline.control.clone(),
-        can_save: cfg.save_dir.is_some(),
-    };
+    let ctl = EngineControls::new(&session.telemetry, cfg.save_dir.is_some());
     let pipeline = &session.pipeline;
     let finished = || {
         pipeline
@@ -178,71 +174,6 @@ fn run_front_end(
         anyhow::bail!("a thread panicked (the message is above); the terminal was restored");
     }
     result
-}
-
-/// `dflash-top bench`: `engine` trains for --steps (default 60) without printing and reports
-/// throughput over the last 10 s and per-thread phase times; `telemetry` measures a phase mark.
-fn bench(args: &crate::cli::BenchArgs) -> Result<ExitCode> {
-    match args.what.as_str() {
-        "telemetry" => {
-            let on = crate::telemetry::hub::measure_mark_cost();
-            println!(
-                "bench: phase mark with profiling on: {on:.1} ns (clock {})",
-                crate::telemetry::clock::source()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        "engine" => {
-            let mut train = args.train.clone();
-            train.steps = Some(train.steps.unwrap_or(60));
-            let cfg = RunConfig::from_args(&train)?;
-            let session = Session::start(&cfg)?;
-            let snapshots = session.telemetry.subscribe();
-            let mut last = None;
-            while !session.pipeline.is_finished() {
-                if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
-                    last = Some(s);
-                }
-            }
-            let start_step = session.pipeline.start_step;
-            session.finish()?;
-            while let Ok(s) = snapshots.try_recv() {
-                last = Some(s);
-            }
-            let Some(s) = last else {
-                anyhow::bail!("the run ended before any snapshot")
-            };
-            // Replicas step together: the run's rate is one replica's.
-            let drafter_steps: f64 = s
-                .threads
-                .iter()
-                .filter(|t| t.role == crate::telemetry::Role::Drafter)
-                .map(|t| t.w10.steps_per_s())
-                .fold(0.0, f64::max);
-            println!(
-                "bench: preset={} steps={} steps/s={:.2} tok/s={:.0} (last 10 s) devices target={:?} drafter={:?}",
-                cfg.preset.name, s.train.step, drafter_steps, s.train.tok_per_s_10s, cfg.target_devices, cfg.drafter_devices
-            );
-            for t in &s.threads {
-                let w = &t.w10;
-                let phases: Vec<String> = t
-                    .role
-                    .phases()
-                    .iter()
-                    .map(|p| format!("{}={:.1}", p.name(), w.ms_per_step(*p)))
-                    .collect();
-                println!(
-                    "bench: {} step_ms={:.1} {}",
-                    t.name,
-                    w.step_ms(),
-                    phases.join(" ")
-                );
-            }
-            println!("{}", crate::headless::summary_line(&s, start_step));
-            Ok(ExitCode::SUCCESS)
-        }
-        other => anyhow::bail!("bench `{other}`: use `engine` or `telemetry`"),
-    }
 }
 
 /// `dflash-top export FILE --chrome OUT.json [--seconds N]`.

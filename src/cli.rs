@@ -90,9 +90,13 @@ pub struct TrainArgs {
     /// Slow a stage on purpose to see starvation, e.g. `target=20ms` or `drafter=50ms`.
     #[arg(long, value_name = "STAGE=DURATION")]
     pub slow: Vec<String>,
-    /// GPU timing mode at start: `async` (host wall time) or `sync` (synchronize per phase).
-    #[arg(long, value_name = "async|sync")]
+    /// GPU timing mode at start: `events` (device time from CUDA events; the default on CUDA),
+    /// `async` (host wall time) or `sync` (synchronize the worker's stream per phase).
+    #[arg(long, value_name = "events|async|sync")]
     pub gpu_timing: Option<String>,
+    /// Record phase times from the start (`on`, the default) or not (`off`); `p` flips it.
+    #[arg(long, value_name = "on|off")]
+    pub profiling: Option<String>,
     /// Seconds between headless lines.
     #[arg(long, value_name = "SECONDS")]
     pub interval: Option<f64>,
@@ -121,9 +125,16 @@ pub struct TrainArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// What to measure: `engine` (training step) or `telemetry` (phase-mark cost).
+    /// What to measure: `engine` (training step), `modes` (async / events / sync side by side),
+    /// `profiling` (profiling on vs off side by side) or `telemetry` (phase-mark cost).
     #[arg(default_value = "engine")]
     pub what: String,
+    /// `modes` and `profiling`: seconds each setting runs before the next takes over.
+    #[arg(long, value_name = "SECONDS", default_value_t = 8.0)]
+    pub segment: f64,
+    /// `modes` and `profiling`: how many times the settings take turns (after one warm-up turn).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub rounds: u32,
     #[command(flatten)]
     pub train: TrainArgs,
 }

@@ -63,8 +63,26 @@ pub struct RunConfig {
     /// libtorch intra-op threads per worker (CPU); None = cores / workers.
     pub threads_per_worker: Option<i32>,
     pub gpu_timing: crate::telemetry::GpuTiming,
+    /// Phase marks recorded from the start (`--profiling on|off`; `p` flips it live).
+    pub profiling: bool,
     /// f32 logits per lm-head chunk in the loss, MiB.
     pub loss_chunk_mib: i64,
+}
+
+/// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
+/// without stalls), else `async` (the modes mean nothing on the CPU).
+fn gpu_timing_at_start(
+    flag: Option<&str>,
+    targets: &[Device],
+    drafters: &[Device],
+) -> Result<crate::telemetry::GpuTiming> {
+    use crate::telemetry::GpuTiming;
+    match flag {
+        Some(name) => GpuTiming::parse(name)
+            .with_context(|| format!("--gpu-timing `{name}`: use async, events or sync")),
+        None if targets.iter().chain(drafters).any(|d| d.is_cuda()) => Ok(GpuTiming::Events),
+        None => Ok(GpuTiming::Async),
+    }
 }
 
 /// The TOML file: every key optional, unknown keys refused (a typo is an error, not a no-op).
@@ -91,6 +109,7 @@ pub struct FileConfig {
     pub slow: Option<Vec<String>>,
     pub interval: Option<f64>,
     pub gpu_timing: Option<String>,
+    pub profiling: Option<String>,
     pub loss_chunk_mib: Option<i64>,
     pub drafter_layers: Option<i64>,
     pub block_size: Option<i64>,
@@ -318,6 +337,11 @@ impl RunConfig {
         if !(interval > 0.0 && interval.is_finite()) {
             bail!("--interval must be a positive number of seconds");
         }
+        let gpu_timing = gpu_timing_at_start(
+            args.gpu_timing.as_deref().or(file.gpu_timing.as_deref()),
+            &target_devices,
+            &drafter_devices,
+        )?;
         let cfg = RunConfig {
             target,
             target_config,
@@ -349,10 +373,11 @@ impl RunConfig {
             hs_queue: file.hs_queue.unwrap_or(2),
             threads_per_worker: file.threads_per_worker,
             loss_chunk_mib: file.loss_chunk_mib.unwrap_or(1024),
-            gpu_timing: match args.gpu_timing.as_deref().or(file.gpu_timing.as_deref()) {
-                None | Some("async") => crate::telemetry::GpuTiming::Async,
-                Some("sync") => crate::telemetry::GpuTiming::Sync,
-                Some(other) => bail!("--gpu-timing `{other}`: use async or sync"),
+            gpu_timing,
+            profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
+                None | Some("on") => true,
+                Some("off") => false,
+                Some(other) => bail!("--profiling `{other}`: use on or off"),
             },
             preset,
         };

@@ -40,42 +40,17 @@ pub fn report() -> String {
             "not built (multi-GPU replicas unavailable)"
         }
     );
-    match GpuProbe::open().sample() {
-        Ok(gpus) => {
-            let _ = writeln!(out, "NVML            present, {} GPU(s)", gpus.len());
-            for g in gpus {
-                let _ = writeln!(
-                    out,
-                    "  gpu {}         {}, {} MiB, {}% util, {:.0} W, {} MHz, {} C",
-                    g.index,
-                    g.name,
-                    g.mem_total_mib,
-                    g.util_pct,
-                    g.power_w,
-                    g.sm_clock_mhz,
-                    g.temp_c
-                );
-            }
+    let _ = writeln!(
+        out,
+        "CUDA shim       {}",
+        if crate::engine::cuda::AVAILABLE {
+            "built in (a stream per worker, events timing)"
+        } else {
+            "not built (default streams; events timing unavailable)"
         }
-        Err(why) => {
-            let _ = writeln!(out, "NVML            {why}");
-        }
-    }
-    let mut cpu = CpuProbe::new();
-    cpu.sample();
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    match cpu.sample() {
-        Some(t) => {
-            let _ = writeln!(
-                out,
-                "per-thread CPU  readable ({} threads of this process)",
-                t.len()
-            );
-        }
-        None => {
-            let _ = writeln!(out, "per-thread CPU  not readable (/proc/self/task)");
-        }
-    }
+    );
+    gpu_lines(&mut out);
+    cpu_lines(&mut out);
     let _ = writeln!(out, "profiler clock  {}", clock::source());
     let _ = writeln!(
         out,
@@ -84,6 +59,87 @@ pub fn report() -> String {
         tch::get_num_threads()
     );
     out
+}
+
+/// NVML: each device, the `cuda:N` it is in this process, bandwidth, throttle reasons.
+fn gpu_lines(out: &mut String) {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES");
+    let gpus = match GpuProbe::open().sample() {
+        Ok(g) => g,
+        Err(why) => {
+            let _ = writeln!(out, "NVML            {why}");
+            return;
+        }
+    };
+    let _ = writeln!(
+        out,
+        "NVML            present, {} GPU(s); CUDA_VISIBLE_DEVICES {}",
+        gpus.len(),
+        visible.as_deref().unwrap_or("unset (all visible)")
+    );
+    let mixed = gpus.windows(2).any(|w| w[0].name != w[1].name);
+    let bus_order = std::env::var("CUDA_DEVICE_ORDER").is_ok_and(|o| o == "PCI_BUS_ID");
+    if mixed && !bus_order {
+        let _ = writeln!(
+            out,
+            "  note          GPUs of several models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may \
+             number them fastest first, not as matched here; set CUDA_DEVICE_ORDER=PCI_BUS_ID"
+        );
+    }
+    for g in gpus {
+        let cuda = g
+            .cuda
+            .map(|n| format!("cuda:{n}"))
+            .unwrap_or_else(|| "hidden".into());
+        let throttle = if g.throttle.is_empty() {
+            "none".to_string()
+        } else {
+            g.throttle.join(",")
+        };
+        let _ = writeln!(
+            out,
+            "  gpu {} = {cuda:<7} {}, {} MiB, {}% util, {}% mem bw, {:.0} W, {} MHz, {} C, throttle {throttle}",
+            g.index,
+            g.name,
+            g.mem_total_mib,
+            g.util_pct,
+            g.mem_bw_pct,
+            g.power_w,
+            g.sm_clock_mhz,
+            g.temp_c
+        );
+    }
+}
+
+/// The /proc task reader: threads, their states, what a refresh costs; memory from sysinfo.
+fn cpu_lines(out: &mut String) {
+    let mut cpu = CpuProbe::new();
+    cpu.sample();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let t0 = std::time::Instant::now();
+    let sample = cpu.sample();
+    let us = t0.elapsed().as_secs_f64() * 1e6;
+    let Some(s) = sample else {
+        let _ = writeln!(out, "per-thread CPU  not readable (/proc/self/task/*/stat)");
+        return;
+    };
+    let mut states: Vec<char> = s.threads.values().map(|t| t.state).collect();
+    states.sort();
+    states.dedup();
+    let states: String = states.into_iter().collect();
+    let _ = writeln!(
+        out,
+        "per-thread CPU  /proc/self/task: {} threads (states {states}), one refresh {us:.0} us",
+        s.threads.len()
+    );
+    let _ = match s.memory {
+        Some(m) => writeln!(
+            out,
+            "memory          this process {} MiB resident; host {} / {} MiB used",
+            m.rss_mib, m.host_used_mib, m.host_total_mib
+        ),
+        None => writeln!(out, "memory          not readable through sysinfo"),
+    };
 }
 
 /// The version of the libtorch this process loaded: torch/version.py beside the mapped

@@ -1,7 +1,7 @@
 //! Headless front-end: one `key=value` line per interval (the training-log habit), then a
 //! summary line.
 
-use crate::telemetry::snapshot::{PhaseWindow, Snapshot};
+use crate::telemetry::snapshot::{GpuPanel, PhaseWindow, Snapshot};
 use crate::telemetry::Phase;
 use std::fmt::Write;
 
@@ -38,12 +38,43 @@ pub fn interval_line(s: &Snapshot) -> String {
             q.full_share * 100.0
         );
     }
+    out.push_str(&gpu_fields(s));
     let _ = write!(
         out,
         " | verdict={} dropped={}",
         s.verdict.short(),
         s.self_cost.dropped
     );
+    if let Some(what) = &s.stall {
+        let _ = write!(out, " stalled=\"{what}\"");
+    }
+    if let Some(mode) = s.gpu_timing {
+        let _ = write!(out, " timing={}", mode.name());
+    }
+    if !s.profiling {
+        out.push_str(" profiling=off");
+    }
+    out
+}
+
+/// ` | gpu0.util=97 gpu0.mem=81234` for each GPU this process sees as `cuda:N`: util is the SM
+/// utilisation in percent, mem the memory used on the device (all processes) in MiB, both from
+/// NVML. Nothing without a GPU.
+pub fn gpu_fields(s: &Snapshot) -> String {
+    let GpuPanel::Present(gpus) = &s.gpus else {
+        return String::new();
+    };
+    let mut ours: Vec<_> = gpus.iter().filter_map(|g| Some((g.cuda?, g))).collect();
+    ours.sort_by_key(|(n, _)| *n);
+    let mut out = String::new();
+    for (n, g) in ours {
+        let sep = if out.is_empty() { " |" } else { "" };
+        let _ = write!(
+            out,
+            "{sep} gpu{n}.util={} gpu{n}.mem={}",
+            g.util_pct, g.mem_used_mib
+        );
+    }
     out
 }
 
@@ -51,6 +82,13 @@ fn phase_fields(w: &PhaseWindow, phases: &[Phase]) -> String {
     let mut out = format!(" step_ms={:.1}", w.step_ms());
     for p in phases {
         let _ = write!(out, " {}_ms={:.1}", p.name(), w.ms_per_step(*p));
+    }
+    if w.gpu_idle_ns > 0 && w.wall_ns > 0 {
+        let _ = write!(
+            out,
+            " gpu_idle={:.0}%",
+            w.gpu_idle_ns as f64 / w.wall_ns as f64 * 100.0
+        );
     }
     out
 }

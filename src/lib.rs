@@ -1,6 +1,7 @@
 //! dflash-top: train a DFlash drafter on libtorch and watch every thread of the pipeline live.
 
 pub mod app;
+pub mod bench;
 pub mod cancel;
 pub mod cli;
 pub mod config;

@@ -7,7 +7,6 @@ pub mod terminal;
 pub mod theme;
 pub mod view;
 
-use crate::engine::workers::TrainControl;
 use crate::telemetry::{GpuTiming, HubCommand, Snapshot, Switches, Telemetry};
 use app::{action_for, App, Controls};
 use crossbeam_channel::{never, select, tick, unbounded, Receiver};
@@ -23,32 +22,71 @@ use view::Badges;
 /// Redraw period: 10 frames a second, plus one right after each key.
 pub const FRAME: Duration = Duration::from_millis(100);
 
-/// The live engine's controls.
+/// The live engine's controls: every change goes to the hub as a `HubCommand` (one control
+/// path); the state shown is what was last asked for, so a key shows its effect at once, then
+/// what the switches say.
 pub struct EngineControls {
     pub switches: Arc<Switches>,
     pub telemetry: Telemetry,
-    pub train: Arc<TrainControl>,
     pub can_save: bool,
+    asked: std::sync::Mutex<Asked>,
+}
+
+/// What the front-end last asked for, until the hub has applied it.
+#[derive(Default)]
+struct Asked {
+    profiling: Option<bool>,
+    gpu_timing: Option<GpuTiming>,
+    paused: Option<bool>,
+}
+
+impl EngineControls {
+    pub fn new(telemetry: &Telemetry, can_save: bool) -> EngineControls {
+        EngineControls {
+            switches: telemetry.switches().clone(),
+            telemetry: telemetry.clone(),
+            can_save,
+            asked: Default::default(),
+        }
+    }
+
+    fn asked(&self) -> std::sync::MutexGuard<'_, Asked> {
+        self.asked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The value asked for until the switch shows it, then the switch.
+fn shown<T: PartialEq + Copy>(asked: &mut Option<T>, now: T) -> T {
+    match *asked {
+        Some(v) if v != now => v,
+        _ => {
+            *asked = None;
+            now
+        }
+    }
 }
 
 impl Controls for EngineControls {
     fn profiling(&self) -> bool {
-        self.switches.profiling()
+        shown(&mut self.asked().profiling, self.switches.profiling())
     }
     fn set_profiling(&self, on: bool) {
-        self.switches.set_profiling(on)
+        self.asked().profiling = Some(on);
+        self.telemetry.command(HubCommand::SetProfiling(on))
     }
     fn gpu_timing(&self) -> GpuTiming {
-        self.switches.gpu_timing()
+        shown(&mut self.asked().gpu_timing, self.switches.gpu_timing())
     }
     fn set_gpu_timing(&self, mode: GpuTiming) {
-        self.switches.set_gpu_timing(mode)
+        self.asked().gpu_timing = Some(mode);
+        self.telemetry.command(HubCommand::SetGpuTiming(mode))
     }
     fn paused(&self) -> bool {
-        self.switches.paused()
+        shown(&mut self.asked().paused, self.switches.paused())
     }
     fn set_paused(&self, paused: bool) {
-        self.switches.set_paused(paused)
+        self.asked().paused = Some(paused);
+        self.telemetry.command(HubCommand::SetPaused(paused))
     }
     fn reset_windows(&self) {
         self.telemetry.command(HubCommand::ResetWindows)
@@ -57,7 +95,7 @@ impl Controls for EngineControls {
         if !self.can_save {
             return Err("no --save-dir: checkpoints have nowhere to go".into());
         }
-        self.train.checkpoint_now.store(true, Ordering::SeqCst);
+        self.telemetry.command(HubCommand::Checkpoint);
         Ok(())
     }
     fn live(&self) -> bool {
@@ -65,7 +103,7 @@ impl Controls for EngineControls {
     }
 }
 
-/// A replay's controls: nothing reaches an engine; the badges read as recorded defaults.
+/// A replay's controls: nothing reaches an engine; the badges show what the recording says.
 #[derive(Default)]
 pub struct ReplayControls;
 
@@ -115,12 +153,21 @@ pub fn spawn_input(
     Ok((rx, h))
 }
 
-fn badges(ctl: &dyn Controls) -> Badges {
-    Badges {
-        profiling: ctl.profiling(),
-        gpu_timing: ctl.gpu_timing(),
-        paused: ctl.paused(),
-        live: ctl.live(),
+/// The badges: the live engine's switches, or in a replay the modes the snapshot recorded.
+pub fn badges(ctl: &dyn Controls, app: &App) -> Badges {
+    match app.shown().filter(|_| !ctl.live()) {
+        Some(s) => Badges {
+            profiling: s.profiling,
+            gpu_timing: s.gpu_timing.unwrap_or(GpuTiming::Async),
+            paused: s.paused,
+            live: false,
+        },
+        None => Badges {
+            profiling: ctl.profiling(),
+            gpu_timing: ctl.gpu_timing(),
+            paused: ctl.paused(),
+            live: ctl.live(),
+        },
     }
 }
 
@@ -148,7 +195,7 @@ where
     let mut finished_note = false;
     while !app.quit && !terminal::PANICKED.load(Ordering::SeqCst) {
         if dirty && last_draw.elapsed() >= FRAME / 4 {
-            term.draw(|f| view::draw(f, app, theme, badges(ctl)))?;
+            term.draw(|f| view::draw(f, app, theme, badges(ctl, app)))?;
             last_draw = Instant::now();
             dirty = false;
         }
@@ -162,7 +209,7 @@ where
                     if let Some(a) = action_for(k) {
                         app.update(a, ctl);
                         // Draw now: a key shows its effect within one frame.
-                        term.draw(|f| view::draw(f, app, theme, badges(ctl)))?;
+                        term.draw(|f| view::draw(f, app, theme, badges(ctl, app)))?;
                         last_draw = Instant::now();
                     }
                 }
@@ -178,6 +225,7 @@ where
                 if !finished_note {
                     if let Some(note) = finished() {
                         app.note = Some(note);
+                        app.finished = true;
                         finished_note = true;
                     }
                 }

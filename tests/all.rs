@@ -1,9 +1,12 @@
 //! Integration tests, one binary.
 
+mod attention;
 mod cli;
 mod engine;
+mod probes;
 mod reference;
 mod runs;
 mod telemetry_core;
+mod telemetry_live;
 mod tmux;
 mod tui;

@@ -5,6 +5,7 @@ use dflash_top::cancel::CancelToken;
 use dflash_top::telemetry::assemble::{verdict_inputs, Assembler};
 use dflash_top::telemetry::queue::monitored_queue;
 use dflash_top::telemetry::snapshot::QueueView;
+use dflash_top::telemetry::switches::Timing;
 use dflash_top::telemetry::verdict::{Verdict, VerdictTracker, WaitShares, HOLD_TICKS};
 use dflash_top::telemetry::window::{Windows, RING_TICKS, TICK_NS};
 use dflash_top::telemetry::{Phase, Role, StepRecord, Telemetry, N_PHASES};
@@ -148,12 +149,13 @@ fn many_threads_lose_no_time_and_count_none_twice() {
     assert_eq!(t.dropped(), 0);
     let names: Vec<_> = t.registry().threads().into_iter().map(|i| i.name).collect();
     assert_eq!(names.len(), threads);
-    let mut windows = Windows::default();
+    let mut windows = Windows::new(0);
+    let end = records.iter().map(|r| r.end_ns).max().unwrap();
     for r in &records {
         assert_eq!(r.phase_ns.iter().sum::<u64>(), r.wall_ns);
-        windows.ingest(r);
+        windows.ingest(r, true);
     }
-    windows.close_tick(TICK_NS, threads, &[]);
+    windows.close_tick(end + 1, threads, &[], false);
     for i in 0..threads {
         let mine: Vec<_> = records.iter().filter(|r| r.thread == i).collect();
         assert_eq!(mine.len(), steps, "thread {i}");
@@ -164,16 +166,20 @@ fn many_threads_lose_no_time_and_count_none_twice() {
     }
 }
 
-fn record(thread: usize, wall_ms: u64, forward_ms: u64) -> StepRecord {
+/// A step record of `wall_ms` (`forward_ms` of it in forward) ending at `end_ms`.
+pub fn record(thread: usize, end_ms: u64, wall_ms: u64, forward_ms: u64) -> StepRecord {
     let mut phase_ns = [0; N_PHASES];
     phase_ns[Phase::Forward.index()] = forward_ms * 1_000_000;
     phase_ns[Phase::Other.index()] = (wall_ms - forward_ms) * 1_000_000;
     StepRecord {
         thread,
-        end_ns: 0,
+        end_ns: end_ms * 1_000_000,
         wall_ns: wall_ms * 1_000_000,
         phase_ns,
         profiled: true,
+        timing: Timing::Host,
+        steps: 1,
+        gpu_idle_ns: 0,
         tokens: 100,
         metrics: None,
     }
@@ -181,32 +187,38 @@ fn record(thread: usize, wall_ms: u64, forward_ms: u64) -> StepRecord {
 
 #[test]
 fn windows_roll_over_after_their_ticks() {
-    let mut w = Windows::default();
+    let mut w = Windows::new(0);
+    let now = std::cell::Cell::new(0);
+    let close = |w: &mut Windows| {
+        now.set(now.get() + TICK_NS);
+        w.close_tick(now.get(), 1, &[], false);
+    };
     // Tick 0: three steps; then 9 empty ticks; the 1 s window still holds them.
-    for _ in 0..3 {
-        w.ingest(&record(0, 10, 4));
+    for k in 0..3 {
+        w.ingest(&record(0, 20 + 10 * k, 10, 4), true);
     }
-    w.close_tick(TICK_NS, 1, &[]);
+    close(&mut w);
     for _ in 0..9 {
-        w.close_tick(TICK_NS, 1, &[]);
+        close(&mut w);
     }
     assert_eq!(w.thread(0, 10).steps, 3);
     assert_eq!(w.thread(0, 10).phase_ns[Phase::Forward.index()], 12_000_000);
     assert!((w.thread(0, 10).steps_per_s() - 3.0).abs() < 1e-9);
     // One more tick: out of the 1 s window, still in the 10 s window and the run.
-    w.close_tick(TICK_NS, 1, &[]);
+    close(&mut w);
     assert_eq!(w.thread(0, 10).steps, 0);
     assert_eq!(w.thread(0, RING_TICKS).steps, 3);
     // Past 10 s: out of the ring, still in the run total.
     for _ in 0..RING_TICKS {
-        w.close_tick(TICK_NS, 1, &[]);
+        close(&mut w);
     }
     assert_eq!(w.thread(0, RING_TICKS).steps, 0);
     assert_eq!(w.thread_run(0).steps, 3);
-    assert_eq!(w.thread_run(0).tokens, 300);
+    assert_eq!(w.thread_run(0).tokens, 300.0);
     // Reset forgets the windows, keeps the run.
-    w.ingest(&record(0, 10, 4));
-    w.close_tick(TICK_NS, 1, &[]);
+    let t = now.get() / 1_000_000;
+    w.ingest(&record(0, t + 50, 10, 4), true);
+    close(&mut w);
     w.reset();
     assert_eq!(w.thread(0, 10).steps, 0);
     assert_eq!(w.thread_run(0).steps, 4);
@@ -408,7 +420,7 @@ fn assembler_builds_a_snapshot_with_windows_and_verdict() {
     assert_eq!(s.threads.len(), 1);
     assert_eq!(s.threads[0].name, "drafter-0");
     assert_eq!(s.threads[0].run.steps, 5);
-    assert_eq!(s.threads[0].run.tokens, 320);
+    assert_eq!(s.threads[0].run.tokens, 320.0);
     let q = s.queue("hs").unwrap();
     assert_eq!(q.capacity, 4);
     assert!(!s.loss_history.is_empty());

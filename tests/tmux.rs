@@ -101,7 +101,13 @@ fn keys_work_in_a_real_terminal_and_quit_restores_it() {
     s.wait_for("the help overlay", |x| {
         x.contains("keys") && x.contains("ctrl-c")
     });
-    s.keys("?");
+    // Esc closes the overlay and leaves the run going.
+    s.keys("Escape");
+    s.wait_for("the help overlay closed", |x| {
+        !x.contains("press ? or esc to close") && x.contains("RUNNING")
+    });
+    s.keys("Escape");
+    s.wait_for("esc with nothing open", |x| x.contains("nothing to close"));
     s.keys("Space");
     s.wait_for("the paused badge", |x| x.contains("PAUSED"));
     s.keys("Space");
@@ -109,6 +115,13 @@ fn keys_work_in_a_real_terminal_and_quit_restores_it() {
     s.keys("c");
     s.wait_for("a saved checkpoint", |x| x.contains("saved "));
 
+    // Quitting a training run asks once.
+    s.keys("q");
+    s.wait_for("the question", |x| x.contains("q again to stop training"));
+    assert!(
+        !s.screen().contains("EXITED="),
+        "one q does not stop training"
+    );
     s.keys("q");
     let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
     assert!(after.contains("EXITED=0"), "{after}");

@@ -3,7 +3,6 @@
 
 use crossbeam_channel::unbounded;
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
-use dflash_top::engine::workers::TrainControl;
 use dflash_top::telemetry::snapshot::*;
 use dflash_top::telemetry::verdict::Verdict;
 use dflash_top::telemetry::{GpuTiming, Phase, Role, Telemetry, N_PHASES};
@@ -11,7 +10,7 @@ use dflash_top::tui::app::{action_for, Action, App, View};
 use dflash_top::tui::panels::phases::bar_cells;
 use dflash_top::tui::theme::Theme;
 use dflash_top::tui::view::{draw, Badges};
-use dflash_top::tui::{run_loop, EngineControls};
+use dflash_top::tui::{badges, run_loop, EngineControls, ReplayControls};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 use std::sync::atomic::Ordering;
@@ -26,8 +25,10 @@ fn window(ms: &[(Phase, u64)], steps: u64) -> PhaseWindow {
         steps,
         wall_ns: phase_ns.iter().sum(),
         phase_ns,
-        tokens: steps * 512,
+        phase_steps: steps as f64,
+        tokens: (steps * 512) as f64,
         span_ns: 1_000_000_000,
+        ..Default::default()
     }
 }
 
@@ -39,11 +40,13 @@ fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
         tid: 100,
         cpu_pct: Some(97.0),
         phase,
+        phase_s: 0.2,
         state: if phase.is_wait() {
             ThreadState::Waiting
         } else {
             ThreadState::Working
         },
+        os_state: Some(if phase.is_wait() { 'S' } else { 'R' }),
         w1: w,
         w10: w,
         run: w,
@@ -51,7 +54,7 @@ fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
 }
 
 /// Drafters starved: targets are slow, the HS queue is empty.
-fn starved_snapshot() -> Snapshot {
+pub fn starved_snapshot() -> Snapshot {
     let loader = window(&[(Phase::Pack, 2), (Phase::PushWait, 78)], 12);
     let target = window(
         &[(Phase::H2d, 1), (Phase::Forward, 75), (Phase::HsPack, 4)],
@@ -86,17 +89,34 @@ fn starved_snapshot() -> Snapshot {
         gpu_timing: Some(GpuTiming::Async),
         paused: false,
         verdict: Verdict::TargetBound,
+        stall: None,
         threads: vec![
             thread("loader", Role::Loader, Phase::PushWait, loader),
             thread("target-0", Role::Target, Phase::Forward, target),
             thread("drafter-0", Role::Drafter, Phase::HsWait, drafter),
         ],
-        groups: vec![ThreadGroupView {
-            name: "dflash-top".into(),
-            count: 3,
-            cpu_pct: 4.0,
-        }],
+        groups: vec![
+            ThreadGroupView {
+                name: "dflash-top".into(),
+                count: 3,
+                cpu_pct: 4.0,
+                owner: None,
+                states: vec![('S', 3)],
+            },
+            ThreadGroupView {
+                name: "target-0".into(),
+                count: 2,
+                cpu_pct: 150.0,
+                owner: Some("target-0".into()),
+                states: vec![('R', 2)],
+            },
+        ],
         cpu_note: None,
+        memory: Some(MemoryView {
+            rss_mib: 1536,
+            host_used_mib: 40 * 1024,
+            host_total_mib: 128 * 1024,
+        }),
         queues: vec![
             QueueView {
                 name: "batch".into(),
@@ -141,29 +161,23 @@ fn starved_snapshot() -> Snapshot {
             ns_per_mark: 12.0,
             snapshot_us: 40.0,
             dropped: 0,
+            spans_dropped: 0,
         },
         status: None,
         steps: Vec::new(),
     }
 }
 
-fn controls(can_save: bool) -> (EngineControls, Arc<TrainControl>) {
+pub fn controls(can_save: bool) -> (EngineControls, Telemetry) {
     let t = Telemetry::new();
-    let train = Arc::new(TrainControl::default());
-    let ctl = EngineControls {
-        switches: t.switches().clone(),
-        telemetry: t,
-        train: train.clone(),
-        can_save,
-    };
-    (ctl, train)
+    (EngineControls::new(&t, can_save), t)
 }
 
 fn key(c: KeyCode) -> KeyEvent {
     KeyEvent::new(c, KeyModifiers::NONE)
 }
 
-fn screen(app: &App, w: u16, h: u16, theme: Theme, badges: Badges) -> String {
+pub fn screen(app: &App, w: u16, h: u16, theme: Theme, badges: Badges) -> String {
     let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
     term.draw(|f| draw(f, app, theme, badges)).unwrap();
     let buf = term.backend().buffer().clone();
@@ -179,7 +193,7 @@ fn screen(app: &App, w: u16, h: u16, theme: Theme, badges: Badges) -> String {
         .join("\n")
 }
 
-const LIVE: Badges = Badges {
+pub const LIVE: Badges = Badges {
     profiling: true,
     gpu_timing: GpuTiming::Async,
     paused: false,
@@ -203,8 +217,12 @@ fn keys_map_to_actions() {
     );
     assert_eq!(
         action_for(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)),
-        Some(Action::Quit)
+        Some(Action::QuitNow)
     );
+    assert_eq!(action_for(key(KeyCode::Esc)), Some(Action::Back));
+    assert_eq!(action_for(key(KeyCode::Char('q'))), Some(Action::Quit));
+    assert_eq!(action_for(key(KeyCode::Char('l'))), Some(Action::NextView));
+    assert_eq!(action_for(key(KeyCode::Left)), Some(Action::PrevView));
     assert_eq!(
         action_for(key(KeyCode::Char('c'))),
         Some(Action::Checkpoint)
@@ -214,24 +232,40 @@ fn keys_map_to_actions() {
 
 #[test]
 fn actions_change_the_engine_switches_and_the_app() {
-    let (ctl, train) = controls(false);
+    let (ctl, t) = controls(false);
     let mut app = App::new();
     app.update(Action::ToggleProfiling, &ctl);
+    // Every change goes through the one control path: the hub applies it.
+    assert!(
+        ctl.switches.profiling(),
+        "not applied before the hub sees it"
+    );
+    t.apply_pending();
     assert!(!ctl.switches.profiling());
     assert_eq!(app.note.as_deref(), Some("profiling off"));
-    app.update(Action::CycleGpuTiming, &ctl);
-    assert_eq!(ctl.switches.gpu_timing(), GpuTiming::Sync);
+    for want in [GpuTiming::Events, GpuTiming::Sync, GpuTiming::Async] {
+        app.update(Action::CycleGpuTiming, &ctl);
+        t.apply_pending();
+        assert_eq!(
+            ctl.switches.gpu_timing(),
+            want,
+            "g cycles async/events/sync"
+        );
+    }
     app.update(Action::TogglePause, &ctl);
+    t.apply_pending();
     assert!(ctl.switches.paused());
     app.update(Action::Checkpoint, &ctl);
+    t.apply_pending();
     assert!(
         app.note.as_deref().unwrap().contains("--save-dir"),
         "no save dir: says so"
     );
-    assert!(!train.checkpoint_now.load(Ordering::SeqCst));
-    let (ctl2, train2) = controls(true);
+    assert!(!t.requests().checkpoint_now.load(Ordering::SeqCst));
+    let (ctl2, t2) = controls(true);
     app.update(Action::Checkpoint, &ctl2);
-    assert!(train2.checkpoint_now.load(Ordering::SeqCst));
+    t2.apply_pending();
+    assert!(t2.requests().checkpoint_now.load(Ordering::SeqCst));
 
     app.update(Action::NextView, &ctl);
     assert_eq!(app.view, View::Threads);
@@ -243,7 +277,36 @@ fn actions_change_the_engine_switches_and_the_app() {
     app.update(Action::ToggleHelp, &ctl);
     assert!(app.help);
     app.update(Action::Quit, &ctl);
+    assert!(!app.quit, "a live run asks once");
+    assert!(app.note.as_deref().unwrap().contains("q again"));
+    app.update(Action::Quit, &ctl);
     assert!(app.quit);
+}
+
+#[test]
+fn esc_closes_the_overlay_and_never_quits() {
+    let (ctl, _t) = controls(false);
+    let mut app = App::new();
+    app.update(Action::ToggleHelp, &ctl);
+    app.update(Action::Back, &ctl);
+    assert!(!app.help, "esc closed the help");
+    app.update(Action::Back, &ctl);
+    assert!(!app.quit, "esc never quits");
+    // Another key between two q's disarms the question.
+    app.update(Action::Quit, &ctl);
+    app.update(Action::NextView, &ctl);
+    app.update(Action::Quit, &ctl);
+    assert!(!app.quit);
+    app.update(Action::QuitNow, &ctl);
+    assert!(app.quit, "ctrl-c quits at once");
+    // A replay, or a run that has finished, leaves on the first q.
+    let mut replay = App::new();
+    replay.update(Action::Quit, &ReplayControls);
+    assert!(replay.quit);
+    let mut done = App::new();
+    done.finished = true;
+    done.update(Action::Quit, &ctl);
+    assert!(done.quit);
 }
 
 #[test]
@@ -358,13 +421,15 @@ fn without_colour_phases_differ_by_glyph() {
 
 #[test]
 fn the_loop_applies_keys_and_quits() {
-    let (ctl, _) = controls(false);
+    let (ctl, _t) = controls(false);
     let mut app = App::new();
     let (snap_tx, snap_rx) = unbounded();
     let (key_tx, key_rx) = unbounded();
     snap_tx.send(Arc::new(starved_snapshot())).unwrap();
     key_tx.send(Event::Key(key(KeyCode::Char('p')))).unwrap();
     key_tx.send(Event::Key(key(KeyCode::Char('2')))).unwrap();
+    // A live run asks once: q, q.
+    key_tx.send(Event::Key(key(KeyCode::Char('q')))).unwrap();
     key_tx.send(Event::Key(key(KeyCode::Char('q')))).unwrap();
     let mut term = Terminal::new(TestBackend::new(100, 30)).unwrap();
     run_loop(
@@ -378,6 +443,7 @@ fn the_loop_applies_keys_and_quits() {
     )
     .unwrap();
     assert!(app.quit);
+    _t.apply_pending();
     assert!(!ctl.switches.profiling(), "p reached the engine's switch");
     assert_eq!(app.view, View::Threads);
     let buf = term.backend().buffer().clone();
@@ -421,4 +487,38 @@ fn a_replay_says_the_engine_cannot_change_and_e_writes_a_trace() {
         app.note
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_replay_shows_the_modes_it_recorded() {
+    let mut app = App::new();
+    let mut s = starved_snapshot();
+    s.profiling = false;
+    s.gpu_timing = Some(GpuTiming::Events);
+    s.paused = true;
+    app.on_snapshot(Arc::new(s));
+    let b = badges(&ReplayControls, &app);
+    assert!(!b.profiling);
+    assert_eq!(b.gpu_timing, GpuTiming::Events);
+    assert!(b.paused);
+    assert!(!b.live);
+    let text = screen(&app, 120, 30, Theme { color: true }, b);
+    assert!(text.contains("PROF off"), "{text}");
+    assert!(text.contains("GPU events"), "{text}");
+}
+
+#[test]
+fn no_gpu_timing_badge_on_the_cpu_and_missed_snapshots_are_counted() {
+    let (ctl, _t) = controls(false);
+    let mut app = App::new();
+    let mut a = starved_snapshot();
+    a.gpu_timing = None;
+    a.seq = 1;
+    app.on_snapshot(Arc::new(a.clone()));
+    a.seq = 5;
+    app.on_snapshot(Arc::new(a));
+    assert_eq!(app.missed_snapshots, 3);
+    let text = screen(&app, 120, 30, Theme { color: true }, badges(&ctl, &app));
+    assert!(!text.contains("GPU async"), "{text}");
+    assert!(text.contains("+3 snaps"), "{text}");
 }

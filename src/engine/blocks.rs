@@ -112,12 +112,7 @@ pub fn block_mask(doc_ids: &Tensor, anchors: &Anchors, block: i64) -> Tensor {
     let (b, s) = (doc_ids.size()[0], doc_ids.size()[1]);
     let a = anchors.pos.size()[1];
     let dev = doc_ids.device();
-    let anchor_doc = doc_ids.gather(1, &anchors.pos, false); // [b, a]
-    let kv = Tensor::arange(s, (Kind::Int64, dev)).view([1, 1, s]);
-    let before = kv.lt_tensor(&anchors.pos.unsqueeze(-1)); // [b, a, s]
-    let same_doc = doc_ids.unsqueeze(1).eq_tensor(&anchor_doc.unsqueeze(-1)); // [b, a, s]
-    let valid = anchors.valid.unsqueeze(-1);
-    let ctx = before.logical_and(&same_doc).logical_and(&valid); // [b, a, s]
+    let ctx = context_mask(doc_ids, anchors);
     let ctx = ctx
         .unsqueeze(2)
         .expand([b, a, block, s], false)
@@ -127,6 +122,28 @@ pub fn block_mask(doc_ids: &Tensor, anchors: &Anchors, block: i64) -> Tensor {
     let valid_rows = anchors.valid.repeat_interleave_self_int(block, 1, None); // [b, a*blk]
     let blocks = own.unsqueeze(0).logical_and(&valid_rows.unsqueeze(-1)); // [b, a*blk, a*blk]
     Tensor::cat(&[ctx, blocks], -1).unsqueeze(1)
+}
+
+/// Which context keys each anchor's block sees: `kv < anchor`, same document, anchor valid.
+// doc_ids [b, s], anchors [b, a] -> [b, a, s] bool
+pub fn context_mask(doc_ids: &Tensor, anchors: &Anchors) -> Tensor {
+    let s = doc_ids.size()[1];
+    let anchor_doc = doc_ids.gather(1, &anchors.pos, false); // [b, a]
+    let kv = Tensor::arange(s, (Kind::Int64, doc_ids.device())).view([1, 1, s]);
+    let before = kv.lt_tensor(&anchors.pos.unsqueeze(-1)); // [b, a, s]
+    let same_doc = doc_ids.unsqueeze(1).eq_tensor(&anchor_doc.unsqueeze(-1)); // [b, a, s]
+    before
+        .logical_and(&same_doc)
+        .logical_and(&anchors.valid.unsqueeze(-1))
+}
+
+/// The block mask in tiles of anchors (what the drafter trains with).
+pub fn tiled_block_mask(
+    doc_ids: &Tensor,
+    anchors: &Anchors,
+    block: i64,
+) -> super::tiled::TiledMask {
+    super::tiled::TiledMask::new(&context_mask(doc_ids, anchors), &anchors.valid, block)
 }
 
 /// Labels at `anchor + k` and where they carry loss: k >= 1, inside the row, in the anchor's

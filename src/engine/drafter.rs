@@ -6,6 +6,7 @@
 use super::config::DrafterSpec;
 use super::layers::{rope_tables, Linear, RmsNorm};
 use super::qwen3::DecoderLayer;
+use super::tiled::AttnMask;
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -43,6 +44,19 @@ impl Drafter {
         block_pos: &Tensor,
         mask: &Tensor,
     ) -> Tensor {
+        let mask = AttnMask::Dense(mask.shallow_clone());
+        self.forward_masked(target_hidden, ctx_pos, block_emb, block_pos, &mask)
+    }
+
+    /// `forward` with the mask dense or in tiles (the tiled one skips what the mask hides).
+    pub fn forward_masked(
+        &self,
+        target_hidden: &Tensor,
+        ctx_pos: &Tensor,
+        block_emb: &Tensor,
+        block_pos: &Tensor,
+        mask: &AttnMask,
+    ) -> Tensor {
         let c = &self.spec.layers;
         let context = self.hidden_norm.forward(&self.fc.forward(target_hidden));
         let (qc, qs) = rope_tables(block_pos, c.head_dim, c.rope_theta);
@@ -50,11 +64,15 @@ impl Drafter {
         let (kc, ks) = rope_tables(&all_pos, c.head_dim, c.rope_theta);
         let mut x = block_emb.shallow_clone();
         for (i, layer) in self.layers.iter().enumerate() {
+            let windowed;
             let layer_mask = match c.window_of(i) {
-                Some(w) => sliding(mask, block_pos, &all_pos, w),
-                None => mask.shallow_clone(),
+                Some(w) => {
+                    windowed = AttnMask::Dense(sliding(&mask.dense(), block_pos, &all_pos, w));
+                    &windowed
+                }
+                None => mask,
             };
-            x = layer.forward(&x, Some(&context), (&qc, &qs), (&kc, &ks), &layer_mask);
+            x = layer.forward(&x, Some(&context), (&qc, &qs), (&kc, &ks), layer_mask);
         }
         self.norm.forward(&x)
     }

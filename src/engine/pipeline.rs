@@ -11,7 +11,7 @@ use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use super::replicas::{LocalGroup, Single};
 use super::workers::{
-    run_drafter, run_loader, run_target, DrafterJob, LoaderJob, TargetJob, TrainControl,
+    run_drafter, run_loader, run_target, DataCounts, DrafterJob, LoaderJob, TargetJob,
 };
 use crate::cancel::CancelToken;
 use crate::config::{DataSpec, RunConfig};
@@ -24,11 +24,12 @@ use tch::{nn::VarStore, Device, Kind};
 
 pub struct Pipeline {
     pub cancel: CancelToken,
-    pub control: Arc<TrainControl>,
     handles: Vec<JoinHandle<()>>,
     errors: Arc<Mutex<Vec<String>>>,
     /// Optimizer step the run started from (non-zero when resumed).
     pub start_step: u64,
+    /// Truncated documents and skipped batches so far.
+    pub counts: Arc<DataCounts>,
 }
 
 /// The target: shapes from --target's config.json or the preset, weights from the directory or
@@ -222,7 +223,7 @@ impl Pipeline {
         telemetry.add_queue(hs_probe);
 
         let errors = Arc::new(Mutex::new(Vec::new()));
-        let control = Arc::new(TrainControl::default());
+        let counts = Arc::new(DataCounts::default());
         let mut handles = Vec::new();
 
         let source = data_source(cfg, &target_cfg, &spec)?;
@@ -284,8 +285,8 @@ impl Pipeline {
                 slow: cfg.slow.drafter,
                 threads,
                 saves: i == 0,
-                control: control.clone(),
                 loss_chunk_mib: cfg.loss_chunk_mib,
+                counts: counts.clone(),
                 replicas: match &group {
                     Replicas::Local(g) => Box::new(g.member(i)),
                     Replicas::Nccl(g) => Box::new(g.member(i)),
@@ -302,10 +303,10 @@ impl Pipeline {
         }
         Ok(Pipeline {
             cancel,
-            control,
             handles,
             errors,
             start_step,
+            counts,
         })
     }
 

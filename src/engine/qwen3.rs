@@ -3,6 +3,7 @@
 
 use super::config::Qwen3Config;
 use super::layers::{apply_rope, masked_attention, rope_tables, Linear, Mlp, RmsNorm};
+use super::tiled::{tiled_attention, AttnMask};
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -45,7 +46,7 @@ impl Attention {
         kv_sources: &[&Tensor],
         q_rope: (&Tensor, &Tensor),
         k_rope: (&Tensor, &Tensor),
-        mask: &Tensor,
+        mask: &AttnMask,
     ) -> Tensor {
         let (b, lq) = (x.size()[0], x.size()[1]);
         let heads = |t: Tensor, n: i64| t.view([b, -1, n, self.head_dim]);
@@ -62,7 +63,10 @@ impl Attention {
         let v = heads(Tensor::cat(&v_parts, 1), self.kv_heads).transpose(1, 2);
         let q = apply_rope(&q, q_rope.0, q_rope.1);
         let k = apply_rope(&k, k_rope.0, k_rope.1);
-        let out = masked_attention(&q, &k, &v, mask);
+        let out = match mask {
+            AttnMask::Dense(m) => masked_attention(&q, &k, &v, m),
+            AttnMask::Tiled(m) => tiled_attention(&q, &k, &v, m),
+        };
         self.o_proj.forward(
             &out.transpose(1, 2)
                 .reshape([b, lq, self.heads * self.head_dim]),
@@ -104,7 +108,7 @@ impl DecoderLayer {
         context: Option<&Tensor>,
         q_rope: (&Tensor, &Tensor),
         k_rope: (&Tensor, &Tensor),
-        mask: &Tensor,
+        mask: &AttnMask,
     ) -> Tensor {
         let h = self.input_layernorm.forward(x);
         let sources: Vec<&Tensor> = match context {
@@ -188,7 +192,7 @@ impl Qwen3Target {
                     m
                 }
             };
-            x = layer.forward(&x, None, (&cos, &sin), (&cos, &sin), &mask);
+            x = layer.forward(&x, None, (&cos, &sin), (&cos, &sin), &AttnMask::Dense(mask));
             layer_out.push(x.shallow_clone());
         }
         for id in &self.capture {

@@ -2,23 +2,25 @@
 //! recorder, and marks every phase of DESIGN.md §4.
 
 use super::blocks::{
-    anchors_tensor, block_input_ids, block_labels, block_mask, block_positions, sample_anchors,
+    anchors_tensor, block_input_ids, block_labels, block_positions, sample_anchors,
+    tiled_block_mask,
 };
 use super::checkpoint::{self, TrainerState};
 use super::config::DrafterSpec;
+use super::cuda::{Event, Stream};
 use super::data::{DocSource, PackedBatch, Packer, Rng};
 use super::drafter::Drafter;
 use super::loss::{block_metrics, chunked_loss_backward, gamma_for, slot_weights};
+use super::marks::Marks;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::{QueueRx, QueueTx};
-use crate::telemetry::recorder::{PhaseRecorder, TrainMetrics, MAX_SLOTS};
-use crate::telemetry::{GpuTiming, HubCommand, Phase, Switches, Telemetry};
+use crate::telemetry::recorder::{TrainMetrics, MAX_SLOTS};
+use crate::telemetry::{HubCommand, Phase, Telemetry};
 use anyhow::Result;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tch::{nn::VarStore, Device, Tensor};
 
@@ -28,48 +30,43 @@ pub struct HiddenBatch {
     pub hidden: Tensor,
     /// The batch it came from, its tensors on the target's device.
     pub batch: PackedBatch,
+    /// On a GPU: recorded on the target's stream after the forward; the consumer's stream waits
+    /// for it on the device (the host never does).
+    pub ready: Option<Event>,
 }
 
-/// A phase recorder that, in `sync` GPU timing mode, waits for the device at each boundary so
-/// that queued CUDA work lands in the phase that launched it.
-pub struct Marks {
-    pub rec: PhaseRecorder,
-    cuda: Option<i64>,
-    switches: Arc<Switches>,
-}
-
-impl Marks {
-    pub fn new(rec: PhaseRecorder, device: Device, switches: Arc<Switches>) -> Marks {
-        let cuda = match device {
-            Device::Cuda(i) => Some(i as i64),
-            _ => None,
-        };
-        Marks {
-            rec,
-            cuda,
-            switches,
-        }
-    }
-
-    #[inline]
-    pub fn mark(&mut self, phase: Phase) {
-        if let Some(i) = self.cuda {
-            if self.switches.gpu_timing() == GpuTiming::Sync && self.switches.profiling() {
-                tch::Cuda::synchronize(i);
+impl HiddenBatch {
+    /// Takes the hand-off on the consumer's side: the consumer's streams wait for the producer's
+    /// `ready` event, and the producer's memory is marked as used there, so that its allocator does
+    /// not hand it out again while this side's kernels still read it. Then moves it to `device`.
+    fn receive(self, device: Device) -> Result<(Tensor, PackedBatch)> {
+        if let (Some(ready), Device::Cuda(src)) = (&self.ready, self.hidden.device()) {
+            // The copy to another GPU runs behind this thread's current stream on the source.
+            let here = Stream::current(src)?;
+            here.wait(ready)?;
+            for t in self.tensors() {
+                here.record_tensor(t)?;
+            }
+            if let Device::Cuda(dst) = device {
+                if dst != src {
+                    Stream::current(dst)?.wait(ready)?;
+                }
             }
         }
-        self.rec.mark(phase);
+        let hidden = self.hidden.to_device(device);
+        let batch = self.batch.to_device(device);
+        Ok((hidden, batch))
     }
 
-    /// Blocks while training is paused; the paused time is not reported as a step.
-    pub fn hold_while_paused(&mut self, cancel: &CancelToken) {
-        if !self.switches.paused() {
-            return;
-        }
-        while self.switches.paused() && !cancel.is_cancelled() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.rec.restart();
+    fn tensors(&self) -> [&Tensor; 5] {
+        let b = &self.batch;
+        [
+            &self.hidden,
+            &b.input_ids,
+            &b.positions,
+            &b.doc_ids,
+            &b.loss_mask,
+        ]
     }
 }
 
@@ -103,7 +100,7 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Loader, "cpu");
-    let mut m = Marks::new(rec, Device::Cpu, telemetry.switches().clone());
+    let mut m = Marks::new(rec, Device::Cpu, telemetry.switches().clone())?;
     let mut packer = Packer::starting_at(docs_before);
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
@@ -116,7 +113,7 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
         if out.push(batch).is_err() {
             break;
         }
-        m.rec.end_step((rows * seq) as u64, None);
+        m.end_step((rows * seq) as u64, None);
     }
     Ok(())
 }
@@ -144,7 +141,7 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Target, &device_name(device));
-    let mut m = Marks::new(rec, device, telemetry.switches().clone());
+    let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
         m.mark(Phase::BatchWait);
@@ -156,32 +153,41 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
         slow_down(slow, &cancel);
         m.mark(Phase::HsPack);
         let tokens = b.tokens();
+        let hidden = hidden.contiguous();
+        let ready = match m.stream() {
+            Some(stream) => {
+                let e = Event::new(false)?;
+                e.record(stream)?;
+                Some(e)
+            }
+            None => None,
+        };
         let item = HiddenBatch {
-            hidden: hidden.contiguous(),
+            hidden,
             batch: b,
+            ready,
         };
         m.mark(Phase::HsPushWait);
         if out.push(item).is_err() {
             break;
         }
-        m.rec.end_step(tokens, None);
+        m.end_step(tokens, None);
     }
     Ok(())
 }
 
-/// Shared between drafter workers and the front-end.
+/// What the drafters saw of the data, for the end of a run.
 #[derive(Default)]
-pub struct TrainControl {
-    pub checkpoint_now: AtomicBool,
+pub struct DataCounts {
     /// Documents truncated to the row length, in the batches the drafters took.
     pub truncated_docs: AtomicU64,
     /// Batches with no label that carries loss: no optimizer step was taken on them.
     pub skipped_batches: AtomicU64,
 }
 
-impl TrainControl {
-    /// `truncated_docs=N skipped_batches=M`, for the end of a run.
-    pub fn data_counts(&self) -> String {
+impl DataCounts {
+    /// `truncated_docs=N skipped_batches=M`.
+    pub fn line(&self) -> String {
         format!(
             "truncated_docs={} skipped_batches={}",
             self.truncated_docs.load(Ordering::Relaxed),
@@ -218,7 +224,8 @@ pub struct DrafterJob {
     pub replicas: Box<dyn super::replicas::GradMean>,
     /// f32 logits per lm-head chunk, MiB.
     pub loss_chunk_mib: i64,
-    pub control: Arc<TrainControl>,
+    /// Truncated documents and skipped batches, counted for the front-end.
+    pub counts: std::sync::Arc<DataCounts>,
 }
 
 /// Rows of lm-head logits per chunk: about `mib` MiB of f32 logits at a time.
@@ -248,15 +255,16 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         slow,
         threads,
         saves,
-        control,
         mut replicas,
         loss_chunk_mib,
+        counts,
     } = job;
     tch::set_num_threads(threads);
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Drafter, &device_name(device));
-    let mut m = Marks::new(rec, device, telemetry.switches().clone());
+    let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
+    let requests = telemetry.requests().clone();
     let block = spec.block_size;
     let weights = slot_weights(block, gamma_for(block));
     let mut rng = match rng_state {
@@ -298,12 +306,11 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         m.mark(Phase::HsWait);
         let Ok(b) = input.pop() else { break };
         m.mark(Phase::Anchors);
-        // The hand-off: hidden states and the batch move to this drafter's device.
-        let hidden = b.hidden.to_device(device);
-        let b = b.batch.to_device(device);
+        // The hand-off: hidden states and the batch move to this drafter's device and stream.
+        let (hidden, b) = b.receive(device)?;
         data_docs = b.docs_placed;
         shape = (b.seq, b.rows);
-        control
+        counts
             .truncated_docs
             .fetch_add(b.truncated, Ordering::Relaxed);
         let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
@@ -322,20 +329,20 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             .collect();
         if per_row.iter().all(Vec::is_empty) {
             // No label carries loss: no optimizer step, no schedule step; counted.
-            control.skipped_batches.fetch_add(1, Ordering::Relaxed);
-            m.rec.end_step(b.tokens(), None);
+            counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
+            m.end_step(b.tokens(), None);
             continue;
         }
         let width = per_row.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let anch = anchors_tensor(&per_row, width, device);
         let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
         let block_pos = block_positions(pos, &anch, block);
-        let mask = block_mask(docs, &anch, block);
+        let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
         let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
         m.mark(Phase::Forward);
         let block_emb =
             Tensor::embedding(&embed, &block_ids, -1, false, false).to_kind(hidden.kind());
-        let out = model.forward(&hidden, pos, &block_emb, &block_pos, &mask);
+        let out = model.forward_masked(&hidden, pos, &block_emb, &block_pos, &mask);
         slow_down(slow, &cancel);
         m.mark(Phase::Loss);
         let (loss, backward) =
@@ -378,11 +385,11 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             step: optimizer.step as u64,
         };
         last_loss = Some(host[0]);
-        m.rec.end_step(b.tokens(), Some(metrics));
+        m.end_step(b.tokens(), Some(metrics));
         let step = optimizer.step as u64;
         if saves {
             let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));
-            if periodic || control.checkpoint_now.swap(false, Ordering::SeqCst) {
+            if periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst) {
                 save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
                 last_saved = step;
             }

@@ -1,21 +1,160 @@
-//! Per-thread CPU of this process from /proc/self/task, through sysinfo.
+//! Per-thread CPU and OS state of this process, read from its own task list
+//! (`/proc/self/task/TID/stat`: comm, state, utime + stime), and its memory through sysinfo
+//! (this pid only). No other process is read: a refresh costs the same on a busy host as on an
+//! idle one.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System, UpdateKind};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+use sysinfo::{MemoryRefreshKind, Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
 /// One OS thread of this process as last sampled.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ThreadCpu {
     pub tid: i32,
+    /// The kernel's name of the thread (`comm`, at most 15 bytes).
     pub name: String,
     /// Percent of one core since the previous sample.
     pub cpu_pct: f32,
+    /// The kernel's state letter: R running, S sleeping, D blocked in I/O, T stopped, Z zombie, …
+    pub state: char,
 }
 
-pub struct CpuProbe {
+/// Resident memory of this process and memory of the host, MiB.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MemorySample {
+    pub rss_mib: u64,
+    pub host_used_mib: u64,
+    pub host_total_mib: u64,
+}
+
+/// One refresh: every thread of this process, and its memory when sysinfo could read it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CpuSample {
+    pub threads: HashMap<i32, ThreadCpu>,
+    pub memory: Option<MemorySample>,
+}
+
+/// One line of `/proc/self/task/TID/stat`, the fields we use.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskStat {
+    pub tid: i32,
+    pub comm: String,
+    pub state: char,
+    /// utime + stime, in clock ticks.
+    pub ticks: u64,
+}
+
+/// Parses one task's stat line. The name sits in parentheses and may itself hold spaces and
+/// parentheses, so the fields start after the LAST `)`.
+pub fn parse_stat(tid: i32, line: &str) -> Option<TaskStat> {
+    let open = line.find('(')?;
+    let close = line.rfind(')')?;
+    let comm = line.get(open + 1..close)?.to_string();
+    let mut rest = line.get(close + 1..)?.split_ascii_whitespace();
+    let state = rest.next()?.chars().next()?;
+    // After the state (field 3): ppid … utime is field 14, stime field 15.
+    let mut rest = rest.skip(10);
+    let utime: u64 = rest.next()?.parse().ok()?;
+    let stime: u64 = rest.next()?.parse().ok()?;
+    Some(TaskStat {
+        tid,
+        comm,
+        state,
+        ticks: utime + stime,
+    })
+}
+
+/// Reads this process's task list. Each thread's stat file stays open and is read again from
+/// offset 0 (the kernel writes it afresh), so a refresh costs a directory listing and one read a
+/// thread, not an open and a close as well.
+#[derive(Default)]
+pub struct TaskReader {
+    files: HashMap<i32, File>,
+    tids: Vec<i32>,
+    buf: Vec<u8>,
+}
+
+impl TaskReader {
+    /// Every thread of this process now. A thread that exits while it is read is skipped.
+    pub fn read(&mut self) -> std::io::Result<Vec<TaskStat>> {
+        self.tids.clear();
+        for entry in std::fs::read_dir("/proc/self/task")? {
+            let Ok(entry) = entry else { continue };
+            if let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) {
+                self.tids.push(tid);
+            }
+        }
+        self.tids.sort_unstable();
+        let tids = &self.tids;
+        self.files.retain(|tid, _| tids.binary_search(tid).is_ok());
+        self.buf.resize(4096, 0);
+        let mut out = Vec::with_capacity(self.tids.len());
+        for &tid in &self.tids {
+            let file = match self.files.entry(tid) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(v) => match File::open(format!("/proc/self/task/{tid}/stat")) {
+                    Ok(f) => v.insert(f),
+                    Err(_) => continue,
+                },
+            };
+            let Ok(n) = file.read_at(&mut self.buf, 0) else {
+                continue;
+            };
+            let line = std::str::from_utf8(&self.buf[..n]).ok();
+            if let Some(t) = line.and_then(|l| parse_stat(tid, l)) {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Memory through sysinfo, refreshed for this pid and /proc/meminfo only.
+struct MemoryProbe {
     sys: System,
     pid: Pid,
-    primed: bool,
+}
+
+impl MemoryProbe {
+    fn new() -> Self {
+        MemoryProbe {
+            sys: System::new(),
+            pid: Pid::from_u32(std::process::id()),
+        }
+    }
+
+    fn sample(&mut self) -> Option<MemorySample> {
+        self.sys.refresh_processes_specifics(
+            ProcessesToUpdate::Some(&[self.pid]),
+            false,
+            ProcessRefreshKind::nothing().with_memory(),
+        );
+        self.sys
+            .refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
+        let rss = self.sys.process(self.pid)?.memory();
+        Some(MemorySample {
+            rss_mib: rss >> 20,
+            host_used_mib: self.sys.used_memory() >> 20,
+            host_total_mib: self.sys.total_memory() >> 20,
+        })
+    }
+}
+
+/// Memory is read every this many samples (every 2 s at the hub's rate): it moves slowly, and
+/// sysinfo's read of it costs about as much as the whole task list.
+const MEMORY_EVERY: u64 = 4;
+
+pub struct CpuProbe {
+    tasks: TaskReader,
+    prev: HashMap<i32, u64>,
+    prev_at: Option<Instant>,
+    ticks_per_s: f64,
+    memory: MemoryProbe,
+    last_memory: Option<MemorySample>,
+    samples: u64,
 }
 
 impl Default for CpuProbe {
@@ -24,111 +163,165 @@ impl Default for CpuProbe {
     }
 }
 
+/// Clock ticks per second of utime/stime (USER_HZ, 100 on Linux).
+fn ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}
+
 impl CpuProbe {
     pub fn new() -> Self {
         CpuProbe {
-            sys: System::new(),
-            pid: Pid::from_u32(std::process::id()),
-            primed: false,
+            tasks: TaskReader::default(),
+            prev: HashMap::new(),
+            prev_at: None,
+            ticks_per_s: ticks_per_s(),
+            memory: MemoryProbe::new(),
+            last_memory: None,
+            samples: 0,
         }
     }
 
-    /// Refreshes CPU times with tasks. Only a refresh of all processes makes sysinfo read each
-    /// thread from /proc/PID/task/TID (a refresh by id reads /proc/TID, which on Linux reports
-    /// the whole process), so that is what this does; it costs about a millisecond.
-    fn refresh(&mut self) -> Vec<Pid> {
-        let kind = ProcessRefreshKind::nothing()
-            .with_cpu()
-            .with_tasks()
-            .with_exe(UpdateKind::Never);
-        self.sys
-            .refresh_processes_specifics(ProcessesToUpdate::All, true, kind);
-        self.sys
-            .process(self.pid)
-            .and_then(|p| p.tasks())
-            .map(|t| t.iter().copied().collect())
-            .unwrap_or_default()
-    }
-
-    /// Samples every thread. The first call only primes the counters and returns None.
-    pub fn sample(&mut self) -> Option<HashMap<i32, ThreadCpu>> {
-        let tasks = self.refresh();
-        if !self.primed {
-            self.primed = true;
+    /// Reads every thread's CPU time and state. Percentages are over the time since the previous
+    /// call; the first call only primes the counters and returns None, as does a failed read.
+    pub fn sample_threads(&mut self) -> Option<HashMap<i32, ThreadCpu>> {
+        let now = Instant::now();
+        let tasks = self.tasks.read().ok()?;
+        let prev_at = self.prev_at.replace(now);
+        let prev = std::mem::take(&mut self.prev);
+        self.prev = tasks.iter().map(|t| (t.tid, t.ticks)).collect();
+        let secs = now.duration_since(prev_at?).as_secs_f64();
+        if secs <= 0.0 {
             return None;
         }
-        let process = self.sys.process(self.pid)?;
-        let total = process.cpu_usage();
-        let main_name = process.name().to_string_lossy().into_owned();
-        let mut out = HashMap::with_capacity(tasks.len());
-        let mut others = 0.0;
-        for tid in tasks.iter().filter(|t| **t != self.pid) {
-            if let Some(t) = self.sys.process(*tid) {
-                let tid = tid.as_u32() as i32;
-                let name = t.name().to_string_lossy().into_owned();
-                others += t.cpu_usage();
-                out.insert(
-                    tid,
-                    ThreadCpu {
-                        tid,
-                        name,
-                        cpu_pct: t.cpu_usage(),
-                    },
-                );
-            }
+        let scale = 100.0 / (self.ticks_per_s * secs);
+        Some(
+            tasks
+                .into_iter()
+                .map(|t| {
+                    // A thread born since the last sample spent all its ticks within it.
+                    let used = t
+                        .ticks
+                        .saturating_sub(prev.get(&t.tid).copied().unwrap_or(0));
+                    let cpu = ThreadCpu {
+                        tid: t.tid,
+                        name: t.comm,
+                        cpu_pct: (used as f64 * scale) as f32,
+                        state: t.state,
+                    };
+                    (t.tid, cpu)
+                })
+                .collect(),
+        )
+    }
+
+    /// Threads and memory (read every `MEMORY_EVERY` samples, the last value in between); None
+    /// on the priming call (see `sample_threads`).
+    pub fn sample(&mut self) -> Option<CpuSample> {
+        let threads = self.sample_threads()?;
+        if self.samples.is_multiple_of(MEMORY_EVERY) {
+            self.last_memory = self.memory.sample();
         }
-        let tid = self.pid.as_u32() as i32;
-        out.insert(
-            tid,
-            ThreadCpu {
-                tid,
-                name: main_name,
-                cpu_pct: (total - others).max(0.0),
-            },
-        );
-        Some(out)
+        self.samples += 1;
+        Some(CpuSample {
+            threads,
+            memory: self.last_memory,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::Arc;
+    use std::time::Duration;
 
-    #[test]
-    fn a_busy_named_thread_shows_up_with_its_cpu() {
-        let mut probe = CpuProbe::new();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let s = stop.clone();
+    /// A named thread that reports its tid, then spins (or sleeps) until told to stop.
+    fn named(name: &str, spin: bool, stop: Arc<AtomicBool>) -> (i32, std::thread::JoinHandle<()>) {
         let (tx, rx) = std::sync::mpsc::channel();
         let h = std::thread::Builder::new()
-            .name("cpu-probe-spin".into())
+            .name(name.into())
             .spawn(move || {
                 tx.send(crate::telemetry::recorder::current_tid()).unwrap();
                 let mut x = 0u64;
-                while !s.load(std::sync::atomic::Ordering::Relaxed) {
-                    x = x.wrapping_add(std::hint::black_box(1));
+                while !stop.load(Relaxed) {
+                    if spin {
+                        x = x.wrapping_add(std::hint::black_box(1));
+                    } else {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
                 }
-                x
+                std::hint::black_box(x);
             })
             .unwrap();
-        let tid = rx.recv().unwrap();
-        // sysinfo starts counting a thread only once it has used some CPU time.
-        std::thread::sleep(Duration::from_millis(100));
-        probe.sample();
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_millis(300) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let threads = probe.sample().expect("second sample has data");
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        h.join().unwrap();
-        let spin = threads.get(&tid).expect("spinning thread listed");
-        assert_eq!(spin.name, "cpu-probe-spin");
+        (rx.recv().unwrap(), h)
+    }
+
+    #[test]
+    fn a_spinning_thread_runs_and_a_sleeping_one_sleeps() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (spin_tid, spin) = named("cpu-probe-spin", true, stop.clone());
+        let (sleep_tid, sleep) = named("cpu-probe-nap", false, stop.clone());
+        let mut probe = CpuProbe::new();
+        assert!(probe.sample().is_none(), "the first sample only primes");
+        std::thread::sleep(Duration::from_millis(400));
+        let s = probe.sample().expect("second sample has data");
+        stop.store(true, Relaxed);
+        spin.join().unwrap();
+        sleep.join().unwrap();
+        let t = &s.threads[&spin_tid];
+        assert_eq!(t.name, "cpu-probe-spin");
         assert!(
-            spin.cpu_pct > 20.0,
+            t.cpu_pct > 20.0,
             "a spinning thread used {}% CPU",
-            spin.cpu_pct
+            t.cpu_pct
         );
+        assert_eq!(t.state, 'R', "a spinning thread is running");
+        let n = &s.threads[&sleep_tid];
+        assert_eq!(n.name, "cpu-probe-nap");
+        assert_eq!(n.state, 'S', "a thread in sleep() is sleeping");
+        assert!(
+            n.cpu_pct < 20.0,
+            "a sleeping thread used {}% CPU",
+            n.cpu_pct
+        );
+        let main = crate::telemetry::recorder::current_tid();
+        assert!(
+            s.threads.contains_key(&main),
+            "the calling thread is listed"
+        );
+        let m = s.memory.expect("sysinfo reads this process's memory");
+        assert!(m.rss_mib > 0 && m.host_total_mib >= m.rss_mib, "{m:?}");
+        // Joined threads leave the list (the kernel may take a moment to release them).
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = probe.sample_threads().expect("later samples have data");
+            !now.contains_key(&spin_tid) && !now.contains_key(&sleep_tid)
+        });
+        assert!(gone, "exited threads are still listed");
+        assert!(
+            !probe.tasks.files.contains_key(&spin_tid),
+            "the stat file of an exited thread is closed"
+        );
+    }
+
+    #[test]
+    fn stat_lines_with_odd_names_parse() {
+        let line = "4242 (pt_autograd_0) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 1 0 99";
+        let t = parse_stat(4242, line).unwrap();
+        assert_eq!(
+            (t.comm.as_str(), t.state, t.ticks),
+            ("pt_autograd_0", 'S', 175)
+        );
+        let odd = "7 (a) b (c) R 1 2 3 4 5 6 7 8 9 10 3 4 0";
+        let t = parse_stat(7, odd).unwrap();
+        assert_eq!((t.comm.as_str(), t.state, t.ticks), ("a) b (c", 'R', 7));
+        assert!(parse_stat(1, "1 (x) R 1 2").is_none());
     }
 }

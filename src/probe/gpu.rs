@@ -1,59 +1,187 @@
-//! GPUs through NVML (nvml-wrapper). Absent NVML is a normal state: the probe says so.
+//! GPUs through NVML (nvml-wrapper). Absent NVML is a normal state: the probe says so in one line.
+//! Each NVML device is matched to this process's `cuda:N` (see `visible`), and carries this
+//! process's own memory on it.
 
+use super::visible::{cuda_to_nvml, nvml_to_cuda, DeviceId};
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
-use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::{Device, Nvml};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuSample {
     pub index: u32,
     pub name: String,
+    /// SM utilisation: share of time a kernel ran, percent.
     pub util_pct: u32,
+    /// Memory-bandwidth utilisation: share of time device memory was read or written, percent.
+    pub mem_bw_pct: u32,
     pub mem_used_mib: u64,
     pub mem_total_mib: u64,
+    /// This process's memory on the device; None when NVML does not list this pid (no context
+    /// there, or a container whose pids NVML does not see).
+    pub proc_mem_mib: Option<u64>,
     pub power_w: f64,
     pub sm_clock_mhz: u32,
     pub temp_c: u32,
+    /// The `cuda:N` this device is in this process; None when CUDA_VISIBLE_DEVICES hides it.
+    pub cuda: Option<u32>,
+    /// Why the clocks are held down, short names (`idle`, `sw-power`, `hw-thermal`, …).
+    pub throttle: Vec<&'static str>,
+}
+
+/// An open NVML and, per NVML index, the `cuda:N` it is.
+pub struct Gpus {
+    nvml: Nvml,
+    cuda_of: Vec<Option<u32>>,
+    pid: u32,
 }
 
 pub enum GpuProbe {
-    Present(Box<Nvml>),
+    Present(Box<Gpus>),
     Absent(String),
+}
+
+/// Short names of the reasons NVML gives for clocks below their maximum.
+pub fn throttle_names(r: ThrottleReasons) -> Vec<&'static str> {
+    const NAMES: [(ThrottleReasons, &str); 9] = [
+        (ThrottleReasons::GPU_IDLE, "idle"),
+        (ThrottleReasons::APPLICATIONS_CLOCKS_SETTING, "app-clocks"),
+        (ThrottleReasons::SW_POWER_CAP, "sw-power"),
+        (ThrottleReasons::HW_SLOWDOWN, "hw-slowdown"),
+        (ThrottleReasons::SYNC_BOOST, "sync-boost"),
+        (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw-thermal"),
+        (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw-thermal"),
+        (ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN, "power-brake"),
+        (ThrottleReasons::DISPLAY_CLOCK_SETTING, "display"),
+    ];
+    NAMES
+        .iter()
+        .filter(|(flag, _)| r.contains(*flag))
+        .map(|(_, name)| *name)
+        .collect()
+}
+
+/// UUID and bus id of every device, for matching.
+fn device_ids(nvml: &Nvml) -> Result<Vec<DeviceId>, String> {
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("NVML device count: {e}"))?;
+    (0..count)
+        .map(|i| {
+            let d = nvml
+                .device_by_index(i)
+                .map_err(|e| format!("NVML device {i}: {e}"))?;
+            Ok(DeviceId {
+                nvml_index: i,
+                uuid: d.uuid().unwrap_or_default(),
+                pci_bus_id: d.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+            })
+        })
+        .collect()
 }
 
 impl GpuProbe {
     pub fn open() -> GpuProbe {
-        match Nvml::init() {
-            Ok(nvml) => GpuProbe::Present(Box::new(nvml)),
-            Err(e) => GpuProbe::Absent(format!("no NVIDIA GPU (NVML not found: {e})")),
-        }
+        let nvml = match Nvml::init() {
+            Ok(nvml) => nvml,
+            Err(e) => return GpuProbe::Absent(format!("no NVIDIA GPU (NVML not found: {e})")),
+        };
+        let ids = match device_ids(&nvml) {
+            Ok(ids) => ids,
+            Err(e) => return GpuProbe::Absent(format!("no NVIDIA GPU ({e})")),
+        };
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let cuda = cuda_to_nvml(visible.as_deref(), &ids);
+        GpuProbe::Present(Box::new(Gpus {
+            nvml,
+            cuda_of: nvml_to_cuda(&cuda, ids.len()),
+            pid: std::process::id(),
+        }))
     }
 
-    /// Reads every device; a field a device does not report reads 0.
+    /// Reads every device; a field a device does not report reads 0 (or None).
     pub fn sample(&self) -> Result<Vec<GpuSample>, String> {
-        let nvml = match self {
-            GpuProbe::Present(n) => n,
+        let gpus = match self {
+            GpuProbe::Present(g) => g,
             GpuProbe::Absent(why) => return Err(why.clone()),
         };
-        let count = nvml
+        let count = gpus
+            .nvml
             .device_count()
             .map_err(|e| format!("NVML device count: {e}"))?;
-        let mut out = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let dev = nvml
-                .device_by_index(index)
-                .map_err(|e| format!("NVML device {index}: {e}"))?;
-            let mem = dev.memory_info().ok();
-            out.push(GpuSample {
-                index,
-                name: dev.name().unwrap_or_else(|_| "?".into()),
-                util_pct: dev.utilization_rates().map(|u| u.gpu).unwrap_or(0),
-                mem_used_mib: mem.as_ref().map(|m| m.used >> 20).unwrap_or(0),
-                mem_total_mib: mem.as_ref().map(|m| m.total >> 20).unwrap_or(0),
-                power_w: dev.power_usage().map(|p| p as f64 / 1000.0).unwrap_or(0.0),
-                sm_clock_mhz: dev.clock_info(Clock::SM).unwrap_or(0),
-                temp_c: dev.temperature(TemperatureSensor::Gpu).unwrap_or(0),
-            });
+        (0..count)
+            .map(|index| {
+                let dev = gpus
+                    .nvml
+                    .device_by_index(index)
+                    .map_err(|e| format!("NVML device {index}: {e}"))?;
+                let mut s = read_device(&dev, gpus.pid);
+                s.index = index;
+                s.cuda = gpus.cuda_of.get(index as usize).copied().flatten();
+                Ok(s)
+            })
+            .collect()
+    }
+}
+
+fn read_device(dev: &Device, pid: u32) -> GpuSample {
+    let mem = dev.memory_info().ok();
+    let util = dev.utilization_rates().ok();
+    GpuSample {
+        name: dev.name().unwrap_or_else(|_| "?".into()),
+        util_pct: util.as_ref().map(|u| u.gpu).unwrap_or(0),
+        mem_bw_pct: util.as_ref().map(|u| u.memory).unwrap_or(0),
+        mem_used_mib: mem.as_ref().map(|m| m.used >> 20).unwrap_or(0),
+        mem_total_mib: mem.as_ref().map(|m| m.total >> 20).unwrap_or(0),
+        proc_mem_mib: process_memory(dev, pid),
+        power_w: dev.power_usage().map(|p| p as f64 / 1000.0).unwrap_or(0.0),
+        sm_clock_mhz: dev.clock_info(Clock::SM).unwrap_or(0),
+        temp_c: dev.temperature(TemperatureSensor::Gpu).unwrap_or(0),
+        throttle: dev
+            .current_throttle_reasons()
+            .map(throttle_names)
+            .unwrap_or_default(),
+        ..GpuSample::default()
+    }
+}
+
+/// MiB this pid holds on the device, from NVML's running compute processes.
+fn process_memory(dev: &Device, pid: u32) -> Option<u64> {
+    let procs = dev.running_compute_processes().ok()?;
+    let mut ours = procs.iter().filter(|p| p.pid == pid).peekable();
+    ours.peek()?;
+    Some(
+        ours.map(|p| match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => b >> 20,
+            UsedGpuMemory::Unavailable => 0,
+        })
+        .sum(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_reasons_have_short_names_in_a_fixed_order() {
+        let r = ThrottleReasons::HW_THERMAL_SLOWDOWN | ThrottleReasons::SW_POWER_CAP;
+        assert_eq!(throttle_names(r), vec!["sw-power", "hw-thermal"]);
+        assert_eq!(throttle_names(ThrottleReasons::GPU_IDLE), vec!["idle"]);
+        assert!(throttle_names(ThrottleReasons::NONE).is_empty());
+        assert_eq!(throttle_names(ThrottleReasons::all()).len(), 9);
+    }
+
+    #[test]
+    fn without_nvml_the_probe_says_so_in_one_line() {
+        // On a host with a GPU this takes the real path; both must give a usable answer.
+        match GpuProbe::open() {
+            GpuProbe::Absent(why) => {
+                assert!(why.starts_with("no NVIDIA GPU"), "{why}");
+                assert!(!why.contains('\n'), "{why}");
+            }
+            GpuProbe::Present(_) => {}
         }
-        Ok(out)
     }
 }

@@ -3,15 +3,15 @@
 
 use super::phase::{Phase, Role};
 use super::queue::{QueueCounters, QueueProbe};
-use super::recorder::{StepRecord, ThreadInfo, MAX_SLOTS};
+use super::recorder::{LiveRead, StepRecord, ThreadInfo, MAX_SLOTS};
 use super::snapshot::*;
-use super::switches::Switches;
-use super::verdict::{VerdictTracker, WaitShares};
-use super::window::{QueueTick, Windows, RING_TICKS};
-use crate::probe::cpu::ThreadCpu;
+use super::switches::{GpuTiming, Switches, Timing};
+use super::verdict::{Verdict, VerdictTracker, WaitShares};
+use super::window::{InFlight, QueueTick, Windows, RING_TICKS};
+use crate::probe::cpu::CpuSample;
 use crate::probe::gpu::GpuSample;
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::Ordering::Relaxed;
+use crate::probe::owner::{owner, Worker};
+use std::collections::{BTreeMap, VecDeque};
 
 const W1: usize = 10;
 const W10: usize = RING_TICKS;
@@ -21,10 +21,19 @@ const GPU_HISTORY: usize = 120;
 
 pub struct Assembler {
     start_ns: u64,
-    last_tick_ns: u64,
     windows: Windows,
+    /// GPU timing mode the phase windows of GPU threads hold.
+    mode: Option<GpuTiming>,
+    /// Whether each registered thread drives a GPU, by record index.
+    on_gpu: Vec<bool>,
+    /// Recent host steps per thread, for live time and the stall check.
+    recent: Vec<RecentSteps>,
+    /// Starving / blocking flags per queue, with hysteresis.
+    queue_flags: Vec<(bool, bool)>,
+    /// Step spans that did not fit between two snapshots.
+    spans_dropped: u64,
     verdict: VerdictTracker,
-    cpu: Option<HashMap<i32, ThreadCpu>>,
+    cpu: Option<CpuSample>,
     gpus: GpuPanel,
     gpu_history: BTreeMap<u32, VecDeque<u32>>,
     loss_history: VecDeque<(f64, f64)>,
@@ -37,8 +46,45 @@ pub struct Assembler {
     pending: Vec<StepRecord>,
 }
 
-/// Spans kept between two snapshots at most (a burst beyond it is not traced).
+/// Spans kept between two snapshots at most (a burst beyond it is not traced, and counted).
 const MAX_PENDING_SPANS: usize = 4096;
+/// Host step times kept per thread for the typical step time.
+const RECENT_STEPS: usize = 16;
+/// No step ended for this many pipeline step times: the pipeline is stalled…
+pub const STALL_STEPS: f64 = 5.0;
+/// …and for at least this long…
+pub const STALL_MIN_NS: u64 = 1_000_000_000;
+/// …or this long while some thread has not ended a step yet.
+pub const STALL_WARMUP_NS: u64 = 10_000_000_000;
+
+/// A thread's recent host steps.
+#[derive(Clone, Debug, Default)]
+struct RecentSteps {
+    walls: VecDeque<u64>,
+    tokens: u64,
+    last_end_ns: Option<u64>,
+}
+
+impl RecentSteps {
+    fn push(&mut self, r: &StepRecord) {
+        push_capped(&mut self.walls, r.wall_ns, RECENT_STEPS);
+        self.tokens = r.tokens;
+        self.last_end_ns = Some(self.last_end_ns.unwrap_or(0).max(r.end_ns));
+    }
+
+    fn median_wall(&self) -> Option<u64> {
+        median(self.walls.iter().copied())
+    }
+}
+
+fn median(v: impl Iterator<Item = u64>) -> Option<u64> {
+    let mut v: Vec<u64> = v.collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    Some(v[v.len() / 2])
+}
 
 fn push_capped<T>(q: &mut VecDeque<T>, v: T, cap: usize) {
     q.push_back(v);
@@ -51,8 +97,12 @@ impl Assembler {
     pub fn new(now_ns: u64) -> Self {
         Assembler {
             start_ns: now_ns,
-            last_tick_ns: now_ns,
-            windows: Windows::default(),
+            windows: Windows::new(now_ns),
+            mode: None,
+            on_gpu: Vec::new(),
+            recent: Vec::new(),
+            queue_flags: Vec::new(),
+            spans_dropped: 0,
             verdict: VerdictTracker::default(),
             cpu: None,
             gpus: GpuPanel::default(),
@@ -66,10 +116,46 @@ impl Assembler {
         }
     }
 
+    /// Takes a record. Its phases enter the windows only when it was profiled throughout and
+    /// measured the way the thread's windows are now (host time, or the current GPU mode).
     pub fn ingest(&mut self, r: &StepRecord) {
-        self.windows.ingest(r);
-        if self.pending.len() < MAX_PENDING_SPANS {
-            self.pending.push(*r);
+        let phases = r.profiled && self.accepts(r);
+        self.windows.ingest(r, phases);
+        if r.steps > 0 {
+            if self.recent.len() <= r.thread {
+                self.recent.resize_with(r.thread + 1, RecentSteps::default);
+            }
+            self.recent[r.thread].push(r);
+        }
+        if phases {
+            if self.pending.len() < MAX_PENDING_SPANS {
+                self.pending.push(*r);
+            } else {
+                self.spans_dropped += 1;
+            }
+        }
+    }
+
+    fn accepts(&self, r: &StepRecord) -> bool {
+        let gpu = self.on_gpu.get(r.thread).copied().unwrap_or(false);
+        match (gpu, self.mode) {
+            (false, _) => true,
+            (true, Some(mode)) => r.timing == Timing::of(mode),
+            (true, None) => false,
+        }
+    }
+
+    /// Follows the switches' GPU timing mode: on a change the GPU threads' phase windows start
+    /// over, so that a bar never mixes two modes.
+    fn follow_mode(&mut self, threads: &[ThreadInfo], mode: GpuTiming) {
+        self.on_gpu = threads.iter().map(|t| t.on_gpu()).collect();
+        if self.mode != Some(mode) {
+            if self.mode.is_some() {
+                let gpu = self.on_gpu.clone();
+                self.windows
+                    .forget_phases(&|i| gpu.get(i).copied().unwrap_or(false));
+            }
+            self.mode = Some(mode);
         }
     }
 
@@ -82,7 +168,7 @@ impl Assembler {
         self.status = Some(s);
     }
 
-    pub fn set_cpu(&mut self, cpu: Option<HashMap<i32, ThreadCpu>>) {
+    pub fn set_cpu(&mut self, cpu: Option<CpuSample>) {
         if cpu.is_some() {
             self.cpu = cpu;
         }
@@ -108,6 +194,10 @@ impl Assembler {
                     sm_clock_mhz: g.sm_clock_mhz,
                     temp_c: g.temp_c,
                     util_history: h.iter().copied().collect(),
+                    cuda: g.cuda,
+                    mem_bw_pct: g.mem_bw_pct,
+                    proc_mem_mib: g.proc_mem_mib,
+                    throttle: g.throttle.iter().map(|t| t.to_string()).collect(),
                 }
             })
             .collect();
@@ -124,10 +214,10 @@ impl Assembler {
         dropped: u64,
     ) -> Snapshot {
         let t0 = std::time::Instant::now();
+        self.follow_mode(threads, switches.gpu_timing());
         let counters: Vec<QueueCounters> = queues.iter().map(|q| q.read(now_ns)).collect();
-        let span = now_ns.saturating_sub(self.last_tick_ns);
-        self.last_tick_ns = now_ns;
-        self.windows.close_tick(span, threads.len(), &counters);
+        self.windows
+            .close_tick(now_ns, threads.len(), &counters, switches.paused());
         let mut snap = self.build(now_ns, threads, queues, switches, dropped);
         snap.self_cost.snapshot_us = t0.elapsed().as_secs_f64() * 1e6;
         snap
@@ -142,10 +232,28 @@ impl Assembler {
         dropped: u64,
     ) -> Snapshot {
         let elapsed_s = now_ns.saturating_sub(self.start_ns) as f64 / 1e9;
+        let paused = switches.paused();
+        let live: Vec<LiveRead> = threads.iter().map(|t| t.live.read()).collect();
+        let stall_ns = self.stall_threshold_ns(threads.len());
+        let lives: Vec<Option<LiveTime>> = (0..threads.len())
+            .map(|i| {
+                (!paused).then(|| LiveTime {
+                    live: live[i],
+                    expected_ns: self.recent.get(i).and_then(|r| r.median_wall()),
+                    tokens: match threads[i].role {
+                        Role::Drafter => self.recent.get(i).map(|r| r.tokens).unwrap_or(0),
+                        _ => 0,
+                    },
+                    phases: switches.profiling(),
+                    device_timed: threads[i].on_gpu() && switches.gpu_timing() == GpuTiming::Events,
+                    stall_ns,
+                })
+            })
+            .collect();
         let mut thread_views: Vec<ThreadView> = threads
             .iter()
             .enumerate()
-            .map(|(i, t)| self.thread_view(i, t))
+            .map(|(i, t)| self.thread_view(i, t, now_ns, lives[i].as_ref()))
             .collect();
         // Pipeline order: loader, targets, drafters; by name within a role.
         thread_views
@@ -157,6 +265,9 @@ impl Assembler {
                 .count()
                 .max(1) as f64
         };
+        if self.queue_flags.len() < queues.len() {
+            self.queue_flags.resize(queues.len(), (false, false));
+        }
         let queue_views: Vec<QueueView> = queues
             .iter()
             .enumerate()
@@ -164,47 +275,64 @@ impl Assembler {
                 let w = self.windows.queue(i, W1);
                 let consumers = count_role(q.consumers());
                 let producers = count_role(q.producers());
-                queue_view(
+                let mut v = queue_view(
                     q,
                     &w,
                     self.windows.queue_history(i, W10),
                     consumers,
                     producers,
-                )
+                );
+                let flags = &mut self.queue_flags[i];
+                flags.0 = above(flags.0, v.consumer_wait_share);
+                flags.1 = above(flags.1, v.producer_wait_share);
+                (v.starving, v.blocking) = *flags;
+                v
             })
             .collect();
 
+        let stall = self.stall(now_ns, threads, &live, stall_ns);
+        let started = self.recent.iter().any(|r| r.last_end_ns.is_some());
         let shares = verdict_inputs(&queue_views);
-        let verdict = if self.windows.ticks_closed() >= 3 && self.windows.latest.drafter_steps > 0 {
+        let verdict = if paused {
+            Verdict::Paused
+        } else if stall.is_some() {
+            Verdict::Stalled
+        } else if self.windows.ticks_closed() >= 3 && started && !self.windows.last_paused() {
             self.verdict.update(shares)
         } else {
             self.verdict.shown()
         };
 
-        let tokens = |ticks: usize| -> (u64, u64) {
-            let (mut tok, mut span) = (0, 0);
-            for (i, t) in threads.iter().enumerate() {
-                if t.role == Role::Drafter {
-                    let w = self.windows.thread(i, ticks);
-                    tok += w.tokens;
-                    span = span.max(w.span_ns);
-                }
-            }
-            (tok, span)
-        };
-        let rate = |(tok, span): (u64, u64)| {
+        // Tokens over time, with the steps in progress prorated: steady whatever the step rate.
+        let tokens = |ticks: usize| -> f64 {
+            let from = self.windows.window_start(ticks);
+            let span = now_ns.saturating_sub(from);
+            let tok: f64 = threads
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.role == Role::Drafter)
+                .map(|(i, _)| {
+                    let done = self.windows.thread(i, ticks).tokens;
+                    let running = lives[i]
+                        .as_ref()
+                        .map(|l| l.in_window(now_ns, from).tokens)
+                        .unwrap_or(0.0);
+                    done + running
+                })
+                .sum();
             if span == 0 {
                 0.0
             } else {
-                tok as f64 / (span as f64 / 1e9)
+                tok / (span as f64 / 1e9)
             }
         };
-        let tok_per_s_1s = rate(tokens(W1));
+        let tok_per_s_1s = tokens(W1);
+        let tok_per_s_10s = tokens(W10);
         let tokens_total: u64 = threads
             .iter()
             .enumerate()
             .filter(|(_, t)| t.role == Role::Drafter)
-            .map(|(i, _)| self.windows.thread_run(i).tokens)
+            .map(|(i, _)| self.windows.thread_run(i).tokens.round() as u64)
             .sum();
         let m = self.windows.latest.metrics;
         if let Some(m) = m {
@@ -232,17 +360,22 @@ impl Assembler {
                     .unwrap_or_default(),
                 tokens_total,
                 tok_per_s_1s,
-                tok_per_s_10s: rate(tokens(W10)),
+                tok_per_s_10s,
             },
             profiling: switches.profiling(),
-            gpu_timing: Some(switches.gpu_timing()),
-            paused: switches.paused(),
+            gpu_timing: threads
+                .iter()
+                .any(|t| t.on_gpu())
+                .then(|| switches.gpu_timing()),
+            paused,
             verdict,
+            stall,
             groups: self.groups(threads),
             cpu_note: self
                 .cpu
                 .is_none()
                 .then(|| "per-thread CPU: sampling…".to_string()),
+            memory: self.memory(),
             threads: thread_views,
             queues: queue_views,
             gpus: self.gpus.clone(),
@@ -253,10 +386,54 @@ impl Assembler {
                 ns_per_mark: self.ns_per_mark,
                 snapshot_us: 0.0,
                 dropped,
+                spans_dropped: self.spans_dropped,
             },
             status: self.status.clone(),
             steps: self.spans(threads),
         }
+    }
+
+    /// No step may end for this long before the pipeline counts as stalled: several times the
+    /// pipeline's step time (the slowest thread's median step), at least `STALL_MIN_NS`; and
+    /// while some thread has not ended its first step yet (start-up: CUDA and model warm-up),
+    /// at least `STALL_WARMUP_NS`.
+    fn stall_threshold_ns(&self, threads: usize) -> u64 {
+        let slowest = self.recent.iter().filter_map(|r| r.median_wall()).max();
+        let started = self
+            .recent
+            .iter()
+            .filter(|r| r.last_end_ns.is_some())
+            .count();
+        let floor = if started < threads {
+            STALL_WARMUP_NS
+        } else {
+            STALL_MIN_NS
+        };
+        slowest
+            .map(|t| ((t as f64 * STALL_STEPS) as u64).max(floor))
+            .unwrap_or(u64::MAX)
+    }
+
+    /// "target-0 in forward for 12.0 s" once no step has ended for the stall threshold: the
+    /// thread that has been in one working phase longest (a waiting one only if none works).
+    fn stall(
+        &self,
+        now_ns: u64,
+        threads: &[ThreadInfo],
+        live: &[LiveRead],
+        threshold_ns: u64,
+    ) -> Option<String> {
+        let last_end = self.recent.iter().filter_map(|r| r.last_end_ns).max()?;
+        if now_ns.saturating_sub(last_end) <= threshold_ns {
+            return None;
+        }
+        let culprit = threads.iter().zip(live).max_by_key(|(_, l)| {
+            let stuck = now_ns.saturating_sub(l.phase_start_ns);
+            (!l.phase.is_wait(), stuck)
+        })?;
+        let (t, l) = culprit;
+        let secs = now_ns.saturating_sub(l.phase_start_ns) as f64 / 1e9;
+        Some(format!("{} in {} for {secs:.1} s", t.name, l.phase.name()))
     }
 
     fn spans(&mut self, threads: &[ThreadInfo]) -> Vec<StepSpan> {
@@ -282,16 +459,28 @@ impl Assembler {
             .collect()
     }
 
-    fn thread_view(&self, i: usize, t: &ThreadInfo) -> ThreadView {
-        let cpu = self.cpu.as_ref();
+    fn thread_view(
+        &self,
+        i: usize,
+        t: &ThreadInfo,
+        now_ns: u64,
+        live: Option<&LiveTime>,
+    ) -> ThreadView {
+        let cpu = self.cpu.as_ref().map(|c| &c.threads);
         let alive = cpu.map(|c| c.contains_key(&t.tid)).unwrap_or(true);
-        let phase = Phase::from_index(t.current.load(Relaxed) as usize).unwrap_or(Phase::Other);
+        let phase = t.live.phase();
         let state = if !alive {
             ThreadState::Exited
         } else if phase.is_wait() {
             ThreadState::Waiting
         } else {
             ThreadState::Working
+        };
+        let with_live = |mut w: PhaseWindow, from: u64| {
+            if let Some(l) = live {
+                w.add_in_flight(&l.in_window(now_ns, from));
+            }
+            w
         };
         ThreadView {
             name: t.name.clone(),
@@ -300,37 +489,138 @@ impl Assembler {
             tid: t.tid,
             cpu_pct: cpu.and_then(|c| c.get(&t.tid)).map(|c| c.cpu_pct),
             phase,
+            phase_s: live
+                .map(|l| now_ns.saturating_sub(l.live.phase_start_ns) as f64 / 1e9)
+                .unwrap_or(0.0),
             state,
-            w1: self.windows.thread(i, W1),
-            w10: self.windows.thread(i, W10),
-            run: self.windows.thread_run(i),
+            os_state: cpu.and_then(|c| c.get(&t.tid)).map(|c| c.state),
+            w1: with_live(self.windows.thread(i, W1), self.windows.window_start(W1)),
+            w10: with_live(self.windows.thread(i, W10), self.windows.window_start(W10)),
+            run: with_live(self.windows.thread_run(i), 0),
         }
     }
 
-    /// Threads no worker registered, grouped by name (libtorch's pools share their creator's).
+    /// Threads no worker registered, grouped by name and by the worker that drives them
+    /// (libtorch's intra-op pool shares its creator's name; `pt_autograd_N` runs a drafter's
+    /// backward on cuda:N).
     fn groups(&self, threads: &[ThreadInfo]) -> Vec<ThreadGroupView> {
         let Some(cpu) = &self.cpu else {
             return Vec::new();
         };
-        let mut groups: BTreeMap<String, ThreadGroupView> = BTreeMap::new();
-        for c in cpu.values() {
+        let workers: Vec<Worker> = threads
+            .iter()
+            .map(|t| Worker {
+                name: &t.name,
+                role: t.role,
+                device: &t.device,
+            })
+            .collect();
+        let mut groups: BTreeMap<(Option<usize>, String), ThreadGroupView> = BTreeMap::new();
+        for c in cpu.threads.values() {
             if threads.iter().any(|t| t.tid == c.tid) {
                 continue;
             }
+            let by = owner(&c.name, &workers);
             let g = groups
-                .entry(c.name.clone())
+                .entry((by, c.name.clone()))
                 .or_insert_with(|| ThreadGroupView {
                     name: c.name.clone(),
                     count: 0,
                     cpu_pct: 0.0,
+                    owner: by.map(|i| threads[i].name.clone()),
+                    states: Vec::new(),
                 });
             g.count += 1;
             g.cpu_pct += c.cpu_pct;
+            match g.states.iter_mut().find(|(s, _)| *s == c.state) {
+                Some((_, n)) => *n += 1,
+                None => g.states.push((c.state, 1)),
+            }
         }
         let mut v: Vec<_> = groups.into_values().collect();
+        for g in &mut v {
+            g.states.sort();
+        }
         v.sort_by(|a, b| b.cpu_pct.total_cmp(&a.cpu_pct));
         v
     }
+
+    fn memory(&self) -> Option<MemoryView> {
+        let m = self.cpu.as_ref()?.memory?;
+        Some(MemoryView {
+            rss_mib: m.rss_mib,
+            host_used_mib: m.host_used_mib,
+            host_total_mib: m.host_total_mib,
+        })
+    }
+}
+
+/// A thread's step in progress, and what is needed to count it up to now.
+struct LiveTime {
+    live: LiveRead,
+    /// The thread's typical step time, when it has ended steps.
+    expected_ns: Option<u64>,
+    /// Tokens its steps bring (drafters: the tok/s count).
+    tokens: u64,
+    /// Profiling is on (the live phase is current).
+    phases: bool,
+    /// The thread's phases are device-timed (`events`): live host time shows only for a wait or
+    /// a phase running past the stall threshold; the device record covers the rest.
+    device_timed: bool,
+    stall_ns: u64,
+}
+
+impl LiveTime {
+    /// The step in progress cut to the window from `from` to `now`.
+    fn in_window(&self, now: u64, from: u64) -> InFlight {
+        let l = &self.live;
+        let phase_start = l.phase_start_ns.min(now);
+        let step_start = l.step_start_ns.min(phase_start);
+        let elapsed = now - step_start;
+        let mut out = InFlight::default();
+        if let Some(expected) = self.expected_ns.filter(|e| *e > 0) {
+            // Tokens arrive at the typical rate until the step's worth is in.
+            let credited = overlap_ns((step_start, step_start + expected), (from, now));
+            out.tokens = self.tokens as f64 * credited as f64 / expected as f64;
+        }
+        if !self.phases {
+            return out;
+        }
+        let current = now.saturating_sub(phase_start.max(from));
+        if self.device_timed {
+            let stuck = now - phase_start;
+            if l.phase.is_wait() || stuck > self.stall_ns {
+                out.phase_ns[l.phase.index()] = current;
+                out.step_share =
+                    current as f64 / self.expected_ns.unwrap_or(stuck).max(stuck).max(1) as f64;
+            }
+            return out;
+        }
+        let earlier_in = phase_start.saturating_sub(step_start.max(from));
+        let earlier_total: u64 = l.acc_ns.iter().sum();
+        if earlier_total > 0 {
+            for (out, acc) in out.phase_ns.iter_mut().zip(l.acc_ns) {
+                *out = (acc as f64 * earlier_in as f64 / earlier_total as f64) as u64;
+            }
+        } else {
+            out.phase_ns[Phase::Other.index()] = earlier_in;
+        }
+        out.phase_ns[l.phase.index()] += current;
+        let in_window: u64 = out.phase_ns.iter().sum();
+        let whole = self.expected_ns.unwrap_or(elapsed).max(elapsed).max(1);
+        out.step_share = in_window as f64 / whole as f64;
+        out
+    }
+}
+
+fn overlap_ns(a: (u64, u64), b: (u64, u64)) -> u64 {
+    a.1.min(b.1).saturating_sub(a.0.max(b.0))
+}
+
+/// A flag with hysteresis: raised above `ENTER`, lowered below `EXIT`.
+fn above(was: bool, share: f64) -> bool {
+    use super::verdict::{ENTER, EXIT};
+    share > if was { EXIT } else { ENTER }
 }
 
 fn role_rank(r: Role) -> u8 {

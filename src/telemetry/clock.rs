@@ -1,6 +1,9 @@
-//! The profiler's clock: the CPU's invariant time-stamp counter where the kernel says it is
-//! reliable (`constant_tsc` + `nonstop_tsc`), otherwise the monotonic clock. A mark reads ticks;
-//! ticks become nanoseconds only when a step record is built, off the per-mark path.
+//! The profiler's clock: the CPU's invariant time-stamp counter where both the CPU flags say it is
+//! invariant (`constant_tsc` + `nonstop_tsc`) and the kernel itself keeps time with it (its
+//! clocksource is `tsc`: a kernel that distrusts the TSC has switched away from it), otherwise the
+//! monotonic clock. A mark reads ticks; ticks become nanoseconds only when a step record is built,
+//! off the per-mark path. Differences are taken with `elapsed`, which never wraps: a TSC read on
+//! another core that is a little behind gives zero, not 584 years.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -14,16 +17,25 @@ struct Calibration {
 
 static CALIBRATION: OnceLock<Calibration> = OnceLock::new();
 
+const CLOCKSOURCE: &str = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+
+/// Whether the TSC may be used: the CPU flags in `cpuinfo` and the kernel's `clocksource` agree.
+pub fn tsc_usable(cpuinfo: &str, clocksource: &str) -> bool {
+    let flags = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .unwrap_or("");
+    let has = |name: &str| flags.split_whitespace().any(|f| f == name);
+    has("constant_tsc") && has("nonstop_tsc") && clocksource.trim() == "tsc"
+}
+
 fn tsc_is_invariant() -> bool {
     if !cfg!(target_arch = "x86_64") {
         return false;
     }
-    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
-        return false;
-    };
-    let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-    flags.split_whitespace().any(|f| f == "constant_tsc")
-        && flags.split_whitespace().any(|f| f == "nonstop_tsc")
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let source = std::fs::read_to_string(CLOCKSOURCE).unwrap_or_default();
+    tsc_usable(&info, &source)
 }
 
 #[inline(always)]
@@ -81,6 +93,12 @@ pub fn ticks() -> u64 {
     }
 }
 
+/// Ticks from `earlier` to `later`; zero if the clock appears to have stepped back.
+#[inline(always)]
+pub fn elapsed(earlier: u64, later: u64) -> u64 {
+    later.saturating_sub(earlier)
+}
+
 /// Converts a tick difference to nanoseconds.
 #[inline]
 pub fn ticks_to_ns(ticks: u64) -> u64 {
@@ -94,6 +112,16 @@ pub fn ticks_to_epoch_ns(t: u64) -> u64 {
         ticks_to_ns(t.saturating_sub(c.base_ticks))
     } else {
         t
+    }
+}
+
+/// The tick reading at `ns` since the clock's base (the inverse of `ticks_to_epoch_ns`).
+pub fn epoch_ns_to_ticks(ns: u64) -> u64 {
+    let c = calibration();
+    if c.use_tsc {
+        c.base_ticks + (ns as f64 / c.ns_per_tick) as u64
+    } else {
+        ns
     }
 }
 
@@ -114,6 +142,24 @@ pub fn source() -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tsc_needs_both_the_flags_and_the_kernel_clocksource() {
+        let flags = "processor\t: 0\nflags\t\t: fpu tsc constant_tsc nonstop_tsc rdtscp\n";
+        assert!(tsc_usable(flags, "tsc\n"));
+        assert!(
+            !tsc_usable(flags, "hpet\n"),
+            "kernel switched away from the TSC"
+        );
+        assert!(!tsc_usable(flags, ""), "clocksource unreadable");
+        assert!(!tsc_usable("flags : fpu tsc constant_tsc\n", "tsc"));
+    }
+
+    #[test]
+    fn a_backward_step_is_zero_not_a_huge_duration() {
+        assert_eq!(elapsed(1_000, 990), 0);
+        assert_eq!(elapsed(990, 1_000), 10);
+    }
 
     #[test]
     fn ticks_track_the_monotonic_clock() {

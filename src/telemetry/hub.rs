@@ -7,13 +7,14 @@ use super::clock;
 use super::queue::QueueProbe;
 use super::recorder::{RecordSink, Registry, StepRecord};
 use super::snapshot::Snapshot;
+use super::switches::GpuTiming;
 use super::switches::Switches;
 use super::window::TICK_NS;
 use crate::cancel::CancelToken;
 use crate::probe::cpu::CpuProbe;
 use crate::probe::gpu::GpuProbe;
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender, TrySendError};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -25,12 +26,24 @@ const CPU_EVERY_TICKS: u64 = 5;
 pub const SUBSCRIBER_BACKLOG: usize = 16;
 const GPU_EVERY_TICKS: u64 = 5;
 
-/// Commands a front-end sends the hub.
+/// The one control path: every front-end (and the engine's own notes) sends these to the hub,
+/// which applies them — switches for the workers, window resets, requests the engine polls.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HubCommand {
+    SetProfiling(bool),
+    SetGpuTiming(GpuTiming),
+    SetPaused(bool),
     ResetWindows,
+    /// Ask the engine to save a checkpoint after its current step.
+    Checkpoint,
     /// A line to show in the header (checkpoint saved, run finished, …).
     Status(String),
+}
+
+/// Requests the hub passes on to the engine, which polls them between steps.
+#[derive(Debug, Default)]
+pub struct Requests {
+    pub checkpoint_now: AtomicBool,
 }
 
 /// Everything the engine and front-ends share with the hub.
@@ -41,6 +54,7 @@ pub struct Telemetry {
     queues: Arc<Mutex<Vec<QueueProbe>>>,
     subscribers: Arc<Mutex<Vec<Sender<Arc<Snapshot>>>>>,
     commands: (Sender<HubCommand>, Receiver<HubCommand>),
+    requests: Arc<Requests>,
     /// Whether the hub samples /proc and NVML (off in tests that script everything).
     pub probes: bool,
 }
@@ -70,6 +84,7 @@ impl Telemetry {
             queues: Arc::default(),
             subscribers: Arc::default(),
             commands: unbounded(),
+            requests: Arc::default(),
             probes: true,
         }
     }
@@ -122,12 +137,37 @@ impl Telemetry {
         let _ = self.commands.0.send(c);
     }
 
+    /// What the engine is asked to do (set by the hub from commands).
+    pub fn requests(&self) -> &Arc<Requests> {
+        &self.requests
+    }
+
+    /// Applies a command that does not need the hub's windows; returns the others.
+    pub fn apply(&self, c: HubCommand) -> Option<HubCommand> {
+        let sw = self.switches();
+        match c {
+            HubCommand::SetProfiling(on) => sw.set_profiling(on),
+            HubCommand::SetGpuTiming(m) => sw.set_gpu_timing(m),
+            HubCommand::SetPaused(p) => sw.set_paused(p),
+            HubCommand::Checkpoint => self.requests.checkpoint_now.store(true, Ordering::SeqCst),
+            other => return Some(other),
+        }
+        None
+    }
+
     /// Starts the hub thread; it stops when `cancel` is set and publishes a last snapshot.
     pub fn spawn_hub(&self, cancel: CancelToken) -> std::io::Result<JoinHandle<()>> {
         let t = self.clone();
         std::thread::Builder::new()
             .name("hub".into())
             .spawn(move || t.run_hub(cancel))
+    }
+
+    /// Applies what is waiting on the command channel now (when no hub thread runs).
+    pub fn apply_pending(&self) {
+        while let Ok(c) = self.commands.1.try_recv() {
+            self.apply(c);
+        }
     }
 
     fn publish(&self, snap: Snapshot) {
@@ -153,10 +193,10 @@ impl Telemetry {
         loop {
             select! {
                 recv(self.rx) -> r => if let Ok(r) = r { asm.ingest(&r) },
-                recv(self.commands.1) -> c => match c {
-                    Ok(HubCommand::ResetWindows) => asm.reset_windows(),
-                    Ok(HubCommand::Status(s)) => asm.set_status(s),
-                    Err(_) => {}
+                recv(self.commands.1) -> c => match c.ok().and_then(|c| self.apply(c)) {
+                    Some(HubCommand::ResetWindows) => asm.reset_windows(),
+                    Some(HubCommand::Status(s)) => asm.set_status(s),
+                    _ => {}
                 },
                 recv(ticker) -> _ => {
                     let stopping = cancel.is_cancelled();

@@ -3,9 +3,12 @@
 use serde::{Deserialize, Serialize};
 
 /// One stage of a worker's iteration. `Other` is the wall time no phase covers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[repr(u8)]
 pub enum Phase {
+    #[default]
     Other = 0,
     Read,
     Pack,

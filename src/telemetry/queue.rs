@@ -1,6 +1,8 @@
 //! A bounded work queue (crossbeam underneath) that measures itself: pushes, pops, time producers
 //! wait on a full queue and consumers on an empty one, time-weighted depth, time spent empty and
 //! full, the age of an item when it is taken, and the depth range since the last read (bursts).
+//! A wait still in progress counts up to the moment the hub reads the queue (live time), and an
+//! item's age starts when it enters the queue, not when a blocked push began.
 
 use super::clock;
 use crate::cancel::CancelToken;
@@ -30,19 +32,75 @@ pub struct QueueCounters {
     pub max_depth: usize,
 }
 
+/// Waits that have begun and not ended: how many, and the sum of their start times.
+#[derive(Clone, Copy, Debug, Default)]
+struct Waiting {
+    count: u64,
+    start_sum: u128,
+}
+
+impl Waiting {
+    /// Time all of them have waited by `now`.
+    fn so_far(&self, now: u64) -> u64 {
+        (self.count as u128 * now as u128).saturating_sub(self.start_sum) as u64
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    counters: QueueCounters,
+    pushers: Waiting,
+    poppers: Waiting,
+}
+
 #[derive(Debug)]
 struct Shared {
     name: String,
     capacity: usize,
     producers: &'static str,
     consumers: &'static str,
-    state: Mutex<QueueCounters>,
+    state: Mutex<State>,
 }
 
 impl Shared {
-    /// Integrates time-weighted state up to `now`, then applies the new depth.
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the start of a blocked push (`push`) or pop; returns its start time.
+    fn begin_wait(&self, push: bool) -> u64 {
+        let mut st = self.lock();
+        // Move the queue's clock to the wait's start, so that a later read's "now" is never
+        // before it (a negative term would shrink the other waits' sum).
+        let depth = st.counters.depth;
+        self.advance(&mut st.counters, clock::now_ns(), depth);
+        let now = st.counters.at_ns;
+        let w = if push {
+            &mut st.pushers
+        } else {
+            &mut st.poppers
+        };
+        w.count += 1;
+        w.start_sum += now as u128;
+        now
+    }
+
+    /// Ends a wait begun at `start` (under the lock the caller holds).
+    fn end_wait(st: &mut State, push: bool, start: u64) {
+        let w = if push {
+            &mut st.pushers
+        } else {
+            &mut st.poppers
+        };
+        w.count -= 1;
+        w.start_sum -= start as u128;
+    }
+
+    /// Integrates time-weighted state up to `now`, then applies the new depth. Time never runs
+    /// backwards here: a reading older than the last one (another core's clock) counts as zero.
     fn advance(&self, c: &mut QueueCounters, now: u64, new_depth: usize) {
-        let dt = now.saturating_sub(c.at_ns);
+        let now = now.max(c.at_ns);
+        let dt = now - c.at_ns;
         c.depth_ns += c.depth as u128 * dt as u128;
         if c.depth == 0 {
             c.empty_ns += dt;
@@ -134,8 +192,11 @@ pub fn monitored_queue<T: Send + 'static>(
         capacity,
         producers,
         consumers,
-        state: Mutex::new(QueueCounters {
-            at_ns: now,
+        state: Mutex::new(State {
+            counters: QueueCounters {
+                at_ns: now,
+                ..Default::default()
+            },
             ..Default::default()
         }),
     });
@@ -156,59 +217,85 @@ pub fn monitored_queue<T: Send + 'static>(
 }
 
 impl<T> QueueTx<T> {
-    /// Pushes, blocking while the queue is full; the blocked time counts as producer wait.
+    /// Pushes, blocking while the queue is full; the blocked time counts as producer wait (live,
+    /// while it lasts). The item's age starts when it is in the queue.
     pub fn push(&self, item: T) -> Result<(), QueueClosed> {
-        let start = clock::now_ns();
         let mut msg = Stamped {
             item,
-            pushed_ns: start,
+            pushed_ns: clock::now_ns(),
         };
-        let mut waited = false;
-        loop {
+        let mut wait_start = None;
+        let closed = loop {
             if self.cancel.is_cancelled() {
-                return Err(QueueClosed::Cancelled);
+                break Some(QueueClosed::Cancelled);
             }
-            match self
-                .tx
-                .send_timeout(msg, if waited { CANCEL_POLL } else { Duration::ZERO })
-            {
-                Ok(()) => break,
-                Err(SendTimeoutError::Timeout(m)) => {
+            let patience = if wait_start.is_some() {
+                CANCEL_POLL
+            } else {
+                Duration::ZERO
+            };
+            match self.tx.send_timeout(msg, patience) {
+                Ok(()) => break None,
+                Err(SendTimeoutError::Timeout(mut m)) => {
+                    wait_start.get_or_insert_with(|| self.shared.begin_wait(true));
+                    m.pushed_ns = clock::now_ns();
                     msg = m;
-                    waited = true;
                 }
-                Err(SendTimeoutError::Disconnected(_)) => return Err(QueueClosed::Disconnected),
+                Err(SendTimeoutError::Disconnected(_)) => break Some(QueueClosed::Disconnected),
             }
+        };
+        let mut st = self.shared.lock();
+        // Not before the hub's last read: what it counted live must not shrink.
+        let now = clock::now_ns().max(st.counters.at_ns);
+        if let Some(start) = wait_start {
+            Shared::end_wait(&mut st, true, start);
+            st.counters.push_wait_ns += now.saturating_sub(start);
         }
-        let now = clock::now_ns();
-        let mut c = self.shared.state.lock().expect("queue stats poisoned");
-        self.shared.advance(&mut c, now, self.tx.len());
-        c.pushes += 1;
-        c.push_wait_ns += now - start;
+        if let Some(why) = closed {
+            return Err(why);
+        }
+        let depth = self.tx.len();
+        self.shared.advance(&mut st.counters, now, depth);
+        st.counters.pushes += 1;
         Ok(())
     }
 }
 
 impl<T> QueueRx<T> {
-    /// Pops, blocking while the queue is empty; the blocked time counts as consumer wait.
+    /// Pops, blocking while the queue is empty; the blocked time counts as consumer wait (live,
+    /// while it lasts).
     pub fn pop(&self) -> Result<T, QueueClosed> {
-        let start = clock::now_ns();
-        let msg = loop {
+        let mut wait_start = None;
+        let got = loop {
             if self.cancel.is_cancelled() {
-                return Err(QueueClosed::Cancelled);
+                break Err(QueueClosed::Cancelled);
             }
+            match self.rx.try_recv() {
+                Ok(m) => break Ok(m),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    break Err(QueueClosed::Disconnected)
+                }
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            wait_start.get_or_insert_with(|| self.shared.begin_wait(false));
             match self.rx.recv_timeout(CANCEL_POLL) {
-                Ok(m) => break m,
+                Ok(m) => break Ok(m),
                 Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return Err(QueueClosed::Disconnected),
+                Err(RecvTimeoutError::Disconnected) => break Err(QueueClosed::Disconnected),
             }
         };
-        let now = clock::now_ns();
-        let mut c = self.shared.state.lock().expect("queue stats poisoned");
-        self.shared.advance(&mut c, now, self.rx.len());
-        c.pops += 1;
-        c.pop_wait_ns += now - start;
-        c.age_ns_sum += now.saturating_sub(msg.pushed_ns);
+        let mut st = self.shared.lock();
+        // Not before the hub's last read: what it counted live must not shrink.
+        let now = clock::now_ns().max(st.counters.at_ns);
+        if let Some(start) = wait_start {
+            Shared::end_wait(&mut st, false, start);
+            st.counters.pop_wait_ns += now.saturating_sub(start);
+        }
+        let msg = got?;
+        let depth = self.rx.len();
+        self.shared.advance(&mut st.counters, now, depth);
+        st.counters.pops += 1;
+        st.counters.age_ns_sum += now.saturating_sub(msg.pushed_ns);
         Ok(msg.item)
     }
 }
@@ -230,15 +317,18 @@ impl QueueProbe {
         self.shared.consumers
     }
 
-    /// Cumulative counters up to `now_ns`; resets the depth range for the next read.
+    /// Cumulative counters up to `now_ns`, waits still in progress included up to then; resets
+    /// the depth range for the next read. Successive reads never decrease.
     pub fn read(&self, now_ns: u64) -> QueueCounters {
-        let mut c = self.shared.state.lock().expect("queue stats poisoned");
+        let mut st = self.shared.lock();
         let depth = (self.len)();
-        let now = now_ns.max(c.at_ns);
-        self.shared.advance(&mut c, now, depth);
-        let out = *c;
-        c.min_depth = depth;
-        c.max_depth = depth;
+        self.shared.advance(&mut st.counters, now_ns, depth);
+        let now = st.counters.at_ns;
+        let mut out = st.counters;
+        out.push_wait_ns += st.pushers.so_far(now);
+        out.pop_wait_ns += st.poppers.so_far(now);
+        st.counters.min_depth = depth;
+        st.counters.max_depth = depth;
         out
     }
 }

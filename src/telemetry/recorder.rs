@@ -1,12 +1,12 @@
 //! The per-thread phase recorder (ProfileStats). Each worker owns one; a phase mark is one clock
 //! read into a fixed array. At the end of an iteration the worker sends one `StepRecord` with
 //! `try_send`; a full channel only bumps the dropped counter. Nothing here is shared mutably
-//! between threads: the only cross-thread writes are the thread's own published current phase and
-//! the dropped counter, both atomics.
+//! between threads: the only cross-thread writes are the thread's own published live step (its
+//! current phase, when it began, the phases so far) and the dropped counter, all atomics.
 
 use super::clock;
 use super::phase::{Phase, Role, N_PHASES};
-use super::switches::Switches;
+use super::switches::{Switches, Timing};
 use crossbeam_channel::{Sender, TrySendError};
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
@@ -29,19 +29,97 @@ pub struct TrainMetrics {
     pub step: u64,
 }
 
-/// One iteration of one thread.
+/// One iteration of one thread (a host record), or the device times of an earlier one.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepRecord {
     pub thread: usize,
-    /// End of the iteration, ns on the profiler's clock.
+    /// End of the iteration on the host, ns on the profiler's clock.
     pub end_ns: u64,
     pub wall_ns: u64,
-    /// Per-phase wall time; sums to `wall_ns` (`other` holds the remainder).
+    /// Per-phase time; sums to `wall_ns` (`other` holds the remainder).
     pub phase_ns: [u64; N_PHASES],
-    /// Whether phases were recorded for the whole iteration.
+    /// Whether `phase_ns` holds the whole iteration's phases (profiling on throughout and, in
+    /// `events` mode, the device record rather than the host one).
     pub profiled: bool,
+    /// How `phase_ns` was measured.
+    pub timing: Timing,
+    /// Iterations this record ends: 1 for a host record, 0 for device times that follow one.
+    pub steps: u32,
+    /// Device records: the part of `wall_ns` when the GPU sat idle waiting for the host.
+    pub gpu_idle_ns: u64,
     pub tokens: u64,
     pub metrics: Option<TrainMetrics>,
+}
+
+impl StepRecord {
+    /// Start of the span the record covers, ns on the profiler's clock.
+    pub fn start_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.wall_ns)
+    }
+}
+
+/// What a worker publishes about the iteration it is in, for live time: the hub credits a phase
+/// or a queue wait that is still running up to now, instead of only when it ends. Plain relaxed
+/// stores on the mark path; a reader may see a mark half applied, for one tick at most.
+#[derive(Debug, Default)]
+pub struct LiveStep {
+    pub phase: AtomicU8,
+    /// Tick reading when the current phase began.
+    pub phase_start: AtomicU64,
+    /// Tick reading when the current iteration began.
+    pub step_start: AtomicU64,
+    /// Ticks spent in each phase of the current iteration before the current phase began.
+    pub acc: [AtomicU64; N_PHASES],
+}
+
+/// A `LiveStep` read at one moment, in ns on the profiler's clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LiveRead {
+    pub phase: Phase,
+    pub phase_start_ns: u64,
+    pub step_start_ns: u64,
+    /// Time in each phase of the step before the current phase began.
+    pub acc_ns: [u64; N_PHASES],
+}
+
+impl LiveStep {
+    pub fn phase(&self) -> Phase {
+        Phase::from_index(self.phase.load(Relaxed) as usize).unwrap_or(Phase::Other)
+    }
+
+    pub fn read(&self) -> LiveRead {
+        let mut acc_ns = [0; N_PHASES];
+        for (out, a) in acc_ns.iter_mut().zip(&self.acc) {
+            *out = clock::ticks_to_ns(a.load(Relaxed));
+        }
+        LiveRead {
+            phase: self.phase(),
+            phase_start_ns: clock::ticks_to_epoch_ns(self.phase_start.load(Relaxed)),
+            step_start_ns: clock::ticks_to_epoch_ns(self.step_start.load(Relaxed)),
+            acc_ns,
+        }
+    }
+
+    /// Sets the live step as of scripted times (ns on the profiler's clock), for tests.
+    pub fn script(&self, phase: Phase, step_start_ns: u64, phase_start_ns: u64) {
+        for a in &self.acc {
+            a.store(0, Relaxed);
+        }
+        self.step_start
+            .store(clock::epoch_ns_to_ticks(step_start_ns), Relaxed);
+        self.phase_start
+            .store(clock::epoch_ns_to_ticks(phase_start_ns), Relaxed);
+        self.phase.store(phase as u8, Relaxed);
+    }
+
+    fn restart(&self, now: u64) {
+        for a in &self.acc {
+            a.store(0, Relaxed);
+        }
+        self.step_start.store(now, Relaxed);
+        self.phase_start.store(now, Relaxed);
+        self.phase.store(Phase::Other as u8, Relaxed);
+    }
 }
 
 /// What the hub knows of a registered thread.
@@ -51,7 +129,14 @@ pub struct ThreadInfo {
     pub role: Role,
     pub device: String,
     pub tid: i32,
-    pub current: Arc<AtomicU8>,
+    pub live: Arc<LiveStep>,
+}
+
+impl ThreadInfo {
+    /// Whether the thread drives a GPU (GPU timing modes apply to it).
+    pub fn on_gpu(&self) -> bool {
+        self.device.starts_with("cuda")
+    }
 }
 
 /// Threads register here once, at start (never on the hot path).
@@ -88,16 +173,17 @@ impl RecordSink {
             .name()
             .unwrap_or("unnamed")
             .to_string();
-        let current = Arc::new(AtomicU8::new(Phase::Other as u8));
+        let now = clock::ticks();
+        let live = Arc::new(LiveStep::default());
+        live.restart(now);
         let tid = current_tid();
         let thread = self.registry.add(ThreadInfo {
             name,
             role,
             device: device.to_string(),
             tid,
-            current: current.clone(),
+            live: live.clone(),
         });
-        let now = clock::ticks();
         PhaseRecorder {
             thread,
             acc: [0; N_PHASES],
@@ -106,7 +192,7 @@ impl RecordSink {
             iter_start: now,
             epoch: self.switches.profiling_epoch(),
             switches: self.switches.clone(),
-            published: current,
+            live,
             sink: self.clone(),
             _not_send: PhantomData,
         }
@@ -114,6 +200,12 @@ impl RecordSink {
 
     pub fn switches(&self) -> &Arc<Switches> {
         &self.switches
+    }
+
+    fn send(&self, record: StepRecord) {
+        if let Err(TrySendError::Full(_)) = self.tx.try_send(record) {
+            self.dropped.fetch_add(1, Relaxed);
+        }
     }
 }
 
@@ -133,9 +225,29 @@ pub struct PhaseRecorder {
     /// The switches' profiling epoch when this step began.
     epoch: u64,
     switches: Arc<Switches>,
-    published: Arc<AtomicU8>,
+    live: Arc<LiveStep>,
     sink: RecordSink,
     _not_send: PhantomData<*const ()>,
+}
+
+/// Per-phase nanoseconds from per-phase ticks, `other` taking what no phase covers, so that the
+/// phases sum to `wall_ns` exactly.
+fn phases_to_ns(acc: &[u64; N_PHASES], wall_ns: u64) -> [u64; N_PHASES] {
+    let mut phase_ns = [0u64; N_PHASES];
+    let mut covered = 0;
+    for (i, t) in acc.iter().enumerate().skip(1) {
+        phase_ns[i] = clock::ticks_to_ns(*t);
+        covered += phase_ns[i];
+    }
+    // Rounding in the tick conversion can overshoot by a few ns; never by more than that.
+    if covered > wall_ns {
+        let excess = covered - wall_ns;
+        let biggest = (1..N_PHASES).max_by_key(|&i| phase_ns[i]).unwrap_or(1);
+        phase_ns[biggest] = phase_ns[biggest].saturating_sub(excess);
+        covered = wall_ns;
+    }
+    phase_ns[Phase::Other as usize] = wall_ns.saturating_sub(covered);
+    phase_ns
 }
 
 impl PhaseRecorder {
@@ -146,54 +258,86 @@ impl PhaseRecorder {
             return;
         }
         let now = clock::ticks();
-        self.acc[self.current_phase as usize] += now.wrapping_sub(self.last);
+        let i = self.current_phase as usize;
+        self.acc[i] += clock::elapsed(self.last, now);
+        self.live.acc[i].store(self.acc[i], Relaxed);
         self.last = now;
         self.current_phase = phase;
-        self.published.store(phase as u8, Relaxed);
+        self.live.phase_start.store(now, Relaxed);
+        self.live.phase.store(phase as u8, Relaxed);
     }
 
-    /// Ends the iteration: sends one record (dropped if the channel is full) and starts the next.
+    /// The phase being recorded now.
+    pub fn current(&self) -> Phase {
+        self.current_phase
+    }
+
+    /// Ends the iteration with host-timed phases: sends one record (dropped if the channel is
+    /// full) and starts the next.
     pub fn end_step(&mut self, tokens: u64, metrics: Option<TrainMetrics>) {
+        self.end_step_timed(tokens, metrics, Timing::Host, true);
+    }
+
+    /// Ends the iteration; `host_phases` false means the phase times follow later as a device
+    /// record (`events` mode), so this one carries only steps, tokens and metrics. Returns the
+    /// iteration's end (ns on the profiler's clock) for that later record.
+    pub fn end_step_timed(
+        &mut self,
+        tokens: u64,
+        metrics: Option<TrainMetrics>,
+        timing: Timing,
+        host_phases: bool,
+    ) -> u64 {
         let now = clock::ticks();
-        let mut phase_ns = [0u64; N_PHASES];
-        let wall_ns = clock::ticks_to_ns(now.wrapping_sub(self.iter_start));
+        let wall_ns = clock::ticks_to_ns(clock::elapsed(self.iter_start, now));
         let on = self.switches.profiling();
         let epoch = self.switches.profiling_epoch();
-        let profiled = on && epoch == self.epoch;
         if on {
-            self.acc[self.current_phase as usize] += now.wrapping_sub(self.last);
+            self.acc[self.current_phase as usize] += clock::elapsed(self.last, now);
         }
-        let mut covered = 0;
-        for (i, t) in self.acc.iter().enumerate().skip(1) {
-            phase_ns[i] = clock::ticks_to_ns(*t);
-            covered += phase_ns[i];
-        }
-        // Rounding in the tick conversion can overshoot by a few ns; never by more than that.
-        if covered > wall_ns {
-            let excess = covered - wall_ns;
-            let biggest = (1..N_PHASES).max_by_key(|&i| phase_ns[i]).unwrap_or(1);
-            phase_ns[biggest] = phase_ns[biggest].saturating_sub(excess);
-            covered = wall_ns;
-        }
-        phase_ns[Phase::Other as usize] = wall_ns - covered;
-        let record = StepRecord {
+        let end_ns = clock::ticks_to_epoch_ns(now);
+        self.sink.send(StepRecord {
             thread: self.thread,
-            end_ns: clock::ticks_to_epoch_ns(now),
+            end_ns,
             wall_ns,
-            phase_ns,
-            profiled,
+            phase_ns: phases_to_ns(&self.acc, wall_ns),
+            profiled: on && epoch == self.epoch && host_phases,
+            timing,
+            steps: 1,
+            gpu_idle_ns: 0,
             tokens,
             metrics,
-        };
-        if let Err(TrySendError::Full(_)) = self.sink.tx.try_send(record) {
-            self.sink.dropped.fetch_add(1, Relaxed);
-        }
+        });
         self.acc = [0; N_PHASES];
         self.iter_start = now;
         self.last = now;
         self.current_phase = Phase::Other;
         self.epoch = epoch;
-        self.published.store(Phase::Other as u8, Relaxed);
+        self.live.restart(now);
+        end_ns
+    }
+
+    /// Sends device-measured phase times of an iteration that ended at `end_ns` on the host, of
+    /// which `idle_ns` the GPU sat idle waiting for the host.
+    pub fn send_device_step(
+        &self,
+        end_ns: u64,
+        phase_ns: [u64; N_PHASES],
+        idle_ns: u64,
+        timing: Timing,
+    ) {
+        self.sink.send(StepRecord {
+            thread: self.thread,
+            end_ns,
+            wall_ns: phase_ns.iter().sum(),
+            phase_ns,
+            profiled: true,
+            timing,
+            steps: 0,
+            gpu_idle_ns: idle_ns,
+            tokens: 0,
+            metrics: None,
+        });
     }
 
     /// Starts a fresh iteration without reporting the time since the last one (after a pause).
@@ -204,6 +348,6 @@ impl PhaseRecorder {
         self.last = now;
         self.current_phase = Phase::Other;
         self.epoch = self.switches.profiling_epoch();
-        self.published.store(Phase::Other as u8, Relaxed);
+        self.live.restart(now);
     }
 }

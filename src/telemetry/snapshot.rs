@@ -5,15 +5,27 @@ use super::switches::GpuTiming;
 use super::verdict::Verdict;
 use serde::{Deserialize, Serialize};
 
-/// Phase time of one thread over a window.
+/// Phase time of one thread over a window. Steps are counted where they end; time and tokens
+/// where they happened (a step that straddles the window's start counts in part).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PhaseWindow {
+    /// Steps that ended in the window.
     pub steps: u64,
+    /// Time covered by phase records (profiled steps of the current timing mode, live time).
     pub wall_ns: u64,
     pub phase_ns: [u64; N_PHASES],
-    pub tokens: u64,
+    /// Steps' worth of phase records in the window (fractional at its edges).
+    #[serde(default)]
+    pub phase_steps: f64,
+    pub tokens: f64,
     /// Wall-clock length of the window (not of the steps in it).
     pub span_ns: u64,
+    /// Of `wall_ns`, the time of steps still running (counted up to now).
+    #[serde(default)]
+    pub live_ns: u64,
+    /// Of `wall_ns` (device-timed), the time the GPU sat idle waiting for the host.
+    #[serde(default)]
+    pub gpu_idle_ns: u64,
 }
 
 impl PhaseWindow {
@@ -22,25 +34,60 @@ impl PhaseWindow {
         self.wall_ns += other.wall_ns;
         self.tokens += other.tokens;
         self.span_ns += other.span_ns;
+        self.phase_steps += other.phase_steps;
+        self.live_ns += other.live_ns;
+        self.gpu_idle_ns += other.gpu_idle_ns;
         for i in 0..N_PHASES {
             self.phase_ns[i] += other.phase_ns[i];
         }
     }
 
-    /// Mean milliseconds per step spent in `phase`.
-    pub fn ms_per_step(&self, phase: Phase) -> f64 {
-        if self.steps == 0 {
+    /// Adds the time of a step still in progress (live time).
+    pub fn add_in_flight(&mut self, f: &crate::telemetry::window::InFlight) {
+        let live: u64 = f.phase_ns.iter().sum();
+        for (acc, ns) in self.phase_ns.iter_mut().zip(f.phase_ns) {
+            *acc += ns;
+        }
+        self.wall_ns += live;
+        self.live_ns += live;
+        self.phase_steps += f.step_share;
+    }
+
+    /// Drops the phase times, keeping steps and tokens.
+    pub fn clear_phases(&mut self) {
+        self.wall_ns = 0;
+        self.live_ns = 0;
+        self.gpu_idle_ns = 0;
+        self.phase_steps = 0.0;
+        self.phase_ns = [0; N_PHASES];
+    }
+
+    /// Steps to divide phase time by: the steps' worth of the time in the window, so a step cut
+    /// by the window's edge divides by its fraction (and a step that has run for 12 s without
+    /// ending reads 12,000 ms).
+    fn per_step_divisor(&self) -> f64 {
+        if self.wall_ns == 0 || self.phase_steps <= 0.0 {
             return 0.0;
         }
-        self.phase_ns[phase.index()] as f64 / 1e6 / self.steps as f64
+        self.phase_steps
+    }
+
+    /// Mean milliseconds per step spent in `phase`.
+    pub fn ms_per_step(&self, phase: Phase) -> f64 {
+        let d = self.per_step_divisor();
+        if d == 0.0 {
+            return 0.0;
+        }
+        self.phase_ns[phase.index()] as f64 / 1e6 / d
     }
 
     /// Mean wall milliseconds per step.
     pub fn step_ms(&self) -> f64 {
-        if self.steps == 0 {
+        let d = self.per_step_divisor();
+        if d == 0.0 {
             return 0.0;
         }
-        self.wall_ns as f64 / 1e6 / self.steps as f64
+        self.wall_ns as f64 / 1e6 / d
     }
 
     /// Share of the recorded wall time spent in `phase`, 0..1.
@@ -74,18 +121,39 @@ pub struct ThreadView {
     pub tid: i32,
     pub cpu_pct: Option<f32>,
     pub phase: Phase,
+    /// How long the thread has been in `phase`, seconds.
+    #[serde(default)]
+    pub phase_s: f64,
     pub state: ThreadState,
+    /// The kernel's state letter from /proc (R running, S sleeping, D blocked in I/O, …).
+    #[serde(default)]
+    pub os_state: Option<char>,
     pub w1: PhaseWindow,
     pub w10: PhaseWindow,
     pub run: PhaseWindow,
 }
 
-/// Threads of the process that no worker registered (libtorch's pools, the UI, …), by name.
+/// Threads of the process that no worker registered (libtorch's pools, the UI, …), by name and
+/// by the worker that drives them where that is known.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ThreadGroupView {
     pub name: String,
     pub count: usize,
     pub cpu_pct: f32,
+    /// The worker these threads work for (its intra-op pool, its autograd thread).
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// How many of them are in each kernel state, by state letter.
+    #[serde(default)]
+    pub states: Vec<(char, usize)>,
+}
+
+/// Memory of this process and of the host (sysinfo), MiB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryView {
+    pub rss_mib: u64,
+    pub host_used_mib: u64,
+    pub host_total_mib: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -124,6 +192,18 @@ pub struct GpuView {
     pub sm_clock_mhz: u32,
     pub temp_c: u32,
     pub util_history: Vec<u32>,
+    /// This device is `cuda:N` in the process; None when CUDA_VISIBLE_DEVICES hides it.
+    #[serde(default)]
+    pub cuda: Option<u32>,
+    /// Memory-bandwidth utilisation, percent.
+    #[serde(default)]
+    pub mem_bw_pct: u32,
+    /// This process's memory on the device, MiB, when NVML lists it.
+    #[serde(default)]
+    pub proc_mem_mib: Option<u64>,
+    /// Why the clocks are held down (`sw-power`, `hw-thermal`, `idle`, …).
+    #[serde(default)]
+    pub throttle: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -157,7 +237,11 @@ pub struct SelfCost {
     pub marks_per_s: f64,
     pub ns_per_mark: f64,
     pub snapshot_us: f64,
+    /// Step records the channel had no room for.
     pub dropped: u64,
+    /// Step spans (for traces) beyond the cap between two snapshots.
+    #[serde(default)]
+    pub spans_dropped: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -166,12 +250,18 @@ pub struct Snapshot {
     pub elapsed_s: f64,
     pub train: TrainView,
     pub profiling: bool,
+    /// The GPU timing mode; None when no worker drives a GPU (the modes mean nothing there).
     pub gpu_timing: Option<GpuTiming>,
     pub paused: bool,
     pub verdict: Verdict,
+    /// What has not ended while the pipeline is stalled: "target-0 in forward for 12.0 s".
+    #[serde(default)]
+    pub stall: Option<String>,
     pub threads: Vec<ThreadView>,
     pub groups: Vec<ThreadGroupView>,
     pub cpu_note: Option<String>,
+    #[serde(default)]
+    pub memory: Option<MemoryView>,
     pub queues: Vec<QueueView>,
     pub gpus: GpuPanel,
     /// (elapsed s, value), oldest first.

@@ -8,22 +8,58 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 pub enum GpuTiming {
     /// Host wall time: queued CUDA work lands in whichever phase next waits on the device.
     Async,
-    /// Synchronize the device at every phase boundary: true attribution, at a throughput cost.
+    /// Synchronize the worker's stream at every phase boundary: true attribution, at a cost.
     Sync,
+    /// CUDA events on the worker's stream at every mark, read back steps later: device time per
+    /// phase without stalling the pipeline (the default on CUDA).
+    Events,
 }
 
 impl GpuTiming {
+    pub const ALL: [GpuTiming; 3] = [GpuTiming::Async, GpuTiming::Events, GpuTiming::Sync];
+
     pub fn name(self) -> &'static str {
         match self {
             GpuTiming::Async => "async",
             GpuTiming::Sync => "sync",
+            GpuTiming::Events => "events",
         }
     }
 
+    pub fn parse(s: &str) -> Option<GpuTiming> {
+        GpuTiming::ALL.into_iter().find(|m| m.name() == s)
+    }
+
+    /// The `g` key's order: async, events, sync.
     pub fn next(self) -> GpuTiming {
         match self {
-            GpuTiming::Async => GpuTiming::Sync,
+            GpuTiming::Async => GpuTiming::Events,
+            GpuTiming::Events => GpuTiming::Sync,
             GpuTiming::Sync => GpuTiming::Async,
+        }
+    }
+}
+
+/// How a step's phase times were measured; a window never mixes two of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Timing {
+    /// Host wall time on a CPU worker (GPU timing modes do not apply).
+    #[default]
+    Host,
+    /// Host wall time on a GPU worker (`async`).
+    GpuAsync,
+    /// Host wall time with the worker's stream synchronized at each mark (`sync`).
+    GpuSync,
+    /// Device time from CUDA events (`events`).
+    GpuEvents,
+}
+
+impl Timing {
+    pub fn of(mode: GpuTiming) -> Timing {
+        match mode {
+            GpuTiming::Async => Timing::GpuAsync,
+            GpuTiming::Sync => Timing::GpuSync,
+            GpuTiming::Events => Timing::GpuEvents,
         }
     }
 }
@@ -67,6 +103,7 @@ impl Switches {
     pub fn gpu_timing(&self) -> GpuTiming {
         match self.gpu_timing.load(Relaxed) {
             1 => GpuTiming::Sync,
+            2 => GpuTiming::Events,
             _ => GpuTiming::Async,
         }
     }

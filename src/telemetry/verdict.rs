@@ -19,6 +19,10 @@ pub enum Verdict {
     TargetBound,
     /// Targets wait on a full HS queue.
     DrafterBound,
+    /// Training is paused: time is neither work nor wait.
+    Paused,
+    /// No step has ended for several typical step times (the snapshot names what hangs).
+    Stalled,
 }
 
 impl Verdict {
@@ -29,6 +33,8 @@ impl Verdict {
             Verdict::LoaderBound => "targets starved: loader-bound",
             Verdict::TargetBound => "drafters starved: target-bound",
             Verdict::DrafterBound => "targets blocked on HS queue: drafter-bound",
+            Verdict::Paused => "paused",
+            Verdict::Stalled => "stalled",
         }
     }
 
@@ -39,6 +45,8 @@ impl Verdict {
             Verdict::LoaderBound => "loader-bound",
             Verdict::TargetBound => "target-bound",
             Verdict::DrafterBound => "drafter-bound",
+            Verdict::Paused => "paused",
+            Verdict::Stalled => "stalled",
         }
     }
 }

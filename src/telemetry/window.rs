@@ -1,6 +1,7 @@
-//! Rolling windows. Records are summed into the open tick; a closed tick goes into a ring of the
-//! last `RING_TICKS`; the 1 s and 10 s windows are sums over the newest ticks of that ring and the
-//! run window is a running total. Pure: time comes in as arguments, so tests can script it.
+//! Rolling windows. Records are spread over the ticks their span covers; a closed tick goes into
+//! a ring of the last `RING_TICKS`; the 1 s and 10 s windows are sums over the newest ticks of
+//! that ring and the run window is a running total. Pure: time comes in as arguments, so tests
+//! can script it.
 
 use super::queue::QueueCounters;
 use super::recorder::{StepRecord, TrainMetrics};
@@ -72,6 +73,10 @@ impl QueueTick {
 
 #[derive(Clone, Debug, Default)]
 struct Tick {
+    start_ns: u64,
+    end_ns: u64,
+    /// Training was paused at some point of this tick: its time is neither work nor wait.
+    paused: bool,
     threads: Vec<PhaseWindow>,
     queues: Vec<QueueTick>,
 }
@@ -83,6 +88,19 @@ pub struct LatestMetrics {
     pub drafter_steps: u64,
 }
 
+/// Phase time of a thread's step that has not ended, already cut to one window (live time).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct InFlight {
+    pub phase_ns: [u64; crate::telemetry::N_PHASES],
+    /// The share of a typical step that the in-flight time stands for, 0..1.
+    pub step_share: f64,
+    /// Tokens the step will bring, prorated like `step_share`.
+    pub tokens: f64,
+}
+
+/// Rolling windows over closed ticks. A step's record is spread over the ticks its span covers
+/// (not lumped into the tick where it ended), so a long phase or wait lands where it happened;
+/// the part that fell in a paused tick is dropped.
 #[derive(Debug, Default)]
 pub struct Windows {
     open: Tick,
@@ -98,28 +116,106 @@ fn grow<T: Default>(v: &mut Vec<T>, len: usize) {
     }
 }
 
-impl Windows {
-    pub fn ingest(&mut self, r: &StepRecord) {
-        grow(&mut self.open.threads, r.thread + 1);
-        let w = &mut self.open.threads[r.thread];
-        w.steps += 1;
-        w.wall_ns += r.wall_ns;
-        w.tokens += r.tokens;
+/// Adds `part` (0..=1) of record `r` to window `w`; phases only when `phases`.
+fn add_part(w: &mut PhaseWindow, r: &StepRecord, part: f64, phases: bool) {
+    w.tokens += r.tokens as f64 * part;
+    if phases {
+        w.phase_steps += part;
+        w.gpu_idle_ns += (r.gpu_idle_ns as f64 * part).round() as u64;
+        let mut wall = 0;
         for (acc, ns) in w.phase_ns.iter_mut().zip(r.phase_ns) {
-            *acc += ns;
+            let x = (ns as f64 * part).round() as u64;
+            *acc += x;
+            wall += x;
         }
+        w.wall_ns += wall;
+    }
+}
+
+fn overlap(a: (u64, u64), b: (u64, u64)) -> u64 {
+    a.1.min(b.1).saturating_sub(a.0.max(b.0))
+}
+
+impl Windows {
+    /// Windows whose first tick opens at `now_ns`.
+    pub fn new(now_ns: u64) -> Windows {
+        let mut w = Windows::default();
+        w.open.start_ns = now_ns;
+        w
+    }
+
+    /// Takes a record: its steps count in the open tick; its tokens and (when `phases`) its
+    /// phase times are spread over the ticks its span covers.
+    pub fn ingest(&mut self, r: &StepRecord, phases: bool) {
+        let thread = r.thread;
+        grow(&mut self.open.threads, thread + 1);
+        grow(&mut self.run, thread + 1);
+        self.open.threads[thread].steps += r.steps as u64;
+        self.run[thread].steps += r.steps as u64;
         if let Some(m) = r.metrics {
             self.latest.metrics = Some(m);
             self.latest.drafter_steps += 1;
         }
+        let span = (r.start_ns(), r.end_ns);
+        if r.wall_ns == 0 {
+            add_part(&mut self.open.threads[thread], r, 1.0, phases);
+            add_part(&mut self.run[thread], r, 1.0, phases);
+            return;
+        }
+        let wall = r.wall_ns as f64;
+        // What falls before the oldest tick kept still counts in the run totals.
+        let mut kept = 1.0;
+        let open_part = span.1.saturating_sub(span.0.max(self.open.start_ns)) as f64 / wall;
+        add_part(&mut self.open.threads[thread], r, open_part, phases);
+        for t in self.ring.iter_mut().rev() {
+            if t.end_ns <= span.0 {
+                break;
+            }
+            let part = overlap(span, (t.start_ns, t.end_ns)) as f64 / wall;
+            if t.paused {
+                kept -= part;
+                continue;
+            }
+            grow(&mut t.threads, thread + 1);
+            add_part(&mut t.threads[thread], r, part, phases);
+        }
+        add_part(&mut self.run[thread], r, kept.max(0.0), phases);
     }
 
-    /// Closes the open tick: `span_ns` of wall clock passed, queues read as `queues`.
-    pub fn close_tick(&mut self, span_ns: u64, n_threads: usize, queues: &[QueueCounters]) {
-        let mut tick = std::mem::take(&mut self.open);
+    /// Closes the open tick at `now_ns` with the queues read as `queues`; `paused` says whether
+    /// training was paused during it.
+    pub fn close_tick(
+        &mut self,
+        now_ns: u64,
+        n_threads: usize,
+        queues: &[QueueCounters],
+        paused: bool,
+    ) {
+        let start = self.open.start_ns;
+        let mut tick = std::mem::replace(
+            &mut self.open,
+            Tick {
+                start_ns: now_ns.max(start),
+                ..Default::default()
+            },
+        );
+        tick.end_ns = now_ns.max(start);
+        tick.paused = paused;
         grow(&mut tick.threads, n_threads);
+        let span_ns = tick.end_ns - tick.start_ns;
         for w in &mut tick.threads {
             w.span_ns = span_ns;
+            if paused {
+                // Steps still count; time in a paused tick is neither work nor wait.
+                let steps = w.steps;
+                let tokens = w.tokens;
+                *w = PhaseWindow {
+                    steps,
+                    tokens,
+                    span_ns,
+                    ..Default::default()
+                };
+            }
         }
         grow(&mut self.prev_queue, queues.len());
         tick.queues = queues
@@ -127,8 +223,9 @@ impl Windows {
             .zip(self.prev_queue.iter_mut())
             .map(|(now, prev)| {
                 let t = match prev {
-                    Some(p) => QueueTick::between(p, now),
-                    None => QueueTick {
+                    Some(p) if !paused => QueueTick::between(p, now),
+                    _ => QueueTick {
+                        span_ns: if paused { 0 } else { span_ns },
                         depth: now.depth,
                         min_depth: now.min_depth,
                         max_depth: now.max_depth,
@@ -141,7 +238,7 @@ impl Windows {
             .collect();
         grow(&mut self.run, tick.threads.len());
         for (run, w) in self.run.iter_mut().zip(&tick.threads) {
-            run.add(w);
+            run.span_ns += w.span_ns;
         }
         self.ring.push_back(tick);
         while self.ring.len() > RING_TICKS {
@@ -153,10 +250,9 @@ impl Windows {
     pub fn thread(&self, i: usize, ticks: usize) -> PhaseWindow {
         let mut w = PhaseWindow::default();
         for t in self.ring.iter().rev().take(ticks) {
-            if let Some(x) = t.threads.get(i) {
-                w.add(x);
-            } else {
-                w.span_ns += TICK_NS;
+            match t.threads.get(i) {
+                Some(x) => w.add(x),
+                None => w.span_ns += t.end_ns - t.start_ns,
             }
         }
         w
@@ -166,21 +262,46 @@ impl Windows {
         self.run.get(i).copied().unwrap_or_default()
     }
 
+    /// Start of the window of the newest `ticks` closed ticks, ns.
+    pub fn window_start(&self, ticks: usize) -> u64 {
+        let n = ticks.min(self.ring.len());
+        match self.ring.len().checked_sub(n) {
+            Some(i) if n > 0 => self.ring[i].start_ns,
+            _ => self.open.start_ns,
+        }
+    }
+
+    /// Whether the newest closed tick was paused.
+    pub fn last_paused(&self) -> bool {
+        self.ring.back().is_some_and(|t| t.paused)
+    }
+
+    /// Forgets the phase times of the threads `which` selects, keeping steps and tokens (a new
+    /// GPU timing mode: a bar never mixes two).
+    pub fn forget_phases(&mut self, which: &dyn Fn(usize) -> bool) {
+        let ticks = self.ring.iter_mut().chain(std::iter::once(&mut self.open));
+        for t in ticks {
+            for (i, w) in t.threads.iter_mut().enumerate() {
+                if which(i) {
+                    w.clear_phases();
+                }
+            }
+        }
+        for (i, w) in self.run.iter_mut().enumerate() {
+            if which(i) {
+                w.clear_phases();
+            }
+        }
+    }
+
     /// Queue `i` over the newest `ticks` closed ticks.
     pub fn queue(&self, i: usize, ticks: usize) -> QueueTick {
         let mut q = QueueTick {
             min_depth: usize::MAX,
             ..Default::default()
         };
-        for t in self
-            .ring
-            .iter()
-            .rev()
-            .take(ticks)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-        {
+        let skip = self.ring.len().saturating_sub(ticks);
+        for t in self.ring.iter().skip(skip) {
             if let Some(x) = t.queues.get(i) {
                 q.add(x);
             }
@@ -208,6 +329,10 @@ impl Windows {
     /// Forgets the windows (the `r` key); the run totals stay.
     pub fn reset(&mut self) {
         self.ring.clear();
-        self.open = Tick::default();
+        let start = self.open.start_ns;
+        self.open = Tick {
+            start_ns: start,
+            ..Default::default()
+        };
     }
 }

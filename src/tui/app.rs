@@ -59,7 +59,12 @@ impl Window {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
+    /// `q`: leaves a replay or a finished run at once; a live run asks once.
     Quit,
+    /// Ctrl-C: stops at once (gracefully: the pipeline saves and the terminal is restored).
+    QuitNow,
+    /// Esc: closes the help overlay; never quits.
+    Back,
     ToggleProfiling,
     CycleGpuTiming,
     TogglePause,
@@ -81,8 +86,9 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
     }
     let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
     Some(match key.code {
-        KeyCode::Char('c') if ctrl => Action::Quit,
-        KeyCode::Char('q') | KeyCode::Esc => Action::Quit,
+        KeyCode::Char('c') if ctrl => Action::QuitNow,
+        KeyCode::Char('q') => Action::Quit,
+        KeyCode::Esc => Action::Back,
         KeyCode::Char('p') => Action::ToggleProfiling,
         KeyCode::Char('g') => Action::CycleGpuTiming,
         KeyCode::Char(' ') => Action::TogglePause,
@@ -91,9 +97,9 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('c') => Action::Checkpoint,
         KeyCode::Char('w') => Action::CycleWindow,
         KeyCode::Char('e') => Action::ExportTrace,
-        KeyCode::Tab => Action::NextView,
-        KeyCode::BackTab => Action::PrevView,
-        KeyCode::Char('?') | KeyCode::Char('h') => Action::ToggleHelp,
+        KeyCode::Tab | KeyCode::Right | KeyCode::Char('l') => Action::NextView,
+        KeyCode::BackTab | KeyCode::Left | KeyCode::Char('h') => Action::PrevView,
+        KeyCode::Char('?') => Action::ToggleHelp,
         KeyCode::Char(c @ '1'..='5') => Action::ShowView(c as usize - '1' as usize),
         _ => return None,
     })
@@ -125,6 +131,12 @@ pub struct App {
     pub note: Option<String>,
     /// Step spans of the last `TRACE_SECONDS`, for `e`.
     pub recent: std::collections::VecDeque<StepSpan>,
+    /// Snapshots the hub published that this front-end never got (gaps in `seq`).
+    pub missed_snapshots: u64,
+    /// `q` was pressed once on a live run: the next `q` stops training.
+    pub quit_armed: bool,
+    /// The engine stopped by itself (run finished or failed): `q` leaves at once.
+    pub finished: bool,
 }
 
 /// What `e` exports: the last seconds of phases.
@@ -147,6 +159,9 @@ impl App {
             latest: None,
             note: None,
             recent: std::collections::VecDeque::new(),
+            missed_snapshots: 0,
+            quit_armed: false,
+            finished: false,
         }
     }
 
@@ -160,6 +175,9 @@ impl App {
         let previous = self.latest.as_ref().and_then(|l| l.status.as_ref());
         if s.status.is_some() && s.status.as_ref() != previous {
             self.note = None;
+        }
+        if let Some(prev) = &self.latest {
+            self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
         }
         self.recent.extend(s.steps.iter().cloned());
         if let Some(end) = self.recent.back().map(|x| x.end_ns) {
@@ -179,8 +197,21 @@ impl App {
             }
             true
         };
+        let armed = std::mem::take(&mut self.quit_armed);
         match action {
-            Action::Quit => self.quit = true,
+            Action::Quit if armed || !ctl.live() || self.finished => self.quit = true,
+            Action::Quit => {
+                self.quit_armed = true;
+                self.note = Some("q again to stop training (the run saves as configured)".into());
+            }
+            Action::QuitNow => self.quit = true,
+            Action::Back => {
+                if self.help {
+                    self.help = false;
+                } else {
+                    self.note = Some("nothing to close (q quits)".into());
+                }
+            }
             Action::ToggleProfiling => {
                 if engine_only(self) {
                     let on = !ctl.profiling();

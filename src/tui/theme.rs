@@ -72,6 +72,22 @@ impl Theme {
         }
     }
 
+    /// A queue whose consumers starve (waiting on empty): red.
+    pub fn starved(self) -> Style {
+        self.alert()
+    }
+
+    /// A queue whose producers are blocked (waiting on full): yellow, or underlined without colour.
+    pub fn blocked(self) -> Style {
+        if self.color {
+            Style::default()
+                .fg(Color::Yellow)
+                .add_modifier(Modifier::BOLD)
+        } else {
+            Style::default().add_modifier(Modifier::UNDERLINED)
+        }
+    }
+
     pub fn ok(self) -> Style {
         self.fg(Color::Green)
     }

@@ -3,7 +3,7 @@
 use super::app::{App, View, Window};
 use super::panels;
 use super::theme::Theme;
-use crate::telemetry::snapshot::{PhaseWindow, ThreadView};
+use crate::telemetry::snapshot::{GpuPanel, PhaseWindow, ThreadView};
 use crate::telemetry::{GpuTiming, Snapshot};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
@@ -65,8 +65,9 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
         View::Threads => panels::threads::render(f, body, &c, true),
         View::Phases => panels::phases::render(f, body, &c, true),
         View::Queues => {
-            let [q, g] = Layout::vertical([Constraint::Min(8), Constraint::Length(gpu_height(&c))])
-                .areas(body);
+            let gpu_h = panels::gpus::height(&c.snap.gpus);
+            let [q, g] =
+                Layout::vertical([Constraint::Min(8), Constraint::Length(gpu_h)]).areas(body);
             panels::queues::render(f, q, &c);
             panels::gpus::render(f, g, &c);
         }
@@ -74,13 +75,6 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
     }
     if app.help {
         panels::help::render(f, area, &c);
-    }
-}
-
-fn gpu_height(c: &Ctx) -> u16 {
-    match &c.snap.gpus {
-        crate::telemetry::snapshot::GpuPanel::Present(g) => 2 + 2 * g.len().max(1) as u16,
-        _ => 3,
     }
 }
 
@@ -96,8 +90,13 @@ fn overview(f: &mut Frame, area: Rect, c: &Ctx) {
     panels::phases::render(f, phases_area, c, false);
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
-    let queues_h = (c.snap.queues.len().max(1) as u16 * 6).min(left.height.saturating_sub(3));
-    let [q, g] = Layout::vertical([Constraint::Length(queues_h), Constraint::Min(3)]).areas(left);
+    // No GPU: the queues take the column and one line says so; else the GPU panel gets the rest.
+    let [q, g] = if matches!(c.snap.gpus, GpuPanel::Absent(_)) {
+        Layout::vertical([Constraint::Min(0), Constraint::Length(1)]).areas(left)
+    } else {
+        let queues_h = (c.snap.queues.len().max(1) as u16 * 6).min(left.height.saturating_sub(3));
+        Layout::vertical([Constraint::Length(queues_h), Constraint::Min(3)]).areas(left)
+    };
     panels::queues::render(f, q, c);
     panels::gpus::render(f, g, c);
     panels::charts::render(f, right, c, true);

@@ -1,63 +1,69 @@
-//! GPUs from NVML: util, memory, power, SM clock, temperature, util history; one plain line
-//! when there is none.
+//! GPUs from NVML, each under the `cuda:N` it is in this process: SM and memory-bandwidth
+//! utilisation, device memory and this process's share of it, power, SM clock, temperature,
+//! throttle reasons, a util history. No GPU: one plain line, not a panel.
 
 use super::super::view::Ctx;
-use crate::telemetry::snapshot::GpuPanel;
-use ratatui::layout::{Constraint, Layout, Rect};
+use crate::telemetry::snapshot::{GpuPanel, GpuView};
+use ratatui::layout::Rect;
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Sparkline};
 use ratatui::Frame;
 
+/// Rows one GPU takes: two lines of numbers and a sparkline.
+pub const ROWS_PER_GPU: u16 = 3;
+
+/// Rows the GPU area wants: one line when there is no GPU, else a bordered panel.
+pub fn height(gpus: &GpuPanel) -> u16 {
+    match gpus {
+        GpuPanel::Absent(_) => 1,
+        GpuPanel::Present(g) => 2 + ROWS_PER_GPU * g.len().max(1) as u16,
+    }
+}
+
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
-    let block = Block::default().borders(Borders::ALL).title(" GPUs ");
-    let inner = block.inner(area);
-    f.render_widget(block, area);
     let gpus = match &c.snap.gpus {
         GpuPanel::Absent(why) => {
-            let line = if why.is_empty() {
-                "no NVIDIA GPU (NVML not found)"
-            } else {
-                short(why)
-            };
-            f.render_widget(
-                Paragraph::new(Line::styled(line.to_string(), c.theme.dim())),
-                inner,
-            );
+            let line = format!("GPUs: {}", short(why));
+            let row = Rect { height: 1, ..area };
+            f.render_widget(Paragraph::new(Line::styled(line, c.theme.dim())), row);
             return;
         }
         GpuPanel::Present(g) => g,
     };
-    let per = 2u16;
+    let block = Block::default().borders(Borders::ALL).title(" GPUs ");
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let bottom = inner.y + inner.height;
     let mut y = inner.y;
+    // This process's GPUs first, as cuda:0, cuda:1, …; the hidden ones after.
+    let mut gpus: Vec<&GpuView> = gpus.iter().collect();
+    gpus.sort_by_key(|g| (g.cuda.is_none(), g.cuda, g.index));
     for g in gpus {
-        if y + 1 > inner.y + inner.height {
+        if y >= bottom {
             break;
         }
-        let line = format!(
-            "{} {}  util {:3}%  mem {}/{} GiB  {:.0} W  {} MHz  {} C",
-            g.index,
-            g.name.replace("NVIDIA ", ""),
-            g.util_pct,
-            g.mem_used_mib / 1024,
-            g.mem_total_mib / 1024,
-            g.power_w,
-            g.sm_clock_mhz,
-            g.temp_c
-        );
-        let row = Rect {
+        let style = if g.cuda.is_some() {
+            ratatui::style::Style::default()
+        } else {
+            c.theme.dim()
+        };
+        let row = |y: u16| Rect {
             x: inner.x,
             y,
             width: inner.width,
-            height: per.min(inner.y + inner.height - y),
+            height: 1,
         };
-        let parts = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).split(row);
-        f.render_widget(Paragraph::new(line), parts[0]);
-        if parts[1].height > 0 {
+        let [first, second] = lines(g);
+        f.render_widget(Paragraph::new(first).style(style), row(y));
+        if y + 1 < bottom {
+            f.render_widget(Paragraph::new(second).style(style), row(y + 1));
+        }
+        if y + 2 < bottom {
             let data: Vec<u64> = g
                 .util_history
                 .iter()
                 .rev()
-                .take(parts[1].width as usize)
+                .take(inner.width as usize)
                 .rev()
                 .map(|u| *u as u64)
                 .collect();
@@ -66,16 +72,46 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
                     .data(&data)
                     .max(100)
                     .style(c.theme.fg(ratatui::style::Color::Green)),
-                parts[1],
+                row(y + 2),
             );
         }
-        y += per;
+        y += ROWS_PER_GPU;
     }
+}
+
+/// The two lines of numbers for one GPU.
+pub fn lines(g: &GpuView) -> [String; 2] {
+    let label = match g.cuda {
+        Some(n) => format!("cuda:{n}"),
+        None => format!("nvml {} (hidden)", g.index),
+    };
+    let ours = g
+        .proc_mem_mib
+        .map(|m| format!(" ours {:.1}", m as f64 / 1024.0))
+        .unwrap_or_default();
+    let first = format!(
+        "{label} {}  util {:3}%  bw {:3}%  mem {:.1}/{:.0} GiB{ours}",
+        g.name.replace("NVIDIA ", ""),
+        g.util_pct,
+        g.mem_bw_pct,
+        g.mem_used_mib as f64 / 1024.0,
+        g.mem_total_mib as f64 / 1024.0,
+    );
+    let throttle = if g.throttle.is_empty() {
+        String::new()
+    } else {
+        format!("  throttle {}", g.throttle.join(","))
+    };
+    let second = format!(
+        "  {:.0} W  {} MHz  {} C{throttle}",
+        g.power_w, g.sm_clock_mhz, g.temp_c
+    );
+    [first, second]
 }
 
 /// "no NVIDIA GPU (NVML not found)" without the loader's long explanation.
 fn short(why: &str) -> &str {
-    if why.starts_with("no NVIDIA GPU") {
+    if why.is_empty() || why.starts_with("no NVIDIA GPU (NVML not found") {
         "no NVIDIA GPU (NVML not found)"
     } else {
         why

@@ -23,6 +23,19 @@ pub fn fmt_rate(v: f64) -> String {
     }
 }
 
+/// Drops besides step records, when there are any: trace spans over the cap, snapshots this
+/// front-end was too slow to take.
+fn drops_detail(spans: u64, snapshots: u64) -> String {
+    let mut out = String::new();
+    if spans > 0 {
+        out.push_str(&format!(" +{spans} spans"));
+    }
+    if snapshots > 0 {
+        out.push_str(&format!(" +{snapshots} snaps"));
+    }
+    out
+}
+
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let s = c.snap;
     let t = c.theme;
@@ -59,31 +72,42 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         Verdict::Warmup => t.dim(),
         _ => t.alert(),
     };
-    let line2 = Line::from(vec![
+    let mut line2 = vec![
         badge(
             c.badges.profiling,
             format!("PROF {}", if c.badges.profiling { "on" } else { "off" }),
         ),
         Span::raw(" "),
-        badge(true, format!("GPU {}", c.badges.gpu_timing.name())),
-        Span::raw(" "),
+    ];
+    // On the CPU the GPU timing modes mean nothing: no badge.
+    if s.gpu_timing.is_some() {
+        line2.push(badge(true, format!("GPU {}", c.badges.gpu_timing.name())));
+        line2.push(Span::raw(" "));
+    }
+    line2.push(
         match (c.badges.live, c.badges.paused, c.app.frozen.is_some()) {
             (false, _, _) => badge(false, "REPLAY".into()),
             (_, _, true) => badge(false, "FROZEN".into()),
             (_, true, _) => badge(false, "PAUSED".into()),
             _ => badge(true, "RUNNING".into()),
         },
-        Span::raw("  "),
-        Span::styled(s.verdict.text(), verdict_style),
-    ]);
+    );
+    line2.push(Span::raw("  "));
+    let verdict = match (&s.verdict, &s.stall) {
+        (Verdict::Stalled, Some(what)) => format!("stalled: {what}"),
+        (v, _) => v.text().to_string(),
+    };
+    line2.push(Span::styled(verdict, verdict_style));
+    let line2 = Line::from(line2);
     let mut spans = Vec::new();
     if let Some(note) = c.app.note.as_ref().or(s.status.as_ref()) {
         spans.push(Span::styled(format!("» {note}  "), t.bold()));
     }
     spans.push(Span::styled(
         format!(
-            "dropped {} · prof {:.0} ns/mark x {:.0}/s · snap {:.0}us · [{}] ? help q quit",
+            "dropped {}{} · prof {:.0} ns/mark x {:.0}/s · snap {:.0}us · [{}] ? help q quit",
             s.self_cost.dropped,
+            drops_detail(s.self_cost.spans_dropped, c.app.missed_snapshots),
             s.self_cost.ns_per_mark,
             s.self_cost.marks_per_s,
             s.self_cost.snapshot_us,

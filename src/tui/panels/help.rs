@@ -13,7 +13,7 @@ pub const KEYS: [(&str, &str); 14] = [
     ),
     (
         "g",
-        "GPU timing mode: async (host wall) / sync (true attribution)",
+        "GPU timing: async (host wall) / events (device time) / sync (stream synced)",
     ),
     ("space", "pause / resume training"),
     ("f", "freeze / unfreeze the display"),
@@ -24,12 +24,15 @@ pub const KEYS: [(&str, &str); 14] = [
         "e",
         "export the last 10 s of phases as a Chrome trace (Perfetto)",
     ),
-    ("tab", "next view (shift-tab: previous)"),
+    ("tab l →", "next view (shift-tab, h, ←: previous)"),
     ("1-5", "overview, threads, phases, queues+GPUs, charts"),
     ("?", "this help"),
-    ("q", "quit: stop the pipeline, save, restore the terminal"),
-    ("ctrl-c", "quit, as q"),
-    ("esc", "quit, as q"),
+    (
+        "q",
+        "quit (a live run asks once: q again stops it, saves, restores the terminal)",
+    ),
+    ("ctrl-c", "quit at once (the run still saves)"),
+    ("esc", "close this help; never quits"),
 ];
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
@@ -46,7 +49,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         .map(|(k, d)| Line::from(format!(" {k:>7}  {d}")))
         .collect();
     lines.push(Line::from(""));
-    lines.push(Line::styled(" press ? to close", c.theme.dim()));
+    lines.push(Line::styled(" press ? or esc to close", c.theme.dim()));
     f.render_widget(Clear, r);
     f.render_widget(
         Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" keys ")),

@@ -3,7 +3,7 @@
 
 use super::super::view::Ctx;
 use crate::telemetry::snapshot::PhaseWindow;
-use crate::telemetry::Phase;
+use crate::telemetry::{GpuTiming, Phase};
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
@@ -73,10 +73,15 @@ fn legend(c: &Ctx) -> Line<'static> {
 }
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
-    let block = Block::default().borders(Borders::ALL).title(format!(
-        " phases: wall time per step, window {} ",
-        c.app.window.name()
-    ));
+    let what = match c.snap.gpu_timing {
+        Some(GpuTiming::Events) => "device time per step on GPUs (events)",
+        Some(GpuTiming::Sync) => "wall time per step, GPU synced",
+        Some(GpuTiming::Async) => "host wall time per step (GPU async)",
+        None => "wall time per step",
+    };
+    let block = Block::default()
+        .borders(Borders::ALL)
+        .title(format!(" phases: {what}, window {} ", c.app.window.name()));
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.height == 0 || inner.width < 30 {
@@ -104,7 +109,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
             .filter(|p| **p != Phase::Other)
             .max_by_key(|p| w.phase_ns[p.index()]);
         let stats = match top {
-            Some(p) if w.steps > 0 => format!(
+            Some(p) if w.wall_ns > 0 => format!(
                 "{:6.1}ms {:>12} {:3.0}%",
                 w.step_ms(),
                 truncate(p.name(), 12),
@@ -119,8 +124,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
             Style::default(),
         );
         y += 1;
-        if detail && y < bottom && w.steps > 0 {
-            let parts: Vec<String> = phases
+        if detail && y < bottom && w.wall_ns > 0 {
+            let mut parts: Vec<String> = phases
                 .iter()
                 .filter(|p| w.phase_ns[p.index()] > 0)
                 .map(|p| {
@@ -132,6 +137,12 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
                     )
                 })
                 .collect();
+            if w.gpu_idle_ns > 0 {
+                parts.push(format!(
+                    "GPU idle {:.0}%",
+                    w.gpu_idle_ns as f64 / w.wall_ns as f64 * 100.0
+                ));
+            }
             f.buffer_mut().set_string(
                 inner.x + 2,
                 y,

@@ -1,5 +1,6 @@
 //! Queues: depth against capacity, a depth-history sparkline, share of time empty and full,
-//! rates and item age. A starving queue turns red and says which side waits.
+//! rates and item age. A queue whose consumers starve turns red with `▽`; one whose producers are
+//! blocked turns yellow with `△` — told apart by colour and by glyph (NO_COLOR keeps the glyph).
 
 use super::super::view::Ctx;
 use crate::telemetry::snapshot::QueueView;
@@ -8,17 +9,17 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Gauge, Paragraph, Sparkline};
 use ratatui::Frame;
 
-/// What the queue says about its two sides, if anything.
+/// What the queue says about its two sides, if anything: starved (`▽`) or blocked (`△`).
 pub fn queue_alert(q: &QueueView) -> Option<String> {
     if q.starving {
         Some(format!(
-            "{}s starve: wait {:.0}% on empty",
+            "▽ {}s starve: wait {:.0}% on empty",
             q.consumers,
             q.consumer_wait_share * 100.0
         ))
     } else if q.blocking {
         Some(format!(
-            "{}s blocked: wait {:.0}% on full",
+            "△ {}s blocked: wait {:.0}% on full",
             q.producers,
             q.producer_wait_share * 100.0
         ))
@@ -30,10 +31,11 @@ pub fn queue_alert(q: &QueueView) -> Option<String> {
 fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     let t = c.theme;
     let alert = queue_alert(q);
+    let alert_style = if q.starving { t.starved() } else { t.blocked() };
     let title = format!(" {} queue  {} → {} ", q.name, q.producers, q.consumers);
     let mut block = Block::default().borders(Borders::ALL).title(title);
     if alert.is_some() {
-        block = block.border_style(t.alert());
+        block = block.border_style(alert_style);
     }
     let inner = block.inner(area);
     f.render_widget(block, area);
@@ -51,7 +53,7 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             q.depth, q.capacity, q.min_depth, q.max_depth, q.mean_depth
         ))
         .gauge_style(if alert.is_some() {
-            t.alert()
+            alert_style
         } else {
             t.fg(ratatui::style::Color::Cyan)
         });
@@ -59,7 +61,7 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     // The alert first: it is what the panel is for when it is there.
     let mut spans = Vec::new();
     if let Some(a) = alert {
-        spans.push(Span::styled(format!("{a}  "), t.alert()));
+        spans.push(Span::styled(format!("{a}  "), alert_style));
     }
     spans.push(Span::raw(format!(
         "empty {:.0}% full {:.0}% push {:.1}/s pop {:.1}/s age {:.0}ms",

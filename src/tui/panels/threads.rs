@@ -1,8 +1,11 @@
-//! Threads: name, role, device, CPU % per OS thread, current phase, state; libtorch's own
-//! threads (and other unregistered ones) grouped by name.
+//! Threads: name, role, device, CPU % per OS thread, current phase, state, the kernel's state
+//! letter; libtorch's own threads under the worker that drives them, the other unregistered ones
+//! grouped by name at the end.
 
+use super::super::theme::Theme;
 use super::super::view::Ctx;
-use crate::telemetry::snapshot::ThreadState;
+use crate::probe::owner::comm_of;
+use crate::telemetry::snapshot::{ThreadGroupView, ThreadState};
 use ratatui::layout::{Constraint, Rect};
 use ratatui::widgets::{Block, Borders, Cell, Row, Table};
 use ratatui::Frame;
@@ -13,14 +16,12 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     let t = c.theme;
     let show_groups = full;
     let header = Row::new([
-        "thread", "role", "dev", "cpu%", "phase", "state", "step/s", "ms/step",
+        "thread", "role", "dev", "cpu%", "phase", "state", "os", "step/s", "ms/step",
     ])
     .style(t.bold());
-    let mut rows: Vec<Row> = c
-        .snap
-        .threads
-        .iter()
-        .map(|th| {
+    let mut rows: Vec<Row> = Vec::new();
+    for th in &c.snap.threads {
+        rows.push({
             let w = c.window_of(th);
             let state_style = match th.state {
                 ThreadState::Waiting => t.alert(),
@@ -38,27 +39,23 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 ),
                 Cell::from(th.phase.name()).style(t.fg(t.phase_color(th.phase))),
                 Cell::from(format!("{:?}", th.state).to_lowercase()).style(state_style),
+                Cell::from(th.os_state.map(String::from).unwrap_or_else(|| "-".into())),
                 Cell::from(format!("{:.1}", w.steps_per_s())),
                 Cell::from(format!("{:.1}", w.step_ms())),
             ])
-        })
-        .collect();
-    if show_groups {
-        for g in &c.snap.groups {
-            rows.push(
-                Row::new(vec![
-                    Cell::from(format!("{} x{}", g.name, g.count)),
-                    Cell::from("other"),
-                    Cell::from(""),
-                    Cell::from(format!("{:.0}", g.cpu_pct)),
-                    Cell::from(""),
-                    Cell::from(""),
-                    Cell::from(""),
-                    Cell::from(""),
-                ])
-                .style(t.dim()),
-            );
+        });
+        if show_groups {
+            let helpers = c
+                .snap
+                .groups
+                .iter()
+                .filter(|g| g.owner.as_ref() == Some(&th.name));
+            rows.extend(helpers.map(|g| group_row(g, t)));
         }
+    }
+    if show_groups {
+        let others = c.snap.groups.iter().filter(|g| g.owner.is_none());
+        rows.extend(others.map(|g| group_row(g, t)));
     }
     let widths = if full {
         vec![
@@ -68,11 +65,12 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             Constraint::Length(5),
             Constraint::Length(12),
             Constraint::Length(8),
+            Constraint::Length(5),
             Constraint::Length(7),
             Constraint::Length(8),
         ]
     } else {
-        // thread, cpu%, phase, state, ms/step
+        // thread, cpu%, phase, state, os, ms/step
         vec![
             Constraint::Min(10),
             Constraint::Length(0),
@@ -80,17 +78,55 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             Constraint::Length(4),
             Constraint::Length(12),
             Constraint::Length(7),
+            Constraint::Length(2),
             Constraint::Length(0),
             Constraint::Length(7),
         ]
     };
-    let title = match &c.snap.cpu_note {
+    let mut title = match &c.snap.cpu_note {
         Some(n) => format!(" threads ({n}) "),
         None => " threads ".to_string(),
     };
+    if let (Some(m), true) = (&c.snap.memory, full) {
+        title.push_str(&format!(
+            "· rss {} MiB · host {}/{} GiB ",
+            m.rss_mib,
+            m.host_used_mib / 1024,
+            m.host_total_mib / 1024
+        ));
+    }
     let table = Table::new(rows, widths)
         .column_spacing(1)
         .header(header)
         .block(Block::default().borders(Borders::ALL).title(title));
     f.render_widget(table, area);
+}
+
+/// One row for a group of unregistered threads: under its worker (indented) or at the end.
+fn group_row<'a>(g: &ThreadGroupView, t: Theme) -> Row<'a> {
+    let (name, role) = match &g.owner {
+        Some(owner) if comm_of(owner) == g.name => (format!(" ↳ intra-op x{}", g.count), "pool"),
+        Some(_) if g.name.starts_with("pt_autograd_") => {
+            (format!(" ↳ {} x{}", g.name, g.count), "autograd")
+        }
+        Some(_) => (format!(" ↳ {} x{}", g.name, g.count), "helper"),
+        None => (format!("{} x{}", g.name, g.count), "other"),
+    };
+    Row::new(vec![
+        Cell::from(name),
+        Cell::from(role),
+        Cell::from(""),
+        Cell::from(format!("{:.0}", g.cpu_pct)),
+        Cell::from(""),
+        Cell::from(""),
+        Cell::from(states(&g.states)),
+        Cell::from(""),
+        Cell::from(""),
+    ])
+    .style(t.dim())
+}
+
+/// `R1S3`: how many threads of a group are in each kernel state.
+pub fn states(s: &[(char, usize)]) -> String {
+    s.iter().map(|(c, n)| format!("{c}{n}")).collect()
 }

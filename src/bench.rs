@@ -1,0 +1,196 @@
+//! `dflash-top bench`: the engine's throughput and phase times, and side-by-side comparisons in
+//! one run — GPU timing modes (`modes`) and profiling on vs off (`profiling`) — where the
+//! settings take turns on the same pipeline, so a shared machine's drift hits both alike.
+
+use crate::app::Session;
+use crate::cli::BenchArgs;
+use crate::config::RunConfig;
+use crate::telemetry::snapshot::ThreadView;
+use crate::telemetry::{GpuTiming, HubCommand, Role, Snapshot};
+use anyhow::{bail, Result};
+use crossbeam_channel::Receiver;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    match args.what.as_str() {
+        "telemetry" => {
+            let on = crate::telemetry::hub::measure_mark_cost();
+            println!(
+                "bench: phase mark with profiling on: {on:.1} ns (clock {})",
+                crate::telemetry::clock::source()
+            );
+        }
+        "engine" => engine(args)?,
+        "modes" => {
+            let settings = GpuTiming::ALL.map(|m| Setting {
+                name: m.name(),
+                command: HubCommand::SetGpuTiming(m),
+            });
+            alternate(args, &settings)?;
+        }
+        "profiling" => {
+            let settings = [true, false].map(|on| Setting {
+                name: if on { "profiling-on" } else { "profiling-off" },
+                command: HubCommand::SetProfiling(on),
+            });
+            alternate(args, &settings)?;
+        }
+        other => bail!("bench `{other}`: use engine, modes, profiling or telemetry"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn phase_line(t: &ThreadView) -> String {
+    let w = &t.w10;
+    let phases: Vec<String> = t
+        .role
+        .phases()
+        .iter()
+        .map(|p| format!("{}={:.1}", p.name(), w.ms_per_step(*p)))
+        .collect();
+    let idle = if w.gpu_idle_ns > 0 && w.wall_ns > 0 {
+        format!(
+            " gpu_idle={:.0}%",
+            w.gpu_idle_ns as f64 / w.wall_ns as f64 * 100.0
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{} step_ms={:.1} {}{idle}",
+        t.name,
+        w.step_ms(),
+        phases.join(" ")
+    )
+}
+
+/// Trains for --steps (default 60) without printing; reports throughput over the last 10 s and
+/// per-thread phase times.
+fn engine(args: &BenchArgs) -> Result<()> {
+    let mut train = args.train.clone();
+    train.steps = Some(train.steps.unwrap_or(60));
+    let cfg = RunConfig::from_args(&train)?;
+    let session = Session::start(&cfg)?;
+    let snapshots = session.telemetry.subscribe();
+    let mut last = None;
+    while !session.pipeline.is_finished() {
+        if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
+            last = Some(s);
+        }
+    }
+    let start_step = session.pipeline.start_step;
+    session.finish()?;
+    while let Ok(s) = snapshots.try_recv() {
+        last = Some(s);
+    }
+    let Some(s) = last else {
+        bail!("the run ended before any snapshot")
+    };
+    // Replicas step together: the run's rate is one replica's.
+    let drafter_steps: f64 = s
+        .threads
+        .iter()
+        .filter(|t| t.role == Role::Drafter)
+        .map(|t| t.w10.steps_per_s())
+        .fold(0.0, f64::max);
+    println!(
+        "bench: preset={} steps={} steps/s={:.2} tok/s={:.0} (last 10 s) devices target={:?} drafter={:?} timing={}",
+        cfg.preset.name,
+        s.train.step,
+        drafter_steps,
+        s.train.tok_per_s_10s,
+        cfg.target_devices,
+        cfg.drafter_devices,
+        s.gpu_timing.map(|m| m.name()).unwrap_or("host")
+    );
+    for t in &s.threads {
+        println!("bench: {}", phase_line(t));
+    }
+    println!("{}", crate::headless::summary_line(&s, start_step));
+    Ok(())
+}
+
+struct Setting {
+    name: &'static str,
+    command: HubCommand,
+}
+
+/// The snapshots published during the next `d` (or until the run ends).
+fn snapshots_for(
+    rx: &Receiver<Arc<Snapshot>>,
+    d: Duration,
+    session: &Session,
+) -> Vec<Arc<Snapshot>> {
+    let end = Instant::now() + d;
+    let mut out = Vec::new();
+    while Instant::now() < end && !session.pipeline.is_finished() {
+        if let Ok(s) = rx.recv_timeout(Duration::from_millis(50)) {
+            out.push(s);
+        }
+    }
+    out.extend(rx.try_iter());
+    out
+}
+
+/// Runs the settings in turn, `--segment` seconds each, `--rounds` times after a warm-up turn;
+/// reports tok/s per setting — the mean of the 1 s tok/s (steps in progress prorated, so not
+/// quantised to whole steps) over each segment less its first second, whose window still holds
+/// the previous setting — with its ratio to the first setting, and each thread's phase times in
+/// the setting's last segment.
+fn alternate(args: &BenchArgs, settings: &[Setting]) -> Result<()> {
+    if !(args.segment >= 2.0 && args.segment.is_finite()) {
+        bail!("--segment must be at least 2 seconds");
+    }
+    let mut train = args.train.clone();
+    train.steps = None;
+    let cfg = RunConfig::from_args(&train)?;
+    let session = Session::start(&cfg)?;
+    let rx = session.telemetry.subscribe();
+    let settle = Duration::from_secs(1);
+    let measure = Duration::from_secs_f64(args.segment - 1.0);
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
+    let mut last: Vec<Option<Arc<Snapshot>>> = vec![None; settings.len()];
+    for round in 0..=args.rounds {
+        for (i, s) in settings.iter().enumerate() {
+            session.telemetry.command(s.command.clone());
+            snapshots_for(&rx, settle, &session);
+            let measured = snapshots_for(&rx, measure, &session);
+            if measured.is_empty() {
+                bail!(
+                    "the run ended during the benchmark: {}",
+                    session
+                        .pipeline
+                        .first_error()
+                        .unwrap_or_else(|| "no error was reported".into())
+                );
+            }
+            if round > 0 {
+                rates[i].extend(measured.iter().map(|s| s.train.tok_per_s_1s));
+                last[i] = measured.last().cloned();
+            }
+        }
+    }
+    session.finish()?;
+    let rate = |i: usize| rates[i].iter().sum::<f64>() / rates[i].len().max(1) as f64;
+    println!(
+        "bench: preset={} devices target={:?} drafter={:?} rounds={} segment={}s",
+        cfg.preset.name, cfg.target_devices, cfg.drafter_devices, args.rounds, args.segment
+    );
+    for (i, s) in settings.iter().enumerate() {
+        println!(
+            "bench: {} tok/s={:.0} ratio={:.4} (vs {})",
+            s.name,
+            rate(i),
+            rate(i) / rate(0).max(1e-9),
+            settings[0].name
+        );
+        if let Some(snap) = &last[i] {
+            for t in &snap.threads {
+                println!("bench: {} {}", s.name, phase_line(t));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+// A small C shim over libtorch's CUDA stream pool and c10::Event, which tch does not expose:
+// one stream per worker thread, CUDA events at phase marks (device time per phase, read back
+// without blocking), and the cross-stream hand-off of hidden states (an event the consumer's
+// stream waits on, and record_stream so the producer's allocator does not reuse the memory early).
+// Every function catches c10 errors and returns a status; the message is kept per thread.
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#include <c10/core/Event.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace {
+thread_local std::string last_error;
+
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+c10::cuda::CUDAStream& stream_of(void* s) { return *static_cast<c10::cuda::CUDAStream*>(s); }
+c10::Event& event_of(void* e) { return *static_cast<c10::Event*>(e); }
+}  // namespace
+
+extern "C" {
+
+const char* dflash_cuda_last_error() { return last_error.c_str(); }
+
+// A stream from libtorch's pool on `device` (a copy of the handle, freed with _stream_free).
+int dflash_stream_from_pool(int device, void** out) {
+  return guarded([&] {
+    auto s = c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device));
+    *out = new c10::cuda::CUDAStream(s);
+  });
+}
+
+// The calling thread's current stream on `device`.
+int dflash_stream_current(int device, void** out) {
+  return guarded([&] {
+    auto s = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+    *out = new c10::cuda::CUDAStream(s);
+  });
+}
+
+void dflash_stream_free(void* s) { delete static_cast<c10::cuda::CUDAStream*>(s); }
+
+// Makes `s` the calling thread's current stream on its device: libtorch ops of this thread
+// then run on it.
+int dflash_stream_set_current(void* s) {
+  return guarded([&] { c10::cuda::setCurrentCUDAStream(stream_of(s)); });
+}
+
+int dflash_stream_synchronize(void* s) {
+  return guarded([&] { stream_of(s).synchronize(); });
+}
+
+// 1 when all work queued on `s` has finished, 0 when some is pending.
+int dflash_stream_query(void* s, int* done) {
+  return guarded([&] { *done = stream_of(s).query() ? 1 : 0; });
+}
+
+// A CUDA event; `timing` 1 enables elapsed-time queries. The CUDA event itself is created on
+// the first record.
+int dflash_event_new(int timing, void** out) {
+  return guarded([&] {
+    auto flag = timing ? c10::EventFlag::BACKEND_DEFAULT : c10::EventFlag::PYTORCH_DEFAULT;
+    *out = new c10::Event(c10::DeviceType::CUDA, flag);
+  });
+}
+
+void dflash_event_free(void* e) { delete static_cast<c10::Event*>(e); }
+
+int dflash_event_record(void* e, void* s) {
+  return guarded([&] { event_of(e).record(stream_of(s).unwrap()); });
+}
+
+// 1 when the work before the event's last record has finished.
+int dflash_event_query(void* e, int* done) {
+  return guarded([&] { *done = event_of(e).query() ? 1 : 0; });
+}
+
+// Milliseconds from `a` to `b` on the device (both recorded, both complete).
+int dflash_event_elapsed_ms(void* a, void* b, double* ms) {
+  return guarded([&] { *ms = event_of(a).elapsedTime(event_of(b)); });
+}
+
+// Makes stream `s` wait (on the device, not the host) for the work before event `e`.
+int dflash_stream_wait_event(void* s, void* e) {
+  return guarded([&] { event_of(e).block(stream_of(s).unwrap()); });
+}
+
+// Tells the caching allocator that `tensor` is used on stream `s`, so its memory is not
+// handed out again before the work queued there has finished.
+int dflash_tensor_record_stream(void* tensor, void* s) {
+  return guarded([&] { static_cast<at::Tensor*>(tensor)->record_stream(stream_of(s).unwrap()); });
+}
+
+// The PCI bus id ("0000:18:00.0") and UUID bytes of CUDA device `device` as this process sees
+// it (after CUDA_VISIBLE_DEVICES), to match NVML's devices.
+int dflash_device_pci(int device, char* bus_id, size_t len, unsigned char* uuid16) {
+  return guarded([&] {
+    auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+    std::snprintf(bus_id, len, "%08x:%02x:%02x.0", p->pciDomainID, p->pciBusID, p->pciDeviceID);
+    std::memcpy(uuid16, p->uuid.bytes, 16);
+  });
+}
+}

@@ -1,0 +1,215 @@
+//! The probes as the front-ends see them: libtorch's threads under their worker, OS states,
+//! memory, GPUs in the headless line and on screen, and no GPU as one line.
+
+use super::tui::{screen, starved_snapshot, LIVE};
+use dflash_top::headless::{gpu_fields, interval_line};
+use dflash_top::probe::cpu::{CpuSample, MemorySample, ThreadCpu};
+use dflash_top::telemetry::assemble::Assembler;
+use dflash_top::telemetry::recorder::ThreadInfo;
+use dflash_top::telemetry::snapshot::*;
+use dflash_top::telemetry::{Role, Switches};
+use dflash_top::tui::app::{Action, App};
+use dflash_top::tui::theme::Theme;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn worker(name: &str, role: Role, device: &str, tid: i32) -> ThreadInfo {
+    ThreadInfo {
+        name: name.into(),
+        role,
+        device: device.into(),
+        tid,
+        live: Arc::default(),
+    }
+}
+
+fn os_thread(tid: i32, name: &str, cpu_pct: f32, state: char) -> (i32, ThreadCpu) {
+    let t = ThreadCpu {
+        tid,
+        name: name.into(),
+        cpu_pct,
+        state,
+    };
+    (tid, t)
+}
+
+#[test]
+fn libtorch_threads_are_grouped_under_the_worker_that_drives_them() {
+    let workers = [
+        worker("target-0", Role::Target, "cuda:0", 10),
+        worker("drafter-0", Role::Drafter, "cuda:1", 11),
+    ];
+    let threads: HashMap<i32, ThreadCpu> = [
+        os_thread(10, "target-0", 90.0, 'R'),
+        os_thread(11, "drafter-0", 60.0, 'D'),
+        // drafter-0's intra-op pool inherited its name.
+        os_thread(20, "drafter-0", 40.0, 'R'),
+        os_thread(21, "drafter-0", 5.0, 'S'),
+        // The autograd thread of cuda:1 runs drafter-0's backward.
+        os_thread(22, "pt_autograd_1", 30.0, 'R'),
+        // No drafter on cuda:0: nobody's in particular.
+        os_thread(23, "pt_autograd_0", 0.0, 'S'),
+        os_thread(24, "hub", 2.0, 'S'),
+    ]
+    .into_iter()
+    .collect();
+    let mut asm = Assembler::new(0);
+    asm.set_cpu(Some(CpuSample {
+        threads,
+        memory: Some(MemorySample {
+            rss_mib: 900,
+            host_used_mib: 2000,
+            host_total_mib: 8000,
+        }),
+    }));
+    let s = asm.tick(100_000_000, &workers, &[], &Switches::default(), 0);
+    let drafter = s.threads.iter().find(|t| t.name == "drafter-0").unwrap();
+    assert_eq!(drafter.os_state, Some('D'), "the worker's own kernel state");
+    let group = |name: &str| s.groups.iter().find(|g| g.name == name).unwrap();
+    let pool = group("drafter-0");
+    assert_eq!(pool.owner.as_deref(), Some("drafter-0"));
+    assert_eq!((pool.count, pool.cpu_pct), (2, 45.0));
+    assert_eq!(pool.states, vec![('R', 1), ('S', 1)]);
+    assert_eq!(group("pt_autograd_1").owner.as_deref(), Some("drafter-0"));
+    assert_eq!(group("pt_autograd_0").owner, None);
+    assert_eq!(group("hub").owner, None);
+    assert!(
+        s.groups.iter().all(|g| g.name != "target-0"),
+        "a worker's own thread is not its helper"
+    );
+    assert_eq!(s.memory.map(|m| m.rss_mib), Some(900));
+}
+
+#[test]
+fn the_threads_view_lists_helpers_under_their_worker() {
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    let (ctl, _) = super::tui::controls(false);
+    app.update(Action::ShowView(1), &ctl);
+    let s = screen(&app, 120, 24, Theme { color: true }, LIVE);
+    let rows: Vec<&str> = s.lines().collect();
+    let at = |needle: &str| {
+        rows.iter()
+            .position(|r| r.contains(needle))
+            .unwrap_or_else(|| panic!("{needle} not on screen:\n{s}"))
+    };
+    assert_eq!(at("↳ intra-op x2"), at("│target-0") + 1, "{s}");
+    assert!(at("dflash-top x3") > at("│drafter-0"), "{s}");
+    assert!(s.contains("rss 1536 MiB"), "{s}");
+    insta::assert_snapshot!("threads_view_helpers", s);
+}
+
+fn gpu(index: u32, cuda: Option<u32>, util: u32, used: u64) -> GpuView {
+    GpuView {
+        index,
+        name: "NVIDIA H200".into(),
+        util_pct: util,
+        mem_used_mib: used,
+        mem_total_mib: 143_771,
+        power_w: 612.0,
+        sm_clock_mhz: 1980,
+        temp_c: 61,
+        util_history: vec![util; 60],
+        cuda,
+        mem_bw_pct: 41,
+        proc_mem_mib: cuda.map(|_| used - 512),
+        throttle: vec!["sw-power".into()],
+    }
+}
+
+fn with_gpus() -> Snapshot {
+    let mut s = starved_snapshot();
+    s.gpus = GpuPanel::Present(vec![
+        gpu(0, Some(1), 97, 81_234),
+        gpu(1, None, 3, 600),
+        gpu(2, Some(0), 55, 40_000),
+    ]);
+    s
+}
+
+#[test]
+fn headless_lines_carry_each_visible_gpu_by_its_cuda_index() {
+    let s = with_gpus();
+    assert_eq!(
+        gpu_fields(&s),
+        " | gpu0.util=55 gpu0.mem=40000 gpu1.util=97 gpu1.mem=81234"
+    );
+    assert!(interval_line(&s).contains(" | gpu0.util=55 "));
+    let none = starved_snapshot();
+    assert_eq!(gpu_fields(&none), "");
+    assert!(!interval_line(&none).contains("gpu"));
+}
+
+#[test]
+fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(with_gpus()));
+    let (ctl, _) = super::tui::controls(false);
+    app.update(Action::ShowView(3), &ctl);
+    let s = screen(&app, 120, 36, Theme { color: true }, LIVE);
+    assert!(
+        s.contains("cuda:1 H200  util  97%  bw  41%  mem 79.3/140 GiB ours 78.8"),
+        "{s}"
+    );
+    assert!(
+        s.contains("612 W  1980 MHz  61 C  throttle sw-power"),
+        "{s}"
+    );
+    assert!(s.contains("nvml 1 (hidden)"), "{s}");
+    insta::assert_snapshot!("queues_view_gpus", s);
+}
+
+#[test]
+fn no_gpu_is_one_line_not_a_panel() {
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    let (ctl, _) = super::tui::controls(false);
+    for view in [0, 3] {
+        app.update(Action::ShowView(view), &ctl);
+        let s = screen(&app, 120, 36, Theme { color: true }, LIVE);
+        let rows: Vec<&str> = s.lines().collect();
+        let line = rows
+            .iter()
+            .position(|r| r.contains("GPUs: no NVIDIA GPU (NVML not found)"))
+            .unwrap_or_else(|| panic!("view {view}: no GPU line:\n{s}"));
+        assert!(
+            !s.contains(" GPUs "),
+            "view {view}: a GPU panel is drawn:\n{s}"
+        );
+        assert!(
+            rows[line].starts_with("GPUs:"),
+            "view {view}: the line has no border:\n{s}"
+        );
+        if view == 3 {
+            assert_eq!(line, rows.len() - 1, "the queues view ends with it:\n{s}");
+        }
+    }
+}
+
+#[test]
+fn recordings_made_before_the_probe_fields_still_load() {
+    let mut v = serde_json::to_value(with_gpus()).unwrap();
+    v.as_object_mut().unwrap().remove("memory");
+    for t in v["threads"].as_array_mut().unwrap() {
+        t.as_object_mut().unwrap().remove("os_state");
+    }
+    for g in v["groups"].as_array_mut().unwrap() {
+        let g = g.as_object_mut().unwrap();
+        g.remove("owner");
+        g.remove("states");
+    }
+    for g in v["gpus"]["Present"].as_array_mut().unwrap() {
+        let g = g.as_object_mut().unwrap();
+        for k in ["cuda", "mem_bw_pct", "proc_mem_mib", "throttle"] {
+            assert!(g.remove(k).is_some(), "{k} is serialised");
+        }
+    }
+    let old: Snapshot = serde_json::from_value(v).expect("an old recording loads");
+    assert_eq!(old.memory, None);
+    assert_eq!(old.threads[0].os_state, None);
+    assert_eq!(old.groups[0].owner, None);
+    let GpuPanel::Present(g) = &old.gpus else {
+        panic!("GPUs lost")
+    };
+    assert_eq!((g[0].cuda, g[0].mem_bw_pct, g[0].util_pct), (None, 0, 97));
+}
