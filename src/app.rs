@@ -82,6 +82,7 @@ impl Session {
 
 fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     let cfg = RunConfig::from_args(args)?;
+    println!("{}", cfg.recipe_line());
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
     let interrupted = CancelToken::new();
@@ -90,6 +91,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
         let _ = ctrlc::set_handler(move || i.cancel());
     }
     let start_step = session.pipeline.start_step;
+    let counts = session.pipeline.counts.clone();
     let interval = Duration::from_secs_f64(cfg.interval);
     let mut next = Instant::now() + interval;
     let mut last = None;
@@ -110,6 +112,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     if let Some(s) = last {
         println!("{}", crate::headless::summary_line(&s, start_step));
     }
+    println!("data: {}", counts.line());
     Ok(ExitCode::SUCCESS)
 }
 

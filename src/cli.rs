@@ -100,6 +100,27 @@ pub struct TrainArgs {
     /// Seconds between headless lines.
     #[arg(long, value_name = "SECONDS")]
     pub interval: Option<f64>,
+    /// Packed rows per batch (recipe: the preset's, or 1 with --target).
+    #[arg(long, value_name = "N")]
+    pub batch: Option<i64>,
+    /// Tokens per packed row (recipe: the preset's, or 3072 with --target).
+    #[arg(long, value_name = "N")]
+    pub seq_len: Option<i64>,
+    /// Anchors (blocks) sampled per document (recipe: the preset's, or 512 with --target).
+    #[arg(long, value_name = "N")]
+    pub anchors: Option<i64>,
+    /// Peak learning rate (recipe: the preset's, or 6e-4 with --target).
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f64>,
+    /// Decoder layers of a fresh drafter (recipe: the preset's, or 5 with --target).
+    #[arg(long, value_name = "N")]
+    pub drafter_layers: Option<i64>,
+    /// Block size of a fresh drafter (16).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<i64>,
+    /// The mask token id (default: the target tokenizer's, as SpecForge finds it).
+    #[arg(long, value_name = "ID")]
+    pub mask_token_id: Option<i64>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -2,7 +2,10 @@
 //! one `RunConfig` with errors that name the flag or file and the fix.
 
 use crate::cli::TrainArgs;
-use crate::engine::config::Preset;
+use crate::engine::checkpoint;
+use crate::engine::config::{drafter_spec_for, DrafterSpec, Preset, Qwen3Config, Recipe};
+use crate::engine::optim::Schedule;
+use crate::engine::recipe::{mask_token_of, MaskToken};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -27,14 +30,24 @@ pub struct Slow {
 pub struct RunConfig {
     pub preset: Preset,
     pub target: Option<PathBuf>,
+    /// The target's shapes: --target's config.json, or the preset's.
+    pub target_config: Qwen3Config,
+    /// The drafter: read from --resume / --drafter, or a fresh one from the recipe.
+    pub spec: DrafterSpec,
+    /// Where the recipe came from: `preset:NAME` or `specforge` (a --target run).
+    pub recipe_from: String,
+    /// Where the drafter's mask token came from.
+    pub mask_from: String,
     pub drafter: Option<PathBuf>,
     pub data: DataSpec,
     pub steps: Option<u64>,
-    /// Horizon of the lr schedule when --steps is not given.
-    pub schedule_steps: u64,
+    /// The lr schedule: cosine over --steps, or constant after warm-up without an end.
+    pub schedule: Schedule,
     pub save_dir: Option<PathBuf>,
     pub save_every: Option<u64>,
     pub resume: Option<PathBuf>,
+    /// The trainer state of --resume: step, schedule, data position, sampler state.
+    pub resume_state: Option<checkpoint::TrainerState>,
     pub target_devices: Vec<Device>,
     pub drafter_devices: Vec<Device>,
     pub record: Option<PathBuf>,
@@ -98,6 +111,9 @@ pub struct FileConfig {
     pub gpu_timing: Option<String>,
     pub profiling: Option<String>,
     pub loss_chunk_mib: Option<i64>,
+    pub drafter_layers: Option<i64>,
+    pub block_size: Option<i64>,
+    pub mask_token_id: Option<i64>,
 }
 
 impl FileConfig {
@@ -207,6 +223,75 @@ impl RunConfig {
             .or(file.preset.clone())
             .unwrap_or_else(|| "tiny".into());
         let preset = Preset::by_name(&preset_name)?;
+        let target = args.target.clone().or(file.target.clone());
+        if let Some(d) = &target {
+            if !d.is_dir() {
+                bail!(
+                    "--target {}: no such directory; give a Hugging Face Qwen3 directory",
+                    d.display()
+                );
+            }
+        }
+        let target_config = match &target {
+            Some(dir) => Qwen3Config::from_dir(dir)?,
+            None => preset.target.clone(),
+        };
+        // A --target run: SpecForge's recipe; a preset run: the preset's. Then TOML, then flags.
+        let (base, recipe_from) = match &target {
+            Some(_) => (Recipe::specforge(), "specforge".to_string()),
+            None => (preset.recipe.clone(), format!("preset:{}", preset.name)),
+        };
+        // A resumed run is the same run: its data recipe and schedule come from its checkpoint.
+        let resume_state = match &args.resume {
+            Some(dir) if dir.is_dir() => Some(checkpoint::read_trainer_state(dir)?),
+            _ => None,
+        };
+        let saved =
+            |f: fn(&checkpoint::TrainerState) -> Option<i64>| resume_state.as_ref().and_then(f);
+        let lr_given = args.lr.or(file.lr);
+        let recipe = Recipe {
+            drafter_layers: args
+                .drafter_layers
+                .or(file.drafter_layers)
+                .unwrap_or(base.drafter_layers),
+            block_size: args
+                .block_size
+                .or(file.block_size)
+                .unwrap_or(base.block_size),
+            seq_len: args
+                .seq_len
+                .or(file.seq_len)
+                .or(saved(|s| s.seq_len))
+                .unwrap_or(base.seq_len),
+            batch: args
+                .batch
+                .or(file.batch)
+                .or(saved(|s| s.batch))
+                .unwrap_or(base.batch),
+            anchors: args
+                .anchors
+                .or(file.anchors)
+                .or(saved(|s| s.anchors))
+                .unwrap_or(base.anchors),
+            lr: lr_given
+                .or(resume_state.as_ref().map(|s| s.lr))
+                .unwrap_or(base.lr),
+        };
+        let drafter = args.drafter.clone().or(file.drafter.clone());
+        let explicit = Explicit {
+            drafter_layers: args.drafter_layers.or(file.drafter_layers),
+            block_size: args.block_size.or(file.block_size),
+            mask_token_id: args.mask_token_id.or(file.mask_token_id),
+        };
+        let from = args.resume.as_ref().or(drafter.as_ref());
+        let (spec, mask_from) = resolve_drafter(
+            from.map(PathBuf::as_path),
+            target.as_deref(),
+            &target_config,
+            &preset,
+            &recipe,
+            &explicit,
+        )?;
         let data = match args.data.clone().or(file.data.clone()).as_deref() {
             None | Some("synthetic") => DataSpec::Synthetic,
             Some(p) => {
@@ -258,11 +343,19 @@ impl RunConfig {
             &drafter_devices,
         )?;
         let cfg = RunConfig {
-            target: args.target.clone().or(file.target.clone()),
-            drafter: args.drafter.clone().or(file.drafter.clone()),
+            target,
+            target_config,
+            spec,
+            recipe_from,
+            mask_from,
+            drafter,
             data,
             steps,
-            schedule_steps: steps.unwrap_or(10_000),
+            schedule: match &resume_state {
+                Some(s) => resumed_schedule(s, steps, lr_given, args.resume.as_deref())?,
+                None => Schedule::for_steps(steps),
+            },
+            resume_state,
             save_dir,
             save_every,
             resume: args.resume.clone(),
@@ -272,10 +365,10 @@ impl RunConfig {
             seed: args.seed.or(file.seed).unwrap_or(0),
             slow: parse_slow(&slow_items)?,
             interval,
-            batch: file.batch.unwrap_or(preset.batch),
-            seq_len: file.seq_len.unwrap_or(preset.seq_len),
-            anchors: file.anchors.unwrap_or(preset.anchors),
-            lr: file.lr.unwrap_or(preset.lr),
+            batch: recipe.batch,
+            seq_len: recipe.seq_len,
+            anchors: recipe.anchors,
+            lr: recipe.lr,
             batch_queue: file.batch_queue.unwrap_or(4),
             hs_queue: file.hs_queue.unwrap_or(2),
             threads_per_worker: file.threads_per_worker,
@@ -314,26 +407,181 @@ impl RunConfig {
         if self.batch_queue == 0 || self.hs_queue == 0 {
             bail!("queue depths (`batch_queue`, `hs_queue`) must be at least 1");
         }
-        if let Some(d) = &self.target {
-            if !d.is_dir() {
-                bail!(
-                    "--target {}: no such directory; give a Hugging Face Qwen3 directory",
-                    d.display()
-                );
-            }
-        }
-        for (flag, d) in [("--drafter", &self.drafter), ("--resume", &self.resume)] {
-            if let Some(d) = d {
-                if !d.is_dir() {
-                    bail!(
-                        "{flag} {}: no such directory; give a drafter checkpoint directory",
-                        d.display()
-                    );
-                }
-            }
+        if let Some(d) = self.drafter.as_ref().filter(|d| !d.is_dir()) {
+            bail!(
+                "--drafter {}: no such directory; give a drafter checkpoint directory",
+                d.display()
+            );
         }
         Ok(())
     }
+
+    /// The resolved recipe as one `config: key=value ...` line (headless prints it at start;
+    /// the TUI can show it).
+    pub fn recipe_line(&self) -> String {
+        let s = &self.spec;
+        let target = match &self.target {
+            Some(d) => d.display().to_string(),
+            None => format!("preset:{}", self.preset.name),
+        };
+        let data = match &self.data {
+            DataSpec::Synthetic => "synthetic".to_string(),
+            DataSpec::Jsonl(p) => p.display().to_string(),
+        };
+        let ids: Vec<String> = s.target_layer_ids.iter().map(|i| i.to_string()).collect();
+        format!(
+            "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
+             target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
+             anchors_per_doc={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
+             seed={} data={}",
+            self.recipe_from,
+            target,
+            s.layers.hidden_size,
+            s.num_target_layers,
+            s.layers.num_hidden_layers,
+            ids.join(","),
+            s.block_size,
+            s.mask_token_id,
+            self.mask_from,
+            self.seq_len,
+            self.batch,
+            self.anchors,
+            self.lr,
+            self.schedule.describe(),
+            self.steps
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".into()),
+            self.seed,
+            data,
+        )
+    }
+}
+
+/// The schedule of a resumed run: its checkpoint's. --steps only says where to stop, within it;
+/// a different --lr is refused (it would be another run).
+fn resumed_schedule(
+    state: &checkpoint::TrainerState,
+    steps: Option<u64>,
+    lr_given: Option<f64>,
+    dir: Option<&Path>,
+) -> Result<Schedule> {
+    let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
+    let schedule = state.schedule();
+    if let Some(lr) = lr_given.filter(|lr| *lr != state.lr) {
+        bail!(
+            "`lr` {lr:e} differs from the run in {} (lr {:e}): a resumed run keeps its schedule; \
+             leave --lr out, or start a new run from those weights with --drafter",
+            file.display(),
+            state.lr
+        );
+    }
+    if let (Schedule::Cosine { total }, Some(n)) = (schedule, steps) {
+        if n > total {
+            bail!(
+                "--steps {n} is past the end of the schedule of the run in {} (cosine over {total} \
+                 steps; the lr is 0 after it): give --steps {total} or less, or start a new run \
+                 from those weights with --drafter",
+                file.display()
+            );
+        }
+    }
+    Ok(schedule)
+}
+
+/// Recipe values the user gave (flag or TOML), as opposed to defaults.
+struct Explicit {
+    drafter_layers: Option<i64>,
+    block_size: Option<i64>,
+    mask_token_id: Option<i64>,
+}
+
+/// The drafter of the run and where its mask token came from: a checkpoint's (--resume,
+/// --drafter), or a fresh one of `recipe.drafter_layers` layers whose mask token is the one the
+/// user gave, else the target tokenizer's, else (no --target) the preset's.
+fn resolve_drafter(
+    from: Option<&Path>,
+    target: Option<&Path>,
+    target_config: &Qwen3Config,
+    preset: &Preset,
+    recipe: &Recipe,
+    explicit: &Explicit,
+) -> Result<(DrafterSpec, String)> {
+    let (spec, mask_from) = match from {
+        Some(dir) => {
+            if !dir.is_dir() {
+                bail!(
+                    "--resume/--drafter {}: no such directory; give a drafter checkpoint \
+                     directory",
+                    dir.display()
+                );
+            }
+            let spec = checkpoint::read_drafter_spec(dir)?;
+            let cfg = dir.join("config.json");
+            let clash = [
+                (
+                    "drafter_layers",
+                    explicit.drafter_layers,
+                    spec.layers.num_hidden_layers,
+                ),
+                ("block_size", explicit.block_size, spec.block_size),
+                ("mask_token_id", explicit.mask_token_id, spec.mask_token_id),
+            ];
+            for (key, given, has) in clash {
+                if let Some(g) = given.filter(|g| *g != has) {
+                    bail!(
+                        "`{key}` {g} contradicts the drafter in {} ({key} {has}): leave the flag \
+                         or TOML key out, or train a fresh drafter",
+                        cfg.display()
+                    );
+                }
+            }
+            (spec, format!("checkpoint:{}", cfg.display()))
+        }
+        None => {
+            let mask = match (explicit.mask_token_id, target) {
+                (Some(id), _) => MaskToken {
+                    id,
+                    source: "given".into(),
+                },
+                (None, Some(dir)) => {
+                    mask_token_of(dir, target_config.vocab_size)?.with_context(|| {
+                        format!(
+                            "--target {}: no mask token: neither tokenizer_config.json \
+                             (`added_tokens_decoder`) nor tokenizer.json (`added_tokens`) has a \
+                             `<|MASK|>`-like token, and tokenizer.json leaves no unused id below \
+                             vocab_size {}; give --mask-token-id ID (or `mask_token_id` in the \
+                             TOML file), e.g. an id the tokenizer does not use",
+                            dir.display(),
+                            target_config.vocab_size
+                        )
+                    })?
+                }
+                (None, None) => MaskToken {
+                    id: preset.mask_token_id,
+                    source: format!("preset:{}", preset.name),
+                },
+            };
+            if recipe.drafter_layers < 1 {
+                bail!("`drafter_layers` must be at least 1");
+            }
+            if !(2..=crate::telemetry::recorder::MAX_SLOTS as i64).contains(&recipe.block_size) {
+                bail!(
+                    "`block_size` {} is out of range: use 2..={}",
+                    recipe.block_size,
+                    crate::telemetry::recorder::MAX_SLOTS
+                );
+            }
+            let spec = drafter_spec_for(
+                target_config,
+                recipe.drafter_layers,
+                mask.id,
+                recipe.block_size,
+            );
+            (spec, mask.source)
+        }
+    };
+    crate::engine::recipe::check_pair(&spec, target_config)?;
+    Ok((spec, mask_from))
 }
 
 #[cfg(test)]
@@ -353,6 +601,134 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("duration"));
+    }
+
+    /// A target directory with tiny's config.json and, optionally, a tokenizer.json of `n` ids.
+    fn target_dir(tokenizer_ids: Option<i64>) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Preset::by_name("tiny").unwrap();
+        let cfg = serde_json::to_string(&p.target).unwrap();
+        std::fs::write(dir.path().join("config.json"), cfg).unwrap();
+        if let Some(n) = tokenizer_ids {
+            let vocab: serde_json::Map<String, serde_json::Value> =
+                (0..n).map(|i| (format!("t{i}"), i.into())).collect();
+            let tok = serde_json::json!({"model": {"type": "WordLevel", "vocab": vocab}});
+            std::fs::write(dir.path().join("tokenizer.json"), tok.to_string()).unwrap();
+        }
+        dir
+    }
+
+    fn train(dir: &Path, extra: impl FnOnce(&mut TrainArgs)) -> Result<RunConfig> {
+        let mut a = TrainArgs {
+            target: Some(dir.to_path_buf()),
+            ..TrainArgs::default()
+        };
+        extra(&mut a);
+        RunConfig::from_args(&a)
+    }
+
+    #[test]
+    fn a_target_run_takes_specforge_recipe_not_the_tiny_preset() {
+        let dir = target_dir(Some(300));
+        let c = train(dir.path(), |_| {}).unwrap();
+        assert_eq!(c.spec.layers.num_hidden_layers, 5);
+        assert_eq!(c.spec.layers.hidden_size, 128, "the target's width");
+        assert_eq!((c.seq_len, c.anchors, c.spec.block_size), (3072, 512, 16));
+        assert_eq!(c.lr, 6e-4);
+        assert_eq!(
+            c.spec.mask_token_id, 300,
+            "the first id the tokenizer leaves unused"
+        );
+        let line = c.recipe_line();
+        assert!(line.starts_with("config: recipe=specforge "), "{line}");
+        for kv in [
+            "drafter_layers=5",
+            "seq_len=3072",
+            "anchors_per_doc=512",
+            "lr=6e-4",
+            "block=16",
+            "mask_token_id=300",
+            "mask_from=first-unused-id",
+            "schedule=constant(warmup=400)",
+        ] {
+            assert!(line.contains(kv), "no {kv} in {line}");
+        }
+        // A preset run keeps the preset's recipe.
+        let tiny = RunConfig::from_args(&TrainArgs::default()).unwrap();
+        assert_eq!((tiny.seq_len, tiny.spec.layers.num_hidden_layers), (256, 2));
+        assert!(tiny.recipe_line().contains("recipe=preset:tiny"));
+    }
+
+    #[test]
+    fn flags_override_the_toml_file_which_overrides_the_recipe() {
+        let dir = target_dir(Some(300));
+        let toml = dir.path().join("run.toml");
+        std::fs::write(
+            &toml,
+            "seq_len = 512\nanchors = 8\ndrafter_layers = 3\nlr = 1e-3\n",
+        )
+        .unwrap();
+        let c = train(dir.path(), |a| {
+            a.config = Some(toml.clone());
+            a.anchors = Some(4);
+            a.mask_token_id = Some(42);
+        })
+        .unwrap();
+        assert_eq!((c.seq_len, c.anchors, c.lr), (512, 4, 1e-3));
+        assert_eq!(c.spec.layers.num_hidden_layers, 3);
+        assert_eq!(c.spec.mask_token_id, 42);
+        assert!(c.recipe_line().contains("mask_from=given"));
+    }
+
+    #[test]
+    fn no_mask_token_is_refused_with_the_files_and_the_fix() {
+        for ids in [None, Some(512)] {
+            let dir = target_dir(ids);
+            let e = format!("{:#}", train(dir.path(), |_| {}).unwrap_err());
+            for m in [
+                "tokenizer_config.json",
+                "tokenizer.json",
+                "--mask-token-id",
+                "mask_token_id",
+            ] {
+                assert!(e.contains(m), "no {m} in {e}");
+            }
+        }
+        let dir = target_dir(None);
+        let e = train(dir.path(), |a| a.mask_token_id = Some(512)).unwrap_err();
+        assert!(
+            e.to_string().contains("outside the target's vocabulary"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_resumed_run_keeps_its_schedule() {
+        let cosine = checkpoint::TrainerState {
+            step: 3,
+            total_steps: 6,
+            lr: 1e-3,
+            schedule: Some(Schedule::Cosine { total: 6 }),
+            ..Default::default()
+        };
+        let dir = Path::new("ck");
+        assert_eq!(
+            resumed_schedule(&cosine, Some(6), None, Some(dir)).unwrap(),
+            Schedule::Cosine { total: 6 }
+        );
+        let e = resumed_schedule(&cosine, Some(9), None, Some(dir)).unwrap_err();
+        assert!(e.to_string().contains("ck/trainer_state.json"), "{e}");
+        let e = resumed_schedule(&cosine, None, Some(2e-3), Some(dir)).unwrap_err();
+        assert!(e.to_string().contains("--drafter"), "{e}");
+        // An open run stays open: --steps only stops it, no decay appears.
+        let open = checkpoint::TrainerState {
+            schedule: Some(Schedule::Constant),
+            ..cosine
+        };
+        assert_eq!(
+            resumed_schedule(&open, Some(100), None, Some(dir)).unwrap(),
+            Schedule::Constant
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! the loss, the optimizer, checkpoints, and the pipelined workers.
 
 pub mod blocks;
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod cuda;
@@ -14,6 +15,7 @@ pub mod nccl;
 pub mod optim;
 pub mod pipeline;
 pub mod qwen3;
+pub mod recipe;
 pub mod replicas;
 pub mod tiled;
 pub mod weights;

@@ -41,6 +41,20 @@ fn every_documented_train_flag_parses() {
         "7",
         "--slow",
         "target=20ms",
+        "--batch",
+        "1",
+        "--seq-len",
+        "128",
+        "--anchors",
+        "8",
+        "--lr",
+        "1e-3",
+        "--drafter-layers",
+        "3",
+        "--block-size",
+        "8",
+        "--mask-token-id",
+        "511",
     ])
     .expect("the documented flags parse");
     match cli.command {
@@ -49,6 +63,10 @@ fn every_documented_train_flag_parses() {
             assert_eq!(a.steps, Some(3));
             assert_eq!(a.seed, Some(7));
             assert_eq!(a.slow, vec!["target=20ms".to_string()]);
+            assert_eq!(
+                (a.seq_len, a.anchors, a.mask_token_id),
+                (Some(128), Some(8), Some(511))
+            );
         }
         other => panic!("parsed as {other:?}"),
     }

@@ -42,52 +42,129 @@ fn doc(ids: &[i64]) -> Doc {
 }
 
 #[test]
-fn packing_fills_rows_and_carries_a_cut_document_over() {
+fn packing_places_whole_documents_and_pads_the_rest_of_a_row() {
     let mut src = Fixed(vec![doc(&[1, 2, 3, 4, 5]), doc(&[6, 7, 8])], 0);
-    let b = Packer::new().pack(&mut src, 2, 6);
+    let mut packer = Packer::new();
+    let b = packer.pack(&mut src, 2, 6);
+    // [6,7,8] does not fit after [1..5]: it starts row 1; [1..5] then waits for the next batch.
     assert_eq!(
         vec_i64(&b.input_ids),
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
+        vec![1, 2, 3, 4, 5, 0, 6, 7, 8, 0, 0, 0]
     );
-    // Row 0: doc [1..5] then the first token of [6,7,8]; row 1 starts with its rest.
     assert_eq!(
         vec_i64(&b.doc_ids),
-        vec![0, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1]
+        vec![0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1]
     );
     assert_eq!(
         vec_i64(&b.positions),
-        vec![0, 1, 2, 3, 4, 0, 0, 1, 0, 1, 2, 3]
+        vec![0, 1, 2, 3, 4, 0, 0, 1, 2, 0, 1, 2]
     );
+    for i in [5, 9, 10, 11] {
+        assert!(!b.host_loss_mask[i], "padding at {i} carries no loss");
+    }
     assert_eq!(b.host_doc_ids, vec_i64(&b.doc_ids));
+    assert_eq!(
+        (b.docs_placed, b.truncated),
+        (2, 0),
+        "the third is still pending"
+    );
+    let next = packer.pack(&mut src, 1, 6);
+    assert_eq!(vec_i64(&next.input_ids), vec![1, 2, 3, 4, 5, 0]);
+    assert_eq!(next.docs_placed, 3);
 }
 
 #[test]
-fn anchors_stay_inside_their_document_and_the_loss_mask() {
+fn a_document_longer_than_a_row_is_truncated_and_counted_never_split() {
+    let long: Vec<i64> = (1..=9).collect();
+    let mut src = Fixed(vec![doc(&long), doc(&[20, 21])], 0);
+    let mut packer = Packer::new();
+    let b = packer.pack(&mut src, 2, 6);
+    assert_eq!(
+        vec_i64(&b.input_ids),
+        vec![1, 2, 3, 4, 5, 6, 20, 21, 0, 0, 0, 0],
+        "the tail 7, 8, 9 is dropped, not a document of its own; the next long one waits"
+    );
+    assert_eq!(
+        vec_i64(&b.positions),
+        vec![0, 1, 2, 3, 4, 5, 0, 1, 0, 1, 2, 3]
+    );
+    assert_eq!((b.truncated, b.docs_placed), (1, 2));
+    let next = packer.pack(&mut src, 1, 6);
+    assert_eq!(vec_i64(&next.input_ids), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!((next.truncated, packer.truncated), (1, 2));
+}
+
+#[test]
+fn every_packed_document_starts_at_position_zero_and_is_a_whole_source_document() {
+    let docs: Vec<Doc> = (0..7i64)
+        .map(|k| {
+            doc(&(0..(3 + 5 * k) % 13 + 2)
+                .map(|i| 100 * k + i + 1)
+                .collect::<Vec<_>>())
+        })
+        .collect();
+    let mut src = Fixed(docs.clone(), 0);
+    let b = Packer::new().pack(&mut src, 5, 16);
+    let (ids, pos, mask) = (
+        vec_i64(&b.input_ids),
+        vec_i64(&b.positions),
+        &b.host_loss_mask,
+    );
+    let mut seen = 0;
+    for r in 0..5 {
+        let end = (r + 1) * 16;
+        let mut i = r * 16;
+        while i < end {
+            assert_eq!(pos[i], 0, "a segment starts at position 0");
+            let len = (i + 1..end).take_while(|&j| pos[j] != 0).count() + 1;
+            if mask[i] {
+                assert_eq!(&ids[i..i + len], &docs[seen % 7].ids[..], "document {seen}");
+                seen += 1;
+            } else {
+                assert!(ids[i..i + len].iter().all(|t| *t == 0), "padding");
+            }
+            i += len;
+        }
+    }
+    assert_eq!(seen as u64, b.docs_placed);
+}
+
+#[test]
+fn anchors_are_sampled_per_document_inside_it_and_the_loss_mask() {
     // Two documents: [0..10) and [10..20); loss only from position 2 of each.
     let doc_ids: Vec<i64> = (0..20).map(|i| i / 10).collect();
     let mask: Vec<bool> = (0..20).map(|i| i % 10 >= 2).collect();
     let mut rng = Rng::new(1);
     for _ in 0..50 {
-        let a = sample_anchors(&doc_ids, &mask, 4, 6, &mut rng);
-        assert!(a.len() <= 6);
+        let a = sample_anchors(&doc_ids, &mask, 4, 2, &mut rng);
         assert!(
             a.windows(2).all(|w| w[0] < w[1]),
             "sorted, no repeats: {a:?}"
         );
+        // The budget is per document: two in each, not two in the row.
+        assert_eq!(a.iter().filter(|&&p| p < 10).count(), 2, "{a:?}");
+        assert_eq!(a.iter().filter(|&&p| p >= 10).count(), 2, "{a:?}");
         for &p in &a {
             let p = p as usize;
-            assert!(mask[p], "anchor {p} outside the loss mask");
-            assert!(p + 4 <= 20, "room for a block");
-            assert_eq!(
-                doc_ids[p + 1],
-                doc_ids[p],
-                "anchor {p} is its document's last token"
+            assert!(
+                mask[p] && mask[p + 1],
+                "anchor {p}: no loss on it or its first label"
+            );
+            assert!(
+                p % 10 + 4 <= 10,
+                "anchor {p}: its block leaves the document"
             );
         }
     }
-    // Every candidate is reachable.
+    // Every candidate is reachable: room for a block of 4 inside each document.
     let all = sample_anchors(&doc_ids, &mask, 4, 100, &mut rng);
-    assert_eq!(all, vec![2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 16]);
+    assert_eq!(all, vec![2, 3, 4, 5, 6, 12, 13, 14, 15, 16]);
+    // The first label must carry loss: a lone loss token is no anchor.
+    let lone = [false, true, false, true, true, true, true, true];
+    assert_eq!(
+        sample_anchors(&[0; 8], &lone, 2, 100, &mut rng),
+        vec![3, 4, 5, 6]
+    );
 }
 
 fn anchors(pos: &[i64], valid: &[bool]) -> Anchors {
@@ -533,4 +610,80 @@ fn two_replicas_stay_identical_and_match_one_drafter_with_twice_the_batch() {
             "{name}: replicas and the single drafter differ by {d}"
         );
     }
+}
+
+#[test]
+fn a_fresh_drafter_is_initialised_as_dflash_draft_model() {
+    tch::manual_seed(5);
+    let (_, spec) = tiny();
+    let vs = VarStore::new(Device::Cpu);
+    let _d = Drafter::new(&vs.root(), &spec);
+    let vars = vs.variables();
+    let mut linears = 0;
+    for (name, t) in &vars {
+        let std = f64::try_from(t.std(true)).unwrap();
+        let mean = f64::try_from(t.mean(Kind::Float)).unwrap();
+        if name.ends_with("norm.weight") {
+            assert!(
+                t.eq(1.0).all().int64_value(&[]) == 1,
+                "{name}: norms start at 1"
+            );
+        } else {
+            // normal(0, initializer_range = 0.02), as transformers' _init_weights.
+            assert!((std - 0.02).abs() < 0.002, "{name}: std {std}");
+            assert!(mean.abs() < 0.002, "{name}: mean {mean}");
+            linears += 1;
+        }
+    }
+    // fc + 7 projections per layer.
+    assert_eq!(linears, 1 + 7 * spec.layers.num_hidden_layers as usize);
+    assert!(vars.contains_key("hidden_norm.weight") && vars.contains_key("fc.weight"));
+}
+
+#[test]
+fn chat_lines_go_through_the_tokenizers_own_chat_template() {
+    use dflash_top::engine::data::JsonlSource;
+    let dir = tempfile::tempdir().unwrap();
+    let tok = word_tokenizer(dir.path());
+    // Not ChatML: a "there" before every assistant answer, Python's str.strip, raise_exception,
+    // and HF's trim_blocks / lstrip_blocks.
+    let template = r#"{% for m in messages %}
+    {% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role') }}{% endif %}
+    {{ '<|im_start|>' + m.role + ' ' }}{% if m.role == 'assistant' %}{{ 'there ' }}{% endif %}
+{{ m.content.strip() + '<|im_end|>' }}
+{% endfor %}"#;
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::json!({ "chat_template": template }).to_string(),
+    )
+    .unwrap();
+    let data = dir.path().join("chat.jsonl");
+    std::fs::write(
+        &data,
+        r#"{"messages": [{"role": "user", "content": "how are you"}, {"role": "assistant", "content": " fine "}]}"#,
+    )
+    .unwrap();
+    let mut src = JsonlSource::open(&data, 512, Some(&tok)).unwrap();
+    let chat = src.next_doc();
+    // <|im_start|> user how are you <|im_end|> <|im_start|> assistant there fine <|im_end|>
+    assert_eq!(chat.ids, vec![1, 3, 7, 8, 9, 2, 1, 4, 6, 10, 2]);
+    assert_eq!(
+        chat.loss_mask,
+        vec![false, false, false, false, false, false, false, false, false, true, true],
+        "loss on the answer and its end token, not on the template's own words"
+    );
+    // A template error is a sentence naming the file.
+    std::fs::write(
+        &data,
+        r#"{"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "fine"}]}"#,
+    )
+    .unwrap();
+    let e = format!(
+        "{:#}",
+        JsonlSource::open(&data, 512, Some(&tok)).err().unwrap()
+    );
+    assert!(
+        e.contains("tokenizer_config.json") && e.contains("bad role"),
+        "{e}"
+    );
 }

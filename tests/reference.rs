@@ -126,6 +126,7 @@ fn a_checkpoint_saved_here_loads_in_dflash_with_the_same_outputs() {
         total_steps: 10,
         seed: 0,
         lr: 1e-3,
+        ..TrainerState::default()
     };
     checkpoint::save(&ckpt, &m.drafter.spec, &m.drafter_vs, &opt, &state).unwrap();
     let out = tmp.path().join("python_out.safetensors");

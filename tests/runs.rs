@@ -126,6 +126,7 @@ fn checkpoints_are_complete_and_resume_continues_the_run() {
         .to_string_lossy()
         .starts_with('.')));
 
+    // A cosine run ends at its --steps: resuming past it is refused, not trained at lr 0.
     let resume = dir.path().join("step-000006");
     let o = run(&[
         "train",
@@ -134,23 +135,97 @@ fn checkpoints_are_complete_and_resume_continues_the_run() {
         "9",
         "--resume",
         resume.to_str().unwrap(),
-        "--save-dir",
-        save,
     ]);
+    assert_user_error(&o, &["--steps 9", "trainer_state.json", "cosine over 6"]);
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn tensors(path: &Path) -> std::collections::HashMap<String, tch::Tensor> {
+    tch::Tensor::read_safetensors(path)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Every tensor of `a` equals `b`'s to float tolerance.
+fn assert_same_tensors(a: &Path, b: &Path) {
+    let (a_t, b_t) = (tensors(a), tensors(b));
+    assert_eq!(a_t.len(), b_t.len(), "{}", a.display());
+    for (name, t) in &a_t {
+        let u = &b_t[name];
+        let diff = f64::try_from(
+            (t.to_kind(tch::Kind::Double) - u.to_kind(tch::Kind::Double))
+                .abs()
+                .max(),
+        )
+        .unwrap();
+        assert!(
+            diff <= 1e-6,
+            "{name} in {}: differs by {diff}",
+            a.file_name().unwrap().to_string_lossy()
+        );
+    }
+}
+
+#[test]
+fn n_steps_then_resume_and_n_more_equal_2n_steps_in_one_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let common = [
+        "--headless",
+        "--seed",
+        "4",
+        "--save-every",
+        "1",
+        "--interval",
+        "30",
+    ];
+    let mut args = vec!["train", "--steps", "6", "--save-dir", one.to_str().unwrap()];
+    args.extend(common);
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let from = one.join("step-000003");
+    let mut args = vec!["train", "--steps", "6", "--save-dir", two.to_str().unwrap()];
+    args.extend(["--resume", from.to_str().unwrap()]);
+    args.extend(common);
+    let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
-    assert_eq!(field(summary, "from_step"), Some(6.0), "{summary}");
-    assert_eq!(
-        field(summary, "steps"),
-        Some(3.0),
-        "three more steps: {summary}"
+    assert_eq!(field(summary, "from_step"), Some(3.0), "{summary}");
+    assert_eq!(field(summary, "steps"), Some(3.0), "{summary}");
+    for step in 4..=6 {
+        let ck = format!("step-{step:06}");
+        let (a, b) = (one.join(&ck), two.join(&ck));
+        let (sa, sb) = (
+            json(&a.join("trainer_state.json")),
+            json(&b.join("trainer_state.json")),
+        );
+        let (la, lb) = (
+            sa["last_loss"].as_f64().unwrap(),
+            sb["last_loss"].as_f64().unwrap(),
+        );
+        assert!(
+            (la - lb).abs() <= 1e-5 * la.abs().max(1.0),
+            "step {step}: loss {la} in one go, {lb} resumed"
+        );
+        for key in ["data_docs", "anchor_rng", "schedule", "lr", "step"] {
+            assert_eq!(sa[key], sb[key], "step {step}: {key}");
+        }
+    }
+    // The weights and the AdamW moments at the end, not only the losses.
+    let last = "step-000006";
+    assert_same_tensors(
+        &one.join(last).join("model.safetensors"),
+        &two.join(last).join("model.safetensors"),
     );
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("step-000009/trainer_state.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(state["step"], 9);
+    assert_same_tensors(
+        &one.join(last).join("optimizer.safetensors"),
+        &two.join(last).join("optimizer.safetensors"),
+    );
 }
 
 fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value)) {
@@ -165,19 +240,45 @@ fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
 }
 
+/// CPU-sized overrides of SpecForge's recipe for a tiny --target.
+const SMALL: [&str; 8] = [
+    "--seq-len",
+    "128",
+    "--anchors",
+    "4",
+    "--drafter-layers",
+    "2",
+    "--batch",
+    "1",
+];
+
 #[test]
-fn a_target_directory_loads_and_trains() {
+fn a_target_directory_loads_and_trains_with_its_recipe() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_target(dir.path(), |_| {});
-    let o = run(&[
-        "train",
-        "--headless",
-        "--steps",
-        "2",
-        "--target",
-        dir.path().to_str().unwrap(),
-    ]);
+    // No tokenizer: no mask token to find, and the sentence says how to give one.
+    let target = dir.path().to_str().unwrap();
+    let o = run(&["train", "--headless", "--steps", "2", "--target", target]);
+    assert_user_error(&o, &["tokenizer_config.json", "--mask-token-id"]);
+    // With the target's tokenizer (11 ids): the mask token is the first id it leaves unused.
+    crate::engine::word_tokenizer(dir.path());
+    let mut args = vec!["train", "--headless", "--steps", "2", "--target", target];
+    args.extend(SMALL);
+    let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().next().unwrap();
+    assert!(line.starts_with("config: recipe=specforge "), "{line}");
+    for kv in [
+        "lr=6e-4",
+        "block=16",
+        "mask_token_id=11",
+        "seq_len=128",
+        "anchors_per_doc=4",
+        "drafter_layers=2",
+    ] {
+        assert!(line.contains(kv), "no {kv} in {line}");
+    }
 }
 
 #[test]
@@ -210,6 +311,8 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
     let o = run(&[
         "train",
         "--headless",
+        "--mask-token-id",
+        "511",
         "--target",
         missing_field.path().to_str().unwrap(),
     ]);
@@ -222,6 +325,8 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
     let o = run(&[
         "train",
         "--headless",
+        "--mask-token-id",
+        "511",
         "--target",
         wrong_shape.path().to_str().unwrap(),
     ]);
@@ -235,6 +340,8 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
     let o = run(&[
         "train",
         "--headless",
+        "--mask-token-id",
+        "511",
         "--target",
         truncated.path().to_str().unwrap(),
     ]);
@@ -293,55 +400,87 @@ fn a_sharded_target_loads_through_its_index() {
         serde_json::to_string(&p.target).unwrap(),
     )
     .unwrap();
-    let o = run(&[
+    let mut args = vec![
         "train",
         "--headless",
         "--steps",
         "2",
+        "--mask-token-id",
+        "511",
         "--target",
         dir.path().to_str().unwrap(),
-    ]);
+    ];
+    args.extend(SMALL);
+    let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     // A shard named in the index but missing: named in the error.
     std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
-    let o = run(&[
+    let mut args = vec![
         "train",
         "--headless",
         "--steps",
         "2",
+        "--mask-token-id",
+        "511",
         "--target",
         dir.path().to_str().unwrap(),
-    ]);
+    ];
+    args.extend(SMALL);
+    let o = run(&args);
     assert_user_error(&o, &["model-00002-of-00002.safetensors", "missing"]);
 }
 
 #[test]
 fn training_starts_from_a_saved_drafter_and_refuses_a_mismatched_one() {
     let dir = tempfile::tempdir().unwrap();
-    let save = dir.path().join("runs");
+    let (save, again) = (dir.path().join("runs"), dir.path().join("again"));
+    // 30 steps from a fresh drafter; step-000001 holds the fresh drafter's first loss.
     let o = run(&[
         "train",
         "--headless",
         "--steps",
-        "2",
+        "30",
+        "--save-every",
+        "1",
         "--save-dir",
         save.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let ckpt = save.join("step-000002");
+    let ckpt = save.join("step-000030");
+    // The same first batch (same seed, data from the start), from the trained weights, with an
+    // lr so small that the step leaves them as they were.
     let o = run(&[
         "train",
         "--headless",
         "--steps",
-        "2",
+        "1",
+        "--lr",
+        "1e-12",
         "--drafter",
         ckpt.to_str().unwrap(),
+        "--save-dir",
+        again.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         out.contains("from_step=0"),
         "--drafter starts a new run from those weights: {out}"
+    );
+    let first = again.join("step-000001");
+    assert_same_tensors(
+        &first.join("model.safetensors"),
+        &ckpt.join("model.safetensors"),
+    );
+    let loss = |d: &Path| {
+        json(&d.join("trainer_state.json"))["last_loss"]
+            .as_f64()
+            .unwrap()
+    };
+    let (fresh, trained) = (loss(&save.join("step-000001")), loss(&first));
+    assert!(
+        trained < 0.8 * fresh,
+        "the first loss from the saved drafter ({trained}) is no lower than a fresh one's ({fresh})"
     );
 
     let cfg_path = ckpt.join("config.json");
@@ -435,4 +574,47 @@ fn a_recorded_run_exports_a_chrome_trace() {
     assert_user_error(&o, &["bad.jsonl line 1", "train --record"]);
     let o = run(&["replay", dir.path().join("missing.jsonl").to_str().unwrap()]);
     assert_user_error(&o, &["missing.jsonl"]);
+}
+
+#[test]
+fn a_batch_without_loss_tokens_is_no_optimizer_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("half.jsonl");
+    // Rows of 32 tokens hold one 40-token document each (truncated); every other one has no loss.
+    let line = |loss: u8| {
+        let ids: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
+        serde_json::json!({"input_ids": ids, "loss_mask": vec![loss; 40]}).to_string()
+    };
+    std::fs::write(&data, format!("{}\n{}\n", line(0), line(1))).unwrap();
+    let save = dir.path().join("ck");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "3",
+        "--data",
+        data.to_str().unwrap(),
+        "--seq-len",
+        "32",
+        "--batch",
+        "1",
+        "--save-dir",
+        save.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let data_line = out.lines().find(|l| l.starts_with("data:")).unwrap();
+    assert_eq!(field(data_line, "skipped_batches"), Some(3.0), "{out}");
+    assert_eq!(field(data_line, "truncated_docs"), Some(6.0), "{out}");
+    // Three optimizer steps on the three batches with loss: AdamW's own count says so.
+    let opt =
+        tch::Tensor::read_safetensors(save.join("step-000003/optimizer.safetensors")).unwrap();
+    let step = opt.iter().find(|(n, _)| n == "step").unwrap();
+    assert_eq!(Vec::<i64>::try_from(&step.1).unwrap(), vec![3]);
+
+    // A file with no loss at all would never step: refused up front.
+    let none = dir.path().join("none.jsonl");
+    std::fs::write(&none, format!("{}\n", line(0))).unwrap();
+    let o = run(&["train", "--headless", "--data", none.to_str().unwrap()]);
+    assert_user_error(&o, &["none.jsonl", "loss_mask"]);
 }

@@ -4,33 +4,45 @@
 use super::data::Rng;
 use tch::{Device, Kind, Tensor};
 
-/// Anchors of one row: up to `max` positions sampled uniformly without replacement among
-/// positions p with `loss_mask[p]`, room for a whole block in the row (`p + block <= seq`, our
-/// reading of "room for a block"), and at least one label in p's own document. Sorted.
+/// Anchors of one row, sampled per document: in each document, up to `per_doc` positions
+/// uniformly without replacement among the positions p with a whole block inside the document
+/// (`p + block <= end`, DESIGN's "room for a block") whose token and first label both carry loss
+/// (`loss_mask[p] && loss_mask[p + 1]`, SpecForge's candidate rule). SpecForge trains one
+/// document per sequence and samples up to `num_anchors` per sequence, so the budget is per
+/// document: a row of several documents gets up to `per_doc` blocks for each. Sorted.
 pub fn sample_anchors(
     doc_ids: &[i64],
     loss_mask: &[bool],
     block: usize,
-    max: usize,
+    per_doc: usize,
     rng: &mut Rng,
 ) -> Vec<i64> {
-    let seq = doc_ids.len();
-    let mut candidates: Vec<i64> = (0..seq.saturating_sub(block - 1))
-        .filter(|&p| loss_mask[p] && p + 1 < seq && doc_ids[p + 1] == doc_ids[p])
-        .map(|p| p as i64)
-        .collect();
-    // Partial Fisher-Yates: the first `max` are a uniform sample without replacement.
-    let take = max.min(candidates.len());
-    for i in 0..take {
-        let j = i + rng.below((candidates.len() - i) as u64) as usize;
-        candidates.swap(i, j);
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < doc_ids.len() {
+        let end = start
+            + doc_ids[start..]
+                .iter()
+                .take_while(|&&d| d == doc_ids[start])
+                .count();
+        let mut candidates: Vec<i64> = (start..(end + 1).saturating_sub(block).max(start))
+            .filter(|&p| loss_mask[p] && p + 1 < end && loss_mask[p + 1])
+            .map(|p| p as i64)
+            .collect();
+        // Partial Fisher-Yates: the first `take` are a uniform sample without replacement.
+        let take = per_doc.min(candidates.len());
+        for i in 0..take {
+            let j = i + rng.below((candidates.len() - i) as u64) as usize;
+            candidates.swap(i, j);
+        }
+        out.extend_from_slice(&candidates[..take]);
+        start = end;
     }
-    candidates.truncate(take);
-    candidates.sort_unstable();
-    candidates
+    out.sort_unstable();
+    out
 }
 
-/// Anchors of every row, padded to `max` with `valid` false.
+/// Anchors of every row, padded to `max` (the largest row's count) with `valid` false.
 #[derive(Debug)]
 pub struct Anchors {
     /// [b, a] positions (0 where invalid)

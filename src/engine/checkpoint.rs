@@ -5,7 +5,7 @@
 //! it is never half written.
 
 use super::config::{DrafterSpec, Qwen3Config};
-use super::optim::AdamW;
+use super::optim::{AdamW, Schedule};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -16,13 +16,45 @@ pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const TRAINER_FILE: &str = "trainer_state.json";
 
-/// Where a run stands, saved beside the weights.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Where a run stands, saved beside the weights: with the weights and the AdamW moments, all
+/// that a resumed run needs to continue exactly as if it had not stopped (on the CPU).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainerState {
+    /// Optimizer steps taken.
     pub step: u64,
+    /// The cosine schedule's total (0 for an open run); `schedule` says which.
     pub total_steps: u64,
     pub seed: u64,
+    /// Peak learning rate.
     pub lr: f64,
+    /// Absent in checkpoints of earlier versions: cosine over `total_steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
+    /// Documents the run has taken from its data source (the next batch starts after them).
+    #[serde(default)]
+    pub data_docs: u64,
+    /// State of the anchor sampler's generator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor_rng: Option<u64>,
+    /// Loss of the last step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_loss: Option<f32>,
+    /// The data recipe of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchors: Option<i64>,
+}
+
+impl TrainerState {
+    /// The run's lr schedule.
+    pub fn schedule(&self) -> Schedule {
+        self.schedule.unwrap_or(Schedule::Cosine {
+            total: self.total_steps,
+        })
+    }
 }
 
 /// config.json of a drafter.

@@ -1,6 +1,7 @@
 //! Model configuration: a serde struct with config.json's own keys, the presets, and validation
 //! that names the file and field at fault.
 
+pub use super::recipe::Recipe;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -176,18 +177,16 @@ pub fn build_target_layer_ids(num_target_layers: i64, n: i64) -> Vec<i64> {
         .collect()
 }
 
-/// A named model shape with random weights.
+/// A named model shape with random weights, for runs without `--target`. Its recipe applies
+/// only to those runs: a `--target` run takes SpecForge's (`Recipe::specforge`).
 #[derive(Clone, Debug)]
 pub struct Preset {
     pub name: &'static str,
     pub target: Qwen3Config,
-    pub drafter_layers: i64,
     pub mask_token_id: i64,
-    pub seq_len: i64,
-    pub batch: i64,
-    pub anchors: i64,
-    /// Peak learning rate (6e-4 for real shapes; the tiny model learns faster with more).
-    pub lr: f64,
+    /// SpecForge's for the Qwen3 shapes; tiny's is sized for a CPU (and learns faster with a
+    /// larger lr).
+    pub recipe: Recipe,
     /// Std of the random embedding / lm-head init (HF uses 0.02; tiny needs larger logits).
     pub embed_std: f64,
 }
@@ -217,12 +216,8 @@ fn qwen3_preset(name: &'static str, target: Qwen3Config) -> Preset {
     Preset {
         name,
         target,
-        drafter_layers: 5,
         mask_token_id: 151_669,
-        seq_len: 3072,
-        batch: 1,
-        anchors: 512,
-        lr: 6e-4,
+        recipe: Recipe::specforge(),
         embed_std: 0.02,
     }
 }
@@ -248,12 +243,15 @@ impl Preset {
                     layer_types: None,
                     sliding_window: None,
                 },
-                drafter_layers: 2,
                 mask_token_id: 511,
-                seq_len: 256,
-                batch: 2,
-                anchors: 16,
-                lr: 3e-3,
+                recipe: Recipe {
+                    drafter_layers: 2,
+                    block_size: 16,
+                    seq_len: 256,
+                    batch: 2,
+                    anchors: 16,
+                    lr: 3e-3,
+                },
                 embed_std: 0.5,
             },
             "qwen3-0.6b" => qwen3_preset("qwen3-0.6b", qwen3(1024, 3072, 28, 16, 8, true)),
@@ -268,7 +266,12 @@ impl Preset {
 
     /// The drafter for this target: Qwen3 layers of the target's width.
     pub fn drafter_spec(&self, target: &Qwen3Config) -> DrafterSpec {
-        drafter_spec_for(target, self.drafter_layers, self.mask_token_id, 16)
+        drafter_spec_for(
+            target,
+            self.recipe.drafter_layers,
+            self.mask_token_id,
+            self.recipe.block_size,
+        )
     }
 }
 

@@ -15,6 +15,13 @@ pub struct Doc {
 /// Where documents come from. Sources cycle: they never run dry.
 pub trait DocSource: Send {
     fn next_doc(&mut self) -> Doc;
+
+    /// Skips `n` documents (a resumed run continues where its data stood).
+    fn skip(&mut self, n: u64) {
+        for _ in 0..n {
+            self.next_doc();
+        }
+    }
 }
 
 /// A small, fast, seeded generator (SplitMix64): data must not depend on libtorch's RNG state.
@@ -37,6 +44,15 @@ impl Rng {
     /// Uniform in 0..n.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
+    }
+
+    /// The generator's state, to save; `from_state` continues from it.
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
+    pub fn from_state(state: u64) -> Rng {
+        Rng(state)
     }
 
     pub fn chance(&mut self, p: f64) -> bool {
@@ -104,9 +120,11 @@ impl DocSource for Synthetic {
 /// - `{"input_ids": [...], "loss_mask": [...]}` (loss_mask optional, 0/1 or booleans), the format
 ///   hidden-state preparation tools emit;
 /// - `{"text": "..."}`: tokenized with the target's tokenizer.json, every token with loss;
-/// - `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered as Qwen's ChatML
-///   (`<|im_start|>role\ncontent<|im_end|>\n`) and tokenized; the loss mask covers the assistant
-///   turns' content and their `<|im_end|>` (our reading of "loss mask = assistant turns").
+/// - `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the tokenizer's own chat
+///   template (tokenizer_config.json `chat_template` or chat_template.jinja beside tokenizer.json),
+///   else as Qwen's ChatML (`<|im_start|>role\ncontent<|im_end|>\n`), and tokenized; the loss mask
+///   covers the assistant turns' content and the end token right after it (our reading of "loss
+///   mask = assistant turns").
 pub struct JsonlSource {
     docs: Vec<Doc>,
     next: usize,
@@ -115,6 +133,8 @@ pub struct JsonlSource {
 /// Turns a text or chat line into a document.
 struct TextTokenizer {
     tok: tokenizers::Tokenizer,
+    /// The model directory's own chat template, when it has one.
+    template: Option<super::chat::ChatTemplate>,
 }
 
 impl TextTokenizer {
@@ -125,7 +145,11 @@ impl TextTokenizer {
                 path.display()
             )
         })?;
-        Ok(TextTokenizer { tok })
+        let template = match path.parent() {
+            Some(dir) => super::chat::ChatTemplate::find(dir)?,
+            None => None,
+        };
+        Ok(TextTokenizer { tok, template })
     }
 
     fn encode(&self, text: &str) -> Result<Vec<i64>> {
@@ -144,7 +168,41 @@ impl TextTokenizer {
         })
     }
 
+    /// A conversation through the tokenizer's chat template; the loss mask covers the tokens of
+    /// the assistant turns (`chat::assistant_spans`).
+    fn templated_chat(
+        &self,
+        template: &super::chat::ChatTemplate,
+        messages: &[serde_json::Value],
+    ) -> Result<Doc> {
+        let text = template.render(messages)?;
+        let specials: Vec<String> = self
+            .tok
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|t| t.special)
+            .map(|t| t.content.clone())
+            .collect();
+        let spans = super::chat::assistant_spans(&text, messages, &specials);
+        let enc = self
+            .tok
+            .encode(text.as_str(), false)
+            .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+        let loss_mask = enc
+            .get_offsets()
+            .iter()
+            .map(|&(s, e)| spans.iter().any(|r| s < r.end && e > r.start))
+            .collect();
+        Ok(Doc {
+            ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
+            loss_mask,
+        })
+    }
+
     fn chat(&self, messages: &[serde_json::Value]) -> Result<Doc> {
+        if let Some(t) = &self.template {
+            return self.templated_chat(t, messages);
+        }
         let mut doc = Doc {
             ids: Vec::new(),
             loss_mask: Vec::new(),
@@ -229,6 +287,14 @@ impl JsonlSource {
                 path.display()
             );
         }
+        let trains = |d: &Doc| d.loss_mask.windows(2).any(|w| w[0] && w[1]);
+        if !docs.iter().any(trains) {
+            bail!(
+                "{} has no line with two consecutive loss tokens: no block could be trained; \
+                 check its `loss_mask` (1 on the tokens to learn)",
+                path.display()
+            );
+        }
         Ok(JsonlSource { docs, next: 0 })
     }
 }
@@ -269,6 +335,10 @@ impl DocSource for JsonlSource {
         self.next = (self.next + 1) % self.docs.len();
         d
     }
+
+    fn skip(&mut self, n: u64) {
+        self.next = ((self.next as u64 + n) % self.docs.len() as u64) as usize;
+    }
 }
 
 /// A packed batch on the host: `rows` rows of `seq` tokens.
@@ -283,6 +353,10 @@ pub struct PackedBatch {
     /// Host copies the drafter samples anchors from.
     pub host_doc_ids: Vec<i64>,
     pub host_loss_mask: Vec<bool>,
+    /// Documents the source had given when this batch was complete (the data position after it).
+    pub docs_placed: u64,
+    /// Documents of this batch truncated to the row length.
+    pub truncated: u64,
 }
 
 impl PackedBatch {
@@ -303,10 +377,17 @@ impl PackedBatch {
     }
 }
 
-/// Packs documents into rows: concatenated up to the row length; a document that does not fit
-/// is cut and its rest starts the next row as a document of its own (our choice: no padding).
+/// Packs whole documents into rows: documents are concatenated while they fit; one that does
+/// not fit in what is left of a row starts the next row; the rest of the row is padding (token 0,
+/// no loss, a document id of its own). A document longer than a row is truncated to the row
+/// (counted in `truncated`), as SpecForge truncates a sample to `max_length`.
 pub struct Packer {
-    carry: Option<Doc>,
+    /// The document that did not fit in the previous row (and whether it was truncated).
+    pending: Option<(Doc, bool)>,
+    /// Documents taken from the source so far.
+    drawn: u64,
+    /// Documents placed in rows truncated so far.
+    pub truncated: u64,
 }
 
 impl Default for Packer {
@@ -315,51 +396,88 @@ impl Default for Packer {
     }
 }
 
+/// One packed row on the host.
+pub struct Row {
+    pub ids: Vec<i64>,
+    pub loss_mask: Vec<bool>,
+    /// Lengths of the documents, then of the padding when there is any.
+    pub lengths: Vec<i64>,
+}
+
 impl Packer {
     pub fn new() -> Packer {
-        Packer { carry: None }
+        Packer::starting_at(0)
     }
 
-    /// Fills one row; returns token ids, loss mask and document lengths.
-    pub fn fill_row(
-        &mut self,
-        src: &mut dyn DocSource,
-        seq: usize,
-    ) -> (Vec<i64>, Vec<bool>, Vec<i64>) {
-        let mut ids = Vec::with_capacity(seq);
-        let mut mask = Vec::with_capacity(seq);
-        let mut lengths = Vec::new();
-        while ids.len() < seq {
-            let mut doc = self.carry.take().unwrap_or_else(|| src.next_doc());
-            let room = seq - ids.len();
-            if doc.ids.len() > room {
-                let rest = Doc {
-                    ids: doc.ids.split_off(room),
-                    loss_mask: doc.loss_mask.split_off(room),
-                };
-                if rest.ids.len() >= 2 {
-                    self.carry = Some(rest);
-                }
-            }
-            lengths.push(doc.ids.len() as i64);
-            ids.extend(doc.ids);
-            mask.extend(doc.loss_mask);
+    /// A packer whose source has already given `docs` documents (a resumed run).
+    pub fn starting_at(docs: u64) -> Packer {
+        Packer {
+            pending: None,
+            drawn: docs,
+            truncated: 0,
         }
-        (ids, mask, lengths)
+    }
+
+    /// Documents placed in rows so far: the data position a resumed run skips to.
+    pub fn docs_placed(&self) -> u64 {
+        self.drawn - self.pending.is_some() as u64
+    }
+
+    /// The next document, truncated to `seq`; true when it was.
+    fn draw(&mut self, src: &mut dyn DocSource, seq: usize) -> (Doc, bool) {
+        let mut doc = src.next_doc();
+        self.drawn += 1;
+        let cut = doc.ids.len() > seq;
+        if cut {
+            doc.ids.truncate(seq);
+            doc.loss_mask.truncate(seq);
+        }
+        (doc, cut)
+    }
+
+    /// Fills one row with whole documents, then padding.
+    pub fn fill_row(&mut self, src: &mut dyn DocSource, seq: usize) -> Row {
+        let mut row = Row {
+            ids: Vec::with_capacity(seq),
+            loss_mask: Vec::with_capacity(seq),
+            lengths: Vec::new(),
+        };
+        while row.ids.len() < seq {
+            let (doc, cut) = match self.pending.take() {
+                Some(d) => d,
+                None => self.draw(src, seq),
+            };
+            if doc.ids.len() > seq - row.ids.len() {
+                self.pending = Some((doc, cut)); // never in an empty row: a document fits a row
+                break;
+            }
+            self.truncated += cut as u64;
+            row.lengths.push(doc.ids.len() as i64);
+            row.ids.extend(doc.ids);
+            row.loss_mask.extend(doc.loss_mask);
+        }
+        let pad = seq - row.ids.len();
+        if pad > 0 {
+            row.lengths.push(pad as i64);
+            row.ids.extend(std::iter::repeat_n(0, pad));
+            row.loss_mask.extend(std::iter::repeat_n(false, pad));
+        }
+        row
     }
 
     pub fn pack(&mut self, src: &mut dyn DocSource, rows: i64, seq: i64) -> PackedBatch {
+        let truncated_before = self.truncated;
         let mut all_ids = Vec::with_capacity((rows * seq) as usize);
         let mut all_mask = Vec::with_capacity((rows * seq) as usize);
         let mut doc_rows = Vec::with_capacity(rows as usize);
         let mut pos_rows = Vec::with_capacity(rows as usize);
         for _ in 0..rows {
-            let (ids, mask, lengths) = self.fill_row(src, seq as usize);
-            let (doc_ids, positions) = doc_ids_and_positions(&lengths);
+            let row = self.fill_row(src, seq as usize);
+            let (doc_ids, positions) = doc_ids_and_positions(&row.lengths);
             doc_rows.push(doc_ids);
             pos_rows.push(positions);
-            all_ids.extend(ids);
-            all_mask.extend(mask);
+            all_ids.extend(row.ids);
+            all_mask.extend(row.loss_mask);
         }
         let doc_ids = Tensor::stack(&doc_rows, 0);
         let host_doc_ids = Vec::<i64>::try_from(doc_ids.flatten(0, -1)).unwrap_or_default();
@@ -372,6 +490,8 @@ impl Packer {
             loss_mask: Tensor::from_slice(&all_mask).view([rows, seq]),
             host_doc_ids,
             host_loss_mask: all_mask,
+            docs_placed: self.docs_placed(),
+            truncated: self.truncated - truncated_before,
         }
     }
 }

@@ -5,7 +5,12 @@
 use super::config::Qwen3Config;
 use tch::{nn, Kind, Tensor};
 
-/// `y = x W^T`, no bias; `W` is [out, in].
+/// Std of a fresh linear weight: `initializer_range` of the Qwen3 config that z-lab's
+/// `DFlashDraftModel` (a `Qwen3PreTrainedModel`) inits with in `_init_weights`.
+pub const INITIALIZER_RANGE: f64 = 0.02;
+
+/// `y = x W^T`, no bias; `W` is [out, in], fresh ones drawn from normal(0, 0.02) as
+/// transformers' `_init_weights` does (RMSNorm weights start at 1).
 #[derive(Debug)]
 pub struct Linear {
     pub weight: Tensor,
@@ -13,14 +18,13 @@ pub struct Linear {
 
 impl Linear {
     pub fn new(p: nn::Path, inp: i64, out: i64) -> Linear {
-        let bound = 1.0 / (inp as f64).sqrt();
         Linear {
             weight: p.var(
                 "weight",
                 &[out, inp],
-                nn::Init::Uniform {
-                    lo: -bound,
-                    up: bound,
+                nn::Init::Randn {
+                    mean: 0.0,
+                    stdev: INITIALIZER_RANGE,
                 },
             ),
         }

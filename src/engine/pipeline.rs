@@ -3,14 +3,16 @@
 //! cancellation token, every thread joined, the first error reported.
 
 use super::checkpoint;
-use super::config::{drafter_spec_for, DrafterSpec, Qwen3Config};
+use super::config::{DrafterSpec, Qwen3Config};
 use super::data::{DocSource, JsonlSource, Synthetic};
 use super::drafter::Drafter;
 use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use super::replicas::{LocalGroup, Single};
-use super::workers::{run_drafter, run_loader, run_target, DrafterJob, LoaderJob, TargetJob};
+use super::workers::{
+    run_drafter, run_loader, run_target, DataCounts, DrafterJob, LoaderJob, TargetJob,
+};
 use crate::cancel::CancelToken;
 use crate::config::{DataSpec, RunConfig};
 use crate::telemetry::queue::monitored_queue;
@@ -26,6 +28,8 @@ pub struct Pipeline {
     errors: Arc<Mutex<Vec<String>>>,
     /// Optimizer step the run started from (non-zero when resumed).
     pub start_step: u64,
+    /// Truncated documents and skipped batches so far.
+    pub counts: Arc<DataCounts>,
 }
 
 /// The target: shapes from --target's config.json or the preset, weights from the directory or
@@ -49,70 +53,16 @@ fn build_target(
     Ok((vs, model))
 }
 
-fn drafter_spec(cfg: &RunConfig, target_cfg: &Qwen3Config) -> Result<DrafterSpec> {
-    let from = cfg.resume.as_ref().or(cfg.drafter.as_ref());
-    let spec = match from {
-        Some(dir) => checkpoint::read_drafter_spec(dir)?,
-        None if cfg.target.is_some() => drafter_spec_for(
-            target_cfg,
-            cfg.preset.drafter_layers.min(target_cfg.num_hidden_layers),
-            mask_token_for(target_cfg, cfg),
-            16,
-        ),
-        None => cfg.preset.drafter_spec(target_cfg),
-    };
-    if spec.layers.hidden_size != target_cfg.hidden_size {
-        bail!(
-            "the drafter's hidden_size ({}) differs from the target's ({}): pair a drafter with \
-             the target it was trained for",
-            spec.layers.hidden_size,
-            target_cfg.hidden_size
-        );
-    }
-    if let Some(bad) = spec
-        .target_layer_ids
-        .iter()
-        .find(|&&i| i < 0 || i >= target_cfg.num_hidden_layers)
-    {
-        bail!(
-            "the drafter reads target layer {bad}, but the target has {} layers",
-            target_cfg.num_hidden_layers
-        );
-    }
-    if spec.mask_token_id < 0 || spec.mask_token_id >= target_cfg.vocab_size {
-        bail!(
-            "mask_token_id {} is outside the target's vocabulary ({})",
-            spec.mask_token_id,
-            target_cfg.vocab_size
-        );
-    }
-    Ok(spec)
-}
-
-/// Qwen3's reserved mask token when the vocabulary has it, else the last id.
-fn mask_token_for(target: &Qwen3Config, cfg: &RunConfig) -> i64 {
-    if target.vocab_size > cfg.preset.mask_token_id && cfg.preset.mask_token_id >= 151_000 {
-        cfg.preset.mask_token_id
-    } else {
-        target.vocab_size - 1
-    }
-}
-
 fn data_source(
     cfg: &RunConfig,
     target_cfg: &Qwen3Config,
     spec: &DrafterSpec,
-    start_step: u64,
 ) -> Result<Box<dyn DocSource>> {
-    Ok(match &cfg.data {
+    let mut source: Box<dyn DocSource> = match &cfg.data {
         DataSpec::Synthetic => {
-            // Synthetic tokens stay below the mask token; a resumed run draws fresh documents.
+            // Synthetic tokens stay below the mask token.
             let vocab = spec.mask_token_id.min(target_cfg.vocab_size).min(4096);
-            let mut s = Synthetic::new(cfg.seed, vocab, cfg.seq_len / 2);
-            for _ in 0..start_step * cfg.batch as u64 {
-                s.next_doc();
-            }
-            Box::new(s)
+            Box::new(Synthetic::new(cfg.seed, vocab, cfg.seq_len / 2))
         }
         DataSpec::Jsonl(p) => {
             let tokenizer = cfg.target.as_ref().map(|d| d.join("tokenizer.json"));
@@ -122,7 +72,14 @@ fn data_source(
                 tokenizer.as_deref(),
             )?)
         }
-    })
+    };
+    // A resumed run continues where its data stood.
+    source.skip(resumed_docs(cfg));
+    Ok(source)
+}
+
+fn resumed_docs(cfg: &RunConfig) -> u64 {
+    cfg.resume_state.as_ref().map_or(0, |s| s.data_docs)
 }
 
 fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
@@ -191,11 +148,8 @@ fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
 impl Pipeline {
     pub fn start(cfg: &RunConfig, telemetry: &Telemetry) -> Result<Pipeline> {
         let cancel = CancelToken::new();
-        let target_cfg = match &cfg.target {
-            Some(dir) => Qwen3Config::from_dir(dir)?,
-            None => cfg.preset.target.clone(),
-        };
-        let spec = drafter_spec(cfg, &target_cfg)?;
+        let target_cfg = cfg.target_config.clone();
+        let spec = cfg.spec.clone();
         let n_workers = (cfg.target_devices.len() + cfg.drafter_devices.len()) as i32;
         let cores = std::thread::available_parallelism()
             .map(|n| n.get() as i32)
@@ -240,9 +194,8 @@ impl Pipeline {
         for (vs, model, dev) in built {
             let params: Vec<_> = vs.variables().into_iter().collect();
             let mut optimizer = AdamW::new(params);
-            if let Some(dir) = &cfg.resume {
+            if let (Some(dir), Some(state)) = (&cfg.resume, &cfg.resume_state) {
                 optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
-                let state = checkpoint::read_trainer_state(dir)?;
                 optimizer.step = state.step as i64;
                 start_step = state.step;
             }
@@ -270,15 +223,17 @@ impl Pipeline {
         telemetry.add_queue(hs_probe);
 
         let errors = Arc::new(Mutex::new(Vec::new()));
+        let counts = Arc::new(DataCounts::default());
         let mut handles = Vec::new();
 
-        let source = data_source(cfg, &target_cfg, &spec, start_step)?;
+        let source = data_source(cfg, &target_cfg, &spec)?;
         let job = LoaderJob {
             source,
             rows: cfg.batch,
             seq: cfg.seq_len,
             out: batch_tx,
             slow: cfg.slow.loader,
+            docs_before: resumed_docs(cfg),
         };
         let (t, c) = (telemetry.clone(), cancel.clone());
         handles.push(spawn("loader".into(), &errors, &cancel, move || {
@@ -315,15 +270,23 @@ impl Pipeline {
                 input: hs_rx.clone(),
                 anchors: cfg.anchors,
                 lr: cfg.lr,
-                schedule_steps: cfg.schedule_steps,
+                schedule: cfg.schedule,
                 max_steps: cfg.steps,
                 save_dir: cfg.save_dir.clone(),
                 save_every: cfg.save_every,
                 seed: cfg.seed + i as u64,
+                // Replica 0's sampler saved its state; the others start theirs afresh.
+                rng_state: cfg
+                    .resume_state
+                    .as_ref()
+                    .and_then(|s| s.anchor_rng)
+                    .filter(|_| i == 0),
+                data_docs: resumed_docs(cfg),
                 slow: cfg.slow.drafter,
                 threads,
                 saves: i == 0,
                 loss_chunk_mib: cfg.loss_chunk_mib,
+                counts: counts.clone(),
                 replicas: match &group {
                     Replicas::Local(g) => Box::new(g.member(i)),
                     Replicas::Nccl(g) => Box::new(g.member(i)),
@@ -343,6 +306,7 @@ impl Pipeline {
             handles,
             errors,
             start_step,
+            counts,
         })
     }
 

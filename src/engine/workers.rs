@@ -12,7 +12,7 @@ use super::data::{DocSource, PackedBatch, Packer, Rng};
 use super::drafter::Drafter;
 use super::loss::{block_metrics, chunked_loss_backward, gamma_for, slot_weights};
 use super::marks::Marks;
-use super::optim::{cosine_lr, AdamW};
+use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::{QueueRx, QueueTx};
@@ -20,7 +20,7 @@ use crate::telemetry::recorder::{TrainMetrics, MAX_SLOTS};
 use crate::telemetry::{HubCommand, Phase, Telemetry};
 use anyhow::Result;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tch::{nn::VarStore, Device, Tensor};
 
@@ -84,6 +84,8 @@ pub struct LoaderJob {
     pub seq: i64,
     pub out: QueueTx<PackedBatch>,
     pub slow: Duration,
+    /// Documents the source skipped (a resumed run): the packer counts on from there.
+    pub docs_before: u64,
 }
 
 pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {
@@ -93,12 +95,13 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
         seq,
         out,
         slow,
+        docs_before,
     } = job;
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Loader, "cpu");
     let mut m = Marks::new(rec, Device::Cpu, telemetry.switches().clone())?;
-    let mut packer = Packer::new();
+    let mut packer = Packer::starting_at(docs_before);
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
         m.mark(Phase::Read);
@@ -173,6 +176,26 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
     Ok(())
 }
 
+/// What the drafters saw of the data, for the end of a run.
+#[derive(Default)]
+pub struct DataCounts {
+    /// Documents truncated to the row length, in the batches the drafters took.
+    pub truncated_docs: AtomicU64,
+    /// Batches with no label that carries loss: no optimizer step was taken on them.
+    pub skipped_batches: AtomicU64,
+}
+
+impl DataCounts {
+    /// `truncated_docs=N skipped_batches=M`.
+    pub fn line(&self) -> String {
+        format!(
+            "truncated_docs={} skipped_batches={}",
+            self.truncated_docs.load(Ordering::Relaxed),
+            self.skipped_batches.load(Ordering::Relaxed)
+        )
+    }
+}
+
 pub struct DrafterJob {
     pub model: Drafter,
     pub vs: VarStore,
@@ -184,11 +207,15 @@ pub struct DrafterJob {
     pub input: QueueRx<HiddenBatch>,
     pub anchors: i64,
     pub lr: f64,
-    pub schedule_steps: u64,
+    pub schedule: super::optim::Schedule,
     pub max_steps: Option<u64>,
     pub save_dir: Option<PathBuf>,
     pub save_every: Option<u64>,
     pub seed: u64,
+    /// The anchor sampler's state saved by the run this one resumes.
+    pub rng_state: Option<u64>,
+    /// Documents the run had taken from its source when it resumed.
+    pub data_docs: u64,
     pub slow: Duration,
     pub threads: i32,
     /// Only the first drafter saves checkpoints.
@@ -197,6 +224,8 @@ pub struct DrafterJob {
     pub replicas: Box<dyn super::replicas::GradMean>,
     /// f32 logits per lm-head chunk, MiB.
     pub loss_chunk_mib: i64,
+    /// Truncated documents and skipped batches, counted for the front-end.
+    pub counts: std::sync::Arc<DataCounts>,
 }
 
 /// Rows of lm-head logits per chunk: about `mib` MiB of f32 logits at a time.
@@ -216,16 +245,19 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         input,
         anchors,
         lr,
-        schedule_steps,
+        schedule,
         max_steps,
         save_dir,
         save_every,
         seed,
+        rng_state,
+        mut data_docs,
         slow,
         threads,
         saves,
         mut replicas,
         loss_chunk_mib,
+        counts,
     } = job;
     tch::set_num_threads(threads);
     let rec = telemetry
@@ -235,17 +267,35 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     let requests = telemetry.requests().clone();
     let block = spec.block_size;
     let weights = slot_weights(block, gamma_for(block));
-    let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(optimizer.step as u64));
+    let mut rng = match rng_state {
+        Some(s) => Rng::from_state(s),
+        None => Rng::new(seed.wrapping_mul(31).wrapping_add(optimizer.step as u64)),
+    };
     let mut last_saved = optimizer.step as u64;
     let rows_per_chunk = chunk_rows(spec.layers.vocab_size, loss_chunk_mib);
-    let save = |optimizer: &AdamW, step: u64| -> Result<()> {
+    let mut shape = (0, 0);
+    let mut last_loss = None;
+    // Where the run stands after the last batch this worker took (exact with one drafter; with
+    // several, replica 0's view: up to D-1 batches of the others may be seen again or skipped).
+    let save = |optimizer: &AdamW, at: (u64, u64, &Rng, (i64, i64), Option<f32>)| -> Result<()> {
         let Some(dir) = &save_dir else { return Ok(()) };
+        let (step, data_docs, rng, (seq_len, batch), last_loss) = at;
         let path = dir.join(format!("step-{step:06}"));
         let state = TrainerState {
             step,
-            total_steps: schedule_steps,
+            total_steps: match schedule {
+                super::optim::Schedule::Cosine { total } => total,
+                super::optim::Schedule::Constant => 0,
+            },
             seed,
             lr,
+            schedule: Some(schedule),
+            data_docs,
+            anchor_rng: Some(rng.state()),
+            last_loss,
+            seq_len: Some(seq_len),
+            batch: Some(batch),
+            anchors: Some(anchors),
         };
         checkpoint::save(&path, &spec, &vs, optimizer, &state)?;
         telemetry.command(HubCommand::Status(format!("saved {}", path.display())));
@@ -258,6 +308,11 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         m.mark(Phase::Anchors);
         // The hand-off: hidden states and the batch move to this drafter's device and stream.
         let (hidden, b) = b.receive(device)?;
+        data_docs = b.docs_placed;
+        shape = (b.seq, b.rows);
+        counts
+            .truncated_docs
+            .fetch_add(b.truncated, Ordering::Relaxed);
         let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
         let seq = b.seq as usize;
         let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
@@ -272,7 +327,14 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                 )
             })
             .collect();
-        let anch = anchors_tensor(&per_row, anchors as usize, device);
+        if per_row.iter().all(Vec::is_empty) {
+            // No label carries loss: no optimizer step, no schedule step; counted.
+            counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
+            m.end_step(b.tokens(), None);
+            continue;
+        }
+        let width = per_row.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let anch = anchors_tensor(&per_row, width, device);
         let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
         let block_pos = block_positions(pos, &anch, block);
         let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
@@ -300,7 +362,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         let grad_norm = optimizer.clip_grad_norm(1.0);
         m.mark(Phase::Optim);
         let step = optimizer.step as u64;
-        let lr_now = cosine_lr(lr, step, schedule_steps, 0.04);
+        let lr_now = schedule.lr(lr, step);
         optimizer.step(lr_now);
         m.mark(Phase::Metrics);
         let (acc, tau) = block_metrics(&loss.correct, &valid, &anch.valid);
@@ -322,12 +384,13 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             block_size: block.min(MAX_SLOTS as i64) as u8,
             step: optimizer.step as u64,
         };
+        last_loss = Some(host[0]);
         m.end_step(b.tokens(), Some(metrics));
         let step = optimizer.step as u64;
         if saves {
             let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));
             if periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst) {
-                save(&optimizer, step)?;
+                save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
                 last_saved = step;
             }
         }
@@ -337,7 +400,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         }
     }
     if saves && optimizer.step as u64 > last_saved {
-        save(&optimizer, optimizer.step as u64)?;
+        let step = optimizer.step as u64;
+        save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
     }
     Ok(())
 }
