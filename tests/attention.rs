@@ -5,7 +5,7 @@
 use dflash_top::engine::blocks::{block_mask, block_positions, tiled_block_mask, Anchors};
 use dflash_top::engine::config::Preset;
 use dflash_top::engine::drafter::Drafter;
-use dflash_top::engine::tiled::{tile_anchors, AttnMask};
+use dflash_top::engine::tiled::{padded_width, tile_anchors, AttnMask};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -19,6 +19,11 @@ fn tiles_divide_the_anchor_count() {
     assert_eq!(tile_anchors(16), 16);
     assert_eq!(tile_anchors(48), 24);
     assert_eq!(tile_anchors(37), 1);
+    // Per-document anchors vary per batch: the width is padded to whole tiles.
+    assert_eq!(padded_width(0), 1);
+    assert_eq!(padded_width(13), 13);
+    assert_eq!(padded_width(37), 64);
+    assert_eq!(tile_anchors(padded_width(1500) as i64), 32);
 }
 
 #[test]

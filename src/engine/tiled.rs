@@ -38,6 +38,17 @@ impl AttnMask {
     }
 }
 
+/// The anchor tensor's width for a batch whose fullest row has `count` anchors: rounded up to
+/// a whole number of tiles once there is more than one tile's worth (at least 1).
+pub fn padded_width(count: usize) -> usize {
+    let tile = TILE_ANCHORS as usize;
+    if count <= tile {
+        count.max(1)
+    } else {
+        count.div_ceil(tile) * tile
+    }
+}
+
 /// Anchors per tile for `anchors` anchors: the largest divisor of it up to `TILE_ANCHORS`.
 pub fn tile_anchors(anchors: i64) -> i64 {
     (1..=TILE_ANCHORS.min(anchors.max(1)))

@@ -333,7 +333,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             m.end_step(b.tokens(), None);
             continue;
         }
-        let width = per_row.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        // Padded to a whole number of attention tiles: few distinct shapes, full tiles.
+        let width = super::tiled::padded_width(per_row.iter().map(Vec::len).max().unwrap_or(0));
         let anch = anchors_tensor(&per_row, width, device);
         let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
         let block_pos = block_positions(pos, &anch, block);
