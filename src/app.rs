@@ -10,6 +10,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 pub fn run(command: Command) -> Result<ExitCode> {
+    if matches!(
+        command,
+        Command::Train(_) | Command::Bench(_) | Command::Replay { .. }
+    ) {
+        crate::signals::install();
+    }
     match command {
         Command::Doctor => {
             print!("{}", crate::doctor::report());
@@ -84,16 +90,11 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     let cfg = RunConfig::from_args(args)?;
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
-    let interrupted = CancelToken::new();
-    {
-        let i = interrupted.clone();
-        let _ = ctrlc::set_handler(move || i.cancel());
-    }
     let start_step = session.pipeline.start_step;
     let interval = Duration::from_secs_f64(cfg.interval);
     let mut next = Instant::now() + interval;
     let mut last = None;
-    while !session.pipeline.is_finished() && !interrupted.is_cancelled() {
+    while !session.pipeline.is_finished() && !crate::signals::requested() {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
             if Instant::now() >= next {
                 println!("{}", crate::headless::interval_line(&s));
@@ -110,7 +111,20 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     if let Some(s) = last {
         println!("{}", crate::headless::summary_line(&s, start_step));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(signal_exit())
+}
+
+/// After a graceful stop: success, or 130 (the shell's "interrupted") when a signal asked for
+/// it, so that `train && next` does not go on after an interrupted run.
+fn signal_exit() -> ExitCode {
+    if crate::signals::requested() {
+        eprintln!(
+            "dflash-top: stopped by a signal (the last step was saved where --save-dir is set)"
+        );
+        ExitCode::from(crate::signals::FORCED_EXIT as u8)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
@@ -134,7 +148,7 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     let finish = session.finish();
     shown?;
     finish?;
-    Ok(ExitCode::SUCCESS)
+    Ok(signal_exit())
 }
 
 /// Runs the TUI on `snapshots` until the user quits (or a thread panics); the terminal is
@@ -241,5 +255,5 @@ fn replay(file: &std::path::Path) -> Result<ExitCode> {
     drop(rx);
     let _ = feeder.join();
     shown?;
-    Ok(ExitCode::SUCCESS)
+    Ok(signal_exit())
 }

@@ -3,6 +3,7 @@
 mod cli;
 mod engine;
 mod reference;
+mod reliability;
 mod runs;
 mod telemetry_core;
 mod telemetry_live;

@@ -350,6 +350,7 @@ impl Assembler {
                 tau: m.map(|m| m.tau),
                 lr: m.map(|m| m.lr),
                 grad_norm: m.map(|m| m.grad_norm),
+                skipped_nonfinite: m.map(|m| m.skipped_nonfinite).unwrap_or(0),
                 slot_acc: m
                     .map(|m| m.slot_acc[..(m.block_size as usize).min(MAX_SLOTS)].to_vec())
                     .unwrap_or_default(),
