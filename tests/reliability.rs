@@ -424,3 +424,76 @@ fn a_signal_stops_the_tui_saves_and_gives_the_terminal_back() {
         assert_eq!(step_dirs(save.path()).len(), 1, "signal {sig}: saved");
     }
 }
+
+/// A tmpfs mounted for one test; unmounted on drop.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    /// None where mounting is not allowed (not root, or no CAP_SYS_ADMIN in a container).
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn a_full_disk_fails_the_save_with_a_sentence_and_keeps_the_previous_checkpoint() {
+    // A tiny preset checkpoint is about 5 MB: 8 MB hold one, not a second beside it.
+    let Some(fs) = Tmpfs::mount("8m") else {
+        println!("note: skipped: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
+        return;
+    };
+    let save = fs.0.path().join("ck");
+    let o = bin()
+        .args([
+            "train",
+            "--headless",
+            "--steps",
+            "3",
+            "--save-every",
+            "1",
+            "--save-dir",
+        ])
+        .arg(&save)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.starts_with("dflash-top: ") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "cannot save the checkpoint {}",
+            save.join("step-000002").display()
+        )) && err.contains("No space left"),
+        "{err}"
+    );
+    assert_eq!(step_dirs(&save), ["step-000001"], "{err}");
+    let left: Vec<_> = std::fs::read_dir(&save)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "the failed save cleaned up: {left:?}");
+    // The previous checkpoint is whole: a run resumes from it.
+    let o = bin()
+        .args(["train", "--headless", "--steps", "2", "--resume"])
+        .arg(save.join("step-000001"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+}
