@@ -2,6 +2,7 @@
 
 mod cli;
 mod engine;
+mod fuzz;
 mod reference;
 mod reliability;
 mod runs;

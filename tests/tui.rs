@@ -53,7 +53,7 @@ fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
 }
 
 /// Drafters starved: targets are slow, the HS queue is empty.
-fn starved_snapshot() -> Snapshot {
+pub(crate) fn starved_snapshot() -> Snapshot {
     let loader = window(&[(Phase::Pack, 2), (Phase::PushWait, 78)], 12);
     let target = window(
         &[(Phase::H2d, 1), (Phase::Forward, 75), (Phase::HsPack, 4)],
