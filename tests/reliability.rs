@@ -497,3 +497,157 @@ fn a_full_disk_fails_the_save_with_a_sentence_and_keeps_the_previous_checkpoint(
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+fn alive(pid: i32) -> bool {
+    // Signal 0 checks existence; a zombie (exited, not yet reaped) counts as gone.
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let exists = unsafe { libc::kill(pid, 0) } == 0;
+    exists
+        && !state
+            .rsplit_once(") ")
+            .is_some_and(|(_, r)| r.starts_with('Z'))
+}
+
+#[test]
+fn the_tui_keeps_running_and_redrawing_through_small_sizes_and_a_resize_storm() {
+    let cmd = format!(
+        "{} train; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    let s = Tmux::start(
+        format!("dflash-resize-{}", std::process::id()),
+        (100, 30),
+        &cmd,
+    );
+    s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+    let pid = s.child_pid();
+    // A resize every 50 ms through sizes above and below 80x24, for about 3 s.
+    let sizes = [
+        (60, 15),
+        (80, 24),
+        (120, 40),
+        (79, 23),
+        (200, 50),
+        (40, 10),
+        (81, 25),
+    ];
+    for i in 0..60 {
+        let (x, y) = sizes[i % sizes.len()];
+        tmux(&[
+            "resize-window",
+            "-t",
+            &s.0,
+            "-x",
+            &x.to_string(),
+            "-y",
+            &y.to_string(),
+        ]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        alive(pid),
+        "the TUI died in the resize storm: {}",
+        s.screen()
+    );
+    // Under 80x24 it says so instead of drawing panels; then it redraws at 80x24.
+    tmux(&["resize-window", "-t", &s.0, "-x", "60", "-y", "15"]);
+    s.wait_for("the too-small note", |x| x.contains("80x24"));
+    tmux(&["resize-window", "-t", &s.0, "-x", "80", "-y", "24"]);
+    let before = header_step(&s.wait_for("the header again", |x| header_step(x).is_some()));
+    s.wait_for("a later step drawn at 80x24", |x| header_step(x) > before);
+    s.keys_q();
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+}
+
+impl Tmux {
+    fn keys_q(&self) {
+        tmux(&["send-keys", "-t", &self.0, "q"]);
+    }
+}
+
+#[test]
+fn the_tui_runs_with_proc_hidden_and_shows_no_cpu_figures() {
+    // A mount namespace with an empty /proc: the per-thread CPU probe finds nothing to read.
+    let probe = Command::new("unshare")
+        .args(["-m", "sh", "-c", "mount -t tmpfs none /proc"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        println!("note: skipped: cannot hide /proc here (unshare -m needs root / CAP_SYS_ADMIN)");
+        return;
+    }
+    let cmd = format!(
+        "unshare -m sh -c 'mount -t tmpfs none /proc && exec {} train'; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    let s = Tmux::start(
+        format!("dflash-noproc-{}", std::process::id()),
+        (100, 30),
+        &cmd,
+    );
+    s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+    let screen = s.wait_for("the CPU probe's note", |x| {
+        x.contains("per-thread CPU: n/a")
+    });
+    let row = screen
+        .lines()
+        .find(|l| l.contains("│drafter-0"))
+        .unwrap_or_else(|| panic!("a drafter-0 row: {screen}"));
+    assert_eq!(
+        row.split_whitespace().nth(1),
+        Some("-"),
+        "no CPU figure without /proc: {row}"
+    );
+    s.keys_q();
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+}
+
+/// Socket inodes of `pid` that listen on TCP (IPv4 or IPv6).
+fn tcp_listeners(pid: u32) -> Vec<String> {
+    let mine: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+        {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            if f.len() > 9 && f[3] == "0A" && mine.iter().any(|m| m == f[9]) {
+                out.push(format!("{table}: {line}"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_run_listens_on_no_tcp_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = bin()
+        .args(["train", "--headless", "--interval", "0.2", "--record"])
+        .arg(dir.path().join("run.jsonl"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _out = wait_for_steps(&mut child);
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", child.id()))
+        .unwrap()
+        .count();
+    let listening = tcp_listeners(child.id());
+    kill(&child, libc::SIGTERM);
+    wait_exit(&mut child);
+    assert!(fds > 0, "the run's descriptors were read");
+    assert!(listening.is_empty(), "listening TCP sockets: {listening:?}");
+}

@@ -16,6 +16,8 @@ pub struct CpuProbe {
     sys: System,
     pid: Pid,
     primed: bool,
+    /// A primed sample found no tasks of this process (/proc unreadable or hidden).
+    unreadable: bool,
 }
 
 impl Default for CpuProbe {
@@ -30,6 +32,7 @@ impl CpuProbe {
             sys: System::new(),
             pid: Pid::from_u32(std::process::id()),
             primed: false,
+            unreadable: false,
         }
     }
 
@@ -50,9 +53,17 @@ impl CpuProbe {
             .unwrap_or_default()
     }
 
+    /// Why there are no figures, when the last sample after priming found none of this
+    /// process's threads: /proc/self/task unreadable (hidden /proc, a locked-down container).
+    pub fn unavailable(&self) -> Option<&'static str> {
+        self.unreadable
+            .then_some("per-thread CPU: n/a (/proc/self/task is unreadable)")
+    }
+
     /// Samples every thread. The first call only primes the counters and returns None.
     pub fn sample(&mut self) -> Option<HashMap<i32, ThreadCpu>> {
         let tasks = self.refresh();
+        self.unreadable = self.primed && tasks.is_empty();
         if !self.primed {
             self.primed = true;
             return None;

@@ -33,6 +33,8 @@ pub struct Assembler {
     spans_dropped: u64,
     verdict: VerdictTracker,
     cpu: Option<HashMap<i32, ThreadCpu>>,
+    /// Why per-thread CPU cannot be shown (e.g. /proc unreadable), once the probe knows.
+    cpu_absent: Option<String>,
     gpus: GpuPanel,
     gpu_history: BTreeMap<u32, VecDeque<u32>>,
     loss_history: VecDeque<(f64, f64)>,
@@ -104,6 +106,7 @@ impl Assembler {
             spans_dropped: 0,
             verdict: VerdictTracker::default(),
             cpu: None,
+            cpu_absent: None,
             gpus: GpuPanel::default(),
             gpu_history: BTreeMap::new(),
             loss_history: VecDeque::new(),
@@ -165,6 +168,10 @@ impl Assembler {
 
     pub fn set_status(&mut self, s: String) {
         self.status = Some(s);
+    }
+
+    pub fn set_cpu_absent(&mut self, why: &str) {
+        self.cpu_absent = Some(why.to_string());
     }
 
     pub fn set_cpu(&mut self, cpu: Option<HashMap<i32, ThreadCpu>>) {
@@ -367,10 +374,11 @@ impl Assembler {
             verdict,
             stall,
             groups: self.groups(threads),
-            cpu_note: self
-                .cpu
-                .is_none()
-                .then(|| "per-thread CPU: sampling…".to_string()),
+            cpu_note: self.cpu.is_none().then(|| {
+                self.cpu_absent
+                    .clone()
+                    .unwrap_or_else(|| "per-thread CPU: sampling…".to_string())
+            }),
             threads: thread_views,
             queues: queue_views,
             gpus: self.gpus.clone(),
