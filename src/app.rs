@@ -116,7 +116,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
 
 /// After a graceful stop: success, or 130 (the shell's "interrupted") when a signal asked for
 /// it, so that `train && next` does not go on after an interrupted run.
-fn signal_exit() -> ExitCode {
+pub(crate) fn signal_exit() -> ExitCode {
     if crate::signals::requested() {
         eprintln!(
             "dflash-top: stopped by a signal (the last step was saved where --save-dir is set)"

@@ -39,7 +39,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         }
         other => bail!("bench `{other}`: use engine, modes, profiling or telemetry"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::app::signal_exit())
 }
 
 fn phase_line(t: &ThreadView) -> String {

@@ -99,6 +99,46 @@ fn a_signal_stops_a_headless_run_and_saves_the_last_step() {
 }
 
 #[test]
+fn a_signal_stops_a_bench_and_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = bin()
+        .args([
+            "bench",
+            "engine",
+            "--steps",
+            "100000",
+            "--save-every",
+            "1",
+            "--keep",
+            "1",
+        ])
+        .arg("--save-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The bench prints at its end only: a first periodic checkpoint shows it is training.
+    let start = Instant::now();
+    while step_dirs(dir.path()).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(90), "no step saved");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kill(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child);
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(
+        out.contains("bench: preset="),
+        "the bench reports what it measured: {out}"
+    );
+    assert_eq!(step_dirs(dir.path()).len(), 1, "{err}");
+}
+
+#[test]
 fn a_second_signal_exits_at_once() {
     // A save held open for 10 s (save_slow) keeps the graceful stop going when the second lands.
     let dir = tempfile::tempdir().unwrap();
