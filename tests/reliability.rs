@@ -691,3 +691,58 @@ fn a_run_listens_on_no_tcp_port() {
     assert!(fds > 0, "the run's descriptors were read");
     assert!(listening.is_empty(), "listening TCP sockets: {listening:?}");
 }
+
+/// SGR codes of the pane that set a colour (foreground or background, any palette).
+fn colour_codes(session: &str) -> Vec<String> {
+    let screen = tmux(&["capture-pane", "-p", "-e", "-t", session]);
+    screen
+        .split('\u{1b}')
+        .filter_map(|s| {
+            s.strip_prefix('[')?
+                .split_once('m')
+                .map(|(c, _)| c.to_string())
+        })
+        .filter(|c| {
+            c.split(';').any(|p| {
+                matches!(
+                    p.parse::<u32>(),
+                    Ok(30..=37 | 38 | 40..=47 | 48 | 90..=97 | 100..=107)
+                )
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn no_color_draws_the_real_terminal_without_colour() {
+    for no_color in [false, true] {
+        let cmd = format!(
+            "{}{} train; sleep 600",
+            if no_color { "NO_COLOR=1 " } else { "" },
+            env!("CARGO_BIN_EXE_dflash-top")
+        );
+        let s = Tmux::start(
+            format!("dflash-nocolor-{}-{no_color}", std::process::id()),
+            (100, 30),
+            &cmd,
+        );
+        s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+        let codes = colour_codes(&s.0);
+        if no_color {
+            assert!(codes.is_empty(), "NO_COLOR set, colours drawn: {codes:?}");
+        } else {
+            assert!(!codes.is_empty(), "colours drawn without NO_COLOR");
+        }
+        s.keys_q();
+    }
+}
+
+#[test]
+fn doctor_reports_nvml_in_one_line_present_or_not() {
+    let o = bin().arg("doctor").output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let nvml: Vec<&str> = out.lines().filter(|l| l.starts_with("NVML")).collect();
+    assert_eq!(nvml.len(), 1, "{out}");
+    assert!(!stderr(&o).contains("panicked"));
+}
