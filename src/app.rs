@@ -175,8 +175,20 @@ fn run_front_end(
         Theme::from_env(),
     );
     stop_input.store(true, Ordering::Relaxed);
-    let _ = input_thread.join();
-    drop(term);
+    // After a hang-up (the terminal closed under us) crossterm's read can spin inside its poll
+    // and never see `stop`: wait a moment, then leave the thread to end with the process, so
+    // that the pipeline still stops and saves.
+    let waited = Instant::now();
+    while !input_thread.is_finished() && waited.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if input_thread.is_finished() {
+        let _ = input_thread.join();
+    }
+    // Not dropped: ratatui's Drop shows the cursor and, when that fails (the terminal hung
+    // up), eprintln!s — a panic with stderr gone, before the pipeline could save. The guard
+    // below shows the cursor and leaves raw mode itself.
+    std::mem::forget(term);
     drop(guard);
     if terminal::PANICKED.load(Ordering::SeqCst) {
         if let Some(msg) = terminal::take_held_panic() {

@@ -746,3 +746,31 @@ fn doctor_reports_nvml_in_one_line_present_or_not() {
     assert_eq!(nvml.len(), 1, "{out}");
     assert!(!stderr(&o).contains("panicked"));
 }
+
+#[test]
+fn a_hang_up_stops_the_tui_and_saves() {
+    // The terminal goes away (an SSH session dropped): tmux closes the pane's pty.
+    let save = tempfile::tempdir().unwrap();
+    let cmd = format!(
+        "{} train --save-dir {}; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        save.path().display()
+    );
+    let s = Tmux::start(
+        format!("dflash-hangup-{}", std::process::id()),
+        (100, 30),
+        &cmd,
+    );
+    s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+    let pid = s.child_pid();
+    drop(s);
+    let start = Instant::now();
+    while alive(pid) {
+        if start.elapsed() > Duration::from_secs(90) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the TUI outlived its terminal");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(step_dirs(save.path()).len(), 1, "the last step was saved");
+}
