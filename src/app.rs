@@ -10,6 +10,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 pub fn run(command: Command) -> Result<ExitCode> {
+    if matches!(
+        command,
+        Command::Train(_) | Command::Bench(_) | Command::Replay { .. }
+    ) {
+        crate::signals::install();
+    }
     match command {
         Command::Doctor => {
             print!("{}", crate::doctor::report());
@@ -85,17 +91,12 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     println!("{}", cfg.recipe_line());
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
-    let interrupted = CancelToken::new();
-    {
-        let i = interrupted.clone();
-        let _ = ctrlc::set_handler(move || i.cancel());
-    }
     let start_step = session.pipeline.start_step;
     let counts = session.pipeline.counts.clone();
     let interval = Duration::from_secs_f64(cfg.interval);
     let mut next = Instant::now() + interval;
     let mut last = None;
-    while !session.pipeline.is_finished() && !interrupted.is_cancelled() {
+    while !session.pipeline.is_finished() && !crate::signals::requested() {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
             if Instant::now() >= next {
                 println!("{}", crate::headless::interval_line(&s));
@@ -113,7 +114,20 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
         println!("{}", crate::headless::summary_line(&s, start_step));
     }
     println!("data: {}", counts.line());
-    Ok(ExitCode::SUCCESS)
+    Ok(signal_exit())
+}
+
+/// After a graceful stop: success, or 130 (the shell's "interrupted") when a signal asked for
+/// it, so that `train && next` does not go on after an interrupted run.
+pub(crate) fn signal_exit() -> ExitCode {
+    if crate::signals::requested() {
+        eprintln!(
+            "dflash-top: stopped by a signal (the last step was saved where --save-dir is set)"
+        );
+        ExitCode::from(crate::signals::FORCED_EXIT as u8)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
@@ -137,7 +151,7 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     let finish = session.finish();
     shown?;
     finish?;
-    Ok(ExitCode::SUCCESS)
+    Ok(signal_exit())
 }
 
 /// Runs the TUI on `snapshots` until the user quits (or a thread panics); the terminal is
@@ -164,8 +178,20 @@ fn run_front_end(
         Theme::from_env(),
     );
     stop_input.store(true, Ordering::Relaxed);
-    let _ = input_thread.join();
-    drop(term);
+    // After a hang-up (the terminal closed under us) crossterm's read can spin inside its poll
+    // and never see `stop`: wait a moment, then leave the thread to end with the process, so
+    // that the pipeline still stops and saves.
+    let waited = Instant::now();
+    while !input_thread.is_finished() && waited.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if input_thread.is_finished() {
+        let _ = input_thread.join();
+    }
+    // Not dropped: ratatui's Drop shows the cursor and, when that fails (the terminal hung
+    // up), eprintln!s — a panic with stderr gone, before the pipeline could save. The guard
+    // below shows the cursor and leaves raw mode itself.
+    std::mem::forget(term);
     drop(guard);
     if terminal::PANICKED.load(Ordering::SeqCst) {
         if let Some(msg) = terminal::take_held_panic() {
@@ -244,5 +270,5 @@ fn replay(file: &std::path::Path) -> Result<ExitCode> {
     drop(rx);
     let _ = feeder.join();
     shown?;
-    Ok(ExitCode::SUCCESS)
+    Ok(signal_exit())
 }

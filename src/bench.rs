@@ -39,7 +39,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         }
         other => bail!("bench `{other}`: use engine, modes, profiling or telemetry"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::app::signal_exit())
 }
 
 fn phase_line(t: &ThreadView) -> String {
@@ -75,7 +75,7 @@ fn engine(args: &BenchArgs) -> Result<()> {
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
     let mut last = None;
-    while !session.pipeline.is_finished() {
+    while !session.pipeline.is_finished() && !crate::signals::requested() {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
             last = Some(s);
         }
@@ -125,7 +125,7 @@ fn snapshots_for(
 ) -> Vec<Arc<Snapshot>> {
     let end = Instant::now() + d;
     let mut out = Vec::new();
-    while Instant::now() < end && !session.pipeline.is_finished() {
+    while Instant::now() < end && !session.pipeline.is_finished() && !crate::signals::requested() {
         if let Ok(s) = rx.recv_timeout(Duration::from_millis(50)) {
             out.push(s);
         }
@@ -157,6 +157,10 @@ fn alternate(args: &BenchArgs, settings: &[Setting]) -> Result<()> {
             session.telemetry.command(s.command.clone());
             snapshots_for(&rx, settle, &session);
             let measured = snapshots_for(&rx, measure, &session);
+            if crate::signals::requested() {
+                session.finish()?;
+                bail!("stopped by a signal: the benchmark is incomplete, nothing to report");
+            }
             if measured.is_empty() {
                 bail!(
                     "the run ended during the benchmark: {}",

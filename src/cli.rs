@@ -69,6 +69,13 @@ pub struct TrainArgs {
     /// Save a checkpoint every N drafter steps.
     #[arg(long, value_name = "N")]
     pub save_every: Option<u64>,
+    /// Keep only the newest N `step-*` checkpoints in --save-dir (default: keep all).
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Stop the run after this many steps in a row with a non-finite loss or gradient
+    /// (default 20; such steps are skipped and counted).
+    #[arg(long, value_name = "K")]
+    pub max_nonfinite: Option<u32>,
     /// Continue a run from a checkpoint directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,

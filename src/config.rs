@@ -67,6 +67,10 @@ pub struct RunConfig {
     pub profiling: bool,
     /// f32 logits per lm-head chunk in the loss, MiB.
     pub loss_chunk_mib: i64,
+    /// Newest `step-*` checkpoints kept in save_dir (None: all).
+    pub keep: Option<usize>,
+    /// Steps in a row with a non-finite loss or gradient before the run stops.
+    pub max_nonfinite: u32,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -114,6 +118,8 @@ pub struct FileConfig {
     pub drafter_layers: Option<i64>,
     pub block_size: Option<i64>,
     pub mask_token_id: Option<i64>,
+    pub keep: Option<usize>,
+    pub max_nonfinite: Option<u32>,
 }
 
 impl FileConfig {
@@ -311,6 +317,17 @@ impl RunConfig {
             bail!("--save-every 0 is not a period: give a positive number of steps");
         }
         let save_dir = args.save_dir.clone().or(file.save_dir.clone());
+        let keep = args.keep.or(file.keep);
+        if keep == Some(0) {
+            bail!("--keep 0 would delete every checkpoint: give at least 1 or leave it out");
+        }
+        if keep.is_some() && save_dir.is_none() {
+            bail!("--keep needs --save-dir: say where checkpoints go");
+        }
+        let max_nonfinite = args.max_nonfinite.or(file.max_nonfinite).unwrap_or(20);
+        if max_nonfinite == 0 {
+            bail!("--max-nonfinite 0 would stop at once: give at least 1 (the default is 20)");
+        }
         if save_every.is_some() && save_dir.is_none() {
             bail!("--save-every needs --save-dir: say where checkpoints go");
         }
@@ -373,6 +390,8 @@ impl RunConfig {
             hs_queue: file.hs_queue.unwrap_or(2),
             threads_per_worker: file.threads_per_worker,
             loss_chunk_mib: file.loss_chunk_mib.unwrap_or(1024),
+            keep,
+            max_nonfinite,
             gpu_timing,
             profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
                 None | Some("on") => true,

@@ -11,7 +11,7 @@ pub fn interval_line(s: &Snapshot) -> String {
     let f = |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
     let _ = write!(
         out,
-        "t={:.1}s step={} loss={} tau={} tok/s={:.0} lr={} gnorm={}",
+        "t={:.1}s step={} loss={} tau={} tok/s={:.0} lr={} gnorm={} nonfinite={}",
         s.elapsed_s,
         s.train.step,
         f(s.train.loss, 4),
@@ -22,6 +22,7 @@ pub fn interval_line(s: &Snapshot) -> String {
             .map(|x| format!("{x:.2e}"))
             .unwrap_or_else(|| "-".into()),
         f(s.train.grad_norm, 3),
+        s.train.skipped_nonfinite,
     );
     for t in &s.threads {
         let _ = write!(out, " | {}", t.name);

@@ -193,7 +193,8 @@ where
     let mut dirty = true;
     let mut last_draw = Instant::now() - FRAME;
     let mut finished_note = false;
-    while !app.quit && !terminal::PANICKED.load(Ordering::SeqCst) {
+    // A signal (SIGINT/SIGTERM/SIGHUP) quits like `q`; the ticker wakes the loop to see it.
+    while !app.quit && !terminal::PANICKED.load(Ordering::SeqCst) && !crate::signals::requested() {
         if dirty && last_draw.elapsed() >= FRAME / 4 {
             term.draw(|f| view::draw(f, app, theme, badges(ctl, app)))?;
             last_draw = Instant::now();

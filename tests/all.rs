@@ -3,8 +3,10 @@
 mod attention;
 mod cli;
 mod engine;
+mod fuzz;
 mod probes;
 mod reference;
+mod reliability;
 mod runs;
 mod telemetry_core;
 mod telemetry_live;

@@ -80,6 +80,7 @@ pub fn starved_snapshot() -> Snapshot {
             tau: Some(2.4),
             lr: Some(5.5e-4),
             grad_norm: Some(0.8),
+            skipped_nonfinite: 0,
             slot_acc: vec![0.0, 0.7, 0.5],
             tokens_total: 600_000,
             tok_per_s_1s: 6144.0,

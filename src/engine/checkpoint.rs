@@ -100,8 +100,14 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
             path.display()
         )
     })?;
-    let layers = Qwen3Config::from_json(&text).with_context(|| format!("in {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let damaged = || {
+        format!(
+            "{} is not a valid drafter config: fix or restore it, or use an earlier checkpoint",
+            path.display()
+        )
+    };
+    let layers = Qwen3Config::from_json(&text).with_context(damaged)?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(damaged)?;
     let d = v.get("dflash_config").cloned().unwrap_or(json!({}));
     let pick = |k: &str| d.get(k).or_else(|| v.get(k)).cloned();
     let num_target_layers = pick("num_target_layers")
@@ -129,7 +135,10 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
     })
 }
 
-/// Writes a checkpoint to `dir` atomically (temp dir + rename).
+/// Writes a checkpoint to `dir` atomically: every file into a temporary directory beside it,
+/// each file and the directory fsynced, then renamed into place and the parent fsynced. A failed
+/// save (a full disk, any write error) removes its temporary directory, leaves any earlier
+/// checkpoint as it was, and says which directory could not be written.
 pub fn save(
     dir: &Path,
     spec: &DrafterSpec,
@@ -141,18 +150,32 @@ pub fn save(
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    let failed = |what: String| {
+        format!(
+            "cannot save the checkpoint {}: {what}; earlier checkpoints are intact — free space \
+             on that disk or choose another --save-dir",
+            dir.display()
+        )
+    };
     std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create {}: check --save-dir", parent.display()))?;
+        .with_context(|| failed(format!("cannot create {}", parent.display())))?;
     let name = dir
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("checkpoint");
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    std::fs::create_dir_all(&tmp)
+        .with_context(|| failed(format!("cannot create {}", tmp.display())))?;
+    if crate::fault::is("save_slow") {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+    }
     let write = || -> Result<()> {
         let cfg = serde_json::to_string_pretty(&drafter_config_json(spec))?;
         std::fs::write(tmp.join("config.json"), cfg)?;
+        if crate::fault::is("save_write") {
+            bail!("injected write failure (DFLASH_TOP_FAULT=save_write)");
+        }
         // Weights on the CPU in f32: the master weights, whatever the training device.
         let mut named: Vec<(String, tch::Tensor)> = vs
             .variables()
@@ -163,21 +186,62 @@ pub fn save(
         tch::Tensor::write_safetensors(&named, tmp.join(MODEL_FILE))?;
         opt.save(&tmp.join(OPTIMIZER_FILE))?;
         std::fs::write(tmp.join(TRAINER_FILE), serde_json::to_string_pretty(state)?)?;
+        for f in ["config.json", MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE] {
+            sync_path(&tmp.join(f))?;
+        }
+        sync_path(&tmp)?;
         Ok(())
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e.context(format!("saving checkpoint {}", dir.display())));
+        bail!("{}", failed(format!("{e:#}")));
     }
-    if dir.exists() {
+    let placed = if dir.exists() {
         let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-        std::fs::rename(dir, &old)?;
-        std::fs::rename(&tmp, dir)?;
-        let _ = std::fs::remove_dir_all(old);
+        std::fs::rename(dir, &old)
+            .and_then(|()| std::fs::rename(&tmp, dir))
+            .map(|()| {
+                let _ = std::fs::remove_dir_all(old);
+            })
     } else {
-        std::fs::rename(&tmp, dir)?;
+        std::fs::rename(&tmp, dir)
+    };
+    if let Err(e) = placed.and_then(|()| sync_path(parent)) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        bail!("{}", failed(e.to_string()));
     }
     Ok(dir.to_path_buf())
+}
+
+/// fsync of a file or a directory (opened read-only; Linux allows fsync on both).
+fn sync_path(p: &Path) -> std::io::Result<()> {
+    std::fs::File::open(p)?.sync_all()
+}
+
+/// Keeps the newest `keep` `step-*` checkpoints in `save_dir` (by step number) and removes the
+/// others; returns the ones removed. Other entries are never touched.
+pub fn prune(save_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
+    let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(save_dir)
+        .with_context(|| format!("cannot list {}", save_dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let n = e
+                .file_name()
+                .to_str()?
+                .strip_prefix("step-")?
+                .parse()
+                .ok()?;
+            e.path().is_dir().then(|| (n, e.path()))
+        })
+        .collect();
+    steps.sort();
+    let drop = steps.len().saturating_sub(keep.max(1));
+    let mut removed = Vec::new();
+    for (_, p) in steps.into_iter().take(drop) {
+        std::fs::remove_dir_all(&p).with_context(|| format!("cannot remove {}", p.display()))?;
+        removed.push(p);
+    }
+    Ok(removed)
 }
 
 pub fn read_trainer_state(dir: &Path) -> Result<TrainerState> {
@@ -188,7 +252,12 @@ pub fn read_trainer_state(dir: &Path) -> Result<TrainerState> {
             path.display()
         )
     })?;
-    serde_json::from_str(&text).with_context(|| format!("{} is malformed", path.display()))
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is malformed: the checkpoint is damaged; resume from an earlier checkpoint",
+            path.display()
+        )
+    })
 }
 
 /// Loads drafter weights from a directory into `vs` (names must match exactly).

@@ -109,8 +109,25 @@ impl AdamW {
     /// One AdamW step at learning rate `lr` (on the clipped gradients when `clip_grad_norm` ran
     /// since the last step), then clears the gradients.
     pub fn step(&mut self, lr: f64) {
+        self.update(lr, None);
+    }
+
+    /// `step`, applied only when the device scalar `ok` (bool) is true, with no host sync: a
+    /// gated-off step leaves the weights and the moments as they were (non-finite gradients are
+    /// masked out before they touch the moments). The step count goes up either way; the caller
+    /// reads `ok` later with its metrics and calls `unstep` when it was false.
+    pub fn step_if(&mut self, lr: f64, ok: &Tensor) {
+        self.update(lr, Some(ok));
+    }
+
+    /// Takes back the step count of a step that `step_if` gated off.
+    pub fn unstep(&mut self) {
+        self.step -= 1;
+    }
+
+    fn update(&mut self, lr: f64, ok: Option<&Tensor>) {
         let _g = tch::no_grad_guard();
-        let g = match self.flat_grad.take() {
+        let mut g = match self.flat_grad.take() {
             Some(g) => g,
             None => self.gather_grads(),
         };
@@ -118,13 +135,38 @@ impl AdamW {
         let t = self.step as f64;
         let bc1 = 1.0 - self.beta1.powf(t);
         let bc2 = 1.0 - self.beta2.powf(t);
-        let _ = self.m.lerp_(&g, 1.0 - self.beta1);
-        let _ = self.v.lerp_(&(&g * &g), 1.0 - self.beta2);
+        // 1.0 or 0.0 on the device: scales every change of this step.
+        let gate = ok.map(|ok| {
+            let _ = g.masked_fill_(&ok.logical_not(), 0.0);
+            ok.to_kind(Kind::Float)
+        });
+        match &gate {
+            Some(k) => {
+                let _ = self.m.lerp_tensor_(&g, &(k * (1.0 - self.beta1)));
+                let _ = self.v.lerp_tensor_(&(&g * &g), &(k * (1.0 - self.beta2)));
+            }
+            None => {
+                let _ = self.m.lerp_(&g, 1.0 - self.beta1);
+                let _ = self.v.lerp_(&(&g * &g), 1.0 - self.beta2);
+            }
+        }
         if self.weight_decay > 0.0 {
-            let _ = self.flat.g_mul_scalar_(1.0 - lr * self.weight_decay);
+            let decay = lr * self.weight_decay;
+            match &gate {
+                Some(k) => {
+                    let _ = self.flat.g_mul_(&(k * -decay + 1.0));
+                }
+                None => {
+                    let _ = self.flat.g_mul_scalar_(1.0 - decay);
+                }
+            }
         }
         let denom = (self.v.sqrt() / bc2.sqrt()) + self.eps;
-        let _ = self.flat.g_sub_(&(&self.m / denom * (lr / bc1)));
+        let delta = &self.m / denom * (lr / bc1);
+        let _ = match &gate {
+            Some(k) => self.flat.g_sub_(&(delta * k)),
+            None => self.flat.g_sub_(&delta),
+        };
         for (_, p) in self.params.iter_mut() {
             p.zero_grad();
         }
@@ -151,7 +193,11 @@ impl AdamW {
     pub fn load(&mut self, path: &Path) -> Result<()> {
         let tensors: HashMap<String, Tensor> = Tensor::read_safetensors(path)
             .map_err(|e| {
-                anyhow::anyhow!("{}: not a readable optimizer state ({e})", path.display())
+                anyhow::anyhow!(
+                    "{}: not a readable optimizer state ({e}); the checkpoint is damaged: resume \
+                     from an earlier checkpoint, or start from its weights alone with --drafter",
+                    path.display()
+                )
             })?
             .into_iter()
             .collect();

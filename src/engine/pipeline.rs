@@ -98,15 +98,42 @@ fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
             if std::env::var("DFLASH_TOP_PANIC_IN").is_ok_and(|t| t == label) {
                 panic!("injected panic in {label} (DFLASH_TOP_PANIC_IN)");
             }
-            if let Err(e) = f() {
-                errors
-                    .lock()
-                    .expect("errors poisoned")
-                    .push(format!("{label}: {e:#}"));
-                cancel.cancel();
-            }
+            // A panic is caught here (after the panic hook ran) so that the others stop and
+            // the report names the thread and its phase, like an error.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            let failure = match outcome {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => format!("{e:#}"),
+                Err(p) => format!("panicked: {}", panic_text(p.as_ref())),
+            };
+            errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(worker_failure(&label, super::marks::phase_now(), &failure));
+            cancel.cancel();
         })
         .context("cannot start a worker thread")
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// The sentence for a worker that failed: the thread, its phase, the error, and for libtorch's
+/// out-of-memory the settings that lower memory.
+pub fn worker_failure(thread: &str, phase: Option<crate::telemetry::Phase>, error: &str) -> String {
+    let phase = phase.map_or("start-up".to_string(), |p| format!("phase `{}`", p.name()));
+    let mut s = format!("{thread} failed in {phase}: {error}");
+    if error.contains("out of memory") {
+        s.push_str(
+            " — out of device memory: lower `batch`, `anchors`, `seq_len` or `loss_chunk_mib` \
+             (TOML run config), or use a smaller --preset",
+        );
+    }
+    s
 }
 
 enum Replicas {
@@ -287,6 +314,8 @@ impl Pipeline {
                 saves: i == 0,
                 loss_chunk_mib: cfg.loss_chunk_mib,
                 counts: counts.clone(),
+                keep: cfg.keep,
+                max_nonfinite: cfg.max_nonfinite,
                 replicas: match &group {
                     Replicas::Local(g) => Box::new(g.member(i)),
                     Replicas::Nccl(g) => Box::new(g.member(i)),

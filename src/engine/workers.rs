@@ -102,9 +102,12 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
         .recorder(crate::telemetry::Role::Loader, "cpu");
     let mut m = Marks::new(rec, Device::Cpu, telemetry.switches().clone())?;
     let mut packer = Packer::starting_at(docs_before);
+    let mut iteration = 0;
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
         m.mark(Phase::Read);
+        crate::fault::worker("loader", iteration)?;
+        iteration += 1;
         // Reading and packing interleave in the packer; `read` covers the deliberate delay.
         slow_down(slow, &cancel);
         m.mark(Phase::Pack);
@@ -142,11 +145,15 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
         .sink()
         .recorder(crate::telemetry::Role::Target, &device_name(device));
     let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
+    let thread = thread_name();
+    let mut iteration = 0;
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
         m.mark(Phase::BatchWait);
         let Ok(b) = input.pop() else { break };
         m.mark(Phase::H2d);
+        crate::fault::worker(&thread, iteration)?;
+        iteration += 1;
         let b = b.to_device(device);
         m.mark(Phase::Forward);
         let hidden = model.forward(&b.input_ids, &b.positions, &b.doc_ids);
@@ -226,6 +233,10 @@ pub struct DrafterJob {
     pub loss_chunk_mib: i64,
     /// Truncated documents and skipped batches, counted for the front-end.
     pub counts: std::sync::Arc<DataCounts>,
+    /// Newest `step-*` checkpoints kept (None: all).
+    pub keep: Option<usize>,
+    /// Steps in a row with a non-finite loss or gradient before the run stops.
+    pub max_nonfinite: u32,
 }
 
 /// Rows of lm-head logits per chunk: about `mib` MiB of f32 logits at a time.
@@ -258,6 +269,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         mut replicas,
         loss_chunk_mib,
         counts,
+        keep,
+        max_nonfinite,
     } = job;
     tch::set_num_threads(threads);
     let rec = telemetry
@@ -298,113 +311,180 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             anchors: Some(anchors),
         };
         checkpoint::save(&path, &spec, &vs, optimizer, &state)?;
+        if let Some(n) = keep {
+            checkpoint::prune(dir, n)?;
+        }
         telemetry.command(HubCommand::Status(format!("saved {}", path.display())));
         Ok(())
     };
-    while !cancel.is_cancelled() {
-        m.hold_while_paused(&cancel);
-        m.mark(Phase::HsWait);
-        let Ok(b) = input.pop() else { break };
-        m.mark(Phase::Anchors);
-        // The hand-off: hidden states and the batch move to this drafter's device and stream.
-        let (hidden, b) = b.receive(device)?;
-        data_docs = b.docs_placed;
-        shape = (b.seq, b.rows);
-        counts
-            .truncated_docs
-            .fetch_add(b.truncated, Ordering::Relaxed);
-        let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
-        let seq = b.seq as usize;
-        let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
-            .map(|r| {
-                let span = r * seq..(r + 1) * seq;
-                sample_anchors(
-                    &b.host_doc_ids[span.clone()],
-                    &b.host_loss_mask[span],
-                    block as usize,
-                    anchors as usize,
-                    &mut rng,
-                )
-            })
-            .collect();
-        if per_row.iter().all(Vec::is_empty) {
-            // No label carries loss: no optimizer step, no schedule step; counted.
-            counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
-            m.end_step(b.tokens(), None);
-            continue;
-        }
-        // Padded to a whole number of attention tiles: few distinct shapes, full tiles.
-        let width = super::tiled::padded_width(per_row.iter().map(Vec::len).max().unwrap_or(0));
-        let anch = anchors_tensor(&per_row, width, device);
-        let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
-        let block_pos = block_positions(pos, &anch, block);
-        let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
-        let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
-        m.mark(Phase::Forward);
-        let block_emb =
-            Tensor::embedding(&embed, &block_ids, -1, false, false).to_kind(hidden.kind());
-        let out = model.forward_masked(&hidden, pos, &block_emb, &block_pos, &mask);
-        slow_down(slow, &cancel);
-        m.mark(Phase::Loss);
-        let (loss, backward) =
-            chunked_loss_backward(&out, &lm_head, &labels, &valid, &weights, rows_per_chunk);
-        m.mark(Phase::Backward);
-        backward();
-        if replicas.syncs() {
-            m.mark(Phase::GradSync);
-            if let Err(e) = replicas.mean(optimizer.gathered_grads()) {
-                if cancel.is_cancelled() {
-                    break; // the run stopped while we waited for the other replicas
+    let thread = thread_name();
+    let mut iteration = 0;
+    // Steps skipped for a non-finite loss or gradient: in all, and in a row.
+    let (mut skipped_total, mut skipped_run) = (0u64, 0u32);
+    // The loop runs under catch_unwind so that the last good step is saved after a panic or an
+    // error too (the panic then goes on to the thread's wrapper, which reports it).
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<()> {
+        while !cancel.is_cancelled() {
+            m.hold_while_paused(&cancel);
+            m.mark(Phase::HsWait);
+            let Ok(b) = input.pop() else { break };
+            m.mark(Phase::Anchors);
+            // The hand-off: hidden states and the batch move to this drafter's device and stream.
+            let (hidden, b) = b.receive(device)?;
+            data_docs = b.docs_placed;
+            shape = (b.seq, b.rows);
+            counts
+                .truncated_docs
+                .fetch_add(b.truncated, Ordering::Relaxed);
+            let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
+            let seq = b.seq as usize;
+            let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
+                .map(|r| {
+                    let span = r * seq..(r + 1) * seq;
+                    sample_anchors(
+                        &b.host_doc_ids[span.clone()],
+                        &b.host_loss_mask[span],
+                        block as usize,
+                        anchors as usize,
+                        &mut rng,
+                    )
+                })
+                .collect();
+            if per_row.iter().all(Vec::is_empty) {
+                // No label carries loss: no optimizer step, no schedule step; counted.
+                counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
+                m.end_step(b.tokens(), None);
+                continue;
+            }
+            // Padded to a whole number of attention tiles: few distinct shapes, full tiles.
+            let width = super::tiled::padded_width(per_row.iter().map(Vec::len).max().unwrap_or(0));
+            let anch = anchors_tensor(&per_row, width, device);
+            let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
+            let block_pos = block_positions(pos, &anch, block);
+            let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
+            let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
+            m.mark(Phase::Forward);
+            crate::fault::worker(&thread, iteration)?;
+            iteration += 1;
+            let block_emb =
+                Tensor::embedding(&embed, &block_ids, -1, false, false).to_kind(hidden.kind());
+            let mut out = model.forward_masked(&hidden, pos, &block_emb, &block_pos, &mask);
+            if crate::fault::nan_at(iteration) {
+                out *= f64::NAN; // test-only: a NaN loss and NaN gradients at this step
+            }
+            slow_down(slow, &cancel);
+            m.mark(Phase::Loss);
+            let (loss, backward) =
+                chunked_loss_backward(&out, &lm_head, &labels, &valid, &weights, rows_per_chunk);
+            m.mark(Phase::Backward);
+            backward();
+            if replicas.syncs() {
+                m.mark(Phase::GradSync);
+                if let Err(e) = replicas.mean(optimizer.gathered_grads()) {
+                    if cancel.is_cancelled() {
+                        break; // the run stopped while we waited for the other replicas
+                    }
+                    return Err(e);
                 }
-                return Err(e);
+            }
+            m.mark(Phase::Clip);
+            let grad_norm = optimizer.clip_grad_norm(1.0);
+            m.mark(Phase::Optim);
+            let step = optimizer.step as u64;
+            let lr_now = schedule.lr(lr, step);
+            // A non-finite loss or gradient skips the update, decided on the device (no sync here).
+            let finite = loss.loss.isfinite().logical_and(&grad_norm.isfinite());
+            optimizer.step_if(lr_now, &finite);
+            m.mark(Phase::Metrics);
+            let (acc, tau) = block_metrics(&loss.correct, &valid, &anch.valid);
+            let packed = Tensor::cat(
+                &[
+                    loss.loss.view([1]),
+                    tau.view([1]),
+                    grad_norm.view([1]),
+                    finite.to_kind(tch::Kind::Float).view([1]),
+                    acc,
+                ],
+                0,
+            );
+            let mut host = Vec::<f32>::try_from(packed.to_device(Device::Cpu))?; // the one transfer
+            let was_finite = host.remove(3) > 0.5;
+            if was_finite {
+                skipped_run = 0;
+                last_loss = Some(host[0]);
+            } else {
+                optimizer.unstep();
+                skipped_total += 1;
+                skipped_run += 1;
+            }
+            let mut slot_acc = [0f32; MAX_SLOTS];
+            for (i, a) in host[3..].iter().take(MAX_SLOTS).enumerate() {
+                slot_acc[i] = *a;
+            }
+            let metrics = TrainMetrics {
+                loss: host[0],
+                tau: host[1],
+                grad_norm: host[2],
+                lr: lr_now as f32,
+                slot_acc,
+                block_size: block.min(MAX_SLOTS as i64) as u8,
+                step: optimizer.step as u64,
+                skipped_nonfinite: skipped_total,
+            };
+            m.end_step(b.tokens(), Some(metrics));
+            if skipped_run >= max_nonfinite {
+                anyhow::bail!(
+                    "{skipped_run} steps in a row had a non-finite loss or gradient and were \
+                     skipped; the run stops at step {} (the last finite one, saved where \
+                     --save-dir is set): lower `lr`, check the data, or raise --max-nonfinite",
+                    optimizer.step
+                );
+            }
+            let step = optimizer.step as u64;
+            if saves && step > last_saved {
+                let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));
+                if periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst) {
+                    save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
+                    last_saved = step;
+                }
+            }
+            // --steps counts optimizer steps of the run, so a resumed run stops at the same step.
+            if max_steps.is_some_and(|n| step >= n) {
+                cancel.cancel();
             }
         }
-        m.mark(Phase::Clip);
-        let grad_norm = optimizer.clip_grad_norm(1.0);
-        m.mark(Phase::Optim);
+        Ok(())
+    }));
+    // The last good step is saved whatever ended the loop, unless it failed inside the update
+    // itself (then the weights may be half-written: the previous checkpoint stands).
+    let failed = !matches!(outcome, Ok(Ok(())));
+    let in_update = failed && super::marks::phase_now() == Some(Phase::Optim);
+    let saved = if saves && optimizer.step as u64 > last_saved && !in_update {
         let step = optimizer.step as u64;
-        let lr_now = schedule.lr(lr, step);
-        optimizer.step(lr_now);
-        m.mark(Phase::Metrics);
-        let (acc, tau) = block_metrics(&loss.correct, &valid, &anch.valid);
-        let packed = Tensor::cat(
-            &[loss.loss.view([1]), tau.view([1]), grad_norm.view([1]), acc],
-            0,
-        );
-        let host = Vec::<f32>::try_from(packed.to_device(Device::Cpu))?; // the one transfer
-        let mut slot_acc = [0f32; MAX_SLOTS];
-        for (i, a) in host[3..].iter().take(MAX_SLOTS).enumerate() {
-            slot_acc[i] = *a;
-        }
-        let metrics = TrainMetrics {
-            loss: host[0],
-            tau: host[1],
-            grad_norm: host[2],
-            lr: lr_now as f32,
-            slot_acc,
-            block_size: block.min(MAX_SLOTS as i64) as u8,
-            step: optimizer.step as u64,
-        };
-        last_loss = Some(host[0]);
-        m.end_step(b.tokens(), Some(metrics));
-        let step = optimizer.step as u64;
-        if saves {
-            let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));
-            if periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst) {
-                save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
-                last_saved = step;
+        save(&optimizer, (step, data_docs, &rng, shape, last_loss))
+    } else {
+        Ok(())
+    };
+    match outcome {
+        Ok(Ok(())) => saved,
+        Ok(Err(e)) => match saved {
+            Ok(()) => Err(e),
+            Err(s) => Err(e.context(format!("and saving the last step failed: {s:#}"))),
+        },
+        Err(panic) => {
+            if let Err(s) = saved {
+                eprintln!("dflash-top: saving the last step failed: {s:#}");
             }
-        }
-        // --steps counts optimizer steps of the run, so a resumed run stops at the same step.
-        if max_steps.is_some_and(|n| step >= n) {
-            cancel.cancel();
+            std::panic::resume_unwind(panic)
         }
     }
-    if saves && optimizer.step as u64 > last_saved {
-        let step = optimizer.step as u64;
-        save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
-    }
-    Ok(())
+}
+
+fn thread_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("worker")
+        .to_string()
 }
 
 pub fn device_name(d: Device) -> String {

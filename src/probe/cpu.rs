@@ -155,6 +155,8 @@ pub struct CpuProbe {
     memory: MemoryProbe,
     last_memory: Option<MemorySample>,
     samples: u64,
+    /// The last read of /proc/self/task failed (hidden or unreadable /proc).
+    unreadable: bool,
 }
 
 impl Default for CpuProbe {
@@ -184,6 +186,7 @@ impl CpuProbe {
             memory: MemoryProbe::new(),
             last_memory: None,
             samples: 0,
+            unreadable: false,
         }
     }
 
@@ -191,7 +194,9 @@ impl CpuProbe {
     /// call; the first call only primes the counters and returns None, as does a failed read.
     pub fn sample_threads(&mut self) -> Option<HashMap<i32, ThreadCpu>> {
         let now = Instant::now();
-        let tasks = self.tasks.read().ok()?;
+        let read = self.tasks.read();
+        self.unreadable = read.is_err();
+        let tasks = read.ok()?;
         let prev_at = self.prev_at.replace(now);
         let prev = std::mem::take(&mut self.prev);
         self.prev = tasks.iter().map(|t| (t.tid, t.ticks)).collect();
@@ -222,6 +227,13 @@ impl CpuProbe {
 
     /// Threads and memory (read every `MEMORY_EVERY` samples, the last value in between); None
     /// on the priming call (see `sample_threads`).
+    /// Why there are no figures, when the last read of this process's task list failed: /proc
+    /// hidden or unreadable (a locked-down container).
+    pub fn unavailable(&self) -> Option<&'static str> {
+        self.unreadable
+            .then_some("per-thread CPU: n/a (/proc/self/task is unreadable)")
+    }
+
     pub fn sample(&mut self) -> Option<CpuSample> {
         let threads = self.sample_threads()?;
         if self.samples.is_multiple_of(MEMORY_EVERY) {

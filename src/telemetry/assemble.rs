@@ -34,6 +34,8 @@ pub struct Assembler {
     spans_dropped: u64,
     verdict: VerdictTracker,
     cpu: Option<CpuSample>,
+    /// Why per-thread CPU cannot be shown (e.g. /proc unreadable), once the probe knows.
+    cpu_absent: Option<String>,
     gpus: GpuPanel,
     gpu_history: BTreeMap<u32, VecDeque<u32>>,
     loss_history: VecDeque<(f64, f64)>,
@@ -105,6 +107,7 @@ impl Assembler {
             spans_dropped: 0,
             verdict: VerdictTracker::default(),
             cpu: None,
+            cpu_absent: None,
             gpus: GpuPanel::default(),
             gpu_history: BTreeMap::new(),
             loss_history: VecDeque::new(),
@@ -166,6 +169,10 @@ impl Assembler {
 
     pub fn set_status(&mut self, s: String) {
         self.status = Some(s);
+    }
+
+    pub fn set_cpu_absent(&mut self, why: &str) {
+        self.cpu_absent = Some(why.to_string());
     }
 
     pub fn set_cpu(&mut self, cpu: Option<CpuSample>) {
@@ -355,6 +362,7 @@ impl Assembler {
                 tau: m.map(|m| m.tau),
                 lr: m.map(|m| m.lr),
                 grad_norm: m.map(|m| m.grad_norm),
+                skipped_nonfinite: m.map(|m| m.skipped_nonfinite).unwrap_or(0),
                 slot_acc: m
                     .map(|m| m.slot_acc[..(m.block_size as usize).min(MAX_SLOTS)].to_vec())
                     .unwrap_or_default(),
@@ -371,10 +379,11 @@ impl Assembler {
             verdict,
             stall,
             groups: self.groups(threads),
-            cpu_note: self
-                .cpu
-                .is_none()
-                .then(|| "per-thread CPU: sampling…".to_string()),
+            cpu_note: self.cpu.is_none().then(|| {
+                self.cpu_absent
+                    .clone()
+                    .unwrap_or_else(|| "per-thread CPU: sampling…".to_string())
+            }),
             memory: self.memory(),
             threads: thread_views,
             queues: queue_views,

@@ -206,6 +206,9 @@ impl Telemetry {
                     n += 1;
                     if let Some(p) = cpu.as_mut().filter(|_| n % CPU_EVERY_TICKS == 1) {
                         asm.set_cpu(p.sample());
+                        if let Some(why) = p.unavailable() {
+                            asm.set_cpu_absent(why);
+                        }
                     }
                     if n % GPU_EVERY_TICKS == 1 {
                         if let Ok(g) = gpu.sample() {

@@ -27,6 +27,9 @@ pub struct TrainMetrics {
     pub block_size: u8,
     /// The run's optimizer step after this update (continues across a resume).
     pub step: u64,
+    /// Steps skipped so far in this run for a non-finite loss or gradient (no update made).
+    #[serde(default)]
+    pub skipped_nonfinite: u64,
 }
 
 /// One iteration of one thread (a host record), or the device times of an earlier one.

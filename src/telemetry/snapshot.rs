@@ -225,6 +225,9 @@ pub struct TrainView {
     pub tau: Option<f32>,
     pub lr: Option<f32>,
     pub grad_norm: Option<f32>,
+    /// Drafter steps skipped for a non-finite loss or gradient, in all.
+    #[serde(default)]
+    pub skipped_nonfinite: u64,
     pub slot_acc: Vec<f32>,
     pub tokens_total: u64,
     pub tok_per_s_1s: f64,

@@ -1,0 +1,50 @@
+//! SIGINT, SIGTERM and SIGHUP in every mode (TUI, headless, bench, replay): the first asks for a
+//! graceful stop, which every front-end loop polls (`requested`) and treats like `q` — the
+//! pipeline stops, saves the last good step when --save-dir is set, the terminal is restored.
+//! A second signal (250 ms or more after the first) exits at once, with the terminal restored.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Once;
+
+static SIGNALS: AtomicU32 = AtomicU32::new(0);
+static INSTALL: Once = Once::new();
+
+/// Signals this soon after the first count as the first.
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Exit status after a second signal: 128 + SIGINT, the shell's convention for an interrupt.
+pub const FORCED_EXIT: i32 = 130;
+
+/// Installs the handler (once per process; later calls do nothing). The handler runs on
+/// ctrlc's own thread, not in signal context, so it may restore the terminal and print.
+pub fn install() {
+    INSTALL.call_once(|| {
+        let first = std::sync::OnceLock::new();
+        let r = ctrlc::set_handler(move || {
+            // A hang-up delivers SIGHUP more than once (the kernel, then tmux or sshd): signals
+            // within DEBOUNCE of the first are the same request, not a second one.
+            let at = *first.get_or_init(std::time::Instant::now);
+            if at.elapsed() < DEBOUNCE {
+                SIGNALS.fetch_max(1, Ordering::SeqCst);
+                return;
+            }
+            if SIGNALS.fetch_add(1, Ordering::SeqCst) >= 1 {
+                crate::tui::terminal::restore();
+                // Not eprintln: after a hang-up stderr is gone, and a panic here would lose the exit.
+                let _ = std::io::Write::write_all(
+                    &mut std::io::stderr(),
+                    b"dflash-top: second signal: exiting now, without saving\n",
+                );
+                std::process::exit(FORCED_EXIT);
+            }
+        });
+        if let Err(e) = r {
+            eprintln!("dflash-top: note: cannot handle SIGINT/SIGTERM/SIGHUP ({e})");
+        }
+    });
+}
+
+/// Whether a stop was asked for by a signal.
+pub fn requested() -> bool {
+    SIGNALS.load(Ordering::SeqCst) > 0
+}

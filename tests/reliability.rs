@@ -1,0 +1,776 @@
+//! Issue 14, reliability: signals in every mode, checkpoints that survive faults, non-finite
+//! steps, worker errors. The real binary throughout; faults come from the test-only
+//! `DFLASH_TOP_FAULT` injection (documented where it is read).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+}
+
+/// `step-*` checkpoint directories under `dir`, sorted.
+fn step_dirs(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("step-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Reads the child's stdout until an interval line shows a step > 0 (training is under way).
+fn wait_for_steps(child: &mut Child) -> BufReader<std::process::ChildStdout> {
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the run ended before training"
+        );
+        let step = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("step="))
+            .and_then(|v| v.parse::<u64>().ok());
+        if step.is_some_and(|s| s > 0) {
+            return out;
+        }
+    }
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+            panic!("the run did not stop after the signal");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kill(child: &Child, sig: i32) {
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+#[test]
+fn a_signal_stops_a_headless_run_and_saves_the_last_step() {
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = bin()
+            .args(["train", "--headless", "--interval", "0.2", "--save-dir"])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _out = wait_for_steps(&mut child);
+        kill(&child, sig);
+        let status = wait_exit(&mut child);
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(130), "signal {sig}: {err}");
+        assert!(err.contains("stopped by a signal"), "signal {sig}: {err}");
+        let saved = step_dirs(dir.path());
+        assert_eq!(saved.len(), 1, "signal {sig}: one checkpoint: {saved:?}");
+        let ck = dir.path().join(&saved[0]);
+        for f in [
+            "model.safetensors",
+            "optimizer.safetensors",
+            "trainer_state.json",
+        ] {
+            assert!(
+                ck.join(f).is_file(),
+                "signal {sig}: {f} in {}",
+                ck.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_signal_stops_a_bench_and_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = bin()
+        .args([
+            "bench",
+            "engine",
+            "--steps",
+            "100000",
+            "--save-every",
+            "1",
+            "--keep",
+            "1",
+        ])
+        .arg("--save-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The bench prints at its end only: a first periodic checkpoint shows it is training.
+    let start = Instant::now();
+    while step_dirs(dir.path()).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(90), "no step saved");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kill(&child, libc::SIGTERM);
+    let status = wait_exit(&mut child);
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(
+        out.contains("bench: preset="),
+        "the bench reports what it measured: {out}"
+    );
+    assert_eq!(step_dirs(dir.path()).len(), 1, "{err}");
+}
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    // A save held open for 10 s (save_slow) keeps the graceful stop going when the second lands.
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = bin()
+        .args(["train", "--headless", "--interval", "0.2", "--save-dir"])
+        .arg(dir.path())
+        .env("DFLASH_TOP_FAULT", "save_slow")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _out = wait_for_steps(&mut child);
+    kill(&child, libc::SIGTERM);
+    // Wait for the stop to reach the save (its temporary directory appears), then signal again.
+    let start = Instant::now();
+    while !std::fs::read_dir(dir.path())
+        .unwrap()
+        .any(|e| e.unwrap().file_name().to_string_lossy().contains(".tmp-"))
+    {
+        assert!(start.elapsed() < Duration::from_secs(60), "no save began");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(&child, libc::SIGINT);
+    let status = wait_exit(&mut child);
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("second signal"), "{err}");
+    assert!(
+        step_dirs(dir.path()).is_empty(),
+        "the held save never completed"
+    );
+}
+
+fn run_with_fault(fault: &str, args: &[&str]) -> (std::process::Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bin()
+        .args(["train", "--headless", "--interval", "0.2", "--save-dir"])
+        .arg(dir.path())
+        .args(args)
+        .env("DFLASH_TOP_FAULT", fault)
+        .output()
+        .unwrap();
+    (o, dir)
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn keep_leaves_the_newest_checkpoints() {
+    let (o, dir) = run_with_fault("", &["--steps", "7", "--save-every", "1", "--keep", "3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        step_dirs(dir.path()),
+        ["step-000005", "step-000006", "step-000007"]
+    );
+    let hidden: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(
+        hidden.is_empty(),
+        "no temporary directories left: {hidden:?}"
+    );
+}
+
+#[test]
+fn a_failed_save_names_the_directory_and_leaves_the_previous_checkpoint() {
+    let (o, dir) = run_with_fault("", &["--steps", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = step_dirs(dir.path());
+    assert_eq!(before, ["step-000002"]);
+    let model = dir.path().join("step-000002/model.safetensors");
+    let bytes = std::fs::read(&model).unwrap();
+    let o = bin()
+        .args(["train", "--headless", "--steps", "4", "--save-dir"])
+        .arg(dir.path())
+        .arg("--resume")
+        .arg(dir.path().join("step-000002"))
+        .env("DFLASH_TOP_FAULT", "save_write")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.starts_with("dflash-top: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("cannot save the checkpoint")
+            && err.contains(&dir.path().join("step-000004").display().to_string())
+            && err.contains("--save-dir"),
+        "{err}"
+    );
+    assert_eq!(step_dirs(dir.path()), before, "{err}");
+    assert_eq!(
+        std::fs::read(&model).unwrap(),
+        bytes,
+        "previous checkpoint intact"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "the failed save cleaned up: {left:?}");
+}
+
+/// Resuming from a damaged checkpoint: a sentence naming the damaged file, no panic.
+#[test]
+fn a_damaged_checkpoint_is_refused_on_resume() {
+    let (o, dir) = run_with_fault("", &["--steps", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let good = dir.path().join("step-000001");
+    type Damage = fn(&[u8]) -> Vec<u8>;
+    let damages: [(&str, Damage); 5] = [
+        ("model.safetensors", |b| b[..b.len() / 2].to_vec()),
+        ("model.safetensors", |_| {
+            b"garbage, not safetensors".to_vec()
+        }),
+        ("optimizer.safetensors", |b| b[..b.len() - 100].to_vec()),
+        ("trainer_state.json", |_| b"{\"step\": ".to_vec()),
+        ("config.json", |_| b"[1, 2".to_vec()),
+    ];
+    for (file, damage) in damages {
+        let bad = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(&good).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), bad.path().join(e.file_name())).unwrap();
+        }
+        let orig = std::fs::read(good.join(file)).unwrap();
+        std::fs::write(bad.path().join(file), damage(&orig)).unwrap();
+        let o = bin()
+            .args(["train", "--headless", "--steps", "3", "--resume"])
+            .arg(bad.path())
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{file}: {err}");
+        assert!(err.starts_with("dflash-top: "), "{file}: {err}");
+        assert!(!err.contains("panicked"), "{file}: {err}");
+        assert!(
+            err.contains(&bad.path().join(file).display().to_string()),
+            "{file} named: {err}"
+        );
+        assert!(
+            err.contains("again") || err.contains("earlier checkpoint"),
+            "{file}: a fix: {err}"
+        );
+    }
+}
+
+#[test]
+fn non_finite_steps_are_skipped_counted_and_stop_the_run_when_they_persist() {
+    // Steps 3..=4 are NaN: skipped (the weights stay finite), counted, the run goes on.
+    let (o, dir) = run_with_fault("nan:3-4", &["--steps", "6"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let last = out.lines().rfind(|l| l.starts_with("t=")).unwrap();
+    assert!(last.contains("nonfinite=2"), "{last}");
+    assert_eq!(step_dirs(dir.path()), ["step-000006"]);
+    let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
+    assert!(!summary.contains("NaN"), "{summary}");
+
+    // From step 3 on, every step is NaN: the run stops after --max-nonfinite 5, at step 2.
+    let (o, dir) = run_with_fault("nan:3-", &["--steps", "50", "--max-nonfinite", "5"]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("5 steps in a row had a non-finite loss") && err.contains("drafter-0"),
+        "{err}"
+    );
+    assert_eq!(step_dirs(dir.path()), ["step-000002"], "{err}");
+}
+
+#[test]
+fn a_failing_worker_stops_the_run_names_thread_and_phase_and_saves() {
+    for (fault, thread, phase) in [
+        ("panic:target", "target-0", "h2d"),
+        ("error:drafter", "drafter-0", "forward"),
+        ("error:loader", "loader", "read"),
+    ] {
+        let (o, dir) = run_with_fault(fault, &[]);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{fault}: {err}");
+        assert!(
+            err.contains(&format!("dflash-top: {thread} failed in phase `{phase}`")),
+            "{fault}: {err}"
+        );
+        if fault.starts_with("error:drafter") {
+            // The drafter made two steps before it failed: the last good one is saved.
+            assert_eq!(step_dirs(dir.path()), ["step-000002"], "{fault}: {err}");
+        }
+    }
+    let (o, _dir) = run_with_fault("oom:drafter", &[]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    for knob in [
+        "out of memory",
+        "batch",
+        "anchors",
+        "seq_len",
+        "loss_chunk_mib",
+    ] {
+        assert!(err.contains(knob), "oom names `{knob}`: {err}");
+    }
+}
+
+/// A detached tmux session running `cmd`, killed on drop.
+struct Tmux(String);
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.0])
+            .status();
+    }
+}
+
+impl Tmux {
+    fn start(name: String, size: (u16, u16), cmd: &str) -> Tmux {
+        let (x, y) = (size.0.to_string(), size.1.to_string());
+        tmux(&["new-session", "-d", "-s", &name, "-x", &x, "-y", &y, cmd]);
+        Tmux(name)
+    }
+
+    fn screen(&self) -> String {
+        tmux(&["capture-pane", "-p", "-t", &self.0])
+    }
+
+    fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.screen();
+            if ok(&s) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(90),
+                "never saw {what}; screen:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The pid of the dflash-top process the pane's shell started.
+    fn child_pid(&self) -> i32 {
+        let shell: i32 = tmux(&["display", "-p", "-t", &self.0, "#{pane_pid}"])
+            .trim()
+            .parse()
+            .unwrap();
+        for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid ...
+            let Some((head, rest)) = stat.rsplit_once(") ") else {
+                continue;
+            };
+            let ppid: Option<i32> = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+            if ppid == Some(shell) && head.contains("(dflash-top") {
+                return e.file_name().to_string_lossy().parse().unwrap();
+            }
+        }
+        panic!("no dflash-top under the pane's shell {shell}");
+    }
+}
+
+fn tmux(args: &[&str]) -> String {
+    let o = Command::new("tmux")
+        .args(args)
+        .output()
+        .expect("tmux runs (make test installs it)");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn header_step(screen: &str) -> Option<u64> {
+    screen
+        .lines()
+        .next()
+        .and_then(|l| l.split("step ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+#[test]
+fn a_signal_stops_the_tui_saves_and_gives_the_terminal_back() {
+    for (i, sig) in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT]
+        .into_iter()
+        .enumerate()
+    {
+        let save = tempfile::tempdir().unwrap();
+        let cmd = format!(
+            "{} train --save-dir {}; echo EXITED=$?; stty -a; sleep 600",
+            env!("CARGO_BIN_EXE_dflash-top"),
+            save.path().display()
+        );
+        let s = Tmux::start(
+            format!("dflash-sig-{}-{i}", std::process::id()),
+            (100, 30),
+            &cmd,
+        );
+        s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+        assert_eq!(unsafe { libc::kill(s.child_pid(), sig) }, 0);
+        let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+        assert!(after.contains("EXITED=130"), "signal {sig}: {after}");
+        assert!(
+            !after.contains("PROF"),
+            "signal {sig}: the TUI is gone: {after}"
+        );
+        let stty = s.wait_for("stty's report", |x| x.contains("icanon"));
+        let words: Vec<&str> = stty.split_whitespace().collect();
+        assert!(
+            words.contains(&"icanon") && words.contains(&"echo"),
+            "signal {sig}: the terminal is back in cooked mode: {stty}"
+        );
+        assert_eq!(
+            tmux(&["display", "-p", "-t", &s.0, "#{alternate_on}"]).trim(),
+            "0",
+            "signal {sig}: alternate screen left"
+        );
+        assert_eq!(step_dirs(save.path()).len(), 1, "signal {sig}: saved");
+    }
+}
+
+/// A tmpfs mounted for one test; unmounted on drop.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    /// None where mounting is not allowed (not root, or no CAP_SYS_ADMIN in a container).
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn a_full_disk_fails_the_save_with_a_sentence_and_keeps_the_previous_checkpoint() {
+    // A tiny preset checkpoint is about 5 MB: 8 MB hold one, not a second beside it.
+    let Some(fs) = Tmpfs::mount("8m") else {
+        println!("note: skipped: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)");
+        return;
+    };
+    let save = fs.0.path().join("ck");
+    let o = bin()
+        .args([
+            "train",
+            "--headless",
+            "--steps",
+            "3",
+            "--save-every",
+            "1",
+            "--save-dir",
+        ])
+        .arg(&save)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.starts_with("dflash-top: ") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "cannot save the checkpoint {}",
+            save.join("step-000002").display()
+        )) && err.contains("No space left"),
+        "{err}"
+    );
+    assert_eq!(step_dirs(&save), ["step-000001"], "{err}");
+    let left: Vec<_> = std::fs::read_dir(&save)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "the failed save cleaned up: {left:?}");
+    // The previous checkpoint is whole: a run resumes from it.
+    let o = bin()
+        .args(["train", "--headless", "--steps", "2", "--resume"])
+        .arg(save.join("step-000001"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+fn alive(pid: i32) -> bool {
+    // Signal 0 checks existence; a zombie (exited, not yet reaped) counts as gone.
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let exists = unsafe { libc::kill(pid, 0) } == 0;
+    exists
+        && !state
+            .rsplit_once(") ")
+            .is_some_and(|(_, r)| r.starts_with('Z'))
+}
+
+#[test]
+fn the_tui_keeps_running_and_redrawing_through_small_sizes_and_a_resize_storm() {
+    let cmd = format!(
+        "{} train; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    let s = Tmux::start(
+        format!("dflash-resize-{}", std::process::id()),
+        (100, 30),
+        &cmd,
+    );
+    s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+    let pid = s.child_pid();
+    // A resize every 50 ms through sizes above and below 80x24, for about 3 s.
+    let sizes = [
+        (60, 15),
+        (80, 24),
+        (120, 40),
+        (79, 23),
+        (200, 50),
+        (40, 10),
+        (81, 25),
+    ];
+    for i in 0..60 {
+        let (x, y) = sizes[i % sizes.len()];
+        tmux(&[
+            "resize-window",
+            "-t",
+            &s.0,
+            "-x",
+            &x.to_string(),
+            "-y",
+            &y.to_string(),
+        ]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        alive(pid),
+        "the TUI died in the resize storm: {}",
+        s.screen()
+    );
+    // Under 80x24 it says so instead of drawing panels; then it redraws at 80x24.
+    tmux(&["resize-window", "-t", &s.0, "-x", "60", "-y", "15"]);
+    s.wait_for("the too-small note", |x| x.contains("80x24"));
+    tmux(&["resize-window", "-t", &s.0, "-x", "80", "-y", "24"]);
+    let before = header_step(&s.wait_for("the header again", |x| header_step(x).is_some()));
+    s.wait_for("a later step drawn at 80x24", |x| header_step(x) > before);
+    s.keys_q();
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+}
+
+impl Tmux {
+    fn keys_q(&self) {
+        tmux(&["send-keys", "-t", &self.0, "q"]);
+    }
+}
+
+#[test]
+fn the_tui_runs_with_proc_hidden_and_shows_no_cpu_figures() {
+    // A mount namespace with an empty /proc: the per-thread CPU probe finds nothing to read.
+    let probe = Command::new("unshare")
+        .args(["-m", "sh", "-c", "mount -t tmpfs none /proc"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        println!("note: skipped: cannot hide /proc here (unshare -m needs root / CAP_SYS_ADMIN)");
+        return;
+    }
+    let cmd = format!(
+        "unshare -m sh -c 'mount -t tmpfs none /proc && exec {} train'; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    let s = Tmux::start(
+        format!("dflash-noproc-{}", std::process::id()),
+        (100, 30),
+        &cmd,
+    );
+    s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+    let screen = s.wait_for("the CPU probe's note", |x| {
+        x.contains("per-thread CPU: n/a")
+    });
+    let row = screen
+        .lines()
+        .find(|l| l.contains("│drafter-0"))
+        .unwrap_or_else(|| panic!("a drafter-0 row: {screen}"));
+    assert_eq!(
+        row.split_whitespace().nth(1),
+        Some("-"),
+        "no CPU figure without /proc: {row}"
+    );
+    s.keys_q();
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+}
+
+/// Socket inodes of `pid` that listen on TCP (IPv4 or IPv6).
+fn tcp_listeners(pid: u32) -> Vec<String> {
+    let mine: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+        {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            if f.len() > 9 && f[3] == "0A" && mine.iter().any(|m| m == f[9]) {
+                out.push(format!("{table}: {line}"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_run_listens_on_no_tcp_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = bin()
+        .args(["train", "--headless", "--interval", "0.2", "--record"])
+        .arg(dir.path().join("run.jsonl"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _out = wait_for_steps(&mut child);
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", child.id()))
+        .unwrap()
+        .count();
+    let listening = tcp_listeners(child.id());
+    kill(&child, libc::SIGTERM);
+    wait_exit(&mut child);
+    assert!(fds > 0, "the run's descriptors were read");
+    assert!(listening.is_empty(), "listening TCP sockets: {listening:?}");
+}
+
+/// SGR codes of the pane that set a colour (foreground or background, any palette).
+fn colour_codes(session: &str) -> Vec<String> {
+    let screen = tmux(&["capture-pane", "-p", "-e", "-t", session]);
+    screen
+        .split('\u{1b}')
+        .filter_map(|s| {
+            s.strip_prefix('[')?
+                .split_once('m')
+                .map(|(c, _)| c.to_string())
+        })
+        .filter(|c| {
+            c.split(';').any(|p| {
+                matches!(
+                    p.parse::<u32>(),
+                    Ok(30..=37 | 38 | 40..=47 | 48 | 90..=97 | 100..=107)
+                )
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn no_color_draws_the_real_terminal_without_colour() {
+    for no_color in [false, true] {
+        let cmd = format!(
+            "{}{} train; sleep 600",
+            if no_color { "NO_COLOR=1 " } else { "" },
+            env!("CARGO_BIN_EXE_dflash-top")
+        );
+        let s = Tmux::start(
+            format!("dflash-nocolor-{}-{no_color}", std::process::id()),
+            (100, 30),
+            &cmd,
+        );
+        s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+        let codes = colour_codes(&s.0);
+        if no_color {
+            assert!(codes.is_empty(), "NO_COLOR set, colours drawn: {codes:?}");
+        } else {
+            assert!(!codes.is_empty(), "colours drawn without NO_COLOR");
+        }
+        s.keys_q();
+    }
+}
+
+#[test]
+fn doctor_reports_nvml_in_one_line_present_or_not() {
+    let o = bin().arg("doctor").output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let nvml: Vec<&str> = out.lines().filter(|l| l.starts_with("NVML")).collect();
+    assert_eq!(nvml.len(), 1, "{out}");
+    assert!(!stderr(&o).contains("panicked"));
+}
+
+#[test]
+fn a_hang_up_stops_the_tui_and_saves() {
+    // The terminal goes away (an SSH session dropped): tmux closes the pane's pty.
+    let save = tempfile::tempdir().unwrap();
+    let cmd = format!(
+        "{} train --save-dir {}; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        save.path().display()
+    );
+    let s = Tmux::start(
+        format!("dflash-hangup-{}", std::process::id()),
+        (100, 30),
+        &cmd,
+    );
+    s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+    let pid = s.child_pid();
+    drop(s);
+    let start = Instant::now();
+    while alive(pid) {
+        if start.elapsed() > Duration::from_secs(90) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the TUI outlived its terminal");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(step_dirs(save.path()).len(), 1, "the last step was saved");
+}
