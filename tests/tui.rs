@@ -523,3 +523,14 @@ fn no_gpu_timing_badge_on_the_cpu_and_missed_snapshots_are_counted() {
     assert!(!text.contains("GPU async"), "{text}");
     assert!(text.contains("+3 snaps"), "{text}");
 }
+
+#[test]
+fn skipped_non_finite_steps_show_in_the_header() {
+    let (ctl, _t) = controls(false);
+    let mut app = App::new();
+    let mut s = starved_snapshot();
+    s.train.skipped_nonfinite = 3;
+    app.on_snapshot(Arc::new(s));
+    let text = screen(&app, 160, 30, Theme { color: true }, badges(&ctl, &app));
+    assert!(text.contains("non-finite steps skipped 3"), "{text}");
+}

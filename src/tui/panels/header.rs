@@ -49,7 +49,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         };
         Span::styled(format!(" {text} "), style)
     };
-    let line1 = Line::from(vec![
+    let mut line1 = vec![
         Span::styled("dflash-top ", t.bold()),
         Span::raw(format!("step {}  ", s.train.step)),
         Span::styled(
@@ -66,7 +66,14 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
                 .unwrap_or_else(|| "-".into()),
             fmt_elapsed(s.elapsed_s)
         )),
-    ]);
+    ];
+    if s.train.skipped_nonfinite > 0 {
+        line1.push(Span::styled(
+            format!("  non-finite steps skipped {}", s.train.skipped_nonfinite),
+            t.alert(),
+        ));
+    }
+    let line1 = Line::from(line1);
     let verdict_style = match s.verdict {
         Verdict::Balanced => t.ok(),
         Verdict::Warmup => t.dim(),
