@@ -143,6 +143,9 @@ fn alternate(args: &BenchArgs, settings: &[Setting]) -> Result<()> {
     if !(args.segment >= 2.0 && args.segment.is_finite()) {
         bail!("--segment must be at least 2 seconds");
     }
+    if args.rounds == 0 {
+        bail!("--rounds 0 measures nothing (the first turn is a warm-up): give 1 or more");
+    }
     let mut train = args.train.clone();
     train.steps = None;
     let cfg = RunConfig::from_args(&train)?;

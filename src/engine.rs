@@ -8,6 +8,7 @@ pub mod config;
 pub mod cuda;
 pub mod data;
 pub mod drafter;
+pub mod handoff;
 pub mod layers;
 pub mod loss;
 pub mod marks;

@@ -3,6 +3,7 @@
 pub mod assemble;
 pub mod clock;
 pub mod hub;
+pub mod live;
 pub mod phase;
 pub mod queue;
 pub mod record;

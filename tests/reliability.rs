@@ -352,43 +352,9 @@ fn a_failing_worker_stops_the_run_names_thread_and_phase_and_saves() {
     }
 }
 
-/// A detached tmux session running `cmd`, killed on drop.
-struct Tmux(String);
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.0])
-            .status();
-    }
-}
+use super::tmux::{tmux, Session as Tmux};
 
 impl Tmux {
-    fn start(name: String, size: (u16, u16), cmd: &str) -> Tmux {
-        let (x, y) = (size.0.to_string(), size.1.to_string());
-        tmux(&["new-session", "-d", "-s", &name, "-x", &x, "-y", &y, cmd]);
-        Tmux(name)
-    }
-
-    fn screen(&self) -> String {
-        tmux(&["capture-pane", "-p", "-t", &self.0])
-    }
-
-    fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
-        let start = Instant::now();
-        loop {
-            let s = self.screen();
-            if ok(&s) {
-                return s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(90),
-                "never saw {what}; screen:\n{s}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
     /// The pid of the dflash-top process the pane's shell started.
     fn child_pid(&self) -> i32 {
         let shell: i32 = tmux(&["display", "-p", "-t", &self.0, "#{pane_pid}"])
@@ -412,14 +378,6 @@ impl Tmux {
     }
 }
 
-fn tmux(args: &[&str]) -> String {
-    let o = Command::new("tmux")
-        .args(args)
-        .output()
-        .expect("tmux runs (make test installs it)");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 fn header_step(screen: &str) -> Option<u64> {
     screen
         .lines()
@@ -441,7 +399,7 @@ fn a_signal_stops_the_tui_saves_and_gives_the_terminal_back() {
             env!("CARGO_BIN_EXE_dflash-top"),
             save.path().display()
         );
-        let s = Tmux::start(
+        let s = Tmux::start_sized(
             format!("dflash-sig-{}-{i}", std::process::id()),
             (100, 30),
             &cmd,
@@ -558,7 +516,7 @@ fn the_tui_keeps_running_and_redrawing_through_small_sizes_and_a_resize_storm() 
         "{} train; echo EXITED=$?; sleep 600",
         env!("CARGO_BIN_EXE_dflash-top")
     );
-    let s = Tmux::start(
+    let s = Tmux::start_sized(
         format!("dflash-resize-{}", std::process::id()),
         (100, 30),
         &cmd,
@@ -628,7 +586,7 @@ fn the_tui_runs_with_proc_hidden_and_shows_no_cpu_figures() {
         "unshare -m sh -c 'mount -t tmpfs none /proc && exec {} train'; echo EXITED=$?; sleep 600",
         env!("CARGO_BIN_EXE_dflash-top")
     );
-    let s = Tmux::start(
+    let s = Tmux::start_sized(
         format!("dflash-noproc-{}", std::process::id()),
         (100, 30),
         &cmd,
@@ -728,7 +686,7 @@ fn no_color_draws_the_real_terminal_without_colour() {
             if no_color { "NO_COLOR=1 " } else { "" },
             env!("CARGO_BIN_EXE_dflash-top")
         );
-        let s = Tmux::start(
+        let s = Tmux::start_sized(
             format!("dflash-nocolor-{}-{no_color}", std::process::id()),
             (100, 30),
             &cmd,
@@ -763,7 +721,7 @@ fn a_hang_up_stops_the_tui_and_saves() {
         env!("CARGO_BIN_EXE_dflash-top"),
         save.path().display()
     );
-    let s = Tmux::start(
+    let s = Tmux::start_sized(
         format!("dflash-hangup-{}", std::process::id()),
         (100, 30),
         &cmd,

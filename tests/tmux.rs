@@ -4,7 +4,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-struct Session(String);
+/// A detached tmux session running a command, killed on drop (shared with tests/reliability.rs).
+pub(crate) struct Session(pub(crate) String);
 
 impl Drop for Session {
     fn drop(&mut self) {
@@ -14,7 +15,7 @@ impl Drop for Session {
     }
 }
 
-fn tmux(args: &[&str]) -> String {
+pub(crate) fn tmux(args: &[&str]) -> String {
     let o = Command::new("tmux")
         .args(args)
         .output()
@@ -25,26 +26,22 @@ fn tmux(args: &[&str]) -> String {
 impl Session {
     /// Runs `cmd` in a new detached 100x30 tmux session.
     fn start(name: String, cmd: &str) -> Session {
-        tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            &name,
-            "-x",
-            "100",
-            "-y",
-            "30",
-            cmd,
-        ]);
+        Session::start_sized(name, (100, 30), cmd)
+    }
+
+    /// Runs `cmd` in a new detached tmux session of `size` columns x rows.
+    pub(crate) fn start_sized(name: String, size: (u16, u16), cmd: &str) -> Session {
+        let (x, y) = (size.0.to_string(), size.1.to_string());
+        tmux(&["new-session", "-d", "-s", &name, "-x", &x, "-y", &y, cmd]);
         Session(name)
     }
 
-    fn screen(&self) -> String {
+    pub(crate) fn screen(&self) -> String {
         tmux(&["capture-pane", "-p", "-t", &self.0])
     }
 
     /// Waits until the screen satisfies `ok`; the limit only bounds a hung run.
-    fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    pub(crate) fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
             let s = self.screen();
