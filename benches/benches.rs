@@ -146,6 +146,42 @@ fn render_frame(c: &mut Criterion) {
             })
         });
     }
+    // The timeline: 64 threads, each ending a 20 ms step of its role's phases back to back for
+    // the last 10 s (32,000 spans), in a 200x60 frame.
+    let mut s = snapshot(64);
+    let now = 20_000_000_000u64;
+    s.now_ns = now;
+    for t in &s.threads {
+        let phases: Vec<(Phase, u64)> = t
+            .role
+            .phases()
+            .iter()
+            .map(|p| (*p, 20_000_000 / t.role.phases().len() as u64))
+            .collect();
+        let wall: u64 = phases.iter().map(|p| p.1).sum();
+        for k in 0..(10_000_000_000 / wall) {
+            s.steps.push(StepSpan {
+                thread: t.name.clone(),
+                role: t.role,
+                end_ns: now - k * wall,
+                wall_ns: wall,
+                phases: phases.clone(),
+            });
+        }
+    }
+    s.steps.sort_by_key(|x| x.end_ns);
+    let spans = s.steps.len();
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(s));
+    app.view = dflash_top::tui::app::View::Timeline;
+    assert_eq!(app.recent.len(), spans, "all 10 s of spans are kept");
+    let mut term = Terminal::new(TestBackend::new(200, 60)).unwrap();
+    g.bench_function("timeline_64_threads_10s_200x60", |b| {
+        b.iter(|| {
+            term.draw(|f| draw(f, &app, Theme { color: true }, badges))
+                .unwrap();
+        })
+    });
     g.finish();
 }
 

@@ -2,9 +2,11 @@
 //! `App::update` applies them; frames are drawn from the latest immutable snapshot only.
 
 pub mod app;
+pub mod critical;
 pub mod panels;
 pub mod terminal;
 pub mod theme;
+pub mod timeline;
 pub mod view;
 
 use crate::telemetry::{GpuTiming, HubCommand, Snapshot, Switches, Telemetry};

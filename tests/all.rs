@@ -8,6 +8,7 @@ mod probes;
 mod reference;
 mod reliability;
 mod runs;
+mod screens;
 mod telemetry_core;
 mod telemetry_live;
 mod tmux;

@@ -222,3 +222,40 @@ fn a_recording_replays_in_the_tui() {
         .collect();
     assert_eq!(traces.len(), 1, "e wrote one trace file");
 }
+
+#[test]
+fn the_timeline_shows_a_lane_per_thread_and_esc_on_help_keeps_the_run() {
+    let name = format!("dflash-timeline-{}", std::process::id());
+    let cmd = format!(
+        "{} train; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    let s = Session::start_sized(name, (120, 36), &cmd);
+    s.wait_for("the first steps", |x| {
+        x.contains("step ") && !x.contains("step 0 ")
+    });
+    s.keys("6");
+    // A lane is a row that starts with the thread's name and holds phase segments.
+    let has_lane = |x: &str, thread: &str| {
+        x.lines()
+            .any(|l| l.starts_with(&format!("│{thread}")) && l.chars().any(|c| "█▒▌▐".contains(c)))
+    };
+    let screen = s.wait_for("lanes of the loader, the target and the drafter", |x| {
+        x.contains("[6 timeline]")
+            && has_lane(x, "loader")
+            && has_lane(x, "target-0")
+            && has_lane(x, "drafter-0")
+    });
+    assert!(screen.contains("q hs"), "the HS queue's strip: {screen}");
+    s.keys("?");
+    s.wait_for("the help overlay", |x| {
+        x.contains("press ? or esc to close")
+    });
+    s.keys("Escape");
+    s.wait_for("the timeline again, still running", |x| {
+        !x.contains("press ? or esc to close") && x.contains("RUNNING") && has_lane(x, "drafter-0")
+    });
+    s.keys("C-c");
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+}

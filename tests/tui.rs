@@ -53,6 +53,9 @@ fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
     }
 }
 
+/// The hub's clock in the scripted snapshots.
+pub const NOW_NS: u64 = 83_000_000_000;
+
 /// Drafters starved: targets are slow, the HS queue is empty.
 pub fn starved_snapshot() -> Snapshot {
     let loader = window(&[(Phase::Pack, 2), (Phase::PushWait, 78)], 12);
@@ -74,6 +77,7 @@ pub fn starved_snapshot() -> Snapshot {
     Snapshot {
         seq: 7,
         elapsed_s: 83.0,
+        now_ns: NOW_NS,
         train: TrainView {
             step: 1200,
             loss: Some(3.25),
@@ -167,6 +171,19 @@ pub fn starved_snapshot() -> Snapshot {
         status: None,
         steps: Vec::new(),
     }
+}
+
+/// Presses `e` with the working directory in a new temporary one (where the trace goes), one
+/// test at a time (the working directory is the process's).
+pub fn export_in(app: &mut App) -> tempfile::TempDir {
+    static CWD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = CWD.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let here = std::env::current_dir().unwrap();
+    std::env::set_current_dir(dir.path()).unwrap();
+    app.update(Action::ExportTrace, &ReplayControls);
+    std::env::set_current_dir(here).unwrap();
+    dir
 }
 
 pub fn controls(can_save: bool) -> (EngineControls, Telemetry) {
@@ -272,7 +289,7 @@ fn actions_change_the_engine_switches_and_the_app() {
     assert_eq!(app.view, View::Threads);
     app.update(Action::PrevView, &ctl);
     app.update(Action::PrevView, &ctl);
-    assert_eq!(app.view, View::Charts);
+    assert_eq!(app.view, View::Timeline, "the views wrap around");
     app.update(Action::ShowView(2), &ctl);
     assert_eq!(app.view, View::Phases);
     app.update(Action::ToggleHelp, &ctl);
@@ -464,7 +481,8 @@ fn a_replay_says_the_engine_cannot_change_and_e_writes_a_trace() {
     snap.steps = vec![StepSpan {
         thread: "drafter-0".into(),
         role: Role::Drafter,
-        end_ns: 2_000_000,
+        // Inside the timeline's span, which `e` exports.
+        end_ns: NOW_NS - 2_000_000,
         wall_ns: 1_000_000,
         phases: vec![(Phase::Forward, 600_000), (Phase::Backward, 400_000)],
     }];
@@ -474,11 +492,7 @@ fn a_replay_says_the_engine_cannot_change_and_e_writes_a_trace() {
         app.note.as_deref(),
         Some("replay: the engine cannot be changed")
     );
-    let dir = tempfile::tempdir().unwrap();
-    let here = std::env::current_dir().unwrap();
-    std::env::set_current_dir(dir.path()).unwrap();
-    app.update(Action::ExportTrace, &ReplayControls);
-    std::env::set_current_dir(here).unwrap();
+    let dir = export_in(&mut app);
     assert!(
         app.note
             .as_deref()

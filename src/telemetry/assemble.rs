@@ -357,6 +357,7 @@ impl Assembler {
         Snapshot {
             seq: self.seq,
             elapsed_s,
+            now_ns,
             train: TrainView {
                 step: m.map(|m| m.step).unwrap_or(0),
                 loss: m.map(|m| m.loss),

@@ -251,6 +251,10 @@ pub struct SelfCost {
 pub struct Snapshot {
     pub seq: u64,
     pub elapsed_s: f64,
+    /// The hub's clock when this snapshot was taken, on the same scale as `StepSpan::end_ns`
+    /// (0 in recordings made before it was kept).
+    #[serde(default)]
+    pub now_ns: u64,
     pub train: TrainView,
     pub profiling: bool,
     /// The GPU timing mode; None when no worker drives a GPU (the modes mean nothing there).

@@ -1,9 +1,12 @@
 //! Front-end state, the `Action` every key becomes, and the one `update` that changes state.
 //! No terminal here: tests drive it directly.
 
-use crate::telemetry::snapshot::StepSpan;
+use super::timeline::{spans_in, Segments, TimeSpan};
+use crate::telemetry::snapshot::{StepSpan, ThreadState, ThreadView};
+use crate::telemetry::verdict::Verdict;
 use crate::telemetry::{GpuTiming, Snapshot};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,15 +16,17 @@ pub enum View {
     Phases,
     Queues,
     Charts,
+    Timeline,
 }
 
 impl View {
-    pub const ALL: [View; 5] = [
+    pub const ALL: [View; 6] = [
         View::Overview,
         View::Threads,
         View::Phases,
         View::Queues,
         View::Charts,
+        View::Timeline,
     ];
 
     pub fn title(self) -> &'static str {
@@ -31,6 +36,7 @@ impl View {
             View::Phases => "3 phases",
             View::Queues => "4 queues+gpu",
             View::Charts => "5 charts",
+            View::Timeline => "6 timeline",
         }
     }
 
@@ -57,6 +63,45 @@ impl Window {
     }
 }
 
+/// The order of the threads in the threads view and the timeline's lanes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sort {
+    /// As the pipeline registers them: loader, targets, drafters.
+    Pipeline,
+    /// Busiest CPU first.
+    Cpu,
+    /// Waiting first, then working, then exited.
+    State,
+    /// Slowest step first.
+    MsPerStep,
+    Name,
+}
+
+impl Sort {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sort::Pipeline => "pipeline",
+            Sort::Cpu => "cpu",
+            Sort::State => "state",
+            Sort::MsPerStep => "ms/step",
+            Sort::Name => "name",
+        }
+    }
+
+    fn next(self) -> Sort {
+        match self {
+            Sort::Pipeline => Sort::Cpu,
+            Sort::Cpu => Sort::State,
+            Sort::State => Sort::MsPerStep,
+            Sort::MsPerStep => Sort::Name,
+            Sort::Name => Sort::Pipeline,
+        }
+    }
+}
+
+/// The timeline's widths, seconds: `+` zooms in, `-` out.
+pub const ZOOMS_S: [f64; 6] = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0];
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     /// `q`: leaves a replay or a finished run at once; a live run asks once.
@@ -77,6 +122,16 @@ pub enum Action {
     ToggleHelp,
     CycleWindow,
     ExportTrace,
+    /// `j`/`↓` and `k`/`↑`: the next / previous thread.
+    SelectNext,
+    SelectPrev,
+    /// `s`: the next sort order.
+    CycleSort,
+    ZoomIn,
+    ZoomOut,
+    /// `[` / `]`: the timeline earlier / later by a quarter of its width (freezes the display).
+    PanBack,
+    PanForward,
 }
 
 /// Maps a key press to an action.
@@ -100,7 +155,15 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
         KeyCode::Tab | KeyCode::Right | KeyCode::Char('l') => Action::NextView,
         KeyCode::BackTab | KeyCode::Left | KeyCode::Char('h') => Action::PrevView,
         KeyCode::Char('?') => Action::ToggleHelp,
-        KeyCode::Char(c @ '1'..='5') => Action::ShowView(c as usize - '1' as usize),
+        KeyCode::Char(c @ '1'..='6') => Action::ShowView(c as usize - '1' as usize),
+        KeyCode::Char('t') => Action::ShowView(View::Timeline.index()),
+        KeyCode::Down | KeyCode::Char('j') => Action::SelectNext,
+        KeyCode::Up | KeyCode::Char('k') => Action::SelectPrev,
+        KeyCode::Char('s') => Action::CycleSort,
+        KeyCode::Char('+') | KeyCode::Char('=') => Action::ZoomIn,
+        KeyCode::Char('-') | KeyCode::Char('_') => Action::ZoomOut,
+        KeyCode::Char('[') => Action::PanBack,
+        KeyCode::Char(']') => Action::PanForward,
         _ => return None,
     })
 }
@@ -129,8 +192,24 @@ pub struct App {
     pub latest: Option<Arc<Snapshot>>,
     /// A short note about the last key (shown in the header).
     pub note: Option<String>,
-    /// Step spans of the last `TRACE_SECONDS`, for `e`.
-    pub recent: std::collections::VecDeque<StepSpan>,
+    /// Step spans of the last `TRACE_SECONDS`: the timeline and `e`.
+    pub recent: VecDeque<StepSpan>,
+    /// The spans as they were when the display froze (the timeline pans over these).
+    pub frozen_recent: Option<VecDeque<StepSpan>>,
+    /// The same steps as per-thread phase segments: what the timeline draws from.
+    pub segments: Segments,
+    pub frozen_segments: Option<Segments>,
+    /// Verdict changes, (hub clock ns, new verdict), oldest first; the timeline marks them.
+    pub verdicts: VecDeque<(u64, Verdict)>,
+    /// The timeline's width, an index into `ZOOMS_S`.
+    pub zoom: usize,
+    /// How far the timeline's right edge is before the frozen snapshot's time, ns.
+    pub pan_ns: u64,
+    /// The selected thread, by name (stable while the order changes).
+    pub selected: Option<String>,
+    pub sort: Sort,
+    /// CPU % per thread, one value a snapshot, oldest first (the threads view's detail).
+    pub cpu_history: std::collections::HashMap<String, VecDeque<f32>>,
     /// Snapshots the hub published that this front-end never got (gaps in `seq`).
     pub missed_snapshots: u64,
     /// `q` was pressed once on a live run: the next `q` stops training.
@@ -139,8 +218,12 @@ pub struct App {
     pub finished: bool,
 }
 
-/// What `e` exports: the last seconds of phases.
+/// What the timeline can show and `e` exports at most: the last seconds of phases.
 pub const TRACE_SECONDS: f64 = 10.0;
+/// CPU samples kept per thread (a minute at 10 snapshots a second).
+const CPU_HISTORY: usize = 600;
+/// Verdict changes kept for the timeline.
+const MAX_VERDICT_CHANGES: usize = 256;
 
 impl Default for App {
     fn default() -> Self {
@@ -158,7 +241,16 @@ impl App {
             frozen: None,
             latest: None,
             note: None,
-            recent: std::collections::VecDeque::new(),
+            recent: VecDeque::new(),
+            frozen_recent: None,
+            segments: Segments::default(),
+            frozen_segments: None,
+            verdicts: VecDeque::new(),
+            zoom: ZOOMS_S.len() - 1,
+            pan_ns: 0,
+            selected: None,
+            sort: Sort::Pipeline,
+            cpu_history: Default::default(),
             missed_snapshots: 0,
             quit_armed: false,
             finished: false,
@@ -170,6 +262,103 @@ impl App {
         self.frozen.as_ref().or(self.latest.as_ref())
     }
 
+    /// The step spans behind the shown snapshot (frozen with it).
+    pub fn shown_spans(&self) -> &VecDeque<StepSpan> {
+        self.frozen_recent.as_ref().unwrap_or(&self.recent)
+    }
+
+    /// The span the timeline shows: its width, ending at the shown snapshot's time less the pan.
+    /// A recording without the hub's clock ends at its last step.
+    pub fn time_span(&self) -> TimeSpan {
+        let now = self.shown().map(|s| s.now_ns).unwrap_or(0);
+        let right = if now > 0 {
+            now
+        } else {
+            self.shown_spans()
+                .iter()
+                .map(|s| s.end_ns)
+                .max()
+                .unwrap_or(0)
+        };
+        TimeSpan {
+            right_ns: right.saturating_sub(self.pan_ns),
+            width_ns: (ZOOMS_S[self.zoom] * 1e9) as u64,
+        }
+    }
+
+    /// The phase segments behind the shown snapshot (frozen with it).
+    pub fn shown_segments(&self) -> &Segments {
+        self.frozen_segments.as_ref().unwrap_or(&self.segments)
+    }
+
+    /// The shown snapshot's threads in the chosen order.
+    pub fn ordered_threads<'a>(&self, snap: &'a Snapshot) -> Vec<&'a ThreadView> {
+        let mut v: Vec<&ThreadView> = snap.threads.iter().collect();
+        let w = |t: &ThreadView| t.w1.step_ms();
+        match self.sort {
+            Sort::Pipeline => {}
+            Sort::Cpu => v.sort_by(|a, b| {
+                b.cpu_pct
+                    .unwrap_or(-1.0)
+                    .total_cmp(&a.cpu_pct.unwrap_or(-1.0))
+            }),
+            Sort::State => v.sort_by_key(|t| match t.state {
+                ThreadState::Waiting => 0,
+                ThreadState::Working => 1,
+                ThreadState::Exited => 2,
+            }),
+            Sort::MsPerStep => v.sort_by(|a, b| w(b).total_cmp(&w(a))),
+            Sort::Name => v.sort_by(|a, b| a.name.cmp(&b.name)),
+        }
+        v
+    }
+
+    /// The thread the detail panes show: the selected one, else the first in order.
+    pub fn focus<'a>(&self, snap: &'a Snapshot) -> Option<&'a ThreadView> {
+        let order = self.ordered_threads(snap);
+        let i = self.selected_index(&order).unwrap_or(0);
+        order.get(i).copied()
+    }
+
+    /// The selected thread's position in the chosen order.
+    pub fn selected_index(&self, order: &[&ThreadView]) -> Option<usize> {
+        let name = self.selected.as_ref()?;
+        order.iter().position(|t| &t.name == name)
+    }
+
+    fn select_step(&mut self, down: bool) {
+        let Some(snap) = self.shown().cloned() else {
+            return;
+        };
+        let order = self.ordered_threads(&snap);
+        if order.is_empty() {
+            return;
+        }
+        let i = match (self.selected_index(&order), down) {
+            (None, true) => 0,
+            (None, false) => order.len() - 1,
+            (Some(i), true) => (i + 1).min(order.len() - 1),
+            (Some(i), false) => i.saturating_sub(1),
+        };
+        self.selected = Some(order[i].name.clone());
+    }
+
+    /// How far back the timeline can pan: to the oldest span kept.
+    fn max_pan_ns(&self) -> u64 {
+        let span = self.time_span();
+        let right = span.right_ns + self.pan_ns;
+        let oldest = self.shown_segments().oldest_ns().unwrap_or(right);
+        right.saturating_sub(oldest).saturating_sub(span.width_ns)
+    }
+
+    fn freeze(&mut self) {
+        if self.frozen.is_none() {
+            self.frozen = self.latest.clone();
+            self.frozen_recent = Some(self.recent.clone());
+            self.frozen_segments = Some(self.segments.clone());
+        }
+    }
+
     pub fn on_snapshot(&mut self, s: Arc<Snapshot>) {
         // A new line from the engine (a saved checkpoint, …) replaces the last key's note.
         let previous = self.latest.as_ref().and_then(|l| l.status.as_ref());
@@ -179,11 +368,32 @@ impl App {
         if let Some(prev) = &self.latest {
             self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
         }
+        if self.verdicts.back().map(|v| v.1) != Some(s.verdict) {
+            self.verdicts.push_back((s.now_ns, s.verdict));
+            if self.verdicts.len() > MAX_VERDICT_CHANGES {
+                self.verdicts.pop_front();
+            }
+        }
+        for t in &s.threads {
+            if let Some(pct) = t.cpu_pct {
+                let h = self.cpu_history.entry(t.name.clone()).or_default();
+                h.push_back(pct);
+                if h.len() > CPU_HISTORY {
+                    h.pop_front();
+                }
+            }
+        }
         self.recent.extend(s.steps.iter().cloned());
+        for step in &s.steps {
+            self.segments.push(step);
+        }
         if let Some(end) = self.recent.back().map(|x| x.end_ns) {
             let from = end.saturating_sub((TRACE_SECONDS * 1e9) as u64);
             while self.recent.front().is_some_and(|x| x.end_ns < from) {
                 self.recent.pop_front();
+            }
+            if !s.steps.is_empty() {
+                self.segments.trim(from);
             }
         }
         self.latest = Some(s);
@@ -208,6 +418,8 @@ impl App {
             Action::Back => {
                 if self.help {
                     self.help = false;
+                } else if self.selected.is_some() {
+                    self.selected = None;
                 } else {
                     self.note = Some("nothing to close (q quits)".into());
                 }
@@ -241,10 +453,13 @@ impl App {
                 }
             }
             Action::ToggleFreeze => {
-                self.frozen = match self.frozen.take() {
-                    Some(_) => None,
-                    None => self.latest.clone(),
-                };
+                if self.frozen.take().is_some() {
+                    self.frozen_recent = None;
+                    self.frozen_segments = None;
+                    self.pan_ns = 0;
+                } else {
+                    self.freeze();
+                }
                 self.note = Some(
                     if self.frozen.is_some() {
                         "display frozen"
@@ -277,7 +492,9 @@ impl App {
             }
             Action::ToggleHelp => self.help = !self.help,
             Action::ExportTrace => {
-                let spans: Vec<StepSpan> = self.recent.iter().cloned().collect();
+                // What the timeline shows: its width, where it is panned to.
+                let span = self.time_span();
+                let spans = spans_in(self.shown_spans().iter(), span);
                 let stamp = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs())
@@ -287,12 +504,48 @@ impl App {
                     "no steps to trace yet".to_string()
                 } else {
                     match crate::telemetry::trace::write_trace(&path, &spans) {
-                        Ok(()) => {
-                            format!("trace of the last {TRACE_SECONDS:.0} s: {}", path.display())
-                        }
+                        Ok(()) if self.pan_ns == 0 => format!(
+                            "trace of the last {} s: {}",
+                            ZOOMS_S[self.zoom],
+                            path.display()
+                        ),
+                        Ok(()) => format!(
+                            "trace of {} s ending {:.1} s ago: {}",
+                            ZOOMS_S[self.zoom],
+                            self.pan_ns as f64 / 1e9,
+                            path.display()
+                        ),
                         Err(e) => format!("{e:#}"),
                     }
                 });
+            }
+            Action::SelectNext => self.select_step(true),
+            Action::SelectPrev => self.select_step(false),
+            Action::CycleSort => {
+                self.sort = self.sort.next();
+                self.note = Some(format!("threads sorted by {}", self.sort.name()));
+            }
+            Action::ZoomIn | Action::ZoomOut => {
+                self.zoom = if action == Action::ZoomIn {
+                    self.zoom.saturating_sub(1)
+                } else {
+                    (self.zoom + 1).min(ZOOMS_S.len() - 1)
+                };
+                self.pan_ns = self.pan_ns.min(self.max_pan_ns());
+                self.note = Some(format!("timeline: {} s", ZOOMS_S[self.zoom]));
+            }
+            Action::PanBack | Action::PanForward => {
+                self.freeze();
+                let step = self.time_span().width_ns / 4;
+                self.pan_ns = if action == Action::PanBack {
+                    (self.pan_ns + step).min(self.max_pan_ns())
+                } else {
+                    self.pan_ns.saturating_sub(step)
+                };
+                self.note = Some(format!(
+                    "timeline ends {:.2} s before the frozen time (f: live)",
+                    self.pan_ns as f64 / 1e9
+                ));
             }
             Action::CycleWindow => {
                 self.window = match self.window {

@@ -6,4 +6,8 @@ pub mod header;
 pub mod help;
 pub mod phases;
 pub mod queues;
+pub mod shares;
+pub mod stacked;
+pub mod thread_detail;
 pub mod threads;
+pub mod timeline;

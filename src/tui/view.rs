@@ -62,8 +62,28 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
     panels::header::render(f, header, &c);
     match app.view {
         View::Overview => overview(f, body, &c),
-        View::Threads => panels::threads::render(f, body, &c, true),
-        View::Phases => panels::phases::render(f, body, &c, true),
+        View::Threads => {
+            // The table sized to its rows (at most half), the selected thread's detail below.
+            let table_h = panels::threads::height(&c).clamp(5, body.height / 2);
+            let [t, d] =
+                Layout::vertical([Constraint::Length(table_h), Constraint::Min(0)]).areas(body);
+            panels::threads::render(f, t, &c, true);
+            panels::thread_detail::render(f, d, &c);
+        }
+        View::Phases => {
+            // The bars sized to their threads, the critical path, the shares over time below.
+            let threads = c.snap.threads.len() as u16;
+            let bars_h = (2 * threads + 5).min(body.height / 2).max(6);
+            let [bars, crit, history] = Layout::vertical([
+                Constraint::Length(bars_h),
+                Constraint::Length(panels::shares::critical_height(body.width)),
+                Constraint::Min(0),
+            ])
+            .areas(body);
+            panels::phases::render(f, bars, &c, true);
+            panels::shares::render_critical(f, crit, &c);
+            panels::shares::render_history(f, history, &c);
+        }
         View::Queues => {
             let gpu_h = panels::gpus::height(&c.snap.gpus);
             let [q, g] =
@@ -72,6 +92,21 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
             panels::gpus::render(f, g, &c);
         }
         View::Charts => panels::charts::render(f, body, &c, true),
+        View::Timeline => {
+            // The timeline sized to its lanes; the phase bars of the same threads below it.
+            let want = panels::timeline::height(&c);
+            let threads = c.snap.threads.len() as u16;
+            // Borders and the legend's rows, one row a thread (two with the detail line).
+            let left = body.height.saturating_sub(want);
+            if left >= threads + 5 {
+                let [t, p] =
+                    Layout::vertical([Constraint::Length(want), Constraint::Min(0)]).areas(body);
+                panels::timeline::render(f, t, &c);
+                panels::phases::render(f, p, &c, left >= 2 * threads + 5);
+            } else {
+                panels::timeline::render(f, body, &c);
+            }
+        }
     }
     if app.help {
         panels::help::render(f, area, &c);

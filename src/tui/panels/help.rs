@@ -6,7 +6,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};
 use ratatui::Frame;
 
-pub const KEYS: [(&str, &str); 14] = [
+pub const KEYS: [(&str, &str); 18] = [
     (
         "p",
         "profiling on/off (steps, tokens and loss are always counted)",
@@ -22,17 +22,30 @@ pub const KEYS: [(&str, &str); 14] = [
     ("c", "save a checkpoint now (needs --save-dir)"),
     (
         "e",
-        "export the last 10 s of phases as a Chrome trace (Perfetto)",
+        "export the timeline's span of phases as a Chrome trace (Perfetto)",
     ),
     ("tab l →", "next view (shift-tab, h, ←: previous)"),
-    ("1-5", "overview, threads, phases, queues+GPUs, charts"),
+    (
+        "1-6",
+        "overview, threads, phases, queues+GPUs, charts, timeline",
+    ),
+    ("t", "the timeline"),
+    ("j k ↓ ↑", "select the next / previous thread"),
+    (
+        "s",
+        "sort threads: pipeline / cpu / state / ms per step / name",
+    ),
+    (
+        "+ - [ ]",
+        "timeline: zoom in / out, pan earlier / later (freezes)",
+    ),
     ("?", "this help"),
     (
         "q",
         "quit (a live run asks once: q again stops it, saves, restores the terminal)",
     ),
     ("ctrl-c", "quit at once (the run still saves)"),
-    ("esc", "close this help; never quits"),
+    ("esc", "close this help or clear the selection; never quits"),
 ];
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {

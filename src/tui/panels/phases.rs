@@ -14,30 +14,10 @@ use ratatui::Frame;
 /// Splits `width` cells among phases by their share of wall time (largest remainder), in the
 /// role's phase order. Phases with no time get no cell.
 pub fn bar_cells(w: &PhaseWindow, phases: &[Phase], width: usize) -> Vec<(Phase, usize)> {
-    let total: u64 = phases.iter().map(|p| w.phase_ns[p.index()]).sum();
-    if total == 0 || width == 0 {
-        return Vec::new();
-    }
-    let exact: Vec<f64> = phases
-        .iter()
-        .map(|p| w.phase_ns[p.index()] as f64 / total as f64 * width as f64)
-        .collect();
-    let mut cells: Vec<usize> = exact.iter().map(|x| x.floor() as usize).collect();
-    let mut left = width - cells.iter().sum::<usize>();
-    let mut order: Vec<usize> = (0..phases.len()).collect();
-    order.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())));
-    for i in order {
-        if left == 0 {
-            break;
-        }
-        if exact[i] > 0.0 {
-            cells[i] += 1;
-            left -= 1;
-        }
-    }
+    let values: Vec<u64> = phases.iter().map(|p| w.phase_ns[p.index()]).collect();
     phases
         .iter()
-        .zip(cells)
+        .zip(super::stacked::split(&values, width))
         .filter(|(_, n)| *n > 0)
         .map(|(p, n)| (*p, n))
         .collect()
@@ -125,18 +105,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         );
         y += 1;
         if detail && y < bottom && w.wall_ns > 0 {
-            let mut parts: Vec<String> = phases
-                .iter()
-                .filter(|p| w.phase_ns[p.index()] > 0)
-                .map(|p| {
-                    format!(
-                        "{} {:.1}ms {:.0}%",
-                        p.name(),
-                        w.ms_per_step(*p),
-                        w.share(*p) * 100.0
-                    )
-                })
-                .collect();
+            let mut parts = phase_parts(&w, phases);
             if w.gpu_idle_ns > 0 {
                 parts.push(format!(
                     "GPU idle {:.0}%",
@@ -162,6 +131,22 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         Paragraph::new(legend(c)).wrap(ratatui::widgets::Wrap { trim: true }),
         legend_area,
     );
+}
+
+/// "forward 12.0ms 15%" for each phase with time in `w`.
+pub fn phase_parts(w: &PhaseWindow, phases: &[Phase]) -> Vec<String> {
+    phases
+        .iter()
+        .filter(|p| w.phase_ns[p.index()] > 0)
+        .map(|p| {
+            format!(
+                "{} {:.1}ms {:.0}%",
+                p.name(),
+                w.ms_per_step(*p),
+                w.share(*p) * 100.0
+            )
+        })
+        .collect()
 }
 
 fn truncate(s: &str, n: usize) -> String {

@@ -2,25 +2,53 @@
 //! letter; libtorch's own threads under the worker that drives them, the other unregistered ones
 //! grouped by name at the end.
 
+use super::super::app::Sort;
 use super::super::theme::Theme;
 use super::super::view::Ctx;
 use crate::probe::owner::comm_of;
 use crate::telemetry::snapshot::{ThreadGroupView, ThreadState};
 use ratatui::layout::{Constraint, Rect};
-use ratatui::widgets::{Block, Borders, Cell, Row, Table};
+use ratatui::style::{Modifier, Style};
+use ratatui::widgets::{Block, Borders, Cell, Row, Table, TableState};
 use ratatui::Frame;
 
+/// Rows the table wants in the threads view: borders, the header, a row a thread and a row a
+/// group of helper threads.
+pub fn height(c: &Ctx) -> u16 {
+    3 + (c.snap.threads.len() + c.snap.groups.len()) as u16
+}
+
 /// `full`: every column and libtorch's own threads (the threads view); otherwise the compact
-/// columns that fit beside the phase bars.
+/// columns that fit beside the phase bars. Threads in the chosen order; the selected one
+/// highlighted and kept on screen.
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     let t = c.theme;
     let show_groups = full;
+    let mark = |s: Sort, name: &'static str| -> String {
+        if c.app.sort == s {
+            format!("{name}▼")
+        } else {
+            name.to_string()
+        }
+    };
     let header = Row::new([
-        "thread", "role", "dev", "cpu%", "phase", "state", "os", "step/s", "ms/step",
+        mark(Sort::Name, "thread"),
+        "role".into(),
+        "dev".into(),
+        mark(Sort::Cpu, "cpu%"),
+        "phase".into(),
+        mark(Sort::State, "state"),
+        "os".into(),
+        "step/s".into(),
+        mark(Sort::MsPerStep, "ms/step"),
     ])
     .style(t.bold());
     let mut rows: Vec<Row> = Vec::new();
-    for th in &c.snap.threads {
+    let mut selected_row = None;
+    for th in c.app.ordered_threads(c.snap) {
+        if c.app.selected.as_ref() == Some(&th.name) {
+            selected_row = Some(rows.len());
+        }
         rows.push({
             let w = c.window_of(th);
             let state_style = match th.state {
@@ -59,7 +87,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     }
     let widths = if full {
         vec![
-            Constraint::Min(14),
+            Constraint::Length(16),
             Constraint::Length(7),
             Constraint::Length(7),
             Constraint::Length(5),
@@ -87,6 +115,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
         Some(n) => format!(" threads ({n}) "),
         None => " threads ".to_string(),
     };
+    if full {
+        title.push_str(&format!("· sort {} (s) · j/k select ", c.app.sort.name()));
+    }
     if let (Some(m), true) = (&c.snap.memory, full) {
         title.push_str(&format!(
             "· rss {} MiB · host {}/{} GiB ",
@@ -98,8 +129,10 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     let table = Table::new(rows, widths)
         .column_spacing(1)
         .header(header)
+        .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
         .block(Block::default().borders(Borders::ALL).title(title));
-    f.render_widget(table, area);
+    let mut state = TableState::default().with_selected(selected_row);
+    f.render_stateful_widget(table, area, &mut state);
 }
 
 /// One row for a group of unregistered threads: under its worker (indented) or at the end.

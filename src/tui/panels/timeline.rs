@@ -1,0 +1,276 @@
+//! The timeline: one swimlane per thread over the last seconds, each phase a coloured segment
+//! (waits hatched), the queue depths as strips under the lanes, the verdict's changes marked
+//! above them. `+`/`-` zoom, `[`/`]` pan (freezing the display), `e` exports what is shown.
+
+use super::super::app::ZOOMS_S;
+use super::super::theme::Theme;
+use super::super::timeline::{lanes, queue_strip, TimeSpan};
+use super::super::view::Ctx;
+use crate::telemetry::Phase;
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph};
+use ratatui::Frame;
+
+/// Width of the name column left of the lanes.
+const NAME_W: u16 = 11;
+/// Rows a lane takes where there is room.
+const LANE_ROWS: u16 = 2;
+
+/// Rows the panel wants: borders, the axis, the verdict row, two rows a lane, a row a queue,
+/// the legend.
+pub fn height(c: &Ctx) -> u16 {
+    5 + LANE_ROWS * c.snap.threads.len() as u16 + c.snap.queues.len() as u16
+}
+
+/// "forward 6.0s": the phase in progress and for how long, under a lane's name.
+fn in_progress(t: &crate::telemetry::snapshot::ThreadView) -> String {
+    let d = if t.phase_s >= 10.0 {
+        format!("{:.0}s", t.phase_s)
+    } else if t.phase_s >= 1.0 {
+        format!("{:.1}s", t.phase_s)
+    } else {
+        format!("{:.0}ms", t.phase_s * 1e3)
+    };
+    let room = (NAME_W as usize - 2).saturating_sub(d.len());
+    let name: String = t.phase.name().chars().take(room).collect();
+    format!("{name} {d}")
+}
+
+/// The cell of a lane. With colour a cell holds two half-columns, `a` left and `b` right (a
+/// half block in `a`'s colour on `b`'s); a column of one wait phase is hatched, so a starving
+/// lane reads as hollow. Without colour, the glyph of the phase of the left half.
+pub fn lane_cell(theme: Theme, a: Option<Phase>, b: Option<Phase>) -> Option<(char, Style)> {
+    if !theme.color {
+        let p = a.or(b)?;
+        return Some(theme.phase_cell(p));
+    }
+    Some(match (a, b) {
+        (Some(a), Some(b)) if a == b => {
+            let ch = if a.is_wait() { '▒' } else { '█' };
+            (ch, theme.fg(theme.phase_color(a)))
+        }
+        (Some(a), Some(b)) => (
+            '▌',
+            Style::default()
+                .fg(theme.phase_color(a))
+                .bg(theme.phase_color(b)),
+        ),
+        (Some(a), None) => ('▌', theme.fg(theme.phase_color(a))),
+        (None, Some(b)) => ('▐', theme.fg(theme.phase_color(b))),
+        (None, None) => return None,
+    })
+}
+
+/// The legend's swatch of a phase.
+fn swatch(theme: Theme, p: Phase) -> (char, Style) {
+    lane_cell(theme, Some(p), Some(p)).unwrap_or((' ', Style::default()))
+}
+
+/// A queue's depth as an eighth-block: empty a dot, full a solid block in the blocked style.
+fn depth_cell(theme: Theme, share: f64) -> (char, Style) {
+    const LEVELS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    if share <= 0.0 {
+        ('·', theme.dim())
+    } else if share >= 1.0 {
+        ('█', theme.blocked())
+    } else {
+        let i = ((share * 8.0).ceil() as usize).clamp(1, 8) - 1;
+        (LEVELS[i], theme.fg(ratatui::style::Color::Cyan))
+    }
+}
+
+fn fmt_offset(s: f64) -> String {
+    if s.abs() < 1e-9 {
+        "now".into()
+    } else if s.abs() < 1.0 {
+        format!("-{:.0}ms", s.abs() * 1e3)
+    } else {
+        format!("-{:.1}s", s.abs())
+    }
+}
+
+/// Time labels under the title: five marks, the right one "now" when not panned.
+fn axis(buf: &mut Buffer, x: u16, y: u16, cols: u16, span: TimeSpan, pan_ns: u64, style: Style) {
+    let width_s = span.width_ns as f64 / 1e9;
+    let pan_s = pan_ns as f64 / 1e9;
+    for k in 0..=4u16 {
+        let col = (cols.saturating_sub(1) as u32 * k as u32 / 4) as u16;
+        let label = format!("┆{}", fmt_offset(pan_s + width_s * (4 - k) as f64 / 4.0));
+        let len = label.chars().count() as u16;
+        let at = if k == 4 {
+            (col + 1).saturating_sub(len)
+        } else {
+            col
+        };
+        buf.set_string(x + at, y, label, style);
+    }
+}
+
+pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
+    let app = c.app;
+    let span = app.time_span();
+    let title = if app.pan_ns == 0 {
+        format!(
+            " timeline · last {} s · +/- zoom · [ ] pan · e exports it ",
+            ZOOMS_S[app.zoom]
+        )
+    } else {
+        format!(
+            " timeline · {} s ending {:.2} s before the frozen time · ] later · f live ",
+            ZOOMS_S[app.zoom],
+            app.pan_ns as f64 / 1e9
+        )
+    };
+    let block = Block::default().borders(Borders::ALL).title(title);
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    if inner.width <= NAME_W + 10 || inner.height < 4 {
+        return;
+    }
+    let theme = c.theme;
+    let x0 = inner.x + NAME_W;
+    let cols = inner.width - NAME_W;
+    let order = app.ordered_threads(c.snap);
+    let queues = &c.snap.queues;
+    // Axis, verdict row, lanes, one row a queue, the legend: queues give way to lanes first.
+    let fixed = 3u16;
+    let room = inner.height.saturating_sub(fixed);
+    let queue_rows = (queues.len() as u16).min(room.saturating_sub(order.len().min(3) as u16));
+    let lane_rows = room - queue_rows;
+    // Two rows a lane where there is room: the second names the phase in progress.
+    let lane_h = (lane_rows / order.len().max(1) as u16).clamp(1, LANE_ROWS);
+    let lane_count = (lane_rows / lane_h) as usize;
+    let buf = f.buffer_mut();
+    let mut y = inner.y;
+    axis(buf, x0, y, cols, span, app.pan_ns, theme.dim());
+    y += 1;
+
+    // The verdict in force at the left edge, then a mark where it changed.
+    buf.set_string(inner.x, y, "verdict", theme.dim());
+    let left = span.left_ns();
+    if let Some((_, v)) = app.verdicts.iter().rev().find(|(t, _)| *t <= left) {
+        buf.set_string(x0, y, v.short(), theme.dim());
+    }
+    for (t, v) in &app.verdicts {
+        // A change in the newest snapshot is at the right edge itself.
+        let t = if *t == span.right_ns {
+            t.saturating_sub(1)
+        } else {
+            *t
+        };
+        if let Some(col) = span.column(t, cols as usize) {
+            let style = match v {
+                crate::telemetry::verdict::Verdict::Balanced => theme.ok(),
+                _ => theme.alert(),
+            };
+            // The new verdict after its mark, or before it at the right edge.
+            let text = v.short();
+            let len = text.chars().count() as u16 + 1;
+            let col = col as u16;
+            if col + len <= cols {
+                buf.set_string(x0 + col, y, format!("▼{text}"), style);
+            } else {
+                let at = (col + 1).saturating_sub(len);
+                buf.set_string(x0 + at, y, format!("{text}▼"), style);
+            }
+        }
+    }
+    y += 1;
+
+    // Lanes, scrolled so that the selected thread is on screen.
+    let first = match app.selected_index(&order) {
+        Some(i) if i >= lane_count => i + 1 - lane_count,
+        _ => 0,
+    };
+    let shown: Vec<_> = order.iter().skip(first).take(lane_count).copied().collect();
+    let now = Some(c.snap.now_ns).filter(|n| *n > 0 && !app.finished);
+    // Two half-columns a cell where colour can tell them apart.
+    let halves = if theme.color { 2 } else { 1 };
+    let rows = lanes(
+        &shown,
+        app.shown_segments(),
+        span,
+        halves * cols as usize,
+        now,
+    );
+    let mut used = [false; crate::telemetry::N_PHASES];
+    for (t, lane) in shown.iter().zip(&rows) {
+        let selected = app.selected.as_ref() == Some(&t.name);
+        let name_style = if selected {
+            Style::default().add_modifier(Modifier::REVERSED)
+        } else {
+            Style::default()
+        };
+        let name: String = t.name.chars().take(NAME_W as usize - 1).collect();
+        buf.set_string(inner.x, y, name, name_style);
+        if lane_h > 1 && t.state != crate::telemetry::snapshot::ThreadState::Exited {
+            let style = if t.phase.is_wait() {
+                theme.alert()
+            } else {
+                theme.dim()
+            };
+            buf.set_string(inner.x, y + 1, in_progress(t), style);
+        }
+        for p in lane.cells.iter().flatten() {
+            used[p.index()] = true;
+        }
+        for (i, pair) in lane.cells.chunks(halves).enumerate() {
+            if let Some((ch, style)) = lane_cell(theme, pair[0], *pair.last().unwrap_or(&None)) {
+                for dy in 0..lane_h {
+                    buf[(x0 + i as u16, y + dy)].set_char(ch).set_style(style);
+                }
+            }
+        }
+        y += lane_h;
+    }
+    let hidden = order.len() - shown.len();
+    if hidden > 0 && lane_rows > 0 {
+        let note = format!("+{hidden} (j/k)");
+        buf.set_string(inner.x, y - 1, format!("{note:<10}"), theme.dim());
+    }
+    // The queues right under the lanes.
+    y = inner.y + 2 + lane_h * shown.len() as u16;
+
+    for q in queues.iter().take(queue_rows as usize) {
+        let style = if q.starving {
+            theme.starved()
+        } else if q.blocking {
+            theme.blocked()
+        } else {
+            theme.dim()
+        };
+        let name: String = format!("q {}", q.name)
+            .chars()
+            .take(NAME_W as usize - 1)
+            .collect();
+        buf.set_string(inner.x, y, name, style);
+        for (i, d) in queue_strip(q, span, cols as usize, c.snap.now_ns)
+            .into_iter()
+            .enumerate()
+        {
+            if let Some(d) = d {
+                let (ch, style) = depth_cell(theme, d);
+                buf[(x0 + i as u16, y)].set_char(ch).set_style(style);
+            }
+        }
+        y += 1;
+    }
+
+    let mut legend = vec![Span::styled("phases ", theme.dim())];
+    for p in Phase::ALL.iter().filter(|p| used[p.index()]) {
+        let (ch, style) = swatch(theme, *p);
+        legend.push(Span::styled(ch.to_string(), style));
+        legend.push(Span::raw(format!("{} ", p.name())));
+    }
+    legend.push(Span::styled("queue ·empty ▄depth █full", theme.dim()));
+    let row = Rect {
+        x: inner.x,
+        y: inner.y + inner.height - 1,
+        width: inner.width,
+        height: 1,
+    };
+    f.render_widget(Paragraph::new(Line::from(legend)), row);
+}

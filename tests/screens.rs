@@ -1,0 +1,388 @@
+//! Every view from scripted runs (starved, blocked, stalled, paused, replay) at 80x24 and
+//! 200x60, as insta snapshots; the timeline's lanes, zoom, pan and export; sorting and selection.
+
+use super::tui::{controls, export_in, screen, starved_snapshot, LIVE, NOW_NS};
+use dflash_top::telemetry::snapshot::*;
+use dflash_top::telemetry::verdict::Verdict;
+use dflash_top::telemetry::{Phase, Role};
+use dflash_top::tui::app::{Action, App, View};
+use dflash_top::tui::theme::Theme;
+use dflash_top::tui::view::Badges;
+use std::sync::Arc;
+
+const MS: u64 = 1_000_000;
+
+/// Back-to-back steps of one thread with the same phases (ms), the last ending at `until_ms`
+/// before `NOW_NS`, going back `secs` seconds.
+fn steps(
+    name: &str,
+    role: Role,
+    phases: &[(Phase, u64)],
+    until_ms: u64,
+    secs: u64,
+) -> Vec<StepSpan> {
+    let wall: u64 = phases.iter().map(|p| p.1).sum();
+    let end = NOW_NS - until_ms * MS;
+    let n = secs * 1000 / wall;
+    (0..n)
+        .rev()
+        .map(|k| StepSpan {
+            thread: name.into(),
+            role,
+            end_ns: end - k * wall * MS,
+            wall_ns: wall * MS,
+            phases: phases.iter().map(|(p, ms)| (*p, ms * MS)).collect(),
+        })
+        .collect()
+}
+
+fn by_end(mut v: Vec<StepSpan>) -> Vec<StepSpan> {
+    v.sort_by_key(|s| s.end_ns);
+    v
+}
+
+/// The drafters wait on an empty HS queue while the target runs forward.
+fn starved() -> Vec<Snapshot> {
+    let mut s = starved_snapshot();
+    s.steps = by_end(
+        [
+            steps(
+                "loader",
+                Role::Loader,
+                &[(Phase::Pack, 2), (Phase::PushWait, 78)],
+                0,
+                10,
+            ),
+            steps(
+                "target-0",
+                Role::Target,
+                &[(Phase::H2d, 1), (Phase::Forward, 75), (Phase::HsPack, 4)],
+                0,
+                10,
+            ),
+            steps(
+                "drafter-0",
+                Role::Drafter,
+                &[
+                    (Phase::HsWait, 45),
+                    (Phase::Anchors, 2),
+                    (Phase::Forward, 12),
+                    (Phase::Loss, 5),
+                    (Phase::Backward, 14),
+                    (Phase::Optim, 2),
+                ],
+                0,
+                10,
+            ),
+        ]
+        .concat(),
+    );
+    for q in &mut s.queues {
+        q.history = vec![q.history[0]; 100];
+    }
+    // It was balanced until 4 s ago.
+    let mut before = starved_snapshot();
+    before.seq = 6;
+    before.now_ns = NOW_NS - 4_000 * MS;
+    before.verdict = Verdict::Balanced;
+    vec![before, s]
+}
+
+/// The targets wait on a full HS queue: the drafter is the slow side.
+fn blocked() -> Vec<Snapshot> {
+    let mut s = starved_snapshot();
+    s.verdict = Verdict::DrafterBound;
+    s.threads[1].phase = Phase::HsPushWait;
+    s.threads[1].state = ThreadState::Waiting;
+    s.threads[2].phase = Phase::Backward;
+    s.threads[2].state = ThreadState::Working;
+    for q in &mut s.queues {
+        q.starving = false;
+        q.blocking = q.name == "hs";
+        if q.name == "hs" {
+            q.depth = 2;
+            q.history = vec![2.0; 100];
+            q.producer_wait_share = 0.6;
+        }
+    }
+    s.steps = by_end(
+        [
+            steps(
+                "target-0",
+                Role::Target,
+                &[(Phase::Forward, 40), (Phase::HsPushWait, 60)],
+                0,
+                10,
+            ),
+            steps(
+                "drafter-0",
+                Role::Drafter,
+                &[
+                    (Phase::Forward, 30),
+                    (Phase::Loss, 20),
+                    (Phase::Backward, 50),
+                ],
+                0,
+                10,
+            ),
+        ]
+        .concat(),
+    );
+    vec![s]
+}
+
+/// Nothing has ended for 6 s: target-0 is stuck in forward, the drafter waits.
+fn stalled() -> Vec<Snapshot> {
+    let mut s = starved_snapshot();
+    s.verdict = Verdict::Stalled;
+    s.stall = Some("target-0 in forward for 6.0 s".into());
+    s.threads[1].phase_s = 6.0;
+    s.threads[2].phase_s = 5.9;
+    s.steps = by_end(
+        [
+            steps(
+                "target-0",
+                Role::Target,
+                &[(Phase::Forward, 75), (Phase::HsPack, 5)],
+                6_000,
+                4,
+            ),
+            steps(
+                "drafter-0",
+                Role::Drafter,
+                &[
+                    (Phase::HsWait, 20),
+                    (Phase::Forward, 30),
+                    (Phase::Backward, 30),
+                ],
+                5_900,
+                4,
+            ),
+        ]
+        .concat(),
+    );
+    vec![s]
+}
+
+/// Paused 3 s ago: no step since.
+fn paused() -> Vec<Snapshot> {
+    let mut s = starved_snapshot();
+    s.verdict = Verdict::Paused;
+    s.paused = true;
+    for t in &mut s.threads {
+        t.phase = Phase::Other;
+        t.phase_s = 3.0;
+    }
+    s.steps = by_end(
+        [
+            steps(
+                "target-0",
+                Role::Target,
+                &[(Phase::Forward, 50), (Phase::HsPack, 10)],
+                3_000,
+                7,
+            ),
+            steps(
+                "drafter-0",
+                Role::Drafter,
+                &[(Phase::Forward, 25), (Phase::Backward, 35)],
+                3_000,
+                7,
+            ),
+        ]
+        .concat(),
+    );
+    vec![s]
+}
+
+/// A scripted run: the snapshots a front-end receives, in order.
+type Script = fn() -> Vec<Snapshot>;
+
+fn app_of(feed: Vec<Snapshot>) -> App {
+    let mut app = App::new();
+    for s in feed {
+        app.on_snapshot(Arc::new(s));
+    }
+    app
+}
+
+const REPLAY: Badges = Badges {
+    profiling: true,
+    gpu_timing: dflash_top::telemetry::GpuTiming::Async,
+    paused: false,
+    live: false,
+};
+
+#[test]
+fn every_view_of_every_scripted_run_at_both_sizes() {
+    let runs: [(&str, Script, Badges); 5] = [
+        ("starved", starved, LIVE),
+        ("blocked", blocked, LIVE),
+        ("stalled", stalled, LIVE),
+        (
+            "paused",
+            paused,
+            Badges {
+                paused: true,
+                ..LIVE
+            },
+        ),
+        ("replay", starved, REPLAY),
+    ];
+    let (ctl, _t) = controls(false);
+    for (name, feed, badges) in runs {
+        let mut app = app_of(feed());
+        // The drafter selected: highlighted in the tables, in the threads view's detail.
+        app.selected = Some("drafter-0".into());
+        for (i, view) in View::ALL.iter().enumerate() {
+            app.update(Action::ShowView(i), &ctl);
+            for (w, h) in [(80u16, 24u16), (200, 60)] {
+                let s = screen(&app, w, h, Theme { color: true }, badges);
+                assert!(
+                    s.starts_with("dflash-top step 1200"),
+                    "{name} {view:?}: {s}"
+                );
+                let title = view.title().replace(' ', "_");
+                insta::assert_snapshot!(format!("{name}_{title}_{w}x{h}"), s);
+            }
+        }
+    }
+}
+
+/// The lane of `thread` on a timeline screen.
+fn lane<'a>(s: &'a str, thread: &str) -> &'a str {
+    s.lines()
+        .find(|l| l.starts_with(&format!("│{thread}")))
+        .unwrap_or_else(|| panic!("no lane for {thread}:\n{s}"))
+}
+
+#[test]
+fn the_timeline_shows_starvation_at_a_glance() {
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(starved());
+    app.update(Action::ShowView(View::Timeline as usize), &ctl);
+    let s = screen(&app, 120, 30, Theme { color: true }, LIVE);
+    let target = lane(&s, "target-0");
+    let drafter = lane(&s, "drafter-0");
+    let count = |l: &str, ch: char| l.chars().filter(|c| *c == ch).count();
+    // The target's lane is solid work; the drafter's is half hatched (waiting on the HS queue).
+    assert!(count(target, '█') > 90, "{target}");
+    assert!(count(drafter, '▒') > 40, "{drafter}");
+    assert!(
+        s.contains("▼balanced") && s.contains("target-bound▼"),
+        "the verdict change is marked: {s}"
+    );
+    let hs = lane(&s, "q hs");
+    assert!(count(hs, '·') > 90, "the empty HS queue: {hs}");
+    assert!(s.contains("last 10 s"), "{s}");
+    // Without colour each phase has its glyph: '~' is hs_wait, 'F' forward.
+    let plain = screen(&app, 120, 30, Theme { color: false }, LIVE);
+    assert!(lane(&plain, "drafter-0").contains("~~~"), "{plain}");
+    assert!(lane(&plain, "target-0").contains("FFF"), "{plain}");
+}
+
+#[test]
+fn a_stall_reaches_the_right_edge() {
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(stalled());
+    app.update(Action::ShowView(View::Timeline as usize), &ctl);
+    let s = screen(&app, 120, 30, Theme { color: false }, LIVE);
+    let target = lane(&s, "target-0");
+    // The last 6 s of the 10 are one forward, up to now.
+    let tail: String = target.chars().rev().skip(1).take(50).collect();
+    assert!(tail.chars().all(|c| c == 'F'), "{target}");
+}
+
+#[test]
+fn zoom_and_pan_change_the_span_and_e_exports_it() {
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(starved());
+    assert_eq!(app.time_span().width_ns, 10_000 * MS);
+    app.update(Action::ZoomIn, &ctl);
+    app.update(Action::ZoomIn, &ctl);
+    assert_eq!(app.time_span().width_ns, 2_000 * MS);
+    assert_eq!(app.time_span().right_ns, NOW_NS);
+    app.update(Action::PanBack, &ctl);
+    assert!(app.frozen.is_some(), "panning freezes the display");
+    assert_eq!(app.time_span().right_ns, NOW_NS - 500 * MS);
+    // New snapshots do not move a frozen timeline.
+    let mut later = starved_snapshot();
+    later.seq = 8;
+    later.now_ns = NOW_NS + 1_000 * MS;
+    app.on_snapshot(Arc::new(later));
+    assert_eq!(app.time_span().right_ns, NOW_NS - 500 * MS);
+    // Panning stops at the oldest span kept.
+    for _ in 0..100 {
+        app.update(Action::PanBack, &ctl);
+    }
+    assert!(app.time_span().left_ns() >= NOW_NS - 10_000 * MS - 100 * MS);
+    for _ in 0..100 {
+        app.update(Action::PanForward, &ctl);
+    }
+    assert_eq!(app.pan_ns, 0);
+    app.update(Action::ZoomIn, &ctl);
+    let dir = export_in(&mut app);
+    assert!(
+        app.note
+            .as_deref()
+            .unwrap()
+            .starts_with("trace of the last 1 s"),
+        "{:?}",
+        app.note
+    );
+    let file = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(file.path()).unwrap()).unwrap();
+    let slices: Vec<f64> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap())
+        .collect();
+    // Only steps with time in the last second: the target's ~13, the drafter's and loader's.
+    let from_us = (NOW_NS - 1_100 * MS) as f64 / 1e3;
+    assert!(!slices.is_empty());
+    assert!(slices.iter().all(|end| *end >= from_us), "{slices:?}");
+}
+
+#[test]
+fn sort_and_selection_follow_the_keys() {
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(blocked());
+    let names = |app: &App| -> Vec<String> {
+        let snap = app.shown().unwrap().clone();
+        app.ordered_threads(&snap)
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
+    };
+    assert_eq!(names(&app), ["loader", "target-0", "drafter-0"]);
+    app.update(Action::CycleSort, &ctl); // cpu: all equal, stable
+    app.update(Action::CycleSort, &ctl); // state: waiting first
+    assert_eq!(app.note.as_deref(), Some("threads sorted by state"));
+    assert_eq!(names(&app), ["loader", "target-0", "drafter-0"]);
+    app.update(Action::CycleSort, &ctl);
+    app.update(Action::CycleSort, &ctl); // name
+    assert_eq!(names(&app), ["drafter-0", "loader", "target-0"]);
+    app.update(Action::SelectNext, &ctl);
+    assert_eq!(app.selected.as_deref(), Some("drafter-0"));
+    app.update(Action::SelectNext, &ctl);
+    app.update(Action::SelectNext, &ctl);
+    app.update(Action::SelectNext, &ctl);
+    assert_eq!(
+        app.selected.as_deref(),
+        Some("target-0"),
+        "stops at the end"
+    );
+    app.update(Action::SelectPrev, &ctl);
+    assert_eq!(app.selected.as_deref(), Some("loader"));
+    // Esc clears the selection before anything else; it never quits.
+    app.update(Action::Back, &ctl);
+    assert_eq!(app.selected, None);
+    assert!(!app.quit);
+}
