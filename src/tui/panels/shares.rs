@@ -60,7 +60,12 @@ pub fn render_history(f: &mut Frame, area: Rect, c: &Ctx) {
         .map(|i| i + 1 - shown)
         .unwrap_or(0);
     let threads: Vec<_> = order.iter().skip(first).take(shown).copied().collect();
-    let columns = phase_columns(&threads, c.app.shown_segments(), span, cols as usize);
+    let columns = phase_columns(
+        &threads,
+        c.app.shown_segments(),
+        span,
+        super::stacked::slices(cols),
+    );
     let rows = Layout::vertical(threads.iter().map(|_| Constraint::Length(band))).split(inner);
     for ((t, col), row) in threads.iter().zip(&columns).zip(rows.iter()) {
         let name: String = t.name.chars().take(NAME_W as usize - 1).collect();

@@ -32,7 +32,15 @@ pub fn split(values: &[u64], n: usize) -> Vec<usize> {
     cells
 }
 
-/// Draws `columns` (phase ns per slice) into `area`, newest at the right edge.
+/// Cells a slice is wide: slices of a few steps each show shares, not single phases.
+pub const SLICE_W: u16 = 4;
+
+/// How many slices fit `width`.
+pub fn slices(width: u16) -> usize {
+    (width / SLICE_W).max(1) as usize
+}
+
+/// Draws `columns` (phase ns per slice, `SLICE_W` cells each) into `area`.
 pub fn draw(
     buf: &mut Buffer,
     area: Rect,
@@ -41,14 +49,19 @@ pub fn draw(
     theme: Theme,
 ) {
     let h = area.height as usize;
-    for (x, col) in columns.iter().take(area.width as usize).enumerate() {
+    for (i, col) in columns.iter().enumerate() {
         let values: Vec<u64> = phases.iter().map(|p| col[p.index()]).collect();
         let mut y = area.y + area.height;
         for (p, n) in phases.iter().zip(split(&values, h)) {
             let (ch, style) = theme.phase_cell(*p);
             for _ in 0..n {
                 y -= 1;
-                buf[(area.x + x as u16, y)].set_char(ch).set_style(style);
+                for dx in 0..SLICE_W {
+                    let x = i as u16 * SLICE_W + dx;
+                    if x < area.width {
+                        buf[(area.x + x, y)].set_char(ch).set_style(style);
+                    }
+                }
             }
         }
     }

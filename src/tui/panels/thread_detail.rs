@@ -93,7 +93,12 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     if shares_h > 0 {
         label(buf, y, "shares");
         label(buf, y + 1, &format!("{} s", span.width_ns as f64 / 1e9));
-        let columns = phase_columns(&[t], c.app.shown_segments(), span, cols as usize);
+        let columns = phase_columns(
+            &[t],
+            c.app.shown_segments(),
+            span,
+            super::stacked::slices(cols),
+        );
         let area = Rect {
             x: x0,
             y,
