@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # CPU share of the front-end threads (the UI loop on the main thread, and ui-input) during a
-# live run at 10 frames a second: `bash tests/tools/ui_cpu.sh [seconds]`. Needs tmux.
+# live run at 10 frames a second: `bash tests/tools/ui_cpu.sh [seconds]`; `VIEW=6` measures with
+# that view open (6: the timeline). Needs tmux.
 set -eu
 secs=${1:-10}
 bin=${BIN:-target/release/dflash-top}
 tmux new-session -d -s uicpu -x 120 -y 36 "$bin"
 trap 'tmux kill-session -t uicpu 2>/dev/null' EXIT
 sleep 4
+if [ -n "${VIEW:-}" ]; then tmux send-keys -t uicpu "$VIEW"; sleep 1; fi
 pid=$(pgrep -f "^$bin" | head -1)
 ticks() { # utime+stime of a thread, in clock ticks
   awk '{print $14+$15}' "/proc/$pid/task/$1/stat"
