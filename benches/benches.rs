@@ -141,7 +141,7 @@ fn render_frame(c: &mut Criterion) {
         let mut term = Terminal::new(TestBackend::new(200, 60)).unwrap();
         g.bench_function(format!("overview_{n}_threads_200x60"), |b| {
             b.iter(|| {
-                term.draw(|f| draw(f, &app, Theme { color: true }, badges))
+                term.draw(|f| draw(f, &app, Theme::from_color(true), badges))
                     .unwrap();
             })
         });
@@ -178,7 +178,7 @@ fn render_frame(c: &mut Criterion) {
     let mut term = Terminal::new(TestBackend::new(200, 60)).unwrap();
     g.bench_function("timeline_64_threads_10s_200x60", |b| {
         b.iter(|| {
-            term.draw(|f| draw(f, &app, Theme { color: true }, badges))
+            term.draw(|f| draw(f, &app, Theme::from_color(true), badges))
                 .unwrap();
         })
     });

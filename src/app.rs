@@ -161,21 +161,18 @@ fn run_front_end(
     snapshots: &crossbeam_channel::Receiver<std::sync::Arc<crate::telemetry::Snapshot>>,
     finished: &dyn Fn() -> Option<String>,
 ) -> Result<()> {
-    use crate::tui::{self, app::App, terminal, theme::Theme};
+    use crate::tui::{self, app::App, terminal};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    // A bad UI config is a sentence before the screen is taken.
+    let ui = tui::config::load()?;
     let (mut term, guard) = terminal::init()?;
     let stop_input = Arc::new(AtomicBool::new(false));
     let (input, input_thread) = tui::spawn_input(stop_input.clone())?;
     let mut app = App::new();
+    app.keys = ui.keys;
     let result = tui::run_loop(
-        &mut term,
-        &mut app,
-        ctl,
-        snapshots,
-        &input,
-        finished,
-        Theme::from_env(),
+        &mut term, &mut app, ctl, snapshots, &input, finished, ui.theme,
     );
     stop_input.store(true, Ordering::Relaxed);
     // After a hang-up (the terminal closed under us) crossterm's read can spin inside its poll

@@ -2,6 +2,7 @@
 //! `App::update` applies them; frames are drawn from the latest immutable snapshot only.
 
 pub mod app;
+pub mod config;
 pub mod critical;
 pub mod panels;
 pub mod terminal;
@@ -10,7 +11,7 @@ pub mod timeline;
 pub mod view;
 
 use crate::telemetry::{GpuTiming, HubCommand, Snapshot, Switches, Telemetry};
-use app::{action_for, App, Controls};
+use app::{App, Controls};
 use crossbeam_channel::{never, select, tick, unbounded, Receiver};
 use crossterm::event::{self, Event};
 use ratatui::backend::Backend;
@@ -209,12 +210,17 @@ where
             },
             recv(input) -> e => match e {
                 Ok(Event::Key(k)) => {
-                    if let Some(a) = action_for(k) {
+                    if let Some(a) = app.keys.action(k) {
                         app.update(a, ctl);
                         // Draw now: a key shows its effect within one frame.
                         term.draw(|f| view::draw(f, app, theme, badges(ctl, app)))?;
                         last_draw = Instant::now();
                     }
+                }
+                Ok(Event::Mouse(m)) => {
+                    app.on_mouse(m, ctl);
+                    term.draw(|f| view::draw(f, app, theme, badges(ctl, app)))?;
+                    last_draw = Instant::now();
                 }
                 Ok(Event::Resize(_, _)) => {
                     term.autoresize()?;

@@ -86,7 +86,7 @@ fn the_threads_view_lists_helpers_under_their_worker() {
     app.on_snapshot(Arc::new(starved_snapshot()));
     let (ctl, _) = super::tui::controls(false);
     app.update(Action::ShowView(1), &ctl);
-    let s = screen(&app, 120, 24, Theme { color: true }, LIVE);
+    let s = screen(&app, 120, 24, Theme::from_color(true), LIVE);
     let rows: Vec<&str> = s.lines().collect();
     let at = |needle: &str| {
         rows.iter()
@@ -146,7 +146,7 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
     app.on_snapshot(Arc::new(with_gpus()));
     let (ctl, _) = super::tui::controls(false);
     app.update(Action::ShowView(3), &ctl);
-    let s = screen(&app, 120, 36, Theme { color: true }, LIVE);
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
     assert!(
         s.contains("cuda:1 H200  util  97%  bw  41%  mem 79.3/140 GiB ours 78.8"),
         "{s}"
@@ -166,7 +166,7 @@ fn no_gpu_is_one_line_not_a_panel() {
     let (ctl, _) = super::tui::controls(false);
     for view in [0, 3] {
         app.update(Action::ShowView(view), &ctl);
-        let s = screen(&app, 120, 36, Theme { color: true }, LIVE);
+        let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
         let rows: Vec<&str> = s.lines().collect();
         let line = rows
             .iter()

@@ -237,7 +237,7 @@ fn every_view_of_every_scripted_run_at_both_sizes() {
         for (i, view) in View::ALL.iter().enumerate() {
             app.update(Action::ShowView(i), &ctl);
             for (w, h) in [(80u16, 24u16), (200, 60)] {
-                let s = screen(&app, w, h, Theme { color: true }, badges);
+                let s = screen(&app, w, h, Theme::from_color(true), badges);
                 assert!(
                     s.starts_with("dflash-top step 1200"),
                     "{name} {view:?}: {s}"
@@ -261,7 +261,7 @@ fn the_timeline_shows_starvation_at_a_glance() {
     let (ctl, _t) = controls(false);
     let mut app = app_of(starved());
     app.update(Action::ShowView(View::Timeline as usize), &ctl);
-    let s = screen(&app, 120, 30, Theme { color: true }, LIVE);
+    let s = screen(&app, 120, 30, Theme::from_color(true), LIVE);
     let target = lane(&s, "target-0");
     let drafter = lane(&s, "drafter-0");
     let count = |l: &str, ch: char| l.chars().filter(|c| *c == ch).count();
@@ -276,7 +276,7 @@ fn the_timeline_shows_starvation_at_a_glance() {
     assert!(count(hs, '·') > 90, "the empty HS queue: {hs}");
     assert!(s.contains("last 10 s"), "{s}");
     // Without colour each phase has its glyph: '~' is hs_wait, 'F' forward.
-    let plain = screen(&app, 120, 30, Theme { color: false }, LIVE);
+    let plain = screen(&app, 120, 30, Theme::from_color(false), LIVE);
     assert!(lane(&plain, "drafter-0").contains("~~~"), "{plain}");
     assert!(lane(&plain, "target-0").contains("FFF"), "{plain}");
 }
@@ -286,7 +286,7 @@ fn a_stall_reaches_the_right_edge() {
     let (ctl, _t) = controls(false);
     let mut app = app_of(stalled());
     app.update(Action::ShowView(View::Timeline as usize), &ctl);
-    let s = screen(&app, 120, 30, Theme { color: false }, LIVE);
+    let s = screen(&app, 120, 30, Theme::from_color(false), LIVE);
     let target = lane(&s, "target-0");
     // The last 6 s of the 10 are one forward, up to now.
     let tail: String = target.chars().rev().skip(1).take(50).collect();
@@ -385,4 +385,95 @@ fn sort_and_selection_follow_the_keys() {
     app.update(Action::Back, &ctl);
     assert_eq!(app.selected, None);
     assert!(!app.quit);
+}
+
+#[test]
+fn the_ui_config_binds_keys_and_colours_and_names_the_file_when_wrong() {
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use dflash_top::tui::config::parse;
+    use ratatui::style::Color;
+    let path = std::path::Path::new("/home/u/.config/dflash-top/ui.toml");
+    let ui = parse(
+        "[keys]\nquit = \"x\"\nselect-next = [\"n\", \"ctrl-n\"]\n[colors]\ntheme = \"light\"\nforward = \"#3060ff\"\n",
+        path,
+        true,
+    )
+    .unwrap();
+    let key = |c: char, m: KeyModifiers| KeyEvent::new(KeyCode::Char(c), m);
+    assert_eq!(
+        ui.keys.action(key('x', KeyModifiers::NONE)),
+        Some(Action::Quit)
+    );
+    assert_eq!(
+        ui.keys.action(key('n', KeyModifiers::CONTROL)),
+        Some(Action::SelectNext)
+    );
+    assert_eq!(
+        ui.keys.action(key('q', KeyModifiers::NONE)),
+        Some(Action::Quit),
+        "the defaults stay"
+    );
+    assert!(ui.theme.light);
+    assert_eq!(
+        ui.theme.phase_color(Phase::Forward),
+        Color::Rgb(0x30, 0x60, 0xff)
+    );
+    // The light palette has no white phase (metrics is white on a dark terminal).
+    assert_ne!(ui.theme.phase_color(Phase::Metrics), Color::White);
+    // The help overlay lists the bound keys.
+    let mut app = app_of(starved());
+    app.keys = ui.keys.clone();
+    app.help = true;
+    let help = screen(&app, 100, 40, ui.theme, LIVE);
+    assert!(help.contains("x  quit (ui.toml)"), "{help}");
+
+    for (text, says) in [
+        ("[keys]\nquitt = \"x\"\n", "[keys] has no action 'quitt'"),
+        ("[keys]\nquit = \"xy\"\n", "quit = 'xy' is not a key"),
+        (
+            "[colors]\nforward = \"blurple\"\n",
+            "forward = 'blurple' is not a colour",
+        ),
+        ("[colors]\ntheme = \"sepia\"\n", "use \"light\" or \"dark\""),
+        ("[keys\n", "not a valid UI config"),
+    ] {
+        let e = format!("{:#}", parse(text, path, true).unwrap_err());
+        assert!(
+            e.contains("/home/u/.config/dflash-top/ui.toml") && e.contains(says),
+            "{e}"
+        );
+    }
+    // NO_COLOR wins over the file.
+    assert!(
+        !parse("[colors]\ntheme = \"light\"\n", path, false)
+            .unwrap()
+            .theme
+            .color
+    );
+}
+
+#[test]
+fn a_click_selects_the_thread_under_it_and_the_wheel_moves_the_selection() {
+    use crossterm::event::{MouseButton, MouseEvent, MouseEventKind};
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(starved());
+    let mouse = |kind, row| MouseEvent {
+        kind,
+        column: 5,
+        row,
+        modifiers: crossterm::event::KeyModifiers::NONE,
+    };
+    for view in [View::Threads, View::Timeline] {
+        app.update(Action::ShowView(view as usize), &ctl);
+        let s = screen(&app, 120, 30, Theme::from_color(true), LIVE);
+        let row = s.lines().position(|l| l.starts_with("│target-0")).unwrap() as u16;
+        app.on_mouse(mouse(MouseEventKind::Down(MouseButton::Left), row), &ctl);
+        assert_eq!(app.selected.as_deref(), Some("target-0"), "{view:?}: {s}");
+        app.on_mouse(mouse(MouseEventKind::ScrollDown, row), &ctl);
+        assert_eq!(app.selected.as_deref(), Some("drafter-0"));
+        // A click on no thread keeps the selection.
+        app.on_mouse(mouse(MouseEventKind::Down(MouseButton::Left), 0), &ctl);
+        assert_eq!(app.selected.as_deref(), Some("drafter-0"));
+        app.update(Action::Back, &ctl);
+    }
 }

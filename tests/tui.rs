@@ -379,7 +379,7 @@ fn bar_cells_split_the_width_by_share() {
 fn overview_shows_starvation_at_a_glance() {
     let mut app = App::new();
     app.on_snapshot(Arc::new(starved_snapshot()));
-    let s = screen(&app, 120, 36, Theme { color: true }, LIVE);
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
     assert!(s.contains("drafters starved: target-bound"), "{s}");
     assert!(s.contains("drafters starve: wait 56% on empty"), "{s}");
     assert!(s.contains("loaders blocked: wait 97% on full"), "{s}");
@@ -395,17 +395,17 @@ fn every_view_renders_at_the_minimum_size() {
     let (ctl, _) = controls(false);
     for i in 0..5 {
         app.update(Action::ShowView(i), &ctl);
-        let s = screen(&app, 80, 24, Theme { color: true }, LIVE);
+        let s = screen(&app, 80, 24, Theme::from_color(true), LIVE);
         assert!(s.starts_with("dflash-top step 1200"), "view {i}: {s}");
         assert!(!s.contains("too small"));
     }
     app.update(Action::ShowView(2), &ctl);
     insta::assert_snapshot!(
         "phases_80x24",
-        screen(&app, 80, 24, Theme { color: true }, LIVE)
+        screen(&app, 80, 24, Theme::from_color(true), LIVE)
     );
     app.update(Action::ToggleHelp, &ctl);
-    let help = screen(&app, 80, 24, Theme { color: true }, LIVE);
+    let help = screen(&app, 80, 24, Theme::from_color(true), LIVE);
     for k in ["space", "ctrl-c", "checkpoint", "freeze", "GPU timing"] {
         assert!(help.contains(k), "help lists {k}: {help}");
     }
@@ -415,7 +415,7 @@ fn every_view_renders_at_the_minimum_size() {
 fn below_the_minimum_size_one_line_says_so() {
     let mut app = App::new();
     app.on_snapshot(Arc::new(starved_snapshot()));
-    let s = screen(&app, 70, 20, Theme { color: true }, LIVE);
+    let s = screen(&app, 70, 20, Theme::from_color(true), LIVE);
     let lines: Vec<&str> = s.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(lines.len(), 1, "{s}");
     assert!(lines[0].contains("too small: 70x20") && lines[0].contains("80x24"));
@@ -425,7 +425,7 @@ fn below_the_minimum_size_one_line_says_so() {
 fn without_colour_phases_differ_by_glyph() {
     let mut app = App::new();
     app.on_snapshot(Arc::new(starved_snapshot()));
-    let s = screen(&app, 120, 36, Theme { color: false }, LIVE);
+    let s = screen(&app, 120, 36, Theme::from_color(false), LIVE);
     let drafter_row = s
         .lines()
         .find(|l| l.contains("│drafter-0") && l.contains('~'))
@@ -457,7 +457,7 @@ fn the_loop_applies_keys_and_quits() {
         &snap_rx,
         &key_rx,
         &|| None,
-        Theme { color: true },
+        Theme::from_color(true),
     )
     .unwrap();
     assert!(app.quit);
@@ -517,7 +517,7 @@ fn a_replay_shows_the_modes_it_recorded() {
     assert_eq!(b.gpu_timing, GpuTiming::Events);
     assert!(b.paused);
     assert!(!b.live);
-    let text = screen(&app, 120, 30, Theme { color: true }, b);
+    let text = screen(&app, 120, 30, Theme::from_color(true), b);
     assert!(text.contains("PROF off"), "{text}");
     assert!(text.contains("GPU events"), "{text}");
 }
@@ -533,7 +533,7 @@ fn no_gpu_timing_badge_on_the_cpu_and_missed_snapshots_are_counted() {
     a.seq = 5;
     app.on_snapshot(Arc::new(a));
     assert_eq!(app.missed_snapshots, 3);
-    let text = screen(&app, 120, 30, Theme { color: true }, badges(&ctl, &app));
+    let text = screen(&app, 120, 30, Theme::from_color(true), badges(&ctl, &app));
     assert!(!text.contains("GPU async"), "{text}");
     assert!(text.contains("+3 snaps"), "{text}");
 }
@@ -545,6 +545,6 @@ fn skipped_non_finite_steps_show_in_the_header() {
     let mut s = starved_snapshot();
     s.train.skipped_nonfinite = 3;
     app.on_snapshot(Arc::new(s));
-    let text = screen(&app, 160, 30, Theme { color: true }, badges(&ctl, &app));
+    let text = screen(&app, 160, 30, Theme::from_color(true), badges(&ctl, &app));
     assert!(text.contains("non-finite steps skipped 3"), "{text}");
 }

@@ -208,6 +208,10 @@ pub struct App {
     /// The selected thread, by name (stable while the order changes).
     pub selected: Option<String>,
     pub sort: Sort,
+    /// Rows of the last frame that show a thread (y, name): where a click selects it.
+    pub hits: std::cell::RefCell<Vec<(u16, String)>>,
+    /// Keys bound in the UI config, checked before the defaults.
+    pub keys: super::config::KeyMap,
     /// CPU % per thread, one value a snapshot, oldest first (the threads view's detail).
     pub cpu_history: std::collections::HashMap<String, VecDeque<f32>>,
     /// Snapshots the hub published that this front-end never got (gaps in `seq`).
@@ -251,6 +255,8 @@ impl App {
             selected: None,
             sort: Sort::Pipeline,
             cpu_history: Default::default(),
+            keys: Default::default(),
+            hits: Default::default(),
             missed_snapshots: 0,
             quit_armed: false,
             finished: false,
@@ -260,6 +266,27 @@ impl App {
     /// The snapshot to render.
     pub fn shown(&self) -> Option<&Arc<Snapshot>> {
         self.frozen.as_ref().or(self.latest.as_ref())
+    }
+
+    /// The wheel moves the selection; a click on a thread's row (table or lane) selects it.
+    pub fn on_mouse(&mut self, m: crossterm::event::MouseEvent, ctl: &dyn Controls) {
+        use crossterm::event::{MouseButton, MouseEventKind};
+        match m.kind {
+            MouseEventKind::ScrollDown => self.update(Action::SelectNext, ctl),
+            MouseEventKind::ScrollUp => self.update(Action::SelectPrev, ctl),
+            MouseEventKind::Down(MouseButton::Left) => {
+                let hit = self
+                    .hits
+                    .borrow()
+                    .iter()
+                    .find(|(y, _)| *y == m.row)
+                    .map(|h| h.1.clone());
+                if hit.is_some() {
+                    self.selected = hit;
+                }
+            }
+            _ => {}
+        }
     }
 
     /// The step spans behind the shown snapshot (frozen with it).

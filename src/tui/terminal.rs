@@ -2,7 +2,7 @@
 //! every path: normal return (a guard), error, and a panic in any thread (a chained hook, which
 //! also tells the UI loop to leave).
 
-use crossterm::{cursor, execute, terminal};
+use crossterm::{cursor, event, execute, terminal};
 use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 use std::io::{stdout, Stdout};
@@ -20,7 +20,12 @@ pub type Term = Terminal<CrosstermBackend<Stdout>>;
 pub fn restore() {
     if RAW.swap(false, Ordering::SeqCst) {
         let _ = terminal::disable_raw_mode();
-        let _ = execute!(stdout(), terminal::LeaveAlternateScreen, cursor::Show);
+        let _ = execute!(
+            stdout(),
+            event::DisableMouseCapture,
+            terminal::LeaveAlternateScreen,
+            cursor::Show
+        );
     }
 }
 
@@ -79,7 +84,13 @@ pub fn init() -> anyhow::Result<(Term, Guard)> {
     terminal::enable_raw_mode()?;
     RAW.store(true, Ordering::SeqCst);
     let guard = Guard;
-    execute!(stdout(), terminal::EnterAlternateScreen, cursor::Hide)?;
+    // The mouse selects and scrolls (shift-drag still selects text in most terminals).
+    execute!(
+        stdout(),
+        terminal::EnterAlternateScreen,
+        event::EnableMouseCapture,
+        cursor::Hide
+    )?;
     let term = Terminal::new(CrosstermBackend::new(stdout()))?;
     Ok((term, guard))
 }

@@ -1,23 +1,63 @@
 //! Colours and glyphs. Every phase has one colour everywhere; with NO_COLOR set, phases are told
-//! apart by their fill glyph instead.
+//! apart by their fill glyph instead. A light palette for light terminals, and a colour per phase
+//! from the UI config (tui/config.rs).
 
-use crate::telemetry::Phase;
+use crate::telemetry::{Phase, N_PHASES};
 use ratatui::style::{Color, Modifier, Style};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Theme {
     pub color: bool,
+    /// Colours that read on a light background (no white, light yellow or light cyan).
+    pub light: bool,
+    /// Colours the UI config sets per phase.
+    pub phase: [Option<Color>; N_PHASES],
+}
+
+impl Default for Theme {
+    fn default() -> Self {
+        Theme::from_color(true)
+    }
 }
 
 impl Theme {
-    /// Colour unless NO_COLOR is set to a non-empty value (no-color.org).
-    pub fn from_env() -> Theme {
+    /// The dark palette, in colour or not.
+    pub fn from_color(color: bool) -> Theme {
         Theme {
-            color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            color,
+            light: false,
+            phase: [None; N_PHASES],
         }
     }
 
+    /// Colour unless NO_COLOR is set to a non-empty value (no-color.org).
+    pub fn from_env() -> Theme {
+        Theme::from_color(std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
+    }
+
     pub fn phase_color(self, p: Phase) -> Color {
+        if let Some(c) = self.phase[p.index()] {
+            return c;
+        }
+        let c = self.dark_phase_color(p);
+        if !self.light {
+            return c;
+        }
+        // On a light background the light variants wash out: their darker kin instead.
+        match c {
+            Color::White => Color::Black,
+            Color::LightYellow => Color::Indexed(136),
+            Color::Yellow => Color::Indexed(172),
+            Color::LightCyan => Color::Indexed(30),
+            Color::Cyan => Color::Indexed(31),
+            Color::LightGreen => Color::Indexed(28),
+            Color::LightMagenta => Color::Magenta,
+            Color::DarkGray => Color::Indexed(245),
+            c => c,
+        }
+    }
+
+    fn dark_phase_color(self, p: Phase) -> Color {
         match p {
             Phase::Other => Color::DarkGray,
             Phase::Read => Color::Cyan,
@@ -94,7 +134,11 @@ impl Theme {
 
     pub fn dim(self) -> Style {
         if self.color {
-            Style::default().fg(Color::DarkGray)
+            Style::default().fg(if self.light {
+                Color::Indexed(242)
+            } else {
+                Color::DarkGray
+            })
         } else {
             Style::default()
         }

@@ -50,6 +50,7 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
         f.render_widget(Paragraph::new(Line::from(msg)), Rect { height: 1, ..area });
         return;
     }
+    app.hits.borrow_mut().clear();
     let empty = Snapshot::default();
     let snap = app.shown().map(|s| s.as_ref()).unwrap_or(&empty);
     let c = Ctx {

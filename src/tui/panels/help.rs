@@ -50,7 +50,8 @@ pub const KEYS: [(&str, &str); 18] = [
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let w = 72.min(area.width);
-    let h = (KEYS.len() as u16 + 4).min(area.height);
+    let extra = c.app.keys.described.len() as u16;
+    let h = (KEYS.len() as u16 + extra + 4).min(area.height);
     let r = Rect {
         x: area.x + (area.width - w) / 2,
         y: area.y + (area.height - h) / 2,
@@ -61,6 +62,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         .iter()
         .map(|(k, d)| Line::from(format!(" {k:>7}  {d}")))
         .collect();
+    for (k, action) in &c.app.keys.described {
+        lines.push(Line::from(format!(" {k:>7}  {action} (ui.toml)")));
+    }
     lines.push(Line::from(""));
     lines.push(Line::styled(" press ? or esc to close", c.theme.dim()));
     f.render_widget(Clear, r);

@@ -44,11 +44,14 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     ])
     .style(t.bold());
     let mut rows: Vec<Row> = Vec::new();
+    // The thread each row shows (None: a group of helper threads), for clicks.
+    let mut names: Vec<Option<String>> = Vec::new();
     let mut selected_row = None;
     for th in c.app.ordered_threads(c.snap) {
         if c.app.selected.as_ref() == Some(&th.name) {
             selected_row = Some(rows.len());
         }
+        names.push(Some(th.name.clone()));
         rows.push({
             let w = c.window_of(th);
             let state_style = match th.state {
@@ -80,6 +83,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 .filter(|g| g.owner.as_ref() == Some(&th.name));
             rows.extend(helpers.map(|g| group_row(g, t)));
         }
+        names.resize(rows.len(), None);
     }
     if show_groups {
         let others = c.snap.groups.iter().filter(|g| g.owner.is_none());
@@ -133,6 +137,19 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
         .block(Block::default().borders(Borders::ALL).title(title));
     let mut state = TableState::default().with_selected(selected_row);
     f.render_stateful_widget(table, area, &mut state);
+    // Borders and the header above the first row shown.
+    let first_y = area.y + 2;
+    let last_y = area.y + area.height.saturating_sub(1);
+    let mut hits = c.app.hits.borrow_mut();
+    for (i, name) in names.iter().enumerate().skip(state.offset()) {
+        let y = first_y + (i - state.offset()) as u16;
+        if y >= last_y {
+            break;
+        }
+        if let Some(n) = name {
+            hits.push((y, n.clone()));
+        }
+    }
 }
 
 /// One row for a group of unregistered threads: under its worker (indented) or at the end.

@@ -206,6 +206,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         };
         let name: String = t.name.chars().take(NAME_W as usize - 1).collect();
         buf.set_string(inner.x, y, name, name_style);
+        let mut hits = app.hits.borrow_mut();
+        hits.extend((0..lane_h).map(|dy| (y + dy, t.name.clone())));
+        drop(hits);
         if lane_h > 1 && t.state != crate::telemetry::snapshot::ThreadState::Exited {
             let style = if t.phase.is_wait() {
                 theme.alert()

@@ -1,0 +1,201 @@
+//! The front-end's own settings, from a TOML file: key bindings on top of the defaults, the
+//! light or dark palette, and a colour per phase. Where: `$DFLASH_TOP_UI_CONFIG`, else
+//! `$XDG_CONFIG_HOME/dflash-top/ui.toml`, else `~/.config/dflash-top/ui.toml`; no file is fine.
+//!
+//! ```toml
+//! [keys]
+//! quit = "x"                  # added to the defaults; a key bound here wins over its default
+//! select-next = ["n", "ctrl-n"]
+//! [colors]
+//! theme = "light"             # or "dark" (the default)
+//! forward = "#3060ff"         # a phase: a name (red, lightblue, …), #rrggbb or 0-255
+//! ```
+
+use super::app::Action;
+use super::theme::Theme;
+use crate::telemetry::Phase;
+use anyhow::{bail, Context, Result};
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::style::Color;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Actions by the names the file uses.
+pub const ACTIONS: [(&str, Action); 20] = [
+    ("quit", Action::Quit),
+    ("back", Action::Back),
+    ("profiling", Action::ToggleProfiling),
+    ("gpu-timing", Action::CycleGpuTiming),
+    ("pause", Action::TogglePause),
+    ("freeze", Action::ToggleFreeze),
+    ("reset", Action::ResetWindows),
+    ("checkpoint", Action::Checkpoint),
+    ("next-view", Action::NextView),
+    ("prev-view", Action::PrevView),
+    ("help", Action::ToggleHelp),
+    ("window", Action::CycleWindow),
+    ("export", Action::ExportTrace),
+    ("select-next", Action::SelectNext),
+    ("select-prev", Action::SelectPrev),
+    ("sort", Action::CycleSort),
+    ("zoom-in", Action::ZoomIn),
+    ("zoom-out", Action::ZoomOut),
+    ("pan-back", Action::PanBack),
+    ("pan-forward", Action::PanForward),
+];
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    keys: BTreeMap<String, OneOrMany>,
+    #[serde(default)]
+    colors: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Keys bound in the file, checked before the defaults.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KeyMap {
+    pub bound: Vec<(KeyCode, bool, Action)>,
+    /// ("x", "quit"): what the help overlay lists under the defaults.
+    pub described: Vec<(String, String)>,
+}
+
+impl KeyMap {
+    pub fn action(&self, key: KeyEvent) -> Option<Action> {
+        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        self.bound
+            .iter()
+            .find(|(code, c, _)| *code == key.code && *c == ctrl)
+            .map(|b| b.2)
+            .or_else(|| super::app::action_for(key))
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UiConfig {
+    pub keys: KeyMap,
+    pub theme: Theme,
+}
+
+/// `x`, `ctrl-x`, `esc`, `tab`, `space`, `enter`, arrows, `pageup`/`pagedown`, `home`/`end`.
+pub fn parse_key(s: &str) -> Option<(KeyCode, bool)> {
+    let (ctrl, name) = match s.strip_prefix("ctrl-") {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let code = match name {
+        "esc" => KeyCode::Esc,
+        "tab" => KeyCode::Tab,
+        "space" => KeyCode::Char(' '),
+        "enter" => KeyCode::Enter,
+        "up" => KeyCode::Up,
+        "down" => KeyCode::Down,
+        "left" => KeyCode::Left,
+        "right" => KeyCode::Right,
+        "pageup" => KeyCode::PageUp,
+        "pagedown" => KeyCode::PageDown,
+        "home" => KeyCode::Home,
+        "end" => KeyCode::End,
+        _ => {
+            let mut chars = name.chars();
+            match (chars.next(), chars.next()) {
+                (Some(c), None) => KeyCode::Char(c),
+                _ => return None,
+            }
+        }
+    };
+    Some((code, ctrl))
+}
+
+/// Reads the settings from `text` (the contents of `path`); `color` false (NO_COLOR) wins.
+pub fn parse(text: &str, path: &Path, color: bool) -> Result<UiConfig> {
+    let shown = path.display();
+    let file: File = toml::from_str(text).with_context(|| {
+        format!("{shown}: not a valid UI config (sections [keys] and [colors]; see the README)")
+    })?;
+    let mut keys = KeyMap::default();
+    for (name, k) in &file.keys {
+        let Some(action) = ACTIONS.iter().find(|a| a.0 == name).map(|a| a.1) else {
+            let names: Vec<&str> = ACTIONS.iter().map(|a| a.0).collect();
+            bail!(
+                "{shown}: [keys] has no action '{name}'; the actions are {}",
+                names.join(", ")
+            );
+        };
+        let list = match k {
+            OneOrMany::One(s) => vec![s.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        };
+        for key in list {
+            let Some((code, ctrl)) = parse_key(&key) else {
+                bail!("{shown}: [keys] {name} = '{key}' is not a key (one character, ctrl-x, esc, tab, space, enter, an arrow, pageup, pagedown, home, end)");
+            };
+            keys.bound.push((code, ctrl, action));
+            keys.described.push((key, name.clone()));
+        }
+    }
+    let mut theme = Theme::from_color(color);
+    for (name, value) in &file.colors {
+        if name == "theme" {
+            theme.light = match value.as_str() {
+                "light" => true,
+                "dark" => false,
+                _ => bail!("{shown}: [colors] theme = '{value}': use \"light\" or \"dark\""),
+            };
+            continue;
+        }
+        let Some(phase) = Phase::ALL.iter().find(|p| p.name() == name) else {
+            bail!("{shown}: [colors] has no phase '{name}' (theme, or a phase name: forward, hs_wait, …)");
+        };
+        let Ok(c) = value.parse::<Color>() else {
+            bail!("{shown}: [colors] {name} = '{value}' is not a colour (a name such as lightblue, #rrggbb, or 0-255)");
+        };
+        theme.phase[phase.index()] = Some(c);
+    }
+    Ok(UiConfig { keys, theme })
+}
+
+/// Where the settings are looked for.
+pub fn path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DFLASH_TOP_UI_CONFIG").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("dflash-top").join("ui.toml"))
+}
+
+/// The settings: the file if there is one (one named by DFLASH_TOP_UI_CONFIG must exist), else
+/// the defaults. NO_COLOR still turns colour off.
+pub fn load() -> Result<UiConfig> {
+    let color = Theme::from_env().color;
+    let named = std::env::var_os("DFLASH_TOP_UI_CONFIG").is_some_and(|v| !v.is_empty());
+    let defaults = UiConfig {
+        theme: Theme::from_color(color),
+        ..Default::default()
+    };
+    let Some(path) = path() else {
+        return Ok(defaults);
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse(&text, &path, color),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => Ok(defaults),
+        Err(e) => Err(e).with_context(|| {
+            format!(
+                "cannot read the UI config {}: fix it or unset DFLASH_TOP_UI_CONFIG",
+                path.display()
+            )
+        }),
+    }
+}
