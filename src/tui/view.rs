@@ -86,9 +86,15 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
             panels::shares::render_history(f, history, &c);
         }
         View::Queues => {
+            // Queues sized to their content at the top, the GPUs at the bottom.
             let gpu_h = panels::gpus::height(&c.snap.gpus);
-            let [q, g] =
-                Layout::vertical([Constraint::Min(8), Constraint::Length(gpu_h)]).areas(body);
+            let q_h = panels::queues::height(&c).min(body.height.saturating_sub(gpu_h).max(8));
+            let [q, _, g] = Layout::vertical([
+                Constraint::Length(q_h),
+                Constraint::Min(0),
+                Constraint::Length(gpu_h),
+            ])
+            .areas(body);
             panels::queues::render(f, q, &c);
             panels::gpus::render(f, g, &c);
         }

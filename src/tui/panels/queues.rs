@@ -93,10 +93,22 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     }
 }
 
+/// Rows one queue wants: borders, the gauge, the numbers, three rows of depth history.
+pub const QUEUE_H: u16 = 7;
+
+/// Rows the queues want, stacked.
+pub fn height(c: &Ctx) -> u16 {
+    QUEUE_H * c.snap.queues.len().max(1) as u16
+}
+
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let n = c.snap.queues.len().max(1) as u32;
-    let areas = Layout::vertical((0..n).map(|_| Constraint::Ratio(1, n))).split(area);
-    // Each queue keeps a fixed, small height; the history sparkline takes what is left.
+    // Sized to their content where there is room; shared evenly where there is not.
+    let areas = if area.height >= height(c) {
+        Layout::vertical((0..n).map(|_| Constraint::Length(QUEUE_H))).split(area)
+    } else {
+        Layout::vertical((0..n).map(|_| Constraint::Ratio(1, n))).split(area)
+    };
     for (q, a) in c.snap.queues.iter().zip(areas.iter()) {
         one(f, *a, q, c);
     }
