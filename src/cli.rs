@@ -113,7 +113,7 @@ pub struct TrainArgs {
     /// Tokens per packed row (recipe: the preset's, or 3072 with --target).
     #[arg(long, value_name = "N")]
     pub seq_len: Option<i64>,
-    /// Anchors (blocks) sampled per document (recipe: the preset's, or 512 with --target).
+    /// Anchors (blocks) drawn per packed row (recipe: the preset's, or 512 with --target).
     #[arg(long, value_name = "N")]
     pub anchors: Option<i64>,
     /// Peak learning rate (recipe: the preset's, or 6e-4 with --target).

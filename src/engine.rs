@@ -18,6 +18,8 @@ pub mod pipeline;
 pub mod qwen3;
 pub mod recipe;
 pub mod replicas;
+pub mod target_graph;
 pub mod tiled;
+pub mod varlen;
 pub mod weights;
 pub mod workers;

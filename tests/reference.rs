@@ -143,3 +143,33 @@ fn a_checkpoint_saved_here_loads_in_dflash_with_the_same_outputs() {
     let d = max_diff(&ours, &theirs["drafter_out"]);
     assert!(d < 1e-4, "outputs after the round trip differ by {d}");
 }
+
+/// The Python peer of the speed table (python/peer/dflash_peer.py: transformers' Qwen3 target,
+/// z-lab's DFlashDraftModel, a thread and a queue) runs end to end on the CPU at the tiny shapes,
+/// and its loss starts where an untrained drafter's must: near ln(vocab), every step finite.
+#[test]
+fn python_peer_trains_the_tiny_preset_on_the_cpu() {
+    let out = std::process::Command::new(root().join(".venv/bin/python"))
+        .arg(root().join("python/peer/dflash_peer.py"))
+        .args([
+            "--preset", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+        ])
+        .args(["--seq", "128", "--batch", "1", "--anchors", "8"])
+        .output()
+        .expect("the venv's python runs (make test installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the peer failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(line["finite"], true, "{line}");
+    assert!(line["tok_per_s"].as_f64().unwrap() > 0.0, "{line}");
+    let first = line["loss_first"].as_f64().unwrap();
+    let chance = (512f64).ln();
+    assert!(
+        (first - chance).abs() < 0.15 * chance,
+        "an untrained drafter's loss is near ln(512) = {chance:.2}, got {first}"
+    );
+}

@@ -274,7 +274,7 @@ fn a_target_directory_loads_and_trains_with_its_recipe() {
         "block=16",
         "mask_token_id=11",
         "seq_len=128",
-        "anchors_per_doc=4",
+        "anchors_per_row=4",
         "drafter_layers=2",
     ] {
         assert!(line.contains(kv), "no {kv} in {line}");

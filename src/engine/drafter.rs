@@ -59,9 +59,10 @@ impl Drafter {
     ) -> Tensor {
         let c = &self.spec.layers;
         let context = self.hidden_norm.forward(&self.fc.forward(target_hidden));
-        let (qc, qs) = rope_tables(block_pos, c.head_dim, c.rope_theta);
+        let kind = block_emb.kind();
+        let (qc, qs) = rope_tables(block_pos, c.head_dim, c.rope_theta, kind);
         let all_pos = Tensor::cat(&[ctx_pos, block_pos], 1);
-        let (kc, ks) = rope_tables(&all_pos, c.head_dim, c.rope_theta);
+        let (kc, ks) = rope_tables(&all_pos, c.head_dim, c.rope_theta, kind);
         let mut x = block_emb.shallow_clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let windowed;

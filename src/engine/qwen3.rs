@@ -4,6 +4,7 @@
 use super::config::Qwen3Config;
 use super::layers::{apply_rope, masked_attention, rope_tables, Linear, Mlp, RmsNorm};
 use super::tiled::{tiled_attention, AttnMask};
+use super::varlen::Varlen;
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -50,27 +51,36 @@ impl Attention {
     ) -> Tensor {
         let (b, lq) = (x.size()[0], x.size()[1]);
         let heads = |t: Tensor, n: i64| t.view([b, -1, n, self.head_dim]);
+        // [b, l, n, d]: sequence-major, as the flash kernel takes them.
         let q = self
             .q_norm
-            .forward(&heads(self.q_proj.forward(x), self.heads))
-            .transpose(1, 2);
+            .forward(&heads(self.q_proj.forward(x), self.heads));
         let k_parts: Vec<Tensor> = kv_sources.iter().map(|s| self.k_proj.forward(s)).collect();
         let v_parts: Vec<Tensor> = kv_sources.iter().map(|s| self.v_proj.forward(s)).collect();
         let k = self
             .k_norm
-            .forward(&heads(Tensor::cat(&k_parts, 1), self.kv_heads))
-            .transpose(1, 2);
-        let v = heads(Tensor::cat(&v_parts, 1), self.kv_heads).transpose(1, 2);
-        let q = apply_rope(&q, q_rope.0, q_rope.1);
-        let k = apply_rope(&k, k_rope.0, k_rope.1);
+            .forward(&heads(Tensor::cat(&k_parts, 1), self.kv_heads));
+        let v = heads(Tensor::cat(&v_parts, 1), self.kv_heads);
         let out = match mask {
-            AttnMask::Dense(m) => masked_attention(&q, &k, &v, m),
-            AttnMask::Tiled(m) => tiled_attention(&q, &k, &v, m),
+            AttnMask::Documents { docs, window } => {
+                let q = apply_rope(&q, q_rope.0, q_rope.1, 2);
+                let k = apply_rope(&k, k_rope.0, k_rope.1, 2);
+                docs.attention(&q, &k, &v, *window)
+                    .unwrap_or_else(|e| panic!("{e:#}"))
+            }
+            _ => {
+                let q = apply_rope(&q.transpose(1, 2), q_rope.0, q_rope.1, 1);
+                let k = apply_rope(&k.transpose(1, 2), k_rope.0, k_rope.1, 1);
+                let v = v.transpose(1, 2);
+                let out = match mask {
+                    AttnMask::Tiled(m) => tiled_attention(&q, &k, &v, m),
+                    _ => masked_attention(&q, &k, &v, &mask.dense()),
+                };
+                out.transpose(1, 2)
+            }
         };
-        self.o_proj.forward(
-            &out.transpose(1, 2)
-                .reshape([b, lq, self.heads * self.head_dim]),
-        )
+        self.o_proj
+            .forward(&out.reshape([b, lq, self.heads * self.head_dim]))
     }
 }
 
@@ -176,14 +186,8 @@ impl Qwen3Target {
     /// The attention mask is causal within each document of the packed rows.
     // input_ids, positions, doc_ids [b, s] -> [b, s, n * hidden]
     pub fn forward(&self, input_ids: &Tensor, positions: &Tensor, doc_ids: &Tensor) -> Tensor {
-        let kind = self.embed_tokens.kind();
-        let mut x = self.embed_tokens.embedding_for(input_ids).to_kind(kind);
-        let (cos, sin) = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta);
         let mut masks: Vec<(Option<i64>, Tensor)> = Vec::new();
-        let mut out = Vec::with_capacity(self.capture.len());
-        let mut layer_out = Vec::with_capacity(self.layers.len());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let window = self.cfg.window_of(i);
+        self.forward_with(input_ids, positions, |window| {
             let mask = match masks.iter().find(|(w, _)| *w == window) {
                 Some((_, m)) => m.shallow_clone(),
                 None => {
@@ -192,12 +196,44 @@ impl Qwen3Target {
                     m
                 }
             };
-            x = layer.forward(&x, None, (&cos, &sin), (&cos, &sin), &AttnMask::Dense(mask));
+            AttnMask::Dense(mask)
+        })
+    }
+
+    /// `forward` through a causal flash kernel over the documents (`Varlen::usable` says where
+    /// it runs): the same hidden states without building or reading a mask.
+    pub fn forward_documents(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        docs: &Varlen,
+    ) -> Tensor {
+        self.forward_with(input_ids, positions, |window| AttnMask::Documents {
+            docs: docs.share(),
+            window,
+        })
+    }
+
+    fn forward_with(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mut mask_for: impl FnMut(Option<i64>) -> AttnMask,
+    ) -> Tensor {
+        let kind = self.embed_tokens.kind();
+        let mut x = self.embed_tokens.embedding_for(input_ids).to_kind(kind);
+        let (cos, sin) = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, kind);
+        let mut layer_out = Vec::with_capacity(self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mask = mask_for(self.cfg.window_of(i));
+            x = layer.forward(&x, None, (&cos, &sin), (&cos, &sin), &mask);
             layer_out.push(x.shallow_clone());
         }
-        for id in &self.capture {
-            out.push(layer_out[*id as usize].shallow_clone());
-        }
+        let out: Vec<Tensor> = self
+            .capture
+            .iter()
+            .map(|id| layer_out[*id as usize].shallow_clone())
+            .collect();
         Tensor::cat(&out, -1)
     }
 }
