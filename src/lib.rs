@@ -8,6 +8,7 @@ pub mod config;
 pub mod doctor;
 pub mod engine;
 pub mod fault;
+pub mod generate;
 pub mod headless;
 pub mod probe;
 pub mod signals;

@@ -4,26 +4,26 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn bin() -> Command {
+pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dflash-top"))
 }
 
-fn run(args: &[&str]) -> Output {
+pub fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("binary runs")
 }
 
-fn stderr(o: &Output) -> String {
+pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn field(line: &str, key: &str) -> Option<f64> {
+pub fn field(line: &str, key: &str) -> Option<f64> {
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(&format!("{key}=")))
         .and_then(|v| v.parse().ok())
 }
 
 /// Fails with the message when the run did not end in a clear user error.
-fn assert_user_error(o: &Output, must_mention: &[&str]) {
+pub fn assert_user_error(o: &Output, must_mention: &[&str]) {
     let err = stderr(o);
     assert!(!o.status.success(), "expected failure, got success: {err}");
     assert!(

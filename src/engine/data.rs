@@ -130,15 +130,15 @@ pub struct JsonlSource {
     next: usize,
 }
 
-/// Turns a text or chat line into a document.
-struct TextTokenizer {
+/// Turns a text or chat line into a document (and, for `generate`, a prompt into ids).
+pub struct TextTokenizer {
     tok: tokenizers::Tokenizer,
     /// The model directory's own chat template, when it has one.
-    template: Option<super::chat::ChatTemplate>,
+    pub template: Option<super::chat::ChatTemplate>,
 }
 
 impl TextTokenizer {
-    fn open(path: &Path) -> Result<TextTokenizer> {
+    pub fn open(path: &Path) -> Result<TextTokenizer> {
         let tok = tokenizers::Tokenizer::from_file(path).map_err(|e| {
             anyhow::anyhow!(
                 "cannot read tokenizer {}: {e}; text data needs the target's tokenizer.json",
@@ -152,7 +152,7 @@ impl TextTokenizer {
         Ok(TextTokenizer { tok, template })
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<i64>> {
+    pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
         let enc = self
             .tok
             .encode(text, false)

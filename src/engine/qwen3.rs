@@ -48,24 +48,62 @@ impl Attention {
         k_rope: (&Tensor, &Tensor),
         mask: &AttnMask,
     ) -> Tensor {
-        let (b, lq) = (x.size()[0], x.size()[1]);
-        let heads = |t: Tensor, n: i64| t.view([b, -1, n, self.head_dim]);
+        let q = self.queries(x, q_rope);
+        let (k, v) = self.keys_values(kv_sources, k_rope);
+        self.attend(x, &q, &k, &v, mask)
+    }
+
+    /// `forward` for decoding with a cache: `x` holds the new tokens, `cache` the keys and values
+    /// (after k_norm and RoPE) of the tokens before them, and takes the new ones.
+    // x [b, n, h], rope tables [b, n, d], mask [b, 1, n, past + n] -> [b, n, h]
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Tensor {
+        let q = self.queries(x, rope);
+        let (k, v) = self.keys_values(&[x], rope);
+        let (k, v) = match cache.take() {
+            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
+            None => (k, v),
+        };
+        let out = self.attend(x, &q, &k, &v, &AttnMask::Dense(mask.shallow_clone()));
+        *cache = Some((k, v));
+        out
+    }
+
+    // x [b, l, h] -> [b, heads, l, d], normed and rotated
+    fn queries(&self, x: &Tensor, rope: (&Tensor, &Tensor)) -> Tensor {
+        let (b, l) = (x.size()[0], x.size()[1]);
         let q = self
-            .q_norm
-            .forward(&heads(self.q_proj.forward(x), self.heads))
-            .transpose(1, 2);
-        let k_parts: Vec<Tensor> = kv_sources.iter().map(|s| self.k_proj.forward(s)).collect();
-        let v_parts: Vec<Tensor> = kv_sources.iter().map(|s| self.v_proj.forward(s)).collect();
+            .q_proj
+            .forward(x)
+            .view([b, l, self.heads, self.head_dim]);
+        apply_rope(&self.q_norm.forward(&q).transpose(1, 2), rope.0, rope.1)
+    }
+
+    // sources [b, l_i, h] -> k, v [b, kv_heads, sum l_i, d]; k normed and rotated
+    fn keys_values(&self, sources: &[&Tensor], rope: (&Tensor, &Tensor)) -> (Tensor, Tensor) {
+        let b = sources[0].size()[0];
+        let heads = |t: Tensor| t.view([b, -1, self.kv_heads, self.head_dim]);
+        let k_parts: Vec<Tensor> = sources.iter().map(|s| self.k_proj.forward(s)).collect();
+        let v_parts: Vec<Tensor> = sources.iter().map(|s| self.v_proj.forward(s)).collect();
         let k = self
             .k_norm
-            .forward(&heads(Tensor::cat(&k_parts, 1), self.kv_heads))
+            .forward(&heads(Tensor::cat(&k_parts, 1)))
             .transpose(1, 2);
-        let v = heads(Tensor::cat(&v_parts, 1), self.kv_heads).transpose(1, 2);
-        let q = apply_rope(&q, q_rope.0, q_rope.1);
-        let k = apply_rope(&k, k_rope.0, k_rope.1);
+        let v = heads(Tensor::cat(&v_parts, 1)).transpose(1, 2);
+        (apply_rope(&k, rope.0, rope.1), v)
+    }
+
+    // q [b, heads, lq, d], k/v [b, kv_heads, lk, d] -> [b, lq, h]
+    fn attend(&self, x: &Tensor, q: &Tensor, k: &Tensor, v: &Tensor, mask: &AttnMask) -> Tensor {
+        let (b, lq) = (x.size()[0], x.size()[1]);
         let out = match mask {
-            AttnMask::Dense(m) => masked_attention(&q, &k, &v, m),
-            AttnMask::Tiled(m) => tiled_attention(&q, &k, &v, m),
+            AttnMask::Dense(m) => masked_attention(q, k, v, m),
+            AttnMask::Tiled(m) => tiled_attention(q, k, v, m),
         };
         self.o_proj.forward(
             &out.transpose(1, 2)
@@ -119,6 +157,20 @@ impl DecoderLayer {
         let h = self.post_attention_layernorm.forward(&x);
         &x + self.mlp.forward(&h)
     }
+
+    /// One pre-norm block over new tokens, with the keys and values of earlier ones in `cache`.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Tensor {
+        let h = self.input_layernorm.forward(x);
+        let x = x + self.self_attn.forward_cached(&h, rope, mask, cache);
+        let h = self.post_attention_layernorm.forward(&x);
+        &x + self.mlp.forward(&h)
+    }
 }
 
 /// The frozen target model.
@@ -129,7 +181,16 @@ pub struct Qwen3Target {
     layers: Vec<DecoderLayer>,
     /// Decoder layers whose outputs are returned, in order.
     capture: Vec<i64>,
+    norm: RmsNorm,
     pub lm_head: Tensor,
+}
+
+/// Keys and values of the tokens fed so far, per layer (for `Qwen3Target::logits`).
+#[derive(Debug, Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    /// Tokens fed so far: the position of the next one.
+    pub len: i64,
 }
 
 impl Qwen3Target {
@@ -137,6 +198,28 @@ impl Qwen3Target {
     /// deepest captured one are built: the rest cannot change the returned hidden states (our
     /// choice; a full forward would only cost time). `model.norm` is kept for checkpoint parity.
     pub fn new(root: &nn::Path, cfg: &Qwen3Config, capture: &[i64], embed_std: f64) -> Qwen3Target {
+        let depth = capture.iter().copied().max().unwrap_or(0) + 1;
+        Self::build(
+            root,
+            cfg,
+            capture,
+            depth.min(cfg.num_hidden_layers),
+            embed_std,
+        )
+    }
+
+    /// Every layer, for `logits` (generation): the whole model, not only its captured part.
+    pub fn new_full(root: &nn::Path, cfg: &Qwen3Config, embed_std: f64) -> Qwen3Target {
+        Self::build(root, cfg, &[], cfg.num_hidden_layers, embed_std)
+    }
+
+    fn build(
+        root: &nn::Path,
+        cfg: &Qwen3Config,
+        capture: &[i64],
+        depth: i64,
+        embed_std: f64,
+    ) -> Qwen3Target {
         let model = root / "model";
         let embed_tokens = (&model / "embed_tokens").var(
             "weight",
@@ -146,11 +229,10 @@ impl Qwen3Target {
                 stdev: embed_std,
             },
         );
-        let depth = capture.iter().copied().max().unwrap_or(0) + 1;
-        let layers = (0..depth.min(cfg.num_hidden_layers))
+        let layers = (0..depth)
             .map(|i| DecoderLayer::new(&model / "layers" / i, cfg))
             .collect();
-        let _norm = RmsNorm::new(&model / "norm", cfg.hidden_size, cfg.rms_norm_eps);
+        let norm = RmsNorm::new(&model / "norm", cfg.hidden_size, cfg.rms_norm_eps);
         let lm_head = if cfg.tie_word_embeddings {
             embed_tokens.shallow_clone()
         } else {
@@ -168,8 +250,36 @@ impl Qwen3Target {
             embed_tokens,
             layers,
             capture: capture.to_vec(),
+            norm,
             lm_head,
         }
+    }
+
+    /// Next-token logits (f32) after feeding `ids` at positions `cache.len()..`, the keys and
+    /// values of earlier tokens taken from `cache` and the new ones added to it. Needs every layer
+    /// (`new_full`).
+    // ids [b, n] -> [b, n, vocab]
+    pub fn logits(&self, ids: &Tensor, cache: &mut KvCache) -> Tensor {
+        let (b, n) = (ids.size()[0], ids.size()[1]);
+        let dev = ids.device();
+        if cache.layers.len() != self.layers.len() {
+            cache.layers = (0..self.layers.len()).map(|_| None).collect();
+        }
+        let start = cache.len;
+        let positions = Tensor::arange_start(start, start + n, (tch::Kind::Int64, dev))
+            .unsqueeze(0)
+            .expand([b, n], false);
+        let (cos, sin) = rope_tables(&positions, self.cfg.head_dim, self.cfg.rope_theta);
+        let kind = self.embed_tokens.kind();
+        let mut x = self.embed_tokens.embedding_for(ids).to_kind(kind);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mask = cached_causal_mask(start, n, self.cfg.window_of(i), dev);
+            x = layer.forward_cached(&x, (&cos, &sin), &mask, &mut cache.layers[i]);
+        }
+        cache.len += n;
+        let x = self.norm.forward(&x);
+        x.matmul(&self.lm_head.to_kind(x.kind()).tr())
+            .to_kind(tch::Kind::Float)
     }
 
     /// Hidden states of the captured layers, concatenated on the last axis.
@@ -210,6 +320,19 @@ impl EmbeddingFor for Tensor {
     fn embedding_for(&self, ids: &Tensor) -> Tensor {
         Tensor::embedding(self, ids, -1, false, false)
     }
+}
+
+/// The mask of `n` new queries at positions `start..start + n` over keys `0..start + n`: causal,
+/// and (sliding layers) within the window.
+// -> [1, 1, n, start + n] bool
+fn cached_causal_mask(start: i64, n: i64, window: Option<i64>, dev: tch::Device) -> Tensor {
+    let q = Tensor::arange_start(start, start + n, (tch::Kind::Int64, dev)).unsqueeze(1);
+    let k = Tensor::arange(start + n, (tch::Kind::Int64, dev)).unsqueeze(0);
+    let mut m = k.le_tensor(&q);
+    if let Some(w) = window {
+        m = m.logical_and(&(&q - &k).lt(w));
+    }
+    m.view([1, 1, n, start + n])
 }
 
 /// Causal attention within a document: query i sees key j when doc(i) == doc(j), j <= i, and

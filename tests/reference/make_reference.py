@@ -94,3 +94,7 @@ save_file(
     os.path.join(out, "reference.safetensors"),
 )
 print(f"reference written to {out}")
+
+import lm_target  # noqa: E402  (beside this script)
+
+lm_target.make(out)
