@@ -446,7 +446,7 @@ fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
 }
 
 #[test]
-fn sliding_layers_drop_keys_beyond_the_window() {
+fn sliding_layers_drop_keys_beyond_the_window_and_later_block_slots() {
     use dflash_top::engine::drafter::sliding;
     // One block of 2 at anchor 5 over a row of 6: context keys 0..5, block keys at 5, 6.
     let docs = Tensor::zeros([1, 6], (Kind::Int64, Device::Cpu));
@@ -455,11 +455,22 @@ fn sliding_layers_drop_keys_beyond_the_window() {
     let pos = Tensor::arange(6, (Kind::Int64, Device::Cpu)).unsqueeze(0);
     let bpos = block_positions(&pos, &a, 2);
     let all = Tensor::cat(&[&pos, &bpos], 1);
-    let m = sliding(&mask, &bpos, &all, 3);
+    let m = sliding(&mask, &bpos, &all, Some(3));
     // Query at position 6 (slot 1): context 4 (distance 2) stays, 3 (distance 3) goes.
     assert_eq!(
         vec_bool(&m.get(0).get(0).get(1)),
         vec![false, false, false, false, true, false, true, true]
+    );
+    // Slot 0 (position 5) does not see slot 1 (position 6): causal inside the block, as dflash
+    // runs a sliding layer; without a window, every earlier context key stays.
+    assert_eq!(
+        vec_bool(&m.get(0).get(0).get(0)),
+        vec![false, false, false, true, true, false, true, false]
+    );
+    let unbounded = sliding(&mask, &bpos, &all, None);
+    assert_eq!(
+        vec_bool(&unbounded.get(0).get(0).get(0)),
+        vec![true, true, true, true, true, false, true, false]
     );
 }
 

@@ -81,6 +81,8 @@ pub fn drafter_config_json(spec: &DrafterSpec) -> serde_json::Value {
         "torch_dtype": "float32",
         "layer_types": c.layer_types.clone().unwrap_or_else(|| vec!["full_attention".into(); c.num_hidden_layers as usize]),
         "sliding_window": c.sliding_window,
+        // Without it transformers drops the window when dflash loads the config.
+        "use_sliding_window": c.sliding_window.is_some(),
         "num_target_layers": spec.num_target_layers,
         "block_size": spec.block_size,
         "dflash_config": {
