@@ -254,3 +254,45 @@ fn sliding_window_layers_match_dflash_decoding() {
     checkpoint::save(&ckpt, &spec, &vs, &opt, &TrainerState::default()).unwrap();
     assert_eq!(checkpoint::read_drafter_spec(&ckpt).unwrap(), spec);
 }
+
+/// dflash config settings this trainer does not apply are refused by name; neutral values load.
+#[test]
+fn dflash_config_extras_are_refused_by_name_unless_neutral() {
+    let src = reference_dir().join("drafter/config.json");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    type Edit = dyn Fn(&mut serde_json::Value);
+    let with = |edit: &Edit| {
+        let mut cfg = base.clone();
+        edit(&mut cfg);
+        std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+        checkpoint::read_drafter_spec(tmp.path()).map_err(|e| format!("{e:#}"))
+    };
+    use serde_json::json;
+    with(&|c| {
+        c["dflash_config"]["input_embedding_scale"] = json!(1.0);
+        c["output_multiplier"] = json!(1.0);
+        c["final_logit_softcapping"] = json!(null);
+    })
+    .unwrap();
+    let refused: [(&str, &Edit); 5] = [
+        ("input_embedding_scale", &|c| {
+            c["dflash_config"]["input_embedding_scale"] = json!(2.0)
+        }),
+        ("output_multiplier", &|c| {
+            c["output_multiplier"] = json!(0.5)
+        }),
+        ("final_logit_softcapping", &|c| {
+            c["dflash_config"]["final_logit_softcapping"] = json!(30.0)
+        }),
+        ("DFlash2", &|c| {
+            c["architectures"] = json!(["DFlash2DraftModel"])
+        }),
+        ("is_causal", &|c| c["is_causal"] = json!(true)),
+    ];
+    for (key, edit) in refused {
+        let e = with(edit).unwrap_err();
+        assert!(e.contains(key) && e.contains("config.json"), "{key}: {e}");
+    }
+}
