@@ -698,3 +698,41 @@ fn chat_lines_go_through_the_tokenizers_own_chat_template() {
         "{e}"
     );
 }
+
+#[test]
+fn jsonl_documents_come_shuffled_per_epoch_and_skip_lands_where_reading_would() {
+    use dflash_top::engine::data::JsonlSource;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    let lines: Vec<String> = (0..7)
+        .map(|d| serde_json::json!({ "input_ids": [d, d] }).to_string())
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let open = |seed| JsonlSource::open(&data, 16, None).unwrap().shuffled(seed);
+    let mut src = open(3);
+    let epoch = |s: &mut JsonlSource| -> Vec<i64> { (0..7).map(|_| s.next_doc().ids[0]).collect() };
+    let (first, second) = (epoch(&mut src), epoch(&mut src));
+    for e in [&first, &second] {
+        let mut sorted = e.clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            (0..7).collect::<Vec<_>>(),
+            "an epoch visits each document once"
+        );
+    }
+    assert_ne!(first, second, "each epoch has its own order");
+    assert_ne!(first, (0..7).collect::<Vec<_>>(), "not the file's order");
+    assert_eq!(epoch(&mut open(3)), first, "the seed decides the order");
+    // Skipping n documents (a resumed run) lands where reading n would, across epochs.
+    let mut read = open(3);
+    let mut skipped = open(3);
+    for _ in 0..10 {
+        read.next_doc();
+    }
+    skipped.skip(4);
+    skipped.skip(6);
+    for _ in 0..9 {
+        assert_eq!(read.next_doc(), skipped.next_doc());
+    }
+}

@@ -125,9 +125,19 @@ impl DocSource for Synthetic {
 ///   else as Qwen's ChatML (`<|im_start|>role\ncontent<|im_end|>\n`), and tokenized; the loss mask
 ///   covers the assistant turns' content and the end token right after it (our reading of "loss
 ///   mask = assistant turns").
+///
+/// `shuffled(seed)` visits the documents in a fresh order each epoch (a permutation drawn from
+/// the seed and the epoch number), so a position in the stream (`skip`) lands on the same
+/// document in every run with that seed: a resumed run continues exactly.
 pub struct JsonlSource {
     docs: Vec<Doc>,
+    /// Order of this epoch (identity when not shuffled).
+    order: Vec<usize>,
+    /// Next index into `order`.
     next: usize,
+    epoch: u64,
+    /// None: the file's order, every epoch.
+    seed: Option<u64>,
 }
 
 /// Turns a text or chat line into a document (and, for `generate`, a prompt into ids).
@@ -295,7 +305,34 @@ impl JsonlSource {
                 path.display()
             );
         }
-        Ok(JsonlSource { docs, next: 0 })
+        let order = (0..docs.len()).collect();
+        Ok(JsonlSource {
+            docs,
+            order,
+            next: 0,
+            epoch: 0,
+            seed: None,
+        })
+    }
+
+    /// The same documents in a seeded order, drawn anew each epoch.
+    pub fn shuffled(mut self, seed: u64) -> JsonlSource {
+        self.seed = Some(seed);
+        self.start_epoch(0);
+        self
+    }
+
+    fn start_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.next = 0;
+        self.order = (0..self.docs.len()).collect();
+        if let Some(seed) = self.seed {
+            let mut rng = Rng::new(seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407));
+            for i in (1..self.order.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                self.order.swap(i, j);
+            }
+        }
     }
 }
 
@@ -331,13 +368,22 @@ fn ids_doc(
 
 impl DocSource for JsonlSource {
     fn next_doc(&mut self) -> Doc {
-        let d = self.docs[self.next].clone();
-        self.next = (self.next + 1) % self.docs.len();
+        if self.next == self.docs.len() {
+            self.start_epoch(self.epoch + 1);
+        }
+        let d = self.docs[self.order[self.next]].clone();
+        self.next += 1;
         d
     }
 
     fn skip(&mut self, n: u64) {
-        self.next = ((self.next as u64 + n) % self.docs.len() as u64) as usize;
+        let len = self.docs.len() as u64;
+        let at = self.epoch * len + self.next as u64 + n;
+        let (epoch, next) = (at / len, (at % len) as usize);
+        if epoch != self.epoch {
+            self.start_epoch(epoch);
+        }
+        self.next = next;
     }
 }
 

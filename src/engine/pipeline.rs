@@ -66,11 +66,10 @@ fn data_source(
         }
         DataSpec::Jsonl(p) => {
             let tokenizer = cfg.target.as_ref().map(|d| d.join("tokenizer.json"));
-            Box::new(JsonlSource::open(
-                p,
-                target_cfg.vocab_size,
-                tokenizer.as_deref(),
-            )?)
+            Box::new(
+                JsonlSource::open(p, target_cfg.vocab_size, tokenizer.as_deref())?
+                    .shuffled(cfg.seed),
+            )
         }
     };
     // A resumed run continues where its data stood.
