@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tch::{nn::VarStore, Kind};
 
 pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
@@ -45,7 +45,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     }
     // The output file is opened before the model loads: an unwritable --out fails at once.
     let mut out = PendingFile::create(&args.out)?;
-    let loading = Instant::now();
+    let loading = crate::progress::Ticker::new();
     let mut vs = VarStore::new(device);
     let model = Qwen3Target::new_full(&vs.root(), &cfg, 0.02);
     let tensors = crate::engine::weights::read_all(&args.target)?;
@@ -59,11 +59,11 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     if device.is_cuda() {
         vs.set_kind(Kind::BFloat16);
     }
-    if loading.elapsed() > Duration::from_secs(1) {
+    if loading.took_long() {
         eprintln!(
             "generate: loaded {} in {:.1}s",
             args.target.display(),
-            loading.elapsed().as_secs_f64()
+            loading.seconds()
         );
     }
     if !device.is_cuda() && cfg.hidden_size < 1024 {
@@ -288,40 +288,33 @@ impl Drop for PendingFile {
     }
 }
 
-/// A progress line on stderr at most once a second.
+/// Tokens so far, and a progress line on stderr at most once a second.
 struct Progress {
     prompts: usize,
     tokens: u64,
-    started: Instant,
-    next: Instant,
+    ticker: crate::progress::Ticker,
 }
 
 impl Progress {
     fn new(prompts: usize) -> Progress {
-        let now = Instant::now();
         Progress {
             prompts,
             tokens: 0,
-            started: now,
-            next: now + Duration::from_secs(1),
+            ticker: crate::progress::Ticker::new(),
         }
     }
 
     /// `made` tokens of prompt `i` so far.
     fn tick(&mut self, i: usize, made: usize) {
-        let now = Instant::now();
-        if now < self.next {
-            return;
-        }
-        self.next = now + Duration::from_secs(1);
         let tokens = self.tokens + made as u64;
-        eprintln!(
-            "generate: prompt {}/{}, {} new tokens, {:.0} tok/s",
-            i + 1,
-            self.prompts,
-            tokens,
-            tokens as f64 / self.started.elapsed().as_secs_f64().max(1e-9)
-        );
+        let prompts = self.prompts;
+        self.ticker.tick(|secs| {
+            format!(
+                "generate: prompt {}/{prompts}, {tokens} new tokens, {:.0} tok/s",
+                i + 1,
+                tokens as f64 / secs.max(1e-9)
+            )
+        });
     }
 
     fn done(&mut self, made: usize) {

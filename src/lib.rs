@@ -11,6 +11,7 @@ pub mod fault;
 pub mod generate;
 pub mod headless;
 pub mod probe;
+pub mod progress;
 pub mod signals;
 pub mod telemetry;
 pub mod tui;

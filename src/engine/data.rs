@@ -244,7 +244,18 @@ impl JsonlSource {
             .with_context(|| format!("cannot read data file {}: check --data", path.display()))?;
         let mut tok: Option<TextTokenizer> = None;
         let mut docs = Vec::new();
+        let mut ticker = crate::progress::Ticker::new();
+        let mut read = 0;
         for (n, line) in text.lines().enumerate() {
+            read += line.len() + 1;
+            ticker.tick(|secs| {
+                format!(
+                    "data: {} documents from {} ({:.0}% read, {secs:.0}s)",
+                    docs.len(),
+                    path.display(),
+                    100.0 * read as f64 / text.len().max(1) as f64
+                )
+            });
             let line = line.trim();
             if line.is_empty() {
                 continue;
@@ -290,6 +301,14 @@ impl JsonlSource {
             if doc.ids.len() >= 2 {
                 docs.push(doc);
             }
+        }
+        if ticker.took_long() {
+            eprintln!(
+                "data: {} documents from {} in {:.1}s",
+                docs.len(),
+                path.display(),
+                ticker.seconds()
+            );
         }
         if docs.is_empty() {
             bail!(
