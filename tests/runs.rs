@@ -600,12 +600,15 @@ fn a_recorded_run_exports_a_chrome_trace() {
 fn a_batch_without_loss_tokens_is_no_optimizer_step() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("half.jsonl");
-    // Rows of 32 tokens hold one 40-token document each (truncated); one of the two has no loss.
-    let line = |loss: u8| {
-        let ids: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
-        serde_json::json!({"input_ids": ids, "loss_mask": vec![loss; 40]}).to_string()
+    // Rows of 32 tokens hold one 80-token document each (truncated): one with loss everywhere,
+    // one with loss only past the row's end (none left in its row); a third with 10 loss tokens,
+    // fewer than 2 x block (16), is dropped at start.
+    let doc = |loss_from: usize| {
+        let ids: Vec<u32> = (0..80).map(|i| (i * 7 + 3) % 500).collect();
+        let mask: Vec<u8> = (0..80).map(|i| (i >= loss_from) as u8).collect();
+        serde_json::json!({"input_ids": ids, "loss_mask": mask}).to_string()
     };
-    std::fs::write(&data, format!("{}\n{}\n", line(0), line(1))).unwrap();
+    std::fs::write(&data, format!("{}\n{}\n{}\n", doc(0), doc(40), doc(70))).unwrap();
     let save = dir.path().join("ck");
     let o = run(&[
         "train",
@@ -641,7 +644,15 @@ fn a_batch_without_loss_tokens_is_no_optimizer_step() {
 
     // A file with no loss at all would never step: refused up front.
     let none = dir.path().join("none.jsonl");
-    std::fs::write(&none, format!("{}\n", line(0))).unwrap();
+    std::fs::write(&none, format!("{}\n", doc(80))).unwrap();
     let o = run(&["train", "--headless", "--data", none.to_str().unwrap()]);
     assert_user_error(&o, &["none.jsonl", "loss_mask"]);
+    // Nor would a file whose documents are all too short in loss tokens: refused, with the fix.
+    let short = dir.path().join("short.jsonl");
+    std::fs::write(&short, format!("{}\n", doc(70))).unwrap();
+    let o = run(&["train", "--headless", "--data", short.to_str().unwrap()]);
+    assert_user_error(
+        &o,
+        &["short.jsonl", "fewer than 32 loss tokens", "--block-size"],
+    );
 }

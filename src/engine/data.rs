@@ -334,6 +334,23 @@ impl JsonlSource {
         })
     }
 
+    /// Drops the documents with fewer than `min` loss tokens (SpecForge drops samples with fewer
+    /// than 2 x block); returns how many went. None left is an error naming the file.
+    pub fn keep_trainable(&mut self, min: usize, path: &Path) -> Result<u64> {
+        let before = self.docs.len();
+        self.docs
+            .retain(|d| d.loss_mask.iter().filter(|&&l| l).count() >= min);
+        if self.docs.is_empty() {
+            bail!(
+                "{}: every document has fewer than {min} loss tokens (2 x the block size): no \
+                 block could be trained well; give longer replies or a smaller --block-size",
+                path.display()
+            );
+        }
+        self.start_epoch(0);
+        Ok((before - self.docs.len()) as u64)
+    }
+
     /// The same documents in a seeded order, drawn anew each epoch.
     pub fn shuffled(mut self, seed: u64) -> JsonlSource {
         self.seed = Some(seed);
