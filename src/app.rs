@@ -30,6 +30,7 @@ pub fn run(command: Command) -> Result<ExitCode> {
             seconds,
         } => export(&file, &chrome, seconds),
         Command::Replay { file } => replay(&file),
+        Command::Generate(args) => crate::generate::run(&args),
     }
 }
 

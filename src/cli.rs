@@ -41,6 +41,35 @@ pub enum Command {
     Bench(BenchArgs),
     /// Check libtorch, CUDA, NVML and per-thread CPU on this machine.
     Doctor,
+    /// Write the target's own continuations of prompts as training data (input_ids + loss_mask).
+    Generate(GenerateArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GenerateArgs {
+    /// A Hugging Face Qwen3 directory (config.json + safetensors; tokenizer.json for text and
+    /// chat prompts).
+    #[arg(long, value_name = "DIR")]
+    pub target: PathBuf,
+    /// Prompts, one JSON object a line: `input_ids`, `text`, or chat `messages` (rendered with
+    /// the target's chat template; a last assistant turn is left out and written anew).
+    #[arg(long, value_name = "PROMPTS.jsonl")]
+    pub data: PathBuf,
+    /// Where to write the JSONL (`input_ids` + `loss_mask`: 0 on the prompt, 1 on the reply).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub out: PathBuf,
+    /// New tokens per prompt at most (fewer when the target writes an end token).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// 0 for greedy; above 0, sampled from softmax(logits / T).
+    #[arg(long, value_name = "T", default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Seed of the sampler (with --temperature above 0).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+    /// Where the target runs: cpu or cuda:N (bf16 on CUDA).
+    #[arg(long, value_name = "cpu|cuda:N", default_value = "cpu")]
+    pub device: String,
 }
 
 #[derive(Args, Debug, Clone, Default)]

@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod cuda;
 pub mod data;
+pub mod decode;
 pub mod drafter;
 pub mod handoff;
 pub mod layers;

@@ -2,8 +2,10 @@
 
 mod attention;
 mod cli;
+mod e2e;
 mod engine;
 mod fuzz;
+mod generate;
 mod probes;
 mod reference;
 mod reliability;

@@ -452,7 +452,7 @@ fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
 }
 
 #[test]
-fn sliding_layers_drop_keys_beyond_the_window() {
+fn sliding_layers_drop_keys_beyond_the_window_and_later_block_slots() {
     use dflash_top::engine::drafter::sliding;
     // One block of 2 at anchor 5 over a row of 6: context keys 0..5, block keys at 5, 6.
     let docs = Tensor::zeros([1, 6], (Kind::Int64, Device::Cpu));
@@ -461,11 +461,22 @@ fn sliding_layers_drop_keys_beyond_the_window() {
     let pos = Tensor::arange(6, (Kind::Int64, Device::Cpu)).unsqueeze(0);
     let bpos = block_positions(&pos, &a, 2);
     let all = Tensor::cat(&[&pos, &bpos], 1);
-    let m = sliding(&mask, &bpos, &all, 3);
+    let m = sliding(&mask, &bpos, &all, Some(3));
     // Query at position 6 (slot 1): context 4 (distance 2) stays, 3 (distance 3) goes.
     assert_eq!(
         vec_bool(&m.get(0).get(0).get(1)),
         vec![false, false, false, false, true, false, true, true]
+    );
+    // Slot 0 (position 5) does not see slot 1 (position 6): causal inside the block, as dflash
+    // runs a sliding layer; without a window, every earlier context key stays.
+    assert_eq!(
+        vec_bool(&m.get(0).get(0).get(0)),
+        vec![false, false, false, true, true, false, true, false]
+    );
+    let unbounded = sliding(&mask, &bpos, &all, None);
+    assert_eq!(
+        vec_bool(&unbounded.get(0).get(0).get(0)),
+        vec![true, true, true, true, true, false, true, false]
     );
 }
 
@@ -773,4 +784,42 @@ fn host_label_rows_are_the_valid_labels() {
         device_rows.len()
     );
     assert_eq!(host_rows, device_rows);
+}
+
+#[test]
+fn jsonl_documents_come_shuffled_per_epoch_and_skip_lands_where_reading_would() {
+    use dflash_top::engine::data::JsonlSource;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.jsonl");
+    let lines: Vec<String> = (0..7)
+        .map(|d| serde_json::json!({ "input_ids": [d, d] }).to_string())
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let open = |seed| JsonlSource::open(&data, 16, None).unwrap().shuffled(seed);
+    let mut src = open(3);
+    let epoch = |s: &mut JsonlSource| -> Vec<i64> { (0..7).map(|_| s.next_doc().ids[0]).collect() };
+    let (first, second) = (epoch(&mut src), epoch(&mut src));
+    for e in [&first, &second] {
+        let mut sorted = e.clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            (0..7).collect::<Vec<_>>(),
+            "an epoch visits each document once"
+        );
+    }
+    assert_ne!(first, second, "each epoch has its own order");
+    assert_ne!(first, (0..7).collect::<Vec<_>>(), "not the file's order");
+    assert_eq!(epoch(&mut open(3)), first, "the seed decides the order");
+    // Skipping n documents (a resumed run) lands where reading n would, across epochs.
+    let mut read = open(3);
+    let mut skipped = open(3);
+    for _ in 0..10 {
+        read.next_doc();
+    }
+    skipped.skip(4);
+    skipped.skip(6);
+    for _ in 0..9 {
+        assert_eq!(read.next_doc(), skipped.next_doc());
+    }
 }

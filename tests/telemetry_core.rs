@@ -311,9 +311,19 @@ fn queue_statistics_match_a_scripted_producer_and_consumer() {
     // Fill to capacity: the third push must wait for a pop ~40 ms later.
     tx.push(1).unwrap();
     tx.push(2).unwrap();
+    let blocked = probe.clone();
     let consumer = std::thread::Builder::new()
         .name("consumer".into())
         .spawn(move || {
+            // The 40 ms start once the producer is blocked on the full queue (its wait is counted
+            // while in flight), however late a loaded machine schedules either thread.
+            while blocked
+                .read(dflash_top::telemetry::clock::now_ns())
+                .push_wait_ns
+                == 0
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             std::thread::sleep(Duration::from_millis(40));
             let a = rx.pop().unwrap();
             std::thread::sleep(Duration::from_millis(10));

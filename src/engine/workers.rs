@@ -170,15 +170,18 @@ pub struct DataCounts {
     pub truncated_docs: AtomicU64,
     /// Batches with no label that carries loss: no optimizer step was taken on them.
     pub skipped_batches: AtomicU64,
+    /// JSONL documents dropped at start for fewer than 2 x block loss tokens.
+    pub dropped_docs: AtomicU64,
 }
 
 impl DataCounts {
-    /// `truncated_docs=N skipped_batches=M`.
+    /// `truncated_docs=N skipped_batches=M dropped_docs=K`.
     pub fn line(&self) -> String {
         format!(
-            "truncated_docs={} skipped_batches={}",
+            "truncated_docs={} skipped_batches={} dropped_docs={}",
             self.truncated_docs.load(Ordering::Relaxed),
-            self.skipped_batches.load(Ordering::Relaxed)
+            self.skipped_batches.load(Ordering::Relaxed),
+            self.dropped_docs.load(Ordering::Relaxed)
         )
     }
 }
