@@ -54,7 +54,7 @@ impl Session {
         telemetry.switches().set_gpu_timing(cfg.gpu_timing);
         telemetry.switches().set_profiling(cfg.profiling);
         // Raw records and queue samples go out to viewers and the recording as they pass the hub.
-        let fanout = Fanout::tap(&telemetry);
+        let fanout = Fanout::tap(&telemetry, cfg.save_dir.is_some());
         let recorder = cfg
             .record
             .as_deref()

@@ -79,8 +79,8 @@ fn tui(session: &Attached, deadline: Option<Instant>) -> Result<()> {
     use crate::tui::{terminal, EngineControls};
     terminal::install_panic_hook();
     let snapshots = session.telemetry.subscribe();
-    // Checkpoint requests go to the watched process, which says whether it can save.
-    let ctl = EngineControls::new(&session.telemetry, true);
+    let mut ctl = EngineControls::new(&session.telemetry, session.hello.can_save);
+    ctl.attached = true;
     let finished = || {
         if session.ended.load(Ordering::SeqCst) {
             let why = session.end_reason().unwrap_or_default();

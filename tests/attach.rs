@@ -52,7 +52,7 @@ impl Scripted {
         let path = dir.path().join("sessions").join("run.sock");
         let mut telemetry = Telemetry::new();
         telemetry.probes = false;
-        let fanout = Fanout::tap(&telemetry);
+        let fanout = Fanout::tap(&telemetry, false);
         let server = Server::start_at(&fanout, &telemetry, &path).unwrap();
         let steps = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -367,4 +367,60 @@ fn a_recording_replays_through_a_hub() {
         feed.try_iter().last().is_some_and(|s| s.train.step == 6)
     });
     player.stop();
+}
+
+#[test]
+fn the_tui_attaches_its_keys_reach_the_pipeline_and_q_detaches() {
+    use crate::tmux::Session;
+    let runtime = tempfile::tempdir().unwrap();
+    let mut child = python_pipeline(runtime.path(), None);
+    let pid = child.id().to_string();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{pid}.sock"));
+    wait_until("the Python pipeline's socket", || sock.exists());
+    let cmd = format!(
+        "XDG_RUNTIME_DIR={} {} attach {pid}; echo EXITED=$?; sleep 600",
+        runtime.path().display(),
+        env!("CARGO_BIN_EXE_dflash-top"),
+    );
+    let s = Session::start_sized(
+        format!("dflash-attach-{}", std::process::id()),
+        (120, 40),
+        &cmd,
+    );
+    s.wait_for("the pipeline's threads and the attached note", |x| {
+        x.contains("producer") && x.contains("consumer") && x.contains("attached to PID")
+    });
+    // `p` goes through the socket: a second viewer reads profiling off from the pipeline.
+    s.keys("p");
+    wait_until("the pipeline to report profiling off", || {
+        let o = bin()
+            .args([
+                "attach",
+                &pid,
+                "--headless",
+                "--seconds",
+                "2.5",
+                "--interval",
+                "1",
+            ])
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).contains("profiling=off")
+    });
+    // One `q` detaches (quitting stops nothing here), and the pipeline goes on.
+    s.keys("q");
+    let after = s.wait_for("the viewer to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the pipeline ended with the viewer"
+    );
+    assert!(sock.exists(), "the pipeline still serves");
+    // SAFETY: kill with a pid we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
 }

@@ -52,7 +52,10 @@ class _Phase:
             return self
         r.stack.append(r.cur)
         if p.on:
-            p._switch(r, r.idx[self.name])
+            k = r.idx.get(self.name)
+            if k is None:
+                p.mark(self.name)  # raises the sentence naming the phase and stage
+            p._switch(r, k)
         return self
 
     def __exit__(self, *exc):
@@ -124,6 +127,7 @@ class Profiler:
             "now_ns": _mono(),
             "ns_per_mark": self.ns_per_mark,
             "stages": {"stages": self._stages},
+            "can_save": self.on_checkpoint is not None,
         }
 
     # -- threads and phases ------------------------------------------------------------------
@@ -180,12 +184,19 @@ class Profiler:
             r = self._tls.rec
         except AttributeError:
             return
+        try:
+            k = r.idx[phase]
+        except KeyError:
+            raise ValueError(
+                "phase %r is not declared for stage %r: add it to Profiler([...])"
+                % (phase, self._stages[r.stage]["name"])
+            ) from None
         now = _mono()
         if r.gpu:
-            now = self._gpu_mark(r, r.idx[phase], now)
+            now = self._gpu_mark(r, k, now)
         r.acc[r.cur] += now - r.last
         r.last = now
-        r.cur = r.idx[phase]
+        r.cur = k
 
     def phase(self, name):
         """A context manager: `name` while inside, the previous phase after."""

@@ -22,6 +22,9 @@ pub type Frame = Arc<[u8]>;
 pub struct Outlet {
     data: Sender<Frame>,
     ctl: Sender<Frame>,
+    /// Takes one sample in this many (a recording keeps every step but fewer samples).
+    sample_every: u64,
+    samples: AtomicU64,
     /// Data frames this outlet had no room for.
     pub dropped: AtomicU64,
     pub closed: AtomicBool,
@@ -36,12 +39,19 @@ pub struct OutletRx {
 impl Outlet {
     /// An outlet that holds up to `backlog` data frames before it loses any.
     pub fn new(backlog: usize) -> (Arc<Outlet>, OutletRx) {
+        Self::thinned(backlog, 1)
+    }
+
+    /// An outlet that takes only one sample in `sample_every` (all steps and declarations).
+    pub fn thinned(backlog: usize, sample_every: u64) -> (Arc<Outlet>, OutletRx) {
         let (data, data_rx) = bounded(backlog.max(1));
         let (ctl, ctl_rx) = unbounded();
         (
             Arc::new(Outlet {
                 data,
                 ctl,
+                sample_every: sample_every.max(1),
+                samples: AtomicU64::new(0),
                 dropped: AtomicU64::new(0),
                 closed: AtomicBool::new(false),
             }),
@@ -55,6 +65,16 @@ impl Outlet {
     fn send_data(&self, f: &Frame) {
         if let Err(TrySendError::Full(_)) = self.data.try_send(f.clone()) {
             self.dropped.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn send_sample(&self, f: &Frame) {
+        if self
+            .samples
+            .fetch_add(1, Relaxed)
+            .is_multiple_of(self.sample_every)
+        {
+            self.send_data(f);
         }
     }
 
@@ -97,20 +117,26 @@ fn sparse(role: Role, ns: &[u64]) -> Vec<(u16, u64)> {
 }
 
 impl Fanout {
-    /// A fan-out of `telemetry`'s raw input, added as a tap of its hub (start the hub after).
-    pub fn tap(telemetry: &Telemetry) -> Arc<Fanout> {
-        let f = Fanout::new(telemetry, crate::telemetry::hub::measure_mark_cost());
+    /// A fan-out of `telemetry`'s raw input, added as a tap of its hub (start the hub after);
+    /// `can_save`: whether the engine can save a checkpoint when a viewer asks.
+    pub fn tap(telemetry: &Telemetry, can_save: bool) -> Arc<Fanout> {
+        let f = Fanout::new(
+            telemetry,
+            crate::telemetry::hub::measure_mark_cost(),
+            can_save,
+        );
         telemetry.add_tap(f.clone());
         f
     }
 
-    pub fn new(telemetry: &Telemetry, ns_per_mark: f64) -> Arc<Fanout> {
+    pub fn new(telemetry: &Telemetry, ns_per_mark: f64, can_save: bool) -> Arc<Fanout> {
         let hello = Msg::Hello(Hello {
             pid: std::process::id(),
             program: "dflash-top".into(),
             now_ns: clock::to_monotonic(clock::now_ns()),
             ns_per_mark,
             stages: StageTable::builtin(),
+            can_save,
         });
         Arc::new(Fanout {
             telemetry: telemetry.clone(),
@@ -182,8 +208,13 @@ impl Fanout {
 
     fn broadcast(st: &State, m: &Msg) {
         let f: Frame = encode(m).into();
+        let sample = matches!(m, Msg::Sample(_));
         for o in &st.outlets {
-            o.send_data(&f);
+            if sample {
+                o.send_sample(&f);
+            } else {
+                o.send_data(&f);
+            }
         }
     }
 }

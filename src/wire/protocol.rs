@@ -39,6 +39,10 @@ pub struct Hello {
     /// What one phase mark costs in that process, ns.
     pub ns_per_mark: f64,
     pub stages: StageTable,
+    /// Whether a `checkpoint` command can save (a trainer with --save-dir, a Python pipeline
+    /// with a checkpoint handler).
+    #[serde(default)]
+    pub can_save: bool,
 }
 
 /// A thread of the producer, declared before any of its steps.
@@ -68,6 +72,18 @@ fn one() -> u32 {
     1
 }
 
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_host(t: &Timing) -> bool {
+    *t == Timing::Host
+}
+
 /// One iteration of one thread. Phases by their index in the thread's stage's phase list; what
 /// they do not cover of `wall` is `other`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,16 +96,16 @@ pub struct WireStep {
     /// Whether `ph` holds the whole iteration's phases.
     #[serde(default)]
     pub prof: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_host")]
     pub timing: Timing,
     /// Iterations ended: 1, or 0 for device times of an earlier one.
-    #[serde(default = "one")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub steps: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub idle: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub tok: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub m: Option<TrainMetrics>,
 }
 

@@ -21,6 +21,9 @@ use std::time::Duration;
 
 /// Data frames the recorder may fall behind by (a stalled disk) before it loses any.
 const RECORDER_BACKLOG: usize = 200_000;
+/// A recording keeps every step and one sample in this many (2 a second): queue counters are
+/// cumulative, so nothing is lost but resolution, and samples are most of a stream's bytes.
+const RECORD_SAMPLE_EVERY: u64 = 5;
 
 /// A recording being written.
 pub struct Recorder {
@@ -38,7 +41,7 @@ impl Recorder {
                 path.display()
             )
         })?;
-        let (outlet, rx) = Outlet::new(RECORDER_BACKLOG);
+        let (outlet, rx) = Outlet::thinned(RECORDER_BACKLOG, RECORD_SAMPLE_EVERY);
         fanout.attach(outlet.clone());
         let path: PathBuf = path.to_path_buf();
         let o = outlet.clone();
