@@ -101,8 +101,8 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     println!("{}", cfg.recipe_line());
     let session = Session::start(&cfg)?;
     if let Some(s) = &session.server {
-        eprintln!(
-            "watch it live: dflash-top attach {} (socket {})",
+        println!(
+            "attach: dflash-top attach {} (socket {})",
             std::process::id(),
             s.path.display()
         );

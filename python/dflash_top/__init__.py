@@ -396,9 +396,10 @@ class Profiler:
             self._torch.cuda.synchronize()
             return _mono()
         if mode == "Events":
+            # Each event starts phase k on the device; the next one ends it.
             ev = self._torch.cuda.Event(enable_timing=True)
             ev.record()
-            r.events.append((r.cur, ev))
+            r.events.append((k, ev))
         return now
 
     def _gpu_end(self, r, host_end):

@@ -236,7 +236,7 @@ impl Telemetry {
         let mut cpu = self.probes.then(|| CpuProbe::of(self.watched_pid));
         let taps = self.taps();
         let gpu = if self.probes {
-            GpuProbe::open()
+            GpuProbe::open_for(self.watched_pid)
         } else {
             GpuProbe::Absent(String::new())
         };
