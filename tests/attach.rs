@@ -424,3 +424,51 @@ fn the_tui_attaches_its_keys_reach_the_pipeline_and_q_detaches() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
+    let runtime = tempfile::tempdir().unwrap();
+    let train = bin()
+        .args(["train", "--headless", "--steps", "40", "--interval", "60"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", train.id()));
+    wait_until("the run's socket", || sock.exists());
+    // `attach` with no target joins the only session.
+    let o = bin()
+        .args(["attach", "--headless", "--seconds", "3", "--interval", "1"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let last = out.lines().rfind(|l| l.starts_with("t=")).expect("lines");
+    for part in [
+        "| loader",
+        "| target-0",
+        "| drafter-0",
+        "| q.batch=",
+        "| q.hs=",
+        "verdict=",
+    ] {
+        assert!(last.contains(part), "{part} missing: {last}");
+    }
+    // Detached: the run goes on to its last step and removes its socket.
+    let done = train.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(out.contains("attach: dflash-top attach"), "{out}");
+    let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
+    assert!(summary.contains("step=40 "), "{summary}");
+    assert!(!sock.exists(), "the socket is removed at the end");
+}
