@@ -173,3 +173,41 @@ impl VerdictTracker {
         *self = VerdictTracker::default();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(q: &[(f64, f64)]) -> WaitShares {
+        WaitShares {
+            chain: q
+                .iter()
+                .enumerate()
+                .map(|(i, &(starved, blocked))| QueueWait {
+                    consumer: Role::Stage(i as u8 + 1),
+                    starved,
+                    blocked,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn any_chain_of_declared_stages_gets_the_root_cause() {
+        // read -> decode -> train: the first starved stage names its producer, upstream first.
+        let cases = [
+            (chain(&[(0.0, 0.0), (0.8, 0.0)]), Verdict::Starved(2)),
+            (chain(&[(0.6, 0.0), (0.9, 0.0)]), Verdict::Starved(1)),
+            (chain(&[(0.0, 0.9), (0.0, 0.7)]), Verdict::Blocked(2)),
+            // Upstream queues full is prefetching, not a bottleneck.
+            (chain(&[(0.0, 0.9), (0.0, 0.0)]), Verdict::Balanced),
+        ];
+        for (s, want) in cases {
+            let mut v = VerdictTracker::default();
+            for _ in 0..HOLD_TICKS + 1 {
+                v.update(&s);
+            }
+            assert_eq!(v.shown(), want, "{s:?}");
+        }
+    }
+}
