@@ -12,6 +12,7 @@ Standard library only; torch is used, when present, for CUDA-event device times 
 registered on a `cuda` device. Profiling off (`p` in the viewer) costs one attribute read a mark.
 """
 
+import atexit
 import os
 import threading
 import time
@@ -114,6 +115,7 @@ class Profiler:
                 target=self._sample_loop, name="dflash-top-sample", daemon=True
             )
             self._sampler.start()
+            atexit.register(self.close)
 
     @property
     def path(self):
