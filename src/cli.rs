@@ -21,14 +21,16 @@ pub struct Cli {
 pub enum Command {
     /// Train a drafter (the TUI by default, --headless for log lines).
     Train(TrainArgs),
+    /// Join a running session (ours or a Python pipeline's) in the TUI, or list them.
+    Attach(AttachArgs),
     /// Show a recorded run (--record FILE) in the TUI.
     Replay {
-        /// A JSONL file written by `train --record`.
+        /// A file written by `train --record`.
         file: PathBuf,
     },
     /// Write a Chrome trace (opens in Perfetto) from a recorded run.
     Export {
-        /// A JSONL file written by `train --record`.
+        /// A file written by `train --record`.
         file: PathBuf,
         /// Where to write the Chrome-trace JSON.
         #[arg(long, value_name = "OUT.json")]
@@ -114,7 +116,7 @@ pub struct TrainArgs {
     /// Devices of the drafter workers, e.g. `cpu` or `cuda:2,cuda:3`.
     #[arg(long, value_name = "LIST")]
     pub drafter_devices: Option<String>,
-    /// Write every snapshot to this JSONL file.
+    /// Record the telemetry stream (gzip) to this file, for `replay` and `export`.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
     /// A TOML run configuration; flags override it.
@@ -157,6 +159,24 @@ pub struct TrainArgs {
     /// The mask token id (default: the target tokenizer's, as SpecForge finds it).
     #[arg(long, value_name = "ID")]
     pub mask_token_id: Option<i64>,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct AttachArgs {
+    /// A session's PID or socket path; with none, the only running session (or the list).
+    pub target: Option<String>,
+    /// List the running sessions and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Print one line per interval instead of the TUI.
+    #[arg(long)]
+    pub headless: bool,
+    /// Seconds between headless lines.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub interval: f64,
+    /// Detach after this many seconds (the watched run goes on).
+    #[arg(long, value_name = "SECONDS")]
+    pub seconds: Option<f64>,
 }
 
 #[derive(Args, Debug, Clone)]

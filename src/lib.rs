@@ -1,6 +1,7 @@
 //! dflash-top: train a DFlash drafter on libtorch and watch every thread of the pipeline live.
 
 pub mod app;
+pub mod attach;
 pub mod bench;
 pub mod cancel;
 pub mod cli;
@@ -15,3 +16,4 @@ pub mod progress;
 pub mod signals;
 pub mod telemetry;
 pub mod tui;
+pub mod wire;

@@ -1,5 +1,6 @@
 //! Integration tests, one binary.
 
+mod attach;
 mod attention;
 mod cli;
 mod e2e;
