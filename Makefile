@@ -31,7 +31,7 @@ $(REF_DEPS): $(LIBTORCH_LINK)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps dflash==0.1.0
 	touch $@
 
-$(REFERENCE): tests/reference/make_reference.py $(REF_DEPS)
+$(REFERENCE): tests/reference/make_reference.py tests/reference/lm_target.py $(REF_DEPS)
 	$(VENV)/bin/python tests/reference/make_reference.py target/reference
 
 build: venv

@@ -5,6 +5,9 @@ use crate::cli::{Command, TrainArgs};
 use crate::config::RunConfig;
 use crate::engine::pipeline::Pipeline;
 use crate::telemetry::Telemetry;
+use crate::wire::fanout::Fanout;
+use crate::wire::recording::{self, Recorder, Recording};
+use crate::wire::serve::Server;
 use anyhow::Result;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -12,7 +15,7 @@ use std::time::{Duration, Instant};
 pub fn run(command: Command) -> Result<ExitCode> {
     if matches!(
         command,
-        Command::Train(_) | Command::Bench(_) | Command::Replay { .. }
+        Command::Train(_) | Command::Bench(_) | Command::Replay { .. } | Command::Attach(_)
     ) {
         crate::signals::install();
     }
@@ -30,6 +33,8 @@ pub fn run(command: Command) -> Result<ExitCode> {
             seconds,
         } => export(&file, &chrome, seconds),
         Command::Replay { file } => replay(&file),
+        Command::Generate(args) => crate::generate::run(&args),
+        Command::Attach(args) => crate::attach::run(&args),
     }
 }
 
@@ -39,7 +44,9 @@ pub struct Session {
     pub pipeline: Pipeline,
     hub_cancel: CancelToken,
     hub: std::thread::JoinHandle<()>,
-    recorder: Option<(CancelToken, std::thread::JoinHandle<Result<()>>)>,
+    recorder: Option<Recorder>,
+    /// The socket viewers attach to (None when it could not be opened: the run goes on).
+    pub server: Option<Server>,
 }
 
 impl Session {
@@ -47,15 +54,19 @@ impl Session {
         let telemetry = Telemetry::new();
         telemetry.switches().set_gpu_timing(cfg.gpu_timing);
         telemetry.switches().set_profiling(cfg.profiling);
-        let recorder = match &cfg.record {
-            Some(path) => {
-                let stop = CancelToken::new();
-                // Ten minutes of backlog: a stalled disk delays the file, it does not thin it.
-                let rx = telemetry.subscribe_with(6000);
-                let h = crate::telemetry::record::spawn_recorder(rx, path, stop.clone())?;
-                Some((stop, h))
+        // Raw records and queue samples go out to viewers and the recording as they pass the hub.
+        let fanout = Fanout::tap(&telemetry, cfg.save_dir.is_some());
+        let recorder = cfg
+            .record
+            .as_deref()
+            .map(|path| Recorder::start(&fanout, path))
+            .transpose()?;
+        let server = match Server::start(&fanout, &telemetry) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("dflash-top: no socket for `attach` ({e:#}); training goes on");
+                None
             }
-            None => None,
         };
         let pipeline = Pipeline::start(cfg, &telemetry)?;
         let hub_cancel = CancelToken::new();
@@ -66,6 +77,7 @@ impl Session {
             hub_cancel,
             hub,
             recorder,
+            server,
         })
     }
 
@@ -75,12 +87,11 @@ impl Session {
         let result = self.pipeline.stop();
         self.hub_cancel.cancel();
         let _ = self.hub.join();
-        if let Some((stop, h)) = self.recorder {
-            stop.cancel();
-            match h.join() {
-                Ok(r) => r?,
-                Err(_) => anyhow::bail!("the recorder thread panicked"),
-            }
+        if let Some(server) = self.server {
+            server.stop();
+        }
+        if let Some(r) = self.recorder {
+            r.finish()?;
         }
         result
     }
@@ -90,6 +101,13 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     let cfg = RunConfig::from_args(args)?;
     println!("{}", cfg.recipe_line());
     let session = Session::start(&cfg)?;
+    if let Some(s) = &session.server {
+        println!(
+            "attach: dflash-top attach {} (socket {})",
+            std::process::id(),
+            s.path.display()
+        );
+    }
     let snapshots = session.telemetry.subscribe();
     let start_step = session.pipeline.start_step;
     let counts = session.pipeline.counts.clone();
@@ -156,7 +174,7 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
 
 /// Runs the TUI on `snapshots` until the user quits (or a thread panics); the terminal is
 /// restored before this returns, and a held-back panic message printed after it.
-fn run_front_end(
+pub(crate) fn run_front_end(
     ctl: &dyn crate::tui::app::Controls,
     snapshots: &crossbeam_channel::Receiver<std::sync::Arc<crate::telemetry::Snapshot>>,
     finished: &dyn Fn() -> Option<String>,
@@ -202,8 +220,10 @@ fn run_front_end(
 /// `dflash-top export FILE --chrome OUT.json [--seconds N]`.
 fn export(file: &std::path::Path, out: &std::path::Path, seconds: Option<f64>) -> Result<ExitCode> {
     use crate::telemetry::trace;
-    let snaps = crate::telemetry::record::read_recording(file)?;
-    let mut spans: Vec<_> = snaps.into_iter().flat_map(|s| s.steps).collect();
+    let mut spans: Vec<_> = match recording::read(file)? {
+        Recording::Frames(msgs) => recording::spans(&msgs)?,
+        Recording::Snapshots(snaps) => snaps.into_iter().flat_map(|s| s.steps).collect(),
+    };
     if spans.is_empty() {
         anyhow::bail!(
             "{} holds no step spans to trace: record with this version's `train --record`",
@@ -230,7 +250,10 @@ fn replay(file: &std::path::Path) -> Result<ExitCode> {
     use crate::tui::{terminal, ReplayControls};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let snaps = crate::telemetry::record::read_recording(file)?;
+    let snaps = match recording::read(file)? {
+        Recording::Frames(msgs) => return replay_frames(msgs),
+        Recording::Snapshots(snaps) => snaps,
+    };
     terminal::install_panic_hook();
     let (tx, rx) = crossbeam_channel::bounded(2);
     let done = Arc::new(AtomicBool::new(false));
@@ -266,6 +289,24 @@ fn replay(file: &std::path::Path) -> Result<ExitCode> {
     stop.store(true, Ordering::Relaxed);
     drop(rx);
     let _ = feeder.join();
+    shown?;
+    Ok(signal_exit())
+}
+
+/// A recording of the frame stream, through a local hub at its recorded pace.
+fn replay_frames(msgs: Vec<crate::wire::protocol::Msg>) -> Result<ExitCode> {
+    use crate::tui::{terminal, ReplayControls};
+    use std::sync::atomic::Ordering;
+    terminal::install_panic_hook();
+    let player = recording::Player::start(msgs)?;
+    let snapshots = player.telemetry.subscribe();
+    let done = player.done.clone();
+    let finished = || {
+        done.load(Ordering::SeqCst)
+            .then(|| "replay finished: press q to leave".to_string())
+    };
+    let shown = run_front_end(&ReplayControls, &snapshots, &finished);
+    player.stop();
     shown?;
     Ok(signal_exit())
 }

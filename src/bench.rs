@@ -108,8 +108,42 @@ fn engine(args: &BenchArgs) -> Result<()> {
     for t in &s.threads {
         println!("bench: {}", phase_line(t));
     }
+    for line in memory_lines(&cfg) {
+        println!("bench: {line}");
+    }
+    println!(
+        "bench: target_attention={} target_forward={}",
+        crate::engine::varlen::attention_used(),
+        crate::engine::target_graph::state()
+    );
     println!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())
+}
+
+/// The caching allocator's peak per CUDA device the run used (what the batch, anchors and
+/// sequence length cost in memory).
+fn memory_lines(cfg: &RunConfig) -> Vec<String> {
+    let mut devices: Vec<usize> = cfg
+        .target_devices
+        .iter()
+        .chain(&cfg.drafter_devices)
+        .filter_map(|d| match d {
+            tch::Device::Cuda(i) => Some(*i),
+            _ => None,
+        })
+        .collect();
+    devices.sort_unstable();
+    devices.dedup();
+    devices
+        .into_iter()
+        .filter_map(|i| {
+            let peak = crate::engine::cuda::memory_peak(i, false).ok()?;
+            Some(format!(
+                "memory cuda:{i} peak_allocated_gib={:.2}",
+                peak as f64 / (1u64 << 30) as f64
+            ))
+        })
+        .collect()
 }
 
 struct Setting {

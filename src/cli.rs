@@ -21,14 +21,16 @@ pub struct Cli {
 pub enum Command {
     /// Train a drafter (the TUI by default, --headless for log lines).
     Train(TrainArgs),
+    /// Join a running session (ours or a Python pipeline's) in the TUI, or list them.
+    Attach(AttachArgs),
     /// Show a recorded run (--record FILE) in the TUI.
     Replay {
-        /// A JSONL file written by `train --record`.
+        /// A file written by `train --record`.
         file: PathBuf,
     },
     /// Write a Chrome trace (opens in Perfetto) from a recorded run.
     Export {
-        /// A JSONL file written by `train --record`.
+        /// A file written by `train --record`.
         file: PathBuf,
         /// Where to write the Chrome-trace JSON.
         #[arg(long, value_name = "OUT.json")]
@@ -41,6 +43,35 @@ pub enum Command {
     Bench(BenchArgs),
     /// Check libtorch, CUDA, NVML and per-thread CPU on this machine.
     Doctor,
+    /// Write the target's own continuations of prompts as training data (input_ids + loss_mask).
+    Generate(GenerateArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GenerateArgs {
+    /// A Hugging Face Qwen3 directory (config.json + safetensors; tokenizer.json for text and
+    /// chat prompts).
+    #[arg(long, value_name = "DIR")]
+    pub target: PathBuf,
+    /// Prompts, one JSON object a line: `input_ids`, `text`, or chat `messages` (rendered with
+    /// the target's chat template; a last assistant turn is left out and written anew).
+    #[arg(long, value_name = "PROMPTS.jsonl")]
+    pub data: PathBuf,
+    /// Where to write the JSONL (`input_ids` + `loss_mask`: 0 on the prompt, 1 on the reply).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub out: PathBuf,
+    /// New tokens per prompt at most (fewer when the target writes an end token).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// 0 for greedy; above 0, sampled from softmax(logits / T).
+    #[arg(long, value_name = "T", default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Seed of the sampler (with --temperature above 0).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+    /// Where the target runs: cpu or cuda:N (bf16 on CUDA).
+    #[arg(long, value_name = "cpu|cuda:N", default_value = "cpu")]
+    pub device: String,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -85,7 +116,7 @@ pub struct TrainArgs {
     /// Devices of the drafter workers, e.g. `cpu` or `cuda:2,cuda:3`.
     #[arg(long, value_name = "LIST")]
     pub drafter_devices: Option<String>,
-    /// Write every snapshot to this JSONL file.
+    /// Record the telemetry stream (gzip) to this file, for `replay` and `export`.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
     /// A TOML run configuration; flags override it.
@@ -113,7 +144,7 @@ pub struct TrainArgs {
     /// Tokens per packed row (recipe: the preset's, or 3072 with --target).
     #[arg(long, value_name = "N")]
     pub seq_len: Option<i64>,
-    /// Anchors (blocks) sampled per document (recipe: the preset's, or 512 with --target).
+    /// Anchors (blocks) drawn per packed row (recipe: the preset's, or 512 with --target).
     #[arg(long, value_name = "N")]
     pub anchors: Option<i64>,
     /// Peak learning rate (recipe: the preset's, or 6e-4 with --target).
@@ -128,6 +159,24 @@ pub struct TrainArgs {
     /// The mask token id (default: the target tokenizer's, as SpecForge finds it).
     #[arg(long, value_name = "ID")]
     pub mask_token_id: Option<i64>,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct AttachArgs {
+    /// A session's PID or socket path; with none, the only running session (or the list).
+    pub target: Option<String>,
+    /// List the running sessions and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Print one line per interval instead of the TUI.
+    #[arg(long)]
+    pub headless: bool,
+    /// Seconds between headless lines.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub interval: f64,
+    /// Detach after this many seconds (the watched run goes on).
+    #[arg(long, value_name = "SECONDS")]
+    pub seconds: Option<f64>,
 }
 
 #[derive(Args, Debug, Clone)]

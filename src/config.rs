@@ -451,7 +451,7 @@ impl RunConfig {
         format!(
             "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
              target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
-             anchors_per_doc={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
+             anchors_per_row={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
              seed={} data={}",
             self.recipe_from,
             target,
@@ -663,7 +663,7 @@ mod tests {
         for kv in [
             "drafter_layers=5",
             "seq_len=3072",
-            "anchors_per_doc=512",
+            "anchors_per_row=512",
             "lr=6e-4",
             "block=16",
             "mask_token_id=300",

@@ -1,6 +1,7 @@
 //! dflash-top: train a DFlash drafter on libtorch and watch every thread of the pipeline live.
 
 pub mod app;
+pub mod attach;
 pub mod bench;
 pub mod cancel;
 pub mod cli;
@@ -8,8 +9,11 @@ pub mod config;
 pub mod doctor;
 pub mod engine;
 pub mod fault;
+pub mod generate;
 pub mod headless;
 pub mod probe;
+pub mod progress;
 pub mod signals;
 pub mod telemetry;
 pub mod tui;
+pub mod wire;

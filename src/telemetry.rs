@@ -9,6 +9,7 @@ pub mod queue;
 pub mod record;
 pub mod recorder;
 pub mod snapshot;
+pub mod stages;
 pub mod switches;
 pub mod trace;
 pub mod verdict;

@@ -32,6 +32,8 @@ pub struct EngineControls {
     pub switches: Arc<Switches>,
     pub telemetry: Telemetry,
     pub can_save: bool,
+    /// The engine is another process this viewer is attached to: quitting detaches.
+    pub attached: bool,
     asked: std::sync::Mutex<Asked>,
 }
 
@@ -49,6 +51,7 @@ impl EngineControls {
             switches: telemetry.switches().clone(),
             telemetry: telemetry.clone(),
             can_save,
+            attached: false,
             asked: Default::default(),
         }
     }
@@ -103,6 +106,9 @@ impl Controls for EngineControls {
     }
     fn live(&self) -> bool {
         true
+    }
+    fn quit_stops_run(&self) -> bool {
+        !self.attached
     }
 }
 

@@ -1,9 +1,12 @@
 //! Integration tests, one binary.
 
+mod attach;
 mod attention;
 mod cli;
+mod e2e;
 mod engine;
 mod fuzz;
+mod generate;
 mod probes;
 mod reference;
 mod reliability;

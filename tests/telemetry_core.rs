@@ -225,11 +225,7 @@ fn windows_roll_over_after_their_ticks() {
 }
 
 fn shares(loader: f64, starved: f64, blocked: f64) -> WaitShares {
-    WaitShares {
-        targets_starved: loader,
-        drafters_starved: starved,
-        targets_blocked: blocked,
-    }
+    WaitShares::dflash(loader, starved, blocked)
 }
 
 #[test]
@@ -243,7 +239,7 @@ fn verdict_names_the_starving_stage() {
     for (s, want) in scenarios {
         let mut v = VerdictTracker::default();
         for _ in 0..HOLD_TICKS + 1 {
-            v.update(s);
+            v.update(&s);
         }
         assert_eq!(v.shown(), want, "{s:?}");
     }
@@ -253,16 +249,16 @@ fn verdict_names_the_starving_stage() {
 fn verdict_has_hysteresis() {
     let mut v = VerdictTracker::default();
     assert_eq!(
-        v.update(shares(0.0, 0.1, 0.0)),
+        v.update(&shares(0.0, 0.1, 0.0)),
         Verdict::Balanced,
         "first verdict is immediate"
     );
     // A single spike does not flip it.
-    assert_eq!(v.update(shares(0.0, 0.9, 0.0)), Verdict::Balanced);
-    assert_eq!(v.update(shares(0.0, 0.1, 0.0)), Verdict::Balanced);
+    assert_eq!(v.update(&shares(0.0, 0.9, 0.0)), Verdict::Balanced);
+    assert_eq!(v.update(&shares(0.0, 0.1, 0.0)), Verdict::Balanced);
     // A sustained one does, after HOLD_TICKS ticks.
     for i in 0..HOLD_TICKS {
-        let shown = v.update(shares(0.0, 0.9, 0.0));
+        let shown = v.update(&shares(0.0, 0.9, 0.0));
         let want = if i + 1 < HOLD_TICKS {
             Verdict::Balanced
         } else {
@@ -272,16 +268,16 @@ fn verdict_has_hysteresis() {
     }
     // Between EXIT and ENTER it stays starved: hovering does not flicker.
     for _ in 0..10 {
-        assert_eq!(v.update(shares(0.0, 0.2, 0.0)), Verdict::TargetBound);
+        assert_eq!(v.update(&shares(0.0, 0.2, 0.0)), Verdict::TargetBound);
     }
     // Below EXIT for long enough: back to balanced.
     for _ in 0..HOLD_TICKS {
-        v.update(shares(0.0, 0.05, 0.0));
+        v.update(&shares(0.0, 0.05, 0.0));
     }
     assert_eq!(v.shown(), Verdict::Balanced);
     // And from balanced, 0.2 is not enough to enter.
     for _ in 0..10 {
-        assert_eq!(v.update(shares(0.0, 0.2, 0.0)), Verdict::Balanced);
+        assert_eq!(v.update(&shares(0.0, 0.2, 0.0)), Verdict::Balanced);
     }
 }
 
@@ -311,9 +307,19 @@ fn queue_statistics_match_a_scripted_producer_and_consumer() {
     // Fill to capacity: the third push must wait for a pop ~40 ms later.
     tx.push(1).unwrap();
     tx.push(2).unwrap();
+    let blocked = probe.clone();
     let consumer = std::thread::Builder::new()
         .name("consumer".into())
         .spawn(move || {
+            // The 40 ms start once the producer is blocked on the full queue (its wait is counted
+            // while in flight), however late a loaded machine schedules either thread.
+            while blocked
+                .read(dflash_top::telemetry::clock::now_ns())
+                .push_wait_ns
+                == 0
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             std::thread::sleep(Duration::from_millis(40));
             let a = rx.pop().unwrap();
             std::thread::sleep(Duration::from_millis(10));

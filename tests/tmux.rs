@@ -56,7 +56,7 @@ impl Session {
         }
     }
 
-    fn keys(&self, k: &str) {
+    pub(crate) fn keys(&self, k: &str) {
         tmux(&["send-keys", "-t", &self.0, k]);
     }
 }

@@ -4,20 +4,21 @@
 use super::data::Rng;
 use tch::{Device, Kind, Tensor};
 
-/// Anchors of one row, sampled per document: in each document, up to `per_doc` positions
-/// uniformly without replacement among the positions p with a whole block inside the document
-/// (`p + block <= end`, DESIGN's "room for a block") whose token and first label both carry loss
-/// (`loss_mask[p] && loss_mask[p + 1]`, SpecForge's candidate rule). SpecForge trains one
-/// document per sequence and samples up to `num_anchors` per sequence, so the budget is per
-/// document: a row of several documents gets up to `per_doc` blocks for each. Sorted.
+/// Anchors of one row: up to `budget` positions drawn uniformly without replacement from the
+/// row's candidates. A candidate is a position p whose block fits inside its own document
+/// (`p + block <= end`, DESIGN's "room for a block") and whose token and first label both carry
+/// loss (`loss_mask[p] && loss_mask[p + 1]`, SpecForge's candidate rule). SpecForge samples up to
+/// `num_anchors` per sequence of one document; here the sequence is a packed row, so the budget
+/// is the row's and each document gets blocks in proportion to its candidates: a row costs the
+/// drafter the same work however many documents it packs. Sorted.
 pub fn sample_anchors(
     doc_ids: &[i64],
     loss_mask: &[bool],
     block: usize,
-    per_doc: usize,
+    budget: usize,
     rng: &mut Rng,
 ) -> Vec<i64> {
-    let mut out = Vec::new();
+    let mut candidates = Vec::new();
     let mut start = 0;
     while start < doc_ids.len() {
         let end = start
@@ -25,21 +26,22 @@ pub fn sample_anchors(
                 .iter()
                 .take_while(|&&d| d == doc_ids[start])
                 .count();
-        let mut candidates: Vec<i64> = (start..(end + 1).saturating_sub(block).max(start))
-            .filter(|&p| loss_mask[p] && p + 1 < end && loss_mask[p + 1])
-            .map(|p| p as i64)
-            .collect();
-        // Partial Fisher-Yates: the first `take` are a uniform sample without replacement.
-        let take = per_doc.min(candidates.len());
-        for i in 0..take {
-            let j = i + rng.below((candidates.len() - i) as u64) as usize;
-            candidates.swap(i, j);
-        }
-        out.extend_from_slice(&candidates[..take]);
+        candidates.extend(
+            (start..(end + 1).saturating_sub(block).max(start))
+                .filter(|&p| loss_mask[p] && p + 1 < end && loss_mask[p + 1])
+                .map(|p| p as i64),
+        );
         start = end;
     }
-    out.sort_unstable();
-    out
+    // Partial Fisher-Yates: the first `take` are a uniform sample without replacement.
+    let take = budget.min(candidates.len());
+    for i in 0..take {
+        let j = i + rng.below((candidates.len() - i) as u64) as usize;
+        candidates.swap(i, j);
+    }
+    candidates.truncate(take);
+    candidates.sort_unstable();
+    candidates
 }
 
 /// Anchors of every row, padded to `max` (the largest row's count) with `valid` false.
@@ -172,4 +174,31 @@ pub fn block_labels(
         .logical_and(&not_first)
         .logical_and(&anchors.valid.unsqueeze(-1));
     (labels, valid)
+}
+
+/// The flat indices into `[rows, width, block]` of the labels that carry loss, from the host
+/// copies (the rule of `block_labels`: k >= 1, inside the row, in the anchor's document, in the
+/// loss mask), so that the loss knows its rows without reading them back from the device.
+pub fn label_rows(
+    per_row: &[Vec<i64>],
+    width: usize,
+    block: usize,
+    doc_ids: &[i64],
+    loss_mask: &[bool],
+    seq: usize,
+) -> Vec<i64> {
+    let mut out = Vec::new();
+    for (r, anchors) in per_row.iter().enumerate() {
+        let row = r * seq;
+        for (i, &p) in anchors.iter().take(width).enumerate() {
+            let p = p as usize;
+            for k in 1..block {
+                let at = p + k;
+                if at < seq && doc_ids[row + at] == doc_ids[row + p] && loss_mask[row + at] {
+                    out.push(((r * width + i) * block + k) as i64);
+                }
+            }
+        }
+    }
+    out
 }

@@ -65,6 +65,16 @@ impl ChatTemplate {
 
     /// The whole conversation as text (no generation prompt).
     pub fn render(&self, messages: &[serde_json::Value]) -> Result<String> {
+        self.render_with(messages, false)
+    }
+
+    /// The conversation followed by the template's generation prompt (the start of an
+    /// assistant turn): what a model continues.
+    pub fn render_prompt(&self, messages: &[serde_json::Value]) -> Result<String> {
+        self.render_with(messages, true)
+    }
+
+    fn render_with(&self, messages: &[serde_json::Value], generation: bool) -> Result<String> {
         let mut env = minijinja::Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -83,7 +93,7 @@ impl ChatTemplate {
         let tmpl = env.get_template("chat").map_err(bad)?;
         tmpl.render(minijinja::context! {
             messages => minijinja::Value::from_serialize(messages),
-            add_generation_prompt => false,
+            add_generation_prompt => generation,
             bos_token => self.bos_token.clone(),
             eos_token => self.eos_token.clone(),
         })

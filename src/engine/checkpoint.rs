@@ -81,6 +81,8 @@ pub fn drafter_config_json(spec: &DrafterSpec) -> serde_json::Value {
         "torch_dtype": "float32",
         "layer_types": c.layer_types.clone().unwrap_or_else(|| vec!["full_attention".into(); c.num_hidden_layers as usize]),
         "sliding_window": c.sliding_window,
+        // Without it transformers drops the window when dflash loads the config.
+        "use_sliding_window": c.sliding_window.is_some(),
         "num_target_layers": spec.num_target_layers,
         "block_size": spec.block_size,
         "dflash_config": {
@@ -110,6 +112,13 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
     let v: serde_json::Value = serde_json::from_str(&text).with_context(damaged)?;
     let d = v.get("dflash_config").cloned().unwrap_or(json!({}));
     let pick = |k: &str| d.get(k).or_else(|| v.get(k)).cloned();
+    refuse_unsupported(&v, &pick).with_context(|| {
+        format!(
+            "{}: this drafter cannot be trained here; start a fresh one (no --drafter) or use a \
+             DFlash (1) drafter without it",
+            path.display()
+        )
+    })?;
     let num_target_layers = pick("num_target_layers")
         .and_then(|x| x.as_i64())
         .with_context(|| format!("{} has no `num_target_layers`", path.display()))?;
@@ -133,6 +142,40 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
         mask_token_id,
         num_target_layers,
     })
+}
+
+/// The settings of dflash's config that this trainer does not apply, refused by name when set
+/// to something that changes the model: `input_embedding_scale` and `output_multiplier` other
+/// than 1, `final_logit_softcapping` above 0, DFlash2 drafters (`DFlash2DraftModel`, its
+/// convolutions and candidate selector), and `is_causal` (which makes dflash run every layer
+/// causally, or none).
+fn refuse_unsupported(
+    v: &serde_json::Value,
+    pick: &dyn Fn(&str) -> Option<serde_json::Value>,
+) -> Result<()> {
+    let num = |k: &str| pick(k).and_then(|x| x.as_f64());
+    for key in ["input_embedding_scale", "output_multiplier"] {
+        if let Some(x) = num(key).filter(|x| *x != 1.0) {
+            bail!("`{key}` is {x}: only 1 is supported");
+        }
+    }
+    if let Some(x) = num("final_logit_softcapping").filter(|x| *x > 0.0) {
+        bail!("`final_logit_softcapping` is {x}: logit soft-capping is not supported");
+    }
+    let dflash2 = v
+        .get("architectures")
+        .and_then(|a| a.as_array())
+        .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("DFlash2DraftModel")))
+        || ["conv_kernel_size", "selector_rank"]
+            .iter()
+            .any(|k| pick(k).is_some());
+    if dflash2 {
+        bail!("it is a DFlash2 drafter (`DFlash2DraftModel`: convolutions and a candidate selector), which is not supported");
+    }
+    if let Some(c) = v.get("is_causal").and_then(|x| x.as_bool()) {
+        bail!("`is_causal` is {c}: dflash would run every layer that way; only per-layer causality (sliding layers causal, full ones not) is supported");
+    }
+    Ok(())
 }
 
 /// Writes a checkpoint to `dir` atomically: every file into a temporary directory beside it,

@@ -46,6 +46,7 @@ struct RawConfig {
     max_position_embeddings: Option<i64>,
     layer_types: Option<Vec<String>>,
     sliding_window: Option<i64>,
+    use_sliding_window: Option<bool>,
 }
 
 impl Qwen3Config {
@@ -90,7 +91,11 @@ impl Qwen3Config {
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             max_position_embeddings: raw.max_position_embeddings,
             layer_types: raw.layer_types,
-            sliding_window: raw.sliding_window,
+            // transformers' Qwen3Config keeps the window only with `use_sliding_window`; a
+            // sliding layer without one is causal with no window (dflash runs it so).
+            sliding_window: raw
+                .sliding_window
+                .filter(|_| raw.use_sliding_window.unwrap_or(false)),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -138,14 +143,16 @@ impl Qwen3Config {
             {
                 bail!("`layer_types` has `{bad}`: use full_attention or sliding_attention");
             }
-            if t.iter().any(|x| x == "sliding_attention") && self.sliding_window.is_none() {
-                bail!("`layer_types` has sliding_attention layers but no `sliding_window`");
-            }
         }
         Ok(())
     }
 
-    /// The sliding window of layer `i`, if it is a sliding-attention layer.
+    /// Whether layer `i` is a sliding-attention layer (causal; windowed when `window_of` says).
+    pub fn is_sliding(&self, i: usize) -> bool {
+        matches!(&self.layer_types, Some(t) if t.get(i).map(String::as_str) == Some("sliding_attention"))
+    }
+
+    /// The sliding window of layer `i`, if it is a sliding-attention layer with a window.
     pub fn window_of(&self, i: usize) -> Option<i64> {
         match &self.layer_types {
             Some(t) if t.get(i).map(String::as_str) == Some("sliding_attention") => {

@@ -33,6 +33,35 @@ mod ffi {
             len: usize,
             uuid: *mut u8,
         ) -> c_int;
+        pub fn dflash_flash_varlen(
+            q: *mut c_void,
+            k: *mut c_void,
+            v: *mut c_void,
+            cu_seqlens: *mut c_void,
+            max_len: i64,
+            window: i64,
+            out: *mut *mut c_void,
+        ) -> c_int;
+        pub fn dflash_memory_peak(device: c_int, reset: c_int, peak: *mut u64) -> c_int;
+        pub fn dflash_fused_adamw(
+            param: *mut c_void,
+            grad: *mut c_void,
+            m: *mut c_void,
+            v: *mut c_void,
+            step: *mut c_void,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            weight_decay: f64,
+            eps: f64,
+            grad_scale: *mut c_void,
+            found_inf: *mut c_void,
+        ) -> c_int;
+        pub fn dflash_graph_new(out: *mut *mut c_void) -> c_int;
+        pub fn dflash_graph_free(g: *mut c_void);
+        pub fn dflash_graph_capture_begin(g: *mut c_void) -> c_int;
+        pub fn dflash_graph_capture_end(g: *mut c_void) -> c_int;
+        pub fn dflash_graph_replay(g: *mut c_void) -> c_int;
     }
 }
 
@@ -77,6 +106,50 @@ mod ffi {
         1
     }
     pub unsafe fn dflash_tensor_record_stream(_: *mut c_void, _: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_flash_varlen(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: i64,
+        _: i64,
+        _: *mut *mut c_void,
+    ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_memory_peak(_: c_int, _: c_int, _: *mut u64) -> c_int {
+        1
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dflash_fused_adamw(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: f64,
+        _: f64,
+        _: f64,
+        _: f64,
+        _: f64,
+        _: *mut c_void,
+        _: *mut c_void,
+    ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_graph_new(_: *mut *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_graph_free(_: *mut c_void) {}
+    pub unsafe fn dflash_graph_capture_begin(_: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_graph_capture_end(_: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_graph_replay(_: *mut c_void) -> c_int {
         1
     }
     pub unsafe fn dflash_device_pci(_: c_int, _: *mut c_char, _: usize, _: *mut u8) -> c_int {
@@ -258,4 +331,148 @@ pub fn device_pci(device: usize) -> Result<(String, [u8; 16])> {
     // SAFETY: snprintf NUL-terminates within the buffer.
     let bus = unsafe { CStr::from_ptr(bus.as_ptr()) };
     Ok((bus.to_string_lossy().into_owned(), uuid))
+}
+
+/// Causal flash attention over packed sequences (libtorch's `_flash_attention_forward`, varlen):
+/// q [total, hq, d], k/v [total, hkv, d], `cu_seqlens` int32 [n + 1] on the same device, `window`
+/// (sliding layers) the number of keys up to and including the query's own. -> [total, hq, d]
+pub fn flash_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_seqlens: &Tensor,
+    max_len: i64,
+    window: Option<i64>,
+) -> Result<Tensor> {
+    let mut out = std::ptr::null_mut();
+    // SAFETY: tch's tensor pointers are `at::Tensor*` and live for the call; on success the shim
+    // hands over a heap-allocated `at::Tensor`, which `from_ptr` takes ownership of.
+    check(
+        unsafe {
+            ffi::dflash_flash_varlen(
+                q.as_ptr() as *mut c_void,
+                k.as_ptr() as *mut c_void,
+                v.as_ptr() as *mut c_void,
+                cu_seqlens.as_ptr() as *mut c_void,
+                max_len,
+                window.unwrap_or(-1),
+                &mut out,
+            )
+        },
+        "flash attention",
+    )?;
+    // SAFETY: see above.
+    Ok(unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
+}
+
+/// Peak bytes the caching allocator has handed out on `device` since the last reset (`reset`
+/// starts a new window).
+pub fn memory_peak(device: usize, reset: bool) -> Result<u64> {
+    let mut peak = 0;
+    // SAFETY: valid out pointer.
+    check(
+        unsafe { ffi::dflash_memory_peak(device as c_int, reset as c_int, &mut peak) },
+        "CUDA memory statistics",
+    )?;
+    Ok(peak)
+}
+
+/// A CUDA graph (libtorch's `at::cuda::CUDAGraph`): what the calling thread queues on its
+/// current stream between `capture` and its end, replayed with one launch.
+pub struct Graph(*mut c_void);
+
+// SAFETY: the graph is used by the thread that owns it; moving it between threads is fine.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Records the work `f` queues on the calling thread's current stream (which must not be the
+    /// default stream). The tensors `f` returns live in the graph's memory pool: every replay
+    /// writes them again.
+    pub fn capture<T>(f: impl FnOnce() -> T) -> Result<(Graph, T)> {
+        let mut out = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        check(unsafe { ffi::dflash_graph_new(&mut out) }, "a CUDA graph")?;
+        let graph = Graph(out);
+        // SAFETY: live handle.
+        check(
+            unsafe { ffi::dflash_graph_capture_begin(graph.0) },
+            "CUDA graph capture",
+        )?;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        // SAFETY: live handle; ends the capture whatever `f` did.
+        let ended = check(
+            unsafe { ffi::dflash_graph_capture_end(graph.0) },
+            "CUDA graph capture",
+        );
+        match result {
+            Ok(value) => ended.map(|_| (graph, value)),
+            Err(_) => bail!("an operation failed while being captured into a CUDA graph"),
+        }
+    }
+
+    pub fn replay(&self) -> Result<()> {
+        // SAFETY: live handle.
+        check(
+            unsafe { ffi::dflash_graph_replay(self.0) },
+            "CUDA graph replay",
+        )
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: created by the shim, freed once.
+        unsafe { ffi::dflash_graph_free(self.0) }
+    }
+}
+
+/// The tensors of one fused AdamW step (see `fused_adamw`).
+pub struct AdamWState<'a> {
+    pub param: &'a Tensor,
+    pub grad: &'a Tensor,
+    pub m: &'a Tensor,
+    pub v: &'a Tensor,
+    /// f32 scalar: the step count after this step.
+    pub step: &'a Tensor,
+}
+
+/// The hyper-parameters of one AdamW step.
+pub struct AdamWHyper {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub weight_decay: f64,
+    pub eps: f64,
+}
+
+/// One AdamW step through libtorch's fused CUDA kernel: grads divided by `grad_scale` when
+/// given, nothing changed where `found_inf` (f32 scalar) is non-zero.
+pub fn fused_adamw(
+    s: &AdamWState,
+    h: &AdamWHyper,
+    grad_scale: Option<&Tensor>,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
+    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
+    let opt = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), p);
+    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call.
+    check(
+        unsafe {
+            ffi::dflash_fused_adamw(
+                p(s.param),
+                p(s.grad),
+                p(s.m),
+                p(s.v),
+                p(s.step),
+                h.lr,
+                h.beta1,
+                h.beta2,
+                h.weight_decay,
+                h.eps,
+                opt(grad_scale),
+                opt(found_inf),
+            )
+        },
+        "fused AdamW",
+    )
 }

@@ -125,20 +125,30 @@ impl DocSource for Synthetic {
 ///   else as Qwen's ChatML (`<|im_start|>role\ncontent<|im_end|>\n`), and tokenized; the loss mask
 ///   covers the assistant turns' content and the end token right after it (our reading of "loss
 ///   mask = assistant turns").
+///
+/// `shuffled(seed)` visits the documents in a fresh order each epoch (a permutation drawn from
+/// the seed and the epoch number), so a position in the stream (`skip`) lands on the same
+/// document in every run with that seed: a resumed run continues exactly.
 pub struct JsonlSource {
     docs: Vec<Doc>,
+    /// Order of this epoch (identity when not shuffled).
+    order: Vec<usize>,
+    /// Next index into `order`.
     next: usize,
+    epoch: u64,
+    /// None: the file's order, every epoch.
+    seed: Option<u64>,
 }
 
-/// Turns a text or chat line into a document.
-struct TextTokenizer {
+/// Turns a text or chat line into a document (and, for `generate`, a prompt into ids).
+pub struct TextTokenizer {
     tok: tokenizers::Tokenizer,
     /// The model directory's own chat template, when it has one.
-    template: Option<super::chat::ChatTemplate>,
+    pub template: Option<super::chat::ChatTemplate>,
 }
 
 impl TextTokenizer {
-    fn open(path: &Path) -> Result<TextTokenizer> {
+    pub fn open(path: &Path) -> Result<TextTokenizer> {
         let tok = tokenizers::Tokenizer::from_file(path).map_err(|e| {
             anyhow::anyhow!(
                 "cannot read tokenizer {}: {e}; text data needs the target's tokenizer.json",
@@ -152,7 +162,7 @@ impl TextTokenizer {
         Ok(TextTokenizer { tok, template })
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<i64>> {
+    pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
         let enc = self
             .tok
             .encode(text, false)
@@ -234,7 +244,18 @@ impl JsonlSource {
             .with_context(|| format!("cannot read data file {}: check --data", path.display()))?;
         let mut tok: Option<TextTokenizer> = None;
         let mut docs = Vec::new();
+        let mut ticker = crate::progress::Ticker::new();
+        let mut read = 0;
         for (n, line) in text.lines().enumerate() {
+            read += line.len() + 1;
+            ticker.tick(|secs| {
+                format!(
+                    "data: {} documents from {} ({:.0}% read, {secs:.0}s)",
+                    docs.len(),
+                    path.display(),
+                    100.0 * read as f64 / text.len().max(1) as f64
+                )
+            });
             let line = line.trim();
             if line.is_empty() {
                 continue;
@@ -281,6 +302,14 @@ impl JsonlSource {
                 docs.push(doc);
             }
         }
+        if ticker.took_long() {
+            eprintln!(
+                "data: {} documents from {} in {:.1}s",
+                docs.len(),
+                path.display(),
+                ticker.seconds()
+            );
+        }
         if docs.is_empty() {
             bail!(
                 "{} holds no document with at least 2 tokens: give --data a non-empty JSONL file",
@@ -295,7 +324,51 @@ impl JsonlSource {
                 path.display()
             );
         }
-        Ok(JsonlSource { docs, next: 0 })
+        let order = (0..docs.len()).collect();
+        Ok(JsonlSource {
+            docs,
+            order,
+            next: 0,
+            epoch: 0,
+            seed: None,
+        })
+    }
+
+    /// Drops the documents with fewer than `min` loss tokens (SpecForge drops samples with fewer
+    /// than 2 x block); returns how many went. None left is an error naming the file.
+    pub fn keep_trainable(&mut self, min: usize, path: &Path) -> Result<u64> {
+        let before = self.docs.len();
+        self.docs
+            .retain(|d| d.loss_mask.iter().filter(|&&l| l).count() >= min);
+        if self.docs.is_empty() {
+            bail!(
+                "{}: every document has fewer than {min} loss tokens (2 x the block size): no \
+                 block could be trained well; give longer replies or a smaller --block-size",
+                path.display()
+            );
+        }
+        self.start_epoch(0);
+        Ok((before - self.docs.len()) as u64)
+    }
+
+    /// The same documents in a seeded order, drawn anew each epoch.
+    pub fn shuffled(mut self, seed: u64) -> JsonlSource {
+        self.seed = Some(seed);
+        self.start_epoch(0);
+        self
+    }
+
+    fn start_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.next = 0;
+        self.order = (0..self.docs.len()).collect();
+        if let Some(seed) = self.seed {
+            let mut rng = Rng::new(seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407));
+            for i in (1..self.order.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                self.order.swap(i, j);
+            }
+        }
     }
 }
 
@@ -331,13 +404,22 @@ fn ids_doc(
 
 impl DocSource for JsonlSource {
     fn next_doc(&mut self) -> Doc {
-        let d = self.docs[self.next].clone();
-        self.next = (self.next + 1) % self.docs.len();
+        if self.next == self.docs.len() {
+            self.start_epoch(self.epoch + 1);
+        }
+        let d = self.docs[self.order[self.next]].clone();
+        self.next += 1;
         d
     }
 
     fn skip(&mut self, n: u64) {
-        self.next = ((self.next as u64 + n) % self.docs.len() as u64) as usize;
+        let len = self.docs.len() as u64;
+        let at = self.epoch * len + self.next as u64 + n;
+        let (epoch, next) = (at / len, (at % len) as usize);
+        if epoch != self.epoch {
+            self.start_epoch(epoch);
+        }
+        self.next = next;
     }
 }
 

@@ -59,18 +59,19 @@ impl Drafter {
     ) -> Tensor {
         let c = &self.spec.layers;
         let context = self.hidden_norm.forward(&self.fc.forward(target_hidden));
-        let (qc, qs) = rope_tables(block_pos, c.head_dim, c.rope_theta);
+        let kind = block_emb.kind();
+        let (qc, qs) = rope_tables(block_pos, c.head_dim, c.rope_theta, kind);
         let all_pos = Tensor::cat(&[ctx_pos, block_pos], 1);
-        let (kc, ks) = rope_tables(&all_pos, c.head_dim, c.rope_theta);
+        let (kc, ks) = rope_tables(&all_pos, c.head_dim, c.rope_theta, kind);
         let mut x = block_emb.shallow_clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let windowed;
-            let layer_mask = match c.window_of(i) {
-                Some(w) => {
-                    windowed = AttnMask::Dense(sliding(&mask.dense(), block_pos, &all_pos, w));
-                    &windowed
-                }
-                None => mask,
+            let layer_mask = if c.is_sliding(i) {
+                let w = c.window_of(i);
+                windowed = AttnMask::Dense(sliding(&mask.dense(), block_pos, &all_pos, w));
+                &windowed
+            } else {
+                mask
             };
             x = layer.forward(&x, Some(&context), (&qc, &qs), (&kc, &ks), layer_mask);
         }
@@ -78,10 +79,16 @@ impl Drafter {
     }
 }
 
-/// A sliding-attention layer also drops keys `window` or more positions behind the query (our
-/// choice for training: the distance rule of the inference mask, on top of the block mask).
+/// A sliding-attention layer sees only keys at positions `q - window < k <= q` (no lower bound
+/// without a window): causal, also inside the block, as dflash runs such a layer when it decodes
+/// (its `_attention_mask` with `is_causal` for `sliding_attention` layers), on top of the block
+/// mask.
 // mask [b, 1, q, k], block_pos [b, q], all_pos [b, k] -> [b, 1, q, k]
-pub fn sliding(mask: &Tensor, block_pos: &Tensor, all_pos: &Tensor, window: i64) -> Tensor {
+pub fn sliding(mask: &Tensor, block_pos: &Tensor, all_pos: &Tensor, window: Option<i64>) -> Tensor {
     let dist = block_pos.unsqueeze(2) - all_pos.unsqueeze(1); // [b, q, k]
-    mask.logical_and(&dist.lt(window).unsqueeze(1))
+    let mut near = dist.ge(0);
+    if let Some(w) = window {
+        near = near.logical_and(&dist.lt(w));
+    }
+    mask.logical_and(&near.unsqueeze(1))
 }

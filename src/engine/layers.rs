@@ -51,12 +51,12 @@ impl RmsNorm {
         }
     }
 
+    /// libtorch's rms_norm: one fused kernel (forward and backward) on CUDA, which normalises
+    /// and scales in fp32 whatever the input's dtype and rounds once to it (transformers rounds
+    /// before the scale as well: the two differ by bf16 rounding only).
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let kind = x.kind();
-        let xf = x.to_kind(Kind::Float);
-        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
-        let normed = xf * (var + self.eps).rsqrt();
-        (self.weight.to_kind(Kind::Float) * normed).to_kind(kind)
+        let dim = x.size().last().copied().unwrap_or(0);
+        x.rms_norm([dim], Some(self.weight.to_kind(x.kind())), self.eps)
     }
 }
 
@@ -85,8 +85,9 @@ impl Mlp {
     }
 }
 
-/// cos and sin for NeoX rotate-half RoPE at the given positions: each [.., head_dim], f32.
-pub fn rope_tables(positions: &Tensor, head_dim: i64, theta: f64) -> (Tensor, Tensor) {
+/// cos and sin for NeoX rotate-half RoPE at the given positions: each [.., head_dim], computed in
+/// f32 and returned in `kind` (the activations' dtype, as transformers' Qwen3 hands them over).
+pub fn rope_tables(positions: &Tensor, head_dim: i64, theta: f64, kind: Kind) -> (Tensor, Tensor) {
     let device = positions.device();
     let inv_freq = Tensor::arange_start_step(0, head_dim, 2, (Kind::Float, device))
         .divide_scalar(head_dim as f64)
@@ -94,7 +95,7 @@ pub fn rope_tables(positions: &Tensor, head_dim: i64, theta: f64) -> (Tensor, Te
         .exp();
     let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
-    (emb.cos(), emb.sin())
+    (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
 }
 
 fn rotate_half(x: &Tensor) -> Tensor {
@@ -104,11 +105,12 @@ fn rotate_half(x: &Tensor) -> Tensor {
     Tensor::cat(&[&x2.neg(), &x1], -1)
 }
 
-/// Applies RoPE to `x` [batch, heads, seq, head_dim] with tables [batch, seq, head_dim].
-pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+/// Applies RoPE to `x` with tables [batch, seq, head_dim]; `heads_axis` is where `x` has its
+/// heads: 1 for [batch, heads, seq, head_dim], 2 for [batch, seq, heads, head_dim].
+pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads_axis: i64) -> Tensor {
     let kind = x.kind();
-    let cos = cos.unsqueeze(1).to_kind(kind);
-    let sin = sin.unsqueeze(1).to_kind(kind);
+    let cos = cos.unsqueeze(heads_axis).to_kind(kind);
+    let sin = sin.unsqueeze(heads_axis).to_kind(kind);
     x * &cos + rotate_half(x) * &sin
 }
 

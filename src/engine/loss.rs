@@ -46,6 +46,22 @@ pub fn chunked_loss_backward(
     weights: &[f32],
     chunk_rows: i64,
 ) -> (LossOut, impl FnOnce()) {
+    // Reading the count back waits for the device; the trainer passes the rows from the host.
+    let keep = valid.view([-1]).nonzero().squeeze_dim(1);
+    chunked_loss_backward_rows(hidden, lm_head, labels, valid, &keep, weights, chunk_rows)
+}
+
+/// `chunked_loss_backward` over the rows `keep` (int64, the flat indices where `valid` is true,
+/// as `label_rows` computes them on the host): no host sync.
+pub fn chunked_loss_backward_rows(
+    hidden: &Tensor,
+    lm_head: &Tensor,
+    labels: &Tensor,
+    valid: &Tensor,
+    keep: &Tensor,
+    weights: &[f32],
+    chunk_rows: i64,
+) -> (LossOut, impl FnOnce()) {
     let (b, a, block) = (labels.size()[0], labels.size()[1], labels.size()[2]);
     let h = hidden.size()[2];
     let dev = hidden.device();
@@ -58,7 +74,6 @@ pub fn chunked_loss_backward(
     let denom = row_w.sum(Kind::Float).clamp_min(1e-12);
     let flat_labels = labels.view([-1]);
     // Only rows that count go through the lm head.
-    let keep = valid.view([-1]).nonzero().squeeze_dim(1);
     let n = keep.size()[0];
     let head = lm_head.detach();
     let mut loss = Tensor::zeros([], (Kind::Float, dev));
@@ -68,7 +83,8 @@ pub fn chunked_loss_backward(
         let len = chunk_rows.min(n - start);
         let idx = keep.narrow(0, start, len);
         let x = rows.index_select(0, &idx);
-        let logits = x.matmul(&head.to_kind(x.kind()).tr()).to_kind(Kind::Float);
+        // Logits in the compute dtype; log_softmax reads them and writes fp32 in one pass.
+        let logits = x.matmul(&head.to_kind(x.kind()).tr());
         let y = flat_labels.index_select(0, &idx);
         let logp = logits.log_softmax(-1, Kind::Float);
         let nll = logp.gather(1, &y.unsqueeze(1), false).squeeze_dim(1).neg();

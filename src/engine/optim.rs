@@ -133,6 +133,12 @@ impl AdamW {
         };
         self.step += 1;
         let t = self.step as f64;
+        if self.fused(&g, lr, t, ok) {
+            for (_, p) in self.params.iter_mut() {
+                p.zero_grad();
+            }
+            return;
+        }
         let bc1 = 1.0 - self.beta1.powf(t);
         let bc2 = 1.0 - self.beta2.powf(t);
         // 1.0 or 0.0 on the device: scales every change of this step.
@@ -170,6 +176,35 @@ impl AdamW {
         for (_, p) in self.params.iter_mut() {
             p.zero_grad();
         }
+    }
+
+    /// The step through libtorch's fused CUDA kernel (each element read and written once; the
+    /// gate as its `found_inf`); false where it does not run (CPU, no shim, or
+    /// `DFLASH_TOP_UNFUSED_ADAMW=1` for side-by-side measurements), and the plain path runs.
+    fn fused(&self, g: &Tensor, lr: f64, t: f64, ok: Option<&Tensor>) -> bool {
+        if !self.flat.device().is_cuda()
+            || !super::cuda::AVAILABLE
+            || std::env::var_os("DFLASH_TOP_UNFUSED_ADAMW").is_some()
+        {
+            return false;
+        }
+        let step = Tensor::full([], t, (Kind::Float, self.flat.device()));
+        let found_inf = ok.map(|ok| ok.logical_not().to_kind(Kind::Float));
+        let state = super::cuda::AdamWState {
+            param: &self.flat,
+            grad: g,
+            m: &self.m,
+            v: &self.v,
+            step: &step,
+        };
+        let hyper = super::cuda::AdamWHyper {
+            lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            weight_decay: self.weight_decay,
+            eps: self.eps,
+        };
+        super::cuda::fused_adamw(&state, &hyper, None, found_inf.as_ref()).is_ok()
     }
 
     /// Saves m, v and the step (safetensors + the step in `step`).
@@ -343,5 +378,34 @@ mod tests {
         let v = Vec::<f32>::try_from(&x).unwrap();
         assert!(v.iter().all(|t| t.abs() < 0.1), "{v:?}");
         assert_eq!(opt.step, 300);
+    }
+
+    /// The fused CUDA step against the plain one on the CPU: the same trajectory (weight decay
+    /// on, a gated-off step in the middle that must change nothing). Runs where a GPU is (the
+    /// GPU machine runs this binary); without one it says so.
+    #[test]
+    fn fused_cuda_adamw_follows_the_plain_one() {
+        if !tch::Cuda::is_available() || !crate::engine::cuda::AVAILABLE {
+            eprintln!("no CUDA device (or no CUDA shim in this build): the fused step is not run");
+            return;
+        }
+        let start = Tensor::randn([1000], (Kind::Float, tch::Device::Cpu));
+        let run = |device: tch::Device| {
+            let x = start.to_device(device).copy().set_requires_grad(true);
+            let mut opt = AdamW::new(vec![("x".into(), x.shallow_clone())]);
+            opt.weight_decay = 0.1;
+            for i in 0..20 {
+                (&x * &x * 0.5 + x.sin()).sum(Kind::Float).backward();
+                let _ = opt.clip_grad_norm(1.0);
+                let ok = Tensor::from(i != 7).to_device(device);
+                opt.step_if(0.01, &ok);
+            }
+            x.detach().to_device(tch::Device::Cpu)
+        };
+        let (plain, fused) = (run(tch::Device::Cpu), run(tch::Device::Cuda(0)));
+        let diff = f64::try_from((&plain - &fused).abs().max()).unwrap();
+        let moved = f64::try_from((&plain - &start).abs().max()).unwrap();
+        assert!(moved > 0.05, "the steps moved the weights: {moved}");
+        assert!(diff < 1e-5, "fused and plain AdamW differ by {diff}");
     }
 }

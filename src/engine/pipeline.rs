@@ -18,6 +18,7 @@ use crate::config::{DataSpec, RunConfig};
 use crate::telemetry::queue::monitored_queue;
 use crate::telemetry::Telemetry;
 use anyhow::{bail, Context, Result};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use tch::{nn::VarStore, Device, Kind};
@@ -57,6 +58,7 @@ fn data_source(
     cfg: &RunConfig,
     target_cfg: &Qwen3Config,
     spec: &DrafterSpec,
+    counts: &DataCounts,
 ) -> Result<Box<dyn DocSource>> {
     let mut source: Box<dyn DocSource> = match &cfg.data {
         DataSpec::Synthetic => {
@@ -66,11 +68,10 @@ fn data_source(
         }
         DataSpec::Jsonl(p) => {
             let tokenizer = cfg.target.as_ref().map(|d| d.join("tokenizer.json"));
-            Box::new(JsonlSource::open(
-                p,
-                target_cfg.vocab_size,
-                tokenizer.as_deref(),
-            )?)
+            let mut src = JsonlSource::open(p, target_cfg.vocab_size, tokenizer.as_deref())?;
+            let dropped = src.keep_trainable(2 * spec.block_size.max(1) as usize, p)?;
+            counts.dropped_docs.store(dropped, Ordering::Relaxed);
+            Box::new(src.shuffled(cfg.seed))
         }
     };
     // A resumed run continues where its data stood.
@@ -253,7 +254,7 @@ impl Pipeline {
         let counts = Arc::new(DataCounts::default());
         let mut handles = Vec::new();
 
-        let source = data_source(cfg, &target_cfg, &spec)?;
+        let source = data_source(cfg, &target_cfg, &spec, &counts)?;
         let job = LoaderJob {
             source,
             rows: cfg.batch,

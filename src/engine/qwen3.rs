@@ -4,6 +4,7 @@
 use super::config::Qwen3Config;
 use super::layers::{apply_rope, masked_attention, rope_tables, Linear, Mlp, RmsNorm};
 use super::tiled::{tiled_attention, AttnMask};
+use super::varlen::Varlen;
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -48,30 +49,90 @@ impl Attention {
         k_rope: (&Tensor, &Tensor),
         mask: &AttnMask,
     ) -> Tensor {
-        let (b, lq) = (x.size()[0], x.size()[1]);
-        let heads = |t: Tensor, n: i64| t.view([b, -1, n, self.head_dim]);
-        let q = self
-            .q_norm
-            .forward(&heads(self.q_proj.forward(x), self.heads))
-            .transpose(1, 2);
-        let k_parts: Vec<Tensor> = kv_sources.iter().map(|s| self.k_proj.forward(s)).collect();
-        let v_parts: Vec<Tensor> = kv_sources.iter().map(|s| self.v_proj.forward(s)).collect();
-        let k = self
-            .k_norm
-            .forward(&heads(Tensor::cat(&k_parts, 1), self.kv_heads))
-            .transpose(1, 2);
-        let v = heads(Tensor::cat(&v_parts, 1), self.kv_heads).transpose(1, 2);
-        let q = apply_rope(&q, q_rope.0, q_rope.1);
-        let k = apply_rope(&k, k_rope.0, k_rope.1);
+        let q = self.queries(x);
+        let (k, v) = self.keys_values(kv_sources);
         let out = match mask {
-            AttnMask::Dense(m) => masked_attention(&q, &k, &v, m),
-            AttnMask::Tiled(m) => tiled_attention(&q, &k, &v, m),
+            AttnMask::Documents { docs, window } => {
+                let q = apply_rope(&q, q_rope.0, q_rope.1, 2);
+                let k = apply_rope(&k, k_rope.0, k_rope.1, 2);
+                docs.attention(&q, &k, &v, *window)
+                    .unwrap_or_else(|e| panic!("{e:#}"))
+            }
+            _ => {
+                let (q, k, v) = heads_major(&q, &k, &v, q_rope, k_rope);
+                let out = match mask {
+                    AttnMask::Tiled(m) => tiled_attention(&q, &k, &v, m),
+                    _ => masked_attention(&q, &k, &v, &mask.dense()),
+                };
+                out.transpose(1, 2)
+            }
         };
-        self.o_proj.forward(
-            &out.transpose(1, 2)
-                .reshape([b, lq, self.heads * self.head_dim]),
-        )
+        self.output(x, &out)
     }
+
+    /// `forward` for decoding with a cache: `x` holds the new tokens, `cache` the keys and values
+    /// (after k_norm and RoPE, heads-major) of the tokens before them, and takes the new ones.
+    // x [b, n, h], rope tables [b, n, d], mask [b, 1, n, past + n] -> [b, n, h]
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Tensor {
+        let q = self.queries(x);
+        let (k, v) = self.keys_values(&[x]);
+        let (q, k, v) = heads_major(&q, &k, &v, rope, rope);
+        let (k, v) = match cache.take() {
+            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
+            None => (k, v),
+        };
+        let out = masked_attention(&q, &k, &v, mask).transpose(1, 2);
+        *cache = Some((k, v));
+        self.output(x, &out)
+    }
+
+    // x [b, l, h] -> [b, l, heads, d], normed
+    fn queries(&self, x: &Tensor) -> Tensor {
+        let (b, l) = (x.size()[0], x.size()[1]);
+        let q = self
+            .q_proj
+            .forward(x)
+            .view([b, l, self.heads, self.head_dim]);
+        self.q_norm.forward(&q)
+    }
+
+    // sources [b, l_i, h] -> k, v [b, sum l_i, kv_heads, d]; k normed
+    fn keys_values(&self, sources: &[&Tensor]) -> (Tensor, Tensor) {
+        let b = sources[0].size()[0];
+        let heads = |t: Tensor| t.view([b, -1, self.kv_heads, self.head_dim]);
+        let k_parts: Vec<Tensor> = sources.iter().map(|s| self.k_proj.forward(s)).collect();
+        let v_parts: Vec<Tensor> = sources.iter().map(|s| self.v_proj.forward(s)).collect();
+        let k = self.k_norm.forward(&heads(Tensor::cat(&k_parts, 1)));
+        (k, heads(Tensor::cat(&v_parts, 1)))
+    }
+
+    // out [b, lq, heads, d] -> [b, lq, h]
+    fn output(&self, x: &Tensor, out: &Tensor) -> Tensor {
+        let (b, lq) = (x.size()[0], x.size()[1]);
+        self.o_proj
+            .forward(&out.reshape([b, lq, self.heads * self.head_dim]))
+    }
+}
+
+/// q, k, v from sequence-major [b, l, heads, d] to heads-major [b, heads, l, d], q and k rotated.
+fn heads_major(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    q_rope: (&Tensor, &Tensor),
+    k_rope: (&Tensor, &Tensor),
+) -> (Tensor, Tensor, Tensor) {
+    (
+        apply_rope(&q.transpose(1, 2), q_rope.0, q_rope.1, 1),
+        apply_rope(&k.transpose(1, 2), k_rope.0, k_rope.1, 1),
+        v.transpose(1, 2),
+    )
 }
 
 #[derive(Debug)]
@@ -119,6 +180,20 @@ impl DecoderLayer {
         let h = self.post_attention_layernorm.forward(&x);
         &x + self.mlp.forward(&h)
     }
+
+    /// One pre-norm block over new tokens, with the keys and values of earlier ones in `cache`.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Tensor {
+        let h = self.input_layernorm.forward(x);
+        let x = x + self.self_attn.forward_cached(&h, rope, mask, cache);
+        let h = self.post_attention_layernorm.forward(&x);
+        &x + self.mlp.forward(&h)
+    }
 }
 
 /// The frozen target model.
@@ -129,7 +204,16 @@ pub struct Qwen3Target {
     layers: Vec<DecoderLayer>,
     /// Decoder layers whose outputs are returned, in order.
     capture: Vec<i64>,
+    norm: RmsNorm,
     pub lm_head: Tensor,
+}
+
+/// Keys and values of the tokens fed so far, per layer (for `Qwen3Target::logits`).
+#[derive(Debug, Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    /// Tokens fed so far: the position of the next one.
+    pub len: i64,
 }
 
 impl Qwen3Target {
@@ -137,6 +221,28 @@ impl Qwen3Target {
     /// deepest captured one are built: the rest cannot change the returned hidden states (our
     /// choice; a full forward would only cost time). `model.norm` is kept for checkpoint parity.
     pub fn new(root: &nn::Path, cfg: &Qwen3Config, capture: &[i64], embed_std: f64) -> Qwen3Target {
+        let depth = capture.iter().copied().max().unwrap_or(0) + 1;
+        Self::build(
+            root,
+            cfg,
+            capture,
+            depth.min(cfg.num_hidden_layers),
+            embed_std,
+        )
+    }
+
+    /// Every layer, for `logits` (generation): the whole model, not only its captured part.
+    pub fn new_full(root: &nn::Path, cfg: &Qwen3Config, embed_std: f64) -> Qwen3Target {
+        Self::build(root, cfg, &[], cfg.num_hidden_layers, embed_std)
+    }
+
+    fn build(
+        root: &nn::Path,
+        cfg: &Qwen3Config,
+        capture: &[i64],
+        depth: i64,
+        embed_std: f64,
+    ) -> Qwen3Target {
         let model = root / "model";
         let embed_tokens = (&model / "embed_tokens").var(
             "weight",
@@ -146,11 +252,10 @@ impl Qwen3Target {
                 stdev: embed_std,
             },
         );
-        let depth = capture.iter().copied().max().unwrap_or(0) + 1;
-        let layers = (0..depth.min(cfg.num_hidden_layers))
+        let layers = (0..depth)
             .map(|i| DecoderLayer::new(&model / "layers" / i, cfg))
             .collect();
-        let _norm = RmsNorm::new(&model / "norm", cfg.hidden_size, cfg.rms_norm_eps);
+        let norm = RmsNorm::new(&model / "norm", cfg.hidden_size, cfg.rms_norm_eps);
         let lm_head = if cfg.tie_word_embeddings {
             embed_tokens.shallow_clone()
         } else {
@@ -168,22 +273,44 @@ impl Qwen3Target {
             embed_tokens,
             layers,
             capture: capture.to_vec(),
+            norm,
             lm_head,
         }
+    }
+
+    /// Next-token logits (f32) after feeding `ids` at positions `cache.len()..`, the keys and
+    /// values of earlier tokens taken from `cache` and the new ones added to it. Needs every layer
+    /// (`new_full`).
+    // ids [b, n] -> [b, n, vocab]
+    pub fn logits(&self, ids: &Tensor, cache: &mut KvCache) -> Tensor {
+        let (b, n) = (ids.size()[0], ids.size()[1]);
+        let dev = ids.device();
+        if cache.layers.len() != self.layers.len() {
+            cache.layers = (0..self.layers.len()).map(|_| None).collect();
+        }
+        let start = cache.len;
+        let positions = Tensor::arange_start(start, start + n, (tch::Kind::Int64, dev))
+            .unsqueeze(0)
+            .expand([b, n], false);
+        let kind = self.embed_tokens.kind();
+        let (cos, sin) = rope_tables(&positions, self.cfg.head_dim, self.cfg.rope_theta, kind);
+        let mut x = self.embed_tokens.embedding_for(ids).to_kind(kind);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mask = cached_causal_mask(start, n, self.cfg.window_of(i), dev);
+            x = layer.forward_cached(&x, (&cos, &sin), &mask, &mut cache.layers[i]);
+        }
+        cache.len += n;
+        let x = self.norm.forward(&x);
+        x.matmul(&self.lm_head.to_kind(x.kind()).tr())
+            .to_kind(tch::Kind::Float)
     }
 
     /// Hidden states of the captured layers, concatenated on the last axis.
     /// The attention mask is causal within each document of the packed rows.
     // input_ids, positions, doc_ids [b, s] -> [b, s, n * hidden]
     pub fn forward(&self, input_ids: &Tensor, positions: &Tensor, doc_ids: &Tensor) -> Tensor {
-        let kind = self.embed_tokens.kind();
-        let mut x = self.embed_tokens.embedding_for(input_ids).to_kind(kind);
-        let (cos, sin) = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta);
         let mut masks: Vec<(Option<i64>, Tensor)> = Vec::new();
-        let mut out = Vec::with_capacity(self.capture.len());
-        let mut layer_out = Vec::with_capacity(self.layers.len());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let window = self.cfg.window_of(i);
+        self.forward_with(input_ids, positions, |window| {
             let mask = match masks.iter().find(|(w, _)| *w == window) {
                 Some((_, m)) => m.shallow_clone(),
                 None => {
@@ -192,12 +319,44 @@ impl Qwen3Target {
                     m
                 }
             };
-            x = layer.forward(&x, None, (&cos, &sin), (&cos, &sin), &AttnMask::Dense(mask));
+            AttnMask::Dense(mask)
+        })
+    }
+
+    /// `forward` through a causal flash kernel over the documents (`Varlen::usable` says where
+    /// it runs): the same hidden states without building or reading a mask.
+    pub fn forward_documents(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        docs: &Varlen,
+    ) -> Tensor {
+        self.forward_with(input_ids, positions, |window| AttnMask::Documents {
+            docs: docs.share(),
+            window,
+        })
+    }
+
+    fn forward_with(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mut mask_for: impl FnMut(Option<i64>) -> AttnMask,
+    ) -> Tensor {
+        let kind = self.embed_tokens.kind();
+        let mut x = self.embed_tokens.embedding_for(input_ids).to_kind(kind);
+        let (cos, sin) = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, kind);
+        let mut layer_out = Vec::with_capacity(self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mask = mask_for(self.cfg.window_of(i));
+            x = layer.forward(&x, None, (&cos, &sin), (&cos, &sin), &mask);
             layer_out.push(x.shallow_clone());
         }
-        for id in &self.capture {
-            out.push(layer_out[*id as usize].shallow_clone());
-        }
+        let out: Vec<Tensor> = self
+            .capture
+            .iter()
+            .map(|id| layer_out[*id as usize].shallow_clone())
+            .collect();
         Tensor::cat(&out, -1)
     }
 }
@@ -210,6 +369,19 @@ impl EmbeddingFor for Tensor {
     fn embedding_for(&self, ids: &Tensor) -> Tensor {
         Tensor::embedding(self, ids, -1, false, false)
     }
+}
+
+/// The mask of `n` new queries at positions `start..start + n` over keys `0..start + n`: causal,
+/// and (sliding layers) within the window.
+// -> [1, 1, n, start + n] bool
+fn cached_causal_mask(start: i64, n: i64, window: Option<i64>, dev: tch::Device) -> Tensor {
+    let q = Tensor::arange_start(start, start + n, (tch::Kind::Int64, dev)).unsqueeze(1);
+    let k = Tensor::arange(start + n, (tch::Kind::Int64, dev)).unsqueeze(0);
+    let mut m = k.le_tensor(&q);
+    if let Some(w) = window {
+        m = m.logical_and(&(&q - &k).lt(w));
+    }
+    m.view([1, 1, n, start + n])
 }
 
 /// Causal attention within a document: query i sees key j when doc(i) == doc(j), j <= i, and

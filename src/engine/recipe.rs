@@ -15,7 +15,7 @@ pub struct Recipe {
     pub seq_len: i64,
     /// Packed rows per batch.
     pub batch: i64,
-    /// Anchors per document (SpecForge: up to `num_anchors` per sequence, which is one document).
+    /// Anchors per packed row (SpecForge: up to `num_anchors` per sequence).
     pub anchors: i64,
     /// Peak learning rate.
     pub lr: f64,

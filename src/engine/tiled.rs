@@ -11,11 +11,17 @@ use tch::{Kind, Tensor};
 /// Anchors per tile (at most): 512 queries a tile at block 16.
 pub const TILE_ANCHORS: i64 = 32;
 
-/// The drafter's mask, dense or tiled.
+/// An attention's mask: dense, the drafter's tiles, or the target's documents for a causal
+/// flash kernel (no mask tensor at all).
 pub enum AttnMask {
     /// [b, 1, q, k] bool, true = attend.
     Dense(Tensor),
     Tiled(TiledMask),
+    /// Causal within each document (and within `window` keys on sliding layers).
+    Documents {
+        docs: super::varlen::Varlen,
+        window: Option<i64>,
+    },
 }
 
 /// The block mask in tiles: the context part per query, and each tile's block-diagonal part.
@@ -34,6 +40,9 @@ impl AttnMask {
         match self {
             AttnMask::Dense(m) => m.shallow_clone(),
             AttnMask::Tiled(t) => t.dense(),
+            AttnMask::Documents { .. } => {
+                unreachable!("the documents' mask is only built where no dense one is asked for")
+            }
         }
     }
 }

@@ -43,14 +43,24 @@ pub fn weights_label(dir: &Path) -> PathBuf {
 /// Every tensor of the directory's safetensors files, by name.
 pub fn read_all(dir: &Path) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();
-    for file in safetensors_files(dir)? {
+    let files = safetensors_files(dir)?;
+    let mut ticker = crate::progress::Ticker::new();
+    for (i, file) in files.iter().enumerate() {
+        ticker.tick(|secs| {
+            format!(
+                "weights: reading file {}/{} of {} ({secs:.0}s)",
+                i + 1,
+                files.len(),
+                dir.display()
+            )
+        });
         if !file.exists() {
             bail!(
                 "{} is listed in the index but missing: download it again",
                 file.display()
             );
         }
-        let tensors = Tensor::read_safetensors(&file).map_err(|e| {
+        let tensors = Tensor::read_safetensors(file).map_err(|e| {
             anyhow::anyhow!(
                 "{} is not a readable safetensors file ({e}); it may be truncated: download or \
                  save it again",
@@ -58,6 +68,13 @@ pub fn read_all(dir: &Path) -> Result<HashMap<String, Tensor>> {
             )
         })?;
         out.extend(tensors);
+    }
+    if ticker.took_long() {
+        eprintln!(
+            "weights: {} read in {:.1}s",
+            dir.display(),
+            ticker.seconds()
+        );
     }
     Ok(out)
 }

@@ -2,7 +2,7 @@
 //! recorder, and marks every phase of DESIGN.md §4.
 
 use super::blocks::{
-    anchors_tensor, block_input_ids, block_labels, block_positions, sample_anchors,
+    anchors_tensor, block_input_ids, block_labels, block_positions, label_rows, sample_anchors,
     tiled_block_mask,
 };
 use super::checkpoint::{self, TrainerState};
@@ -11,10 +11,12 @@ use super::cuda::Event;
 use super::data::{DocSource, PackedBatch, Packer, Rng};
 use super::drafter::Drafter;
 pub use super::handoff::HiddenBatch;
-use super::loss::{block_metrics, chunked_loss_backward, gamma_for, slot_weights};
+use super::loss::{block_metrics, chunked_loss_backward_rows, gamma_for, slot_weights};
 use super::marks::Marks;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
+use super::target_graph::{self, TargetGraph};
+use super::varlen::Varlen;
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::{QueueRx, QueueTx};
 use crate::telemetry::recorder::{TrainMetrics, MAX_SLOTS};
@@ -102,6 +104,10 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
     let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
     let thread = thread_name();
     let mut iteration = 0;
+    let flash = Varlen::usable(device, model.embed_tokens.kind(), model.cfg.head_dim);
+    // The flash forward as one CUDA graph, captured at the first batch (on this worker's own
+    // stream); `None` after a failed capture, which leaves the eager flash forward.
+    let mut graph: Option<Option<TargetGraph>> = None;
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
         m.mark(Phase::BatchWait);
@@ -111,7 +117,26 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
         iteration += 1;
         let b = b.to_device(device);
         m.mark(Phase::Forward);
-        let hidden = model.forward(&b.input_ids, &b.positions, &b.doc_ids);
+        if flash && graph.is_none() {
+            let wanted = target_graph::wanted() && m.stream().is_some();
+            graph = Some(
+                wanted
+                    .then(|| TargetGraph::capture(&model, b.rows, b.seq, device).ok())
+                    .flatten(),
+            );
+        }
+        let replayed = match graph.as_ref().and_then(Option::as_ref) {
+            Some(g) => g.run(&b)?,
+            None => None,
+        };
+        let hidden = match replayed {
+            Some(hidden) => hidden,
+            None if flash => {
+                let docs = Varlen::from_doc_ids(&b.host_doc_ids, b.seq as usize, device);
+                model.forward_documents(&b.input_ids, &b.positions, &docs)
+            }
+            None => model.forward(&b.input_ids, &b.positions, &b.doc_ids),
+        };
         slow_down(slow, &cancel);
         m.mark(Phase::HsPack);
         let tokens = b.tokens();
@@ -145,15 +170,18 @@ pub struct DataCounts {
     pub truncated_docs: AtomicU64,
     /// Batches with no label that carries loss: no optimizer step was taken on them.
     pub skipped_batches: AtomicU64,
+    /// JSONL documents dropped at start for fewer than 2 x block loss tokens.
+    pub dropped_docs: AtomicU64,
 }
 
 impl DataCounts {
-    /// `truncated_docs=N skipped_batches=M`.
+    /// `truncated_docs=N skipped_batches=M dropped_docs=K`.
     pub fn line(&self) -> String {
         format!(
-            "truncated_docs={} skipped_batches={}",
+            "truncated_docs={} skipped_batches={} dropped_docs={}",
             self.truncated_docs.load(Ordering::Relaxed),
-            self.skipped_batches.load(Ordering::Relaxed)
+            self.skipped_batches.load(Ordering::Relaxed),
+            self.dropped_docs.load(Ordering::Relaxed)
         )
     }
 }
@@ -318,6 +346,15 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             let block_pos = block_positions(pos, &anch, block);
             let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
             let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
+            let keep = Tensor::from_slice(&label_rows(
+                &per_row,
+                width,
+                block as usize,
+                &b.host_doc_ids,
+                &b.host_loss_mask,
+                seq,
+            ))
+            .to_device(device);
             m.mark(Phase::Forward);
             crate::fault::worker(&thread, iteration)?;
             iteration += 1;
@@ -329,8 +366,15 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             }
             slow_down(slow, &cancel);
             m.mark(Phase::Loss);
-            let (loss, backward) =
-                chunked_loss_backward(&out, &lm_head, &labels, &valid, &weights, rows_per_chunk);
+            let (loss, backward) = chunked_loss_backward_rows(
+                &out,
+                &lm_head,
+                &labels,
+                &valid,
+                &keep,
+                &weights,
+                rows_per_chunk,
+            );
             m.mark(Phase::Backward);
             backward();
             if replicas.syncs() {

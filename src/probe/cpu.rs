@@ -72,6 +72,8 @@ pub fn parse_stat(tid: i32, line: &str) -> Option<TaskStat> {
 /// thread, not an open and a close as well.
 #[derive(Default)]
 pub struct TaskReader {
+    /// The process read: None for this one (`/proc/self`), else an attached process's pid.
+    pid: Option<u32>,
     files: HashMap<i32, File>,
     tids: Vec<i32>,
     buf: Vec<u8>,
@@ -81,7 +83,11 @@ impl TaskReader {
     /// Every thread of this process now. A thread that exits while it is read is skipped.
     pub fn read(&mut self) -> std::io::Result<Vec<TaskStat>> {
         self.tids.clear();
-        for entry in std::fs::read_dir("/proc/self/task")? {
+        let proc = match self.pid {
+            Some(pid) => format!("/proc/{pid}"),
+            None => "/proc/self".to_string(),
+        };
+        for entry in std::fs::read_dir(format!("{proc}/task"))? {
             let Ok(entry) = entry else { continue };
             if let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) {
                 self.tids.push(tid);
@@ -95,7 +101,7 @@ impl TaskReader {
         for &tid in &self.tids {
             let file = match self.files.entry(tid) {
                 Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(v) => match File::open(format!("/proc/self/task/{tid}/stat")) {
+                Entry::Vacant(v) => match File::open(format!("{proc}/task/{tid}/stat")) {
                     Ok(f) => v.insert(f),
                     Err(_) => continue,
                 },
@@ -119,10 +125,10 @@ struct MemoryProbe {
 }
 
 impl MemoryProbe {
-    fn new() -> Self {
+    fn new(pid: u32) -> Self {
         MemoryProbe {
             sys: System::new(),
-            pid: Pid::from_u32(std::process::id()),
+            pid: Pid::from_u32(pid),
         }
     }
 
@@ -177,13 +183,22 @@ fn ticks_per_s() -> f64 {
 }
 
 impl CpuProbe {
+    /// Reads this process.
     pub fn new() -> Self {
+        Self::of(None)
+    }
+
+    /// Reads process `pid` (an attached trainer or Python pipeline), or this one for None.
+    pub fn of(pid: Option<u32>) -> Self {
         CpuProbe {
-            tasks: TaskReader::default(),
+            tasks: TaskReader {
+                pid,
+                ..TaskReader::default()
+            },
             prev: HashMap::new(),
             prev_at: None,
             ticks_per_s: ticks_per_s(),
-            memory: MemoryProbe::new(),
+            memory: MemoryProbe::new(pid.unwrap_or_else(std::process::id)),
             last_memory: None,
             samples: 0,
             unreadable: false,
@@ -231,7 +246,7 @@ impl CpuProbe {
     /// hidden or unreadable (a locked-down container).
     pub fn unavailable(&self) -> Option<&'static str> {
         self.unreadable
-            .then_some("per-thread CPU: n/a (/proc/self/task is unreadable)")
+            .then_some("per-thread CPU: n/a (the process's /proc task list is unreadable)")
     }
 
     pub fn sample(&mut self) -> Option<CpuSample> {

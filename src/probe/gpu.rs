@@ -97,8 +97,23 @@ fn runtime_bus_ids() -> Option<Vec<String>> {
         .filter(|v| !v.is_empty())
 }
 
+/// A variable of process `pid`'s environment (readable for a process of the same user).
+fn environ_var(pid: u32, name: &str) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|b| *b == 0).find_map(|kv| {
+        let kv = std::str::from_utf8(kv).ok()?;
+        kv.strip_prefix(name)?.strip_prefix('=').map(String::from)
+    })
+}
+
 impl GpuProbe {
     pub fn open() -> GpuProbe {
+        Self::open_for(None)
+    }
+
+    /// The GPUs as process `watched` sees them (an attached viewer: its CUDA_VISIBLE_DEVICES and
+    /// its memory on each device), or as this process does for None.
+    pub fn open_for(watched: Option<u32>) -> GpuProbe {
         let nvml = match Nvml::init() {
             Ok(nvml) => nvml,
             Err(e) => return GpuProbe::Absent(format!("no NVIDIA GPU (NVML not found: {e})")),
@@ -109,17 +124,20 @@ impl GpuProbe {
         };
         // The CUDA runtime's own bus ids are exact; the environment is the fallback (a viewer
         // process without CUDA, a build without the shim).
-        let cuda = match runtime_bus_ids().and_then(|bus| super::visible::by_bus_id(&bus, &ids)) {
-            Some(cuda) => cuda,
-            None => {
-                let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-                cuda_to_nvml(visible.as_deref(), &ids)
-            }
+        let cuda = match watched {
+            Some(pid) => cuda_to_nvml(environ_var(pid, "CUDA_VISIBLE_DEVICES").as_deref(), &ids),
+            None => match runtime_bus_ids().and_then(|b| super::visible::by_bus_id(&b, &ids)) {
+                Some(cuda) => cuda,
+                None => {
+                    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+                    cuda_to_nvml(visible.as_deref(), &ids)
+                }
+            },
         };
         GpuProbe::Present(Box::new(Gpus {
             nvml,
             cuda_of: nvml_to_cuda(&cuda, ids.len()),
-            pid: std::process::id(),
+            pid: watched.unwrap_or_else(std::process::id),
         }))
     }
 
@@ -186,6 +204,13 @@ fn process_memory(dev: &Device, pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watched_process_environment_is_read() {
+        let pid = std::process::id();
+        assert!(environ_var(pid, "PATH").is_some_and(|p| !p.is_empty()));
+        assert_eq!(environ_var(pid, "DFLASH_TOP_NO_SUCH_VARIABLE"), None);
+    }
 
     #[test]
     fn throttle_reasons_have_short_names_in_a_fixed_order() {

@@ -2,12 +2,12 @@
 //! the windows, the verdict and the queue statistics can be tested on scripted input.
 
 use super::live::LiveTime;
-use super::phase::Role;
 use super::queue::{QueueCounters, QueueProbe};
 use super::recorder::{LiveRead, StepRecord, ThreadInfo, MAX_SLOTS};
 use super::snapshot::*;
+use super::stages::role_named;
 use super::switches::{GpuTiming, Switches, Timing};
-use super::verdict::{Verdict, VerdictTracker, WaitShares};
+use super::verdict::{QueueWait, Verdict, VerdictTracker, WaitShares};
 use super::window::{QueueTick, Windows, RING_TICKS};
 use crate::probe::cpu::CpuSample;
 use crate::probe::gpu::GpuSample;
@@ -19,6 +19,18 @@ const W10: usize = RING_TICKS;
 /// Chart points kept (one a tick: 5 minutes).
 const HISTORY: usize = 3000;
 const GPU_HISTORY: usize = 120;
+
+/// What a tick is closed with: the time, the threads, the queues and their counters as read
+/// now, the switches and the dropped-record count.
+#[derive(Clone, Copy)]
+pub struct TickInput<'a> {
+    pub now_ns: u64,
+    pub threads: &'a [ThreadInfo],
+    pub queues: &'a [QueueProbe],
+    pub counters: &'a [QueueCounters],
+    pub switches: &'a Switches,
+    pub dropped: u64,
+}
 
 pub struct Assembler {
     start_ns: u64,
@@ -221,11 +233,31 @@ impl Assembler {
         switches: &Switches,
         dropped: u64,
     ) -> Snapshot {
+        let counters: Vec<QueueCounters> = queues.iter().map(|q| q.read(now_ns)).collect();
+        self.tick_read(&TickInput {
+            now_ns,
+            threads,
+            queues,
+            counters: &counters,
+            switches,
+            dropped,
+        })
+    }
+
+    /// `tick` with the queues already read (the hub hands the same reading to its taps).
+    pub fn tick_read(&mut self, input: &TickInput) -> Snapshot {
+        let TickInput {
+            now_ns,
+            threads,
+            queues,
+            counters,
+            switches,
+            dropped,
+        } = *input;
         let t0 = std::time::Instant::now();
         self.follow_mode(threads, switches.gpu_timing());
-        let counters: Vec<QueueCounters> = queues.iter().map(|q| q.read(now_ns)).collect();
         self.windows
-            .close_tick(now_ns, threads.len(), &counters, switches.paused());
+            .close_tick(now_ns, threads.len(), counters, switches.paused());
         let mut snap = self.build(now_ns, threads, queues, switches, dropped);
         snap.self_cost.snapshot_us = t0.elapsed().as_secs_f64() * 1e6;
         snap
@@ -248,9 +280,9 @@ impl Assembler {
                 (!paused).then(|| LiveTime {
                     live: live[i],
                     expected_ns: self.recent.get(i).and_then(|r| r.median_wall()),
-                    tokens: match threads[i].role {
-                        Role::Drafter => self.recent.get(i).map(|r| r.tokens).unwrap_or(0),
-                        _ => 0,
+                    tokens: match threads[i].role.counts_tokens() {
+                        true => self.recent.get(i).map(|r| r.tokens).unwrap_or(0),
+                        false => 0,
                     },
                     phases: switches.profiling(),
                     device_timed: threads[i].on_gpu() && switches.gpu_timing() == GpuTiming::Events,
@@ -264,8 +296,7 @@ impl Assembler {
             .map(|(i, t)| self.thread_view(i, t, now_ns, lives[i].as_ref()))
             .collect();
         // Pipeline order: loader, targets, drafters; by name within a role.
-        thread_views
-            .sort_by(|a, b| (role_rank(a.role), &a.name).cmp(&(role_rank(b.role), &b.name)));
+        thread_views.sort_by(|a, b| (a.role.rank(), &a.name).cmp(&(b.role.rank(), &b.name)));
         let count_role = |role: &str| {
             threads
                 .iter()
@@ -306,7 +337,7 @@ impl Assembler {
         } else if stall.is_some() {
             Verdict::Stalled
         } else if self.windows.ticks_closed() >= 3 && started && !self.windows.last_paused() {
-            self.verdict.update(shares)
+            self.verdict.update(&shares)
         } else {
             self.verdict.shown()
         };
@@ -318,7 +349,7 @@ impl Assembler {
             let tok: f64 = threads
                 .iter()
                 .enumerate()
-                .filter(|(_, t)| t.role == Role::Drafter)
+                .filter(|(_, t)| t.role.counts_tokens())
                 .map(|(i, _)| {
                     let done = self.windows.thread(i, ticks).tokens;
                     let running = lives[i]
@@ -339,7 +370,7 @@ impl Assembler {
         let tokens_total: u64 = threads
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.role == Role::Drafter)
+            .filter(|(_, t)| t.role.counts_tokens())
             .map(|(i, _)| self.windows.thread_run(i).tokens.round() as u64)
             .sum();
         let m = self.windows.latest.metrics;
@@ -572,15 +603,6 @@ fn above(was: bool, share: f64) -> bool {
     share > if was { EXIT } else { ENTER }
 }
 
-fn role_rank(r: Role) -> u8 {
-    match r {
-        Role::Loader => 0,
-        Role::Target => 1,
-        Role::Drafter => 2,
-        Role::Hub => 3,
-    }
-}
-
 fn share(ns: u64, span_ns: u64, threads: f64) -> f64 {
     if span_ns == 0 {
         return 0.0;
@@ -632,18 +654,26 @@ fn queue_view(
     }
 }
 
-/// The verdict's inputs from the two pipeline queues, found by who is on each side.
+/// The verdict's inputs: the queues between stages, upstream first, found by who is on each
+/// side (a queue whose sides name no known stage is left out).
 pub fn verdict_inputs(queues: &[QueueView]) -> WaitShares {
-    let mut s = WaitShares::default();
-    for q in queues {
-        match (q.producers.as_str(), q.consumers.as_str()) {
-            ("loader", "target") => s.targets_starved = q.consumer_wait_share,
-            ("target", "drafter") => {
-                s.drafters_starved = q.consumer_wait_share;
-                s.targets_blocked = q.producer_wait_share;
-            }
-            _ => {}
-        }
+    let mut chain: Vec<(u8, QueueWait)> = queues
+        .iter()
+        .filter_map(|q| {
+            let producer = role_named(&q.producers)?;
+            let consumer = role_named(&q.consumers)?;
+            Some((
+                producer.rank(),
+                QueueWait {
+                    consumer,
+                    starved: q.consumer_wait_share,
+                    blocked: q.producer_wait_share,
+                },
+            ))
+        })
+        .collect();
+    chain.sort_by_key(|(rank, _)| *rank);
+    WaitShares {
+        chain: chain.into_iter().map(|(_, q)| q).collect(),
     }
-    s
 }

@@ -105,6 +105,11 @@ pub fn ticks_to_ns(ticks: u64) -> u64 {
     (ticks as f64 * calibration().ns_per_tick) as u64
 }
 
+/// Converts nanoseconds to a tick difference (the inverse of `ticks_to_ns`).
+pub fn ns_to_ticks(ns: u64) -> u64 {
+    (ns as f64 / calibration().ns_per_tick) as u64
+}
+
 /// Nanoseconds since the clock's base for a tick reading (for timestamps in traces).
 pub fn ticks_to_epoch_ns(t: u64) -> u64 {
     let c = calibration();
@@ -130,6 +135,33 @@ pub fn now_ns() -> u64 {
     ticks_to_epoch_ns(ticks())
 }
 
+/// This clock's reading minus CLOCK_MONOTONIC's, ns: what turns a timestamp into the one
+/// every process on the host shares (the wire protocol's time), and back.
+fn monotonic_offset() -> i128 {
+    static OFFSET: OnceLock<i128> = OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let ours = now_ns();
+        // SAFETY: clock_gettime writes the timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let mono = ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128;
+        ours as i128 - mono
+    })
+}
+
+/// A timestamp of this clock as CLOCK_MONOTONIC ns (what `time.monotonic_ns()` reads in Python).
+pub fn to_monotonic(ns: u64) -> u64 {
+    (ns as i128 - monotonic_offset()).max(0) as u64
+}
+
+/// A CLOCK_MONOTONIC timestamp on this clock (0 for one before the clock's base).
+pub fn from_monotonic(mono: u64) -> u64 {
+    (mono as i128 + monotonic_offset()).max(0) as u64
+}
+
 /// Which source the clock uses, for `doctor` and the self-cost line.
 pub fn source() -> &'static str {
     if calibration().use_tsc {
@@ -153,6 +185,20 @@ mod tests {
         );
         assert!(!tsc_usable(flags, ""), "clocksource unreadable");
         assert!(!tsc_usable("flags : fpu tsc constant_tsc\n", "tsc"));
+    }
+
+    #[test]
+    fn monotonic_timestamps_round_trip() {
+        let now = now_ns() + 1_000;
+        assert!(from_monotonic(to_monotonic(now)).abs_diff(now) <= 1);
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let mono = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        assert!(to_monotonic(now_ns()).abs_diff(mono) < 5_000_000);
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! reads queues, CPU and GPUs at their own rates, and publishes an immutable `Snapshot` to every
 //! subscribed front-end.
 
-use super::assemble::Assembler;
+use super::assemble::{Assembler, TickInput};
 use super::clock;
+use super::queue::QueueCounters;
 use super::queue::QueueProbe;
 use super::recorder::{RecordSink, Registry, StepRecord};
 use super::snapshot::Snapshot;
@@ -14,6 +15,7 @@ use crate::cancel::CancelToken;
 use crate::probe::cpu::CpuProbe;
 use crate::probe::gpu::GpuProbe;
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender, TrySendError};
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -28,7 +30,9 @@ const GPU_EVERY_TICKS: u64 = 5;
 
 /// The one control path: every front-end (and the engine's own notes) sends these to the hub,
 /// which applies them — switches for the workers, window resets, requests the engine polls.
-#[derive(Clone, Debug, PartialEq)]
+/// An attached viewer's hub forwards the engine's part of them to the watched process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "cmd", content = "value", rename_all = "snake_case")]
 pub enum HubCommand {
     SetProfiling(bool),
     SetGpuTiming(GpuTiming),
@@ -38,6 +42,16 @@ pub enum HubCommand {
     Checkpoint,
     /// A line to show in the header (checkpoint saved, run finished, …).
     Status(String),
+}
+
+/// Something that wants the hub's raw input as it goes by (the socket server, the recorder):
+/// every record it ingests, and at each tick the queue counters it read and the switches.
+/// Called on the hub thread: an implementation must not block.
+pub trait RawTap: Send + Sync {
+    fn record(&self, r: &StepRecord);
+    fn tick(&self, input: &TickInput);
+    /// A status line (checkpoint saved, run finished).
+    fn status(&self, _text: &str) {}
 }
 
 /// Requests the hub passes on to the engine, which polls them between steps.
@@ -57,6 +71,13 @@ pub struct Telemetry {
     requests: Arc<Requests>,
     /// Whether the hub samples /proc and NVML (off in tests that script everything).
     pub probes: bool,
+    /// The process whose threads the CPU probe reads: None for this one, else the watched one.
+    pub watched_pid: Option<u32>,
+    /// A phase mark's cost measured by the watched process (else measured here at hub start).
+    pub ns_per_mark: Option<f64>,
+    taps: Arc<Mutex<Vec<Arc<dyn RawTap>>>>,
+    /// Where engine commands go when the engine is in another process (an attached viewer).
+    forward: Arc<Mutex<Option<Sender<HubCommand>>>>,
 }
 
 impl Default for Telemetry {
@@ -86,7 +107,26 @@ impl Telemetry {
             commands: unbounded(),
             requests: Arc::default(),
             probes: true,
+            watched_pid: None,
+            ns_per_mark: None,
+            taps: Arc::default(),
+            forward: Arc::default(),
         }
+    }
+
+    /// Adds a tap on the hub's raw input (see `RawTap`).
+    pub fn add_tap(&self, tap: Arc<dyn RawTap>) {
+        self.taps.lock().expect("taps poisoned").push(tap);
+    }
+
+    fn taps(&self) -> Vec<Arc<dyn RawTap>> {
+        self.taps.lock().expect("taps poisoned").clone()
+    }
+
+    /// Sends the engine's commands (switches, checkpoint) to `to` instead of applying them here:
+    /// the engine is another process, and its switches come back in its samples.
+    pub fn forward_commands(&self, to: Sender<HubCommand>) {
+        *self.forward.lock().expect("forward poisoned") = Some(to);
     }
 
     pub fn sink(&self) -> &RecordSink {
@@ -103,6 +143,11 @@ impl Telemetry {
 
     pub fn dropped(&self) -> u64 {
         self.sink.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets the dropped count shown (a viewer: what the watched process and the socket lost).
+    pub fn set_dropped(&self, n: u64) {
+        self.sink.dropped.store(n, Ordering::Relaxed);
     }
 
     pub fn records(&self) -> &Receiver<StepRecord> {
@@ -144,6 +189,15 @@ impl Telemetry {
 
     /// Applies a command that does not need the hub's windows; returns the others.
     pub fn apply(&self, c: HubCommand) -> Option<HubCommand> {
+        if let Some(to) = self.forward.lock().expect("forward poisoned").as_ref() {
+            return match c {
+                HubCommand::ResetWindows | HubCommand::Status(_) => Some(c),
+                engine => {
+                    let _ = to.send(engine);
+                    None
+                }
+            };
+        }
         let sw = self.switches();
         match c {
             HubCommand::SetProfiling(on) => sw.set_profiling(on),
@@ -178,10 +232,11 @@ impl Telemetry {
 
     fn run_hub(&self, cancel: CancelToken) {
         let mut asm = Assembler::new(clock::now_ns());
-        asm.ns_per_mark = measure_mark_cost();
-        let mut cpu = self.probes.then(CpuProbe::new);
+        asm.ns_per_mark = self.ns_per_mark.unwrap_or_else(measure_mark_cost);
+        let mut cpu = self.probes.then(|| CpuProbe::of(self.watched_pid));
+        let taps = self.taps();
         let gpu = if self.probes {
-            GpuProbe::open()
+            GpuProbe::open_for(self.watched_pid)
         } else {
             GpuProbe::Absent(String::new())
         };
@@ -192,16 +247,23 @@ impl Telemetry {
         let mut n: u64 = 0;
         loop {
             select! {
-                recv(self.rx) -> r => if let Ok(r) = r { asm.ingest(&r) },
+                recv(self.rx) -> r => if let Ok(r) = r {
+                    asm.ingest(&r);
+                    taps.iter().for_each(|t| t.record(&r));
+                },
                 recv(self.commands.1) -> c => match c.ok().and_then(|c| self.apply(c)) {
                     Some(HubCommand::ResetWindows) => asm.reset_windows(),
-                    Some(HubCommand::Status(s)) => asm.set_status(s),
+                    Some(HubCommand::Status(s)) => {
+                        taps.iter().for_each(|t| t.status(&s));
+                        asm.set_status(s)
+                    }
                     _ => {}
                 },
                 recv(ticker) -> _ => {
                     let stopping = cancel.is_cancelled();
                     while let Ok(r) = self.rx.try_recv() {
                         asm.ingest(&r);
+                        taps.iter().for_each(|t| t.record(&r));
                     }
                     n += 1;
                     if let Some(p) = cpu.as_mut().filter(|_| n % CPU_EVERY_TICKS == 1) {
@@ -216,13 +278,19 @@ impl Telemetry {
                         }
                     }
                     let now = clock::now_ns();
-                    let snap = asm.tick(
-                        now,
-                        &self.sink.registry.threads(),
-                        &self.queue_probes(),
-                        &self.sink.switches,
-                        self.dropped(),
-                    );
+                    let threads = self.sink.registry.threads();
+                    let queues = self.queue_probes();
+                    let counters: Vec<QueueCounters> = queues.iter().map(|q| q.read(now)).collect();
+                    let input = TickInput {
+                        now_ns: now,
+                        threads: &threads,
+                        queues: &queues,
+                        counters: &counters,
+                        switches: &self.sink.switches,
+                        dropped: self.dropped(),
+                    };
+                    taps.iter().for_each(|t| t.tick(&input));
+                    let snap = asm.tick_read(&input);
                     self.publish(snap);
                     if stopping {
                         return;

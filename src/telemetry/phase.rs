@@ -27,9 +27,26 @@ pub enum Phase {
     Metrics,
     /// Drafter replicas averaging their gradients (data parallel).
     GradSync,
+    /// Phases a client declared in its stage table (names from `stages`), beyond the names above.
+    Custom0,
+    Custom1,
+    Custom2,
+    Custom3,
+    Custom4,
+    Custom5,
+    Custom6,
+    Custom7,
+    Custom8,
+    Custom9,
+    Custom10,
+    Custom11,
 }
 
-pub const N_PHASES: usize = 17;
+/// The built-in phases (the DFlash pipeline's names), before the declared slots.
+pub const N_BUILTIN: usize = 17;
+/// Phase names a stage table may declare beyond the built-in ones.
+pub const N_CUSTOM: usize = 12;
+pub const N_PHASES: usize = N_BUILTIN + N_CUSTOM;
 
 impl Phase {
     pub const ALL: [Phase; N_PHASES] = [
@@ -50,6 +67,18 @@ impl Phase {
         Phase::Optim,
         Phase::Metrics,
         Phase::GradSync,
+        Phase::Custom0,
+        Phase::Custom1,
+        Phase::Custom2,
+        Phase::Custom3,
+        Phase::Custom4,
+        Phase::Custom5,
+        Phase::Custom6,
+        Phase::Custom7,
+        Phase::Custom8,
+        Phase::Custom9,
+        Phase::Custom10,
+        Phase::Custom11,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,7 +100,21 @@ impl Phase {
             Phase::Optim => "optim",
             Phase::Metrics => "metrics",
             Phase::GradSync => "grad_sync",
+            custom => super::stages::custom_phase_name(custom.index() - N_BUILTIN),
         }
+    }
+
+    /// A declared slot's number (0..N_CUSTOM), None for a built-in phase.
+    pub fn custom_slot(self) -> Option<usize> {
+        self.index().checked_sub(N_BUILTIN)
+    }
+
+    /// The built-in phase of this name, if any.
+    pub fn builtin(name: &str) -> Option<Phase> {
+        Phase::ALL[..N_BUILTIN]
+            .iter()
+            .copied()
+            .find(|p| p.name() == name)
     }
 
     pub fn index(self) -> usize {
@@ -83,11 +126,16 @@ impl Phase {
     }
 
     /// Phases spent blocked on a queue rather than working.
+    /// Declared phases are waits when their name ends in `_wait` (what the Python client's
+    /// queue wrapper marks).
     pub fn is_wait(self) -> bool {
-        matches!(
-            self,
-            Phase::PushWait | Phase::BatchWait | Phase::HsPushWait | Phase::HsWait
-        )
+        match self.custom_slot() {
+            Some(_) => self.name().ends_with("_wait"),
+            None => matches!(
+                self,
+                Phase::PushWait | Phase::BatchWait | Phase::HsPushWait | Phase::HsWait
+            ),
+        }
     }
 }
 
@@ -99,6 +147,8 @@ pub enum Role {
     Drafter,
     /// The hub's own measurements (never shown as a worker).
     Hub,
+    /// Stage `k` of a chain a client declared (names and phases from `stages`).
+    Stage(u8),
 }
 
 impl Role {
@@ -108,6 +158,27 @@ impl Role {
             Role::Target => "target",
             Role::Drafter => "drafter",
             Role::Hub => "hub",
+            Role::Stage(k) => super::stages::stage_name(k as usize),
+        }
+    }
+
+    /// Where the role sits in the pipeline, upstream first (the order threads are listed in).
+    pub fn rank(self) -> u8 {
+        match self {
+            Role::Loader => 0,
+            Role::Target => 1,
+            Role::Drafter => 2,
+            Role::Stage(k) => k,
+            Role::Hub => u8::MAX,
+        }
+    }
+
+    /// Whether this role's steps carry the pipeline's tokens (the last stage: drafters).
+    pub fn counts_tokens(self) -> bool {
+        match self {
+            Role::Drafter => true,
+            Role::Stage(k) => super::stages::is_last_stage(k as usize),
+            _ => false,
         }
     }
 
@@ -121,6 +192,7 @@ impl Role {
                 HsWait, Anchors, Forward, Loss, Backward, GradSync, Clip, Optim, Metrics, Other,
             ],
             Role::Hub => &[Other],
+            Role::Stage(k) => super::stages::stage_phases(k as usize),
         }
     }
 }
@@ -135,9 +207,9 @@ mod tests {
             assert_eq!(p.index(), i);
             assert_eq!(Phase::from_index(i), Some(*p));
         }
-        let mut names: Vec<_> = Phase::ALL.iter().map(|p| p.name()).collect();
+        let mut names: Vec<_> = Phase::ALL[..N_BUILTIN].iter().map(|p| p.name()).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), N_PHASES);
+        assert_eq!(names.len(), N_BUILTIN);
     }
 }

@@ -59,6 +59,8 @@ struct Shared {
     capacity: usize,
     producers: &'static str,
     consumers: &'static str,
+    /// Counters arrive from another process (`set_remote`) instead of being kept here.
+    remote: bool,
     state: Mutex<State>,
 }
 
@@ -192,6 +194,7 @@ pub fn monitored_queue<T: Send + 'static>(
         capacity,
         producers,
         consumers,
+        remote: false,
         state: Mutex::new(State {
             counters: QueueCounters {
                 at_ns: now,
@@ -301,6 +304,32 @@ impl<T> QueueRx<T> {
 }
 
 impl QueueProbe {
+    /// A queue of another process (an attached pipeline): `read` returns the counters last
+    /// given to `set_remote`.
+    pub fn remote(
+        name: &str,
+        capacity: usize,
+        producers: &'static str,
+        consumers: &'static str,
+    ) -> QueueProbe {
+        QueueProbe {
+            shared: Arc::new(Shared {
+                name: name.to_string(),
+                capacity: capacity.max(1),
+                producers,
+                consumers,
+                remote: true,
+                state: Mutex::new(State::default()),
+            }),
+            len: Arc::new(|| 0),
+        }
+    }
+
+    /// The latest counters of a remote queue (timestamps on this process's clock).
+    pub fn set_remote(&self, c: QueueCounters) {
+        self.shared.lock().counters = c;
+    }
+
     pub fn name(&self) -> &str {
         &self.shared.name
     }
@@ -321,6 +350,9 @@ impl QueueProbe {
     /// the depth range for the next read. Successive reads never decrease.
     pub fn read(&self, now_ns: u64) -> QueueCounters {
         let mut st = self.shared.lock();
+        if self.shared.remote {
+            return st.counters;
+        }
         let depth = (self.len)();
         self.shared.advance(&mut st.counters, now_ns, depth);
         let now = st.counters.at_ns;

@@ -18,6 +18,7 @@ pub const MAX_SLOTS: usize = 16;
 
 /// Training numbers a drafter attaches to its step record.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TrainMetrics {
     pub loss: f32,
     pub tau: f32,
@@ -105,8 +106,14 @@ impl LiveStep {
 
     /// Sets the live step as of scripted times (ns on the profiler's clock), for tests.
     pub fn script(&self, phase: Phase, step_start_ns: u64, phase_start_ns: u64) {
-        for a in &self.acc {
-            a.store(0, Relaxed);
+        self.set(phase, step_start_ns, phase_start_ns, &[0; N_PHASES]);
+    }
+
+    /// Sets the whole live step from a reading taken elsewhere (another process's, for a
+    /// viewer): times in ns on this profiler's clock.
+    pub fn set(&self, phase: Phase, step_start_ns: u64, phase_start_ns: u64, acc_ns: &[u64]) {
+        for (a, ns) in self.acc.iter().zip(acc_ns) {
+            a.store(clock::ns_to_ticks(*ns), Relaxed);
         }
         self.step_start
             .store(clock::epoch_ns_to_ticks(step_start_ns), Relaxed);
@@ -153,7 +160,9 @@ impl Registry {
         self.threads.lock().expect("registry poisoned").clone()
     }
 
-    fn add(&self, info: ThreadInfo) -> usize {
+    /// Adds a thread; returns its index (what its step records carry). Workers go through
+    /// `RecordSink::recorder`; a viewer adds the threads of the process it watches.
+    pub fn add(&self, info: ThreadInfo) -> usize {
         let mut t = self.threads.lock().expect("registry poisoned");
         t.push(info);
         t.len() - 1
@@ -205,7 +214,8 @@ impl RecordSink {
         &self.switches
     }
 
-    fn send(&self, record: StepRecord) {
+    /// Hands a record to the hub (dropped and counted when its channel is full).
+    pub fn send(&self, record: StepRecord) {
         if let Err(TrySendError::Full(_)) = self.tx.try_send(record) {
             self.dropped.fetch_add(1, Relaxed);
         }

@@ -180,6 +180,11 @@ pub trait Controls {
     fn checkpoint(&self) -> Result<(), String>;
     /// Whether these controls reach a live engine (false in replay).
     fn live(&self) -> bool;
+    /// Whether quitting stops that engine (false for an attached viewer: it only detaches, so
+    /// `q` needs no second press).
+    fn quit_stops_run(&self) -> bool {
+        self.live()
+    }
 }
 
 pub struct App {
@@ -436,7 +441,7 @@ impl App {
         };
         let armed = std::mem::take(&mut self.quit_armed);
         match action {
-            Action::Quit if armed || !ctl.live() || self.finished => self.quit = true,
+            Action::Quit if armed || !ctl.quit_stops_run() || self.finished => self.quit = true,
             Action::Quit => {
                 self.quit_armed = true;
                 self.note = Some("q again to stop training (the run saves as configured)".into());

@@ -76,6 +76,19 @@ impl Theme {
             Phase::Optim => Color::LightBlue,
             Phase::Metrics => Color::White,
             Phase::GradSync => Color::Indexed(208),
+            // Declared phases (a client's own names): waits red, the rest a palette of their own.
+            p if p.is_wait() => Color::LightRed,
+            p => {
+                let palette = [
+                    Color::Blue,
+                    Color::Green,
+                    Color::Yellow,
+                    Color::Cyan,
+                    Color::Magenta,
+                    Color::LightGreen,
+                ];
+                palette[p.custom_slot().unwrap_or(0) % palette.len()]
+            }
         }
     }
 
@@ -85,7 +98,8 @@ impl Theme {
             ('█', Style::default().fg(self.phase_color(p)))
         } else {
             let glyphs = [
-                '·', 'r', 'p', '!', '?', 'h', 'F', 's', '#', '~', 'a', 'L', 'B', 'c', 'O', 'm', 'S',
+                '·', 'r', 'p', '!', '?', 'h', 'F', 's', '#', '~', 'a', 'L', 'B', 'c', 'O', 'm',
+                'S', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'x', 'y',
             ];
             (glyphs[p.index()], Style::default())
         }

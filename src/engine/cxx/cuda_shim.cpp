@@ -5,6 +5,10 @@
 // Every function catches c10 errors and returns a status; the message is kept per thread.
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/_flash_attention_forward.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -110,6 +114,78 @@ int dflash_device_pci(int device, char* bus_id, size_t len, unsigned char* uuid1
     auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
     std::snprintf(bus_id, len, "%08x:%02x:%02x.0", p->pciDomainID, p->pciBusID, p->pciDeviceID);
     std::memcpy(uuid16, p->uuid.bytes, 16);
+  });
+}
+
+// Causal flash attention over packed variable-length sequences (no mask tensor: the kernel skips
+// what causality hides). q [total, hq, d], k/v [total, hkv, d] (GQA when hkv < hq), cu_seqlens
+// int32 [n + 1] on the device, `window` < 0 for none, else keys with i - j < window only.
+// The output [total, hq, d] is a new tensor handed to the caller (tch takes ownership).
+int dflash_flash_varlen(void* q, void* k, void* v, void* cu_seqlens, int64_t max_len,
+                        int64_t window, void** out) {
+  return guarded([&] {
+    auto& cu = *static_cast<at::Tensor*>(cu_seqlens);
+    std::optional<int64_t> left;
+    std::optional<int64_t> right;
+    if (window > 0) {
+      left = window - 1;
+      right = 0;
+    }
+    auto res = at::_flash_attention_forward(
+        *static_cast<at::Tensor*>(q), *static_cast<at::Tensor*>(k), *static_cast<at::Tensor*>(v),
+        cu, cu, max_len, max_len, 0.0, true, false, std::nullopt, left, right);
+    *out = new at::Tensor(std::get<0>(res));
+  });
+}
+
+// The caching allocator's peak of allocated bytes on `device` since the last reset, and reset.
+int dflash_memory_peak(int device, int reset, uint64_t* peak) {
+  return guarded([&] {
+    auto idx = static_cast<c10::DeviceIndex>(device);
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(idx);
+    *peak = static_cast<uint64_t>(stats.allocated_bytes[0].peak);
+    if (reset) c10::cuda::CUDACachingAllocator::resetPeakStats(idx);
+  });
+}
+
+// CUDA graphs: the work a thread queues on its current (non-default) stream between
+// capture_begin and capture_end is recorded once and replayed with one launch. Thread-local
+// capture mode, so other threads keep using the device meanwhile.
+int dflash_graph_new(void** out) {
+  return guarded([&] { *out = new at::cuda::CUDAGraph(); });
+}
+
+void dflash_graph_free(void* g) { delete static_cast<at::cuda::CUDAGraph*>(g); }
+
+int dflash_graph_capture_begin(void* g) {
+  return guarded([&] {
+    static_cast<at::cuda::CUDAGraph*>(g)->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+  });
+}
+
+int dflash_graph_capture_end(void* g) {
+  return guarded([&] { static_cast<at::cuda::CUDAGraph*>(g)->capture_end(); });
+}
+
+int dflash_graph_replay(void* g) {
+  return guarded([&] { static_cast<at::cuda::CUDAGraph*>(g)->replay(); });
+}
+
+// One AdamW step over one flat parameter tensor as libtorch's fused kernel: every element read
+// and written once. `step` is a float tensor holding the step count (bias corrections are taken
+// from it on the device); grads are divided by `grad_scale` first when it is given (the clip);
+// a non-zero `found_inf` leaves parameters and moments untouched (the non-finite gate).
+int dflash_fused_adamw(void* param, void* grad, void* m, void* v, void* step, double lr,
+                       double beta1, double beta2, double weight_decay, double eps,
+                       void* grad_scale, void* found_inf) {
+  return guarded([&] {
+    auto t = [](void* p) { return *static_cast<at::Tensor*>(p); };
+    std::optional<at::Tensor> scale;
+    std::optional<at::Tensor> inf;
+    if (grad_scale) scale = t(grad_scale);
+    if (found_inf) inf = t(found_inf);
+    at::_fused_adamw_({t(param)}, {t(grad)}, {t(m)}, {t(v)}, {}, {t(step)}, lr, beta1, beta2,
+                      weight_decay, eps, false, false, scale, inf);
   });
 }
 }

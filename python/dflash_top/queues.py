@@ -1,0 +1,142 @@
+"""A queue.Queue that measures itself: pushes, pops, time producers wait on it full and
+consumers on it empty (counted while they last), time-weighted depth, time empty and full, and
+the age of an item when it is taken."""
+
+import queue
+import threading
+import time
+
+_mono = time.monotonic_ns
+
+
+class ProfiledQueue:
+    def __init__(self, prof, q, name):
+        self._prof = prof
+        self._q = q
+        self.name = name
+        self.maxsize = q.maxsize
+        self._lock = threading.Lock()
+        self._at = _mono()
+        self._depth = 0
+        self._min = self._max = 0
+        self._pushes = self._pops = 0
+        self._push_wait = self._pop_wait = 0
+        self._depth_ns = self._empty_ns = self._full_ns = 0
+        self._age_sum = 0
+        # Waits in progress: (count, sum of start times), for pushers and poppers.
+        self._pushers = [0, 0]
+        self._poppers = [0, 0]
+
+    def _advance(self, now, depth):
+        if now < self._at:
+            now = self._at
+        dt = now - self._at
+        self._depth_ns += self._depth * dt
+        if self._depth == 0:
+            self._empty_ns += dt
+        if self.maxsize > 0 and self._depth >= self.maxsize:
+            self._full_ns += dt
+        self._at = now
+        self._depth = depth
+        if depth < self._min:
+            self._min = depth
+        if depth > self._max:
+            self._max = depth
+
+    def _begin(self, waiting):
+        with self._lock:
+            now = _mono()
+            self._advance(now, self._q.qsize())
+            waiting[0] += 1
+            waiting[1] += self._at
+            return self._at
+
+    def _end(self, waiting, start, total):
+        """Ends a wait begun at `start`, adding its length to the counter named `total`."""
+        with self._lock:
+            now = max(_mono(), self._at)
+            waiting[0] -= 1
+            waiting[1] -= start
+            setattr(self, total, getattr(self, total) + now - start)
+
+    def put(self, item, block=True, timeout=None):
+        try:
+            self._q.put_nowait((item, _mono()))
+        except queue.Full:
+            if not block:
+                raise
+            start = self._begin(self._pushers)
+            prev = self._prof._wait_begin("push_wait")
+            try:
+                self._q.put((item, _mono()), timeout=timeout)
+            finally:
+                self._prof._wait_end(prev)
+                self._end(self._pushers, start, "_push_wait")
+        with self._lock:
+            self._advance(_mono(), self._q.qsize())
+            self._pushes += 1
+
+    def get(self, block=True, timeout=None):
+        try:
+            item, stamp = self._q.get_nowait()
+        except queue.Empty:
+            if not block:
+                raise
+            start = self._begin(self._poppers)
+            prev = self._prof._wait_begin("pop_wait")
+            try:
+                item, stamp = self._q.get(timeout=timeout)
+            finally:
+                self._prof._wait_end(prev)
+                self._end(self._poppers, start, "_pop_wait")
+        with self._lock:
+            now = _mono()
+            self._advance(now, self._q.qsize())
+            self._pops += 1
+            self._age_sum += max(0, now - stamp)
+        return item
+
+    def put_nowait(self, item):
+        self.put(item, block=False)
+
+    def get_nowait(self):
+        return self.get(block=False)
+
+    def qsize(self):
+        return self._q.qsize()
+
+    def empty(self):
+        return self._q.empty()
+
+    def full(self):
+        return self._q.full()
+
+    def task_done(self):
+        self._q.task_done()
+
+    def join(self):
+        self._q.join()
+
+    def _read(self, qid, now):
+        """Cumulative counters up to `now` (waits in progress included), as the protocol's
+        queue sample; resets the depth range."""
+        with self._lock:
+            self._advance(now, self._q.qsize())
+            at = self._at
+            out = {
+                "id": qid,
+                "at": at,
+                "depth": self._depth,
+                "push": self._pushes,
+                "pop": self._pops,
+                "push_wait": self._push_wait + self._pushers[0] * at - self._pushers[1],
+                "pop_wait": self._pop_wait + self._poppers[0] * at - self._poppers[1],
+                "depth_ns": self._depth_ns,
+                "empty": self._empty_ns,
+                "full": self._full_ns,
+                "age_sum": self._age_sum,
+                "min": self._min,
+                "max": self._max,
+            }
+            self._min = self._max = self._depth
+            return out

@@ -1,0 +1,186 @@
+"""Serves a Profiler's stream on the dflash-top socket: one writer and one reader thread per
+viewer; a viewer that reads too slowly loses data frames (counted and told), never the
+pipeline's time."""
+
+import os
+import queue
+import socket
+import struct
+import threading
+
+from . import wire
+
+VIEWER_BACKLOG = 1024
+
+
+class _Outlet:
+    def __init__(self, conn):
+        self.conn = conn
+        self.ctl = queue.SimpleQueue()
+        self.data = queue.Queue(maxsize=VIEWER_BACKLOG)
+        self.dropped = 0
+        self.closed = False
+
+    def send_data(self, f):
+        try:
+            self.data.put_nowait(f)
+        except queue.Full:
+            self.dropped += 1
+
+    def pump(self):
+        told = 0
+        try:
+            while not self.closed:
+                try:
+                    f = self.ctl.get_nowait()
+                except queue.Empty:
+                    try:
+                        f = self.data.get(timeout=0.1)
+                    except queue.Empty:
+                        f = None
+                if f is not None:
+                    self.conn.sendall(f)
+                if self.dropped != told:
+                    told = self.dropped
+                    self.conn.sendall(wire.frame({"t": "dropped", "frames": told}))
+        except OSError:
+            pass
+        self.close()
+
+    def close(self):
+        self.closed = True
+        try:
+            self.conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class Server:
+    """Listens on `path` (0600) and fans frames out to every viewer."""
+
+    def __init__(self, path, hello, on_command):
+        self.path = path
+        self._hello = hello
+        self._on_command = on_command
+        self._decls = []
+        self._outlets = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        d = os.path.dirname(path)
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(path)
+        os.chmod(path, 0o600)
+        self._sock.listen(8)
+        self._sock.settimeout(0.1)
+        self._threads = []
+        t = threading.Thread(target=self._accept, name="dflash-top-serve", daemon=True)
+        t.start()
+        self._accept_thread = t
+
+    def declare(self, msg):
+        f = wire.frame(msg)
+        with self._lock:
+            self._decls.append(f)
+            for o in self._outlets:
+                o.ctl.put(f)
+
+    def control(self, msg):
+        f = wire.frame(msg)
+        with self._lock:
+            for o in self._outlets:
+                o.ctl.put(f)
+
+    def viewers(self):
+        with self._lock:
+            self._outlets = [o for o in self._outlets if not o.closed]
+            return len(self._outlets)
+
+    def broadcast(self, msg):
+        """Encodes once, for every viewer; nothing is encoded when none is attached."""
+        if not self._outlets:
+            return
+        f = wire.frame(msg)
+        with self._lock:
+            for o in self._outlets:
+                o.send_data(f)
+
+    def _accept(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self._welcome(conn)
+
+    def _welcome(self, conn):
+        conn.settimeout(2.0)
+        try:
+            conn.sendall(wire.preamble())
+            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _, uid, _ = struct.unpack("3i", cred)
+            if uid != os.getuid():
+                reason = (
+                    "refused: this session belongs to uid %d and the viewer runs as uid %d; "
+                    "attach as the user who started it" % (os.getuid(), uid)
+                )
+                conn.sendall(wire.frame({"t": "refused", "reason": reason}))
+                conn.close()
+                return
+            theirs = wire.read_exact(conn, 12)
+            wire.check_preamble(theirs or b"")
+        except (OSError, wire.WireError) as e:
+            try:
+                conn.sendall(wire.frame({"t": "refused", "reason": "refused: %s" % e}))
+                conn.close()
+            except OSError:
+                pass
+            return
+        conn.settimeout(None)
+        o = _Outlet(conn)
+        with self._lock:
+            o.ctl.put(wire.frame(self._hello()))
+            for d in self._decls:
+                o.ctl.put(d)
+            self._outlets.append(o)
+        w = threading.Thread(target=o.pump, name="dflash-top-out", daemon=True)
+        r = threading.Thread(target=self._read, args=(o,), name="dflash-top-in", daemon=True)
+        w.start()
+        r.start()
+        self._threads += [w, r]
+
+    def _read(self, o):
+        try:
+            while True:
+                m = wire.read_frame(o.conn)
+                if m is None:
+                    break
+                if m.get("t") == "command":
+                    self._on_command(m.get("cmd") or {})
+        except (OSError, ValueError, wire.WireError):
+            pass
+        o.close()
+
+    def close(self):
+        self._stop.set()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self._accept_thread.join(timeout=1)
+        with self._lock:
+            outlets, self._outlets = self._outlets, []
+        for o in outlets:
+            o.close()
+        for t in self._threads:
+            t.join(timeout=1)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,182 @@
+"""dflash-top against the Python stack it replaces, side by side in one call on one GPU.
+
+For each config (preset, batch) it runs `dflash-top bench engine` (1 target + 1 drafter worker
+sharing the GPU) and then dflash_peer.py (a target thread + queue + the drafter in the main
+thread) with the same shapes, anchors, mask and loss, each in a fresh process, and prints a
+markdown table: tokens per second, the ratio, MFU (model FLOPs per second over the bf16 matmul
+peak measured at the start of the same call) and the peak GPU memory each allocated.
+
+  python3 python/peer/compare.py --bin .gpu/dflash-top [--configs qwen3-0.6b:1,qwen3-8b:1]
+      [--fit qwen3-0.6b --fit-ours 16,24,32 --fit-python 2,3,4,5]
+
+`--fit` also finds the largest batch each stack runs at one preset (the first of the listed
+batches that fails ends the search).
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from dflash_peer import PRESETS, target_config  # noqa: E402
+from dflash.model import build_target_layer_ids  # noqa: E402
+
+
+def matmul_peak_tflops(device, n=8192, iters=40):
+    """The bf16 matmul rate this GPU gives now (TFLOP/s), the MFU denominator."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(5):
+        a @ b
+    torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    torch.cuda.synchronize(device)
+    return 2 * n**3 * iters / (time.perf_counter() - t) / 1e12
+
+
+def step_flops(preset, batch, seq=3072, anchors=512, block=16, drafter_layers=5):
+    """Model FLOPs of one training step (matmuls and attention as a causal model counts them):
+    the target forward up to its deepest captured layer, the drafter forward and backward, and
+    the lm-head loss forward and backward (grad of its input only: the head is frozen)."""
+    h, inter, n_layers, heads, kv, d, vocab, _ = PRESETS[preset]
+    ids = build_target_layer_ids(n_layers, drafter_layers)
+    t_layers = max(ids) + 1
+    proj = 2 * h * (heads * d) * 2 + 2 * h * (kv * d) * 2  # q, o, k, v per token
+    mlp = 2 * 3 * h * inter
+    tokens = batch * seq
+    target = t_layers * tokens * (proj + mlp + 4 * heads * d * seq / 2)
+    q = batch * anchors * block
+    ctx = batch * seq
+    per_layer = (
+        q * (2 * h * heads * d * 2 + mlp)  # q and o projections, MLP on the block tokens
+        + (q + ctx) * 2 * h * kv * d * 2  # k and v of the context and the block
+        + q * 4 * heads * d * (seq / 2 + block)  # attention over the visible keys
+    )
+    fc = ctx * 2 * len(ids) * h * h
+    drafter = 3 * (drafter_layers * per_layer + fc)
+    loss = 2 * 2 * q * h * vocab
+    return target + drafter + loss
+
+
+def run(cmd, timeout):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p.stdout
+
+
+def largest_batch(preset, batches, attempt):
+    """The largest of `batches` (ascending) whose run succeeds; stops at the first failure."""
+    best = None
+    for b in batches:
+        try:
+            attempt(preset, b)
+        except Exception as e:
+            print(f"{preset} batch {b}: failed ({str(e).strip().splitlines()[-1][:120]})", flush=True)
+            break
+        print(f"{preset} batch {b}: fits", flush=True)
+        best = b
+    return best
+
+
+def ours(binary, preset, batch, steps, device):
+    out = run(
+        [binary, "bench", "engine", "--preset", preset, "--batch", str(batch),
+         "--target-devices", device, "--drafter-devices", device, "--steps", str(steps)],
+        timeout=600,
+    )
+    tok = float(re.search(r"tok/s=([0-9.]+) \(last 10 s\)", out).group(1))
+    mean = float(re.search(r"mean_tok/s=([0-9.]+)", out).group(1))
+    mem = re.search(r"peak_allocated_gib=([0-9.]+)", out)
+    return {"tok_per_s": tok, "mean_tok_per_s": mean,
+            "peak_allocated_gib": float(mem.group(1)) if mem else float("nan"), "log": out}
+
+
+def python(preset, batch, steps, device, warmup=5):
+    out = run(
+        [sys.executable, os.path.join(HERE, "dflash_peer.py"), "--preset", preset,
+         "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
+         "--device", device],
+        timeout=600,
+    )
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", default="target/release/dflash-top")
+    ap.add_argument("--configs", default="qwen3-0.6b:1,qwen3-8b:1",
+                    help="preset:batch pairs, comma-separated")
+    ap.add_argument("--steps", type=int, default=40, help="dflash-top steps (last 10 s timed)")
+    ap.add_argument("--peer-steps", type=int, default=20, help="Python steps timed after warm-up")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--fit", help="preset whose largest batch each stack is asked to fit")
+    ap.add_argument("--fit-ours", default="16,24,32,40", help="batches tried for dflash-top")
+    ap.add_argument("--fit-python", default="2,3,4,5,6", help="batches tried for Python")
+    args = ap.parse_args()
+
+    peak = matmul_peak_tflops(torch.device(args.device))
+    print(f"bf16 matmul peak measured now: {peak:.0f} TFLOP/s", flush=True)
+    rows = []
+    for item in filter(None, args.configs.split(",")):
+        preset, batch = item.split(":")
+        batch = int(batch)
+        flops = step_flops(preset, batch)
+        tokens = batch * 3072
+        row = {"preset": preset, "batch": batch, "tflop_per_step": flops / 1e12}
+        for name, fn in (("ours", lambda: ours(args.bin, preset, batch, args.steps, args.device)),
+                         ("python", lambda: python(preset, batch, args.peer_steps, args.device))):
+            try:
+                r = fn()
+                r["mfu"] = r["tok_per_s"] / tokens * flops / (peak * 1e12)
+            except Exception as e:  # an out-of-memory config still prints its row
+                r = {"error": str(e).strip().splitlines()[-1][:200]}
+            r.pop("log", None)
+            row[name] = r
+            print(f"{preset} batch {batch} {name}: {json.dumps(r)}", flush=True)
+        rows.append(row)
+
+    print()
+    print("| shapes | batch | dflash-top tok/s | Python tok/s | ratio | MFU ours | MFU Python "
+          "| peak GiB ours | peak GiB Python |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        o, p = r["ours"], r["python"]
+
+        def cell(x, key, fmt):
+            return fmt.format(x[key]) if key in x else "error"
+
+        ratio = (f"{o['tok_per_s'] / p['tok_per_s']:.2f}"
+                 if "tok_per_s" in o and "tok_per_s" in p else "-")
+        print(f"| {r['preset']} | {r['batch']} | {cell(o, 'tok_per_s', '{:,.0f}')} "
+              f"| {cell(p, 'tok_per_s', '{:,.0f}')} | {ratio} | {cell(o, 'mfu', '{:.0%}')} "
+              f"| {cell(p, 'mfu', '{:.0%}')} | {cell(o, 'peak_allocated_gib', '{:.1f}')} "
+              f"| {cell(p, 'peak_allocated_gib', '{:.1f}')} |")
+    fit = None
+    if args.fit:
+        nums = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+        o = largest_batch(args.fit, nums(args.fit_ours),
+                          lambda p, b: ours(args.bin, p, b, 6, args.device))
+        p = largest_batch(args.fit, nums(args.fit_python),
+                          lambda p_, b: python(p_, b, 2, args.device, warmup=1))
+        fit = {"preset": args.fit, "ours": o, "python": p}
+        ratio = f"{o / p:.1f}x" if o and p else "-"
+        print(f"\nlargest batch that fits, {args.fit}: dflash-top {o} rows, Python {p} rows "
+              f"({ratio}; batches tried: ours {args.fit_ours}, Python {args.fit_python})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"peak_tflops": peak, "rows": rows, "fit": fit}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+//! `dflash-top attach`: list the running sessions, or join one in the TUI (same keys; the
+//! control keys reach the watched process) or headless (the interval lines of `train
+//! --headless`). Leaving detaches: the watched run goes on.
+
+use crate::cli::AttachArgs;
+use crate::telemetry::HubCommand;
+use crate::wire::attach::{list_text, resolve, sessions, Attached};
+use crate::wire::serve::socket_dir;
+use anyhow::{bail, Result};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+pub fn run(args: &AttachArgs) -> Result<ExitCode> {
+    if args.list {
+        let found = sessions();
+        if found.is_empty() {
+            println!("no running session in {}", socket_dir().display());
+        } else {
+            println!("{}", list_text(&found));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !(args.interval > 0.0 && args.interval.is_finite()) {
+        bail!("--interval must be a positive number of seconds");
+    }
+    if let Some(s) = args.seconds.filter(|s| !(*s > 0.0 && s.is_finite())) {
+        bail!("--seconds must be a positive number of seconds, not {s}");
+    }
+    let path = resolve(args.target.as_deref())?;
+    let session = Attached::join(&path)?;
+    let who = format!(
+        "PID {} ({}, {})",
+        session.hello.pid,
+        session.hello.program,
+        path.display()
+    );
+    session
+        .telemetry
+        .command(HubCommand::Status(format!("attached to {who}")));
+    let deadline = args
+        .seconds
+        .map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let result = if args.headless {
+        headless(&session, &who, args.interval, deadline);
+        Ok(())
+    } else {
+        tui(&session, deadline)
+    };
+    let reason = session.end_reason();
+    session.detach();
+    result?;
+    match reason {
+        Some(why) => eprintln!("detached from {who}: {why}"),
+        None => eprintln!("detached from {who}; it goes on"),
+    }
+    Ok(crate::app::signal_exit())
+}
+
+fn headless(session: &Attached, who: &str, interval: f64, deadline: Option<Instant>) {
+    println!("attached to {who}");
+    let snapshots = session.telemetry.subscribe();
+    let interval = Duration::from_secs_f64(interval);
+    let mut next = Instant::now() + interval;
+    while !crate::signals::requested()
+        && !session.ended.load(Ordering::SeqCst)
+        && deadline.is_none_or(|d| Instant::now() < d)
+    {
+        if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
+            if Instant::now() >= next {
+                println!("{}", crate::headless::interval_line(&s));
+                next += interval;
+            }
+        }
+    }
+}
+
+fn tui(session: &Attached, deadline: Option<Instant>) -> Result<()> {
+    use crate::tui::{terminal, EngineControls};
+    terminal::install_panic_hook();
+    let snapshots = session.telemetry.subscribe();
+    let mut ctl = EngineControls::new(&session.telemetry, session.hello.can_save);
+    ctl.attached = true;
+    let finished = || {
+        if session.ended.load(Ordering::SeqCst) {
+            let why = session.end_reason().unwrap_or_default();
+            return Some(format!("{why}: press q to leave"));
+        }
+        deadline
+            .filter(|d| Instant::now() >= *d)
+            .map(|_| "time is up: press q to detach".to_string())
+    };
+    crate::app::run_front_end(&ctl, &snapshots, &finished)
+}

@@ -1,0 +1,139 @@
+//! The target's forward as one CUDA graph. Its shapes are fixed (rows x seq tokens), so the
+//! forward is captured once on the worker's stream and replayed per batch: one launch instead of
+//! about 25 per layer, which is what bounds the small targets (0.6B) on the host. The documents
+//! vary per batch; the flash kernel takes them as data (`cu_seqlens`, padded with empty
+//! documents to a fixed count), so one graph serves every batch up to `SEGMENTS_PER_ROW`
+//! documents a row. Other batches, and builds or devices without the CUDA shim, run eagerly.
+
+use super::cuda::Graph;
+use super::data::PackedBatch;
+use super::qwen3::Qwen3Target;
+use super::varlen::{cu_seqlens, Varlen};
+use anyhow::{Context, Result};
+use std::sync::atomic::{AtomicU8, Ordering};
+use tch::{Device, Kind, Tensor};
+
+/// Documents a row the graph has room for (a row of more runs eagerly).
+pub const SEGMENTS_PER_ROW: i64 = 64;
+
+/// How the target forwards ran in this process (for `bench` and `doctor`).
+static STATE: AtomicU8 = AtomicU8::new(0); // 0: no capture tried
+const CAPTURED: u8 = 1;
+const FAILED: u8 = 2;
+
+/// "graph" once a forward was captured, "eager (capture failed)" after a failed capture, else
+/// "eager".
+pub fn state() -> &'static str {
+    match STATE.load(Ordering::Relaxed) {
+        CAPTURED => "graph",
+        FAILED => "eager (capture failed)",
+        _ => "eager",
+    }
+}
+
+/// Whether graphs may be used: on by default; `DFLASH_TOP_NO_GRAPHS=1` turns them off (for side
+/// by side measurements).
+pub fn wanted() -> bool {
+    super::cuda::AVAILABLE && std::env::var_os("DFLASH_TOP_NO_GRAPHS").is_none()
+}
+
+pub struct TargetGraph {
+    graph: Graph,
+    ids: Tensor,
+    positions: Tensor,
+    cu: Tensor,
+    out: Tensor,
+    rows: i64,
+    seq: i64,
+}
+
+impl TargetGraph {
+    /// Captures the flash forward for batches of `rows` x `seq` on the calling thread's current
+    /// stream (after two eager warm-up runs, which load the kernels and cuBLAS's workspace).
+    pub fn capture(model: &Qwen3Target, rows: i64, seq: i64, device: Device) -> Result<Self> {
+        let result = Self::build(model, rows, seq, device);
+        STATE.store(
+            if result.is_ok() { CAPTURED } else { FAILED },
+            Ordering::Relaxed,
+        );
+        result
+    }
+
+    fn build(model: &Qwen3Target, rows: i64, seq: i64, device: Device) -> Result<Self> {
+        let ids = Tensor::zeros([rows, seq], (Kind::Int64, device));
+        let positions = Tensor::arange(seq, (Kind::Int64, device))
+            .unsqueeze(0)
+            .repeat([rows, 1]);
+        let slots = (rows * SEGMENTS_PER_ROW) as usize;
+        let one_doc_a_row: Vec<i64> = (0..rows).flat_map(|r| vec![r; seq as usize]).collect();
+        let cu = padded(&one_doc_a_row, seq as usize, slots).context("a row is one document")?;
+        let cu = Tensor::from_slice(&cu).to_device(device);
+        let docs = Varlen {
+            cu_seqlens: cu.shallow_clone(),
+            max_len: seq,
+        };
+        for _ in 0..2 {
+            let _ = model.forward_documents(&ids, &positions, &docs);
+        }
+        let (graph, out) = Graph::capture(|| model.forward_documents(&ids, &positions, &docs))?;
+        Ok(TargetGraph {
+            graph,
+            ids,
+            positions,
+            cu,
+            out,
+            rows,
+            seq,
+        })
+    }
+
+    /// The hidden states of batch `b` (on the graph's device) through the captured forward, in
+    /// a tensor of their own; `None` when the batch does not fit the graph (shape, documents).
+    pub fn run(&self, b: &PackedBatch) -> Result<Option<Tensor>> {
+        if (b.rows, b.seq) != (self.rows, self.seq) {
+            return Ok(None);
+        }
+        let slots = (self.rows * SEGMENTS_PER_ROW) as usize;
+        let Some(cu) = padded(&b.host_doc_ids, b.seq as usize, slots) else {
+            return Ok(None);
+        };
+        let mut ids = self.ids.shallow_clone();
+        let mut positions = self.positions.shallow_clone();
+        let mut cu_dev = self.cu.shallow_clone();
+        ids.copy_(&b.input_ids);
+        positions.copy_(&b.positions);
+        cu_dev.copy_(&Tensor::from_slice(&cu));
+        self.graph.replay()?;
+        Ok(Some(self.out.copy()))
+    }
+}
+
+/// `cu_seqlens` of the batch padded with empty documents to `slots` documents, or `None` when it
+/// has more.
+fn padded(doc_ids: &[i64], seq: usize, slots: usize) -> Option<Vec<i32>> {
+    let (mut cu, _) = cu_seqlens(doc_ids, seq);
+    if cu.len() > slots + 1 {
+        return None;
+    }
+    let total = *cu.last().unwrap_or(&0);
+    cu.resize(slots + 1, total);
+    Some(cu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_are_padded_with_empty_ones_up_to_the_slots() {
+        // Two rows of 4: documents of 3 and 1, then 4.
+        let ids = [0, 0, 0, 1, 0, 0, 0, 0];
+        assert_eq!(padded(&ids, 4, 5), Some(vec![0, 3, 4, 8, 8, 8]));
+        assert_eq!(padded(&ids, 4, 3), Some(vec![0, 3, 4, 8]));
+        assert_eq!(
+            padded(&ids, 4, 2),
+            None,
+            "three documents do not fit two slots"
+        );
+    }
+}

@@ -1,0 +1,231 @@
+//! The viewer: finds running sessions, joins one, and runs a local hub on its stream (with the
+//! watched process's per-thread CPU from its /proc task list and GPUs through NVML here).
+//! Leaving detaches; the watched run goes on.
+
+use super::mirror::Mirror;
+use super::protocol::*;
+use super::serve::socket_dir;
+use crate::cancel::CancelToken;
+use crate::telemetry::{HubCommand, Telemetry};
+use anyhow::{anyhow, bail, Context, Result};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A session found in the socket directory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionInfo {
+    pub pid: u32,
+    pub path: PathBuf,
+    /// The process's command name (`dflash-top`, `python`).
+    pub comm: String,
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Running sessions in `dir`; sockets of processes that are gone are removed on the way.
+pub fn sessions_in(dir: &Path) -> Vec<SessionInfo> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<SessionInfo> = entries
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let pid: u32 = path
+                .file_name()?
+                .to_str()?
+                .strip_suffix(".sock")?
+                .parse()
+                .ok()?;
+            if !alive(pid) {
+                let _ = std::fs::remove_file(&path);
+                return None;
+            }
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default();
+            Some(SessionInfo { pid, path, comm })
+        })
+        .collect();
+    out.sort_by_key(|s| s.pid);
+    out
+}
+
+pub fn sessions() -> Vec<SessionInfo> {
+    sessions_in(&socket_dir())
+}
+
+/// The socket to join: a PID, a socket path, or the only running session.
+pub fn resolve(target: Option<&str>) -> Result<PathBuf> {
+    match target {
+        Some(t) if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => {
+            let pid: u32 = t.parse().context("PID out of range")?;
+            let path = super::serve::socket_path(pid);
+            if !path.exists() {
+                bail!(
+                    "no dflash-top session for PID {pid} (no {}): run `dflash-top attach` to list them",
+                    path.display()
+                );
+            }
+            Ok(path)
+        }
+        Some(t) => Ok(PathBuf::from(t)),
+        None => {
+            let found = sessions();
+            match found.as_slice() {
+                [one] => Ok(one.path.clone()),
+                [] => bail!(
+                    "no running dflash-top session in {}: start `dflash-top train` or a pipeline \
+                     instrumented with python/dflash_top",
+                    socket_dir().display()
+                ),
+                many => bail!(
+                    "{} sessions are running; pick one with `dflash-top attach PID`:\n{}",
+                    many.len(),
+                    list_text(many)
+                ),
+            }
+        }
+    }
+}
+
+pub fn list_text(found: &[SessionInfo]) -> String {
+    found
+        .iter()
+        .map(|s| format!("  {:>8}  {:<16} {}", s.pid, s.comm, s.path.display()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Connects and does the handshake; returns the stream and the producer's hello.
+pub fn connect(path: &Path) -> Result<(UnixStream, Hello)> {
+    let mut s = UnixStream::connect(path).with_context(|| {
+        format!(
+            "cannot connect to {}: the session has ended or the path is not a dflash-top socket",
+            path.display()
+        )
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write_preamble(&mut s)?;
+    read_preamble(&mut s).with_context(|| format!("{}", path.display()))?;
+    let hello = match read_msg(&mut s).with_context(|| format!("{}", path.display()))? {
+        Some(Msg::Hello(h)) => h,
+        Some(Msg::Refused { reason }) => bail!("{}: {reason}", path.display()),
+        Some(other) => bail!("{}: expected a hello, got {other:?}", path.display()),
+        None => bail!("{}: the session closed the connection", path.display()),
+    };
+    s.set_read_timeout(None)?;
+    Ok((s, hello))
+}
+
+/// A joined session: a local hub fed by the socket.
+pub struct Attached {
+    pub telemetry: Telemetry,
+    pub hello: Hello,
+    /// Set when the stream ended (the watched run finished, or the connection broke).
+    pub ended: Arc<AtomicBool>,
+    pub end_reason: Arc<std::sync::Mutex<Option<String>>>,
+    stream: UnixStream,
+    stop: CancelToken,
+    threads: Vec<JoinHandle<()>>,
+    hub_cancel: CancelToken,
+    hub: Option<JoinHandle<()>>,
+}
+
+impl Attached {
+    pub fn join(path: &Path) -> Result<Attached> {
+        let (stream, hello) = connect(path)?;
+        let mut telemetry = Telemetry::new();
+        telemetry.watched_pid = Some(hello.pid);
+        telemetry.ns_per_mark = Some(hello.ns_per_mark);
+        let mut mirror = Mirror::new(&hello, &telemetry, 0)?;
+        let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<HubCommand>();
+        telemetry.forward_commands(cmd_tx);
+        let ended = Arc::new(AtomicBool::new(false));
+        let end_reason = Arc::new(std::sync::Mutex::new(None));
+        let stop = CancelToken::new();
+        let mut r = stream.try_clone()?;
+        let reader = {
+            let (ended, end_reason) = (ended.clone(), end_reason.clone());
+            std::thread::Builder::new()
+                .name("attach-in".into())
+                .spawn(move || {
+                    let why = loop {
+                        match read_msg(&mut r) {
+                            Ok(Some(m)) => mirror.apply(m),
+                            Ok(None) => break "the session ended".to_string(),
+                            Err(e) => break format!("connection lost: {e}"),
+                        }
+                    };
+                    *end_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                    ended.store(true, Ordering::SeqCst);
+                })?
+        };
+        let mut w = stream.try_clone()?;
+        let writer = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("attach-out".into())
+                .spawn(move || {
+                    while !stop.is_cancelled() {
+                        if let Ok(cmd) = cmd_rx.recv_timeout(Duration::from_millis(50)) {
+                            if write_msg(&mut w, &Msg::Command { cmd }).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                })?
+        };
+        let hub_cancel = CancelToken::new();
+        let hub = telemetry.spawn_hub(hub_cancel.clone())?;
+        Ok(Attached {
+            telemetry,
+            hello,
+            ended,
+            end_reason,
+            stream,
+            stop,
+            threads: vec![reader, writer],
+            hub_cancel,
+            hub: Some(hub),
+        })
+    }
+
+    /// Why the stream ended, once it has.
+    pub fn end_reason(&self) -> Option<String> {
+        self.end_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Leaves: closes the connection (the watched run goes on) and joins every thread.
+    pub fn detach(mut self) {
+        self.stop.cancel();
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+        self.hub_cancel.cancel();
+        if let Some(h) = self.hub.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// `dflash-top attach` with no session to join: the list, or why there is none.
+pub fn describe_sessions() -> Result<String> {
+    let found = sessions();
+    if found.is_empty() {
+        return Err(anyhow!(
+            "no running dflash-top session in {}",
+            socket_dir().display()
+        ));
+    }
+    Ok(list_text(&found))
+}

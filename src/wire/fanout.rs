@@ -1,0 +1,352 @@
+//! The producer's side of the stream: a hub tap that turns raw input (records, queue counters,
+//! live steps, switches) into frames, encoded once, and hands them to every outlet (a socket
+//! viewer, a recording file) without ever blocking the hub: an outlet that is full loses the
+//! frame, and counts it. Declarations (hello, threads, queues) and status lines always arrive:
+//! they go on an unbounded side channel, and a new outlet gets all of them first.
+
+use super::protocol::*;
+use crate::telemetry::assemble::TickInput;
+use crate::telemetry::clock;
+use crate::telemetry::hub::RawTap;
+use crate::telemetry::queue::{QueueCounters, QueueProbe};
+use crate::telemetry::recorder::{StepRecord, ThreadInfo};
+use crate::telemetry::stages::StageTable;
+use crate::telemetry::{Phase, Role, Telemetry};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+pub type Frame = Arc<[u8]>;
+
+/// One receiver of the stream. Its writer drains `ctl` before `data`.
+pub struct Outlet {
+    data: Sender<Frame>,
+    ctl: Sender<Frame>,
+    /// Takes one sample in this many (a recording keeps every step but fewer samples).
+    sample_every: u64,
+    samples: AtomicU64,
+    /// Data frames this outlet had no room for.
+    pub dropped: AtomicU64,
+    pub closed: AtomicBool,
+}
+
+/// The writer's ends of an outlet.
+pub struct OutletRx {
+    pub data: Receiver<Frame>,
+    pub ctl: Receiver<Frame>,
+}
+
+impl Outlet {
+    /// An outlet that holds up to `backlog` data frames before it loses any.
+    pub fn new(backlog: usize) -> (Arc<Outlet>, OutletRx) {
+        Self::thinned(backlog, 1)
+    }
+
+    /// An outlet that takes only one sample in `sample_every` (all steps and declarations).
+    pub fn thinned(backlog: usize, sample_every: u64) -> (Arc<Outlet>, OutletRx) {
+        let (data, data_rx) = bounded(backlog.max(1));
+        let (ctl, ctl_rx) = unbounded();
+        (
+            Arc::new(Outlet {
+                data,
+                ctl,
+                sample_every: sample_every.max(1),
+                samples: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
+                closed: AtomicBool::new(false),
+            }),
+            OutletRx {
+                data: data_rx,
+                ctl: ctl_rx,
+            },
+        )
+    }
+
+    fn send_data(&self, f: &Frame) {
+        if let Err(TrySendError::Full(_)) = self.data.try_send(f.clone()) {
+            self.dropped.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn send_sample(&self, f: &Frame) {
+        if self
+            .samples
+            .fetch_add(1, Relaxed)
+            .is_multiple_of(self.sample_every)
+        {
+            self.send_data(f);
+        }
+    }
+
+    fn send_ctl(&self, f: &Frame) {
+        let _ = self.ctl.send(f.clone());
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Hello, then every declaration so far, in order: what a new outlet is sent first.
+    decls: Vec<Frame>,
+    /// Stage of each declared thread (for its phases' indices).
+    roles: Vec<Role>,
+    queues: usize,
+    outlets: Vec<Arc<Outlet>>,
+}
+
+/// The tap. Cheap when no outlet is attached: records are encoded only for someone.
+pub struct Fanout {
+    telemetry: Telemetry,
+    state: Mutex<State>,
+}
+
+/// A phase's index in a role's list (`other` is the list's last entry).
+fn phase_index(role: Role, p: Phase) -> Option<u16> {
+    role.phases().iter().position(|x| *x == p).map(|i| i as u16)
+}
+
+/// Non-zero phases as (index in the role's list, ns), `other` left out (the rest of the wall).
+fn sparse(role: Role, ns: &[u64]) -> Vec<(u16, u64)> {
+    role.phases()
+        .iter()
+        .filter(|p| **p != Phase::Other)
+        .filter_map(|p| {
+            let v = ns[p.index()];
+            (v > 0).then(|| (phase_index(role, *p).unwrap_or(0), v))
+        })
+        .collect()
+}
+
+impl Fanout {
+    /// A fan-out of `telemetry`'s raw input, added as a tap of its hub (start the hub after);
+    /// `can_save`: whether the engine can save a checkpoint when a viewer asks.
+    pub fn tap(telemetry: &Telemetry, can_save: bool) -> Arc<Fanout> {
+        let f = Fanout::new(
+            telemetry,
+            crate::telemetry::hub::measure_mark_cost(),
+            can_save,
+        );
+        telemetry.add_tap(f.clone());
+        f
+    }
+
+    pub fn new(telemetry: &Telemetry, ns_per_mark: f64, can_save: bool) -> Arc<Fanout> {
+        let hello = Msg::Hello(Hello {
+            pid: std::process::id(),
+            program: "dflash-top".into(),
+            now_ns: clock::to_monotonic(clock::now_ns()),
+            ns_per_mark,
+            stages: StageTable::builtin(),
+            can_save,
+        });
+        Arc::new(Fanout {
+            telemetry: telemetry.clone(),
+            state: Mutex::new(State {
+                decls: vec![encode(&hello).into()],
+                ..State::default()
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds an outlet; it gets every declaration so far before anything else.
+    pub fn attach(&self, outlet: Arc<Outlet>) {
+        let mut st = self.lock();
+        for d in &st.decls {
+            outlet.send_ctl(d);
+        }
+        st.outlets.push(outlet);
+    }
+
+    /// Whether anyone listens (closed outlets are let go here).
+    fn live_outlets(st: &mut State) -> bool {
+        st.outlets.retain(|o| !o.closed.load(Relaxed));
+        !st.outlets.is_empty()
+    }
+
+    fn declare(st: &mut State, m: &Msg) {
+        let f: Frame = encode(m).into();
+        for o in &st.outlets {
+            o.send_ctl(&f);
+        }
+        st.decls.push(f);
+    }
+
+    fn declare_threads(st: &mut State, threads: &[ThreadInfo]) {
+        for (i, t) in threads.iter().enumerate().skip(st.roles.len()) {
+            st.roles.push(t.role);
+            Self::declare(
+                st,
+                &Msg::Thread(ThreadDecl {
+                    id: i as u32,
+                    name: t.name.clone(),
+                    stage: t.role.name().to_string(),
+                    device: t.device.clone(),
+                    tid: t.tid,
+                }),
+            );
+        }
+    }
+
+    fn declare_queues(st: &mut State, queues: &[QueueProbe]) {
+        for (i, q) in queues.iter().enumerate().skip(st.queues) {
+            st.queues += 1;
+            Self::declare(
+                st,
+                &Msg::Queue(QueueDecl {
+                    id: i as u32,
+                    name: q.name().to_string(),
+                    capacity: q.capacity(),
+                    producer: q.producers().to_string(),
+                    consumer: q.consumers().to_string(),
+                }),
+            );
+        }
+    }
+
+    fn broadcast(st: &State, m: &Msg) {
+        let f: Frame = encode(m).into();
+        let sample = matches!(m, Msg::Sample(_));
+        for o in &st.outlets {
+            if sample {
+                o.send_sample(&f);
+            } else {
+                o.send_data(&f);
+            }
+        }
+    }
+}
+
+fn queue_sample(id: usize, c: &QueueCounters) -> WireQueue {
+    WireQueue {
+        id: id as u32,
+        at: clock::to_monotonic(c.at_ns),
+        depth: c.depth,
+        push: c.pushes,
+        pop: c.pops,
+        push_wait: c.push_wait_ns,
+        pop_wait: c.pop_wait_ns,
+        depth_ns: c.depth_ns.min(u64::MAX as u128) as u64,
+        empty: c.empty_ns,
+        full: c.full_ns,
+        age_sum: c.age_ns_sum,
+        min: c.min_depth,
+        max: c.max_depth,
+    }
+}
+
+impl RawTap for Fanout {
+    fn record(&self, r: &StepRecord) {
+        let mut st = self.lock();
+        if !Self::live_outlets(&mut st) {
+            return;
+        }
+        if r.thread >= st.roles.len() {
+            Self::declare_threads(&mut st, &self.telemetry.registry().threads());
+        }
+        let Some(&role) = st.roles.get(r.thread) else {
+            return;
+        };
+        let m = Msg::Step(WireStep {
+            th: r.thread as u32,
+            end: clock::to_monotonic(r.end_ns),
+            wall: r.wall_ns,
+            ph: sparse(role, &r.phase_ns),
+            prof: r.profiled,
+            timing: r.timing,
+            steps: r.steps,
+            idle: r.gpu_idle_ns,
+            tok: r.tokens,
+            m: r.metrics,
+        });
+        Self::broadcast(&st, &m);
+    }
+
+    fn tick(&self, input: &TickInput) {
+        let (threads, switches) = (input.threads, input.switches);
+        let mut st = self.lock();
+        Self::declare_threads(&mut st, threads);
+        Self::declare_queues(&mut st, input.queues);
+        if !Self::live_outlets(&mut st) {
+            return;
+        }
+        let live = threads
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let l = t.live.read();
+                let len = t.role.phases().len() as u16 - 1;
+                WireLive {
+                    th: i as u32,
+                    ph: phase_index(t.role, l.phase).unwrap_or(len),
+                    ps: clock::to_monotonic(l.phase_start_ns),
+                    ss: clock::to_monotonic(l.step_start_ns),
+                    acc: sparse(t.role, &l.acc_ns),
+                }
+            })
+            .collect();
+        let m = Msg::Sample(Sample {
+            now: clock::to_monotonic(input.now_ns),
+            prof: switches.profiling(),
+            timing: switches.gpu_timing(),
+            paused: switches.paused(),
+            dropped: input.dropped,
+            live,
+            q: input
+                .counters
+                .iter()
+                .enumerate()
+                .map(|(i, c)| queue_sample(i, c))
+                .collect(),
+        });
+        Self::broadcast(&st, &m);
+    }
+
+    fn status(&self, text: &str) {
+        let st = self.lock();
+        let f: Frame = encode(&Msg::Status { text: text.into() }).into();
+        for o in &st.outlets {
+            o.send_ctl(&f);
+        }
+    }
+}
+
+/// Writes an outlet's frames to `w` until the outlet closes or a write fails; between frames,
+/// tells the reader how many data frames it lost so far.
+pub fn pump(outlet: &Outlet, rx: &OutletRx, w: &mut impl std::io::Write) -> std::io::Result<()> {
+    use crossbeam_channel::select;
+    let mut told = 0;
+    while !outlet.closed.load(Relaxed) {
+        let frame = match rx.ctl.try_recv() {
+            Ok(f) => Some(f),
+            Err(_) => select! {
+                recv(rx.ctl) -> f => f.ok(),
+                recv(rx.data) -> f => f.ok(),
+                default(std::time::Duration::from_millis(100)) => None,
+            },
+        };
+        match frame {
+            Some(f) => w.write_all(&f)?,
+            None => w.flush()?,
+        }
+        let lost = outlet.dropped.load(Relaxed);
+        if lost != told {
+            write_msg(w, &Msg::Dropped { frames: lost })?;
+            told = lost;
+        }
+    }
+    w.flush()
+}
+
+/// Writes what is still queued (a recording being closed), control frames first.
+pub fn drain(rx: &OutletRx, w: &mut impl std::io::Write) -> std::io::Result<()> {
+    while let Ok(f) = rx.ctl.try_recv() {
+        w.write_all(&f)?;
+    }
+    while let Ok(f) = rx.data.try_recv() {
+        w.write_all(&f)?;
+    }
+    w.flush()
+}

@@ -1,0 +1,186 @@
+//! The viewer's side of the stream: messages become the input of a local hub — threads in its
+//! registry, records on its channel, live steps and queue counters where its probes read them,
+//! the switches as the producer reports them — so that the hub, and every front-end after it,
+//! works on a watched process exactly as on our own pipeline.
+
+use super::protocol::*;
+use crate::telemetry::clock;
+use crate::telemetry::queue::{QueueCounters, QueueProbe};
+use crate::telemetry::recorder::{LiveStep, StepRecord, ThreadInfo};
+use crate::telemetry::stages::role_named;
+use crate::telemetry::{HubCommand, Phase, Role, Telemetry, N_PHASES};
+use anyhow::{bail, Result};
+use std::sync::Arc;
+
+struct RemoteThread {
+    local: usize,
+    role: Role,
+    live: Arc<LiveStep>,
+}
+
+pub struct Mirror {
+    telemetry: Telemetry,
+    threads: Vec<Option<RemoteThread>>,
+    queues: Vec<Option<QueueProbe>>,
+    /// Added to a wire timestamp before it becomes local time (a replay's shift to now).
+    shift_ns: i128,
+    remote_dropped: u64,
+    wire_dropped: u64,
+    seen_sample: bool,
+}
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+/// Phase times by index in `role`'s list, into the per-phase array (`other` the rest of `wall`).
+fn phases(role: Role, ph: &[(u16, u64)], wall: u64) -> [u64; N_PHASES] {
+    let list = role.phases();
+    let mut out = [0u64; N_PHASES];
+    for (k, ns) in ph {
+        if let Some(p) = list.get(*k as usize).filter(|p| **p != Phase::Other) {
+            out[p.index()] += ns;
+        }
+    }
+    let covered: u64 = out.iter().sum();
+    out[Phase::Other.index()] = wall.saturating_sub(covered);
+    out
+}
+
+impl Mirror {
+    /// Checks the hello (its stage table is installed for this process's views).
+    pub fn new(hello: &Hello, telemetry: &Telemetry, shift_ns: i128) -> Result<Mirror> {
+        if let Err(e) = hello.stages.install() {
+            bail!(
+                "process {} declares stages this viewer cannot show: {e}",
+                hello.pid
+            );
+        }
+        Ok(Mirror {
+            telemetry: telemetry.clone(),
+            threads: Vec::new(),
+            queues: Vec::new(),
+            shift_ns,
+            remote_dropped: 0,
+            wire_dropped: 0,
+            seen_sample: false,
+        })
+    }
+
+    /// Moves later wire times by `delta_ns` (a replay skipping a long gap).
+    pub fn shift(&mut self, delta_ns: i128) {
+        self.shift_ns += delta_ns;
+    }
+
+    /// A wire timestamp on this process's clock.
+    pub fn local(&self, wire_ns: u64) -> u64 {
+        clock::from_monotonic((wire_ns as i128 + self.shift_ns).max(0) as u64)
+    }
+
+    fn thread(&self, id: u32) -> Option<&RemoteThread> {
+        self.threads.get(id as usize)?.as_ref()
+    }
+
+    pub fn apply(&mut self, m: Msg) {
+        match m {
+            Msg::Thread(t) => self.add_thread(t),
+            Msg::Queue(q) => self.add_queue(q),
+            Msg::Step(s) => self.step(s),
+            Msg::Sample(s) => self.sample(s),
+            Msg::Status { text } => self.telemetry.command(HubCommand::Status(text)),
+            Msg::Dropped { frames } => {
+                self.wire_dropped = frames;
+                self.telemetry
+                    .set_dropped(self.remote_dropped + self.wire_dropped);
+            }
+            Msg::Hello(_) | Msg::Command { .. } | Msg::Refused { .. } | Msg::Unknown => {}
+        }
+    }
+
+    fn add_thread(&mut self, t: ThreadDecl) {
+        let Some(role) = role_named(&t.stage) else {
+            return;
+        };
+        let live = Arc::new(LiveStep::default());
+        let now = clock::now_ns();
+        live.script(Phase::Other, now, now);
+        let local = self.telemetry.registry().add(ThreadInfo {
+            name: t.name,
+            role,
+            device: t.device,
+            tid: t.tid,
+            live: live.clone(),
+        });
+        let id = t.id as usize;
+        if self.threads.len() <= id {
+            self.threads.resize_with(id + 1, || None);
+        }
+        self.threads[id] = Some(RemoteThread { local, role, live });
+    }
+
+    fn add_queue(&mut self, q: QueueDecl) {
+        let probe = QueueProbe::remote(&q.name, q.capacity, leak(&q.producer), leak(&q.consumer));
+        self.telemetry.add_queue(probe.clone());
+        let id = q.id as usize;
+        if self.queues.len() <= id {
+            self.queues.resize_with(id + 1, || None);
+        }
+        self.queues[id] = Some(probe);
+    }
+
+    fn step(&mut self, s: WireStep) {
+        let Some(t) = self.thread(s.th) else { return };
+        let record = StepRecord {
+            thread: t.local,
+            end_ns: self.local(s.end),
+            wall_ns: s.wall,
+            phase_ns: phases(t.role, &s.ph, s.wall),
+            profiled: s.prof,
+            timing: s.timing,
+            steps: s.steps,
+            gpu_idle_ns: s.idle,
+            tokens: s.tok,
+            metrics: s.m,
+        };
+        self.telemetry.sink().send(record);
+    }
+
+    fn sample(&mut self, s: Sample) {
+        let sw = self.telemetry.switches();
+        if !self.seen_sample || sw.profiling() != s.prof {
+            sw.set_profiling(s.prof);
+        }
+        sw.set_gpu_timing(s.timing);
+        sw.set_paused(s.paused);
+        self.seen_sample = true;
+        for l in &s.live {
+            let Some(t) = self.thread(l.th) else { continue };
+            let list = t.role.phases();
+            let phase = list.get(l.ph as usize).copied().unwrap_or(Phase::Other);
+            let acc = phases(t.role, &l.acc, 0);
+            t.live.set(phase, self.local(l.ss), self.local(l.ps), &acc);
+        }
+        for q in &s.q {
+            let Some(Some(probe)) = self.queues.get(q.id as usize) else {
+                continue;
+            };
+            probe.set_remote(QueueCounters {
+                at_ns: self.local(q.at),
+                depth: q.depth,
+                pushes: q.push,
+                pops: q.pop,
+                push_wait_ns: q.push_wait,
+                pop_wait_ns: q.pop_wait,
+                depth_ns: q.depth_ns as u128,
+                empty_ns: q.empty,
+                full_ns: q.full,
+                age_ns_sum: q.age_sum,
+                min_depth: q.min,
+                max_depth: q.max,
+            });
+        }
+        self.remote_dropped = s.dropped;
+        self.telemetry
+            .set_dropped(self.remote_dropped + self.wire_dropped);
+    }
+}

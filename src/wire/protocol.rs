@@ -1,0 +1,319 @@
+//! The wire protocol (docs/protocol.md): a 12-byte preamble each way (magic, version), then
+//! frames of a 4-byte little-endian length and that many bytes of one JSON message. Timestamps
+//! are CLOCK_MONOTONIC nanoseconds, which every process on the host shares.
+
+use crate::telemetry::stages::StageTable;
+use crate::telemetry::switches::{GpuTiming, Timing};
+use crate::telemetry::{HubCommand, TrainMetrics};
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+
+pub const MAGIC: [u8; 8] = *b"DFLSHTOP";
+pub const VERSION: u32 = 1;
+/// The largest frame either side accepts; anything longer is a broken or hostile peer.
+pub const MAX_FRAME: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("the other side does not speak the dflash-top protocol (no dflash-top preamble): give the socket of a `dflash-top train` or a dflash_top Python pipeline")]
+    NotDflash,
+    #[error("protocol version mismatch: this dflash-top speaks version {ours}, the other side version {theirs}; use the same dflash-top release (and python/dflash_top) on both sides")]
+    Version { ours: u32, theirs: u32 },
+    #[error("a frame of {0} bytes exceeds the protocol's limit of {MAX_FRAME} bytes")]
+    TooLarge(usize),
+    #[error("a malformed frame: {0}")]
+    Malformed(String),
+    #[error("the connection closed in the middle of a frame")]
+    Truncated,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// What the producer says first: who it is and what its stages are.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub pid: u32,
+    /// `dflash-top` or `python`.
+    pub program: String,
+    pub now_ns: u64,
+    /// What one phase mark costs in that process, ns.
+    pub ns_per_mark: f64,
+    pub stages: StageTable,
+    /// Whether a `checkpoint` command can save (a trainer with --save-dir, a Python pipeline
+    /// with a checkpoint handler).
+    #[serde(default)]
+    pub can_save: bool,
+}
+
+/// A thread of the producer, declared before any of its steps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThreadDecl {
+    pub id: u32,
+    pub name: String,
+    /// A stage name of the table.
+    pub stage: String,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// The OS thread id (a task of /proc/PID/task).
+    pub tid: i32,
+}
+
+/// A queue between two stages, declared before it is sampled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueDecl {
+    pub id: u32,
+    pub name: String,
+    pub capacity: usize,
+    pub producer: String,
+    pub consumer: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_host(t: &Timing) -> bool {
+    *t == Timing::Host
+}
+
+/// One iteration of one thread. Phases by their index in the thread's stage's phase list; what
+/// they do not cover of `wall` is `other`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WireStep {
+    pub th: u32,
+    pub end: u64,
+    pub wall: u64,
+    #[serde(default)]
+    pub ph: Vec<(u16, u64)>,
+    /// Whether `ph` holds the whole iteration's phases.
+    #[serde(default)]
+    pub prof: bool,
+    #[serde(default, skip_serializing_if = "is_host")]
+    pub timing: Timing,
+    /// Iterations ended: 1, or 0 for device times of an earlier one.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub steps: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub idle: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tok: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub m: Option<TrainMetrics>,
+}
+
+/// The step a thread is in now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WireLive {
+    pub th: u32,
+    /// Current phase (index in the stage's list; the list's length means `other`).
+    pub ph: u16,
+    /// When the current phase and the current step began.
+    pub ps: u64,
+    pub ss: u64,
+    /// Time in each phase of the step before the current phase began.
+    #[serde(default)]
+    pub acc: Vec<(u16, u64)>,
+}
+
+/// A queue's cumulative counters (waits in progress included up to `at`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireQueue {
+    pub id: u32,
+    pub at: u64,
+    pub depth: usize,
+    pub push: u64,
+    pub pop: u64,
+    pub push_wait: u64,
+    pub pop_wait: u64,
+    /// Integral of depth over time, depth x ns.
+    pub depth_ns: u64,
+    pub empty: u64,
+    pub full: u64,
+    pub age_sum: u64,
+    /// Depth range since the previous sample.
+    pub min: usize,
+    pub max: usize,
+}
+
+/// Ten times a second: the switches, the live steps, the queues.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub now: u64,
+    pub prof: bool,
+    pub timing: GpuTiming,
+    pub paused: bool,
+    /// Step records the producer itself dropped.
+    pub dropped: u64,
+    pub live: Vec<WireLive>,
+    pub q: Vec<WireQueue>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum Msg {
+    Hello(Hello),
+    Thread(ThreadDecl),
+    Queue(QueueDecl),
+    Step(WireStep),
+    Sample(Sample),
+    Status {
+        text: String,
+    },
+    /// Frames this viewer missed, in all, because it read too slowly.
+    Dropped {
+        frames: u64,
+    },
+    /// Viewer to producer: a control key.
+    Command {
+        cmd: HubCommand,
+    },
+    /// Producer to viewer, then the connection closes.
+    Refused {
+        reason: String,
+    },
+    /// A kind this version does not know (a newer peer of the same version): skipped.
+    #[serde(other)]
+    Unknown,
+}
+
+pub fn write_preamble(w: &mut impl Write) -> std::io::Result<()> {
+    write_preamble_version(w, VERSION)
+}
+
+/// The preamble with any version (tests speak a future one).
+pub fn write_preamble_version(w: &mut impl Write, version: u32) -> std::io::Result<()> {
+    let mut b = [0u8; 12];
+    b[..8].copy_from_slice(&MAGIC);
+    b[8..].copy_from_slice(&version.to_le_bytes());
+    w.write_all(&b)?;
+    w.flush()
+}
+
+/// Reads the other side's preamble; a wrong magic or version is an error that says so.
+pub fn read_preamble(r: &mut impl Read) -> Result<(), WireError> {
+    let mut b = [0u8; 12];
+    r.read_exact(&mut b).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => WireError::NotDflash,
+        _ => WireError::Io(e),
+    })?;
+    if b[..8] != MAGIC {
+        return Err(WireError::NotDflash);
+    }
+    let theirs = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if theirs != VERSION {
+        return Err(WireError::Version {
+            ours: VERSION,
+            theirs,
+        });
+    }
+    Ok(())
+}
+
+/// One message as a frame: length, then JSON.
+pub fn encode(m: &Msg) -> Vec<u8> {
+    let body = serde_json::to_vec(m).expect("wire messages always serialize");
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+pub fn write_msg(w: &mut impl Write, m: &Msg) -> std::io::Result<()> {
+    w.write_all(&encode(m))
+}
+
+/// The next message; None at a clean end of stream (between frames).
+pub fn read_msg(r: &mut impl Read) -> Result<Option<Msg>, WireError> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut len[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(WireError::Truncated),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(WireError::TooLarge(n));
+    }
+    let mut body = vec![0u8; n];
+    r.read_exact(&mut body).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => WireError::Truncated,
+        _ => WireError::Io(e),
+    })?;
+    serde_json::from_slice(&body)
+        .map(Some)
+        .map_err(|e| WireError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_bad_input_is_named() {
+        let msgs = vec![
+            Msg::Status { text: "hi".into() },
+            Msg::Command {
+                cmd: HubCommand::SetProfiling(false),
+            },
+            Msg::Step(WireStep {
+                th: 2,
+                end: 10,
+                wall: 5,
+                ph: vec![(0, 3)],
+                prof: true,
+                timing: Timing::Host,
+                steps: 1,
+                idle: 0,
+                tok: 7,
+                m: None,
+            }),
+        ];
+        let mut buf = Vec::new();
+        write_preamble(&mut buf).unwrap();
+        for m in &msgs {
+            write_msg(&mut buf, m).unwrap();
+        }
+        let mut r = &buf[..];
+        read_preamble(&mut r).unwrap();
+        for m in &msgs {
+            assert_eq!(read_msg(&mut r).unwrap().as_ref(), Some(m));
+        }
+        assert!(read_msg(&mut r).unwrap().is_none());
+        // A peer of another version is refused with both numbers.
+        let mut other = Vec::new();
+        write_preamble_version(&mut other, 9).unwrap();
+        let e = read_preamble(&mut &other[..]).unwrap_err().to_string();
+        assert!(e.contains("version 1") && e.contains("version 9"), "{e}");
+        assert!(matches!(
+            read_preamble(&mut &b"GET / HTTP/1.1\r\n"[..]),
+            Err(WireError::NotDflash)
+        ));
+        let huge = ((MAX_FRAME + 1) as u32).to_le_bytes();
+        assert!(matches!(
+            read_msg(&mut &huge[..]),
+            Err(WireError::TooLarge(_))
+        ));
+        let mut cut = encode(&msgs[0]);
+        cut.truncate(cut.len() - 1);
+        assert!(matches!(read_msg(&mut &cut[..]), Err(WireError::Truncated)));
+        // An unknown kind from a newer peer is skipped, not fatal.
+        let mut f = Vec::new();
+        let body = br#"{"t":"flamegraph","x":1}"#;
+        f.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        f.extend_from_slice(body);
+        assert_eq!(read_msg(&mut &f[..]).unwrap(), Some(Msg::Unknown));
+    }
+}

@@ -1,0 +1,242 @@
+//! Recordings: the same frame stream a viewer gets (preamble, hello, declarations, steps,
+//! samples), gzip-compressed into a file. `replay` feeds it to a local hub at its recorded pace;
+//! `export` reads its steps. Files of the older format (one JSON snapshot a line) still read.
+
+use super::fanout::{drain, pump, Fanout, Outlet, OutletRx};
+use super::mirror::Mirror;
+use super::protocol::*;
+use crate::cancel::CancelToken;
+use crate::telemetry::snapshot::{Snapshot, StepSpan};
+use crate::telemetry::stages::role_named;
+use crate::telemetry::{Phase, Telemetry};
+use anyhow::{bail, Context, Result};
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Data frames the recorder may fall behind by (a stalled disk) before it loses any.
+const RECORDER_BACKLOG: usize = 200_000;
+/// A recording keeps every step and one sample in this many (2 a second): queue counters are
+/// cumulative, so nothing is lost but resolution, and samples are most of a stream's bytes.
+const RECORD_SAMPLE_EVERY: u64 = 5;
+
+/// A recording being written.
+pub struct Recorder {
+    outlet: Arc<Outlet>,
+    handle: JoinHandle<Result<()>>,
+}
+
+impl Recorder {
+    /// Creates `path` now (a bad path is reported before training starts) and records every
+    /// frame of `fanout` into it.
+    pub fn start(fanout: &Fanout, path: &Path) -> Result<Recorder> {
+        let file = std::fs::File::create(path).with_context(|| {
+            format!(
+                "--record {}: cannot create the file; check the directory",
+                path.display()
+            )
+        })?;
+        let (outlet, rx) = Outlet::thinned(RECORDER_BACKLOG, RECORD_SAMPLE_EVERY);
+        fanout.attach(outlet.clone());
+        let path: PathBuf = path.to_path_buf();
+        let o = outlet.clone();
+        let handle = std::thread::Builder::new()
+            .name("recorder".into())
+            .spawn(move || {
+                write_all(&o, &rx, file).with_context(|| format!("writing {}", path.display()))
+            })?;
+        Ok(Recorder { outlet, handle })
+    }
+
+    /// Writes what is queued and closes the file.
+    pub fn finish(self) -> Result<()> {
+        self.outlet.closed.store(true, Relaxed);
+        match self.handle.join() {
+            Ok(r) => r,
+            Err(_) => bail!("the recorder thread panicked"),
+        }
+    }
+}
+
+fn write_all(outlet: &Outlet, rx: &OutletRx, file: std::fs::File) -> Result<()> {
+    let mut gz = GzEncoder::new(BufWriter::new(file), flate2::Compression::default());
+    write_preamble(&mut gz)?;
+    pump(outlet, rx, &mut gz)?;
+    drain(rx, &mut gz)?;
+    gz.finish()?.flush()?;
+    Ok(())
+}
+
+/// A recording read back.
+pub enum Recording {
+    /// The frame stream (this version).
+    Frames(Vec<Msg>),
+    /// One snapshot a line (recordings of earlier versions).
+    Snapshots(Vec<Snapshot>),
+}
+
+/// Reads a recording of either format. A stream cut short (a killed run) reads up to its last
+/// whole frame.
+pub fn read(path: &Path) -> Result<Recording> {
+    let mut file = std::fs::File::open(path).with_context(|| {
+        format!(
+            "cannot open {}: give a file written by `train --record`",
+            path.display()
+        )
+    })?;
+    let mut head = [0u8; 2];
+    let n = file.read(&mut head)?;
+    if n == 2 && head == [0x1f, 0x8b] {
+        let file = std::fs::File::open(path)?;
+        let mut r = BufReader::new(GzDecoder::new(file));
+        read_preamble(&mut r).with_context(|| format!("{}", path.display()))?;
+        let mut msgs = Vec::new();
+        loop {
+            match read_msg(&mut r) {
+                Ok(Some(m)) => msgs.push(m),
+                Ok(None) | Err(WireError::Truncated) => break,
+                Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => return Err(e).with_context(|| format!("{} is damaged", path.display())),
+            }
+        }
+        if !matches!(msgs.first(), Some(Msg::Hello(_))) {
+            bail!(
+                "{} does not start with a session's hello: give a file written by `train --record`",
+                path.display()
+            );
+        }
+        return Ok(Recording::Frames(msgs));
+    }
+    crate::telemetry::record::read_recording(path).map(Recording::Snapshots)
+}
+
+/// The step spans of a recording, for the Chrome trace (ns from the recording's start).
+pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
+    let Some(Msg::Hello(hello)) = msgs.first() else {
+        bail!("the recording has no hello");
+    };
+    hello
+        .stages
+        .install()
+        .map_err(|e| anyhow::anyhow!("the recording's stage table: {e}"))?;
+    let mut threads = Vec::new();
+    let mut out = Vec::new();
+    for m in msgs {
+        match m {
+            Msg::Thread(t) => {
+                let id = t.id as usize;
+                if threads.len() <= id {
+                    threads.resize(id + 1, None);
+                }
+                threads[id] = role_named(&t.stage).map(|r| (t.name.clone(), r));
+            }
+            Msg::Step(s) if s.prof && s.steps > 0 => {
+                let Some(Some((name, role))) = threads.get(s.th as usize) else {
+                    continue;
+                };
+                let list = role.phases();
+                let phases =
+                    s.ph.iter()
+                        .filter_map(|(k, ns)| Some((*list.get(*k as usize)?, *ns)))
+                        .filter(|(p, ns)| *p != Phase::Other && *ns > 0)
+                        .collect();
+                out.push(StepSpan {
+                    thread: name.clone(),
+                    role: *role,
+                    end_ns: s.end.saturating_sub(hello.now_ns),
+                    wall_ns: s.wall,
+                    phases,
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Feeds a recording to a local hub at its recorded pace (a gap of more than a second plays
+/// as one second). Returns the hub's telemetry; `done` is set at the end.
+pub struct Player {
+    pub telemetry: Telemetry,
+    feeder: Option<JoinHandle<()>>,
+    stop: CancelToken,
+    hub_cancel: CancelToken,
+    hub: Option<JoinHandle<()>>,
+    pub done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Player {
+    pub fn start(msgs: Vec<Msg>) -> Result<Player> {
+        let Some(Msg::Hello(hello)) = msgs.first().cloned() else {
+            bail!("the recording has no hello");
+        };
+        let mut telemetry = Telemetry::new();
+        telemetry.probes = false;
+        telemetry.ns_per_mark = Some(hello.ns_per_mark);
+        // Recorded times land at now: the first sample's time maps to the start of the replay.
+        let first = msgs
+            .iter()
+            .find_map(|m| match m {
+                Msg::Sample(s) => Some(s.now),
+                _ => None,
+            })
+            .unwrap_or(hello.now_ns);
+        let now = crate::telemetry::clock::to_monotonic(crate::telemetry::clock::now_ns());
+        let mut mirror = Mirror::new(&hello, &telemetry, now as i128 - first as i128)?;
+        // Switches follow the recording, not keys.
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        telemetry.forward_commands(tx);
+        let stop = CancelToken::new();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let feeder = {
+            let (stop, done) = (stop.clone(), done.clone());
+            std::thread::Builder::new()
+                .name("replay".into())
+                .spawn(move || {
+                    let mut prev: Option<u64> = None;
+                    for m in msgs {
+                        if stop.is_cancelled() {
+                            break;
+                        }
+                        if let Msg::Sample(s) = &m {
+                            if let Some(p) = prev {
+                                let gap = s.now.saturating_sub(p);
+                                let play = gap.min(1_000_000_000);
+                                mirror.shift(-((gap - play) as i128));
+                                std::thread::sleep(Duration::from_nanos(play));
+                            }
+                            prev = Some(s.now);
+                        }
+                        mirror.apply(m);
+                    }
+                    done.store(true, Relaxed);
+                })?
+        };
+        let hub_cancel = CancelToken::new();
+        let hub = telemetry.spawn_hub(hub_cancel.clone())?;
+        Ok(Player {
+            telemetry,
+            feeder: Some(feeder),
+            stop,
+            hub_cancel,
+            hub: Some(hub),
+            done,
+        })
+    }
+
+    pub fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(h) = self.feeder.take() {
+            let _ = h.join();
+        }
+        self.hub_cancel.cancel();
+        if let Some(h) = self.hub.take() {
+            let _ = h.join();
+        }
+    }
+}

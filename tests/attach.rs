@@ -1,0 +1,474 @@
+//! Attach and detach: the socket a run serves (private, same-uid only), viewers that come and
+//! go while the run goes on, a viewer that reads nothing, two at once, a protocol version
+//! mismatch, recordings, and the Python client's example pipeline under `attach --headless`.
+
+use dflash_top::cancel::CancelToken;
+use dflash_top::telemetry::{Phase, Role, Telemetry};
+use dflash_top::wire::attach::Attached;
+use dflash_top::wire::fanout::Fanout;
+use dflash_top::wire::protocol::*;
+use dflash_top::wire::serve::{peer_allowed, Server};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+}
+
+/// Waits up to a minute (a loaded machine) for `ok`, with `what` in the failure.
+fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A pipeline of one scripted worker, served on a socket in a temp dir: the hub, the fan-out and
+/// the server of `train`, without libtorch.
+struct Scripted {
+    telemetry: Telemetry,
+    server: Option<Server>,
+    steps: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    hub_cancel: CancelToken,
+    hub: Option<std::thread::JoinHandle<()>>,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Scripted {
+    fn start() -> Scripted {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sessions").join("run.sock");
+        let mut telemetry = Telemetry::new();
+        telemetry.probes = false;
+        let fanout = Fanout::tap(&telemetry, false);
+        let server = Server::start_at(&fanout, &telemetry, &path).unwrap();
+        let steps = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let (sink, steps, stop) = (telemetry.sink().clone(), steps.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("drafter-0".into())
+                .spawn(move || {
+                    let mut rec = sink.recorder(Role::Drafter, "cpu");
+                    while !stop.load(Relaxed) {
+                        rec.mark(Phase::Forward);
+                        std::thread::sleep(Duration::from_micros(300));
+                        rec.mark(Phase::Backward);
+                        rec.end_step(16, None);
+                        steps.fetch_add(1, Relaxed);
+                    }
+                })
+                .unwrap()
+        };
+        let hub_cancel = CancelToken::new();
+        let hub = telemetry.spawn_hub(hub_cancel.clone()).unwrap();
+        Scripted {
+            telemetry,
+            server: Some(server),
+            steps,
+            stop,
+            worker: Some(worker),
+            hub_cancel,
+            hub: Some(hub),
+            path,
+            _dir: dir,
+        }
+    }
+
+    fn steps(&self) -> u64 {
+        self.steps.load(Relaxed)
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+        self.hub_cancel.cancel();
+        if let Some(h) = self.hub.take() {
+            let _ = h.join();
+        }
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+        let _ = &self.telemetry;
+    }
+}
+
+/// A raw client that has done the handshake.
+fn raw_client(path: &Path) -> UnixStream {
+    let mut s = UnixStream::connect(path).unwrap();
+    write_preamble(&mut s).unwrap();
+    read_preamble(&mut s).unwrap();
+    s
+}
+
+#[test]
+fn the_socket_is_private_and_other_users_are_refused() {
+    let run = Scripted::start();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&run.path), 0o600, "the socket is the user's alone");
+    assert_eq!(
+        mode(run.path.parent().unwrap()),
+        0o700,
+        "and so is its directory"
+    );
+    // The credential check itself, with a made-up peer.
+    let e = peer_allowed(1001, 1000).unwrap_err();
+    assert!(e.contains("uid 1000") && e.contains("uid 1001"), "{e}");
+    assert!(peer_allowed(1000, 1000).is_ok());
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("not root: a real peer of another uid is not tried (the check above stands)");
+        return;
+    }
+    // As root we can be another user for real: open the file modes up so that only the
+    // SO_PEERCRED check stands between that user and the stream.
+    let open = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+    open(run.path.parent().unwrap(), 0o755).unwrap();
+    open(&run.path, 0o666).unwrap();
+    let mut s = std::os::unix::process::CommandExt::uid(&mut bin(), 65534)
+        .args([
+            "attach",
+            run.path.to_str().unwrap(),
+            "--headless",
+            "--seconds",
+            "2",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = s.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(s.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "another uid was let in: {err}");
+    assert!(
+        err.contains("refused") && err.contains("uid 65534"),
+        "the refusal says why: {err}"
+    );
+}
+
+#[test]
+fn a_viewer_that_reads_nothing_never_blocks_the_run() {
+    let run = Scripted::start();
+    let _silent = raw_client(&run.path);
+    wait_until("the server to count the viewer", || {
+        run.server.as_ref().unwrap().viewers() == 1
+    });
+    let before = run.steps();
+    // The viewer reads nothing: its socket buffer and then its backlog fill, and frames are
+    // dropped for it (counted) while the worker keeps stepping.
+    wait_until("frames dropped for the silent viewer", || {
+        run.server.as_ref().unwrap().frames_dropped() > 0
+    });
+    let at_drop = run.steps();
+    wait_until("steps to go on after the viewer fell behind", || {
+        run.steps() > at_drop + 200
+    });
+    assert!(run.steps() > before);
+}
+
+#[test]
+fn two_viewers_at_once_and_the_run_goes_on_after_both_detach() {
+    let run = Scripted::start();
+    let a = Attached::join(&run.path).unwrap();
+    let b = Attached::join(&run.path).unwrap();
+    let (fa, fb) = (a.telemetry.subscribe(), b.telemetry.subscribe());
+    for feed in [&fa, &fb] {
+        let start = Instant::now();
+        loop {
+            let s = feed.recv_timeout(Duration::from_secs(60)).unwrap();
+            let d = s.threads.iter().find(|t| t.name == "drafter-0");
+            if d.is_some_and(|t| t.run.steps > 0) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "no steps seen");
+        }
+    }
+    assert_eq!(a.hello.pid, std::process::id());
+    // A control key goes through the socket to the run's switches.
+    a.telemetry
+        .command(dflash_top::telemetry::HubCommand::SetProfiling(false));
+    wait_until("profiling to go off in the run", || {
+        !run.telemetry.switches().profiling()
+    });
+    a.detach();
+    let after_one = run.steps();
+    // The other viewer still sees the run advance.
+    let seen = |feed: &crossbeam_channel::Receiver<Arc<dflash_top::telemetry::Snapshot>>| {
+        feed.recv_timeout(Duration::from_secs(60))
+            .unwrap()
+            .threads
+            .iter()
+            .find(|t| t.name == "drafter-0")
+            .map(|t| t.run.steps)
+            .unwrap_or(0)
+    };
+    let first = seen(&fb);
+    wait_until("the remaining viewer to see new steps", || {
+        seen(&fb) > first
+    });
+    b.detach();
+    wait_until("the run to go on with nobody attached", || {
+        run.steps() > after_one + 100
+    });
+    wait_until("the server to let both viewers go", || {
+        run.server.as_ref().unwrap().viewers() == 0
+    });
+}
+
+#[test]
+fn a_viewer_of_another_protocol_version_is_refused_with_a_sentence() {
+    let run = Scripted::start();
+    let mut s = UnixStream::connect(&run.path).unwrap();
+    write_preamble_version(&mut s, VERSION + 1).unwrap();
+    read_preamble(&mut s).unwrap();
+    match read_msg(&mut s).unwrap() {
+        Some(Msg::Refused { reason }) => assert!(
+            reason.contains("version mismatch")
+                && reason.contains(&format!("version {}", VERSION + 1)),
+            "{reason}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // And a viewer told of another version by the producer says so too.
+    let mut theirs = Vec::new();
+    write_preamble_version(&mut theirs, 7).unwrap();
+    let e = read_preamble(&mut &theirs[..]).unwrap_err().to_string();
+    assert!(
+        e.contains("version 7") && e.contains("same dflash-top release"),
+        "{e}"
+    );
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The example pipeline, serving in `runtime` (its XDG_RUNTIME_DIR).
+fn python_pipeline(runtime: &Path, slow: Option<&str>) -> Child {
+    let mut c = Command::new(repo().join(".venv/bin/python"));
+    c.arg(repo().join("python/examples/pipeline.py"))
+        .args(["--no-torch", "--seconds", "120"])
+        .env("PYTHONPATH", repo().join("python"))
+        .env("XDG_RUNTIME_DIR", runtime)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(s) = slow {
+        c.args(["--slow", s]);
+    }
+    c.spawn().expect(".venv/bin/python runs (make venv)")
+}
+
+/// `attach PID --headless` on the example for a few seconds: its interval lines.
+fn watch_python(slow: Option<&str>) -> Vec<String> {
+    let runtime = tempfile::tempdir().unwrap();
+    let mut child = python_pipeline(runtime.path(), slow);
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", child.id()));
+    wait_until("the Python pipeline's socket", || sock.exists());
+    let o = bin()
+        .args(["attach", &child.id().to_string(), "--headless"])
+        .args(["--seconds", "8", "--interval", "1"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    // SAFETY: kill with a pid we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(status.success(), "the pipeline stops cleanly on SIGTERM");
+    assert!(!sock.exists(), "the pipeline removed its socket");
+    assert!(err.contains("detached from PID"), "{err}");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with("t="))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn a_python_pipeline_shows_its_stages_and_queue_and_the_verdict_follows_a_slowed_stage() {
+    let fast = watch_python(None);
+    let slow = watch_python(Some("producer=300ms"));
+    for lines in [&fast, &slow] {
+        let last = lines.last().expect("interval lines");
+        for part in [
+            "| producer step_ms=",
+            "make_ms=",
+            "push_wait_ms=",
+            "| consumer step_ms=",
+            "pop_wait_ms=",
+            "forward_ms=",
+            "| q.batches=",
+        ] {
+            assert!(last.contains(part), "{part} missing: {last}");
+        }
+    }
+    let verdicts = |lines: &[String]| -> Vec<String> {
+        lines
+            .iter()
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("verdict="))
+            })
+            .map(String::from)
+            .collect()
+    };
+    let (vf, vs) = (verdicts(&fast), verdicts(&slow));
+    assert!(
+        vs.iter().skip(2).all(|v| v == "producer-bound") && vs.len() > 3,
+        "a slowed producer starves the consumer: {vs:?}"
+    );
+    assert!(
+        !vf.iter().any(|v| v == "producer-bound")
+            && vf.last().is_some_and(|v| v == "consumer-bound"),
+        "unslowed, the consumer is the bottleneck: {vf:?}"
+    );
+}
+
+#[test]
+fn a_recording_replays_through_a_hub() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("run.dft");
+    let o = bin()
+        .args(["train", "--headless", "--steps", "6", "--record"])
+        .arg(&rec)
+        .env("XDG_RUNTIME_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let msgs = match dflash_top::wire::recording::read(&rec).unwrap() {
+        dflash_top::wire::recording::Recording::Frames(m) => m,
+        _ => panic!("this version records the frame stream"),
+    };
+    assert!(msgs.iter().any(|m| matches!(m, Msg::Sample(_))));
+    let player = dflash_top::wire::recording::Player::start(msgs).unwrap();
+    let feed = player.telemetry.subscribe();
+    wait_until("the replay to reach the last step", || {
+        feed.try_iter().last().is_some_and(|s| s.train.step == 6)
+    });
+    player.stop();
+}
+
+#[test]
+fn the_tui_attaches_its_keys_reach_the_pipeline_and_q_detaches() {
+    use crate::tmux::Session;
+    let runtime = tempfile::tempdir().unwrap();
+    let mut child = python_pipeline(runtime.path(), None);
+    let pid = child.id().to_string();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{pid}.sock"));
+    wait_until("the Python pipeline's socket", || sock.exists());
+    let cmd = format!(
+        "XDG_RUNTIME_DIR={} {} attach {pid}; echo EXITED=$?; sleep 600",
+        runtime.path().display(),
+        env!("CARGO_BIN_EXE_dflash-top"),
+    );
+    let s = Session::start_sized(
+        format!("dflash-attach-{}", std::process::id()),
+        (120, 40),
+        &cmd,
+    );
+    s.wait_for("the pipeline's threads and the attached note", |x| {
+        x.contains("producer") && x.contains("consumer") && x.contains("attached to PID")
+    });
+    // `p` goes through the socket: a second viewer reads profiling off from the pipeline.
+    s.keys("p");
+    wait_until("the pipeline to report profiling off", || {
+        let o = bin()
+            .args([
+                "attach",
+                &pid,
+                "--headless",
+                "--seconds",
+                "2.5",
+                "--interval",
+                "1",
+            ])
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).contains("profiling=off")
+    });
+    // One `q` detaches (quitting stops nothing here), and the pipeline goes on.
+    s.keys("q");
+    let after = s.wait_for("the viewer to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the pipeline ended with the viewer"
+    );
+    assert!(sock.exists(), "the pipeline still serves");
+    // SAFETY: kill with a pid we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
+    let runtime = tempfile::tempdir().unwrap();
+    let train = bin()
+        .args(["train", "--headless", "--steps", "40", "--interval", "60"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", train.id()));
+    wait_until("the run's socket", || sock.exists());
+    // `attach` with no target joins the only session.
+    let o = bin()
+        .args(["attach", "--headless", "--seconds", "3", "--interval", "1"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let last = out.lines().rfind(|l| l.starts_with("t=")).expect("lines");
+    for part in [
+        "| loader",
+        "| target-0",
+        "| drafter-0",
+        "| q.batch=",
+        "| q.hs=",
+        "verdict=",
+    ] {
+        assert!(last.contains(part), "{part} missing: {last}");
+    }
+    // Detached: the run goes on to its last step and removes its socket.
+    let done = train.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(out.contains("attach: dflash-top attach"), "{out}");
+    let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
+    assert!(summary.contains("step=40 "), "{summary}");
+    assert!(!sock.exists(), "the socket is removed at the end");
+}
