@@ -17,6 +17,8 @@ pub struct AdamW {
     v: Tensor,
     /// The gradients gathered by `clip_grad_norm`, used by `step`.
     flat_grad: Option<Tensor>,
+    /// Whether the step goes through libtorch's fused CUDA kernel (decided once, see `fused`).
+    fused_step: bool,
     pub step: i64,
     pub beta1: f64,
     pub beta2: f64,
@@ -56,6 +58,9 @@ impl AdamW {
             v: flat.zeros_like(),
             flat,
             flat_grad: None,
+            fused_step: device.is_cuda()
+                && super::cuda::AVAILABLE
+                && std::env::var_os("DFLASH_TOP_UNFUSED_ADAMW").is_none(),
             step: 0,
             beta1: 0.9,
             beta2: 0.999,
@@ -182,10 +187,7 @@ impl AdamW {
     /// gate as its `found_inf`); false where it does not run (CPU, no shim, or
     /// `DFLASH_TOP_UNFUSED_ADAMW=1` for side-by-side measurements), and the plain path runs.
     fn fused(&self, g: &Tensor, lr: f64, t: f64, ok: Option<&Tensor>) -> bool {
-        if !self.flat.device().is_cuda()
-            || !super::cuda::AVAILABLE
-            || std::env::var_os("DFLASH_TOP_UNFUSED_ADAMW").is_some()
-        {
+        if !self.fused_step {
             return false;
         }
         let step = Tensor::full([], t, (Kind::Float, self.flat.device()));

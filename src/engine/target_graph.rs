@@ -4,6 +4,7 @@
 //! vary per batch; the flash kernel takes them as data (`cu_seqlens`, padded with empty
 //! documents to a fixed count), so one graph serves every batch up to `SEGMENTS_PER_ROW`
 //! documents a row. Other batches, and builds or devices without the CUDA shim, run eagerly.
+//! `TargetForward` is the choice a target worker makes per batch.
 
 use super::cuda::Graph;
 use super::data::PackedBatch;
@@ -105,6 +106,56 @@ impl TargetGraph {
         cu_dev.copy_(&Tensor::from_slice(&cu));
         self.graph.replay()?;
         Ok(Some(self.out.copy()))
+    }
+}
+
+/// How a target worker runs its forward: the CUDA graph where it was captured (at the first
+/// batch, on the worker's own stream), else the eager flash forward where `Varlen::usable`, else
+/// the dense-mask forward.
+pub struct TargetForward {
+    flash: bool,
+    /// `None` until the first batch; `Some(None)` when no graph is used (not wanted, no stream
+    /// of its own, or a failed capture).
+    graph: Option<Option<TargetGraph>>,
+    device: Device,
+}
+
+impl TargetForward {
+    pub fn new(model: &Qwen3Target, device: Device) -> TargetForward {
+        TargetForward {
+            flash: Varlen::usable(device, model.embed_tokens.kind(), model.cfg.head_dim),
+            graph: None,
+            device,
+        }
+    }
+
+    /// The captured layers' hidden states of batch `b` (on this worker's device);
+    /// `own_stream`: whether the worker runs on a stream of its own (graphs need one).
+    pub fn run(
+        &mut self,
+        model: &Qwen3Target,
+        b: &PackedBatch,
+        own_stream: bool,
+    ) -> Result<Tensor> {
+        if self.flash && self.graph.is_none() {
+            let capture = wanted() && own_stream;
+            self.graph = Some(
+                capture
+                    .then(|| TargetGraph::capture(model, b.rows, b.seq, self.device).ok())
+                    .flatten(),
+            );
+        }
+        if let Some(g) = self.graph.as_ref().and_then(Option::as_ref) {
+            if let Some(hidden) = g.run(b)? {
+                return Ok(hidden);
+            }
+        }
+        Ok(if self.flash {
+            let docs = Varlen::from_doc_ids(&b.host_doc_ids, b.seq as usize, self.device);
+            model.forward_documents(&b.input_ids, &b.positions, &docs)
+        } else {
+            model.forward(&b.input_ids, &b.positions, &b.doc_ids)
+        })
     }
 }
 

@@ -15,8 +15,7 @@ use super::loss::{block_metrics, chunked_loss_backward_rows, gamma_for, slot_wei
 use super::marks::Marks;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
-use super::target_graph::{self, TargetGraph};
-use super::varlen::Varlen;
+use super::target_graph::TargetForward;
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::{QueueRx, QueueTx};
 use crate::telemetry::recorder::{TrainMetrics, MAX_SLOTS};
@@ -104,10 +103,7 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
     let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
     let thread = thread_name();
     let mut iteration = 0;
-    let flash = Varlen::usable(device, model.embed_tokens.kind(), model.cfg.head_dim);
-    // The flash forward as one CUDA graph, captured at the first batch (on this worker's own
-    // stream); `None` after a failed capture, which leaves the eager flash forward.
-    let mut graph: Option<Option<TargetGraph>> = None;
+    let mut forward = TargetForward::new(&model, device);
     while !cancel.is_cancelled() {
         m.hold_while_paused(&cancel);
         m.mark(Phase::BatchWait);
@@ -117,26 +113,7 @@ pub fn run_target(job: TargetJob, telemetry: Telemetry, cancel: CancelToken) -> 
         iteration += 1;
         let b = b.to_device(device);
         m.mark(Phase::Forward);
-        if flash && graph.is_none() {
-            let wanted = target_graph::wanted() && m.stream().is_some();
-            graph = Some(
-                wanted
-                    .then(|| TargetGraph::capture(&model, b.rows, b.seq, device).ok())
-                    .flatten(),
-            );
-        }
-        let replayed = match graph.as_ref().and_then(Option::as_ref) {
-            Some(g) => g.run(&b)?,
-            None => None,
-        };
-        let hidden = match replayed {
-            Some(hidden) => hidden,
-            None if flash => {
-                let docs = Varlen::from_doc_ids(&b.host_doc_ids, b.seq as usize, device);
-                model.forward_documents(&b.input_ids, &b.positions, &docs)
-            }
-            None => model.forward(&b.input_ids, &b.positions, &b.doc_ids),
-        };
+        let hidden = forward.run(&model, &b, m.stream().is_some())?;
         slow_down(slow, &cancel);
         m.mark(Phase::HsPack);
         let tokens = b.tokens();
