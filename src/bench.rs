@@ -37,7 +37,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             });
             alternate(args, &settings)?;
         }
-        other => bail!("bench `{other}`: use engine, modes, profiling or telemetry"),
+        "replicas" => replicas(args)?,
+        other => bail!("bench `{other}`: use engine, modes, profiling, replicas or telemetry"),
     }
     Ok(crate::app::signal_exit())
 }
@@ -111,12 +112,66 @@ fn engine(args: &BenchArgs) -> Result<()> {
     for line in memory_lines(&cfg) {
         println!("bench: {line}");
     }
+    if let Some(ratio) = crate::placement::measured_ratio(&s) {
+        let gpus = crate::config::cuda_count().max(1) as usize;
+        let advice = crate::placement::advise(ratio, gpus);
+        println!("bench: placement {} ({})", advice.text(), advice.flags());
+    }
     println!(
         "bench: target_attention={} target_forward={}",
         crate::engine::varlen::attention_used(),
         crate::engine::target_graph::state()
     );
     println!("{}", crate::headless::summary_line(&s, start_step));
+    Ok(())
+}
+
+/// `bench replicas`: --steps (default 20) steps of the replicas on --drafter-devices against one
+/// drafter with all their rows; fails unless the replicas end identical and the loss curves agree
+/// within --tolerance.
+fn replicas(args: &BenchArgs) -> Result<()> {
+    if !(args.tolerance > 0.0 && args.tolerance.is_finite()) {
+        bail!("--tolerance must be a positive fraction (0.02 is 2%)");
+    }
+    let cfg = RunConfig::from_args(&args.train)?;
+    let steps = args.train.steps.unwrap_or(20);
+    let report = crate::engine::replica_check::run(&cfg, steps)?;
+    println!(
+        "bench: replicas preset={} drafters={:?} (each {} rows) vs one drafter on {:?} ({} rows) \
+         steps={steps}",
+        cfg.preset.name,
+        cfg.drafter_devices,
+        cfg.batch,
+        cfg.drafter_devices[0],
+        cfg.batch * cfg.drafter_devices.len() as i64
+    );
+    for (i, (r, s)) in report.losses.iter().enumerate() {
+        println!(
+            "bench: step {} loss replicas={r:.4} single={s:.4} gap={:.3}%",
+            i + 1,
+            (r - s).abs() / s.abs().max(1e-6) * 100.0
+        );
+    }
+    let identical = report.replica_diff == 0.0;
+    let gap = report.loss_gap();
+    println!(
+        "bench: replicas identical after {steps} steps: {} (max |w0 - wN| = {:e})",
+        if identical { "yes" } else { "no" },
+        report.replica_diff
+    );
+    println!(
+        "bench: loss gap, replicas' mean vs one drafter with all their rows: max {:.3}% \
+         (tolerance {:.1}%); weights max |w0 - w_single| = {:.3e}",
+        gap * 100.0,
+        args.tolerance * 100.0,
+        report.single_diff
+    );
+    if !identical || gap > args.tolerance {
+        bail!(
+            "the replica check failed: the replicas differ or their loss left the single drafter's"
+        );
+    }
+    println!("bench: replica check passed");
     Ok(())
 }
 

@@ -110,10 +110,12 @@ pub struct TrainArgs {
     /// Continue a run from a checkpoint directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// Devices of the target workers, e.g. `cpu` or `cuda:0,cuda:1`.
+    /// Devices of the target workers, e.g. `cpu` or `cuda:0,cuda:1`; `all` (with
+    /// --drafter-devices all) splits every GPU between targets and drafters by the placement
+    /// advice.
     #[arg(long, value_name = "LIST")]
     pub target_devices: Option<String>,
-    /// Devices of the drafter workers, e.g. `cpu` or `cuda:2,cuda:3`.
+    /// Devices of the drafter workers, e.g. `cpu` or `cuda:2,cuda:3`, or `all`.
     #[arg(long, value_name = "LIST")]
     pub drafter_devices: Option<String>,
     /// Record the telemetry stream (gzip) to this file, for `replay` and `export`.
@@ -182,7 +184,8 @@ pub struct AttachArgs {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// What to measure: `engine` (training step), `modes` (async / events / sync side by side),
-    /// `profiling` (profiling on vs off side by side) or `telemetry` (phase-mark cost).
+    /// `profiling` (profiling on vs off side by side), `telemetry` (phase-mark cost) or
+    /// `replicas` (drafter replicas against one drafter with their rows: equal weights, same loss).
     #[arg(default_value = "engine")]
     pub what: String,
     /// `modes` and `profiling`: seconds each setting runs before the next takes over.
@@ -191,6 +194,10 @@ pub struct BenchArgs {
     /// `modes` and `profiling`: how many times the settings take turns (after one warm-up turn).
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub rounds: u32,
+    /// `replicas`: the largest relative gap allowed between the replicas' mean loss and the loss
+    /// of one drafter taking every replica's rows.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.02)]
+    pub tolerance: f64,
     #[command(flatten)]
     pub train: TrainArgs,
 }

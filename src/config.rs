@@ -137,15 +137,55 @@ impl FileConfig {
     }
 }
 
+/// The CUDA devices this process sees (0 without CUDA).
+pub fn cuda_count() -> i64 {
+    if tch::Cuda::is_available() {
+        tch::Cuda::device_count()
+    } else {
+        0
+    }
+}
+
+/// --target-devices and --drafter-devices; `all` spreads that role over every GPU by the
+/// placement advice (`ratio`: the drafter's cost per batch over the target's, estimated from
+/// FLOPs), or gives it every GPU when the other role is listed.
+fn placed_devices(
+    targets: &str,
+    drafters: &str,
+    ratio: impl FnOnce() -> f64,
+) -> Result<(Vec<Device>, Vec<Device>)> {
+    let (t_all, d_all) = (targets.trim() == "all", drafters.trim() == "all");
+    if !t_all && !d_all {
+        return Ok((
+            parse_devices(targets, "--target-devices")?,
+            parse_devices(drafters, "--drafter-devices")?,
+        ));
+    }
+    let gpus = cuda_count() as usize;
+    if gpus == 0 {
+        let flag = if t_all {
+            "--target-devices"
+        } else {
+            "--drafter-devices"
+        };
+        bail!("{flag} all: this machine has no CUDA device; use cpu");
+    }
+    let every = || (0..gpus).map(Device::Cuda).collect::<Vec<_>>();
+    Ok(match (t_all, d_all) {
+        (true, true) => {
+            let (t, d) = crate::placement::advise(ratio(), gpus).devices();
+            (
+                t.into_iter().map(Device::Cuda).collect(),
+                d.into_iter().map(Device::Cuda).collect(),
+            )
+        }
+        (true, false) => (every(), parse_devices(drafters, "--drafter-devices")?),
+        _ => (parse_devices(targets, "--target-devices")?, every()),
+    })
+}
+
 /// Parses `cpu`, `cuda`, `cuda:N`, comma-separated; checks that each device exists.
 pub fn parse_devices(list: &str, flag: &str) -> Result<Vec<Device>> {
-    let cuda_count = || {
-        if tch::Cuda::is_available() {
-            tch::Cuda::device_count()
-        } else {
-            0
-        }
-    };
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let dev = match item {
@@ -157,7 +197,7 @@ pub fn parse_devices(list: &str, flag: &str) -> Result<Vec<Device>> {
                     .with_context(|| format!("{flag}: `{s}` is not a device: use cpu or cuda:N"))?;
                 Device::Cuda(n)
             }
-            s => bail!("{flag}: `{s}` is not a device: use cpu or cuda:N"),
+            s => bail!("{flag}: `{s}` is not a device: use cpu, cuda:N or all"),
         };
         if let Device::Cuda(n) = dev {
             let count = cuda_count();
@@ -331,19 +371,16 @@ impl RunConfig {
         if save_every.is_some() && save_dir.is_none() {
             bail!("--save-every needs --save-dir: say where checkpoints go");
         }
-        let target_devices = parse_devices(
+        let (target_devices, drafter_devices) = placed_devices(
             args.target_devices
                 .as_deref()
                 .or(file.target_devices.as_deref())
                 .unwrap_or("cpu"),
-            "--target-devices",
-        )?;
-        let drafter_devices = parse_devices(
             args.drafter_devices
                 .as_deref()
                 .or(file.drafter_devices.as_deref())
                 .unwrap_or("cpu"),
-            "--drafter-devices",
+            || crate::placement::flop_ratio(&target_config, &spec, recipe.seq_len, recipe.anchors),
         )?;
         let slow_items: Vec<String> = if args.slow.is_empty() {
             file.slow.clone().unwrap_or_default()
@@ -761,5 +798,30 @@ mod tests {
             "{e}"
         );
         assert!(parse_devices("tpu", "--x").is_err());
+    }
+
+    #[test]
+    fn all_devices_follow_the_advice_or_say_there_is_no_gpu() {
+        let gpus = cuda_count() as usize;
+        let placed = placed_devices("all", "all", || 3.1);
+        if gpus == 0 {
+            let e = placed.unwrap_err().to_string();
+            assert!(
+                e.contains("--target-devices all") && e.contains("no CUDA device"),
+                "{e}"
+            );
+            assert!(placed_devices("cpu", "all", || 1.0).is_err());
+            return;
+        }
+        let (t, d) = placed.unwrap();
+        let (want_t, want_d) = crate::placement::advise(3.1, gpus).devices();
+        assert_eq!(t, want_t.into_iter().map(Device::Cuda).collect::<Vec<_>>());
+        assert_eq!(d, want_d.into_iter().map(Device::Cuda).collect::<Vec<_>>());
+        let (t, d) = placed_devices("cuda:0", "all", || 1.0).unwrap();
+        assert_eq!(
+            (t.len(), d.len()),
+            (1, gpus),
+            "the listed role as given, the other on every GPU"
+        );
     }
 }

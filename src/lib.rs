@@ -11,6 +11,7 @@ pub mod engine;
 pub mod fault;
 pub mod generate;
 pub mod headless;
+pub mod placement;
 pub mod probe;
 pub mod progress;
 pub mod signals;

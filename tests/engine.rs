@@ -499,7 +499,7 @@ fn dp_step(
     let w = slot_weights(4, gamma_for(4));
     let (_loss, backward) = chunked_loss_backward(&out, head, &batch.labels, &batch.valid, &w, 64);
     backward();
-    replicas.mean(opt.gathered_grads()).unwrap();
+    replicas.mean(opt).unwrap();
     let norm = f64::try_from(opt.clip_grad_norm(1.0)).unwrap();
     opt.step(1e-2);
     norm

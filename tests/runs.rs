@@ -541,6 +541,36 @@ fn two_cpu_drafter_replicas_train_in_step() {
 }
 
 #[test]
+fn cpu_replicas_end_identical_and_learn_like_one_drafter_with_all_their_rows() {
+    let o = run(&[
+        "bench",
+        "replicas",
+        "--drafter-devices",
+        "cpu,cpu",
+        "--steps",
+        "5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("replicas identical after 5 steps: yes"),
+        "{out}"
+    );
+    let losses: Vec<(f64, f64)> = out
+        .lines()
+        .filter(|l| l.starts_with("bench: step "))
+        .map(|l| (field(l, "replicas").unwrap(), field(l, "single").unwrap()))
+        .collect();
+    assert_eq!(losses.len(), 5, "{out}");
+    for (r, s) in &losses {
+        assert!((r - s).abs() / s < 0.02, "replicas {r} vs one drafter {s}");
+    }
+    assert!(losses[4].0 < losses[0].0, "the replicas learn: {losses:?}");
+    let o = run(&["bench", "replicas", "--drafter-devices", "cpu"]);
+    assert_user_error(&o, &["--drafter-devices", "two or more"]);
+}
+
+#[test]
 fn a_recorded_run_exports_a_chrome_trace() {
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("run.jsonl");

@@ -27,6 +27,7 @@ mod ffi {
         pub fn dflash_event_elapsed_ms(a: *mut c_void, b: *mut c_void, ms: *mut f64) -> c_int;
         pub fn dflash_stream_wait_event(s: *mut c_void, e: *mut c_void) -> c_int;
         pub fn dflash_tensor_record_stream(t: *mut c_void, s: *mut c_void) -> c_int;
+        pub fn dflash_set_grad(param: *mut c_void, grad: *mut c_void) -> c_int;
         pub fn dflash_device_pci(
             device: c_int,
             bus_id: *mut c_char,
@@ -77,6 +78,9 @@ mod ffi {
         1
     }
     pub unsafe fn dflash_stream_current(_: c_int, _: *mut *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_set_grad(_: *mut c_void, _: *mut c_void) -> c_int {
         1
     }
     pub unsafe fn dflash_stream_free(_: *mut c_void) {}
@@ -367,6 +371,18 @@ pub fn flash_varlen(
 
 /// Peak bytes the caching allocator has handed out on `device` since the last reset (`reset`
 /// starts a new window).
+/// Makes `grad` (shaped like `param`) the `.grad` of `param`, so that backward accumulates into
+/// it in place (a view into a flat gradient buffer).
+pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<()> {
+    // SAFETY: tch's tensor pointers are `at::Tensor*`, live for this call.
+    check(
+        unsafe {
+            ffi::dflash_set_grad(param.as_ptr() as *mut c_void, grad.as_ptr() as *mut c_void)
+        },
+        "setting a parameter's gradient buffer",
+    )
+}
+
 pub fn memory_peak(device: usize, reset: bool) -> Result<u64> {
     let mut peak = 0;
     // SAFETY: valid out pointer.

@@ -1,7 +1,11 @@
 //! The NCCL path of drafter data parallel: libtorch's own `ProcessGroupNCCL`, reached through a
 //! small C++ shim (src/engine/cxx/nccl_shim.cpp, built when the wheel's NCCL and CUDA headers are
-//! there). One rank per drafter thread; the ranks meet through an in-process store.
+//! there). One rank per drafter thread; the ranks meet through an in-process store. Replica 0's
+//! weights are broadcast to all at start; the gradients are all-reduced in buckets while backward
+//! runs (one bucket per drafter layer, last layer first), on NCCL's own stream, and the worker's
+//! stream waits only for what was not done when backward ended.
 
+use super::optim::AdamW;
 use super::replicas::GradMean;
 use anyhow::{bail, Result};
 use std::ffi::{c_char, c_int, c_void};
@@ -31,6 +35,30 @@ mod ffi {
             err: *mut c_char,
             len: usize,
         ) -> c_int;
+        pub fn dflash_nccl_broadcast(
+            pg: *mut c_void,
+            t: *mut c_void,
+            root: c_int,
+            err: *mut c_char,
+            len: usize,
+        ) -> c_int;
+        #[allow(clippy::too_many_arguments)]
+        pub fn dflash_reducer_new(
+            pg: *mut c_void,
+            params: *const *mut c_void,
+            n: c_int,
+            flat: *mut c_void,
+            param_bucket: *const c_int,
+            buckets: c_int,
+            span_bucket: *const c_int,
+            span_off: *const i64,
+            span_len: *const i64,
+            spans: c_int,
+            err: *mut c_char,
+            len: usize,
+        ) -> *mut c_void;
+        pub fn dflash_reducer_finish(r: *mut c_void, err: *mut c_char, len: usize) -> c_int;
+        pub fn dflash_reducer_free(r: *mut c_void);
     }
 }
 
@@ -59,6 +87,36 @@ mod ffi {
     ) -> c_int {
         1
     }
+    pub unsafe fn dflash_nccl_broadcast(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: c_int,
+        _: *mut c_char,
+        _: usize,
+    ) -> c_int {
+        1
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dflash_reducer_new(
+        _: *mut c_void,
+        _: *const *mut c_void,
+        _: c_int,
+        _: *mut c_void,
+        _: *const c_int,
+        _: c_int,
+        _: *const c_int,
+        _: *const i64,
+        _: *const i64,
+        _: c_int,
+        _: *mut c_char,
+        _: usize,
+    ) -> *mut c_void {
+        std::ptr::null_mut()
+    }
+    pub unsafe fn dflash_reducer_finish(_: *mut c_void, _: *mut c_char, _: usize) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_reducer_free(_: *mut c_void) {}
 }
 
 struct Store(*mut c_void);
@@ -99,6 +157,7 @@ impl NcclGroup {
             rank,
             size: self.size,
             pg: std::ptr::null_mut(),
+            reducer: std::ptr::null_mut(),
         }
     }
 }
@@ -108,6 +167,61 @@ pub struct NcclMember {
     rank: usize,
     size: usize,
     pg: *mut c_void,
+    /// The buckets reduced during backward (null: one all-reduce after backward).
+    reducer: *mut c_void,
+}
+
+/// Whether gradients are all-reduced during backward (the default) or in one piece after it
+/// (`DFLASH_TOP_GRAD_SYNC=after`, for side-by-side measurements).
+fn during_backward() -> bool {
+    std::env::var("DFLASH_TOP_GRAD_SYNC").map_or(true, |v| v != "after")
+}
+
+/// A group of parameters whose gradients are all-reduced together: the parameters (indices in
+/// the optimizer's order) and the contiguous spans of the flat gradient buffer they cover.
+#[derive(Debug, PartialEq)]
+pub struct Bucket {
+    pub params: Vec<usize>,
+    pub spans: Vec<(i64, i64)>,
+}
+
+/// The drafter's parameters grouped in the order backward finishes them: one bucket per decoder
+/// layer, the last layer first, then everything outside the layers (the context projection and
+/// its norm are the last gradients backward computes). `layout` is (name, (offset, numel)) in
+/// the flat buffer's order.
+pub fn plan_buckets(layout: &[(&str, (i64, i64))]) -> Vec<Bucket> {
+    let layer_of = |name: &str| -> Option<usize> {
+        name.strip_prefix("layers.")?
+            .split('.')
+            .next()?
+            .parse()
+            .ok()
+    };
+    let layers = layout.iter().filter_map(|(n, _)| layer_of(n)).max();
+    let order: Vec<Option<usize>> = match layers {
+        Some(top) => (0..=top).rev().map(Some).chain([None]).collect(),
+        None => vec![None],
+    };
+    order
+        .into_iter()
+        .filter_map(|key| {
+            let mut bucket = Bucket {
+                params: Vec::new(),
+                spans: Vec::new(),
+            };
+            for (i, (name, (off, len))) in layout.iter().enumerate() {
+                if layer_of(name) != key {
+                    continue;
+                }
+                bucket.params.push(i);
+                match bucket.spans.last_mut() {
+                    Some((o, l)) if *o + *l == *off => *l += len,
+                    _ => bucket.spans.push((*off, *len)),
+                }
+            }
+            (!bucket.params.is_empty()).then_some(bucket)
+        })
+        .collect()
 }
 
 // SAFETY: a member is used by the one drafter thread it is handed to.
@@ -118,8 +232,9 @@ fn error_text(buf: &[u8]) -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-impl GradMean for NcclMember {
-    fn mean(&mut self, flat: &mut Tensor) -> Result<()> {
+impl NcclMember {
+    /// The rank's process group, made on first use on the calling thread.
+    fn group(&mut self) -> Result<*mut c_void> {
         let mut err = vec![0u8; 1024];
         if self.pg.is_null() {
             // SAFETY: the store outlives the member (Arc); err is a writable buffer of its length.
@@ -140,23 +255,122 @@ impl GradMean for NcclMember {
                 );
             }
         }
-        // SAFETY: pg is live; the tensor pointer is tch's at::Tensor*, valid for this call.
-        let rc = unsafe {
-            ffi::dflash_nccl_allreduce_mean(
-                self.pg,
+        Ok(self.pg)
+    }
+
+    /// One collective of the shim on `t`: `call(pg, tensor, err, len)` returns non-zero on error.
+    fn collective(
+        &mut self,
+        what: &str,
+        t: &mut Tensor,
+        call: impl FnOnce(*mut c_void, *mut c_void, *mut c_char, usize) -> c_int,
+    ) -> Result<()> {
+        let pg = self.group()?;
+        let mut err = vec![0u8; 1024];
+        let rc = call(
+            pg,
+            t.as_mut_ptr() as *mut c_void,
+            err.as_mut_ptr() as *mut c_char,
+            err.len(),
+        );
+        if rc != 0 {
+            bail!("NCCL {what} on rank {}: {}", self.rank, error_text(&err));
+        }
+        Ok(())
+    }
+
+    /// Hooks the bucketed all-reduce into backward: the gradients move into one flat buffer
+    /// (each parameter's `.grad` a view), and each bucket goes out when backward completes it.
+    fn hook_buckets(&mut self, optimizer: &mut AdamW) -> Result<()> {
+        let pg = self.group()?;
+        let mut flat = optimizer.keep_grads_flat(super::cuda::set_grad)?;
+        let layout: Vec<(&str, &Tensor, (i64, i64))> = optimizer.layout().collect();
+        let names: Vec<(&str, (i64, i64))> = layout.iter().map(|(n, _, s)| (*n, *s)).collect();
+        let buckets = plan_buckets(&names);
+        let mut param_bucket = vec![0 as c_int; layout.len()];
+        let (mut span_bucket, mut span_off, mut span_len) = (Vec::new(), Vec::new(), Vec::new());
+        for (b, bucket) in buckets.iter().enumerate() {
+            for &p in &bucket.params {
+                param_bucket[p] = b as c_int;
+            }
+            for &(off, len) in &bucket.spans {
+                span_bucket.push(b as c_int);
+                span_off.push(off);
+                span_len.push(len);
+            }
+        }
+        let params: Vec<*mut c_void> = layout
+            .iter()
+            .map(|(_, t, _)| t.as_ptr() as *mut c_void)
+            .collect();
+        let mut err = vec![0u8; 1024];
+        // SAFETY: every pointer is live for the call (tch's at::Tensor*, the vectors above); the
+        // shim copies what it keeps (tensor handles, the bucket tables).
+        let reducer = unsafe {
+            ffi::dflash_reducer_new(
+                pg,
+                params.as_ptr(),
+                params.len() as c_int,
                 flat.as_mut_ptr() as *mut c_void,
+                param_bucket.as_ptr(),
+                buckets.len() as c_int,
+                span_bucket.as_ptr(),
+                span_off.as_ptr(),
+                span_len.as_ptr(),
+                span_bucket.len() as c_int,
                 err.as_mut_ptr() as *mut c_char,
                 err.len(),
             )
         };
-        if rc != 0 {
+        if reducer.is_null() {
             bail!(
-                "NCCL all-reduce on rank {}: {}",
+                "NCCL gradient buckets on rank {}: {}",
                 self.rank,
                 error_text(&err)
             );
         }
+        self.reducer = reducer;
         Ok(())
+    }
+}
+
+impl GradMean for NcclMember {
+    /// Every replica starts from replica 0's weights (broadcast), whatever it was built with.
+    fn prepare(&mut self, optimizer: &mut AdamW) -> Result<()> {
+        // SAFETY (closure): pg and tensor are live for the call.
+        self.collective(
+            "broadcast of replica 0's weights",
+            optimizer.flat_params(),
+            |pg, t, e, l| unsafe { ffi::dflash_nccl_broadcast(pg, t, 0, e, l) },
+        )?;
+        if during_backward() {
+            self.hook_buckets(optimizer)?;
+        }
+        Ok(())
+    }
+
+    fn mean(&mut self, optimizer: &mut AdamW) -> Result<()> {
+        if !self.reducer.is_null() {
+            let mut err = vec![0u8; 1024];
+            // SAFETY: the reducer is live; err is a writable buffer of its length.
+            let rc = unsafe {
+                ffi::dflash_reducer_finish(self.reducer, err.as_mut_ptr() as *mut c_char, err.len())
+            };
+            if rc != 0 {
+                bail!(
+                    "NCCL gradient all-reduce on rank {}: {}",
+                    self.rank,
+                    error_text(&err)
+                );
+            }
+            return Ok(());
+        }
+        // SAFETY (closure): pg and tensor are live for the call.
+        self.collective(
+            "all-reduce",
+            optimizer.gathered_grads(),
+            |pg, t, e, l| unsafe { ffi::dflash_nccl_allreduce_mean(pg, t, e, l) },
+        )
     }
 
     fn world(&self) -> usize {
@@ -171,9 +385,110 @@ impl GradMean for NcclMember {
 
 impl Drop for NcclMember {
     fn drop(&mut self) {
+        if !self.reducer.is_null() {
+            // SAFETY: made by dflash_reducer_new, freed once (before its process group).
+            unsafe { ffi::dflash_reducer_free(self.reducer) }
+        }
         if !self.pg.is_null() {
             // SAFETY: made by dflash_nccl_new, freed once.
             unsafe { ffi::dflash_nccl_free(self.pg) }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gradients reduced bucket by bucket during backward, at world size 1 (the mean of one is
+    /// itself): the buffer ends equal to the gradients plain autograd computes.
+    #[test]
+    fn bucketed_reduction_on_cuda_leaves_the_true_gradients() {
+        if !tch::Cuda::is_available() || !AVAILABLE {
+            eprintln!("no CUDA device (or no NCCL shim in this build): not run");
+            return;
+        }
+        let dev = tch::Device::Cuda(0);
+        let build = || {
+            tch::manual_seed(7);
+            let vs = tch::nn::VarStore::new(dev);
+            let root = vs.root();
+            let ws = vec![
+                root.randn("fc", &[64, 64], 0.0, 0.1),
+                (&root / "layers" / 0).randn("w", &[64, 64], 0.0, 0.1),
+                (&root / "layers" / 1).randn("w", &[64, 64], 0.0, 0.1),
+                root.randn("norm", &[64, 64], 0.0, 0.1),
+            ];
+            (vs, ws)
+        };
+        let loss = |ws: &[Tensor], x: &Tensor| {
+            // fc first, the layers, the norm last: backward runs them the other way round.
+            let mut h = x.matmul(&ws[0]).tanh();
+            for w in &ws[1..] {
+                h = h.matmul(w).tanh();
+            }
+            h.pow_tensor_scalar(2).sum(tch::Kind::Float)
+        };
+        let x = Tensor::randn([16, 64], (tch::Kind::Float, dev));
+        let (plain_vs, plain_ws) = build();
+        let mut plain = AdamW::new(plain_vs.variables().into_iter().collect());
+        let (vs, ws) = build();
+        let mut opt = AdamW::new(vs.variables().into_iter().collect());
+        let group = NcclGroup::new(1).unwrap();
+        let mut member = group.member(0);
+        member.prepare(&mut opt).unwrap();
+        assert!(!member.reducer.is_null(), "buckets hooked into backward");
+        for _ in 0..2 {
+            loss(&plain_ws, &x).backward();
+            let want = plain.gathered_grads().copy();
+            loss(&ws, &x).backward();
+            member.mean(&mut opt).unwrap();
+            let got = opt.gathered_grads().copy();
+            let diff = f64::try_from((&got - &want).abs().max()).unwrap();
+            assert!(diff < 1e-5, "bucketed gradients differ by {diff}");
+            plain.step(0.01);
+            opt.step(0.01);
+        }
+    }
+
+    #[test]
+    fn buckets_follow_backward_layer_by_layer_and_cover_every_parameter_once() {
+        // The optimizer's order: names sorted, so layers.10 sits between layers.1 and layers.2.
+        let names = [
+            "fc.weight",
+            "hidden_norm.weight",
+            "layers.0.mlp.weight",
+            "layers.0.norm.weight",
+            "layers.1.mlp.weight",
+            "layers.10.mlp.weight",
+            "layers.2.mlp.weight",
+            "norm.weight",
+        ];
+        let sizes = [8, 2, 5, 1, 5, 5, 5, 2];
+        let mut off = 0;
+        let layout: Vec<(&str, (i64, i64))> = names
+            .iter()
+            .zip(sizes)
+            .map(|(n, s)| {
+                let span = (off, s);
+                off += s;
+                (*n, span)
+            })
+            .collect();
+        let buckets = plan_buckets(&layout);
+        let params: Vec<Vec<usize>> = buckets.iter().map(|b| b.params.clone()).collect();
+        assert_eq!(
+            params,
+            vec![vec![5], vec![6], vec![4], vec![2, 3], vec![0, 1, 7]],
+            "layer 10, 2, 1, 0, then the rest"
+        );
+        assert_eq!(buckets[3].spans, vec![(10, 6)], "a layer's spans merge");
+        assert_eq!(
+            buckets[4].spans,
+            vec![(0, 10), (31, 2)],
+            "fc + hidden_norm merge; the final norm is a span of its own"
+        );
+        let covered: i64 = buckets.iter().flat_map(|b| &b.spans).map(|s| s.1).sum();
+        assert_eq!(covered, off, "every element in exactly one span");
     }
 }

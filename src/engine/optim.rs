@@ -17,6 +17,8 @@ pub struct AdamW {
     v: Tensor,
     /// The gradients gathered by `clip_grad_norm`, used by `step`.
     flat_grad: Option<Tensor>,
+    /// Where the parameters' `.grad` live once `keep_grads_flat` ran (a view each).
+    grad_buffer: Option<Tensor>,
     /// Whether the step goes through libtorch's fused CUDA kernel (decided once, see `fused`).
     fused_step: bool,
     pub step: i64,
@@ -58,6 +60,7 @@ impl AdamW {
             v: flat.zeros_like(),
             flat,
             flat_grad: None,
+            grad_buffer: None,
             fused_step: device.is_cuda()
                 && super::cuda::AVAILABLE
                 && std::env::var_os("DFLASH_TOP_UNFUSED_ADAMW").is_none(),
@@ -70,6 +73,9 @@ impl AdamW {
     }
 
     fn gather_grads(&self) -> Tensor {
+        if let Some(buffer) = &self.grad_buffer {
+            return buffer.shallow_clone();
+        }
         let parts: Vec<Tensor> = self
             .params
             .iter()
@@ -83,6 +89,48 @@ impl AdamW {
             })
             .collect();
         Tensor::cat(&parts, 0)
+    }
+
+    /// From now on the gradients live in one flat f32 buffer laid out like the parameters:
+    /// `attach(param, view)` makes each parameter's `.grad` a view into it, so that backward
+    /// accumulates straight into the buffer (nothing is gathered, an all-reduce reads it in
+    /// place). Returns the buffer.
+    pub fn keep_grads_flat(
+        &mut self,
+        attach: impl Fn(&Tensor, &Tensor) -> Result<()>,
+    ) -> Result<Tensor> {
+        let buffer = self.flat.zeros_like();
+        for ((_, p), (off, n)) in self.params.iter().zip(&self.spans) {
+            attach(p, &buffer.narrow(0, *off, *n).view(p.size().as_slice()))?;
+        }
+        self.grad_buffer = Some(buffer.shallow_clone());
+        Ok(buffer)
+    }
+
+    /// The parameters (sorted by name) and each one's (offset, numel) in the flat buffers.
+    pub fn layout(&self) -> impl Iterator<Item = (&str, &Tensor, (i64, i64))> {
+        self.params
+            .iter()
+            .zip(&self.spans)
+            .map(|((name, p), span)| (name.as_str(), p, *span))
+    }
+
+    /// The flat buffer every parameter is a view into.
+    pub fn flat_params(&mut self) -> &mut Tensor {
+        &mut self.flat
+    }
+
+    fn zero_grads(&mut self) {
+        match &mut self.grad_buffer {
+            Some(buffer) => {
+                let _ = buffer.zero_();
+            }
+            None => {
+                for (_, p) in self.params.iter_mut() {
+                    p.zero_grad();
+                }
+            }
+        }
     }
 
     /// The gradients gathered into one flat tensor (for averaging across replicas before the
@@ -139,9 +187,7 @@ impl AdamW {
         self.step += 1;
         let t = self.step as f64;
         if self.fused(&g, lr, t, ok) {
-            for (_, p) in self.params.iter_mut() {
-                p.zero_grad();
-            }
+            self.zero_grads();
             return;
         }
         let bc1 = 1.0 - self.beta1.powf(t);
@@ -178,9 +224,7 @@ impl AdamW {
             Some(k) => self.flat.g_sub_(&(delta * k)),
             None => self.flat.g_sub_(&delta),
         };
-        for (_, p) in self.params.iter_mut() {
-            p.zero_grad();
-        }
+        self.zero_grads();
     }
 
     /// The step through libtorch's fused CUDA kernel (each element read and written once; the
@@ -385,6 +429,40 @@ mod tests {
     /// The fused CUDA step against the plain one on the CPU: the same trajectory (weight decay
     /// on, a gated-off step in the middle that must change nothing). Runs where a GPU is (the
     /// GPU machine runs this binary); without one it says so.
+    #[test]
+    fn gradients_kept_in_the_flat_buffer_train_like_gathered_ones() {
+        if !crate::engine::cuda::AVAILABLE {
+            eprintln!("no CUDA shim in this build: gradients cannot be attached to a buffer");
+            return;
+        }
+        let run = |flat: bool| {
+            let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+            let a = vs.root().var("a", &[2, 3], tch::nn::Init::Const(0.5));
+            let b = vs.root().var("b", &[4], tch::nn::Init::Const(-1.0));
+            let mut opt = AdamW::new(vs.variables().into_iter().collect());
+            let buffer = flat.then(|| opt.keep_grads_flat(crate::engine::cuda::set_grad).unwrap());
+            for i in 0..4 {
+                let loss =
+                    (&a * &a * (i + 1) as f64).sum(Kind::Float) + (&b * 2.0).sum(Kind::Float);
+                loss.backward();
+                if let Some(buffer) = &buffer {
+                    // Backward wrote straight into the buffer: a's gradient 2a(i+1), b's 2.
+                    let g = Vec::<f32>::try_from(buffer).unwrap();
+                    assert_eq!(g[6..], [2.0; 4], "b's gradient in its span");
+                    assert!(g[..6].iter().all(|x| *x != 0.0), "{g:?}");
+                }
+                let _ = opt.clip_grad_norm(10.0);
+                opt.step(0.1);
+                if let Some(buffer) = &buffer {
+                    let zero = f64::try_from(buffer.abs().sum(Kind::Double)).unwrap();
+                    assert_eq!(zero, 0.0, "the step leaves the buffer zeroed");
+                }
+            }
+            Vec::<f32>::try_from(opt.flat_params().shallow_clone()).unwrap()
+        };
+        assert_eq!(run(true), run(false));
+    }
+
     #[test]
     fn fused_cuda_adamw_follows_the_plain_one() {
         if !tch::Cuda::is_available() || !crate::engine::cuda::AVAILABLE {

@@ -6,6 +6,7 @@ use super::checkpoint;
 use super::config::{DrafterSpec, Qwen3Config};
 use super::data::{DocSource, JsonlSource, Synthetic};
 use super::drafter::Drafter;
+use super::drafter_step::DrafterStep;
 use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
@@ -35,7 +36,7 @@ pub struct Pipeline {
 
 /// The target: shapes from --target's config.json or the preset, weights from the directory or
 /// random (seeded).
-fn build_target(
+pub(crate) fn build_target(
     cfg: &RunConfig,
     target_cfg: &Qwen3Config,
     capture: &[i64],
@@ -54,7 +55,44 @@ fn build_target(
     Ok((vs, model))
 }
 
-fn data_source(
+/// Drafter replicas, one per device, all with replica 0's weights: fresh (seeded) or from
+/// --resume / --drafter.
+pub(crate) fn build_drafters(
+    cfg: &RunConfig,
+    devices: &[Device],
+) -> Result<Vec<(VarStore, Drafter, Device)>> {
+    let spec = &cfg.spec;
+    let mut built = Vec::new();
+    for &dev in devices {
+        tch::manual_seed(cfg.seed as i64 + 1);
+        let vs = VarStore::new(dev);
+        let model = Drafter::new(&vs.root(), spec);
+        built.push((vs, model, dev));
+    }
+    if let Some(dir) = cfg.resume.as_ref().or(cfg.drafter.as_ref()) {
+        checkpoint::load_weights(dir, &built[0].0)?;
+    }
+    let _g = tch::no_grad_guard();
+    let first = built[0].0.variables();
+    for (vs, _, _) in built.iter().skip(1) {
+        for (name, mut var) in vs.variables() {
+            var.copy_(&first[&name]);
+        }
+    }
+    Ok(built)
+}
+
+/// The target's frozen embedding or lm head as a drafter on `dev` reads it (bf16 on a GPU).
+pub(crate) fn frozen_on(t: &tch::Tensor, dev: Device) -> tch::Tensor {
+    let kind = if dev.is_cuda() {
+        Kind::BFloat16
+    } else {
+        Kind::Float
+    };
+    t.to_device(dev).to_kind(kind)
+}
+
+pub(crate) fn data_source(
     cfg: &RunConfig,
     target_cfg: &Qwen3Config,
     spec: &DrafterSpec,
@@ -137,16 +175,27 @@ pub fn worker_failure(thread: &str, phase: Option<crate::telemetry::Phase>, erro
     s
 }
 
-enum Replicas {
+pub(crate) enum Replicas {
     Single,
     Local(Arc<LocalGroup>),
     Nccl(NcclGroup),
 }
 
+impl Replicas {
+    /// Replica `i`'s handle on the group.
+    pub(crate) fn member(&self, i: usize) -> Box<dyn super::replicas::GradMean> {
+        match self {
+            Replicas::Local(g) => Box::new(g.member(i)),
+            Replicas::Nccl(g) => Box::new(g.member(i)),
+            Replicas::Single => Box::new(Single),
+        }
+    }
+}
+
 /// How the drafter replicas average gradients: NCCL when every replica has a GPU of its own,
 /// the in-process group on the CPU. `DFLASH_TOP_NCCL_WORLD1=1` puts even one GPU drafter through
 /// NCCL (world size 1), to exercise the path on a one-GPU machine.
-fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
+pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
     let all_cuda = devices.iter().all(|d| d.is_cuda());
     let force = std::env::var("DFLASH_TOP_NCCL_WORLD1").is_ok_and(|v| v == "1");
     if devices.len() == 1 && !(force && all_cuda) {
@@ -197,27 +246,8 @@ impl Pipeline {
             (t.embed_tokens.shallow_clone(), t.lm_head.shallow_clone())
         };
 
-        // Drafters: one replica per device, all starting from replica 0's weights.
+        let built = build_drafters(cfg, &cfg.drafter_devices)?;
         let mut start_step = 0;
-        let mut built = Vec::new();
-        for &dev in &cfg.drafter_devices {
-            tch::manual_seed(cfg.seed as i64 + 1);
-            let vs = VarStore::new(dev);
-            let model = Drafter::new(&vs.root(), &spec);
-            built.push((vs, model, dev));
-        }
-        if let Some(dir) = cfg.resume.as_ref().or(cfg.drafter.as_ref()) {
-            checkpoint::load_weights(dir, &built[0].0)?;
-        }
-        {
-            let _g = tch::no_grad_guard();
-            let first = built[0].0.variables();
-            for (vs, _, _) in built.iter().skip(1) {
-                for (name, mut var) in vs.variables() {
-                    var.copy_(&first[&name]);
-                }
-            }
-        }
         let mut drafters = Vec::new();
         for (vs, model, dev) in built {
             let params: Vec<_> = vs.variables().into_iter().collect();
@@ -227,13 +257,7 @@ impl Pipeline {
                 optimizer.step = state.step as i64;
                 start_step = state.step;
             }
-            let kind = if dev.is_cuda() {
-                Kind::BFloat16
-            } else {
-                Kind::Float
-            };
-            let embed = embed.to_device(dev).to_kind(kind);
-            let lm_head = lm_head.to_device(dev).to_kind(kind);
+            let (embed, lm_head) = (frozen_on(&embed, dev), frozen_on(&lm_head, dev));
             drafters.push((vs, model, optimizer, embed, lm_head, dev));
         }
         let group = replica_group(&cfg.drafter_devices, &cancel)?;
@@ -288,13 +312,17 @@ impl Pipeline {
 
         for (i, (vs, model, optimizer, embed, lm_head, dev)) in drafters.into_iter().enumerate() {
             let job = DrafterJob {
-                model,
+                step: DrafterStep {
+                    model,
+                    optimizer,
+                    spec: spec.clone(),
+                    embed,
+                    lm_head,
+                    device: dev,
+                    replicas: group.member(i),
+                    loss_chunk_mib: cfg.loss_chunk_mib,
+                },
                 vs,
-                optimizer,
-                spec: spec.clone(),
-                embed,
-                lm_head,
-                device: dev,
                 input: hs_rx.clone(),
                 anchors: cfg.anchors,
                 lr: cfg.lr,
@@ -313,15 +341,9 @@ impl Pipeline {
                 slow: cfg.slow.drafter,
                 threads,
                 saves: i == 0,
-                loss_chunk_mib: cfg.loss_chunk_mib,
                 counts: counts.clone(),
                 keep: cfg.keep,
                 max_nonfinite: cfg.max_nonfinite,
-                replicas: match &group {
-                    Replicas::Local(g) => Box::new(g.member(i)),
-                    Replicas::Nccl(g) => Box::new(g.member(i)),
-                    Replicas::Single => Box::new(Single),
-                },
             };
             let (t, c) = (telemetry.clone(), cancel.clone());
             handles.push(spawn(

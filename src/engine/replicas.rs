@@ -3,15 +3,22 @@
 //! replicas of one process meet at a cancellable barrier and average with libtorch ops);
 //! the NCCL path (several GPUs) goes through libtorch's own `ProcessGroupNCCL`.
 
+use super::optim::AdamW;
 use crate::cancel::CancelToken;
 use anyhow::{bail, Result};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tch::Tensor;
 
-/// Replaces a replica's flat gradient with the mean over all replicas.
+/// Replaces a replica's gradients with their mean over all replicas.
 pub trait GradMean: Send {
-    fn mean(&mut self, flat: &mut Tensor) -> Result<()>;
+    /// Once, on the replica's own thread, before its first backward (the NCCL path broadcasts
+    /// replica 0's weights and hooks its reduction into backward here).
+    fn prepare(&mut self, _optimizer: &mut AdamW) -> Result<()> {
+        Ok(())
+    }
+    /// After backward: the optimizer's gradients become the mean over the replicas.
+    fn mean(&mut self, optimizer: &mut AdamW) -> Result<()>;
     fn world(&self) -> usize;
     /// Whether the worker calls `mean` at all (a lone replica has nothing to average).
     fn syncs(&self) -> bool {
@@ -23,7 +30,7 @@ pub trait GradMean: Send {
 pub struct Single;
 
 impl GradMean for Single {
-    fn mean(&mut self, _flat: &mut Tensor) -> Result<()> {
+    fn mean(&mut self, _optimizer: &mut AdamW) -> Result<()> {
         Ok(())
     }
     fn world(&self) -> usize {
@@ -97,8 +104,9 @@ pub struct LocalMember {
     rank: usize,
 }
 
-impl GradMean for LocalMember {
-    fn mean(&mut self, flat: &mut Tensor) -> Result<()> {
+impl LocalMember {
+    /// Replaces `flat` with the mean of every replica's `flat`.
+    fn mean_of(&mut self, flat: &mut Tensor) -> Result<()> {
         let g = &self.group;
         g.round.lock().expect("replica group poisoned").slots[self.rank] = Some(flat.copy());
         if !g.barrier() {
@@ -124,6 +132,12 @@ impl GradMean for LocalMember {
         }
         flat.copy_(&mean);
         Ok(())
+    }
+}
+
+impl GradMean for LocalMember {
+    fn mean(&mut self, optimizer: &mut AdamW) -> Result<()> {
+        self.mean_of(optimizer.gathered_grads())
     }
 
     fn world(&self) -> usize {
@@ -151,7 +165,7 @@ mod tests {
                                     rank as f32 + step as f32,
                                     10.0 * rank as f32,
                                 ]);
-                                m.mean(&mut g).unwrap();
+                                m.mean_of(&mut g).unwrap();
                                 last = Vec::<f32>::try_from(&g).unwrap();
                             }
                             last
@@ -170,7 +184,7 @@ mod tests {
         cancel.cancel();
         let mut g = Tensor::from_slice(&[1.0f32]);
         assert!(
-            lone.mean(&mut g).is_err(),
+            lone.mean_of(&mut g).is_err(),
             "a replica alone does not wait forever once cancelled"
         );
     }

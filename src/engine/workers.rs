@@ -1,17 +1,12 @@
 //! The three worker loops. Each runs on its own named thread, owns its device and its phase
 //! recorder, and marks every phase of DESIGN.md §4.
 
-use super::blocks::{
-    anchors_tensor, block_input_ids, block_labels, block_positions, label_rows, sample_anchors,
-    tiled_block_mask,
-};
+use super::blocks::sample_anchors;
 use super::checkpoint::{self, TrainerState};
-use super::config::DrafterSpec;
 use super::cuda::Event;
 use super::data::{DocSource, PackedBatch, Packer, Rng};
-use super::drafter::Drafter;
+use super::drafter_step::{DrafterStep, StepProbe};
 pub use super::handoff::HiddenBatch;
-use super::loss::{block_metrics, chunked_loss_backward_rows, gamma_for, slot_weights};
 use super::marks::Marks;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
@@ -164,13 +159,9 @@ impl DataCounts {
 }
 
 pub struct DrafterJob {
-    pub model: Drafter,
+    /// The replica: its model, optimizer, loss settings and replica group.
+    pub step: DrafterStep,
     pub vs: VarStore,
-    pub optimizer: AdamW,
-    pub spec: DrafterSpec,
-    pub embed: Tensor,
-    pub lm_head: Tensor,
-    pub device: Device,
     pub input: QueueRx<HiddenBatch>,
     pub anchors: i64,
     pub lr: f64,
@@ -187,10 +178,6 @@ pub struct DrafterJob {
     pub threads: i32,
     /// Only the first drafter saves checkpoints.
     pub saves: bool,
-    /// Averages gradients with the other replicas (data parallel).
-    pub replicas: Box<dyn super::replicas::GradMean>,
-    /// f32 logits per lm-head chunk, MiB.
-    pub loss_chunk_mib: i64,
     /// Truncated documents and skipped batches, counted for the front-end.
     pub counts: std::sync::Arc<DataCounts>,
     /// Newest `step-*` checkpoints kept (None: all).
@@ -199,20 +186,35 @@ pub struct DrafterJob {
     pub max_nonfinite: u32,
 }
 
-/// Rows of lm-head logits per chunk: about `mib` MiB of f32 logits at a time.
-fn chunk_rows(vocab: i64, mib: i64) -> i64 {
-    ((mib.max(1) << 20) / (4 * vocab.max(1))).max(16)
+/// The drafter worker's side of a step: phase marks, and the test-only faults and delays.
+struct WorkerProbe<'a> {
+    marks: &'a mut Marks,
+    thread: &'a str,
+    iteration: &'a mut u64,
+    slow: Duration,
+    cancel: &'a CancelToken,
+}
+
+impl StepProbe for WorkerProbe<'_> {
+    fn mark(&mut self, phase: Phase) {
+        self.marks.mark(phase);
+    }
+
+    fn after_forward(&mut self, out: &mut Tensor) -> Result<()> {
+        crate::fault::worker(self.thread, *self.iteration)?;
+        *self.iteration += 1;
+        if crate::fault::nan_at(*self.iteration) {
+            *out *= f64::NAN; // test-only: a NaN loss and NaN gradients at this step
+        }
+        slow_down(self.slow, self.cancel);
+        Ok(())
+    }
 }
 
 pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {
     let DrafterJob {
-        model,
+        mut step,
         vs,
-        mut optimizer,
-        spec,
-        embed,
-        lm_head,
-        device,
         input,
         anchors,
         lr,
@@ -226,26 +228,28 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         slow,
         threads,
         saves,
-        mut replicas,
-        loss_chunk_mib,
         counts,
         keep,
         max_nonfinite,
     } = job;
     tch::set_num_threads(threads);
+    let device = step.device;
     let rec = telemetry
         .sink()
         .recorder(crate::telemetry::Role::Drafter, &device_name(device));
     let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
+    step.prepare()?;
     let requests = telemetry.requests().clone();
+    let spec = step.spec.clone();
     let block = spec.block_size;
-    let weights = slot_weights(block, gamma_for(block));
     let mut rng = match rng_state {
         Some(s) => Rng::from_state(s),
-        None => Rng::new(seed.wrapping_mul(31).wrapping_add(optimizer.step as u64)),
+        None => Rng::new(
+            seed.wrapping_mul(31)
+                .wrapping_add(step.optimizer.step as u64),
+        ),
     };
-    let mut last_saved = optimizer.step as u64;
-    let rows_per_chunk = chunk_rows(spec.layers.vocab_size, loss_chunk_mib);
+    let mut last_saved = step.optimizer.step as u64;
     let mut shape = (0, 0);
     let mut last_loss = None;
     // Where the run stands after the last batch this worker took (exact with one drafter; with
@@ -296,7 +300,6 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             counts
                 .truncated_docs
                 .fetch_add(b.truncated, Ordering::Relaxed);
-            let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
             let seq = b.seq as usize;
             let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
                 .map(|r| {
@@ -316,95 +319,39 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                 m.end_step(b.tokens(), None);
                 continue;
             }
-            // Padded to a whole number of attention tiles: few distinct shapes, full tiles.
-            let width = super::tiled::padded_width(per_row.iter().map(Vec::len).max().unwrap_or(0));
-            let anch = anchors_tensor(&per_row, width, device);
-            let block_ids = block_input_ids(ids, &anch, block, spec.mask_token_id);
-            let block_pos = block_positions(pos, &anch, block);
-            let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
-            let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
-            let keep = Tensor::from_slice(&label_rows(
-                &per_row,
-                width,
-                block as usize,
-                &b.host_doc_ids,
-                &b.host_loss_mask,
-                seq,
-            ))
-            .to_device(device);
-            m.mark(Phase::Forward);
-            crate::fault::worker(&thread, iteration)?;
-            iteration += 1;
-            let block_emb =
-                Tensor::embedding(&embed, &block_ids, -1, false, false).to_kind(hidden.kind());
-            let mut out = model.forward_masked(&hidden, pos, &block_emb, &block_pos, &mask);
-            if crate::fault::nan_at(iteration) {
-                out *= f64::NAN; // test-only: a NaN loss and NaN gradients at this step
-            }
-            slow_down(slow, &cancel);
-            m.mark(Phase::Loss);
-            let (loss, backward) = chunked_loss_backward_rows(
-                &out,
-                &lm_head,
-                &labels,
-                &valid,
-                &keep,
-                &weights,
-                rows_per_chunk,
-            );
-            m.mark(Phase::Backward);
-            backward();
-            if replicas.syncs() {
-                m.mark(Phase::GradSync);
-                if let Err(e) = replicas.mean(optimizer.gathered_grads()) {
-                    if cancel.is_cancelled() {
-                        break; // the run stopped while we waited for the other replicas
-                    }
-                    return Err(e);
-                }
-            }
-            m.mark(Phase::Clip);
-            let grad_norm = optimizer.clip_grad_norm(1.0);
-            m.mark(Phase::Optim);
-            let step = optimizer.step as u64;
-            let lr_now = schedule.lr(lr, step);
-            // A non-finite loss or gradient skips the update, decided on the device (no sync here).
-            let finite = loss.loss.isfinite().logical_and(&grad_norm.isfinite());
-            optimizer.step_if(lr_now, &finite);
-            m.mark(Phase::Metrics);
-            let (acc, tau) = block_metrics(&loss.correct, &valid, &anch.valid);
-            let packed = Tensor::cat(
-                &[
-                    loss.loss.view([1]),
-                    tau.view([1]),
-                    grad_norm.view([1]),
-                    finite.to_kind(tch::Kind::Float).view([1]),
-                    acc,
-                ],
-                0,
-            );
-            let mut host = Vec::<f32>::try_from(packed.to_device(Device::Cpu))?; // the one transfer
-            let was_finite = host.remove(3) > 0.5;
-            if was_finite {
+            let lr_now = schedule.lr(lr, step.optimizer.step as u64);
+            let mut probe = WorkerProbe {
+                marks: &mut m,
+                thread: &thread,
+                iteration: &mut iteration,
+                slow,
+                cancel: &cancel,
+            };
+            let out = match step.run(&hidden, &b, &per_row, lr_now, &mut probe) {
+                Ok(out) => out,
+                // The run stopped while this replica waited for the others.
+                Err(_) if cancel.is_cancelled() => break,
+                Err(e) => return Err(e),
+            };
+            if out.finite {
                 skipped_run = 0;
-                last_loss = Some(host[0]);
+                last_loss = Some(out.loss);
             } else {
-                optimizer.unstep();
                 skipped_total += 1;
                 skipped_run += 1;
             }
             let mut slot_acc = [0f32; MAX_SLOTS];
-            for (i, a) in host[3..].iter().take(MAX_SLOTS).enumerate() {
+            for (i, a) in out.slot_acc.iter().take(MAX_SLOTS).enumerate() {
                 slot_acc[i] = *a;
             }
             let metrics = TrainMetrics {
-                loss: host[0],
-                tau: host[1],
-                grad_norm: host[2],
+                loss: out.loss,
+                tau: out.tau,
+                grad_norm: out.grad_norm,
                 lr: lr_now as f32,
                 slot_acc,
                 block_size: block.min(MAX_SLOTS as i64) as u8,
-                step: optimizer.step as u64,
+                step: step.optimizer.step as u64,
                 skipped_nonfinite: skipped_total,
             };
             m.end_step(b.tokens(), Some(metrics));
@@ -413,19 +360,19 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                     "{skipped_run} steps in a row had a non-finite loss or gradient and were \
                      skipped; the run stops at step {} (the last finite one, saved where \
                      --save-dir is set): lower `lr`, check the data, or raise --max-nonfinite",
-                    optimizer.step
+                    step.optimizer.step
                 );
             }
-            let step = optimizer.step as u64;
-            if saves && step > last_saved {
-                let periodic = save_every.is_some_and(|n| step.is_multiple_of(n));
+            let done = step.optimizer.step as u64;
+            if saves && done > last_saved {
+                let periodic = save_every.is_some_and(|n| done.is_multiple_of(n));
                 if periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst) {
-                    save(&optimizer, (step, data_docs, &rng, shape, last_loss))?;
-                    last_saved = step;
+                    save(&step.optimizer, (done, data_docs, &rng, shape, last_loss))?;
+                    last_saved = done;
                 }
             }
             // --steps counts optimizer steps of the run, so a resumed run stops at the same step.
-            if max_steps.is_some_and(|n| step >= n) {
+            if max_steps.is_some_and(|n| done >= n) {
                 cancel.cancel();
             }
         }
@@ -435,9 +382,9 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     // itself (then the weights may be half-written: the previous checkpoint stands).
     let failed = !matches!(outcome, Ok(Ok(())));
     let in_update = failed && super::marks::phase_now() == Some(Phase::Optim);
-    let saved = if saves && optimizer.step as u64 > last_saved && !in_update {
-        let step = optimizer.step as u64;
-        save(&optimizer, (step, data_docs, &rng, shape, last_loss))
+    let saved = if saves && step.optimizer.step as u64 > last_saved && !in_update {
+        let done = step.optimizer.step as u64;
+        save(&step.optimizer, (done, data_docs, &rng, shape, last_loss))
     } else {
         Ok(())
     };

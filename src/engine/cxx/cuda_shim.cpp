@@ -107,6 +107,17 @@ int dflash_tensor_record_stream(void* tensor, void* s) {
   return guarded([&] { static_cast<at::Tensor*>(tensor)->record_stream(stream_of(s).unwrap()); });
 }
 
+// Makes `grad` (a view into a flat gradient buffer, shaped like `param`) the `.grad` of `param`:
+// backward then accumulates into it in place.
+int dflash_set_grad(void* param, void* grad) {
+  return guarded([&] {
+    auto& p = *static_cast<at::Tensor*>(param);
+    const auto& g = *static_cast<at::Tensor*>(grad);
+    TORCH_CHECK(p.sizes() == g.sizes(), "gradient view shaped unlike its parameter");
+    p.mutable_grad() = g;
+  });
+}
+
 // The PCI bus id ("0000:18:00.0") and UUID bytes of CUDA device `device` as this process sees
 // it (after CUDA_VISIBLE_DEVICES), to match NVML's devices.
 int dflash_device_pci(int device, char* bus_id, size_t len, unsigned char* uuid16) {

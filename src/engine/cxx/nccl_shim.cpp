@@ -1,11 +1,17 @@
 // A small C shim over libtorch's own NCCL process group (c10d::ProcessGroupNCCL), so that drafter
 // replicas on several GPUs of one process average gradients with NCCL: one rank per drafter
 // thread, all ranks meeting through an in-process HashStore.
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace {
 void set_error(char* err, size_t len, const std::string& msg) {
@@ -14,6 +20,58 @@ void set_error(char* err, size_t len, const std::string& msg) {
     err[len - 1] = 0;
   }
 }
+using Group = c10::intrusive_ptr<c10d::ProcessGroupNCCL>;
+
+// Gradient buckets all-reduced while backward runs: a hook on each parameter's gradient
+// accumulator counts the parameters of its bucket down; when a bucket is complete and every
+// bucket before it has been launched, its all-reduce (mean) goes out on NCCL's own stream, which
+// first waits for the work queued so far on the current stream. Buckets go out in their fixed
+// order on every rank, as NCCL needs.
+struct Reducer {
+  Group group;
+  std::vector<std::vector<at::Tensor>> spans;  // per bucket: views into the flat gradients
+  std::vector<int> param_bucket;
+  std::vector<int> size;  // parameters per bucket
+  std::vector<int> pending;
+  size_t next = 0;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  std::mutex mu;
+  std::string error;
+
+  void launch_ready() {
+    while (next < pending.size() && pending[next] <= 0) {
+      for (auto& view : spans[next]) {
+        std::vector<at::Tensor> tensors{view};
+        c10d::AllreduceOptions opts;
+        opts.reduceOp = c10d::ReduceOp::AVG;
+        works.push_back(group->allreduce(tensors, opts));
+      }
+      next++;
+    }
+  }
+
+  void ready(size_t param) {
+    std::lock_guard<std::mutex> lock(mu);
+    try {
+      int b = param_bucket[param];
+      if (--pending[b] == 0) launch_ready();
+    } catch (const std::exception& e) {
+      if (error.empty()) error = e.what();
+    }
+  }
+};
+
+struct ReadyHook : torch::autograd::FunctionPostHook {
+  Reducer* reducer;
+  size_t param;
+  ReadyHook(Reducer* r, size_t p) : reducer(r), param(p) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    reducer->ready(param);
+    return outputs;
+  }
+};
 }  // namespace
 
 extern "C" {
@@ -64,5 +122,89 @@ int dflash_nccl_allreduce_mean(void* pg, void* tensor, char* err, size_t err_len
     set_error(err, err_len, e.what());
     return 1;
   }
+}
+
+// Copies rank `root`'s `tensor` to every rank (in place), and waits on the current stream.
+int dflash_nccl_broadcast(void* pg, void* tensor, int root, char* err, size_t err_len) {
+  try {
+    auto& group = *static_cast<Group*>(pg);
+    std::vector<at::Tensor> tensors{*static_cast<at::Tensor*>(tensor)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    group->broadcast(tensors, opts)->wait();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(err, err_len, e.what());
+    return 1;
+  }
+}
+
+// A reducer over `n` parameters (at::Tensor*, whose .grad are views into `flat`): parameter i
+// belongs to bucket param_bucket[i]; bucket b is the spans j with span_bucket[j] == b, each
+// (span_off[j], span_len[j]) of `flat`. Call from the thread that runs backward's forward pass.
+void* dflash_reducer_new(void* pg, void** params, int n, void* flat, const int* param_bucket,
+                         int buckets, const int* span_bucket, const int64_t* span_off,
+                         const int64_t* span_len, int spans, char* err, size_t err_len) {
+  try {
+    auto r = std::make_unique<Reducer>();
+    r->group = *static_cast<Group*>(pg);
+    const auto& grads = *static_cast<at::Tensor*>(flat);
+    r->spans.resize(buckets);
+    r->size.assign(buckets, 0);
+    for (int j = 0; j < spans; j++) {
+      TORCH_CHECK(span_bucket[j] >= 0 && span_bucket[j] < buckets, "span in no bucket");
+      r->spans[span_bucket[j]].push_back(grads.narrow(0, span_off[j], span_len[j]));
+    }
+    r->param_bucket.assign(param_bucket, param_bucket + n);
+    for (int i = 0; i < n; i++) {
+      TORCH_CHECK(param_bucket[i] >= 0 && param_bucket[i] < buckets, "parameter in no bucket");
+      r->size[param_bucket[i]]++;
+    }
+    r->pending = r->size;
+    for (int i = 0; i < n; i++) {
+      const auto& p = *static_cast<at::Tensor*>(params[i]);
+      auto acc = torch::autograd::impl::grad_accumulator(p);
+      TORCH_CHECK(acc, "a parameter that does not require grad");
+      auto key = acc->add_post_hook(std::make_unique<ReadyHook>(r.get(), static_cast<size_t>(i)));
+      r->hooks.emplace_back(acc, key);
+    }
+    return r.release();
+  } catch (const std::exception& e) {
+    set_error(err, err_len, e.what());
+    return nullptr;
+  }
+}
+
+// After backward: launches the buckets no hook completed (parameters that got no gradient),
+// makes the current stream wait for every all-reduce, and arms the buckets for the next step.
+int dflash_reducer_finish(void* reducer, char* err, size_t err_len) {
+  auto* r = static_cast<Reducer*>(reducer);
+  try {
+    std::lock_guard<std::mutex> lock(r->mu);
+    if (!r->error.empty()) {
+      std::string e = r->error;
+      r->error.clear();
+      throw std::runtime_error(e);
+    }
+    for (auto& p : r->pending) p = 0;
+    r->launch_ready();
+    for (auto& w : r->works) w->wait();
+    r->works.clear();
+    r->pending = r->size;
+    r->next = 0;
+    return 0;
+  } catch (const std::exception& e) {
+    r->works.clear();
+    r->pending = r->size;
+    r->next = 0;
+    set_error(err, err_len, e.what());
+    return 1;
+  }
+}
+
+void dflash_reducer_free(void* reducer) {
+  auto* r = static_cast<Reducer*>(reducer);
+  for (auto& [acc, key] : r->hooks) acc->del_post_hook(key);
+  delete r;
 }
 }

@@ -1,0 +1,248 @@
+//! The replica check behind `bench replicas`: D drafter replicas, each on its own device and its
+//! own share of every batch, against one drafter that takes the whole batch — same start, same
+//! data, same anchors. Data parallelism is right when the replicas end with identical weights
+//! (each step's gradients averaged) and their mean loss follows the single drafter's curve.
+
+use super::blocks::sample_anchors;
+use super::data::{PackedBatch, Packer, Rng};
+use super::drafter_step::{DrafterStep, StepOutcome, Unprobed};
+use super::optim::AdamW;
+use super::pipeline::{build_drafters, build_target, data_source, frozen_on, replica_group};
+use super::replicas::Single;
+use super::target_graph::TargetForward;
+use super::workers::DataCounts;
+use crate::cancel::CancelToken;
+use crate::config::RunConfig;
+use anyhow::{bail, Context, Result};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::ops::Range;
+use tch::{Device, Kind, Tensor};
+
+/// What the check measured.
+pub struct ReplicaReport {
+    /// Per step: the replicas' mean loss and the single drafter's loss.
+    pub losses: Vec<(f32, f32)>,
+    /// Largest |weight difference| between replica 0 and each other replica, after the last step.
+    pub replica_diff: f64,
+    /// Largest |weight difference| between replica 0 and the single drafter.
+    pub single_diff: f64,
+}
+
+impl ReplicaReport {
+    /// Largest |replica mean loss - single loss| / single loss over the steps.
+    pub fn loss_gap(&self) -> f64 {
+        self.losses
+            .iter()
+            .map(|(r, s)| ((r - s).abs() / s.abs().max(1e-6)) as f64)
+            .fold(0.0, f64::max)
+    }
+}
+
+/// A batch's rows `rows` (host copies and tensors), for one replica.
+fn slice_rows(b: &PackedBatch, rows: Range<i64>) -> PackedBatch {
+    let (n, seq) = (rows.end - rows.start, b.seq as usize);
+    let host = rows.start as usize * seq..rows.end as usize * seq;
+    PackedBatch {
+        rows: n,
+        seq: b.seq,
+        input_ids: b.input_ids.narrow(0, rows.start, n),
+        positions: b.positions.narrow(0, rows.start, n),
+        doc_ids: b.doc_ids.narrow(0, rows.start, n),
+        loss_mask: b.loss_mask.narrow(0, rows.start, n),
+        host_doc_ids: b.host_doc_ids[host.clone()].to_vec(),
+        host_loss_mask: b.host_loss_mask[host].to_vec(),
+        docs_placed: b.docs_placed,
+        truncated: 0,
+    }
+}
+
+/// Anchors of every row of `b`, each row from a sampler seeded by the step and the row, so that
+/// a replica and the single drafter draw the same anchors for the same row.
+fn anchors_by_row(b: &PackedBatch, cfg: &RunConfig, step: u64) -> Vec<Vec<i64>> {
+    let seq = b.seq as usize;
+    (0..b.rows as usize)
+        .map(|r| {
+            let mut rng = Rng::new(cfg.seed ^ (step << 20) ^ r as u64);
+            let span = r * seq..(r + 1) * seq;
+            sample_anchors(
+                &b.host_doc_ids[span.clone()],
+                &b.host_loss_mask[span],
+                cfg.spec.block_size as usize,
+                cfg.anchors as usize,
+                &mut rng,
+            )
+        })
+        .collect()
+}
+
+/// One replica's share of a step: hidden states and batch on its device, its rows' anchors.
+struct Share {
+    hidden: Tensor,
+    batch: PackedBatch,
+    anchors: Vec<Vec<i64>>,
+    lr: f64,
+}
+
+/// A replica's thread: joins the group, then one step per share until the channel closes.
+fn replica_loop(
+    mut step: DrafterStep,
+    shares: Receiver<Share>,
+    out: Sender<Result<StepOutcome>>,
+) -> Result<AdamW> {
+    let _stream = own_stream(step.device)?;
+    step.prepare()?;
+    for s in shares {
+        let r = step.run(&s.hidden, &s.batch, &s.anchors, s.lr, &mut Unprobed);
+        let failed = r.is_err();
+        if out.send(r).is_err() || failed {
+            break;
+        }
+    }
+    Ok(step.optimizer)
+}
+
+/// On a GPU: a stream of libtorch's pool made this thread's current one, as the workers have.
+fn own_stream(device: Device) -> Result<Option<super::cuda::Stream>> {
+    match device {
+        Device::Cuda(i) if super::cuda::AVAILABLE => {
+            let s = super::cuda::Stream::from_pool(i)?;
+            s.make_current()?;
+            Ok(Some(s))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn max_diff(a: &mut AdamW, b: &mut AdamW) -> f64 {
+    let x = a.flat_params().to_device(Device::Cpu);
+    let y = b.flat_params().to_device(Device::Cpu);
+    f64::try_from((x - y).abs().max().to_kind(Kind::Double)).unwrap_or(f64::INFINITY)
+}
+
+/// Runs `steps` steps of the replicas on `cfg.drafter_devices` (each taking `cfg.batch` rows)
+/// and of one drafter on the first of them taking all the rows, fed by one target on
+/// `cfg.target_devices[0]`.
+pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
+    let devices = cfg.drafter_devices.clone();
+    if devices.len() < 2 {
+        bail!(
+            "bench replicas compares two or more drafter replicas with one drafter: give \
+             --drafter-devices two or more devices (e.g. cuda:0,cuda:1 or cpu,cpu)"
+        );
+    }
+    tch::manual_seed(cfg.seed as i64);
+    let target_device = cfg.target_devices[0];
+    let (_target_vs, target) = build_target(
+        cfg,
+        &cfg.target_config,
+        &cfg.spec.target_layer_ids,
+        target_device,
+    )?;
+    let (embed, lm_head) = (
+        target.embed_tokens.shallow_clone(),
+        target.lm_head.shallow_clone(),
+    );
+    let mut source = data_source(cfg, &cfg.target_config, &cfg.spec, &DataCounts::default())?;
+    let mut packer = Packer::new();
+
+    let cancel = CancelToken::new();
+    let group = replica_group(&devices, &cancel)?;
+    let mut models = build_drafters(cfg, &devices)?;
+    let (single_vs, single_model, single_dev) = {
+        let mut one = build_drafters(cfg, &devices[..1])?;
+        one.pop().context("a drafter was built")?
+    };
+    let step_for = |model, vs: &tch::nn::VarStore, dev: Device, replicas| DrafterStep {
+        model,
+        optimizer: AdamW::new(vs.variables().into_iter().collect()),
+        spec: cfg.spec.clone(),
+        embed: frozen_on(&embed, dev),
+        lm_head: frozen_on(&lm_head, dev),
+        device: dev,
+        replicas,
+        loss_chunk_mib: cfg.loss_chunk_mib,
+    };
+    let mut single = step_for(single_model, &single_vs, single_dev, Box::new(Single));
+    single.prepare()?;
+    let (outcome_tx, outcome_rx) = bounded(devices.len());
+    let report = std::thread::scope(|scope| -> Result<ReplicaReport> {
+        let mut feeds = Vec::new();
+        let mut handles = Vec::new();
+        for (i, (vs, model, dev)) in models.drain(..).enumerate() {
+            let step = step_for(model, &vs, dev, group.member(i));
+            let (tx, rx) = bounded::<Share>(1);
+            let out = outcome_tx.clone();
+            feeds.push(tx);
+            let handle = std::thread::Builder::new()
+                .name(format!("replica-{i}"))
+                .spawn_scoped(scope, move || {
+                    let _keep = vs;
+                    replica_loop(step, rx, out)
+                })
+                .context("cannot start a replica thread")?;
+            handles.push(handle);
+        }
+        drop(outcome_tx);
+        let mut forward = TargetForward::new(&target, target_device);
+        let mut losses = Vec::new();
+        let rows = cfg.batch;
+        for s in 0..steps {
+            let batch = packer.pack(source.as_mut(), rows * devices.len() as i64, cfg.seq_len);
+            let batch = batch.to_device(target_device);
+            let hidden = {
+                let _g = tch::no_grad_guard();
+                forward.run(&target, &batch, false)?
+            };
+            let anchors = anchors_by_row(&batch, cfg, s);
+            let lr = cfg.schedule.lr(cfg.lr, s);
+            for (i, feed) in feeds.iter().enumerate() {
+                let range = i as i64 * rows..(i as i64 + 1) * rows;
+                let dev = devices[i];
+                let share = Share {
+                    hidden: hidden.narrow(0, range.start, rows).to_device(dev),
+                    batch: slice_rows(&batch, range.clone()).to_device(dev),
+                    anchors: anchors[range.start as usize..range.end as usize].to_vec(),
+                    lr,
+                };
+                if feed.send(share).is_err() {
+                    break;
+                }
+            }
+            let whole = single.run(
+                &hidden.to_device(single_dev),
+                &batch.to_device(single_dev),
+                &anchors,
+                lr,
+                &mut Unprobed,
+            )?;
+            let mut sum = 0.0;
+            for _ in 0..devices.len() {
+                let r = outcome_rx
+                    .recv()
+                    .context("a replica stopped before the end of the check")??;
+                sum += r.loss;
+            }
+            losses.push((sum / devices.len() as f32, whole.loss));
+        }
+        drop(feeds);
+        let mut optimizers = Vec::new();
+        for h in handles {
+            match h.join() {
+                Ok(r) => optimizers.push(r?),
+                Err(_) => bail!("a replica thread panicked"),
+            }
+        }
+        let (first, rest) = optimizers.split_first_mut().context("replicas ran")?;
+        let replica_diff = rest
+            .iter_mut()
+            .map(|o| max_diff(first, o))
+            .fold(0.0, f64::max);
+        let single_diff = max_diff(first, &mut single.optimizer);
+        Ok(ReplicaReport {
+            losses,
+            replica_diff,
+            single_diff,
+        })
+    })?;
+    Ok(report)
+}

@@ -1,0 +1,193 @@
+//! Placement advice: how to split target and drafter workers over the GPUs at hand, from the
+//! ratio of the two stages' costs per batch — measured (a running pipeline's busy time per step,
+//! waits left out) or, before anything ran, estimated from the models' FLOPs.
+//!
+//! With `G` GPUs and a drafter stage `r` times the target's, `t` GPUs of targets and `G - t` of
+//! drafters move min(t, (G - t) / r) batches per target-time; a target and a drafter sharing
+//! every GPU move G / (1 + r). Sharing is never slower in this model, so a split is advised only
+//! where it comes within 5% of it (fewer replicas to average, no two workers on one GPU).
+
+use crate::engine::config::{DrafterSpec, Qwen3Config};
+use crate::telemetry::{Role, Snapshot};
+
+/// A split within this share of sharing every GPU is preferred.
+const SPLIT_WITHIN: f64 = 0.95;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Advice {
+    /// Drafter cost per batch over the target's.
+    pub ratio: f64,
+    pub gpus: usize,
+    /// GPUs of targets and of drafters; `None`: a target and a drafter on every GPU.
+    pub split: Option<(usize, usize)>,
+}
+
+/// The advice for `gpus` GPUs (at least 1) and a drafter stage `ratio` times the target's.
+pub fn advise(ratio: f64, gpus: usize) -> Advice {
+    let ratio = if ratio.is_finite() && ratio > 0.0 {
+        ratio
+    } else {
+        1.0
+    };
+    let g = gpus.max(1);
+    let shared = g as f64 / (1.0 + ratio);
+    let split = (1..g)
+        .map(|t| (t, (t as f64).min((g - t) as f64 / ratio)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|(_, rate)| *rate >= SPLIT_WITHIN * shared)
+        .map(|(t, _)| (t, g - t));
+    Advice {
+        ratio,
+        gpus: g,
+        split,
+    }
+}
+
+impl Advice {
+    /// CUDA device indices of the targets and of the drafters.
+    pub fn devices(&self) -> (Vec<usize>, Vec<usize>) {
+        match self.split {
+            Some((t, _)) => ((0..t).collect(), (t..self.gpus).collect()),
+            None => ((0..self.gpus).collect(), (0..self.gpus).collect()),
+        }
+    }
+
+    /// "drafter stage 3.1x the target's: 1 target + 3 drafters per 4 GPUs".
+    pub fn text(&self) -> String {
+        let stage = if self.ratio >= 1.0 {
+            format!("drafter stage {:.1}x the target's", self.ratio)
+        } else {
+            format!("target stage {:.1}x the drafter's", 1.0 / self.ratio)
+        };
+        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        let how = match self.split {
+            Some((t, d)) => format!(
+                "{} + {} per {}",
+                plural(t, "target"),
+                plural(d, "drafter"),
+                plural(self.gpus, "GPU")
+            ),
+            None if self.gpus == 1 => "target and drafter share the GPU".to_string(),
+            None => format!("a target and a drafter on each of the {} GPUs", self.gpus),
+        };
+        format!("{stage}: {how}")
+    }
+
+    /// The flags that place the workers so.
+    pub fn flags(&self) -> String {
+        let list = |v: Vec<usize>| {
+            v.iter()
+                .map(|i| format!("cuda:{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let (t, d) = self.devices();
+        format!("--target-devices {} --drafter-devices {}", list(t), list(d))
+    }
+}
+
+/// Multiply-adds of one token through a decoder layer's weights (attention projections + MLP).
+fn layer_macs(c: &Qwen3Config) -> f64 {
+    let (h, hd) = (c.hidden_size as f64, c.head_dim as f64);
+    let q = c.num_attention_heads as f64 * hd;
+    let kv = c.num_key_value_heads as f64 * hd;
+    h * (2.0 * q + 2.0 * kv) + 3.0 * h * c.intermediate_size as f64
+}
+
+/// Drafter over target cost per batch, from FLOPs: the target's forward over `seq` tokens a row
+/// against the drafter's forward and backward over `anchors` blocks a row (its layers, the
+/// frozen lm head's forward and input gradient, the context projection).
+pub fn flop_ratio(target: &Qwen3Config, spec: &DrafterSpec, seq: i64, anchors: i64) -> f64 {
+    let seq = seq as f64;
+    let t = &target;
+    let target_flops = 2.0 * seq * layer_macs(t) * t.num_hidden_layers as f64
+        + 4.0 * seq * seq / 2.0
+            * (t.num_attention_heads * t.head_dim) as f64
+            * t.num_hidden_layers as f64;
+    let d = &spec.layers;
+    let tokens = (anchors * spec.block_size) as f64;
+    let layers = d.num_hidden_layers as f64;
+    let context = spec.target_layer_ids.len() as f64 * (d.hidden_size * d.hidden_size) as f64;
+    let forward = 2.0 * tokens * layer_macs(d) * layers + 2.0 * seq * context;
+    let head = 2.0 * tokens * (d.hidden_size * d.vocab_size) as f64;
+    let drafter_flops = 3.0 * forward + 2.0 * head;
+    drafter_flops / target_flops.max(1.0)
+}
+
+/// The stages' cost ratio in a running pipeline: each role's busy milliseconds per step (its
+/// queue waits left out) over the last 10 s, averaged over its workers; `None` until both have
+/// finished steps.
+pub fn measured_ratio(s: &Snapshot) -> Option<f64> {
+    let busy = |role: Role| -> Option<f64> {
+        let ms: Vec<f64> = s
+            .threads
+            .iter()
+            .filter(|t| t.role == role && t.w10.steps > 0)
+            .map(|t| {
+                let waits: f64 = role
+                    .phases()
+                    .iter()
+                    .filter(|p| p.is_wait())
+                    .map(|p| t.w10.ms_per_step(*p))
+                    .sum();
+                t.w10.step_ms() - waits
+            })
+            .collect();
+        (!ms.is_empty()).then(|| ms.iter().sum::<f64>() / ms.len() as f64)
+    };
+    let (t, d) = (busy(Role::Target)?, busy(Role::Drafter)?);
+    (t > 0.0 && d > 0.0).then_some(d / t)
+}
+
+/// The advice for a running pipeline on the GPUs NVML sees, once its stages have been measured.
+pub fn for_snapshot(s: &Snapshot) -> Option<Advice> {
+    let gpus = match &s.gpus {
+        crate::telemetry::snapshot::GpuPanel::Present(g) if !g.is_empty() => g.len(),
+        _ => return None,
+    };
+    Some(advise(measured_ratio(s)?, gpus))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drafter_three_times_the_target_gets_three_of_four_gpus() {
+        let a = advise(3.1, 4);
+        assert_eq!(a.split, Some((1, 3)));
+        assert_eq!(
+            a.text(),
+            "drafter stage 3.1x the target's: 1 target + 3 drafters per 4 GPUs"
+        );
+        assert_eq!(
+            a.flags(),
+            "--target-devices cuda:0 --drafter-devices cuda:1,cuda:2,cuda:3"
+        );
+    }
+
+    #[test]
+    fn stages_that_do_not_divide_the_gpus_share_them() {
+        // 2 GPUs, drafter 2x: a 1 + 1 split moves 1/2 batch per target-time, sharing 2/3.
+        let a = advise(2.0, 2);
+        assert_eq!(a.split, None);
+        assert_eq!(a.devices(), (vec![0, 1], vec![0, 1]));
+        assert!(a
+            .text()
+            .ends_with("a target and a drafter on each of the 2 GPUs"));
+        // Equal stages on 2 GPUs: a split is as fast as sharing, and is preferred.
+        assert_eq!(advise(1.0, 2).split, Some((1, 1)));
+        assert_eq!(advise(2.0, 1).split, None, "one GPU is always shared");
+        assert!(advise(0.5, 3)
+            .text()
+            .starts_with("target stage 2.0x the drafter's"));
+    }
+
+    #[test]
+    fn the_flop_estimate_puts_the_8b_drafter_near_the_target() {
+        let p = crate::engine::config::Preset::by_name("qwen3-8b").unwrap();
+        let r = flop_ratio(&p.target, &p.drafter_spec(&p.target), 3072, 512);
+        // Counted by hand: target forward ≈ 49 TFLOP a row, drafter step ≈ 70 TFLOP.
+        assert!((1.0..2.5).contains(&r), "{r}");
+    }
+}
