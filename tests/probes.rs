@@ -156,6 +156,11 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
         "{s}"
     );
     assert!(s.contains("nvml 1 (hidden)"), "{s}");
+    // Targets busy 80 ms a step, drafters 35 ms (waits left out), 3 GPUs.
+    assert!(
+        s.contains("placement: target stage 2.3x the drafter's: 2 targets + 1 drafter per 3 GPUs"),
+        "{s}"
+    );
     insta::assert_snapshot!("queues_view_gpus", s);
 }
 

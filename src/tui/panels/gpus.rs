@@ -1,6 +1,7 @@
 //! GPUs from NVML, each under the `cuda:N` it is in this process: SM and memory-bandwidth
 //! utilisation, device memory and this process's share of it, power, SM clock, temperature,
-//! throttle reasons, a util history. No GPU: one plain line, not a panel.
+//! throttle reasons, a util history; in the title, the placement advice from the measured stage
+//! times. No GPU: one plain line, not a panel.
 
 use super::super::view::Ctx;
 use crate::telemetry::snapshot::{GpuPanel, GpuView};
@@ -30,7 +31,12 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         }
         GpuPanel::Present(g) => g,
     };
-    let block = Block::default().borders(Borders::ALL).title(" GPUs ");
+    // The split of targets and drafters the measured stage times call for.
+    let title = match crate::placement::for_snapshot(c.snap) {
+        Some(advice) => format!(" GPUs · placement: {} ", advice.text()),
+        None => " GPUs ".to_string(),
+    };
+    let block = Block::default().borders(Borders::ALL).title(title);
     let inner = block.inner(area);
     f.render_widget(block, area);
     let bottom = inner.y + inner.height;
