@@ -54,6 +54,14 @@ impl Session {
         let telemetry = Telemetry::new();
         telemetry.switches().set_gpu_timing(cfg.gpu_timing);
         telemetry.switches().set_profiling(cfg.profiling);
+        telemetry
+            .switches()
+            .set_stage_ratio_flops(crate::placement::flop_ratio(
+                &cfg.target_config,
+                &cfg.spec,
+                cfg.seq_len,
+                cfg.anchors,
+            ));
         // Raw records and queue samples go out to viewers and the recording as they pass the hub.
         let fanout = Fanout::tap(&telemetry, cfg.save_dir.is_some());
         let recorder = cfg

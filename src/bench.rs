@@ -112,10 +112,26 @@ fn engine(args: &BenchArgs) -> Result<()> {
     for line in memory_lines(&cfg) {
         println!("bench: {line}");
     }
-    if let Some(ratio) = crate::placement::measured_ratio(&s) {
-        let gpus = crate::config::cuda_count().max(1) as usize;
+    let gpus = crate::config::cuda_count() as usize;
+    if gpus > 0 {
+        let (ratio, source) = match crate::placement::measured_ratio(&s) {
+            Some(r) => (r, "measured"),
+            None => (
+                crate::placement::flop_ratio(
+                    &cfg.target_config,
+                    &cfg.spec,
+                    cfg.seq_len,
+                    cfg.anchors,
+                ),
+                "from FLOPs: the stages share GPUs",
+            ),
+        };
         let advice = crate::placement::advise(ratio, gpus);
-        println!("bench: placement {} ({})", advice.text(), advice.flags());
+        println!(
+            "bench: placement ({source}) {} ({})",
+            advice.text(),
+            advice.flags()
+        );
     }
     println!(
         "bench: target_attention={} target_forward={}",
@@ -128,7 +144,7 @@ fn engine(args: &BenchArgs) -> Result<()> {
 
 /// `bench replicas`: --steps (default 20) steps of the replicas on --drafter-devices against one
 /// drafter with all their rows; fails unless the replicas end identical and the loss curves agree
-/// within --tolerance.
+/// within --tolerance (means over windows of a few steps).
 fn replicas(args: &BenchArgs) -> Result<()> {
     if !(args.tolerance > 0.0 && args.tolerance.is_finite()) {
         bail!("--tolerance must be a positive fraction (0.02 is 2%)");
@@ -153,17 +169,20 @@ fn replicas(args: &BenchArgs) -> Result<()> {
         );
     }
     let identical = report.replica_diff == 0.0;
-    let gap = report.loss_gap();
+    let gap = report.curve_gap();
     println!(
         "bench: replicas identical after {steps} steps: {} (max |w0 - wN| = {:e})",
         if identical { "yes" } else { "no" },
         report.replica_diff
     );
     println!(
-        "bench: loss gap, replicas' mean vs one drafter with all their rows: max {:.3}% \
-         (tolerance {:.1}%); weights max |w0 - w_single| = {:.3e}",
+        "bench: loss gap, replicas' mean vs one drafter with all their rows: max {:.3}% over \
+         {}-step windows (tolerance {:.1}%), max {:.3}% over single steps; weights max \
+         |w0 - w_single| = {:.3e}",
         gap * 100.0,
+        crate::engine::replica_check::LOSS_WINDOW,
         args.tolerance * 100.0,
+        report.step_gap() * 100.0,
         report.single_diff
     );
     if !identical || gap > args.tolerance {

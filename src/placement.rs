@@ -115,14 +115,27 @@ pub fn flop_ratio(target: &Qwen3Config, spec: &DrafterSpec, seq: i64, anchors: i
 }
 
 /// The stages' cost ratio in a running pipeline: each role's busy milliseconds per step (its
-/// queue waits left out) over the last 10 s, averaged over its workers; `None` until both have
-/// finished steps.
+/// queue waits left out) over the last 10 s, averaged over its workers on GPUs of their own;
+/// `None` until both have finished steps, or where every target shares its device with a
+/// drafter (their times then stretch each other and cannot be told apart).
 pub fn measured_ratio(s: &Snapshot) -> Option<f64> {
+    let devices = |role: Role| -> Vec<&str> {
+        s.threads
+            .iter()
+            .filter(|t| t.role == role)
+            .map(|t| t.device.as_str())
+            .collect()
+    };
+    let (targets, drafters) = (devices(Role::Target), devices(Role::Drafter));
+    let apart = |t: &crate::telemetry::snapshot::ThreadView| match t.role {
+        Role::Target => !drafters.contains(&t.device.as_str()),
+        _ => !targets.contains(&t.device.as_str()),
+    };
     let busy = |role: Role| -> Option<f64> {
         let ms: Vec<f64> = s
             .threads
             .iter()
-            .filter(|t| t.role == role && t.w10.steps > 0)
+            .filter(|t| t.role == role && t.w10.steps > 0 && apart(t))
             .map(|t| {
                 let waits: f64 = role
                     .phases()
@@ -139,13 +152,18 @@ pub fn measured_ratio(s: &Snapshot) -> Option<f64> {
     (t > 0.0 && d > 0.0).then_some(d / t)
 }
 
-/// The advice for a running pipeline on the GPUs NVML sees, once its stages have been measured.
-pub fn for_snapshot(s: &Snapshot) -> Option<Advice> {
+/// The advice for a running pipeline on the GPUs NVML sees: from the measured stage times where
+/// they can be told apart, else from the FLOP estimate; with which it came from.
+pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
     let gpus = match &s.gpus {
         crate::telemetry::snapshot::GpuPanel::Present(g) if !g.is_empty() => g.len(),
         _ => return None,
     };
-    Some(advise(measured_ratio(s)?, gpus))
+    match (measured_ratio(s), s.stage_ratio_flops) {
+        (Some(r), _) => Some((advise(r, gpus), "measured")),
+        (None, Some(r)) => Some((advise(r, gpus), "from FLOPs")),
+        (None, None) => None,
+    }
 }
 
 #[cfg(test)]

@@ -143,7 +143,16 @@ fn headless_lines_carry_each_visible_gpu_by_its_cuda_index() {
 #[test]
 fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
     let mut app = App::new();
-    app.on_snapshot(Arc::new(with_gpus()));
+    let mut snap = with_gpus();
+    for t in &mut snap.threads {
+        t.device = if t.role == Role::Drafter {
+            "cuda:1"
+        } else {
+            "cuda:0"
+        }
+        .into();
+    }
+    app.on_snapshot(Arc::new(snap));
     let (ctl, _) = super::tui::controls(false);
     app.update(Action::ShowView(3), &ctl);
     let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
@@ -158,10 +167,23 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
     assert!(s.contains("nvml 1 (hidden)"), "{s}");
     // Targets busy 80 ms a step, drafters 35 ms (waits left out), 3 GPUs.
     assert!(
-        s.contains("placement: target stage 2.3x the drafter's: 2 targets + 1 drafter per 3 GPUs"),
+        s.contains(
+            "placement (measured): target stage 2.3x the drafter's: 2 targets + 1 drafter per 3 GPUs"
+        ),
         "{s}"
     );
     insta::assert_snapshot!("queues_view_gpus", s);
+    // Stages sharing their devices: the times cannot be told apart, the FLOP estimate speaks.
+    let mut shared = with_gpus();
+    shared.stage_ratio_flops = Some(2.0);
+    app.on_snapshot(Arc::new(shared));
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
+    assert!(
+        s.contains(
+            "placement (from FLOPs): drafter stage 2.0x the target's: 1 target + 2 drafters per 3 GPUs"
+        ),
+        "{s}"
+    );
 }
 
 #[test]

@@ -157,6 +157,7 @@ pub fn starved_snapshot() -> Snapshot {
             },
         ],
         gpus: GpuPanel::Absent("no NVIDIA GPU (NVML not found)".into()),
+        stage_ratio_flops: None,
         loss_history: (0..40).map(|i| (i as f64, 8.0 - i as f64 * 0.1)).collect(),
         tok_history: (0..40)
             .map(|i| (i as f64, 6000.0 + (i % 5) as f64 * 50.0))

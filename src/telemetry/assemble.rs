@@ -404,6 +404,7 @@ impl Assembler {
                 tok_per_s_10s,
             },
             profiling: switches.profiling(),
+            stage_ratio_flops: switches.stage_ratio_flops(),
             gpu_timing: threads
                 .iter()
                 .any(|t| t.on_gpu())

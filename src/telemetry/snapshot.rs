@@ -271,6 +271,10 @@ pub struct Snapshot {
     pub memory: Option<MemoryView>,
     pub queues: Vec<QueueView>,
     pub gpus: GpuPanel,
+    /// The drafter's cost per batch over the target's, estimated from the models' FLOPs (for the
+    /// placement advice where the stages share GPUs and their times cannot be told apart).
+    #[serde(default)]
+    pub stage_ratio_flops: Option<f64>,
     /// (elapsed s, value), oldest first.
     pub loss_history: Vec<(f64, f64)>,
     pub tok_history: Vec<(f64, f64)>,

@@ -72,6 +72,9 @@ pub struct Switches {
     profiling_epoch: AtomicU64,
     gpu_timing: AtomicU8,
     paused: AtomicBool,
+    /// Not a toggle but a fact of the run the hub passes on: the stage cost ratio estimated from
+    /// FLOPs (f64 bits; 0 when not set).
+    stage_ratio_flops: AtomicU64,
 }
 
 impl Default for Switches {
@@ -81,6 +84,7 @@ impl Default for Switches {
             profiling_epoch: AtomicU64::new(0),
             gpu_timing: AtomicU8::new(GpuTiming::Async as u8),
             paused: AtomicBool::new(false),
+            stage_ratio_flops: AtomicU64::new(0),
         }
     }
 }
@@ -110,6 +114,15 @@ impl Switches {
 
     pub fn set_gpu_timing(&self, mode: GpuTiming) {
         self.gpu_timing.store(mode as u8, Relaxed);
+    }
+
+    pub fn set_stage_ratio_flops(&self, ratio: f64) {
+        self.stage_ratio_flops.store(ratio.to_bits(), Relaxed);
+    }
+
+    pub fn stage_ratio_flops(&self) -> Option<f64> {
+        let r = f64::from_bits(self.stage_ratio_flops.load(Relaxed));
+        (r.is_finite() && r > 0.0).then_some(r)
     }
 
     pub fn paused(&self) -> bool {

@@ -33,7 +33,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     };
     // The split of targets and drafters the measured stage times call for.
     let title = match crate::placement::for_snapshot(c.snap) {
-        Some(advice) => format!(" GPUs · placement: {} ", advice.text()),
+        Some((advice, source)) => format!(" GPUs · placement ({source}): {} ", advice.text()),
         None => " GPUs ".to_string(),
     };
     let block = Block::default().borders(Borders::ALL).title(title);
