@@ -388,6 +388,20 @@ fn a_queue_wait_counts_live_and_reads_never_go_backwards() {
 }
 
 #[test]
+fn a_pop_taken_ahead_never_waits_and_is_counted() {
+    let cancel = CancelToken::new();
+    let (tx, rx, probe) = monitored_queue::<u32>("hs", 2, "target", "drafter", cancel.clone());
+    assert_eq!(rx.try_pop(), None, "empty: nothing, no wait");
+    tx.push(7).unwrap();
+    assert_eq!(rx.try_pop(), Some(7));
+    let c = probe.read(dflash_top::telemetry::clock::now_ns());
+    assert_eq!((c.pushes, c.pops, c.pop_wait_ns), (1, 1, 0));
+    tx.push(8).unwrap();
+    cancel.cancel();
+    assert_eq!(rx.try_pop(), None, "a stopped run takes nothing more");
+}
+
+#[test]
 fn an_item_ages_from_when_it_entered_the_queue() {
     let cancel = CancelToken::new();
     let (tx, rx, probe) = monitored_queue::<u32>("batch", 1, "loader", "target", cancel);

@@ -4,9 +4,11 @@
 use super::blocks::sample_anchors;
 use super::checkpoint::{self, TrainerState};
 use super::cuda::Event;
+use super::cuda::Stream;
 use super::data::{DocSource, PackedBatch, Packer, Rng};
 use super::drafter_step::{DrafterStep, StepProbe};
 pub use super::handoff::HiddenBatch;
+use super::handoff::Prefetched;
 use super::marks::Marks;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
@@ -186,13 +188,21 @@ pub struct DrafterJob {
     pub max_nonfinite: u32,
 }
 
-/// The drafter worker's side of a step: phase marks, and the test-only faults and delays.
+/// The drafter worker's side of a step: phase marks, the next batch taken ahead (on a GPU), and
+/// the test-only faults and delays.
 struct WorkerProbe<'a> {
     marks: &'a mut Marks,
     thread: &'a str,
     iteration: &'a mut u64,
     slow: Duration,
     cancel: &'a CancelToken,
+    /// Where the next hand-off is taken ahead: the queue, the copy stream, the slot.
+    ahead: Option<(
+        &'a QueueRx<HiddenBatch>,
+        &'a Stream,
+        &'a mut Option<Prefetched>,
+    )>,
+    device: Device,
 }
 
 impl StepProbe for WorkerProbe<'_> {
@@ -207,6 +217,14 @@ impl StepProbe for WorkerProbe<'_> {
             *out *= f64::NAN; // test-only: a NaN loss and NaN gradients at this step
         }
         slow_down(self.slow, self.cancel);
+        // The forward is queued: a batch from another GPU copied now overlaps loss and backward.
+        if let (Some((input, copy, slot)), Some(own)) = (&mut self.ahead, self.marks.stream()) {
+            if slot.is_none() {
+                if let Some(h) = input.try_pop() {
+                    **slot = Some(h.prefetch(self.device, copy, own)?);
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -239,6 +257,12 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         .recorder(crate::telemetry::Role::Drafter, &device_name(device));
     let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
     step.prepare()?;
+    // On a GPU: the stream the next batch is copied on while this step computes.
+    let copy_stream = match (device, m.stream()) {
+        (Device::Cuda(i), Some(_)) => Some(Stream::from_pool(i)?),
+        _ => None,
+    };
+    let mut next: Option<Prefetched> = None;
     let requests = telemetry.requests().clone();
     let spec = step.spec.clone();
     let block = spec.block_size;
@@ -291,10 +315,16 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         while !cancel.is_cancelled() {
             m.hold_while_paused(&cancel);
             m.mark(Phase::HsWait);
-            let Ok(b) = input.pop() else { break };
+            let taken = match next.take() {
+                Some(p) => p,
+                None => match input.pop() {
+                    Ok(h) => Prefetched::Local(h),
+                    Err(_) => break,
+                },
+            };
             m.mark(Phase::Anchors);
             // The hand-off: hidden states and the batch move to this drafter's device and stream.
-            let (hidden, b) = b.receive(device)?;
+            let (hidden, b) = taken.take(device, m.stream())?;
             data_docs = b.docs_placed;
             shape = (b.seq, b.rows);
             counts
@@ -326,6 +356,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                 iteration: &mut iteration,
                 slow,
                 cancel: &cancel,
+                ahead: copy_stream.as_ref().map(|c| (&input, c, &mut next)),
+                device,
             };
             let out = match step.run(&hidden, &b, &per_row, lr_now, &mut probe) {
                 Ok(out) => out,

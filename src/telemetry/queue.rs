@@ -287,6 +287,24 @@ impl<T> QueueRx<T> {
                 Err(RecvTimeoutError::Disconnected) => break Err(QueueClosed::Disconnected),
             }
         };
+        self.took(got, wait_start)
+    }
+
+    /// Pops what is there without waiting: `None` when the queue is empty, closed or cancelled.
+    pub fn try_pop(&self) -> Option<T> {
+        if self.cancel.is_cancelled() {
+            return None;
+        }
+        let got = self.rx.try_recv().map_err(|_| QueueClosed::Disconnected);
+        self.took(got, None).ok()
+    }
+
+    /// Counts a pop that ended (`wait_start`: when it began to wait, if it did).
+    fn took(
+        &self,
+        got: Result<Stamped<T>, QueueClosed>,
+        wait_start: Option<u64>,
+    ) -> Result<T, QueueClosed> {
         let mut st = self.shared.lock();
         // Not before the hub's last read: what it counted live must not shrink.
         let now = clock::now_ns().max(st.counters.at_ns);
