@@ -480,8 +480,10 @@ fn a_second_signal_during_the_tui_s_final_save_restores_the_terminal_and_leaves_
     );
 }
 
+/// Viewers (`replay`, `attach`) stop on each signal with the terminal given back; an attached
+/// viewer's signal stops the viewer only.
 #[test]
-fn a_signal_stops_a_replay_and_gives_the_terminal_back() {
+fn a_signal_stops_a_viewer_and_gives_the_terminal_back() {
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("run.jsonl");
     let o = bin()
@@ -490,24 +492,48 @@ fn a_signal_stops_a_replay_and_gives_the_terminal_back() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    for (i, sig) in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT]
-        .into_iter()
-        .enumerate()
-    {
-        let cmd = format!(
-            "{} replay {}; echo EXITED=$?; stty -a; sleep 600",
-            env!("CARGO_BIN_EXE_dflash-top"),
-            rec.display()
-        );
-        let s = Tmux::start_sized(
-            format!("dflash-replay-sig-{}-{i}", std::process::id()),
-            (100, 30),
-            &cmd,
-        );
-        s.wait_for("the replay", |x| x.contains("REPLAY"));
-        assert_eq!(unsafe { libc::kill(s.child_pid(), sig) }, 0);
-        s.exited_by_a_signal_with_the_terminal_back(&format!("replay, signal {sig}"));
+    let mut train = bin()
+        .args(["train", "--headless", "--interval", "0.2"])
+        .env("XDG_RUNTIME_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _out = wait_for_steps(&mut train);
+    let viewers = [
+        ("replay", format!("replay {}", rec.display()), "REPLAY"),
+        (
+            "attach",
+            format!("attach {}", train.id()),
+            "attached to PID",
+        ),
+    ];
+    for (what, args, shown) in viewers {
+        for (i, sig) in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT]
+            .into_iter()
+            .enumerate()
+        {
+            let cmd = format!(
+                "XDG_RUNTIME_DIR={} {} {args}; echo EXITED=$?; stty -a; sleep 600",
+                dir.path().display(),
+                env!("CARGO_BIN_EXE_dflash-top"),
+            );
+            let s = Tmux::start_sized(
+                format!("dflash-{what}-sig-{}-{i}", std::process::id()),
+                (100, 30),
+                &cmd,
+            );
+            s.wait_for(what, |x| x.contains(shown));
+            assert_eq!(unsafe { libc::kill(s.child_pid(), sig) }, 0);
+            s.exited_by_a_signal_with_the_terminal_back(&format!("{what}, signal {sig}"));
+        }
     }
+    assert!(
+        train.try_wait().unwrap().is_none(),
+        "the watched run goes on after its viewers' signals"
+    );
+    kill(&train, libc::SIGTERM);
+    wait_exit(&mut train);
 }
 
 /// A tmpfs mounted for one test; unmounted on drop.
