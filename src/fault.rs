@@ -4,7 +4,10 @@
 //! an initialised `OnceLock` and a scan of an empty list.
 //!
 //! - `save_write`: writing a checkpoint fails after its first file (like a full disk).
-//! - `save_slow`: each checkpoint save waits 10 s first (holds a graceful stop open).
+//! - `save_slow`: each checkpoint save waits 10 s first, its temporary directory made (holds a
+//!   graceful stop open in the middle of a save).
+//! - `no_nvml`: NVML is loaded from a path where it is not, as on a machine without the NVIDIA
+//!   driver.
 //! - `nan:STEPS`: the drafter's loss is NaN at these of its iterations (steps attempted, skipped
 //!   ones included; 1-based), e.g. `nan:3-5+9`
 //!   (`+` separates items, `a-b` is a range, `a-` is every step from a on).

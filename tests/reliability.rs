@@ -25,6 +25,15 @@ fn step_dirs(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Entries of `dir` whose names start with a dot: temporary or half-removed checkpoints.
+fn hidden(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
 /// Reads the child's stdout until an interval line shows a step > 0 (training is under way).
 fn wait_for_steps(child: &mut Child) -> BufReader<std::process::ChildStdout> {
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -138,10 +147,30 @@ fn a_signal_stops_a_bench_and_saves() {
     assert_eq!(step_dirs(dir.path()).len(), 1, "{err}");
 }
 
+/// Waits until a save has begun in `dir` (its temporary directory is there), then past the
+/// 250 ms in which further signals count as the first (a hang-up sends several).
+fn wait_for_a_save_to_begin(dir: &Path) {
+    let start = Instant::now();
+    while !hidden(dir).iter().any(|n| n.contains(".tmp-")) {
+        assert!(start.elapsed() < Duration::from_secs(60), "no save began");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(400));
+}
+
 #[test]
-fn a_second_signal_exits_at_once() {
-    // A save held open for 10 s (save_slow) keeps the graceful stop going when the second lands.
+fn a_second_signal_during_the_final_save_exits_at_once_and_leaves_no_partial_checkpoint() {
+    // An earlier checkpoint in the same directory, which must come through untouched.
     let dir = tempfile::tempdir().unwrap();
+    let o = bin()
+        .args(["train", "--headless", "--steps", "1", "--save-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let model = dir.path().join("step-000001/model.safetensors");
+    let bytes = std::fs::read(&model).unwrap();
+    // A save held open for 10 s (save_slow) keeps the graceful stop going when the second lands.
     let mut child = bin()
         .args(["train", "--headless", "--interval", "0.2", "--save-dir"])
         .arg(dir.path())
@@ -152,26 +181,20 @@ fn a_second_signal_exits_at_once() {
         .unwrap();
     let _out = wait_for_steps(&mut child);
     kill(&child, libc::SIGTERM);
-    // Wait for the stop to reach the save (its temporary directory appears), then signal again.
-    let start = Instant::now();
-    while !std::fs::read_dir(dir.path())
-        .unwrap()
-        .any(|e| e.unwrap().file_name().to_string_lossy().contains(".tmp-"))
-    {
-        assert!(start.elapsed() < Duration::from_secs(60), "no save began");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // Signals within 250 ms of the first count as one (a hang-up sends several): wait past it.
-    std::thread::sleep(Duration::from_millis(400));
+    wait_for_a_save_to_begin(dir.path());
     kill(&child, libc::SIGINT);
     let status = wait_exit(&mut child);
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(130), "{err}");
     assert!(err.contains("second signal"), "{err}");
-    assert!(
-        step_dirs(dir.path()).is_empty(),
-        "the held save never completed"
+    let left = hidden(dir.path());
+    assert!(left.is_empty(), "the abandoned save was removed: {left:?}");
+    assert_eq!(step_dirs(dir.path()), ["step-000001"], "{err}");
+    assert_eq!(
+        std::fs::read(&model).unwrap(),
+        bytes,
+        "earlier checkpoint intact"
     );
 }
 
@@ -199,15 +222,8 @@ fn keep_leaves_the_newest_checkpoints() {
         step_dirs(dir.path()),
         ["step-000005", "step-000006", "step-000007"]
     );
-    let hidden: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
-        .collect();
-    assert!(
-        hidden.is_empty(),
-        "no temporary directories left: {hidden:?}"
-    );
+    let left = hidden(dir.path());
+    assert!(left.is_empty(), "no temporary directories left: {left:?}");
 }
 
 #[test]
@@ -244,11 +260,7 @@ fn a_failed_save_names_the_directory_and_leaves_the_previous_checkpoint() {
         bytes,
         "previous checkpoint intact"
     );
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
-        .collect();
+    let left = hidden(dir.path());
     assert!(left.is_empty(), "the failed save cleaned up: {left:?}");
 }
 
@@ -378,6 +390,45 @@ impl Tmux {
     }
 }
 
+impl Tmux {
+    /// After a command line ending `; echo EXITED=$?; stty -a`: the program exited with the
+    /// signal status, its screen is gone, the terminal is in cooked mode, off the alternate screen.
+    fn exited_by_a_signal_with_the_terminal_back(&self, what: &str) {
+        let after = self.wait_for("the process to exit", |x| x.contains("EXITED="));
+        assert!(after.contains("EXITED=130"), "{what}: {after}");
+        assert!(
+            !after.contains("PROF") && !after.contains("REPLAY"),
+            "{what}: the TUI is gone: {after}"
+        );
+        let stty = self.wait_for("stty's report", |x| x.contains("icanon"));
+        let words: Vec<&str> = stty.split_whitespace().collect();
+        assert!(
+            words.contains(&"icanon") && words.contains(&"echo"),
+            "{what}: the terminal is back in cooked mode: {stty}"
+        );
+        assert_eq!(
+            tmux(&["display", "-p", "-t", &self.0, "#{alternate_on}"]).trim(),
+            "0",
+            "{what}: alternate screen left"
+        );
+    }
+}
+
+impl Tmux {
+    /// `ENV dflash-top train ARGS; THEN` in a 100x30 session named after `tag`, returned once
+    /// the header shows a step (training is under way).
+    fn training(tag: &str, env: &str, args: &str, then: &str) -> Tmux {
+        let cmd = format!(
+            "{env} {} train {args}; {then}",
+            env!("CARGO_BIN_EXE_dflash-top")
+        );
+        let name = format!("dflash-{tag}-{}", std::process::id());
+        let s = Tmux::start_sized(name, (100, 30), &cmd);
+        s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+        s
+    }
+}
+
 fn header_step(screen: &str) -> Option<u64> {
     screen
         .lines()
@@ -394,37 +445,95 @@ fn a_signal_stops_the_tui_saves_and_gives_the_terminal_back() {
         .enumerate()
     {
         let save = tempfile::tempdir().unwrap();
-        let cmd = format!(
-            "{} train --save-dir {}; echo EXITED=$?; stty -a; sleep 600",
-            env!("CARGO_BIN_EXE_dflash-top"),
-            save.path().display()
+        let s = Tmux::training(
+            &format!("sig-{i}"),
+            "",
+            &format!("--save-dir {}", save.path().display()),
+            "echo EXITED=$?; stty -a; sleep 600",
         );
-        let s = Tmux::start_sized(
-            format!("dflash-sig-{}-{i}", std::process::id()),
-            (100, 30),
-            &cmd,
-        );
-        s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
         assert_eq!(unsafe { libc::kill(s.child_pid(), sig) }, 0);
-        let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
-        assert!(after.contains("EXITED=130"), "signal {sig}: {after}");
-        assert!(
-            !after.contains("PROF"),
-            "signal {sig}: the TUI is gone: {after}"
-        );
-        let stty = s.wait_for("stty's report", |x| x.contains("icanon"));
-        let words: Vec<&str> = stty.split_whitespace().collect();
-        assert!(
-            words.contains(&"icanon") && words.contains(&"echo"),
-            "signal {sig}: the terminal is back in cooked mode: {stty}"
-        );
-        assert_eq!(
-            tmux(&["display", "-p", "-t", &s.0, "#{alternate_on}"]).trim(),
-            "0",
-            "signal {sig}: alternate screen left"
-        );
+        s.exited_by_a_signal_with_the_terminal_back(&format!("signal {sig}"));
         assert_eq!(step_dirs(save.path()).len(), 1, "signal {sig}: saved");
     }
+}
+
+#[test]
+fn a_second_signal_during_the_tui_s_final_save_restores_the_terminal_and_leaves_nothing() {
+    let save = tempfile::tempdir().unwrap();
+    let s = Tmux::training(
+        "sig2",
+        "DFLASH_TOP_FAULT=save_slow",
+        &format!("--save-dir {}", save.path().display()),
+        "echo EXITED=$?; stty -a; sleep 600",
+    );
+    let pid = s.child_pid();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    wait_for_a_save_to_begin(save.path());
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    s.exited_by_a_signal_with_the_terminal_back("second signal in the save");
+    let left = std::fs::read_dir(save.path()).unwrap().count();
+    assert_eq!(
+        left,
+        0,
+        "no checkpoint, whole or partial: {:?}",
+        hidden(save.path())
+    );
+}
+
+/// Viewers (`replay`, `attach`) stop on each signal with the terminal given back; an attached
+/// viewer's signal stops the viewer only.
+#[test]
+fn a_signal_stops_a_viewer_and_gives_the_terminal_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("run.jsonl");
+    let o = bin()
+        .args(["train", "--headless", "--steps", "3", "--record"])
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut train = bin()
+        .args(["train", "--headless", "--interval", "0.2"])
+        .env("XDG_RUNTIME_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _out = wait_for_steps(&mut train);
+    let viewers = [
+        ("replay", format!("replay {}", rec.display()), "REPLAY"),
+        (
+            "attach",
+            format!("attach {}", train.id()),
+            "attached to PID",
+        ),
+    ];
+    for (what, args, shown) in viewers {
+        for (i, sig) in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT]
+            .into_iter()
+            .enumerate()
+        {
+            let cmd = format!(
+                "XDG_RUNTIME_DIR={} {} {args}; echo EXITED=$?; stty -a; sleep 600",
+                dir.path().display(),
+                env!("CARGO_BIN_EXE_dflash-top"),
+            );
+            let s = Tmux::start_sized(
+                format!("dflash-{what}-sig-{}-{i}", std::process::id()),
+                (100, 30),
+                &cmd,
+            );
+            s.wait_for(what, |x| x.contains(shown));
+            assert_eq!(unsafe { libc::kill(s.child_pid(), sig) }, 0);
+            s.exited_by_a_signal_with_the_terminal_back(&format!("{what}, signal {sig}"));
+        }
+    }
+    assert!(
+        train.try_wait().unwrap().is_none(),
+        "the watched run goes on after its viewers' signals"
+    );
+    kill(&train, libc::SIGTERM);
+    wait_exit(&mut train);
 }
 
 /// A tmpfs mounted for one test; unmounted on drop.
@@ -485,11 +594,7 @@ fn a_full_disk_fails_the_save_with_a_sentence_and_keeps_the_previous_checkpoint(
         "{err}"
     );
     assert_eq!(step_dirs(&save), ["step-000001"], "{err}");
-    let left: Vec<_> = std::fs::read_dir(&save)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
-        .collect();
+    let left = hidden(&save);
     assert!(left.is_empty(), "the failed save cleaned up: {left:?}");
     // The previous checkpoint is whole: a run resumes from it.
     let o = bin()
@@ -512,16 +617,7 @@ fn alive(pid: i32) -> bool {
 
 #[test]
 fn the_tui_keeps_running_and_redrawing_through_small_sizes_and_a_resize_storm() {
-    let cmd = format!(
-        "{} train; echo EXITED=$?; sleep 600",
-        env!("CARGO_BIN_EXE_dflash-top")
-    );
-    let s = Tmux::start_sized(
-        format!("dflash-resize-{}", std::process::id()),
-        (100, 30),
-        &cmd,
-    );
-    s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+    let s = Tmux::training("resize", "", "", "echo EXITED=$?; sleep 600");
     let pid = s.child_pid();
     // A resize every 50 ms through sizes above and below 80x24, for about 3 s.
     let sizes = [
@@ -655,6 +751,20 @@ fn a_run_listens_on_no_tcp_port() {
     wait_exit(&mut child);
     assert!(fds > 0, "the run's descriptors were read");
     assert!(listening.is_empty(), "listening TCP sockets: {listening:?}");
+
+    // The TUI run too (it also serves viewers, on a Unix socket).
+    let s = Tmux::training("notcp", "", "", "sleep 600");
+    let listening = tcp_listeners(s.child_pid() as u32);
+    s.keys_q();
+    assert!(
+        listening.is_empty(),
+        "TUI: listening TCP sockets: {listening:?}"
+    );
+
+    // The check sees a listener where there is one: this test process's own.
+    let own = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    assert!(!tcp_listeners(std::process::id()).is_empty());
+    drop(own);
 }
 
 /// SGR codes of the pane that set a colour (foreground or background, any palette).
@@ -681,17 +791,8 @@ fn colour_codes(session: &str) -> Vec<String> {
 #[test]
 fn no_color_draws_the_real_terminal_without_colour() {
     for no_color in [false, true] {
-        let cmd = format!(
-            "{}{} train; sleep 600",
-            if no_color { "NO_COLOR=1 " } else { "" },
-            env!("CARGO_BIN_EXE_dflash-top")
-        );
-        let s = Tmux::start_sized(
-            format!("dflash-nocolor-{}-{no_color}", std::process::id()),
-            (100, 30),
-            &cmd,
-        );
-        s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
+        let env = if no_color { "NO_COLOR=1" } else { "" };
+        let s = Tmux::training(&format!("nocolor-{no_color}"), env, "", "sleep 600");
         let codes = colour_codes(&s.0);
         if no_color {
             assert!(codes.is_empty(), "NO_COLOR set, colours drawn: {codes:?}");
@@ -713,20 +814,53 @@ fn doctor_reports_nvml_in_one_line_present_or_not() {
 }
 
 #[test]
+fn without_nvml_a_run_shows_one_no_gpu_line_and_no_error() {
+    // `no_nvml` loads NVML from where it is not: the failure of a machine without the driver.
+    let o = bin()
+        .arg("doctor")
+        .env("DFLASH_TOP_FAULT", "no_nvml")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let nvml: Vec<&str> = out.lines().filter(|l| l.starts_with("NVML")).collect();
+    assert_eq!(nvml.len(), 1, "{out}");
+    assert!(nvml[0].contains("no NVIDIA GPU"), "{out}");
+
+    let (o, _dir) = run_with_fault("no_nvml", &["--steps", "2"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("NVML") && !err.contains("panicked"), "{err}");
+
+    let s = Tmux::training(
+        "nonvml",
+        "DFLASH_TOP_FAULT=no_nvml",
+        "",
+        "echo EXITED=$?; sleep 600",
+    );
+    s.keys("4");
+    let screen = s.wait_for("the queues+gpu view", |x| x.contains("[4 "));
+    let gpu_lines: Vec<&str> = screen.lines().filter(|l| l.contains("GPU")).collect();
+    assert_eq!(gpu_lines.len(), 1, "one GPU line: {screen}");
+    assert!(
+        gpu_lines[0].starts_with("GPUs: no NVIDIA GPU (NVML not found"),
+        "{screen}"
+    );
+    s.keys_q();
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+}
+
+#[test]
 fn a_hang_up_stops_the_tui_and_saves() {
     // The terminal goes away (an SSH session dropped): tmux closes the pane's pty.
     let save = tempfile::tempdir().unwrap();
-    let cmd = format!(
-        "{} train --save-dir {}; sleep 600",
-        env!("CARGO_BIN_EXE_dflash-top"),
-        save.path().display()
+    let s = Tmux::training(
+        "hangup",
+        "",
+        &format!("--save-dir {}", save.path().display()),
+        "sleep 600",
     );
-    let s = Tmux::start_sized(
-        format!("dflash-hangup-{}", std::process::id()),
-        (100, 30),
-        &cmd,
-    );
-    s.wait_for("training steps", |x| header_step(x).is_some_and(|n| n > 0));
     let pid = s.child_pid();
     drop(s);
     let start = Instant::now();

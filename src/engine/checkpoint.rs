@@ -6,6 +6,7 @@
 
 use super::config::{DrafterSpec, Qwen3Config};
 use super::optim::{AdamW, Schedule};
+use crate::signals::Scratch;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -208,12 +209,13 @@ pub fn save(
         .unwrap_or("checkpoint");
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)
+    // Scratch until placed: a second signal's exit removes it (src/signals.rs).
+    let scratch = Scratch::create(&tmp, |t| std::fs::create_dir_all(t))
         .with_context(|| failed(format!("cannot create {}", tmp.display())))?;
     if crate::fault::is("save_slow") {
         std::thread::sleep(std::time::Duration::from_secs(10));
     }
-    let write = || -> Result<()> {
+    let write = |tmp: &Path| -> Result<()> {
         let cfg = serde_json::to_string_pretty(&drafter_config_json(spec))?;
         std::fs::write(tmp.join("config.json"), cfg)?;
         if crate::fault::is("save_write") {
@@ -232,25 +234,32 @@ pub fn save(
         for f in ["config.json", MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE] {
             sync_path(&tmp.join(f))?;
         }
-        sync_path(&tmp)?;
+        sync_path(tmp)?;
         Ok(())
     };
-    if let Err(e) = write() {
-        let _ = std::fs::remove_dir_all(&tmp);
+    if let Err(e) = write(scratch.path()) {
+        let _ = std::fs::remove_dir_all(scratch.path());
         bail!("{}", failed(format!("{e:#}")));
     }
-    let placed = if dir.exists() {
-        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-        std::fs::rename(dir, &old)
-            .and_then(|()| std::fs::rename(&tmp, dir))
-            .map(|()| {
-                let _ = std::fs::remove_dir_all(old);
-            })
-    } else {
-        std::fs::rename(&tmp, dir)
-    };
-    if let Err(e) = placed.and_then(|()| sync_path(parent)) {
-        let _ = std::fs::remove_dir_all(&tmp);
+    // The renames run with a forced exit held off: the directory is the old one or the new one.
+    let placed = scratch.settle(|tmp| {
+        let placed = if dir.exists() {
+            let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+            std::fs::rename(dir, &old)
+                .and_then(|()| std::fs::rename(tmp, dir))
+                .map(|()| {
+                    let _ = std::fs::remove_dir_all(old);
+                })
+        } else {
+            std::fs::rename(tmp, dir)
+        };
+        let placed = placed.and_then(|()| sync_path(parent));
+        if placed.is_err() {
+            let _ = std::fs::remove_dir_all(tmp);
+        }
+        placed
+    });
+    if let Err(e) = placed {
         bail!("{}", failed(e.to_string()));
     }
     Ok(dir.to_path_buf())
@@ -262,7 +271,8 @@ fn sync_path(p: &Path) -> std::io::Result<()> {
 }
 
 /// Keeps the newest `keep` `step-*` checkpoints in `save_dir` (by step number) and removes the
-/// others; returns the ones removed. Other entries are never touched.
+/// others; returns the ones removed. Other entries are never touched. Each is renamed out of the
+/// `step-*` names before it is removed, so an exit part way leaves no damaged checkpoint.
 pub fn prune(save_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
     let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(save_dir)
         .with_context(|| format!("cannot list {}", save_dir.display()))?
@@ -281,7 +291,11 @@ pub fn prune(save_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
     let drop = steps.len().saturating_sub(keep.max(1));
     let mut removed = Vec::new();
     for (_, p) in steps.into_iter().take(drop) {
-        std::fs::remove_dir_all(&p).with_context(|| format!("cannot remove {}", p.display()))?;
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        let doomed = save_dir.join(format!(".{name}.del-{}", std::process::id()));
+        let gone = Scratch::create(&doomed, |d| std::fs::rename(&p, d))
+            .and_then(|s| std::fs::remove_dir_all(s.path()));
+        gone.with_context(|| format!("cannot remove {}", p.display()))?;
         removed.push(p);
     }
     Ok(removed)

@@ -114,7 +114,14 @@ impl GpuProbe {
     /// The GPUs as process `watched` sees them (an attached viewer: its CUDA_VISIBLE_DEVICES and
     /// its memory on each device), or as this process does for None.
     pub fn open_for(watched: Option<u32>) -> GpuProbe {
-        let nvml = match Nvml::init() {
+        let init = if crate::fault::is("no_nvml") {
+            Nvml::builder()
+                .lib_path(std::ffi::OsStr::new("/nonexistent/libnvidia-ml.so.1"))
+                .init()
+        } else {
+            Nvml::init()
+        };
+        let nvml = match init {
             Ok(nvml) => nvml,
             Err(e) => return GpuProbe::Absent(format!("no NVIDIA GPU (NVML not found: {e})")),
         };
