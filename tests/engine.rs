@@ -429,6 +429,26 @@ fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
         ),
     )
     .unwrap();
+    // Without a chat template, chat lines are refused with a sentence naming what is missing.
+    let e = format!(
+        "{:#}",
+        JsonlSource::open(&data, 512, Some(&tok)).err().unwrap()
+    );
+    assert!(
+        e.contains("chat.jsonl line 1")
+            && e.contains("chat template")
+            && e.contains("tokenizer_config.json")
+            && e.contains("input_ids"),
+        "{e}"
+    );
+    // With ChatML as the tokenizer's template.
+    let chatml = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + \
+                  '<|im_end|>\\n' }}{% endfor %}";
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::json!({ "chat_template": chatml }).to_string(),
+    )
+    .unwrap();
     let mut src = JsonlSource::open(&data, 512, Some(&tok)).unwrap();
     let chat = src.next_doc();
     // <|im_start|> user how are you <|im_end|> <|im_start|> assistant fine <|im_end|>

@@ -121,10 +121,10 @@ impl DocSource for Synthetic {
 ///   hidden-state preparation tools emit;
 /// - `{"text": "..."}`: tokenized with the target's tokenizer.json, every token with loss;
 /// - `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the tokenizer's own chat
-///   template (tokenizer_config.json `chat_template` or chat_template.jinja beside tokenizer.json),
-///   else as Qwen's ChatML (`<|im_start|>role\ncontent<|im_end|>\n`), and tokenized; the loss mask
-///   covers the assistant turns' content and the end token right after it (our reading of "loss
-///   mask = assistant turns").
+///   template (tokenizer_config.json `chat_template` or chat_template.jinja beside tokenizer.json)
+///   and tokenized whole; a tokenizer without a template refuses chat lines; the loss mask covers
+///   the assistant turns' content and the end token right after it (our reading of "loss mask =
+///   assistant turns").
 ///
 /// `shuffled(seed)` visits the documents in a fresh order each epoch (a permutation drawn from
 /// the seed and the epoch number), so a position in the stream (`skip`) lands on the same
@@ -144,7 +144,9 @@ pub struct JsonlSource {
 pub struct TextTokenizer {
     tok: tokenizers::Tokenizer,
     /// The model directory's own chat template, when it has one.
-    pub template: Option<super::chat::ChatTemplate>,
+    template: Option<super::chat::ChatTemplate>,
+    /// The directory of tokenizer.json, for messages.
+    dir: std::path::PathBuf,
 }
 
 impl TextTokenizer {
@@ -155,11 +157,9 @@ impl TextTokenizer {
                 path.display()
             )
         })?;
-        let template = match path.parent() {
-            Some(dir) => super::chat::ChatTemplate::find(dir)?,
-            None => None,
-        };
-        Ok(TextTokenizer { tok, template })
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let template = super::chat::ChatTemplate::find(&dir)?;
+        Ok(TextTokenizer { tok, template, dir })
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
@@ -210,30 +210,21 @@ impl TextTokenizer {
     }
 
     fn chat(&self, messages: &[serde_json::Value]) -> Result<Doc> {
-        if let Some(t) = &self.template {
-            return self.templated_chat(t, messages);
-        }
-        let mut doc = Doc {
-            ids: Vec::new(),
-            loss_mask: Vec::new(),
-        };
-        let mut push = |ids: Vec<i64>, loss: bool| {
-            doc.loss_mask.extend(std::iter::repeat_n(loss, ids.len()));
-            doc.ids.extend(ids);
-        };
-        for (i, m) in messages.iter().enumerate() {
-            let role = m.get("role").and_then(|r| r.as_str());
-            let content = m.get("content").and_then(|c| c.as_str());
-            let (Some(role), Some(content)) = (role, content) else {
-                bail!("message {} needs string `role` and `content`", i + 1);
-            };
-            let assistant = role == "assistant";
-            push(self.encode(&format!("<|im_start|>{role}\n"))?, false);
-            push(self.encode(content)?, assistant);
-            push(self.encode("<|im_end|>")?, assistant);
-            push(self.encode("\n")?, false);
-        }
-        Ok(doc)
+        self.templated_chat(self.chat_template()?, messages)
+    }
+
+    /// The chat template chat data goes through; a tokenizer without one refuses chat data (a
+    /// hand-written format would train the drafter on text its target never sees).
+    pub fn chat_template(&self) -> Result<&super::chat::ChatTemplate> {
+        self.template.as_ref().with_context(|| {
+            let dir = self.dir.display();
+            format!(
+                "chat data (`messages`) needs the tokenizer's chat template, and the tokenizer \
+                 in {dir} has none (no `chat_template` in {dir}/tokenizer_config.json, no \
+                 {dir}/chat_template.jinja): give a tokenizer with a chat_template, or \
+                 pre-tokenized `input_ids` + `loss_mask` lines"
+            )
+        })
     }
 }
 
