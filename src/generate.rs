@@ -4,9 +4,9 @@
 
 use crate::cli::GenerateArgs;
 use crate::engine::config::Qwen3Config;
-use crate::engine::data::TextTokenizer;
 use crate::engine::decode::{continuation, Decoding};
 use crate::engine::qwen3::Qwen3Target;
+use crate::engine::tokenize::TextTokenizer;
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};

@@ -299,6 +299,24 @@ fn a_target_directory_loads_and_trains_with_its_recipe() {
     ] {
         assert!(line.contains(kv), "no {kv} in {line}");
     }
+    // Chat data with a tokenizer that has no chat template: refused at start, by name.
+    let chat = dir.path().join("chat.jsonl");
+    std::fs::write(
+        &chat,
+        r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}"#,
+    )
+    .unwrap();
+    args.extend(["--data", chat.to_str().unwrap()]);
+    let o = run(&args);
+    assert_user_error(
+        &o,
+        &[
+            "chat.jsonl line 1",
+            "chat template",
+            "tokenizer_config.json",
+            "input_ids",
+        ],
+    );
 }
 
 #[test]
