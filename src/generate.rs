@@ -4,9 +4,9 @@
 
 use crate::cli::GenerateArgs;
 use crate::engine::config::Qwen3Config;
-use crate::engine::data::TextTokenizer;
 use crate::engine::decode::{continuation, Decoding};
 use crate::engine::qwen3::Qwen3Target;
+use crate::engine::tokenize::TextTokenizer;
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -188,7 +188,8 @@ pub fn read_prompts(path: &Path, target: &Path, vocab: i64) -> Result<Vec<Vec<i6
 }
 
 /// A chat prompt: the messages (a last assistant turn left out) and the start of the assistant's
-/// turn, through the tokenizer's chat template, else ChatML as training renders it.
+/// turn, through the tokenizer's chat template as training renders chat (a tokenizer without one
+/// refuses chat prompts).
 fn chat_prompt(t: &TextTokenizer, messages: &[serde_json::Value]) -> Result<Vec<i64>> {
     let role = |m: &serde_json::Value| m.get("role").and_then(|r| r.as_str()).map(str::to_string);
     let keep = match messages.last() {
@@ -198,19 +199,7 @@ fn chat_prompt(t: &TextTokenizer, messages: &[serde_json::Value]) -> Result<Vec<
     if keep.is_empty() {
         bail!("`messages` holds no turn before the assistant's");
     }
-    if let Some(template) = &t.template {
-        return t.encode(&template.render_prompt(keep)?);
-    }
-    let mut text = String::new();
-    for (i, m) in keep.iter().enumerate() {
-        let content = m.get("content").and_then(|c| c.as_str());
-        let (Some(r), Some(c)) = (role(m), content) else {
-            bail!("message {} needs string `role` and `content`", i + 1);
-        };
-        text.push_str(&format!("<|im_start|>{r}\n{c}<|im_end|>\n"));
-    }
-    text.push_str("<|im_start|>assistant\n");
-    t.encode(&text)
+    t.encode(&t.chat_template()?.render_prompt(keep)?)
 }
 
 /// End-of-sequence ids: `eos_token_id` (a number or a list) of config.json and of

@@ -27,10 +27,14 @@ fn doc_ids_repeat_and_positions_restart_per_document() {
 struct Fixed(Vec<Doc>, usize);
 
 impl DocSource for Fixed {
-    fn next_doc(&mut self) -> Doc {
+    fn next_doc(&mut self) -> anyhow::Result<Doc> {
         let d = self.0[self.1 % self.0.len()].clone();
         self.1 += 1;
-        d
+        Ok(d)
+    }
+
+    fn position(&self) -> u64 {
+        self.1 as u64
     }
 }
 
@@ -45,7 +49,7 @@ fn doc(ids: &[i64]) -> Doc {
 fn packing_places_whole_documents_and_pads_the_rest_of_a_row() {
     let mut src = Fixed(vec![doc(&[1, 2, 3, 4, 5]), doc(&[6, 7, 8])], 0);
     let mut packer = Packer::new();
-    let b = packer.pack(&mut src, 2, 6);
+    let b = packer.pack(&mut src, 2, 6).unwrap();
     // [6,7,8] does not fit after [1..5]: it starts row 1; [1..5] then waits for the next batch.
     assert_eq!(
         vec_i64(&b.input_ids),
@@ -68,7 +72,7 @@ fn packing_places_whole_documents_and_pads_the_rest_of_a_row() {
         (2, 0),
         "the third is still pending"
     );
-    let next = packer.pack(&mut src, 1, 6);
+    let next = packer.pack(&mut src, 1, 6).unwrap();
     assert_eq!(vec_i64(&next.input_ids), vec![1, 2, 3, 4, 5, 0]);
     assert_eq!(next.docs_placed, 3);
 }
@@ -78,7 +82,7 @@ fn a_document_longer_than_a_row_is_truncated_and_counted_never_split() {
     let long: Vec<i64> = (1..=9).collect();
     let mut src = Fixed(vec![doc(&long), doc(&[20, 21])], 0);
     let mut packer = Packer::new();
-    let b = packer.pack(&mut src, 2, 6);
+    let b = packer.pack(&mut src, 2, 6).unwrap();
     assert_eq!(
         vec_i64(&b.input_ids),
         vec![1, 2, 3, 4, 5, 6, 20, 21, 0, 0, 0, 0],
@@ -89,7 +93,7 @@ fn a_document_longer_than_a_row_is_truncated_and_counted_never_split() {
         vec![0, 1, 2, 3, 4, 5, 0, 1, 0, 1, 2, 3]
     );
     assert_eq!((b.truncated, b.docs_placed), (1, 2));
-    let next = packer.pack(&mut src, 1, 6);
+    let next = packer.pack(&mut src, 1, 6).unwrap();
     assert_eq!(vec_i64(&next.input_ids), vec![1, 2, 3, 4, 5, 6]);
     assert_eq!((next.truncated, packer.truncated), (1, 2));
 }
@@ -104,7 +108,7 @@ fn every_packed_document_starts_at_position_zero_and_is_a_whole_source_document(
         })
         .collect();
     let mut src = Fixed(docs.clone(), 0);
-    let b = Packer::new().pack(&mut src, 5, 16);
+    let b = Packer::new().pack(&mut src, 5, 16).unwrap();
     let (ids, pos, mask) = (
         vec_i64(&b.input_ids),
         vec_i64(&b.positions),
@@ -375,6 +379,14 @@ fn drafter_spec_follows_the_target() {
     assert_eq!(s.layers.hidden_size, 4096);
 }
 
+/// JSONL options with the vocabulary of `word_tokenizer` and its tokenizer.json.
+fn with_tokenizer(tok: &std::path::Path) -> dflash_top::engine::data::JsonlOptions {
+    dflash_top::engine::data::JsonlOptions {
+        tokenizer: Some(tok.to_path_buf()),
+        ..dflash_top::engine::data::JsonlOptions::new(512)
+    }
+}
+
 pub fn word_tokenizer(dir: &std::path::Path) -> std::path::PathBuf {
     use tokenizers::models::wordlevel::WordLevel;
     use tokenizers::pre_tokenizers::whitespace::Whitespace;
@@ -415,7 +427,7 @@ pub fn word_tokenizer(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[test]
 fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
-    use dflash_top::engine::data::JsonlSource;
+    use dflash_top::engine::data::{JsonlOptions, JsonlSource};
     let dir = tempfile::tempdir().unwrap();
     let tok = word_tokenizer(dir.path());
     let data = dir.path().join("chat.jsonl");
@@ -429,22 +441,46 @@ fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
         ),
     )
     .unwrap();
-    let mut src = JsonlSource::open(&data, 512, Some(&tok)).unwrap();
-    let chat = src.next_doc();
+    // Without a chat template, chat lines are refused with a sentence naming what is missing.
+    let e = format!(
+        "{:#}",
+        JsonlSource::open(&data, with_tokenizer(&tok))
+            .err()
+            .unwrap()
+    );
+    assert!(
+        e.contains("chat.jsonl line 1")
+            && e.contains("chat template")
+            && e.contains("tokenizer_config.json")
+            && e.contains("input_ids"),
+        "{e}"
+    );
+    // With ChatML as the tokenizer's template.
+    let chatml = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + \
+                  '<|im_end|>\\n' }}{% endfor %}";
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::json!({ "chat_template": chatml }).to_string(),
+    )
+    .unwrap();
+    let mut src = JsonlSource::open(&data, with_tokenizer(&tok)).unwrap();
+    let chat = src.next_doc().unwrap();
     // <|im_start|> user how are you <|im_end|> <|im_start|> assistant fine <|im_end|>
     assert_eq!(chat.ids, vec![1, 3, 7, 8, 9, 2, 1, 4, 10, 2]);
     assert_eq!(
         chat.loss_mask,
         vec![false, false, false, false, false, false, false, false, true, true]
     );
-    let text = src.next_doc();
+    let text = src.next_doc().unwrap();
     assert_eq!(text.ids, vec![5, 6]);
     assert_eq!(text.loss_mask, vec![true, true]);
     // Without a tokenizer: a sentence that says what to give.
-    let e = JsonlSource::open(&data, 512, None)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = format!(
+        "{:#}",
+        JsonlSource::open(&data, JsonlOptions::new(512))
+            .err()
+            .unwrap()
+    );
     assert!(
         e.contains("--target") && e.contains("tokenizer.json"),
         "{e}"
@@ -680,8 +716,8 @@ fn chat_lines_go_through_the_tokenizers_own_chat_template() {
         r#"{"messages": [{"role": "user", "content": "how are you"}, {"role": "assistant", "content": " fine "}]}"#,
     )
     .unwrap();
-    let mut src = JsonlSource::open(&data, 512, Some(&tok)).unwrap();
-    let chat = src.next_doc();
+    let mut src = JsonlSource::open(&data, with_tokenizer(&tok)).unwrap();
+    let chat = src.next_doc().unwrap();
     // <|im_start|> user how are you <|im_end|> <|im_start|> assistant there fine <|im_end|>
     assert_eq!(chat.ids, vec![1, 3, 7, 8, 9, 2, 1, 4, 6, 10, 2]);
     assert_eq!(
@@ -697,7 +733,9 @@ fn chat_lines_go_through_the_tokenizers_own_chat_template() {
     .unwrap();
     let e = format!(
         "{:#}",
-        JsonlSource::open(&data, 512, Some(&tok)).err().unwrap()
+        JsonlSource::open(&data, with_tokenizer(&tok))
+            .err()
+            .unwrap()
     );
     assert!(
         e.contains("tokenizer_config.json") && e.contains("bad role"),
@@ -752,7 +790,7 @@ fn host_label_rows_are_the_valid_labels() {
     use dflash_top::engine::data::Synthetic;
     let (rows, seq, block) = (3i64, 96i64, 8usize);
     let mut src = Synthetic::new(5, 400, 70);
-    let b = Packer::new().pack(&mut src, rows, seq);
+    let b = Packer::new().pack(&mut src, rows, seq).unwrap();
     let mut rng = Rng::new(9);
     let per_row: Vec<Vec<i64>> = (0..rows as usize)
         .map(|r| {
@@ -788,16 +826,24 @@ fn host_label_rows_are_the_valid_labels() {
 
 #[test]
 fn jsonl_documents_come_shuffled_per_epoch_and_skip_lands_where_reading_would() {
-    use dflash_top::engine::data::JsonlSource;
+    use dflash_top::engine::data::{JsonlOptions, JsonlSource};
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d.jsonl");
     let lines: Vec<String> = (0..7)
         .map(|d| serde_json::json!({ "input_ids": [d, d] }).to_string())
         .collect();
     std::fs::write(&data, lines.join("\n")).unwrap();
-    let open = |seed| JsonlSource::open(&data, 16, None).unwrap().shuffled(seed);
+    let open = |seed| {
+        let opts = JsonlOptions {
+            seed: Some(seed),
+            ..JsonlOptions::new(16)
+        };
+        JsonlSource::open(&data, opts).unwrap()
+    };
     let mut src = open(3);
-    let epoch = |s: &mut JsonlSource| -> Vec<i64> { (0..7).map(|_| s.next_doc().ids[0]).collect() };
+    let epoch = |s: &mut JsonlSource| -> Vec<i64> {
+        (0..7).map(|_| s.next_doc().unwrap().ids[0]).collect()
+    };
     let (first, second) = (epoch(&mut src), epoch(&mut src));
     for e in [&first, &second] {
         let mut sorted = e.clone();
@@ -815,11 +861,118 @@ fn jsonl_documents_come_shuffled_per_epoch_and_skip_lands_where_reading_would() 
     let mut read = open(3);
     let mut skipped = open(3);
     for _ in 0..10 {
-        read.next_doc();
+        read.next_doc().unwrap();
     }
-    skipped.skip(4);
-    skipped.skip(6);
+    skipped.skip(4).unwrap();
+    skipped.skip(6).unwrap();
     for _ in 0..9 {
-        assert_eq!(read.next_doc(), skipped.next_doc());
+        assert_eq!(read.next_doc().unwrap(), skipped.next_doc().unwrap());
+    }
+}
+
+/// `lines` joined as a JSONL file `name` in `dir`.
+fn jsonl_file(dir: &std::path::Path, name: &str, lines: &[String]) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn jsonl_streams_a_bad_line_far_in_fails_only_when_reached_with_file_and_line() {
+    use dflash_top::engine::data::{JsonlOptions, JsonlSource};
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines: Vec<String> = (0..3000i64)
+        .map(|d| serde_json::json!({ "input_ids": [d % 500, 1, 2, 3, 4, 5] }).to_string())
+        .collect();
+    lines.push(r#"{"input_ids": [1, 2"#.into());
+    let data = jsonl_file(dir.path(), "big.jsonl", &lines);
+    for threads in [0, 2] {
+        let opts = JsonlOptions {
+            threads,
+            ..JsonlOptions::new(512)
+        };
+        let mut src = JsonlSource::open(&data, opts).unwrap();
+        let b = Packer::new().pack(&mut src, 2, 32).unwrap();
+        assert_eq!(b.docs_placed, 10, "5 documents of 6 in a row of 32");
+        let parsed = src.lines_parsed();
+        assert!(
+            parsed < 100,
+            "{threads} threads: {parsed} lines parsed for the first batch"
+        );
+        // The stream reaches the bad line after the 3,000 good ones (the file's order); the
+        // packer took 11 so far (one waits for the next row).
+        let mut good = src.position();
+        let e = loop {
+            match src.next_doc() {
+                Ok(_) => good += 1,
+                Err(e) => break format!("{e:#}"),
+            }
+        };
+        assert_eq!(good, 3000, "{threads} threads");
+        assert!(
+            e.contains("big.jsonl line 3001") && e.contains("not valid JSON"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn reading_threads_and_skips_give_the_same_stream_with_the_same_drops() {
+    use dflash_top::engine::data::{JsonlOptions, JsonlSource};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    // Documents of 2 to 8 tokens, loss from token 3: those under 4 loss tokens are dropped;
+    // every 7th line is blank, every 11th has one token.
+    let lines: Vec<String> = (0..60i64)
+        .map(|d| match d {
+            _ if d % 7 == 3 => String::new(),
+            _ if d % 11 == 5 => serde_json::json!({ "input_ids": [d] }).to_string(),
+            _ => {
+                let n = 2 + d % 7;
+                let ids: Vec<i64> = (0..n).map(|i| d * 8 + i).collect();
+                let mask: Vec<u8> = (0..n).map(|i| (i >= 3) as u8).collect();
+                serde_json::json!({ "input_ids": ids, "loss_mask": mask }).to_string()
+            }
+        })
+        .collect();
+    let data = jsonl_file(dir.path(), "mixed.jsonl", &lines);
+    let open = |threads| {
+        let dropped = Arc::new(AtomicU64::new(0));
+        let tell = dropped.clone();
+        let opts = JsonlOptions {
+            min_loss_tokens: 4,
+            seed: Some(5),
+            threads,
+            on_dropped: Some(Box::new(move |n| {
+                tell.fetch_add(n, Ordering::Relaxed);
+            })),
+            ..JsonlOptions::new(512)
+        };
+        (JsonlSource::open(&data, opts).unwrap(), dropped)
+    };
+    // 100 documents: 14 of the 60 lines are kept, so over seven epochs.
+    let read = |src: &mut JsonlSource, n| -> Vec<(Vec<i64>, u64)> {
+        (0..n)
+            .map(|_| (src.next_doc().unwrap().ids, src.position()))
+            .collect()
+    };
+    let (mut inline, dropped_inline) = open(0);
+    let (mut ahead, dropped_ahead) = open(3);
+    let a = read(&mut inline, 100);
+    assert_eq!(a, read(&mut ahead, 100), "the threads change nothing");
+    assert!(
+        a.iter().all(|(ids, _)| ids.len() >= 7),
+        "short loss dropped"
+    );
+    assert!(a[99].1 > 360, "seven epochs: {}", a[99].1);
+    let dropped = dropped_inline.load(Ordering::Relaxed);
+    assert!(dropped > 30, "{dropped}");
+    assert_eq!(dropped, dropped_ahead.load(Ordering::Relaxed));
+    // A resumed stream skips to a saved position and goes on as the first did.
+    for threads in [0, 2] {
+        let (mut resumed, _) = open(threads);
+        resumed.skip(a[39].1).unwrap();
+        assert_eq!(read(&mut resumed, 60), a[40..], "{threads} threads");
     }
 }

@@ -6,7 +6,7 @@ use dflash_top::cli::TrainArgs;
 use dflash_top::config::{parse_devices, parse_slow, RunConfig};
 use dflash_top::engine::checkpoint::read_drafter_spec;
 use dflash_top::engine::config::Qwen3Config;
-use dflash_top::engine::data::JsonlSource;
+use dflash_top::engine::data::{DocSource, JsonlOptions, JsonlSource};
 use dflash_top::engine::optim::AdamW;
 use dflash_top::engine::weights::read_all;
 use dflash_top::telemetry::record::read_recording;
@@ -208,8 +208,15 @@ proptest! {
     fn fuzz_jsonl_data_lines(lines in prop::collection::vec(jsonl_line(), 0..6)) {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), "data.jsonl", lines.join("\n").as_bytes());
-        if let Err(e) = JsonlSource::open(&path, 151, None) {
-            prop_assert!(format!("{e:#}").contains("data.jsonl"), "{e:#}");
+        // Opened and read through twice, by the loader itself and by a reading thread: any
+        // error names the file.
+        for threads in [0, 1] {
+            let opts = JsonlOptions { seed: Some(3), threads, ..JsonlOptions::new(151) };
+            let read = JsonlSource::open(&path, opts)
+                .and_then(|mut s| (0..2 * lines.len()).try_for_each(|_| s.next_doc().map(drop)));
+            if let Err(e) = read {
+                prop_assert!(format!("{e:#}").contains("data.jsonl"), "{e:#}");
+            }
         }
     }
 

@@ -184,6 +184,22 @@ fn chat_and_text_prompts_go_through_the_tokenizer_and_its_template() {
         std::fs::copy(lm.join("target").join(f), target.join(f)).unwrap();
     }
     crate::engine::word_tokenizer(&target);
+    let chat = r#"{"messages": [{"role": "user", "content": " how are you"}, {"role": "assistant", "content": "fine"}]}"#;
+    let data = prompts(tmp.path(), &[r#"{"text": "hi there"}"#, chat]);
+    let out = tmp.path().join("out.jsonl");
+    // A tokenizer without a chat template refuses chat prompts, naming what is missing.
+    let o = generate(&target, &data, &out, &[]);
+    assert_user_error(
+        &o,
+        &[
+            "prompts.jsonl line 2",
+            "chat template",
+            "target/tokenizer_config.json",
+            "chat_template.jinja",
+            "input_ids",
+        ],
+    );
+    assert!(!out.exists());
     let template = r#"{% for m in messages %}
 {{ '<|im_start|>' + m.role + ' ' + m.content.strip() + '<|im_end|>' }}
 {% endfor %}
@@ -193,14 +209,7 @@ fn chat_and_text_prompts_go_through_the_tokenizer_and_its_template() {
         serde_json::json!({ "chat_template": template }).to_string(),
     )
     .unwrap();
-    let data = prompts(
-        tmp.path(),
-        &[
-            r#"{"messages": [{"role": "user", "content": " how are you"}, {"role": "assistant", "content": "fine"}]}"#,
-            r#"{"text": "hi there"}"#,
-        ],
-    );
-    let out = tmp.path().join("out.jsonl");
+    let data = prompts(tmp.path(), &[chat, r#"{"text": "hi there"}"#]);
     let o = generate(&target, &data, &out, &["--max-new-tokens", "3"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let got = lines(&out);

@@ -299,6 +299,45 @@ fn a_target_directory_loads_and_trains_with_its_recipe() {
     ] {
         assert!(line.contains(kv), "no {kv} in {line}");
     }
+    // Chat data with a tokenizer that has no chat template: refused at start, by name.
+    let chat = dir.path().join("chat.jsonl");
+    std::fs::write(
+        &chat,
+        r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}"#,
+    )
+    .unwrap();
+    args.extend(["--data", chat.to_str().unwrap()]);
+    let o = run(&args);
+    assert_user_error(
+        &o,
+        &[
+            "chat.jsonl line 1",
+            "chat template",
+            "tokenizer_config.json",
+            "input_ids",
+        ],
+    );
+}
+
+/// A malformed line far into a JSONL file does not stop the start (the file streams): the loader
+/// meets it while the run goes, and the run ends with a sentence naming the file and line.
+#[test]
+fn a_bad_line_far_into_a_jsonl_file_stops_the_run_when_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("late.jsonl");
+    let mut lines: Vec<String> = (0..40i64)
+        .map(|d| {
+            let ids: Vec<i64> = (0..40).map(|i| (i * 7 + d) % 500).collect();
+            serde_json::json!({ "input_ids": ids }).to_string()
+        })
+        .collect();
+    lines.push(r#"{"input_ids": [1, 2"#.into());
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let o = run(&["train", "--headless", "--data", data.to_str().unwrap()]);
+    assert_user_error(
+        &o,
+        &["loader failed", "late.jsonl line 41", "not valid JSON"],
+    );
 }
 
 #[test]

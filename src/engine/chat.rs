@@ -103,8 +103,7 @@ impl ChatTemplate {
 
 /// Byte ranges of the assistant turns in the rendered text: each assistant message's content
 /// (as the template wrote it: trimmed), found in order, plus a special token that directly
-/// follows it (`<|im_end|>`): our reading of "loss mask = assistant turns", the same as the
-/// ChatML fallback's. A content the template rewrote beyond trimming is not found and carries
+/// follows it (`<|im_end|>`): our reading of "loss mask = assistant turns". A content the template rewrote beyond trimming is not found and carries
 /// no loss.
 pub fn assistant_spans(
     text: &str,

@@ -4,7 +4,7 @@
 
 use super::checkpoint;
 use super::config::{DrafterSpec, Qwen3Config};
-use super::data::{DocSource, JsonlSource, Synthetic};
+use super::data::{DocSource, JsonlOptions, JsonlSource, Synthetic};
 use super::drafter::Drafter;
 use super::drafter_step::DrafterStep;
 use super::nccl::NcclGroup;
@@ -96,7 +96,7 @@ pub(crate) fn data_source(
     cfg: &RunConfig,
     target_cfg: &Qwen3Config,
     spec: &DrafterSpec,
-    counts: &DataCounts,
+    counts: &Arc<DataCounts>,
 ) -> Result<Box<dyn DocSource>> {
     let mut source: Box<dyn DocSource> = match &cfg.data {
         DataSpec::Synthetic => {
@@ -105,15 +105,22 @@ pub(crate) fn data_source(
             Box::new(Synthetic::new(cfg.seed, vocab, cfg.seq_len / 2))
         }
         DataSpec::Jsonl(p) => {
-            let tokenizer = cfg.target.as_ref().map(|d| d.join("tokenizer.json"));
-            let mut src = JsonlSource::open(p, target_cfg.vocab_size, tokenizer.as_deref())?;
-            let dropped = src.keep_trainable(2 * spec.block_size.max(1) as usize, p)?;
-            counts.dropped_docs.store(dropped, Ordering::Relaxed);
-            Box::new(src.shuffled(cfg.seed))
+            let counts = counts.clone();
+            let opts = JsonlOptions {
+                tokenizer: cfg.target.as_ref().map(|d| d.join("tokenizer.json")),
+                min_loss_tokens: 2 * spec.block_size.max(1) as usize,
+                seed: Some(cfg.seed),
+                threads: super::jsonl::reading_threads()?,
+                on_dropped: Some(Box::new(move |n| {
+                    counts.dropped_docs.fetch_add(n, Ordering::Relaxed);
+                })),
+                ..JsonlOptions::new(target_cfg.vocab_size)
+            };
+            Box::new(JsonlSource::open(p, opts)?)
         }
     };
     // A resumed run continues where its data stood.
-    source.skip(resumed_docs(cfg));
+    source.skip(resumed_docs(cfg))?;
     Ok(source)
 }
 

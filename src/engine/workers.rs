@@ -64,7 +64,7 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
         // Reading and packing interleave in the packer; `read` covers the deliberate delay.
         slow_down(slow, &cancel);
         m.mark(Phase::Pack);
-        let batch = packer.pack(source.as_mut(), rows, seq);
+        let batch = packer.pack(source.as_mut(), rows, seq)?;
         m.mark(Phase::PushWait);
         if out.push(batch).is_err() {
             break;
@@ -144,7 +144,8 @@ pub struct DataCounts {
     pub truncated_docs: AtomicU64,
     /// Batches with no label that carries loss: no optimizer step was taken on them.
     pub skipped_batches: AtomicU64,
-    /// JSONL documents dropped at start for fewer than 2 x block loss tokens.
+    /// JSONL documents the loader passed over for fewer than 2 x block loss tokens (or no two
+    /// in a row), each time the stream reached them.
     pub dropped_docs: AtomicU64,
 }
 
