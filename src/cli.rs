@@ -107,6 +107,10 @@ pub struct TrainArgs {
     /// (default 20; such steps are skipped and counted).
     #[arg(long, value_name = "K")]
     pub max_nonfinite: Option<u32>,
+    /// Threads that read and tokenize a JSONL data file ahead of the loader (0: the loader reads
+    /// each line itself; default one per 8 cores, 1 to 4).
+    #[arg(long, value_name = "N")]
+    pub data_threads: Option<usize>,
     /// Continue a run from a checkpoint directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,

@@ -71,6 +71,8 @@ pub struct RunConfig {
     pub keep: Option<usize>,
     /// Steps in a row with a non-finite loss or gradient before the run stops.
     pub max_nonfinite: u32,
+    /// Threads reading a JSONL file ahead of the loader (None: the default for this machine).
+    pub data_threads: Option<usize>,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -120,6 +122,7 @@ pub struct FileConfig {
     pub mask_token_id: Option<i64>,
     pub keep: Option<usize>,
     pub max_nonfinite: Option<u32>,
+    pub data_threads: Option<usize>,
 }
 
 impl FileConfig {
@@ -364,6 +367,10 @@ impl RunConfig {
         if keep.is_some() && save_dir.is_none() {
             bail!("--keep needs --save-dir: say where checkpoints go");
         }
+        let data_threads = args.data_threads.or(file.data_threads);
+        if data_threads.is_some_and(|n| n > 64) {
+            bail!("--data-threads must be 0 (the loader reads) to 64");
+        }
         let max_nonfinite = args.max_nonfinite.or(file.max_nonfinite).unwrap_or(20);
         if max_nonfinite == 0 {
             bail!("--max-nonfinite 0 would stop at once: give at least 1 (the default is 20)");
@@ -429,6 +436,7 @@ impl RunConfig {
             loss_chunk_mib: file.loss_chunk_mib.unwrap_or(1024),
             keep,
             max_nonfinite,
+            data_threads,
             gpu_timing,
             profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
                 None | Some("on") => true,
@@ -798,6 +806,29 @@ mod tests {
             "{e}"
         );
         assert!(parse_devices("tpu", "--x").is_err());
+    }
+
+    #[test]
+    fn data_threads_come_from_the_flag_or_toml_and_a_silly_count_is_refused() {
+        let args = |n| TrainArgs {
+            data_threads: Some(n),
+            ..TrainArgs::default()
+        };
+        assert_eq!(
+            RunConfig::from_args(&args(0)).unwrap().data_threads,
+            Some(0)
+        );
+        let e = RunConfig::from_args(&args(65)).unwrap_err().to_string();
+        assert!(e.contains("--data-threads"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let toml = dir.path().join("run.toml");
+        std::fs::write(&toml, "data_threads = 3\n").unwrap();
+        let c = RunConfig::from_args(&TrainArgs {
+            config: Some(toml),
+            ..TrainArgs::default()
+        })
+        .unwrap();
+        assert_eq!(c.data_threads, Some(3));
     }
 
     #[test]

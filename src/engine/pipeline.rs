@@ -110,7 +110,10 @@ pub(crate) fn data_source(
                 tokenizer: cfg.target.as_ref().map(|d| d.join("tokenizer.json")),
                 min_loss_tokens: 2 * spec.block_size.max(1) as usize,
                 seed: Some(cfg.seed),
-                threads: super::jsonl::reading_threads()?,
+                threads: match cfg.data_threads {
+                    Some(n) => n,
+                    None => super::jsonl::reading_threads()?,
+                },
                 on_dropped: Some(Box::new(move |n| {
                     counts.dropped_docs.fetch_add(n, Ordering::Relaxed);
                 })),

@@ -164,7 +164,8 @@ pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
         target.embed_tokens.shallow_clone(),
         target.lm_head.shallow_clone(),
     );
-    let mut source = data_source(cfg, &cfg.target_config, &cfg.spec, &DataCounts::default())?;
+    let counts = std::sync::Arc::new(DataCounts::default());
+    let mut source = data_source(cfg, &cfg.target_config, &cfg.spec, &counts)?;
     let mut packer = Packer::new();
 
     let cancel = CancelToken::new();
@@ -209,7 +210,7 @@ pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
         let mut losses = Vec::new();
         let rows = cfg.batch;
         for s in 0..steps {
-            let batch = packer.pack(source.as_mut(), rows * devices.len() as i64, cfg.seq_len);
+            let batch = packer.pack(source.as_mut(), rows * devices.len() as i64, cfg.seq_len)?;
             let batch = batch.to_device(target_device);
             let hidden = {
                 let _g = tch::no_grad_guard();
