@@ -115,8 +115,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
     /// Devices of the target workers, e.g. `cpu` or `cuda:0,cuda:1`; `all` (with
-    /// --drafter-devices all) splits every GPU between targets and drafters by the placement
-    /// advice.
+    /// --drafter-devices all or left out) splits every GPU between targets and drafters by the
+    /// placement advice; with the drafters' devices listed, targets go on every GPU.
     #[arg(long, value_name = "LIST")]
     pub target_devices: Option<String>,
     /// Devices of the drafter workers, e.g. `cpu` or `cuda:2,cuda:3`, or `all`.

@@ -378,17 +378,23 @@ impl RunConfig {
         if save_every.is_some() && save_dir.is_none() {
             bail!("--save-every needs --save-dir: say where checkpoints go");
         }
-        let (target_devices, drafter_devices) = placed_devices(
-            args.target_devices
-                .as_deref()
-                .or(file.target_devices.as_deref())
-                .unwrap_or("cpu"),
-            args.drafter_devices
-                .as_deref()
-                .or(file.drafter_devices.as_deref())
-                .unwrap_or("cpu"),
-            || crate::placement::flop_ratio(&target_config, &spec, recipe.seq_len, recipe.anchors),
-        )?;
+        let targets = args
+            .target_devices
+            .as_deref()
+            .or(file.target_devices.as_deref());
+        let drafters = args
+            .drafter_devices
+            .as_deref()
+            .or(file.drafter_devices.as_deref());
+        // `all` for one role with the other left out: both spread by the advice.
+        let (targets, drafters) = match (targets, drafters) {
+            (Some("all"), None) | (None, Some("all")) => (Some("all"), Some("all")),
+            other => other,
+        };
+        let (target_devices, drafter_devices) =
+            placed_devices(targets.unwrap_or("cpu"), drafters.unwrap_or("cpu"), || {
+                crate::placement::flop_ratio(&target_config, &spec, recipe.seq_len, recipe.anchors)
+            })?;
         let slow_items: Vec<String> = if args.slow.is_empty() {
             file.slow.clone().unwrap_or_default()
         } else {

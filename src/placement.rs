@@ -156,9 +156,15 @@ pub fn measured_ratio(s: &Snapshot) -> Option<f64> {
 /// they can be told apart, else from the FLOP estimate; with which it came from.
 pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
     let gpus = match &s.gpus {
-        crate::telemetry::snapshot::GpuPanel::Present(g) if !g.is_empty() => g.len(),
+        // The GPUs this process can use (NVML also lists those CUDA_VISIBLE_DEVICES hides).
+        crate::telemetry::snapshot::GpuPanel::Present(g) => {
+            g.iter().filter(|g| g.cuda.is_some()).count()
+        }
         _ => return None,
     };
+    if gpus == 0 {
+        return None;
+    }
     match (measured_ratio(s), s.stage_ratio_flops) {
         (Some(r), _) => Some((advise(r, gpus), "measured")),
         (None, Some(r)) => Some((advise(r, gpus), "from FLOPs")),

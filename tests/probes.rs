@@ -165,22 +165,24 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
         "{s}"
     );
     assert!(s.contains("nvml 1 (hidden)"), "{s}");
-    // Targets busy 80 ms a step, drafters 35 ms (waits left out), 3 GPUs.
+    // Targets busy 80 ms a step, drafters 35 ms (waits left out), the 2 GPUs this process
+    // sees (NVML's third is hidden from it).
     assert!(
         s.contains(
-            "placement (measured): target stage 2.3x the drafter's: 2 targets + 1 drafter per 3 GPUs"
+            "placement (measured): target stage 2.3x the drafter's: a target and a drafter on \
+             each of the 2 GPUs"
         ),
         "{s}"
     );
     insta::assert_snapshot!("queues_view_gpus", s);
     // Stages sharing their devices: the times cannot be told apart, the FLOP estimate speaks.
     let mut shared = with_gpus();
-    shared.stage_ratio_flops = Some(2.0);
+    shared.stage_ratio_flops = Some(1.0);
     app.on_snapshot(Arc::new(shared));
     let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
     assert!(
         s.contains(
-            "placement (from FLOPs): drafter stage 2.0x the target's: 1 target + 2 drafters per 3 GPUs"
+            "placement (from FLOPs): drafter stage 1.0x the target's: 1 target + 1 drafter per 2 GPUs"
         ),
         "{s}"
     );

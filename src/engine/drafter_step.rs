@@ -124,7 +124,13 @@ impl DrafterStep {
         let grad_norm = self.optimizer.clip_grad_norm(1.0);
         probe.mark(Phase::Optim);
         // A non-finite loss or gradient skips the update, decided on the device (no sync here).
-        let finite = loss.loss.isfinite().logical_and(&grad_norm.isfinite());
+        // Replicas decide on the averaged gradients' norm alone, the same on every replica (a
+        // non-finite loss anywhere makes it non-finite), so that they skip together.
+        let finite = if self.replicas.syncs() {
+            grad_norm.isfinite()
+        } else {
+            loss.loss.isfinite().logical_and(&grad_norm.isfinite())
+        };
         self.optimizer.step_if(lr, &finite);
         probe.mark(Phase::Metrics);
         let (acc, tau) = block_metrics(&loss.correct, &valid, &anch.valid);

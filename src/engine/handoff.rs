@@ -67,16 +67,20 @@ impl HiddenBatch {
             here.record_tensor(t)?;
         }
         copy.make_current()?;
-        let hidden = self.hidden.to_device(device);
-        let batch = self.batch.to_device(device);
-        let done = Event::new(false)?;
-        done.record(copy)?;
+        let copied = (|| -> Result<Prefetched> {
+            let hidden = self.hidden.to_device(device);
+            let batch = self.batch.to_device(device);
+            let done = Event::new(false)?;
+            done.record(copy)?;
+            Ok(Prefetched::Copied {
+                hidden,
+                batch,
+                done,
+            })
+        })();
+        // The consumer's stream is current again whatever happened.
         consumer.make_current()?;
-        Ok(Prefetched::Copied {
-            hidden,
-            batch,
-            done,
-        })
+        copied
     }
 }
 

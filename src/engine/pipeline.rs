@@ -271,6 +271,8 @@ impl Pipeline {
             drafters.push((vs, model, optimizer, embed, lm_head, dev));
         }
         let group = replica_group(&cfg.drafter_devices, &cancel)?;
+        let gate = (cfg.drafter_devices.len() > 1)
+            .then(|| super::replicas::StepGate::new(cfg.drafter_devices.len(), cancel.clone()));
         if let Some(n) = cfg.steps {
             if start_step >= n {
                 bail!("--resume is at step {start_step}, already at or past --steps {n}: raise --steps");
@@ -354,6 +356,8 @@ impl Pipeline {
                 counts: counts.clone(),
                 keep: cfg.keep,
                 max_nonfinite: cfg.max_nonfinite,
+                prefetch: cfg.target_devices.iter().any(|&t| t != dev),
+                gate: gate.clone(),
             };
             let (t, c) = (telemetry.clone(), cancel.clone());
             handles.push(spawn(

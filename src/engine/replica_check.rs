@@ -135,6 +135,15 @@ fn own_stream(device: Device) -> Result<Option<super::cuda::Stream>> {
     }
 }
 
+/// Waits until the work queued on each CUDA device in `devices` is done.
+fn synchronize(devices: &[Device]) {
+    for d in devices {
+        if let Device::Cuda(i) = d {
+            tch::Cuda::synchronize(*i as i64);
+        }
+    }
+}
+
 fn max_diff(a: &mut AdamW, b: &mut AdamW) -> f64 {
     let x = a.flat_params().to_device(Device::Cpu);
     let y = b.flat_params().to_device(Device::Cpu);
@@ -191,8 +200,18 @@ pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
     let report = std::thread::scope(|scope| -> Result<ReplicaReport> {
         let mut feeds = Vec::new();
         let mut handles = Vec::new();
-        for (i, (vs, model, dev)) in models.drain(..).enumerate() {
-            let step = step_for(model, &vs, dev, group.member(i));
+        let steps_of: Vec<_> = models
+            .drain(..)
+            .enumerate()
+            .map(|(i, (vs, model, dev))| {
+                let step = step_for(model, &vs, dev, group.member(i));
+                (vs, step)
+            })
+            .collect();
+        // What this thread queued on the devices' default streams (weights, optimizer state) is
+        // done before the replicas read it on streams of their own.
+        synchronize(&devices);
+        for (i, (vs, step)) in steps_of.into_iter().enumerate() {
             let (tx, rx) = bounded::<Share>(1);
             let out = outcome_tx.clone();
             feeds.push(tx);
@@ -218,15 +237,24 @@ pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
             };
             let anchors = anchors_by_row(&batch, cfg, s);
             let lr = cfg.schedule.lr(cfg.lr, s);
-            for (i, feed) in feeds.iter().enumerate() {
-                let range = i as i64 * rows..(i as i64 + 1) * rows;
-                let dev = devices[i];
-                let share = Share {
-                    hidden: hidden.narrow(0, range.start, rows).to_device(dev),
-                    batch: slice_rows(&batch, range.clone()).to_device(dev),
-                    anchors: anchors[range.start as usize..range.end as usize].to_vec(),
-                    lr,
-                };
+            let shares: Vec<Share> = devices
+                .iter()
+                .enumerate()
+                .map(|(i, &dev)| {
+                    let range = i as i64 * rows..(i as i64 + 1) * rows;
+                    Share {
+                        hidden: hidden.narrow(0, range.start, rows).to_device(dev).copy(),
+                        batch: slice_rows(&batch, range.clone()).to_device(dev),
+                        anchors: anchors[range.start as usize..range.end as usize].to_vec(),
+                        lr,
+                    }
+                })
+                .collect();
+            // The forward and the copies ran on this thread's default streams; the replicas read
+            // them on streams of their own, which do not wait for those.
+            synchronize(&[target_device]);
+            synchronize(&devices);
+            for (feed, share) in feeds.iter().zip(shares) {
                 if feed.send(share).is_err() {
                     break;
                 }

@@ -145,9 +145,146 @@ impl GradMean for LocalMember {
     }
 }
 
+/// What a replica brings to the step gate, and what the round decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Arrival {
+    /// A batch to train on.
+    Go,
+    /// A batch with nothing to train on (no label carries loss).
+    Skip,
+    /// No batch: the run stopped or the data ended.
+    Stop,
+}
+
+/// Where drafter replicas meet before each step: they take it together, skip it together or all
+/// stop. A replica with no batch stops them all, and one with nothing to train on makes all skip,
+/// so that none is left waiting in a collective for a replica that is not there; a paused
+/// replica holds the others here, on the host, not inside NCCL.
+pub struct StepGate {
+    size: usize,
+    state: Mutex<GateState>,
+    turn: Condvar,
+    cancel: CancelToken,
+}
+
+struct GateState {
+    arrived: usize,
+    /// Arrivals so far this round, by kind (Go, Skip, Stop).
+    kinds: [usize; 3],
+    generation: u64,
+    /// What the last completed round decided: the most severe arrival.
+    outcome: Arrival,
+}
+
+fn slot(a: Arrival) -> usize {
+    match a {
+        Arrival::Go => 0,
+        Arrival::Skip => 1,
+        Arrival::Stop => 2,
+    }
+}
+
+impl StepGate {
+    pub fn new(size: usize, cancel: CancelToken) -> Arc<StepGate> {
+        Arc::new(StepGate {
+            size,
+            state: Mutex::new(GateState {
+                arrived: 0,
+                kinds: [0; 3],
+                generation: 0,
+                outcome: Arrival::Go,
+            }),
+            turn: Condvar::new(),
+            cancel,
+        })
+    }
+
+    /// Arrives with `arrival` and waits for the others: the round's outcome is the most severe
+    /// arrival (Stop over Skip over Go); Stop when the run was cancelled before all came.
+    pub fn pass(&self, arrival: Arrival) -> Arrival {
+        let mut s = self.state.lock().expect("step gate poisoned");
+        let gen = s.generation;
+        s.arrived += 1;
+        s.kinds[slot(arrival)] += 1;
+        if s.arrived == self.size {
+            s.outcome = [Arrival::Stop, Arrival::Skip]
+                .into_iter()
+                .find(|a| s.kinds[slot(*a)] > 0)
+                .unwrap_or(Arrival::Go);
+            s.arrived = 0;
+            s.kinds = [0; 3];
+            s.generation += 1;
+            self.turn.notify_all();
+            return s.outcome;
+        }
+        loop {
+            if s.generation != gen {
+                return s.outcome;
+            }
+            if self.cancel.is_cancelled() {
+                // Leaves as if it never came, so a late replica cannot complete this round alone.
+                s.arrived -= 1;
+                s.kinds[slot(arrival)] -= 1;
+                return Arrival::Stop;
+            }
+            s = self
+                .turn
+                .wait_timeout(s, Duration::from_millis(20))
+                .expect("step gate poisoned")
+                .0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicas_take_a_step_together_skip_it_together_or_all_stop() {
+        use Arrival::*;
+        let gate = StepGate::new(3, CancelToken::new());
+        let round = |arrivals: [Arrival; 3]| -> Vec<Arrival> {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = arrivals
+                    .iter()
+                    .map(|a| {
+                        let g = &gate;
+                        s.spawn(move || g.pass(*a))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        assert_eq!(round([Go; 3]), vec![Go; 3]);
+        assert_eq!(
+            round([Go, Skip, Go]),
+            vec![Skip; 3],
+            "nothing to train on: all skip"
+        );
+        assert_eq!(
+            round([Skip, Stop, Go]),
+            vec![Stop; 3],
+            "one without a batch stops all"
+        );
+        assert_eq!(round([Go; 3]), vec![Go; 3], "the next round starts clean");
+
+        // A replica that left on cancel does not count: a late one cannot pass alone.
+        let cancel = CancelToken::new();
+        let gate = StepGate::new(2, cancel.clone());
+        let early = std::thread::scope(|s| {
+            let h = s.spawn(|| gate.pass(Go));
+            std::thread::sleep(Duration::from_millis(60));
+            cancel.cancel();
+            h.join().unwrap()
+        });
+        assert_eq!(early, Stop, "a waiter is freed by the cancel");
+        assert_eq!(
+            gate.pass(Go),
+            Stop,
+            "the late replica does not enter the step alone"
+        );
+    }
 
     #[test]
     fn members_end_with_the_mean_and_a_cancel_frees_a_waiter() {

@@ -12,6 +12,7 @@ use super::handoff::Prefetched;
 use super::marks::Marks;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
+use super::replicas::Arrival;
 use super::target_graph::TargetForward;
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::{QueueRx, QueueTx};
@@ -187,6 +188,11 @@ pub struct DrafterJob {
     pub keep: Option<usize>,
     /// Steps in a row with a non-finite loss or gradient before the run stops.
     pub max_nonfinite: u32,
+    /// Some target runs on another device: the next batch is taken ahead and copied while this
+    /// step computes (on a GPU).
+    pub prefetch: bool,
+    /// With replicas: where they meet before each step.
+    pub gate: Option<std::sync::Arc<super::replicas::StepGate>>,
 }
 
 /// The drafter worker's side of a step: phase marks, the next batch taken ahead (on a GPU), and
@@ -250,6 +256,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         counts,
         keep,
         max_nonfinite,
+        prefetch,
+        gate,
     } = job;
     tch::set_num_threads(threads);
     let device = step.device;
@@ -260,7 +268,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     step.prepare()?;
     // On a GPU: the stream the next batch is copied on while this step computes.
     let copy_stream = match (device, m.stream()) {
-        (Device::Cuda(i), Some(_)) => Some(Stream::from_pool(i)?),
+        (Device::Cuda(i), Some(_)) if prefetch => Some(Stream::from_pool(i)?),
         _ => None,
     };
     let mut next: Option<Prefetched> = None;
@@ -317,11 +325,14 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             m.hold_while_paused(&cancel);
             m.mark(Phase::HsWait);
             let taken = match next.take() {
-                Some(p) => p,
-                None => match input.pop() {
-                    Ok(h) => Prefetched::Local(h),
-                    Err(_) => break,
-                },
+                Some(p) => Some(p),
+                None => input.pop().ok().map(Prefetched::Local),
+            };
+            let Some(taken) = taken else {
+                if let Some(g) = &gate {
+                    g.pass(Arrival::Stop); // the others stop too
+                }
+                break;
             };
             m.mark(Phase::Anchors);
             // The hand-off: hidden states and the batch move to this drafter's device and stream.
@@ -344,11 +355,29 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                     )
                 })
                 .collect();
-            if per_row.iter().all(Vec::is_empty) {
-                // No label carries loss: no optimizer step, no schedule step; counted.
-                counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
-                m.end_step(b.tokens(), None);
-                continue;
+            // No label carries loss: no optimizer step, no schedule step; counted.
+            let arrival = if per_row.iter().all(Vec::is_empty) {
+                Arrival::Skip
+            } else {
+                Arrival::Go
+            };
+            // Replicas take the step together, skip it together or all stop (see `StepGate`);
+            // the wait for the others is replica sync.
+            let outcome = match &gate {
+                Some(g) => {
+                    m.mark(Phase::GradSync);
+                    g.pass(arrival)
+                }
+                None => arrival,
+            };
+            match outcome {
+                Arrival::Stop => break,
+                Arrival::Skip => {
+                    counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
+                    m.end_step(b.tokens(), None);
+                    continue;
+                }
+                Arrival::Go => {}
             }
             let lr_now = schedule.lr(lr, step.optimizer.step as u64);
             let mut probe = WorkerProbe {

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@ struct Reducer {
   std::vector<int> param_bucket;
   std::vector<int> size;  // parameters per bucket
   std::vector<int> pending;
+  std::vector<char> fired;  // per parameter, this backward
   size_t next = 0;
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
@@ -51,14 +53,32 @@ struct Reducer {
     }
   }
 
+  // After an error nothing more is launched this step (`finish` reports it); a parameter whose
+  // gradient arrives twice in one backward is an error (its bucket may have gone out already).
   void ready(size_t param) {
     std::lock_guard<std::mutex> lock(mu);
+    if (!error.empty()) return;
     try {
+      if (fired[param]) throw std::runtime_error("a parameter's gradient arrived twice in one backward");
+      fired[param] = 1;
       int b = param_bucket[param];
       if (--pending[b] == 0) launch_ready();
     } catch (const std::exception& e) {
-      if (error.empty()) error = e.what();
+      error = e.what();
     }
+  }
+
+  // Arms the buckets for the next backward.
+  void rearm() {
+    works.clear();
+    pending = size;
+    std::fill(fired.begin(), fired.end(), 0);
+    next = 0;
+  }
+
+  void unhook() {
+    for (auto& [acc, key] : hooks) acc->del_post_hook(key);
+    hooks.clear();
   }
 };
 
@@ -160,13 +180,19 @@ void* dflash_reducer_new(void* pg, void** params, int n, void* flat, const int* 
       TORCH_CHECK(param_bucket[i] >= 0 && param_bucket[i] < buckets, "parameter in no bucket");
       r->size[param_bucket[i]]++;
     }
-    r->pending = r->size;
-    for (int i = 0; i < n; i++) {
-      const auto& p = *static_cast<at::Tensor*>(params[i]);
-      auto acc = torch::autograd::impl::grad_accumulator(p);
-      TORCH_CHECK(acc, "a parameter that does not require grad");
-      auto key = acc->add_post_hook(std::make_unique<ReadyHook>(r.get(), static_cast<size_t>(i)));
-      r->hooks.emplace_back(acc, key);
+    r->fired.assign(n, 0);
+    r->rearm();
+    try {
+      for (int i = 0; i < n; i++) {
+        const auto& p = *static_cast<at::Tensor*>(params[i]);
+        auto acc = torch::autograd::impl::grad_accumulator(p);
+        TORCH_CHECK(acc, "a parameter that does not require grad");
+        auto key = acc->add_post_hook(std::make_unique<ReadyHook>(r.get(), static_cast<size_t>(i)));
+        r->hooks.emplace_back(acc, key);
+      }
+    } catch (...) {
+      r->unhook();  // no hook may outlive the reducer
+      throw;
     }
     return r.release();
   } catch (const std::exception& e) {
@@ -189,14 +215,10 @@ int dflash_reducer_finish(void* reducer, char* err, size_t err_len) {
     for (auto& p : r->pending) p = 0;
     r->launch_ready();
     for (auto& w : r->works) w->wait();
-    r->works.clear();
-    r->pending = r->size;
-    r->next = 0;
+    r->rearm();
     return 0;
   } catch (const std::exception& e) {
-    r->works.clear();
-    r->pending = r->size;
-    r->next = 0;
+    r->rearm();
     set_error(err, err_len, e.what());
     return 1;
   }
@@ -204,7 +226,7 @@ int dflash_reducer_finish(void* reducer, char* err, size_t err_len) {
 
 void dflash_reducer_free(void* reducer) {
   auto* r = static_cast<Reducer*>(reducer);
-  for (auto& [acc, key] : r->hooks) acc->del_post_hook(key);
+  r->unhook();
   delete r;
 }
 }
