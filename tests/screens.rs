@@ -435,7 +435,8 @@ fn the_ui_config_binds_keys_and_colours_and_names_the_file_when_wrong() {
             "forward = 'blurple' is not a colour",
         ),
         ("[colors]\ntheme = \"sepia\"\n", "use \"light\" or \"dark\""),
-        ("[keys\n", "not a valid UI config"),
+        ("[keys\n", "ui.toml: line 1, column 6: "),
+        ("[colours]\n", "unknown field `colours`"),
     ] {
         let e = format!("{:#}", parse(text, path, true).unwrap_err());
         assert!(

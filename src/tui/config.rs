@@ -69,8 +69,17 @@ pub struct UiConfig {
 /// Reads the settings from `text` (the contents of `path`); `color` false (NO_COLOR) wins.
 pub fn parse(text: &str, path: &Path, color: bool) -> Result<UiConfig> {
     let shown = path.display();
-    let file: File = toml::from_str(text).with_context(|| {
-        format!("{shown}: not a valid UI config (sections [keys] and [colors]; see the README)")
+    let file: File = toml::from_str(text).map_err(|e| {
+        let at = e.span().map_or(String::new(), |r| {
+            let before = &text[..r.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!(" line {line}, column {col}:")
+        });
+        anyhow::anyhow!(
+            "{shown}:{at} {}: fix the file (a UI config has sections [keys] and [colors], as the README shows)",
+            e.message().trim_end().trim_end_matches('.')
+        )
     })?;
     let mut keys = KeyMap::default();
     for (name, k) in &file.keys {

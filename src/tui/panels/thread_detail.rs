@@ -133,7 +133,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         Sparkline::default()
             .data(&cpu)
             .max(max)
-            .style(theme.fg(ratatui::style::Color::Green)),
+            .style(theme.accent(ratatui::style::Color::Green)),
         Rect {
             x: x0,
             y,

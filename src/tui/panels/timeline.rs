@@ -133,7 +133,7 @@ fn depth_cell(theme: Theme, share: f64) -> (char, Style) {
         ('█', theme.blocked())
     } else {
         let i = ((share * 8.0).ceil() as usize).clamp(1, 8) - 1;
-        (LEVELS[i], theme.fg(ratatui::style::Color::Cyan))
+        (LEVELS[i], theme.accent(ratatui::style::Color::Cyan))
     }
 }
 
