@@ -182,6 +182,20 @@ fn render_frame(c: &mut Criterion) {
                 .unwrap();
         })
     });
+    // The model alone: the 64 lanes of that frame, two half-columns a cell of 189.
+    let snap = app.shown().cloned().unwrap();
+    let threads: Vec<_> = snap.threads.iter().collect();
+    g.bench_function("timeline_lanes_64_threads_10s_378_columns", |b| {
+        b.iter(|| {
+            black_box(dflash_top::tui::timeline::lanes(
+                &threads,
+                app.shown_segments(),
+                app.time_span(),
+                378,
+                Some(snap.now_ns),
+            ))
+        })
+    });
     g.finish();
 }
 

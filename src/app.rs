@@ -161,6 +161,8 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     let cfg = RunConfig::from_args(args)?;
     // Before any worker starts: a panic in any thread, from now on, restores the terminal.
     terminal::install_panic_hook();
+    // A bad UI config is a sentence before any worker starts (the front-end reads it again).
+    crate::tui::config::load()?;
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
     let ctl = EngineControls::new(&session.telemetry, cfg.save_dir.is_some());

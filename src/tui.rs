@@ -4,6 +4,7 @@
 pub mod app;
 pub mod config;
 pub mod critical;
+pub mod keys;
 pub mod panels;
 pub mod terminal;
 pub mod theme;

@@ -435,7 +435,8 @@ fn the_ui_config_binds_keys_and_colours_and_names_the_file_when_wrong() {
             "forward = 'blurple' is not a colour",
         ),
         ("[colors]\ntheme = \"sepia\"\n", "use \"light\" or \"dark\""),
-        ("[keys\n", "not a valid UI config"),
+        ("[keys\n", "ui.toml: line 1, column 6: "),
+        ("[colours]\n", "unknown field `colours`"),
     ] {
         let e = format!("{:#}", parse(text, path, true).unwrap_err());
         assert!(
@@ -476,4 +477,53 @@ fn a_click_selects_the_thread_under_it_and_the_wheel_moves_the_selection() {
         assert_eq!(app.selected.as_deref(), Some("drafter-0"));
         app.update(Action::Back, &ctl);
     }
+}
+
+#[test]
+fn a_lane_cell_holds_both_half_columns_colours_in_each_theme() {
+    use dflash_top::tui::panels::timeline::{draw_lane, Palette};
+    use ratatui::buffer::Buffer;
+    use ratatui::layout::Rect;
+    use ratatui::style::Style;
+    use Phase::*;
+    // Eight half-columns: forward|backward, hs_wait|hs_wait, nothing|loss, nothing|nothing.
+    let columns = [
+        Some(Forward),
+        Some(Backward),
+        Some(HsWait),
+        Some(HsWait),
+        None,
+        Some(Loss),
+        None,
+        None,
+    ];
+    for light in [false, true] {
+        let theme = Theme {
+            light,
+            ..Theme::from_color(true)
+        };
+        let mut buf = Buffer::empty(Rect::new(0, 0, 6, 2));
+        draw_lane(&mut buf, 1, 0, 2, &columns, &Palette::new(theme));
+        let c = |p| theme.phase_color(p);
+        let mut want = Buffer::with_lines([" ▌▒▐  ", " ▌▒▐  "]);
+        for y in 0..2 {
+            want[(1, y)].set_style(Style::default().fg(c(Forward)).bg(c(Backward)));
+            want[(2, y)].set_style(Style::default().fg(c(HsWait)));
+            want[(3, y)].set_style(Style::default().fg(c(Loss)));
+        }
+        assert_eq!(buf, want, "light {light}");
+    }
+    // The light palette's own colours where the dark one washes out on white.
+    let light = Theme {
+        light: true,
+        ..Theme::from_color(true)
+    };
+    use ratatui::style::Color;
+    assert_eq!(light.phase_color(Loss), Color::Indexed(136));
+    assert_eq!(light.phase_color(Metrics), Color::Black);
+    // Without colour: one column a cell, the phase's glyph, no style.
+    let mut buf = Buffer::empty(Rect::new(0, 0, 3, 1));
+    let plain = Theme::from_color(false);
+    draw_lane(&mut buf, 0, 0, 1, &columns[..3], &Palette::new(plain));
+    assert_eq!(buf, Buffer::with_lines(["FB~"]));
 }

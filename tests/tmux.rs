@@ -56,6 +56,13 @@ impl Session {
         }
     }
 
+    /// A tmux format about the pane, e.g. `#{alternate_on}`.
+    pub(crate) fn display(&self, what: &str) -> String {
+        tmux(&["display", "-p", "-t", &self.0, what])
+            .trim()
+            .to_string()
+    }
+
     pub(crate) fn keys(&self, k: &str) {
         tmux(&["send-keys", "-t", &self.0, k]);
     }
@@ -81,7 +88,7 @@ fn keys_work_in_a_real_terminal_and_quit_restores_it() {
             .is_some_and(|n| n > 0)
     });
     assert_eq!(
-        tmux(&["display", "-p", "-t", &s.0, "#{alternate_on}"]).trim(),
+        s.display("#{alternate_on}"),
         "1",
         "TUI on the alternate screen"
     );
@@ -126,11 +133,7 @@ fn keys_work_in_a_real_terminal_and_quit_restores_it() {
         !after.contains("PROF"),
         "the TUI is gone from the screen: {after}"
     );
-    assert_eq!(
-        tmux(&["display", "-p", "-t", &s.0, "#{alternate_on}"]).trim(),
-        "0",
-        "alternate screen left"
-    );
+    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
     let saved: Vec<_> = std::fs::read_dir(save.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -153,11 +156,7 @@ fn a_panic_in_a_worker_thread_restores_the_terminal() {
         "the panic message is readable: {after}"
     );
     assert!(after.contains("dflash-top: a thread panicked"), "{after}");
-    assert_eq!(
-        tmux(&["display", "-p", "-t", &s.0, "#{alternate_on}"]).trim(),
-        "0",
-        "alternate screen left"
-    );
+    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
 }
 
 #[test]
@@ -255,6 +254,100 @@ fn the_timeline_shows_a_lane_per_thread_and_esc_on_help_keeps_the_run() {
     s.wait_for("the timeline again, still running", |x| {
         !x.contains("press ? or esc to close") && x.contains("RUNNING") && has_lane(x, "drafter-0")
     });
+    s.keys("C-c");
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+}
+
+#[test]
+fn a_bad_ui_config_is_one_sentence_naming_the_file_and_leaves_the_terminal_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, text, says, fix) in [
+        (
+            "malformed.toml",
+            "[keys\nquit = \"x\"\n",
+            "line 1, column 6: unclosed table",
+            "fix the file",
+        ),
+        (
+            "key.toml",
+            "[keys]\nquitt = \"x\"\n",
+            "[keys] has no action 'quitt'",
+            "the actions are quit, back,",
+        ),
+        (
+            "colour.toml",
+            "[colors]\nforward = \"blurple\"\n",
+            "[colors] forward = 'blurple' is not a colour",
+            "#rrggbb",
+        ),
+    ] {
+        let path = dir.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        let name = format!("dflash-uiconfig-{}-{file}", std::process::id()).replace('.', "-");
+        let cmd = format!(
+            "DFLASH_TOP_UI_CONFIG={} {} train; echo EXITED=$?; sleep 600",
+            path.display(),
+            env!("CARGO_BIN_EXE_dflash-top")
+        );
+        let s = Session::start_sized(name, (120, 30), &cmd);
+        s.wait_for("the process to exit", |x| x.contains("EXITED="));
+        // The screen with wrapped lines joined: the message is one line.
+        let after = tmux(&["capture-pane", "-p", "-J", "-t", &s.0]);
+        let lines: Vec<&str> = after.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(
+            lines.len(),
+            2,
+            "one line of error, then the status: {after}"
+        );
+        let msg = lines[0];
+        assert!(
+            msg.starts_with(&format!("dflash-top: {}: ", path.display())),
+            "{msg}"
+        );
+        assert!(msg.contains(says) && msg.contains(fix), "{msg}");
+        assert_eq!(lines[1], "EXITED=1", "{after}");
+        assert_eq!(
+            s.display("#{alternate_on} #{cursor_flag}"),
+            "0 1",
+            "main screen, cursor shown"
+        );
+    }
+}
+
+#[test]
+fn the_light_theme_draws_its_own_colours_in_a_real_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ui.toml");
+    std::fs::write(&path, "[colors]\ntheme = \"light\"\n").unwrap();
+    let name = format!("dflash-light-{}", std::process::id());
+    let cmd = format!(
+        "DFLASH_TOP_UI_CONFIG={} {} train; echo EXITED=$?; sleep 600",
+        path.display(),
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    let s = Session::start_sized(name, (120, 36), &cmd);
+    s.wait_for("the first steps", |x| {
+        x.contains("step ") && !x.contains("step 0 ")
+    });
+    for view in ["1", "6"] {
+        s.keys(view);
+        s.wait_for("the view", |x| {
+            x.contains(if view == "1" {
+                "[1 overview]"
+            } else {
+                "[6 timeline]"
+            })
+        });
+        let ansi = tmux(&["capture-pane", "-p", "-e", "-t", &s.0]);
+        // Dim text in the light grey chosen for white backgrounds, not the dark theme's.
+        assert!(ansi.contains("\x1b[38;5;242m"), "{view}: {ansi}");
+        assert!(!ansi.contains("\x1b[90m"), "{view}: dark grey: {ansi}");
+        // No yellow, light yellow or white (unreadable on white), as text or fill.
+        for c in [";5;3m", ";5;11m", ";5;15m", "[33m", "[93m", "[97m"] {
+            assert!(!ansi.contains(c), "{view}: {c} drawn: {ansi}");
+        }
+    }
     s.keys("C-c");
     let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
     assert!(after.contains("EXITED=0"), "{after}");

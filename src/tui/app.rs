@@ -1,11 +1,11 @@
-//! Front-end state, the `Action` every key becomes, and the one `update` that changes state.
-//! No terminal here: tests drive it directly.
+//! Front-end state and the one `update` that changes it by an `Action` (keys.rs says which key
+//! is which action). No terminal here: tests drive it directly.
 
+pub use super::keys::Action;
 use super::timeline::{spans_in, Segments, TimeSpan};
 use crate::telemetry::snapshot::{StepSpan, ThreadState, ThreadView};
 use crate::telemetry::verdict::Verdict;
 use crate::telemetry::{GpuTiming, Snapshot};
-use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -40,7 +40,7 @@ impl View {
         }
     }
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         View::ALL.iter().position(|v| *v == self).unwrap_or(0)
     }
 }
@@ -102,72 +102,6 @@ impl Sort {
 /// The timeline's widths, seconds: `+` zooms in, `-` out.
 pub const ZOOMS_S: [f64; 6] = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0];
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    /// `q`: leaves a replay or a finished run at once; a live run asks once.
-    Quit,
-    /// Ctrl-C: stops at once (gracefully: the pipeline saves and the terminal is restored).
-    QuitNow,
-    /// Esc: closes the help overlay; never quits.
-    Back,
-    ToggleProfiling,
-    CycleGpuTiming,
-    TogglePause,
-    ToggleFreeze,
-    ResetWindows,
-    Checkpoint,
-    NextView,
-    PrevView,
-    ShowView(usize),
-    ToggleHelp,
-    CycleWindow,
-    ExportTrace,
-    /// `j`/`↓` and `k`/`↑`: the next / previous thread.
-    SelectNext,
-    SelectPrev,
-    /// `s`: the next sort order.
-    CycleSort,
-    ZoomIn,
-    ZoomOut,
-    /// `[` / `]`: the timeline earlier / later by a quarter of its width (freezes the display).
-    PanBack,
-    PanForward,
-}
-
-/// Maps a key press to an action.
-pub fn action_for(key: KeyEvent) -> Option<Action> {
-    if key.kind == KeyEventKind::Release {
-        return None;
-    }
-    let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
-    Some(match key.code {
-        KeyCode::Char('c') if ctrl => Action::QuitNow,
-        KeyCode::Char('q') => Action::Quit,
-        KeyCode::Esc => Action::Back,
-        KeyCode::Char('p') => Action::ToggleProfiling,
-        KeyCode::Char('g') => Action::CycleGpuTiming,
-        KeyCode::Char(' ') => Action::TogglePause,
-        KeyCode::Char('f') => Action::ToggleFreeze,
-        KeyCode::Char('r') => Action::ResetWindows,
-        KeyCode::Char('c') => Action::Checkpoint,
-        KeyCode::Char('w') => Action::CycleWindow,
-        KeyCode::Char('e') => Action::ExportTrace,
-        KeyCode::Tab | KeyCode::Right | KeyCode::Char('l') => Action::NextView,
-        KeyCode::BackTab | KeyCode::Left | KeyCode::Char('h') => Action::PrevView,
-        KeyCode::Char('?') => Action::ToggleHelp,
-        KeyCode::Char(c @ '1'..='6') => Action::ShowView(c as usize - '1' as usize),
-        KeyCode::Char('t') => Action::ShowView(View::Timeline.index()),
-        KeyCode::Down | KeyCode::Char('j') => Action::SelectNext,
-        KeyCode::Up | KeyCode::Char('k') => Action::SelectPrev,
-        KeyCode::Char('s') => Action::CycleSort,
-        KeyCode::Char('+') | KeyCode::Char('=') => Action::ZoomIn,
-        KeyCode::Char('-') | KeyCode::Char('_') => Action::ZoomOut,
-        KeyCode::Char('[') => Action::PanBack,
-        KeyCode::Char(']') => Action::PanForward,
-        _ => return None,
-    })
-}
-
 /// What the front-end can ask of the engine. Replays implement it as "not available".
 pub trait Controls {
     fn profiling(&self) -> bool;
@@ -216,7 +150,7 @@ pub struct App {
     /// Rows of the last frame that show a thread (y, name): where a click selects it.
     pub hits: std::cell::RefCell<Vec<(u16, String)>>,
     /// Keys bound in the UI config, checked before the defaults.
-    pub keys: super::config::KeyMap,
+    pub keys: super::keys::KeyMap,
     /// CPU % per thread, one value a snapshot, oldest first (the threads view's detail).
     pub cpu_history: std::collections::HashMap<String, VecDeque<f32>>,
     /// Snapshots the hub published that this front-end never got (gaps in `seq`).

@@ -11,11 +11,10 @@
 //! forward = "#3060ff"         # a phase: a name (red, lightblue, …), #rrggbb or 0-255
 //! ```
 
-use super::app::Action;
+use super::keys::{parse_key, Action, KeyMap};
 use super::theme::Theme;
 use crate::telemetry::Phase;
 use anyhow::{bail, Context, Result};
-use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use ratatui::style::Color;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -61,66 +60,26 @@ enum OneOrMany {
     Many(Vec<String>),
 }
 
-/// Keys bound in the file, checked before the defaults.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct KeyMap {
-    pub bound: Vec<(KeyCode, bool, Action)>,
-    /// ("x", "quit"): what the help overlay lists under the defaults.
-    pub described: Vec<(String, String)>,
-}
-
-impl KeyMap {
-    pub fn action(&self, key: KeyEvent) -> Option<Action> {
-        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
-        self.bound
-            .iter()
-            .find(|(code, c, _)| *code == key.code && *c == ctrl)
-            .map(|b| b.2)
-            .or_else(|| super::app::action_for(key))
-    }
-}
-
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UiConfig {
     pub keys: KeyMap,
     pub theme: Theme,
 }
 
-/// `x`, `ctrl-x`, `esc`, `tab`, `space`, `enter`, arrows, `pageup`/`pagedown`, `home`/`end`.
-pub fn parse_key(s: &str) -> Option<(KeyCode, bool)> {
-    let (ctrl, name) = match s.strip_prefix("ctrl-") {
-        Some(rest) => (true, rest),
-        None => (false, s),
-    };
-    let code = match name {
-        "esc" => KeyCode::Esc,
-        "tab" => KeyCode::Tab,
-        "space" => KeyCode::Char(' '),
-        "enter" => KeyCode::Enter,
-        "up" => KeyCode::Up,
-        "down" => KeyCode::Down,
-        "left" => KeyCode::Left,
-        "right" => KeyCode::Right,
-        "pageup" => KeyCode::PageUp,
-        "pagedown" => KeyCode::PageDown,
-        "home" => KeyCode::Home,
-        "end" => KeyCode::End,
-        _ => {
-            let mut chars = name.chars();
-            match (chars.next(), chars.next()) {
-                (Some(c), None) => KeyCode::Char(c),
-                _ => return None,
-            }
-        }
-    };
-    Some((code, ctrl))
-}
-
 /// Reads the settings from `text` (the contents of `path`); `color` false (NO_COLOR) wins.
 pub fn parse(text: &str, path: &Path, color: bool) -> Result<UiConfig> {
     let shown = path.display();
-    let file: File = toml::from_str(text).with_context(|| {
-        format!("{shown}: not a valid UI config (sections [keys] and [colors]; see the README)")
+    let file: File = toml::from_str(text).map_err(|e| {
+        let at = e.span().map_or(String::new(), |r| {
+            let before = &text[..r.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!(" line {line}, column {col}:")
+        });
+        anyhow::anyhow!(
+            "{shown}:{at} {}: fix the file (a UI config has sections [keys] and [colors], as the README shows)",
+            e.message().trim_end().trim_end_matches('.')
+        )
     })?;
     let mut keys = KeyMap::default();
     for (name, k) in &file.keys {

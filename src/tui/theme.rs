@@ -39,15 +39,20 @@ impl Theme {
         if let Some(c) = self.phase[p.index()] {
             return c;
         }
-        let c = self.dark_phase_color(p);
+        self.on_background(self.dark_phase_color(p))
+    }
+
+    /// A colour of the dark palette as drawn on this theme's background: on a light one the
+    /// light variants and yellow wash out, so their darker kin instead (text in them readable
+    /// on white: yellow as brown, cyan as teal).
+    pub fn on_background(self, c: Color) -> Color {
         if !self.light {
             return c;
         }
-        // On a light background the light variants wash out: their darker kin instead.
         match c {
             Color::White => Color::Black,
             Color::LightYellow => Color::Indexed(136),
-            Color::Yellow => Color::Indexed(172),
+            Color::Yellow => Color::Indexed(130),
             Color::LightCyan => Color::Indexed(30),
             Color::Cyan => Color::Indexed(31),
             Color::LightGreen => Color::Indexed(28),
@@ -105,6 +110,12 @@ impl Theme {
         }
     }
 
+    /// Text or a mark in one of the front-end's own colours (a colour of the dark palette,
+    /// drawn as `on_background` says).
+    pub fn accent(self, c: Color) -> Style {
+        self.fg(self.on_background(c))
+    }
+
     pub fn fg(self, c: Color) -> Style {
         if self.color {
             Style::default().fg(c)
@@ -134,9 +145,7 @@ impl Theme {
     /// A queue whose producers are blocked (waiting on full): yellow, or underlined without colour.
     pub fn blocked(self) -> Style {
         if self.color {
-            Style::default()
-                .fg(Color::Yellow)
-                .add_modifier(Modifier::BOLD)
+            self.accent(Color::Yellow).add_modifier(Modifier::BOLD)
         } else {
             Style::default().add_modifier(Modifier::UNDERLINED)
         }

@@ -3,6 +3,8 @@
 Used to make the README screenshot from the running program:
     tmux capture-pane -e -p -t SESSION > screen.ansi
     python3 tests/tools/ansi_png.py screen.ansi assets/screenshot.png
+`--light` draws it as a light terminal would (black on white, the same 16 colours), to check
+the light theme (`theme = "light"` in ui.toml) for contrast.
 """
 import re
 import sys
@@ -136,4 +138,7 @@ def render(rows, out):
 
 
 if __name__ == "__main__":
-    render(parse(open(sys.argv[1], encoding="utf-8").read()), sys.argv[2])
+    args = [a for a in sys.argv[1:] if a != "--light"]
+    if "--light" in sys.argv:
+        BG, FG = (255, 255, 255), (0, 0, 0)
+    render(parse(open(args[0], encoding="utf-8").read()), args[1])

@@ -56,7 +56,7 @@ fn chart(f: &mut Frame, area: Rect, c: &Ctx, title: &str, points: &[(f64, f64)],
     let ds = Dataset::default()
         .marker(Marker::Braille)
         .graph_type(GraphType::Line)
-        .style(c.theme.fg(color))
+        .style(c.theme.accent(color))
         .data(points);
     let label = |v: f64| {
         Span::raw(if v.abs() >= 1e4 {

@@ -77,7 +77,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
                 Sparkline::default()
                     .data(&data)
                     .max(100)
-                    .style(c.theme.fg(ratatui::style::Color::Green)),
+                    .style(c.theme.accent(ratatui::style::Color::Green)),
                 row(y + 2),
             );
         }

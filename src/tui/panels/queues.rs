@@ -55,7 +55,7 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
         .gauge_style(if alert.is_some() {
             alert_style
         } else {
-            t.fg(ratatui::style::Color::Cyan)
+            t.accent(ratatui::style::Color::Cyan)
         });
     f.render_widget(gauge, rows[0]);
     // The alert first: it is what the panel is for when it is there.
@@ -87,7 +87,7 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             Sparkline::default()
                 .data(&data)
                 .max(100)
-                .style(t.fg(ratatui::style::Color::Cyan)),
+                .style(t.accent(ratatui::style::Color::Cyan)),
             rows[2],
         );
     }

@@ -5,7 +5,7 @@
 use super::super::timeline::{lanes, phase_columns};
 use super::super::view::Ctx;
 use super::threads::states;
-use super::timeline::lane_cell;
+use super::timeline::{draw_lane, Palette};
 use crate::telemetry::snapshot::{PhaseWindow, ThreadView};
 use ratatui::layout::Rect;
 use ratatui::style::Style;
@@ -83,11 +83,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         halves * cols as usize,
         now,
     );
-    for (i, pair) in lane[0].cells.chunks(halves).enumerate() {
-        if let Some((ch, style)) = lane_cell(theme, pair[0], *pair.last().unwrap_or(&None)) {
-            buf[(x0 + i as u16, y)].set_char(ch).set_style(style);
-        }
-    }
+    draw_lane(buf, x0, y, 1, &lane[0].cells, &Palette::new(theme));
     y += 1;
 
     if shares_h > 0 {
@@ -137,7 +133,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         Sparkline::default()
             .data(&cpu)
             .max(max)
-            .style(theme.fg(ratatui::style::Color::Green)),
+            .style(theme.accent(ratatui::style::Color::Green)),
         Rect {
             x: x0,
             y,

@@ -6,10 +6,10 @@ use super::super::app::ZOOMS_S;
 use super::super::theme::Theme;
 use super::super::timeline::{lanes, queue_strip, TimeSpan};
 use super::super::view::Ctx;
-use crate::telemetry::Phase;
+use crate::telemetry::{Phase, N_PHASES};
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
-use ratatui::style::{Modifier, Style};
+use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph};
 use ratatui::Frame;
@@ -39,34 +39,89 @@ fn in_progress(t: &crate::telemetry::snapshot::ThreadView) -> String {
     format!("{name} {d}")
 }
 
-/// The cell of a lane. With colour a cell holds two half-columns, `a` left and `b` right (a
-/// half block in `a`'s colour on `b`'s); a column of one wait phase is hatched, so a starving
-/// lane reads as hollow. Without colour, the glyph of the phase of the left half.
-pub fn lane_cell(theme: Theme, a: Option<Phase>, b: Option<Phase>) -> Option<(char, Style)> {
-    if !theme.color {
-        let p = a.or(b)?;
-        return Some(theme.phase_cell(p));
-    }
-    Some(match (a, b) {
-        (Some(a), Some(b)) if a == b => {
-            let ch = if a.is_wait() { '▒' } else { '█' };
-            (ch, theme.fg(theme.phase_color(a)))
+/// The phases' colours and which of them are waits, looked up once a frame (a lane has
+/// hundreds of cells, each of two phases).
+pub struct Palette {
+    theme: Theme,
+    colors: [Color; N_PHASES],
+    waits: [bool; N_PHASES],
+}
+
+impl Palette {
+    pub fn new(theme: Theme) -> Palette {
+        Palette {
+            theme,
+            colors: std::array::from_fn(|i| theme.phase_color(Phase::ALL[i])),
+            waits: std::array::from_fn(|i| Phase::ALL[i].is_wait()),
         }
-        (Some(a), Some(b)) => (
-            '▌',
-            Style::default()
-                .fg(theme.phase_color(a))
-                .bg(theme.phase_color(b)),
-        ),
-        (Some(a), None) => ('▌', theme.fg(theme.phase_color(a))),
-        (None, Some(b)) => ('▐', theme.fg(theme.phase_color(b))),
-        (None, None) => return None,
-    })
+    }
+
+    /// The cell of a lane. With colour a cell holds two half-columns, `a` left and `b` right (a
+    /// half block in `a`'s colour on `b`'s); a column of one wait phase is hatched, so a
+    /// starving lane reads as hollow. Without colour, the glyph of the phase of the left half.
+    pub fn cell(&self, a: Option<Phase>, b: Option<Phase>) -> Option<(char, Style)> {
+        let theme = self.theme;
+        if !theme.color {
+            let p = a.or(b)?;
+            return Some(theme.phase_cell(p));
+        }
+        let color = |p: Phase| self.colors[p.index()];
+        Some(match (a, b) {
+            (Some(a), Some(b)) if a == b => {
+                let ch = if self.waits[a.index()] { '▒' } else { '█' };
+                (ch, theme.fg(color(a)))
+            }
+            (Some(a), Some(b)) => ('▌', Style::default().fg(color(a)).bg(color(b))),
+            (Some(a), None) => ('▌', theme.fg(color(a))),
+            (None, Some(b)) => ('▐', theme.fg(color(b))),
+            (None, None) => return None,
+        })
+    }
+}
+
+/// Draws a lane's columns from `(x, y)`, `rows` rows high: two half-columns a cell with colour,
+/// one without. Writes the buffer's cells directly (no lookup per cell, one style per pair of
+/// phases in a row).
+pub fn draw_lane(
+    buf: &mut Buffer,
+    x: u16,
+    y: u16,
+    rows: u16,
+    columns: &[Option<Phase>],
+    palette: &Palette,
+) {
+    let halves = if palette.theme.color { 2 } else { 1 };
+    let area = buf.area;
+    if x >= area.right() || y >= area.bottom() {
+        return;
+    }
+    let rows = rows.min(area.bottom() - y) as usize;
+    let stride = area.width as usize;
+    let start = buf.index_of(x, y);
+    let width = (area.right() - x) as usize;
+    // The previous cell's two phases and what they drew: runs of a phase look up once.
+    let mut last = None;
+    let mut drawn = None;
+    for (i, pair) in columns.chunks(halves).take(width).enumerate() {
+        let key = Some((pair[0], *pair.last().unwrap_or(&None)));
+        if key != last {
+            (last, drawn) = (key, key.and_then(|(a, b)| palette.cell(a, b)));
+        }
+        if let Some((ch, style)) = drawn {
+            for dy in 0..rows {
+                buf.content[start + dy * stride + i]
+                    .set_char(ch)
+                    .set_style(style);
+            }
+        }
+    }
 }
 
 /// The legend's swatch of a phase.
-fn swatch(theme: Theme, p: Phase) -> (char, Style) {
-    lane_cell(theme, Some(p), Some(p)).unwrap_or((' ', Style::default()))
+fn swatch(palette: &Palette, p: Phase) -> (char, Style) {
+    palette
+        .cell(Some(p), Some(p))
+        .unwrap_or((' ', Style::default()))
 }
 
 /// A queue's depth as an eighth-block: empty a dot, full a solid block in the blocked style.
@@ -78,7 +133,7 @@ fn depth_cell(theme: Theme, share: f64) -> (char, Style) {
         ('█', theme.blocked())
     } else {
         let i = ((share * 8.0).ceil() as usize).clamp(1, 8) - 1;
-        (LEVELS[i], theme.fg(ratatui::style::Color::Cyan))
+        (LEVELS[i], theme.accent(ratatui::style::Color::Cyan))
     }
 }
 
@@ -196,7 +251,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         halves * cols as usize,
         now,
     );
-    let mut used = [false; crate::telemetry::N_PHASES];
+    let palette = Palette::new(theme);
+    let mut used = [false; N_PHASES];
     for (t, lane) in shown.iter().zip(&rows) {
         let selected = app.selected.as_ref() == Some(&t.name);
         let name_style = if selected {
@@ -220,13 +276,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         for p in lane.cells.iter().flatten() {
             used[p.index()] = true;
         }
-        for (i, pair) in lane.cells.chunks(halves).enumerate() {
-            if let Some((ch, style)) = lane_cell(theme, pair[0], *pair.last().unwrap_or(&None)) {
-                for dy in 0..lane_h {
-                    buf[(x0 + i as u16, y + dy)].set_char(ch).set_style(style);
-                }
-            }
-        }
+        draw_lane(buf, x0, y, lane_h, &lane.cells, &palette);
         y += lane_h;
     }
     let hidden = order.len() - shown.len();
@@ -264,7 +314,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
 
     let mut legend = vec![Span::styled("phases ", theme.dim())];
     for p in Phase::ALL.iter().filter(|p| used[p.index()]) {
-        let (ch, style) = swatch(theme, *p);
+        let (ch, style) = swatch(&palette, *p);
         legend.push(Span::styled(ch.to_string(), style));
         legend.push(Span::raw(format!("{} ", p.name())));
     }
