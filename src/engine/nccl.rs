@@ -29,6 +29,7 @@ mod ffi {
             len: usize,
         ) -> *mut c_void;
         pub fn dflash_nccl_free(pg: *mut c_void);
+        pub fn dflash_nccl_abort(pg: *mut c_void) -> c_int;
         pub fn dflash_nccl_allreduce_mean(
             pg: *mut c_void,
             t: *mut c_void,
@@ -79,6 +80,9 @@ mod ffi {
         std::ptr::null_mut()
     }
     pub unsafe fn dflash_nccl_free(_: *mut c_void) {}
+    pub unsafe fn dflash_nccl_abort(_: *mut c_void) -> c_int {
+        1
+    }
     pub unsafe fn dflash_nccl_allreduce_mean(
         _: *mut c_void,
         _: *mut c_void,
@@ -131,10 +135,14 @@ impl Drop for Store {
     }
 }
 
+/// The process groups of the ranks made so far (addresses), so that any rank can abort them all.
+type Registry = Arc<std::sync::Mutex<Vec<usize>>>;
+
 /// The group of `size` ranks in this process.
 pub struct NcclGroup {
     store: Arc<Store>,
     size: usize,
+    made: Registry,
 }
 
 impl NcclGroup {
@@ -147,6 +155,7 @@ impl NcclGroup {
         Ok(NcclGroup {
             store: Arc::new(Store(store)),
             size,
+            made: Registry::default(),
         })
     }
 
@@ -158,6 +167,7 @@ impl NcclGroup {
             size: self.size,
             pg: std::ptr::null_mut(),
             reducer: std::ptr::null_mut(),
+            made: self.made.clone(),
         }
     }
 }
@@ -169,6 +179,7 @@ pub struct NcclMember {
     pg: *mut c_void,
     /// The buckets reduced during backward (null: one all-reduce after backward).
     reducer: *mut c_void,
+    made: Registry,
 }
 
 /// Whether gradients are all-reduced during backward (the default) or in one piece after it
@@ -254,6 +265,10 @@ impl NcclMember {
                     error_text(&err)
                 );
             }
+            self.made
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(self.pg as usize);
         }
         Ok(self.pg)
     }
@@ -377,6 +392,17 @@ impl GradMean for NcclMember {
         self.size
     }
 
+    /// Aborts every rank's communicators: the others' collectives end instead of waiting
+    /// forever for this rank, which failed.
+    fn abort(&mut self) {
+        let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        for &pg in made.iter() {
+            // SAFETY: a live process group: a member takes its own out of the registry, under
+            // this lock, before freeing it.
+            unsafe { ffi::dflash_nccl_abort(pg as *mut c_void) };
+        }
+    }
+
     /// Always, also at world size 1 (the forced one-GPU check of this path).
     fn syncs(&self) -> bool {
         true
@@ -390,6 +416,11 @@ impl Drop for NcclMember {
             unsafe { ffi::dflash_reducer_free(self.reducer) }
         }
         if !self.pg.is_null() {
+            // Out of the registry first (under its lock), so no other rank aborts it once freed.
+            self.made
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|&pg| pg != self.pg as usize);
             // SAFETY: made by dflash_nccl_new, freed once.
             unsafe { ffi::dflash_nccl_free(self.pg) }
         }

@@ -20,6 +20,8 @@ pub trait GradMean: Send {
     /// After backward: the optimizer's gradients become the mean over the replicas.
     fn mean(&mut self, optimizer: &mut AdamW) -> Result<()>;
     fn world(&self) -> usize;
+    /// After this replica failed: frees the others from any collective that waits for it.
+    fn abort(&mut self) {}
     /// Whether the worker calls `mean` at all (a lone replica has nothing to average).
     fn syncs(&self) -> bool {
         self.world() > 1

@@ -443,6 +443,12 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     // The last good step is saved whatever ended the loop, unless it failed inside the update
     // itself (then the weights may be half-written: the previous checkpoint stands).
     let failed = !matches!(outcome, Ok(Ok(())));
+    if failed {
+        // The run stops (so the others end quietly), and no replica is left waiting in a
+        // collective for this one.
+        cancel.cancel();
+        step.replicas.abort();
+    }
     let in_update = failed && super::marks::phase_now() == Some(Phase::Optim);
     let saved = if saves && step.optimizer.step as u64 > last_saved && !in_update {
         let done = step.optimizer.step as u64;

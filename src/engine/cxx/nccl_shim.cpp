@@ -144,6 +144,17 @@ int dflash_nccl_allreduce_mean(void* pg, void* tensor, char* err, size_t err_len
   }
 }
 
+// Aborts the communicators of rank `pg` (from any thread): its collectives that wait for a rank
+// that is gone end instead of hanging.
+int dflash_nccl_abort(void* pg) {
+  try {
+    (*static_cast<Group*>(pg))->abort();
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
 // Copies rank `root`'s `tensor` to every rank (in place), and waits on the current stream.
 int dflash_nccl_broadcast(void* pg, void* tensor, int root, char* err, size_t err_len) {
   try {
