@@ -294,6 +294,9 @@ def main():
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
     stop.set()
+    # The target thread ends its forward and leaves before the interpreter does (a thread still
+    # inside libtorch at exit aborts the process).
+    worker.join()
     print(
         json.dumps(
             {
