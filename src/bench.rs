@@ -112,21 +112,9 @@ fn engine(args: &BenchArgs) -> Result<()> {
     for line in memory_lines(&cfg) {
         println!("bench: {line}");
     }
+    // The run's own FLOP estimate rides in its snapshots (set at start).
     let gpus = crate::config::cuda_count() as usize;
-    if gpus > 0 {
-        let (ratio, source) = match crate::placement::measured_ratio(&s) {
-            Some(r) => (r, "measured"),
-            None => (
-                crate::placement::flop_ratio(
-                    &cfg.target_config,
-                    &cfg.spec,
-                    cfg.seq_len,
-                    cfg.anchors,
-                ),
-                "from FLOPs: the stages share GPUs",
-            ),
-        };
-        let advice = crate::placement::advise(ratio, gpus);
+    if let Some((advice, source)) = crate::placement::for_run(&s, gpus) {
         println!(
             "bench: placement ({source}) {} ({})",
             advice.text(),

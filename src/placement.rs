@@ -152,16 +152,9 @@ pub fn measured_ratio(s: &Snapshot) -> Option<f64> {
     (t > 0.0 && d > 0.0).then_some(d / t)
 }
 
-/// The advice for a running pipeline on the GPUs NVML sees: from the measured stage times where
-/// they can be told apart, else from the FLOP estimate; with which it came from.
-pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
-    let gpus = match &s.gpus {
-        // The GPUs this process can use (NVML also lists those CUDA_VISIBLE_DEVICES hides).
-        crate::telemetry::snapshot::GpuPanel::Present(g) => {
-            g.iter().filter(|g| g.cuda.is_some()).count()
-        }
-        _ => return None,
-    };
+/// The advice for a running pipeline on `gpus` GPUs: from the measured stage times where they
+/// can be told apart, else from the FLOP estimate; with which it came from.
+pub fn for_run(s: &Snapshot, gpus: usize) -> Option<(Advice, &'static str)> {
     if gpus == 0 {
         return None;
     }
@@ -169,6 +162,17 @@ pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
         (Some(r), _) => Some((advise(r, gpus), "measured")),
         (None, Some(r)) => Some((advise(r, gpus), "from FLOPs")),
         (None, None) => None,
+    }
+}
+
+/// `for_run` on the GPUs NVML shows this process (it also lists those CUDA_VISIBLE_DEVICES
+/// hides).
+pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
+    match &s.gpus {
+        crate::telemetry::snapshot::GpuPanel::Present(g) => {
+            for_run(s, g.iter().filter(|g| g.cuda.is_some()).count())
+        }
+        _ => None,
     }
 }
 

@@ -179,6 +179,20 @@ pub struct Stream(*mut c_void);
 unsafe impl Send for Stream {}
 
 impl Stream {
+    /// On a CUDA device (with the shim): a stream from libtorch's pool made the calling
+    /// thread's current one, so its kernels run beside, not behind, another thread's on the same
+    /// GPU. None elsewhere.
+    pub fn own(device: tch::Device) -> Result<Option<Stream>> {
+        match device {
+            tch::Device::Cuda(i) if AVAILABLE => {
+                let stream = Stream::from_pool(i)?;
+                stream.make_current()?;
+                Ok(Some(stream))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// A stream of its own from libtorch's pool on `device`.
     pub fn from_pool(device: usize) -> Result<Stream> {
         let mut out = std::ptr::null_mut();

@@ -26,12 +26,7 @@ impl HiddenBatch {
     /// not hand it out again while this side's kernels still read it. Then moves it to `device`.
     pub fn receive(self, device: Device) -> Result<(Tensor, PackedBatch)> {
         if let (Some(ready), Device::Cuda(src)) = (&self.ready, self.hidden.device()) {
-            // The copy to another GPU runs behind this thread's current stream on the source.
-            let here = Stream::current(src)?;
-            here.wait(ready)?;
-            for t in self.tensors() {
-                here.record_tensor(t)?;
-            }
+            self.wait_at_source(ready, src)?;
             if let Device::Cuda(dst) = device {
                 if dst != src {
                     Stream::current(dst)?.wait(ready)?;
@@ -41,6 +36,17 @@ impl HiddenBatch {
         let hidden = self.hidden.to_device(device);
         let batch = self.batch.to_device(device);
         Ok((hidden, batch))
+    }
+
+    /// This thread's current stream on the source GPU (where a copy to another GPU runs) waits
+    /// for the producer's `ready`, and the producer's memory is marked as used there.
+    fn wait_at_source(&self, ready: &Event, src: usize) -> Result<()> {
+        let here = Stream::current(src)?;
+        here.wait(ready)?;
+        for t in self.tensors() {
+            here.record_tensor(t)?;
+        }
+        Ok(())
     }
 
     fn tensors(&self) -> [&Tensor; 5] {
@@ -60,12 +66,7 @@ impl HiddenBatch {
         if src == dst {
             return Ok(Prefetched::Local(self));
         }
-        // The source side as in `receive`: the copy runs on this thread's stream there.
-        let here = Stream::current(src)?;
-        here.wait(ready)?;
-        for t in self.tensors() {
-            here.record_tensor(t)?;
-        }
+        self.wait_at_source(ready, src)?;
         copy.make_current()?;
         let copied = (|| -> Result<Prefetched> {
             let hidden = self.hidden.to_device(device);

@@ -246,18 +246,11 @@ impl Marks {
     /// On a CUDA device: takes a stream from libtorch's pool and makes it this thread's current
     /// stream, so the worker's kernels run beside, not behind, another worker's on the same GPU.
     pub fn new(rec: PhaseRecorder, device: Device, switches: Arc<Switches>) -> Result<Marks> {
-        let gpu = match device {
-            Device::Cuda(i) if super::cuda::AVAILABLE => {
-                let stream = Stream::from_pool(i)?;
-                stream.make_current()?;
-                Some(GpuSide {
-                    stream,
-                    timer: None,
-                    step_mode: None,
-                })
-            }
-            _ => None,
-        };
+        let gpu = Stream::own(device)?.map(|stream| GpuSide {
+            stream,
+            timer: None,
+            step_mode: None,
+        });
         Ok(Marks { rec, switches, gpu })
     }
 

@@ -93,7 +93,7 @@ fn replica_loop(
     shares: Receiver<Share>,
     out: Sender<Result<StepOutcome>>,
 ) -> Result<AdamW> {
-    let _stream = own_stream(step.device)?;
+    let _stream = super::cuda::Stream::own(step.device)?; // as the workers have
     step.prepare()?;
     for s in shares {
         let r = step.run(&s.hidden, &s.batch, &s.anchors, s.lr, &mut Unprobed);
@@ -103,18 +103,6 @@ fn replica_loop(
         }
     }
     Ok(step.optimizer)
-}
-
-/// On a GPU: a stream of libtorch's pool made this thread's current one, as the workers have.
-fn own_stream(device: Device) -> Result<Option<super::cuda::Stream>> {
-    match device {
-        Device::Cuda(i) if super::cuda::AVAILABLE => {
-            let s = super::cuda::Stream::from_pool(i)?;
-            s.make_current()?;
-            Ok(Some(s))
-        }
-        _ => Ok(None),
-    }
 }
 
 /// Waits until the work queued on each CUDA device in `devices` is done.
