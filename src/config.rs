@@ -65,7 +65,7 @@ pub struct RunConfig {
     pub gpu_timing: crate::telemetry::GpuTiming,
     /// Phase marks recorded from the start (`--profiling on|off`; `p` flips it live).
     pub profiling: bool,
-    /// f32 logits per lm-head chunk in the loss, MiB.
+    /// Lm-head chunk in the loss, MiB: rows x vocab x 4 bytes (bf16 logits and probabilities).
     pub loss_chunk_mib: i64,
     /// Newest `step-*` checkpoints kept in save_dir (None: all).
     pub keep: Option<usize>,

@@ -371,6 +371,79 @@ fn chunking_does_not_change_the_loss_or_its_gradient() {
     assert_eq!(f64::try_from(&out.loss).unwrap(), 0.0);
 }
 
+/// The loss in bf16 (as on the GPU) against the same loss in f64, on rows the drafter gets right
+/// with near certainty: there the label's gradient entry `p - 1` is far smaller than bf16's
+/// spacing near 1, and the row's gradient is only right if that entry is not rounded away.
+#[test]
+fn the_bf16_loss_keeps_the_gradient_of_confident_rows() {
+    tch::manual_seed(11);
+    let (a, block, h, v) = (4, 4, 32, 300);
+    let n = a * block;
+    let head = Tensor::randn([v, h], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+    // Each row points at its label's head row, scaled so that p(label) goes from ~0.5 to
+    // 1 - 1e-4 across the rows.
+    let labels = Tensor::randint(v, [1, a, block], (Kind::Int64, Device::Cpu));
+    let sharp = Tensor::linspace(0.02, 0.6, n, (Kind::Float, Device::Cpu)).view([n, 1]);
+    let x = (head
+        .to_kind(Kind::Float)
+        .index_select(0, &labels.view([-1]))
+        * sharp
+        + Tensor::randn([n, h], (Kind::Float, Device::Cpu)) * 0.1)
+        .to_kind(Kind::BFloat16)
+        .view([1, n, h]);
+    let valid = Tensor::ones([1, a, block], (Kind::Bool, Device::Cpu));
+    let w = slot_weights(block, 2.0);
+
+    let xb = x.detach().set_requires_grad(true);
+    let (out, backward) = chunked_loss_backward(&xb, &head, &labels, &valid, &w, 5);
+    backward();
+    let ours = xb.grad().to_kind(Kind::Double).view([n, h]);
+    let ours_loss = f64::try_from(&out.loss).unwrap();
+
+    // f64 reference from the same bf16 logits (a bf16 matmul's output, as both paths have it).
+    let head64 = head.to_kind(Kind::Double);
+    let logits = x.view([n, h]).matmul(&head.tr()).to_kind(Kind::Double);
+    let p = logits.softmax(-1, Kind::Double);
+    let p_label = p.gather(1, &labels.view([n, 1]), false).view([n]);
+    let wt = (valid.to_kind(Kind::Double)
+        * Tensor::from_slice(&w)
+            .to_kind(Kind::Double)
+            .view([1, 1, block]))
+    .view([n]);
+    let denom = wt.sum(Kind::Double);
+    let loss = f64::try_from((p_label.log().neg() * &wt).sum(Kind::Double) / &denom).unwrap();
+    let onehot = Tensor::zeros([n, v], (Kind::Double, Device::Cpu)).scatter_value(
+        1,
+        &labels.view([n, 1]),
+        1.0,
+    );
+    let want = (p - onehot).matmul(&head64) * (&wt / &denom).view([n, 1]);
+
+    let confident = f64::try_from(p_label.min()).unwrap();
+    assert!(
+        f64::try_from(p_label.max()).unwrap() > 0.9995,
+        "the rows do not reach the regime under test (max p = {confident})"
+    );
+    assert!(
+        (ours_loss - loss).abs() < 2e-3 * loss.max(1e-3),
+        "loss {ours_loss} vs {loss}"
+    );
+    // Every row's gradient within 3% of its own size, the confident ones included (slot 0
+    // carries no weight: exactly zero), down to f32's floor: the row sum near 1 has a spacing of
+    // 6e-8, so `1 - p` below ~1e-6 is not resolved (nor was it by the f32 loss before).
+    let row_scale = (wt / denom).view([n]);
+    for r in 0..n {
+        let (g, t) = (ours.get(r), want.get(r));
+        let err = f64::try_from((&g - &t).norm()).unwrap();
+        let size = f64::try_from(t.norm()).unwrap();
+        let floor = 1e-6 * f64::try_from(row_scale.get(r)).unwrap() * (h as f64).sqrt();
+        assert!(
+            err <= 0.03 * size + floor,
+            "row {r}: gradient off by {err} of {size}"
+        );
+    }
+}
+
 #[test]
 fn drafter_spec_follows_the_target() {
     let p = Preset::by_name("qwen3-8b").unwrap();

@@ -53,11 +53,12 @@ pub struct DrafterStep {
     pub device: Device,
     /// Averages gradients with the other replicas (data parallel).
     pub replicas: Box<dyn GradMean>,
-    /// f32 logits per lm-head chunk, MiB.
+    /// Lm-head chunk in the loss, MiB: rows x vocab x 4 bytes (bf16 logits and probabilities).
     pub loss_chunk_mib: i64,
 }
 
-/// Rows of lm-head logits per chunk: about `mib` MiB of f32 logits at a time.
+/// Rows of lm-head logits per chunk: `mib` MiB at 4 bytes an entry (a bf16 logit and its
+/// probability, which exist together).
 fn chunk_rows(vocab: i64, mib: i64) -> i64 {
     ((mib.max(1) << 20) / (4 * vocab.max(1))).max(16)
 }

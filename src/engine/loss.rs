@@ -1,6 +1,7 @@
 //! The loss: position-decayed cross-entropy over the block slots, computed through the frozen
 //! lm head in chunks so that 512 anchors x 16 slots x a 151936 vocabulary never exist as one
-//! logits tensor, and the metrics read back in one transfer.
+//! logits tensor, with each chunk's gradient written directly in the compute dtype (no autograd
+//! graph and no f32 copy of the logits), and the metrics read back in one transfer.
 
 use tch::{Kind, Tensor};
 
@@ -34,9 +35,10 @@ pub struct LossOut {
     pub correct: Tensor,
 }
 
-/// Weighted cross-entropy, normalised by the sum of the weights that count; runs the backward
-/// through the lm head chunk by chunk, then once through the drafter. A batch with no label
-/// that counts gives loss 0 and zero gradients, never NaN.
+/// Weighted cross-entropy, normalised by the sum of the weights that count; the gradient of
+/// each lm-head chunk is written directly (see `chunk_loss_grad`), then one backward runs
+/// through the drafter. A batch with no label that counts gives loss 0 and zero gradients, never
+/// NaN.
 // hidden [b, a*block, h] (with grad), lm_head [v, h], labels/valid [b, a, block]
 pub fn chunked_loss_backward(
     hidden: &Tensor,
@@ -65,48 +67,86 @@ pub fn chunked_loss_backward_rows(
     let (b, a, block) = (labels.size()[0], labels.size()[1], labels.size()[2]);
     let h = hidden.size()[2];
     let dev = hidden.device();
-    let detached = hidden.detach().set_requires_grad(true);
-    let rows = detached.view([b * a * block, h]);
+    let kind = hidden.kind();
+    let rows = hidden.detach().view([b * a * block, h]);
     let w = Tensor::from_slice(weights)
         .to_device(dev)
         .view([1, 1, block]);
     let row_w = (valid.to_kind(Kind::Float) * w).view([-1]);
     let denom = row_w.sum(Kind::Float).clamp_min(1e-12);
     let flat_labels = labels.view([-1]);
-    // Only rows that count go through the lm head.
+    // Only rows that count go through the lm head; the head is frozen (no gradient of its own).
     let n = keep.size()[0];
-    let head = lm_head.detach();
+    let head = lm_head.detach().to_kind(kind);
+    let mut grad = Tensor::zeros([b * a * block, h], (kind, dev));
     let mut loss = Tensor::zeros([], (Kind::Float, dev));
-    let mut hits = Vec::new();
+    let mut correct = Tensor::zeros([b * a * block], (Kind::Bool, dev));
     let mut start = 0;
     while start < n {
         let len = chunk_rows.min(n - start);
         let idx = keep.narrow(0, start, len);
-        let x = rows.index_select(0, &idx);
-        // Logits in the compute dtype; log_softmax reads them and writes fp32 in one pass.
-        let logits = x.matmul(&head.to_kind(x.kind()).tr());
-        let y = flat_labels.index_select(0, &idx);
-        let logp = logits.log_softmax(-1, Kind::Float);
-        let nll = logp.gather(1, &y.unsqueeze(1), false).squeeze_dim(1).neg();
-        let part = (nll * row_w.index_select(0, &idx)).sum(Kind::Float) / &denom;
-        part.backward();
-        loss += part.detach();
-        hits.push((idx, logits.argmax(-1, false).eq_tensor(&y)));
+        let scale = row_w.index_select(0, &idx) / &denom;
+        let part = chunk_loss_grad(
+            &rows.index_select(0, &idx),
+            &head,
+            &flat_labels.index_select(0, &idx),
+            &scale,
+        );
+        loss += part.loss;
+        let _ = grad.index_copy_(0, &idx, &part.grad);
+        let _ = correct.index_copy_(0, &idx, &part.hit);
         start += len;
     }
-    let mut correct = Tensor::zeros([b * a * block], (Kind::Bool, dev));
-    for (idx, hit) in hits {
-        let _ = correct.index_put_(&[Some(idx)], &hit, false);
-    }
     let correct = correct.view([b, a, block]);
-    let grad = detached.grad();
+    let grad = grad.view([b, a * block, h]);
     let hidden = hidden.shallow_clone();
     let backward = move || {
-        if grad.defined() {
-            (hidden * grad.detach()).sum(Kind::Float).backward();
+        if n > 0 && hidden.requires_grad() {
+            (hidden * grad).sum(Kind::Float).backward();
         }
     };
     (LossOut { loss, correct }, backward)
+}
+
+/// One chunk's share of the loss, its gradient with respect to the rows, and the rows whose
+/// argmax is the label.
+struct ChunkLoss {
+    /// scalar f32
+    loss: Tensor,
+    /// [n, h], in the rows' dtype
+    grad: Tensor,
+    /// [n] bool
+    hit: Tensor,
+}
+
+/// Cross-entropy through a frozen head with the gradient written directly, in the rows' dtype:
+/// logits, then softmax over them (accumulated in f32 inside the kernel), and the probabilities
+/// become the logits' gradient in place, `p - onehot(label)`. Nothing of `n x vocab` is ever f32.
+///
+/// In bf16, `p_label - 1` would cancel: near 1 the spacing of bf16 is 2^-8, coarser than the
+/// gradient itself once the drafter is confident. So the label's entry is written as minus the
+/// sum of the other probabilities, summed in f32 (the row sum minus the label's own rounded
+/// value: its rounding cancels exactly), and the loss of a confident row is `-log1p(-others)`.
+// x [n, h], head [v, h], labels [n], scale [n] f32 (weight / denominator) -> ChunkLoss
+fn chunk_loss_grad(x: &Tensor, head: &Tensor, labels: &Tensor, scale: &Tensor) -> ChunkLoss {
+    let kind = x.kind();
+    let logits = x.matmul(&head.tr());
+    let hit = logits.argmax(-1, false).eq_tensor(labels);
+    let mut p = logits.softmax(-1, kind);
+    drop(logits);
+    let y = labels.unsqueeze(1);
+    let total = p.sum_dim_intlist(&[-1i64][..], false, Kind::Float);
+    let p_label = p.gather(1, &y, false).squeeze_dim(1).to_kind(Kind::Float);
+    let others = (total - &p_label).clamp_min(0.0);
+    let nll = p_label
+        .clamp_min(f32::MIN_POSITIVE as f64)
+        .log()
+        .neg()
+        .where_self(&p_label.lt(0.5), &others.neg().log1p().neg());
+    let loss = (nll * scale).sum(Kind::Float);
+    let _ = p.scatter_(1, &y, &others.neg().to_kind(kind).unsqueeze(1));
+    let grad = (p.matmul(head).to_kind(Kind::Float) * scale.unsqueeze(1)).to_kind(kind);
+    ChunkLoss { loss, grad, hit }
 }
 
 /// Per-slot accuracy and tau. tau = 1 + the mean over valid blocks of the run of consecutive
