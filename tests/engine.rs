@@ -376,6 +376,20 @@ fn chunking_does_not_change_the_loss_or_its_gradient() {
 /// spacing near 1, and the row's gradient is only right if that entry is not rounded away.
 #[test]
 fn the_bf16_loss_keeps_the_gradient_of_confident_rows() {
+    bf16_loss_against_f64(Device::Cpu);
+}
+
+/// The same on the GPU (its softmax and reductions are other kernels); skipped without one.
+#[test]
+fn the_bf16_loss_keeps_the_gradient_of_confident_rows_on_cuda() {
+    if !tch::Cuda::is_available() {
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    bf16_loss_against_f64(Device::Cuda(0));
+}
+
+fn bf16_loss_against_f64(dev: Device) {
     tch::manual_seed(11);
     let (a, block, h, v) = (4, 4, 32, 300);
     let n = a * block;
@@ -394,15 +408,25 @@ fn the_bf16_loss_keeps_the_gradient_of_confident_rows() {
     let valid = Tensor::ones([1, a, block], (Kind::Bool, Device::Cpu));
     let w = slot_weights(block, 2.0);
 
-    let xb = x.detach().set_requires_grad(true);
-    let (out, backward) = chunked_loss_backward(&xb, &head, &labels, &valid, &w, 5);
+    let on = |t: &Tensor| t.to_device(dev);
+    let xb = on(&x).set_requires_grad(true);
+    let (out, backward) = chunked_loss_backward(&xb, &on(&head), &on(&labels), &on(&valid), &w, 5);
     backward();
-    let ours = xb.grad().to_kind(Kind::Double).view([n, h]);
-    let ours_loss = f64::try_from(&out.loss).unwrap();
+    let ours = xb
+        .grad()
+        .to_device(Device::Cpu)
+        .to_kind(Kind::Double)
+        .view([n, h]);
+    let ours_loss = f64::try_from(&out.loss.to_device(Device::Cpu)).unwrap();
 
-    // f64 reference from the same bf16 logits (a bf16 matmul's output, as both paths have it).
+    // f64 reference from the same bf16 logits (a bf16 matmul's output on the same device, as
+    // both paths have it).
     let head64 = head.to_kind(Kind::Double);
-    let logits = x.view([n, h]).matmul(&head.tr()).to_kind(Kind::Double);
+    let logits = on(&x)
+        .view([n, h])
+        .matmul(&on(&head).tr())
+        .to_device(Device::Cpu)
+        .to_kind(Kind::Double);
     let p = logits.softmax(-1, Kind::Double);
     let p_label = p.gather(1, &labels.view([n, 1]), false).view([n]);
     let wt = (valid.to_kind(Kind::Double)
