@@ -1,6 +1,7 @@
 //! Training blocks: anchor sampling, the block attention mask, block inputs, positions and
 //! labels (DESIGN.md §3).
 
+use super::cuda::upload;
 use super::data::Rng;
 use tch::{Device, Kind, Tensor};
 
@@ -68,8 +69,8 @@ pub fn anchors_tensor(per_row: &[Vec<i64>], max: usize, device: Device) -> Ancho
     }
     let shape = [b as i64, max as i64];
     Anchors {
-        pos: Tensor::from_slice(&pos).view(shape).to_device(device),
-        valid: Tensor::from_slice(&valid).view(shape).to_device(device),
+        pos: upload(&Tensor::from_slice(&pos).view(shape), device),
+        valid: upload(&Tensor::from_slice(&valid).view(shape), device),
         count,
     }
 }

@@ -9,6 +9,20 @@ use tch::Tensor;
 /// Whether this build carries the shim.
 pub const AVAILABLE: bool = cfg!(cuda_shim);
 
+/// A host tensor on `device` without the host waiting for the device. A plain copy from pageable
+/// host memory synchronises the current stream first (libtorch's blocking copy), which in the
+/// middle of a step stalls the host until everything queued so far has run; staged in pinned
+/// memory, the copy is queued on the stream like a kernel (the pinned block is kept until the
+/// copy has run). Anything else is a plain `to_device`.
+pub fn upload(t: &Tensor, device: tch::Device) -> Tensor {
+    if t.device() == tch::Device::Cpu && device.is_cuda() {
+        t.pin_memory(device)
+            .to_device_(device, t.kind(), true, false)
+    } else {
+        t.to_device(device)
+    }
+}
+
 #[cfg(cuda_shim)]
 mod ffi {
     use super::*;

@@ -1,6 +1,7 @@
 //! Data: documents from a source, packed into fixed-length rows with document ids and
 //! per-document positions.
 
+use super::cuda::upload;
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
@@ -151,13 +152,14 @@ pub struct PackedBatch {
 }
 
 impl PackedBatch {
-    /// The same batch with its tensors on `device` (host copies kept).
+    /// The same batch with its tensors on `device` (host copies kept; from the host without a
+    /// stream sync, see `cuda::upload`).
     pub fn to_device(self, device: tch::Device) -> PackedBatch {
         PackedBatch {
-            input_ids: self.input_ids.to_device(device),
-            positions: self.positions.to_device(device),
-            doc_ids: self.doc_ids.to_device(device),
-            loss_mask: self.loss_mask.to_device(device),
+            input_ids: upload(&self.input_ids, device),
+            positions: upload(&self.positions, device),
+            doc_ids: upload(&self.doc_ids, device),
+            loss_mask: upload(&self.loss_mask, device),
             ..self
         }
     }

@@ -6,6 +6,7 @@ use super::blocks::{
     anchors_tensor, block_input_ids, block_labels, block_positions, label_rows, tiled_block_mask,
 };
 use super::config::DrafterSpec;
+use super::cuda::upload;
 use super::data::PackedBatch;
 use super::drafter::Drafter;
 use super::loss::{block_metrics, chunked_loss_backward_rows, gamma_for, slot_weights};
@@ -89,15 +90,17 @@ impl DrafterStep {
         let block_pos = block_positions(pos, &anch, block);
         let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
         let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
-        let keep = Tensor::from_slice(&label_rows(
-            per_row,
-            width,
-            block as usize,
-            &b.host_doc_ids,
-            &b.host_loss_mask,
-            b.seq as usize,
-        ))
-        .to_device(device);
+        let keep = upload(
+            &Tensor::from_slice(&label_rows(
+                per_row,
+                width,
+                block as usize,
+                &b.host_doc_ids,
+                &b.host_loss_mask,
+                b.seq as usize,
+            )),
+            device,
+        );
         probe.mark(Phase::Forward);
         let block_emb =
             Tensor::embedding(&self.embed, &block_ids, -1, false, false).to_kind(hidden.kind());

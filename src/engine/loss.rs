@@ -69,9 +69,8 @@ pub fn chunked_loss_backward_rows(
     let dev = hidden.device();
     let kind = hidden.kind();
     let rows = hidden.detach().view([b * a * block, h]);
-    let w = Tensor::from_slice(weights)
-        .to_device(dev)
-        .view([1, 1, block]);
+    // Queued, not waited for: the forward is still running (see `cuda::upload`).
+    let w = super::cuda::upload(&Tensor::from_slice(weights), dev).view([1, 1, block]);
     let row_w = (valid.to_kind(Kind::Float) * w).view([-1]);
     let denom = row_w.sum(Kind::Float).clamp_min(1e-12);
     let flat_labels = labels.view([-1]);
@@ -81,9 +80,12 @@ pub fn chunked_loss_backward_rows(
     let mut grad = Tensor::zeros([b * a * block, h], (kind, dev));
     let mut loss = Tensor::zeros([], (Kind::Float, dev));
     let mut correct = Tensor::zeros([b * a * block], (Kind::Bool, dev));
+    // Chunks of equal size (a GEMM shape repeated, no small remainder), `chunk_rows` at most.
+    let chunks = ((n + chunk_rows.max(1) - 1) / chunk_rows.max(1)).max(1);
+    let even = (n + chunks - 1) / chunks;
     let mut start = 0;
     while start < n {
-        let len = chunk_rows.min(n - start);
+        let len = even.min(n - start);
         let idx = keep.narrow(0, start, len);
         let scale = row_w.index_select(0, &idx) / &denom;
         let part = chunk_loss_grad(
