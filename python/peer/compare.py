@@ -88,6 +88,18 @@ def largest_batch(preset, batches, attempt):
     return best
 
 
+# dflash-top steps per preset at batch 1: about 15 s on an H200, so that the "last 10 s" rate
+# bench engine reports starts after the first steps (graph capture, cuBLAS and allocator warm-up),
+# as the peer's rate starts after its warm-up steps. Fewer steps at a larger batch.
+STEADY_STEPS = {"qwen3-0.6b": 200, "qwen3-8b": 64}
+
+
+def ours_steps(preset, batch, steps):
+    if steps:
+        return steps
+    return max(40, STEADY_STEPS.get(preset, 40) // batch)
+
+
 def ours(binary, preset, batch, steps, device):
     out = run(
         [binary, "bench", "engine", "--preset", preset, "--batch", str(batch),
@@ -116,7 +128,8 @@ def main():
     ap.add_argument("--bin", default="target/release/dflash-top")
     ap.add_argument("--configs", default="qwen3-0.6b:1,qwen3-8b:1",
                     help="preset:batch pairs, comma-separated")
-    ap.add_argument("--steps", type=int, default=40, help="dflash-top steps (last 10 s timed)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="dflash-top steps (its last 10 s timed); 0: about 15 s worth a preset")
     ap.add_argument("--peer-steps", type=int, default=20, help="Python steps timed after warm-up")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--json", help="also write the rows here")
@@ -134,7 +147,8 @@ def main():
         flops = step_flops(preset, batch)
         tokens = batch * 3072
         row = {"preset": preset, "batch": batch, "tflop_per_step": flops / 1e12}
-        for name, fn in (("ours", lambda: ours(args.bin, preset, batch, args.steps, args.device)),
+        for name, fn in (("ours", lambda: ours(args.bin, preset, batch,
+                                                ours_steps(preset, batch, args.steps), args.device)),
                          ("python", lambda: python(preset, batch, args.peer_steps, args.device))):
             try:
                 r = fn()
