@@ -21,6 +21,10 @@ pub struct AdamW {
     grad_buffer: Option<Tensor>,
     /// Whether the step goes through libtorch's fused CUDA kernel (decided once, see `fused`).
     fused_step: bool,
+    /// What `clip_grad_norm` left for the step to divide the gradients by (a device scalar >= 1),
+    /// where the fused kernel does the division as it reads them: one pass over the gradients
+    /// less.
+    clip_divisor: Option<Tensor>,
     pub step: i64,
     pub beta1: f64,
     pub beta2: f64,
@@ -61,6 +65,7 @@ impl AdamW {
             flat,
             flat_grad: None,
             grad_buffer: None,
+            clip_divisor: None,
             fused_step: device.is_cuda()
                 && super::cuda::AVAILABLE
                 && std::env::var_os("DFLASH_TOP_UNFUSED_ADAMW").is_none(),
@@ -143,8 +148,9 @@ impl AdamW {
         self.flat_grad.as_mut().expect("set above")
     }
 
-    /// Scales the (gathered) gradients so that their global L2 norm is at most `max_norm`;
-    /// returns the norm before clipping as a device scalar (no host sync).
+    /// Scales the (gathered) gradients so that their global L2 norm is at most `max_norm` (on
+    /// CUDA the fused step applies the scale as it reads them); returns the norm before clipping
+    /// as a device scalar (no host sync).
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> Tensor {
         let _g = tch::no_grad_guard();
         let mut g = match self.flat_grad.take() {
@@ -152,9 +158,12 @@ impl AdamW {
             None => self.gather_grads(),
         };
         let total = g.norm();
-        let scale = (Tensor::full([], max_norm, (Kind::Float, total.device())) / (&total + 1e-6))
-            .clamp_max(1.0);
-        let _ = g.g_mul_(&scale);
+        let divisor = ((&total + 1e-6) / max_norm).clamp_min(1.0);
+        if self.fused_step {
+            self.clip_divisor = Some(divisor);
+        } else {
+            let _ = g.g_div_(&divisor);
+        }
         self.flat_grad = Some(g);
         total
     }
@@ -186,9 +195,13 @@ impl AdamW {
         };
         self.step += 1;
         let t = self.step as f64;
-        if self.fused(&g, lr, t, ok) {
+        let divisor = self.clip_divisor.take();
+        if self.fused(&g, lr, t, ok, divisor.as_ref()) {
             self.zero_grads();
             return;
+        }
+        if let Some(d) = &divisor {
+            let _ = g.g_div_(d);
         }
         let bc1 = 1.0 - self.beta1.powf(t);
         let bc2 = 1.0 - self.beta2.powf(t);
@@ -228,9 +241,16 @@ impl AdamW {
     }
 
     /// The step through libtorch's fused CUDA kernel (each element read and written once; the
-    /// gate as its `found_inf`); false where it does not run (CPU, no shim, or
+    /// gate as its `found_inf`, the clipping as its `grad_scale`, a divisor); false where it does not run (CPU, no shim, or
     /// `DFLASH_TOP_UNFUSED_ADAMW=1` for side-by-side measurements), and the plain path runs.
-    fn fused(&self, g: &Tensor, lr: f64, t: f64, ok: Option<&Tensor>) -> bool {
+    fn fused(
+        &self,
+        g: &Tensor,
+        lr: f64,
+        t: f64,
+        ok: Option<&Tensor>,
+        divisor: Option<&Tensor>,
+    ) -> bool {
         if !self.fused_step {
             return false;
         }
@@ -250,7 +270,7 @@ impl AdamW {
             weight_decay: self.weight_decay,
             eps: self.eps,
         };
-        super::cuda::fused_adamw(&state, &hyper, None, found_inf.as_ref()).is_ok()
+        super::cuda::fused_adamw(&state, &hyper, divisor, found_inf.as_ref()).is_ok()
     }
 
     /// Saves m, v and the step (safetensors + the step in `step`).
