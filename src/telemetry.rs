@@ -2,6 +2,7 @@
 
 pub mod assemble;
 pub mod clock;
+pub mod host;
 pub mod hub;
 pub mod live;
 pub mod phase;
@@ -10,6 +11,7 @@ pub mod record;
 pub mod recorder;
 pub mod snapshot;
 pub mod stages;
+pub mod stall;
 pub mod switches;
 pub mod trace;
 pub mod verdict;
