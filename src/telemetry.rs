@@ -7,6 +7,7 @@ pub mod hub;
 pub mod live;
 pub mod phase;
 pub mod queue;
+pub mod queue_view;
 pub mod record;
 pub mod recorder;
 pub mod snapshot;

@@ -4,13 +4,15 @@
 use super::host;
 use super::live::LiveTime;
 use super::queue::{QueueCounters, QueueProbe};
+/// Kept here too: callers found it in this module before the queue views had their own.
+pub use super::queue_view::verdict_inputs;
+use super::queue_view::QueueFlags;
 use super::recorder::{LiveRead, StepRecord, ThreadInfo, MAX_SLOTS};
 use super::snapshot::*;
-use super::stages::role_named;
 use super::stall::RecentSteps;
 use super::switches::{GpuTiming, Switches, Timing};
-use super::verdict::{QueueWait, Verdict, VerdictTracker, WaitShares};
-use super::window::{push_capped, QueueTick, Windows, RING_TICKS};
+use super::verdict::{Verdict, VerdictTracker};
+use super::window::{push_capped, Windows, RING_TICKS};
 use crate::probe::cpu::CpuSample;
 use crate::probe::gpu::GpuSample;
 use std::collections::{BTreeMap, VecDeque};
@@ -42,8 +44,7 @@ pub struct Assembler {
     on_gpu: Vec<bool>,
     /// Recent host steps per thread, for live time and the stall check.
     recent: RecentSteps,
-    /// Starving / blocking flags per queue, with hysteresis.
-    queue_flags: Vec<(bool, bool)>,
+    queue_flags: QueueFlags,
     /// Step spans that did not fit between two snapshots.
     spans_dropped: u64,
     verdict: VerdictTracker,
@@ -73,7 +74,7 @@ impl Assembler {
             mode: None,
             on_gpu: Vec::new(),
             recent: RecentSteps::default(),
-            queue_flags: Vec::new(),
+            queue_flags: QueueFlags::default(),
             spans_dropped: 0,
             verdict: VerdictTracker::default(),
             cpu: None,
@@ -228,7 +229,9 @@ impl Assembler {
         let stall_ns = self.recent.threshold_ns(threads.len());
         let lives = self.live_times(threads, &live, switches, stall_ns);
         let thread_views = self.thread_views(threads, now_ns, &lives);
-        let queue_views = self.queue_views(threads, queues);
+        let queue_views = self
+            .queue_flags
+            .views(&self.windows, W1, W10, threads, queues);
         let stall = self.recent.stall(now_ns, threads, &live, stall_ns);
         let verdict = self.verdict(switches.paused(), stall.is_some(), &queue_views);
         let train = self.train_view(now_ns, threads, &lives);
@@ -306,41 +309,6 @@ impl Assembler {
             .collect();
         v.sort_by(|a, b| (a.role.rank(), &a.name).cmp(&(b.role.rank(), &b.name)));
         v
-    }
-
-    /// The queues over the last second, their starving / blocking flags held with hysteresis.
-    fn queue_views(&mut self, threads: &[ThreadInfo], queues: &[QueueProbe]) -> Vec<QueueView> {
-        let count_role = |role: &str| {
-            threads
-                .iter()
-                .filter(|t| t.role.name() == role)
-                .count()
-                .max(1) as f64
-        };
-        if self.queue_flags.len() < queues.len() {
-            self.queue_flags.resize(queues.len(), (false, false));
-        }
-        queues
-            .iter()
-            .enumerate()
-            .map(|(i, q)| {
-                let w = self.windows.queue(i, W1);
-                let consumers = count_role(q.consumers());
-                let producers = count_role(q.producers());
-                let mut v = queue_view(
-                    q,
-                    &w,
-                    self.windows.queue_history(i, W10),
-                    consumers,
-                    producers,
-                );
-                let flags = &mut self.queue_flags[i];
-                flags.0 = above(flags.0, v.consumer_wait_share);
-                flags.1 = above(flags.1, v.producer_wait_share);
-                (v.starving, v.blocking) = *flags;
-                v
-            })
-            .collect()
     }
 
     /// Paused or stalled first; otherwise the queues' verdict, judged once three ticks of
@@ -500,86 +468,5 @@ impl Assembler {
             w10: with_live(self.windows.thread(i, W10), self.windows.window_start(W10)),
             run: with_live(self.windows.thread_run(i), 0),
         }
-    }
-}
-
-/// A flag with hysteresis: raised above `ENTER`, lowered below `EXIT`.
-fn above(was: bool, share: f64) -> bool {
-    use super::verdict::{ENTER, EXIT};
-    share > if was { EXIT } else { ENTER }
-}
-
-fn share(ns: u64, span_ns: u64, threads: f64) -> f64 {
-    if span_ns == 0 {
-        return 0.0;
-    }
-    (ns as f64 / (span_ns as f64 * threads)).min(1.0)
-}
-
-fn queue_view(
-    q: &QueueProbe,
-    w: &QueueTick,
-    history: Vec<f64>,
-    consumers: f64,
-    producers: f64,
-) -> QueueView {
-    let secs = w.span_ns as f64 / 1e9;
-    let consumer_wait_share = share(w.pop_wait_ns, w.span_ns, consumers);
-    let producer_wait_share = share(w.push_wait_ns, w.span_ns, producers);
-    QueueView {
-        name: q.name().to_string(),
-        producers: q.producers().to_string(),
-        consumers: q.consumers().to_string(),
-        capacity: q.capacity(),
-        depth: w.depth,
-        min_depth: w.min_depth,
-        max_depth: w.max_depth,
-        mean_depth: w.mean_depth(),
-        empty_share: share(w.empty_ns, w.span_ns, 1.0),
-        full_share: share(w.full_ns, w.span_ns, 1.0),
-        push_per_s: if secs > 0.0 {
-            w.pushes as f64 / secs
-        } else {
-            0.0
-        },
-        pop_per_s: if secs > 0.0 {
-            w.pops as f64 / secs
-        } else {
-            0.0
-        },
-        mean_age_ms: if w.pops > 0 {
-            w.age_ns_sum as f64 / w.pops as f64 / 1e6
-        } else {
-            0.0
-        },
-        consumer_wait_share,
-        producer_wait_share,
-        history,
-        starving: consumer_wait_share > super::verdict::ENTER,
-        blocking: producer_wait_share > super::verdict::ENTER,
-    }
-}
-
-/// The verdict's inputs: the queues between stages, upstream first, found by who is on each
-/// side (a queue whose sides name no known stage is left out).
-pub fn verdict_inputs(queues: &[QueueView]) -> WaitShares {
-    let mut chain: Vec<(u8, QueueWait)> = queues
-        .iter()
-        .filter_map(|q| {
-            let producer = role_named(&q.producers)?;
-            let consumer = role_named(&q.consumers)?;
-            Some((
-                producer.rank(),
-                QueueWait {
-                    consumer,
-                    starved: q.consumer_wait_share,
-                    blocked: q.producer_wait_share,
-                },
-            ))
-        })
-        .collect();
-    chain.sort_by_key(|(rank, _)| *rank);
-    WaitShares {
-        chain: chain.into_iter().map(|(_, q)| q).collect(),
     }
 }
