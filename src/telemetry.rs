@@ -2,14 +2,17 @@
 
 pub mod assemble;
 pub mod clock;
+pub mod host;
 pub mod hub;
 pub mod live;
 pub mod phase;
 pub mod queue;
+pub mod queue_view;
 pub mod record;
 pub mod recorder;
 pub mod snapshot;
 pub mod stages;
+pub mod stall;
 pub mod switches;
 pub mod trace;
 pub mod verdict;

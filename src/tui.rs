@@ -9,6 +9,7 @@ pub mod panels;
 pub mod terminal;
 pub mod theme;
 pub mod timeline;
+pub mod verdict_row;
 pub mod view;
 
 use crate::telemetry::{GpuTiming, HubCommand, Snapshot, Switches, Telemetry};

@@ -282,6 +282,45 @@ fn the_timeline_shows_starvation_at_a_glance() {
 }
 
 #[test]
+fn close_verdict_changes_stay_readable_on_the_timeline() {
+    // Three changes within 100 ms (adjacent columns at 10 s over ~100 columns), then two far
+    // apart: the close ones become one mark that counts them, not labels written over each
+    // other.
+    let changes = [
+        (8_000, Verdict::Balanced),
+        (7_950, Verdict::TargetBound),
+        (7_900, Verdict::Stalled),
+        (3_000, Verdict::Balanced),
+        (0, Verdict::TargetBound),
+    ];
+    let feed = changes.iter().enumerate().map(|(i, (ms_ago, v))| {
+        let mut s = starved_snapshot();
+        s.seq = i as u64 + 1;
+        s.now_ns = NOW_NS - ms_ago * MS;
+        s.verdict = *v;
+        s
+    });
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(feed.collect());
+    app.update(Action::ShowView(View::Timeline as usize), &ctl);
+    let s = screen(&app, 120, 30, Theme::from_color(false), LIVE);
+    let row = s
+        .lines()
+        .find_map(|l| l.strip_prefix("│verdict"))
+        .unwrap_or_else(|| panic!("no verdict row:\n{s}"));
+    let words: Vec<&str> = row
+        .trim_end_matches('│')
+        .split(|c: char| c == '▼' || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .collect();
+    assert_eq!(
+        words,
+        ["×3", "stalled", "balanced", "target-bound"],
+        "every word on the row is whole: {row}"
+    );
+}
+
+#[test]
 fn a_stall_reaches_the_right_edge() {
     let (ctl, _t) = controls(false);
     let mut app = app_of(stalled());

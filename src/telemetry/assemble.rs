@@ -1,17 +1,20 @@
 //! Turns the hub's accumulated state into a `Snapshot`. Pure apart from the time passed in, so
 //! the windows, the verdict and the queue statistics can be tested on scripted input.
 
+use super::host;
 use super::live::LiveTime;
 use super::queue::{QueueCounters, QueueProbe};
+/// Kept here too: callers found it in this module before the queue views had their own.
+pub use super::queue_view::verdict_inputs;
+use super::queue_view::QueueFlags;
 use super::recorder::{LiveRead, StepRecord, ThreadInfo, MAX_SLOTS};
 use super::snapshot::*;
-use super::stages::role_named;
+use super::stall::RecentSteps;
 use super::switches::{GpuTiming, Switches, Timing};
-use super::verdict::{QueueWait, Verdict, VerdictTracker, WaitShares};
-use super::window::{QueueTick, Windows, RING_TICKS};
+use super::verdict::{Verdict, VerdictTracker};
+use super::window::{push_capped, Windows, RING_TICKS};
 use crate::probe::cpu::CpuSample;
 use crate::probe::gpu::GpuSample;
-use crate::probe::owner::{owner, Worker};
 use std::collections::{BTreeMap, VecDeque};
 
 const W1: usize = 10;
@@ -40,9 +43,8 @@ pub struct Assembler {
     /// Whether each registered thread drives a GPU, by record index.
     on_gpu: Vec<bool>,
     /// Recent host steps per thread, for live time and the stall check.
-    recent: Vec<RecentSteps>,
-    /// Starving / blocking flags per queue, with hysteresis.
-    queue_flags: Vec<(bool, bool)>,
+    recent: RecentSteps,
+    queue_flags: QueueFlags,
     /// Step spans that did not fit between two snapshots.
     spans_dropped: u64,
     verdict: VerdictTracker,
@@ -63,50 +65,6 @@ pub struct Assembler {
 
 /// Spans kept between two snapshots at most (a burst beyond it is not traced, and counted).
 const MAX_PENDING_SPANS: usize = 4096;
-/// Host step times kept per thread for the typical step time.
-const RECENT_STEPS: usize = 16;
-/// No step ended for this many pipeline step times: the pipeline is stalled…
-pub const STALL_STEPS: f64 = 5.0;
-/// …and for at least this long…
-pub const STALL_MIN_NS: u64 = 1_000_000_000;
-/// …or this long while some thread has not ended a step yet.
-pub const STALL_WARMUP_NS: u64 = 10_000_000_000;
-
-/// A thread's recent host steps.
-#[derive(Clone, Debug, Default)]
-struct RecentSteps {
-    walls: VecDeque<u64>,
-    tokens: u64,
-    last_end_ns: Option<u64>,
-}
-
-impl RecentSteps {
-    fn push(&mut self, r: &StepRecord) {
-        push_capped(&mut self.walls, r.wall_ns, RECENT_STEPS);
-        self.tokens = r.tokens;
-        self.last_end_ns = Some(self.last_end_ns.unwrap_or(0).max(r.end_ns));
-    }
-
-    fn median_wall(&self) -> Option<u64> {
-        median(self.walls.iter().copied())
-    }
-}
-
-fn median(v: impl Iterator<Item = u64>) -> Option<u64> {
-    let mut v: Vec<u64> = v.collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_unstable();
-    Some(v[v.len() / 2])
-}
-
-fn push_capped<T>(q: &mut VecDeque<T>, v: T, cap: usize) {
-    q.push_back(v);
-    while q.len() > cap {
-        q.pop_front();
-    }
-}
 
 impl Assembler {
     pub fn new(now_ns: u64) -> Self {
@@ -115,8 +73,8 @@ impl Assembler {
             windows: Windows::new(now_ns),
             mode: None,
             on_gpu: Vec::new(),
-            recent: Vec::new(),
-            queue_flags: Vec::new(),
+            recent: RecentSteps::default(),
+            queue_flags: QueueFlags::default(),
             spans_dropped: 0,
             verdict: VerdictTracker::default(),
             cpu: None,
@@ -137,12 +95,7 @@ impl Assembler {
     pub fn ingest(&mut self, r: &StepRecord) {
         let phases = r.profiled && self.accepts(r);
         self.windows.ingest(r, phases);
-        if r.steps > 0 {
-            if self.recent.len() <= r.thread {
-                self.recent.resize_with(r.thread + 1, RecentSteps::default);
-            }
-            self.recent[r.thread].push(r);
-        }
+        self.recent.push(r);
         if phases {
             if self.pending.len() < MAX_PENDING_SPANS {
                 self.pending.push(*r);
@@ -272,77 +225,117 @@ impl Assembler {
         dropped: u64,
     ) -> Snapshot {
         let elapsed_s = now_ns.saturating_sub(self.start_ns) as f64 / 1e9;
-        let paused = switches.paused();
         let live: Vec<LiveRead> = threads.iter().map(|t| t.live.read()).collect();
-        let stall_ns = self.stall_threshold_ns(threads.len());
-        let lives: Vec<Option<LiveTime>> = (0..threads.len())
-            .map(|i| {
-                (!paused).then(|| LiveTime {
-                    live: live[i],
-                    expected_ns: self.recent.get(i).and_then(|r| r.median_wall()),
-                    tokens: match threads[i].role.counts_tokens() {
-                        true => self.recent.get(i).map(|r| r.tokens).unwrap_or(0),
+        let stall_ns = self.recent.threshold_ns(threads.len());
+        let lives = self.live_times(threads, &live, switches, stall_ns);
+        let thread_views = self.thread_views(threads, now_ns, &lives);
+        let queue_views = self
+            .queue_flags
+            .views(&self.windows, W1, W10, threads, queues);
+        let stall = self.recent.stall(now_ns, threads, &live, stall_ns);
+        let verdict = self.verdict(switches.paused(), stall.is_some(), &queue_views);
+        let train = self.train_view(now_ns, threads, &lives);
+        self.push_history(elapsed_s, train.tok_per_s_1s);
+        let self_cost = self.self_cost(&thread_views, dropped);
+        self.seq += 1;
+        Snapshot {
+            seq: self.seq,
+            elapsed_s,
+            now_ns,
+            train,
+            profiling: switches.profiling(),
+            stage_ratio_flops: switches.stage_ratio_flops(),
+            gpu_timing: threads
+                .iter()
+                .any(|t| t.on_gpu())
+                .then(|| switches.gpu_timing()),
+            paused: switches.paused(),
+            verdict,
+            stall,
+            groups: host::groups(self.cpu.as_ref(), threads),
+            cpu_note: host::cpu_note(self.cpu.as_ref(), self.cpu_absent.as_deref()),
+            memory: host::memory(self.cpu.as_ref()),
+            threads: thread_views,
+            queues: queue_views,
+            gpus: self.gpus.clone(),
+            loss_history: self.loss_history.iter().copied().collect(),
+            tok_history: self.tok_history.iter().copied().collect(),
+            self_cost,
+            status: self.status.clone(),
+            steps: self.spans(threads),
+        }
+    }
+
+    /// Each thread's step in progress, to be counted up to now (none while paused).
+    fn live_times(
+        &self,
+        threads: &[ThreadInfo],
+        live: &[LiveRead],
+        switches: &Switches,
+        stall_ns: u64,
+    ) -> Vec<Option<LiveTime>> {
+        threads
+            .iter()
+            .zip(live)
+            .enumerate()
+            .map(|(i, (t, l))| {
+                (!switches.paused()).then(|| LiveTime {
+                    live: *l,
+                    expected_ns: self.recent.expected_ns(i),
+                    tokens: match t.role.counts_tokens() {
+                        true => self.recent.tokens(i),
                         false => 0,
                     },
                     phases: switches.profiling(),
-                    device_timed: threads[i].on_gpu() && switches.gpu_timing() == GpuTiming::Events,
+                    device_timed: t.on_gpu() && switches.gpu_timing() == GpuTiming::Events,
                     stall_ns,
                 })
             })
-            .collect();
-        let mut thread_views: Vec<ThreadView> = threads
+            .collect()
+    }
+
+    /// One row per registered thread, in pipeline order: loader, targets, drafters; by name
+    /// within a role.
+    fn thread_views(
+        &self,
+        threads: &[ThreadInfo],
+        now_ns: u64,
+        lives: &[Option<LiveTime>],
+    ) -> Vec<ThreadView> {
+        let mut v: Vec<ThreadView> = threads
             .iter()
             .enumerate()
             .map(|(i, t)| self.thread_view(i, t, now_ns, lives[i].as_ref()))
             .collect();
-        // Pipeline order: loader, targets, drafters; by name within a role.
-        thread_views.sort_by(|a, b| (a.role.rank(), &a.name).cmp(&(b.role.rank(), &b.name)));
-        let count_role = |role: &str| {
-            threads
-                .iter()
-                .filter(|t| t.role.name() == role)
-                .count()
-                .max(1) as f64
-        };
-        if self.queue_flags.len() < queues.len() {
-            self.queue_flags.resize(queues.len(), (false, false));
-        }
-        let queue_views: Vec<QueueView> = queues
-            .iter()
-            .enumerate()
-            .map(|(i, q)| {
-                let w = self.windows.queue(i, W1);
-                let consumers = count_role(q.consumers());
-                let producers = count_role(q.producers());
-                let mut v = queue_view(
-                    q,
-                    &w,
-                    self.windows.queue_history(i, W10),
-                    consumers,
-                    producers,
-                );
-                let flags = &mut self.queue_flags[i];
-                flags.0 = above(flags.0, v.consumer_wait_share);
-                flags.1 = above(flags.1, v.producer_wait_share);
-                (v.starving, v.blocking) = *flags;
-                v
-            })
-            .collect();
+        v.sort_by(|a, b| (a.role.rank(), &a.name).cmp(&(b.role.rank(), &b.name)));
+        v
+    }
 
-        let stall = self.stall(now_ns, threads, &live, stall_ns);
-        let started = self.recent.iter().any(|r| r.last_end_ns.is_some());
-        let shares = verdict_inputs(&queue_views);
-        let verdict = if paused {
+    /// Paused or stalled first; otherwise the queues' verdict, judged once three ticks of
+    /// running have closed since the first step (until then the one shown stays).
+    fn verdict(&mut self, paused: bool, stalled: bool, queues: &[QueueView]) -> Verdict {
+        if paused {
             Verdict::Paused
-        } else if stall.is_some() {
+        } else if stalled {
             Verdict::Stalled
-        } else if self.windows.ticks_closed() >= 3 && started && !self.windows.last_paused() {
-            self.verdict.update(&shares)
+        } else if self.windows.ticks_closed() >= 3
+            && self.recent.started()
+            && !self.windows.last_paused()
+        {
+            self.verdict.update(&verdict_inputs(queues))
         } else {
             self.verdict.shown()
-        };
+        }
+    }
 
-        // Tokens over time, with the steps in progress prorated: steady whatever the step rate.
+    /// Training figures: the latest metrics, and tokens over time with the steps in progress
+    /// prorated (steady whatever the step rate).
+    fn train_view(
+        &self,
+        now_ns: u64,
+        threads: &[ThreadInfo],
+        lives: &[Option<LiveTime>],
+    ) -> TrainView {
         let tokens = |ticks: usize| -> f64 {
             let from = self.windows.window_start(ticks);
             let span = now_ns.saturating_sub(from);
@@ -365,8 +358,6 @@ impl Assembler {
                 tok / (span as f64 / 1e9)
             }
         };
-        let tok_per_s_1s = tokens(W1);
-        let tok_per_s_10s = tokens(W10);
         let tokens_total: u64 = threads
             .iter()
             .enumerate()
@@ -374,109 +365,45 @@ impl Assembler {
             .map(|(i, _)| self.windows.thread_run(i).tokens.round() as u64)
             .sum();
         let m = self.windows.latest.metrics;
-        if let Some(m) = m {
+        TrainView {
+            step: m.map(|m| m.step).unwrap_or(0),
+            loss: m.map(|m| m.loss),
+            tau: m.map(|m| m.tau),
+            lr: m.map(|m| m.lr),
+            grad_norm: m.map(|m| m.grad_norm),
+            skipped_nonfinite: m.map(|m| m.skipped_nonfinite).unwrap_or(0),
+            slot_acc: m
+                .map(|m| m.slot_acc[..(m.block_size as usize).min(MAX_SLOTS)].to_vec())
+                .unwrap_or_default(),
+            tokens_total,
+            tok_per_s_1s: tokens(W1),
+            tok_per_s_10s: tokens(W10),
+        }
+    }
+
+    /// Adds this tick's points to the loss and tok/s charts.
+    fn push_history(&mut self, elapsed_s: f64, tok_per_s_1s: f64) {
+        if let Some(m) = self.windows.latest.metrics {
             push_capped(&mut self.loss_history, (elapsed_s, m.loss as f64), HISTORY);
         }
         if self.windows.latest.drafter_steps > 0 {
             push_capped(&mut self.tok_history, (elapsed_s, tok_per_s_1s), HISTORY);
         }
-        let marks_per_s: f64 = thread_views
+    }
+
+    /// What the profiler costs (the snapshot's own time is filled in by `tick_read`).
+    fn self_cost(&self, threads: &[ThreadView], dropped: u64) -> SelfCost {
+        let marks_per_s: f64 = threads
             .iter()
             .map(|t| t.w1.steps_per_s() * t.role.phases().len() as f64)
             .sum();
-        self.seq += 1;
-        Snapshot {
-            seq: self.seq,
-            elapsed_s,
-            now_ns,
-            train: TrainView {
-                step: m.map(|m| m.step).unwrap_or(0),
-                loss: m.map(|m| m.loss),
-                tau: m.map(|m| m.tau),
-                lr: m.map(|m| m.lr),
-                grad_norm: m.map(|m| m.grad_norm),
-                skipped_nonfinite: m.map(|m| m.skipped_nonfinite).unwrap_or(0),
-                slot_acc: m
-                    .map(|m| m.slot_acc[..(m.block_size as usize).min(MAX_SLOTS)].to_vec())
-                    .unwrap_or_default(),
-                tokens_total,
-                tok_per_s_1s,
-                tok_per_s_10s,
-            },
-            profiling: switches.profiling(),
-            stage_ratio_flops: switches.stage_ratio_flops(),
-            gpu_timing: threads
-                .iter()
-                .any(|t| t.on_gpu())
-                .then(|| switches.gpu_timing()),
-            paused,
-            verdict,
-            stall,
-            groups: self.groups(threads),
-            cpu_note: self.cpu.is_none().then(|| {
-                self.cpu_absent
-                    .clone()
-                    .unwrap_or_else(|| "per-thread CPU: sampling…".to_string())
-            }),
-            memory: self.memory(),
-            threads: thread_views,
-            queues: queue_views,
-            gpus: self.gpus.clone(),
-            loss_history: self.loss_history.iter().copied().collect(),
-            tok_history: self.tok_history.iter().copied().collect(),
-            self_cost: SelfCost {
-                marks_per_s,
-                ns_per_mark: self.ns_per_mark,
-                snapshot_us: 0.0,
-                dropped,
-                spans_dropped: self.spans_dropped,
-            },
-            status: self.status.clone(),
-            steps: self.spans(threads),
+        SelfCost {
+            marks_per_s,
+            ns_per_mark: self.ns_per_mark,
+            snapshot_us: 0.0,
+            dropped,
+            spans_dropped: self.spans_dropped,
         }
-    }
-
-    /// No step may end for this long before the pipeline counts as stalled: several times the
-    /// pipeline's step time (the slowest thread's median step), at least `STALL_MIN_NS`; and
-    /// while some thread has not ended its first step yet (start-up: CUDA and model warm-up),
-    /// at least `STALL_WARMUP_NS`.
-    fn stall_threshold_ns(&self, threads: usize) -> u64 {
-        let slowest = self.recent.iter().filter_map(|r| r.median_wall()).max();
-        let started = self
-            .recent
-            .iter()
-            .filter(|r| r.last_end_ns.is_some())
-            .count();
-        let floor = if started < threads {
-            STALL_WARMUP_NS
-        } else {
-            STALL_MIN_NS
-        };
-        slowest
-            .map(|t| ((t as f64 * STALL_STEPS) as u64).max(floor))
-            .unwrap_or(u64::MAX)
-    }
-
-    /// "target-0 in forward for 12.0 s" once no step has ended for the stall threshold: the
-    /// thread that has been in one working phase longest (a waiting one only if none works).
-    fn stall(
-        &self,
-        now_ns: u64,
-        threads: &[ThreadInfo],
-        live: &[LiveRead],
-        threshold_ns: u64,
-    ) -> Option<String> {
-        let last_end = self.recent.iter().filter_map(|r| r.last_end_ns).max()?;
-        if now_ns.saturating_sub(last_end) <= threshold_ns {
-            return None;
-        }
-        let culprit = threads.iter().zip(live).max_by_key(|(_, l)| {
-            let stuck = now_ns.saturating_sub(l.phase_start_ns);
-            (!l.phase.is_wait(), stuck)
-        })?;
-        let (t, l) = culprit;
-        let secs = now_ns.saturating_sub(l.phase_start_ns) as f64 / 1e9;
-        Some(format!("{} in {} for {secs:.1} s", t.name, l.phase.name()))
     }
 
     fn spans(&mut self, threads: &[ThreadInfo]) -> Vec<StepSpan> {
@@ -541,140 +468,5 @@ impl Assembler {
             w10: with_live(self.windows.thread(i, W10), self.windows.window_start(W10)),
             run: with_live(self.windows.thread_run(i), 0),
         }
-    }
-
-    /// Threads no worker registered, grouped by name and by the worker that drives them
-    /// (libtorch's intra-op pool shares its creator's name; `pt_autograd_N` runs a drafter's
-    /// backward on cuda:N).
-    fn groups(&self, threads: &[ThreadInfo]) -> Vec<ThreadGroupView> {
-        let Some(cpu) = &self.cpu else {
-            return Vec::new();
-        };
-        let workers: Vec<Worker> = threads
-            .iter()
-            .map(|t| Worker {
-                name: &t.name,
-                role: t.role,
-                device: &t.device,
-            })
-            .collect();
-        let mut groups: BTreeMap<(Option<usize>, String), ThreadGroupView> = BTreeMap::new();
-        for c in cpu.threads.values() {
-            if threads.iter().any(|t| t.tid == c.tid) {
-                continue;
-            }
-            let by = owner(&c.name, &workers);
-            let g = groups
-                .entry((by, c.name.clone()))
-                .or_insert_with(|| ThreadGroupView {
-                    name: c.name.clone(),
-                    count: 0,
-                    cpu_pct: 0.0,
-                    owner: by.map(|i| threads[i].name.clone()),
-                    states: Vec::new(),
-                });
-            g.count += 1;
-            g.cpu_pct += c.cpu_pct;
-            match g.states.iter_mut().find(|(s, _)| *s == c.state) {
-                Some((_, n)) => *n += 1,
-                None => g.states.push((c.state, 1)),
-            }
-        }
-        let mut v: Vec<_> = groups.into_values().collect();
-        for g in &mut v {
-            g.states.sort();
-        }
-        v.sort_by(|a, b| b.cpu_pct.total_cmp(&a.cpu_pct));
-        v
-    }
-
-    fn memory(&self) -> Option<MemoryView> {
-        let m = self.cpu.as_ref()?.memory?;
-        Some(MemoryView {
-            rss_mib: m.rss_mib,
-            host_used_mib: m.host_used_mib,
-            host_total_mib: m.host_total_mib,
-        })
-    }
-}
-
-/// A flag with hysteresis: raised above `ENTER`, lowered below `EXIT`.
-fn above(was: bool, share: f64) -> bool {
-    use super::verdict::{ENTER, EXIT};
-    share > if was { EXIT } else { ENTER }
-}
-
-fn share(ns: u64, span_ns: u64, threads: f64) -> f64 {
-    if span_ns == 0 {
-        return 0.0;
-    }
-    (ns as f64 / (span_ns as f64 * threads)).min(1.0)
-}
-
-fn queue_view(
-    q: &QueueProbe,
-    w: &QueueTick,
-    history: Vec<f64>,
-    consumers: f64,
-    producers: f64,
-) -> QueueView {
-    let secs = w.span_ns as f64 / 1e9;
-    let consumer_wait_share = share(w.pop_wait_ns, w.span_ns, consumers);
-    let producer_wait_share = share(w.push_wait_ns, w.span_ns, producers);
-    QueueView {
-        name: q.name().to_string(),
-        producers: q.producers().to_string(),
-        consumers: q.consumers().to_string(),
-        capacity: q.capacity(),
-        depth: w.depth,
-        min_depth: w.min_depth,
-        max_depth: w.max_depth,
-        mean_depth: w.mean_depth(),
-        empty_share: share(w.empty_ns, w.span_ns, 1.0),
-        full_share: share(w.full_ns, w.span_ns, 1.0),
-        push_per_s: if secs > 0.0 {
-            w.pushes as f64 / secs
-        } else {
-            0.0
-        },
-        pop_per_s: if secs > 0.0 {
-            w.pops as f64 / secs
-        } else {
-            0.0
-        },
-        mean_age_ms: if w.pops > 0 {
-            w.age_ns_sum as f64 / w.pops as f64 / 1e6
-        } else {
-            0.0
-        },
-        consumer_wait_share,
-        producer_wait_share,
-        history,
-        starving: consumer_wait_share > super::verdict::ENTER,
-        blocking: producer_wait_share > super::verdict::ENTER,
-    }
-}
-
-/// The verdict's inputs: the queues between stages, upstream first, found by who is on each
-/// side (a queue whose sides name no known stage is left out).
-pub fn verdict_inputs(queues: &[QueueView]) -> WaitShares {
-    let mut chain: Vec<(u8, QueueWait)> = queues
-        .iter()
-        .filter_map(|q| {
-            let producer = role_named(&q.producers)?;
-            let consumer = role_named(&q.consumers)?;
-            Some((
-                producer.rank(),
-                QueueWait {
-                    consumer,
-                    starved: q.consumer_wait_share,
-                    blocked: q.producer_wait_share,
-                },
-            ))
-        })
-        .collect();
-    chain.sort_by_key(|(rank, _)| *rank);
-    WaitShares {
-        chain: chain.into_iter().map(|(_, q)| q).collect(),
     }
 }

@@ -34,7 +34,7 @@ pub struct TrainMetrics {
 }
 
 /// One iteration of one thread (a host record), or the device times of an earlier one.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepRecord {
     pub thread: usize,
     /// End of the iteration on the host, ns on the profiler's clock.

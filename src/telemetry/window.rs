@@ -110,6 +110,14 @@ pub struct Windows {
     pub latest: LatestMetrics,
 }
 
+/// Appends `v` to a history of at most `cap` items, dropping the oldest.
+pub fn push_capped<T>(q: &mut VecDeque<T>, v: T, cap: usize) {
+    q.push_back(v);
+    while q.len() > cap {
+        q.pop_front();
+    }
+}
+
 fn grow<T: Default>(v: &mut Vec<T>, len: usize) {
     if v.len() < len {
         v.resize_with(len, T::default);

@@ -5,6 +5,7 @@
 use super::super::app::ZOOMS_S;
 use super::super::theme::Theme;
 use super::super::timeline::{lanes, queue_strip, TimeSpan};
+use super::super::verdict_row::verdict_row;
 use super::super::view::Ctx;
 use crate::telemetry::{Phase, N_PHASES};
 use ratatui::buffer::Buffer;
@@ -205,33 +206,14 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
 
     // The verdict in force at the left edge, then a mark where it changed.
     buf.set_string(inner.x, y, "verdict", theme.dim());
-    let left = span.left_ns();
-    if let Some((_, v)) = app.verdicts.iter().rev().find(|(t, _)| *t <= left) {
-        buf.set_string(x0, y, v.short(), theme.dim());
+    let row = verdict_row(&app.verdicts, span, cols as usize);
+    if let Some(v) = row.at_left {
+        buf.set_string(x0, y, v, theme.dim());
     }
-    for (t, v) in &app.verdicts {
-        // A change in the newest snapshot is at the right edge itself.
-        let t = if *t == span.right_ns {
-            t.saturating_sub(1)
-        } else {
-            *t
-        };
-        if let Some(col) = span.column(t, cols as usize) {
-            let style = match v {
-                crate::telemetry::verdict::Verdict::Balanced => theme.ok(),
-                _ => theme.alert(),
-            };
-            // The new verdict after its mark, or before it at the right edge.
-            let text = v.short();
-            let len = text.chars().count() as u16 + 1;
-            let col = col as u16;
-            if col + len <= cols {
-                buf.set_string(x0 + col, y, format!("▼{text}"), style);
-            } else {
-                let at = (col + 1).saturating_sub(len);
-                buf.set_string(x0 + at, y, format!("{text}▼"), style);
-            }
-        }
+    for m in &row.marks {
+        let style = if m.alert { theme.alert() } else { theme.ok() };
+        let at = m.start as u16;
+        buf.set_stringn(x0 + at, y, &m.text, (cols - at) as usize, style);
     }
     y += 1;
 
