@@ -19,6 +19,43 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
     f64::try_from((a - b).abs().max()).unwrap()
 }
 
+/// Random queries, keys and values (leaves) for the fixture's shapes, and the gradient that
+/// comes back into the attention's output.
+struct Qkv {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    upstream: Tensor,
+}
+
+impl Qkv {
+    // q [b, hq, lq, d], k/v [b, hkv, s + lq, d]
+    fn new(f: &Fixture, (hq, hkv, d): (i64, i64, i64), kind: Kind, dev: Device) -> Qkv {
+        let (b, lq) = (f.docs.size()[0], f.anchors.pos.size()[1] * f.block);
+        let rand = |h: i64, l: i64| Tensor::randn([b, h, l, d], (kind, dev));
+        Qkv {
+            q: rand(hq, lq).set_requires_grad(true),
+            k: rand(hkv, f.s + lq).set_requires_grad(true),
+            v: rand(hkv, f.s + lq).set_requires_grad(true),
+            upstream: rand(hq, lq),
+        }
+    }
+
+    /// The output and the gradients to q, k and v (in f32) of one attention.
+    fn run(&self, attend: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor) -> [Tensor; 4] {
+        for x in [&self.q, &self.k, &self.v] {
+            let mut g = x.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let out = attend(&self.q, &self.k, &self.v);
+        (&out * &self.upstream).sum(Kind::Float).backward();
+        [out.detach(), self.q.grad(), self.k.grad(), self.v.grad()]
+            .map(|x| x.to_kind(Kind::Float).copy())
+    }
+}
+
 /// The anchors of each row as the host holds them, read back from `anchors` (its valid anchors
 /// lead each row, as `anchors_tensor` pads them).
 pub fn host_rows(anchors: &Anchors) -> Vec<Vec<i64>> {
@@ -205,56 +242,69 @@ fn windows_hold_exactly_the_visible_context_keys() {
 fn tiled_attention_equals_the_dense_mask_in_q_k_v_gradients() {
     tch::manual_seed(11);
     let f = fixture();
-    let (b, hq, hkv, d) = (4i64, 4i64, 2i64, 8i64);
-    let lq = f.anchors.pos.size()[1] * f.block;
-    let leaf = |h: i64, l: i64| {
-        Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu)).set_requires_grad(true)
-    };
-    let (q, k, v) = (leaf(hq, lq), leaf(hkv, f.s + lq), leaf(hkv, f.s + lq));
-    let upstream = Tensor::randn([b, hq, lq, d], (Kind::Float, Device::Cpu));
-    let run = |attend: &dyn Fn() -> Tensor| {
-        for x in [&q, &k, &v] {
-            let mut g = x.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
-        let out = attend();
-        (&out * &upstream).sum(Kind::Float).backward();
-        (
-            out.detach(),
-            [q.grad().copy(), k.grad().copy(), v.grad().copy()],
-        )
-    };
+    let qkv = Qkv::new(&f, (4, 2, 8), Kind::Float, Device::Cpu);
     let dense = f.dense();
-    let (out_dense, g_dense) = run(&|| masked_attention(&q, &k, &v, &dense));
+    let want = qkv.run(|q, k, v| masked_attention(q, k, v, &dense));
     // Rows of padding anchors come back as zeros; the others see something.
     let seen = dense.any_dim(-1, false).squeeze_dim(1); // [b, q]
     assert!(!bool::try_from(seen.all()).unwrap() && bool::try_from(seen.any()).unwrap());
     let spans = f.spans();
     for grid in [1, 16, window_grid(f.s)] {
         let m = f.tiled(&spans, grid);
-        let (out, g) = run(&|| tiled_attention(&q, &k, &v, &m));
-        let diff = max_diff(&out_dense, &out);
-        assert!(diff < 1e-5, "grid {grid}: outputs differ by {diff}");
-        for (name, (x, y)) in ["q", "k", "v"].iter().zip(g_dense.iter().zip(&g)) {
+        let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
+        for (name, (x, y)) in ["out", "dq", "dk", "dv"].iter().zip(want.iter().zip(&got)) {
             let diff = max_diff(x, y);
-            assert!(
-                diff < 1e-5,
-                "grid {grid}: {name} gradients differ by {diff}"
-            );
+            assert!(diff < 1e-5, "grid {grid}: {name} differs by {diff}");
         }
     }
     // Row 0's first tile one key short at its end: its last anchor (59) no longer sees key 58.
     let mut short = spans.clone();
     short[0].end -= 1;
     let m = f.tiled(&short, 1);
-    let (out, g) = run(&|| tiled_attention(&q, &k, &v, &m));
-    assert!(max_diff(&out_dense, &out) > 1e-2, "a dropped key shows");
+    let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
+    assert!(max_diff(&want[0], &got[0]) > 1e-2, "a dropped key shows");
     assert!(
-        max_diff(&g_dense[1], &g[1]) > 1e-2,
+        max_diff(&want[2], &got[2]) > 1e-2,
         "a dropped key shows in dk"
     );
+}
+
+/// The windowed tiles against the dense mask on CUDA in bf16 (the kernels the drafter trains
+/// with there), forward and q, k, v gradients. Runs where a GPU is; elsewhere it says so.
+#[test]
+fn tiled_attention_equals_the_dense_mask_on_cuda() {
+    if !tch::Cuda::is_available() {
+        eprintln!("no CUDA device: the tiled attention is checked on the CPU only here");
+        return;
+    }
+    let dev = Device::Cuda(0);
+    tch::manual_seed(5);
+    let f = fixture();
+    let on = |x: &Tensor| x.to_device(dev);
+    let anchors = Anchors {
+        pos: on(&f.anchors.pos),
+        valid: on(&f.anchors.valid),
+        count: f.anchors.count,
+    };
+    let docs = on(&f.docs);
+    let m = tiled_block_mask(&docs, &anchors, f.block, &f.per_row, &f.host_docs);
+    let dense = block_mask(&docs, &anchors, f.block);
+    let qkv = Qkv::new(&f, (4, 2, 64), Kind::BFloat16, dev);
+    let want = qkv.run(|q, k, v| masked_attention(q, k, v, &dense));
+    let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
+    for (name, (x, y)) in ["out", "dq", "dk", "dv"].iter().zip(want.iter().zip(&got)) {
+        assert!(
+            bool::try_from(y.isfinite().all()).unwrap(),
+            "{name} not finite"
+        );
+        let scale = f64::try_from(x.abs().max()).unwrap().max(1e-3);
+        let diff = max_diff(x, y);
+        eprintln!("{name}: max |diff| {diff:.4} of max |x| {scale:.3}");
+        assert!(
+            diff <= 0.02 * scale,
+            "{name} differs by {diff} (scale {scale})"
+        );
+    }
 }
 
 /// The whole drafter (several layers) on the tiled mask and on the dense one: same outputs, same

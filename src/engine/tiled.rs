@@ -299,8 +299,9 @@ pub fn tiled_attention(q: &Tensor, k: &Tensor, v: &Tensor, m: &TiledMask) -> Ten
             .reshape([b * tiles, h, t, d])
             .index_select(0, &m.order)
     };
-    // [b, hkv, s, d] -> [b*s, hkv, d]: a window is rows of it
-    let context = |x: &Tensor| x.narrow(2, 0, s).transpose(1, 2).reshape([b * s, hkv, d]);
+    // [b, hkv, s, d] -> [b*s, hkv*d]: a window is rows of it, taken as an embedding lookup,
+    // whose backward sums the windows' overlaps in f32 (index_select's adds in bf16 on CUDA)
+    let context = |x: &Tensor| x.narrow(2, 0, s).transpose(1, 2).reshape([b * s, hkv * d]);
     let (q_tiles, k_own, v_own) = (
         by_tile(q, hq),
         by_tile(&k.narrow(2, s, lq), hkv),
@@ -312,8 +313,7 @@ pub fn tiled_attention(q: &Tensor, k: &Tensor, v: &Tensor, m: &TiledMask) -> Ten
     for g in &m.groups {
         // [count, hkv, len + t, d]
         let keys = |ctx: &Tensor, own: &Tensor| {
-            let window = ctx
-                .index_select(0, &g.flat_keys)
+            let window = Tensor::embedding(ctx, &g.flat_keys, -1, false, false)
                 .view([g.tiles, g.len, hkv, d])
                 .transpose(1, 2);
             Tensor::cat(&[window, own.narrow(0, at, g.tiles)], 2)
