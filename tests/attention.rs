@@ -1,15 +1,152 @@
 //! The drafter's tiled attention against the dense block mask: the same visible keys, so the
-//! same outputs and gradients (float tolerance), with two documents per row, padding anchors
-//! and several tiles.
+//! same outputs and gradients (float tolerance). Packed rows of several documents, anchors at
+//! document starts, padding anchors and whole tiles of padding, rows whose tiles have different
+//! context windows, and a window that spans the whole context.
 
-use dflash_top::engine::blocks::{block_mask, block_positions, tiled_block_mask, Anchors};
+use dflash_top::engine::blocks::{
+    anchors_tensor, block_mask, block_positions, context_mask, tiled_block_mask, Anchors,
+};
 use dflash_top::engine::config::Preset;
 use dflash_top::engine::drafter::Drafter;
-use dflash_top::engine::tiled::{padded_width, tile_anchors, AttnMask};
+use dflash_top::engine::layers::masked_attention;
+use dflash_top::engine::tiled::{
+    context_spans, padded_width, tile_anchors, tiled_attention, window_grid, AttnMask, Span,
+    TiledMask,
+};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
     f64::try_from((a - b).abs().max()).unwrap()
+}
+
+/// Random queries, keys and values (leaves) for the fixture's shapes, and the gradient that
+/// comes back into the attention's output.
+struct Qkv {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    upstream: Tensor,
+}
+
+impl Qkv {
+    // q [b, hq, lq, d], k/v [b, hkv, s + lq, d]
+    fn new(f: &Fixture, (hq, hkv, d): (i64, i64, i64), kind: Kind, dev: Device) -> Qkv {
+        let (b, lq) = (f.docs.size()[0], f.anchors.pos.size()[1] * f.block);
+        let rand = |h: i64, l: i64| Tensor::randn([b, h, l, d], (kind, dev));
+        Qkv {
+            q: rand(hq, lq).set_requires_grad(true),
+            k: rand(hkv, f.s + lq).set_requires_grad(true),
+            v: rand(hkv, f.s + lq).set_requires_grad(true),
+            upstream: rand(hq, lq),
+        }
+    }
+
+    /// The output and the gradients to q, k and v (in f32) of one attention.
+    fn run(&self, attend: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor) -> [Tensor; 4] {
+        for x in [&self.q, &self.k, &self.v] {
+            let mut g = x.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let out = attend(&self.q, &self.k, &self.v);
+        (&out * &self.upstream).sum(Kind::Float).backward();
+        [out.detach(), self.q.grad(), self.k.grad(), self.v.grad()]
+            .map(|x| x.to_kind(Kind::Float).copy())
+    }
+}
+
+/// The anchors of each row as the host holds them, read back from `anchors` (its valid anchors
+/// lead each row, as `anchors_tensor` pads them).
+pub fn host_rows(anchors: &Anchors) -> Vec<Vec<i64>> {
+    let width = anchors.pos.size()[1] as usize;
+    let pos = Vec::<i64>::try_from(anchors.pos.flatten(0, -1)).unwrap();
+    let valid = Vec::<bool>::try_from(anchors.valid.flatten(0, -1)).unwrap();
+    pos.chunks(width)
+        .zip(valid.chunks(width))
+        .map(|(p, v)| {
+            assert!(v.windows(2).all(|w| w[0] || !w[1]), "padding trails a row");
+            p.iter()
+                .zip(v)
+                .filter(|(_, v)| **v)
+                .map(|(p, _)| *p)
+                .collect()
+        })
+        .collect()
+}
+
+/// Four packed rows of 96 tokens, 64 anchors a row (two tiles of 32), blocks of 4:
+/// - row 0: documents of 30, 40 and 26 tokens; anchors at the three starts and every odd
+///   position (51): its tiles' windows start at document 0 and at document 1;
+/// - row 1: a document of 60, then 36 of padding (an id of its own); 12 anchors: its second
+///   tile is all padding;
+/// - row 2: one document; 32 anchors up to 93: the first tile's window is the whole context;
+/// - row 3: three documents of 32; 33 anchors, the last one alone in its tile at a document's
+///   start (a valid block that sees no context).
+struct Fixture {
+    docs: Tensor,
+    host_docs: Vec<i64>,
+    pos: Tensor,
+    per_row: Vec<Vec<i64>>,
+    anchors: Anchors,
+    s: i64,
+    block: i64,
+}
+
+fn fixture() -> Fixture {
+    let (s, block, width) = (96i64, 4i64, 64usize);
+    let lengths: [&[i64]; 4] = [&[30, 40, 26], &[60, 36], &[96], &[32, 32, 32]];
+    let mut host_docs = Vec::new();
+    let mut pos = Vec::new();
+    for row in lengths {
+        for (d, &len) in row.iter().enumerate() {
+            host_docs.extend(std::iter::repeat_n(d as i64, len as usize));
+            pos.extend(0..len);
+        }
+    }
+    let mut row0: Vec<i64> = (0..s).filter(|p| p % 2 == 1).chain([0, 30, 70]).collect();
+    row0.sort_unstable();
+    let per_row = vec![
+        row0,
+        std::iter::once(0).chain((2..56).step_by(5)).collect(),
+        (0..s).step_by(3).collect(),
+        (1..64).step_by(2).chain([64]).collect(),
+    ];
+    assert_eq!(
+        per_row.iter().map(Vec::len).collect::<Vec<_>>(),
+        [51, 12, 32, 33]
+    );
+    let b = lengths.len() as i64;
+    Fixture {
+        docs: Tensor::from_slice(&host_docs).view([b, s]),
+        pos: Tensor::from_slice(&pos).view([b, s]),
+        anchors: anchors_tensor(&per_row, width, Device::Cpu),
+        host_docs,
+        per_row,
+        s,
+        block,
+    }
+}
+
+impl Fixture {
+    fn spans(&self) -> Vec<Span> {
+        let width = self.anchors.pos.size()[1] as usize;
+        context_spans(&self.per_row, width, &self.host_docs, self.s as usize)
+    }
+
+    fn tiled(&self, spans: &[Span], grid: i64) -> TiledMask {
+        TiledMask::new(
+            &context_mask(&self.docs, &self.anchors),
+            &self.anchors.valid,
+            self.block,
+            spans,
+            grid,
+        )
+    }
+
+    fn dense(&self) -> Tensor {
+        block_mask(&self.docs, &self.anchors, self.block)
+    }
 }
 
 #[test]
@@ -27,46 +164,171 @@ fn tiles_divide_the_anchor_count() {
 }
 
 #[test]
+fn context_spans_reach_from_the_first_document_start_to_the_last_anchor() {
+    let f = fixture();
+    let span = |start, end| Span { start, end };
+    assert_eq!(
+        f.spans(),
+        vec![
+            // Row 0: anchors 0..=59 (documents 0 and 1), then 61..=95 (documents 1 and 2).
+            span(0, 59),
+            span(30, 95),
+            // Row 1: one tile of anchors, one of padding.
+            span(0, 52),
+            Span::EMPTY,
+            // Row 2: the whole context.
+            span(0, 93),
+            Span::EMPTY,
+            // Row 3: the lone anchor at a document start sees no context.
+            span(0, 63),
+            Span::EMPTY,
+        ]
+    );
+    // A document id that comes back later in a row is the same document to the mask.
+    let docs = [5i64, 5, 6, 6, 5, 5, 5, 5];
+    assert_eq!(context_spans(&[vec![6]], 1, &docs, 8), vec![span(0, 6)]);
+    assert_eq!(context_spans(&[vec![3]], 1, &docs, 8), vec![span(2, 3)]);
+    assert_eq!(context_spans(&[vec![2]], 1, &docs, 8), vec![Span::EMPTY]);
+}
+
+#[test]
+fn windows_round_up_to_the_grid_and_stay_inside_the_row() {
+    assert_eq!(window_grid(3072), 384);
+    assert_eq!(window_grid(96), 16);
+    assert_eq!(window_grid(10), 10);
+    let span = |start, end| Span { start, end };
+    assert_eq!(span(3, 5).window(16, 96), (3, 16));
+    assert_eq!(span(90, 95).window(16, 96), (80, 16));
+    assert_eq!(span(30, 95).window(16, 96), (16, 80));
+    assert_eq!(span(0, 93).window(16, 96), (0, 96));
+    assert_eq!(Span::EMPTY.window(16, 96), (0, 0));
+    assert_eq!(span(7, 9).window(1, 96), (7, 2));
+}
+
+/// The windows hold exactly the context keys the dense mask shows: put back in place, the
+/// windowed masks are the context mask, with no key dropped and none let in. Shrinking a window
+/// by one key at either end drops a key, and the check sees it.
+#[test]
+fn windows_hold_exactly_the_visible_context_keys() {
+    let f = fixture();
+    let spans = f.spans();
+    for grid in [1, 16, window_grid(f.s)] {
+        let m = f.tiled(&spans, grid);
+        assert!(
+            m.windowed_context().equal(&m.ctx),
+            "grid {grid}: windows differ from the context mask"
+        );
+        assert!(AttnMask::Tiled(m).dense().equal(&f.dense()));
+    }
+    let m = f.tiled(&spans, 16);
+    let lens: Vec<i64> = m.groups.iter().map(|g| g.len).collect();
+    assert_eq!(lens, vec![0, 64, 80, 96], "window lengths, one call each");
+    for (i, shrink) in [(0usize, (1, 0)), (1, (0, 1)), (6, (0, 1))] {
+        let mut spans = spans.clone();
+        spans[i].start += shrink.0;
+        spans[i].end -= shrink.1;
+        let m = f.tiled(&spans, 1);
+        assert!(
+            !m.windowed_context().equal(&m.ctx),
+            "tile {i} shrunk by {shrink:?} must lose a visible key"
+        );
+    }
+}
+
+/// Random queries, keys and values through the tiled attention and the dense mask: the same
+/// outputs and the same gradients to q, k and v, whatever the window grid. A window one key
+/// short changes them far beyond the tolerance.
+#[test]
+fn tiled_attention_equals_the_dense_mask_in_q_k_v_gradients() {
+    tch::manual_seed(11);
+    let f = fixture();
+    let qkv = Qkv::new(&f, (4, 2, 8), Kind::Float, Device::Cpu);
+    let dense = f.dense();
+    let want = qkv.run(|q, k, v| masked_attention(q, k, v, &dense));
+    // Rows of padding anchors come back as zeros; the others see something.
+    let seen = dense.any_dim(-1, false).squeeze_dim(1); // [b, q]
+    assert!(!bool::try_from(seen.all()).unwrap() && bool::try_from(seen.any()).unwrap());
+    let spans = f.spans();
+    for grid in [1, 16, window_grid(f.s)] {
+        let m = f.tiled(&spans, grid);
+        let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
+        for (name, (x, y)) in ["out", "dq", "dk", "dv"].iter().zip(want.iter().zip(&got)) {
+            let diff = max_diff(x, y);
+            assert!(diff < 1e-5, "grid {grid}: {name} differs by {diff}");
+        }
+    }
+    // Row 0's first tile one key short at its end: its last anchor (59) no longer sees key 58.
+    let mut short = spans.clone();
+    short[0].end -= 1;
+    let m = f.tiled(&short, 1);
+    let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
+    assert!(max_diff(&want[0], &got[0]) > 1e-2, "a dropped key shows");
+    assert!(
+        max_diff(&want[2], &got[2]) > 1e-2,
+        "a dropped key shows in dk"
+    );
+}
+
+/// The windowed tiles against the dense mask on CUDA in bf16 (the kernels the drafter trains
+/// with there), forward and q, k, v gradients. Runs where a GPU is; elsewhere it says so.
+#[test]
+fn tiled_attention_equals_the_dense_mask_on_cuda() {
+    if !tch::Cuda::is_available() {
+        eprintln!("no CUDA device: the tiled attention is checked on the CPU only here");
+        return;
+    }
+    let dev = Device::Cuda(0);
+    tch::manual_seed(5);
+    let f = fixture();
+    let on = |x: &Tensor| x.to_device(dev);
+    let anchors = Anchors {
+        pos: on(&f.anchors.pos),
+        valid: on(&f.anchors.valid),
+        count: f.anchors.count,
+    };
+    let docs = on(&f.docs);
+    let m = tiled_block_mask(&docs, &anchors, f.block, &f.per_row, &f.host_docs);
+    let dense = block_mask(&docs, &anchors, f.block);
+    let qkv = Qkv::new(&f, (4, 2, 64), Kind::BFloat16, dev);
+    let want = qkv.run(|q, k, v| masked_attention(q, k, v, &dense));
+    let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
+    for (name, (x, y)) in ["out", "dq", "dk", "dv"].iter().zip(want.iter().zip(&got)) {
+        assert!(
+            bool::try_from(y.isfinite().all()).unwrap(),
+            "{name} not finite"
+        );
+        let scale = f64::try_from(x.abs().max()).unwrap().max(1e-3);
+        let diff = max_diff(x, y);
+        eprintln!("{name}: max |diff| {diff:.4} of max |x| {scale:.3}");
+        assert!(
+            diff <= 0.02 * scale,
+            "{name} differs by {diff} (scale {scale})"
+        );
+    }
+}
+
+/// The whole drafter (several layers) on the tiled mask and on the dense one: same outputs, same
+/// weight gradients.
+#[test]
 fn tiled_attention_equals_the_dense_mask_forward_and_backward() {
     tch::manual_seed(7);
+    let f = fixture();
     let p = Preset::by_name("tiny").unwrap();
-    let spec = p.drafter_spec(&p.target);
-    let c = &spec.layers;
-    let (b, s, a, block) = (2i64, 48i64, 64i64, 4i64);
-    // Row 0: documents of 20 and 28 tokens; row 1: one document of 30 and 18 padding tokens.
-    let mut doc = vec![0i64; 20];
-    doc.extend(vec![1; 28]);
-    doc.extend(vec![0; 30]);
-    doc.extend(vec![1; 18]);
-    let docs = Tensor::from_slice(&doc).view([b, s]);
-    let pos_rows: Vec<i64> = (0..20).chain(0..28).chain(0..30).chain(0..18).collect();
-    let pos = Tensor::from_slice(&pos_rows).view([b, s]);
-    // 64 anchors a row (two tiles of 32); the last 10 of row 1 are padding.
-    let anchor_pos: Vec<i64> = (0..b * a).map(|i| (i * 7 + 3) % (s - block)).collect();
-    let valid: Vec<bool> = (0..b * a).map(|i| !(i >= a && i % a >= a - 10)).collect();
-    let anchors = Anchors {
-        pos: Tensor::from_slice(&anchor_pos).view([b, a]),
-        valid: Tensor::from_slice(&valid).view([b, a]),
-        count: valid.iter().filter(|v| **v).count(),
-    };
-    let tiled = tiled_block_mask(&docs, &anchors, block);
-    assert_eq!(tiled.tile, 32 * block);
-    let dense = block_mask(&docs, &anchors, block);
-    assert!(
-        AttnMask::Tiled(tiled_block_mask(&docs, &anchors, block))
-            .dense()
-            .equal(&dense),
-        "the tiles hold exactly the dense mask"
-    );
+    let mut spec = p.drafter_spec(&p.target);
+    spec.block_size = f.block;
+    let c = spec.layers.clone();
+    let (b, a) = (4i64, f.anchors.pos.size()[1]);
+    let tiled = tiled_block_mask(&f.docs, &f.anchors, f.block, &f.per_row, &f.host_docs);
+    assert_eq!(tiled.tile, 32 * f.block);
+    assert_eq!(host_rows(&f.anchors), f.per_row);
+    let dense = f.dense();
 
     let vs = VarStore::new(Device::Cpu);
-    let mut spec = spec.clone();
-    spec.block_size = block;
     let drafter = Drafter::new(&vs.root(), &spec);
     let n_feat = spec.target_layer_ids.len() as i64;
-    let hidden = Tensor::randn([b, s, n_feat * c.hidden_size], (Kind::Float, Device::Cpu));
-    let emb = Tensor::randn([b, a * block, c.hidden_size], (Kind::Float, Device::Cpu));
-    let bpos = block_positions(&pos, &anchors, block);
+    let hidden = Tensor::randn([b, f.s, n_feat * c.hidden_size], (Kind::Float, Device::Cpu));
+    let emb = Tensor::randn([b, a * f.block, c.hidden_size], (Kind::Float, Device::Cpu));
+    let bpos = block_positions(&f.pos, &f.anchors, f.block);
     let run = |mask: &AttnMask| {
         for v in vs.trainable_variables() {
             let mut g = v.grad();
@@ -74,7 +336,7 @@ fn tiled_attention_equals_the_dense_mask_forward_and_backward() {
                 let _ = g.zero_();
             }
         }
-        let out = drafter.forward_masked(&hidden, &pos, &emb, &bpos, mask);
+        let out = drafter.forward_masked(&hidden, &f.pos, &emb, &bpos, mask);
         (&out * &out).sum(Kind::Float).backward();
         let grads: Vec<Tensor> = vs
             .trainable_variables()

@@ -204,7 +204,11 @@ fn training_loss_labels_and_gradients_match_specforges_rules_on_packed_rows() {
         block_mask(&docs, &anchors, block).equal(&t("mask")),
         "block mask"
     );
-    let tiled = AttnMask::Tiled(tiled_block_mask(&docs, &anchors, block));
+    let host_docs = Vec::<i64>::try_from(docs.flatten(0, -1)).unwrap();
+    let per_row = crate::attention::host_rows(&anchors);
+    let tiled = AttnMask::Tiled(tiled_block_mask(
+        &docs, &anchors, block, &per_row, &host_docs,
+    ));
     assert!(tiled.dense().equal(&t("mask")), "tiled block mask");
 
     let (labels, valid) = block_labels(&ids, &docs, &lmask, &anchors, block);

@@ -140,13 +140,26 @@ pub fn context_mask(doc_ids: &Tensor, anchors: &Anchors) -> Tensor {
         .logical_and(&anchors.valid.unsqueeze(-1))
 }
 
-/// The block mask in tiles of anchors (what the drafter trains with).
+/// The block mask in tiles of anchors (what the drafter trains with), each tile's context
+/// window planned from the host copies of the same anchors (`per_row`, as `anchors_tensor` took
+/// them) and document ids (`[rows * seq]`).
 pub fn tiled_block_mask(
     doc_ids: &Tensor,
     anchors: &Anchors,
     block: i64,
+    per_row: &[Vec<i64>],
+    host_doc_ids: &[i64],
 ) -> super::tiled::TiledMask {
-    super::tiled::TiledMask::new(&context_mask(doc_ids, anchors), &anchors.valid, block)
+    use super::tiled::{context_spans, window_grid, TiledMask};
+    let (s, width) = (doc_ids.size()[1], anchors.pos.size()[1]);
+    let spans = context_spans(per_row, width as usize, host_doc_ids, s as usize);
+    TiledMask::new(
+        &context_mask(doc_ids, anchors),
+        &anchors.valid,
+        block,
+        &spans,
+        window_grid(s),
+    )
 }
 
 /// Labels at `anchor + k` and where they carry loss: k >= 1, inside the row, in the anchor's

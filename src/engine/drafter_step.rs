@@ -88,7 +88,13 @@ impl DrafterStep {
         let anch = anchors_tensor(per_row, width, device);
         let block_ids = block_input_ids(ids, &anch, block, self.spec.mask_token_id);
         let block_pos = block_positions(pos, &anch, block);
-        let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(docs, &anch, block));
+        let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(
+            docs,
+            &anch,
+            block,
+            per_row,
+            &b.host_doc_ids,
+        ));
         let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
         let keep = upload(
             &Tensor::from_slice(&label_rows(
