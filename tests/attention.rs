@@ -293,10 +293,13 @@ fn tiled_attention_equals_the_dense_mask_on_cuda() {
     let want = qkv.run(|q, k, v| masked_attention(q, k, v, &dense));
     let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
     for (name, (x, y)) in ["out", "dq", "dk", "dv"].iter().zip(want.iter().zip(&got)) {
-        assert!(
-            bool::try_from(y.isfinite().all()).unwrap(),
-            "{name} not finite"
-        );
+        // The fixture has padding anchors: rows that see no key must not make NaN either way.
+        for (path, t) in [("dense", x), ("tiled", y)] {
+            assert!(
+                bool::try_from(t.isfinite().all()).unwrap(),
+                "{name} not finite ({path})"
+            );
+        }
         let scale = f64::try_from(x.abs().max()).unwrap().max(1e-3);
         let diff = max_diff(x, y);
         eprintln!("{name}: max |diff| {diff:.4} of max |x| {scale:.3}");

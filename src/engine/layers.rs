@@ -118,7 +118,11 @@ pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads_axis: i64) -> Te
 /// blocks entirely come back as zeros, on every device.
 // q [b, hq, lq, d], k/v [b, hkv, lk, d], mask [b, 1, lq, lk] -> [b, hq, lq, d]
 pub fn masked_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Tensor {
-    let out = Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, true);
-    // masked_fill, not a multiply: it also clears a NaN a kernel may return for such a row.
-    out.masked_fill(&mask.any_dim(-1, true).logical_not(), 0.0)
+    let blocked = mask.any_dim(-1, true).logical_not();
+    // A row that sees no key is given every key, and its output cleared after: the CUDA kernels
+    // return NaN for such a row, and their backward then NaN gradients for q, k and v even
+    // under a zero output gradient (padding anchors would make every step non-finite).
+    let safe = mask.logical_or(&blocked);
+    let out = Tensor::scaled_dot_product_attention(q, k, v, Some(&safe), 0.0, false, None, true);
+    out.masked_fill(&blocked, 0.0)
 }

@@ -122,10 +122,19 @@ pub fn tile_anchors(anchors: i64) -> i64 {
 }
 
 /// Window lengths are multiples of this for rows of `s` keys: `s / WINDOW_GROUPS` rounded up to
-/// 16 keys (384 at 3072), at most `s`.
+/// 16 keys (384 at 3072), at most `s`. `DFLASH_TOP_WINDOW_GROUPS=N` (1 to 64) sets the count for
+/// side-by-side measurements; 1 is one call a layer over the whole context.
 pub fn window_grid(s: i64) -> i64 {
+    static GROUPS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let groups = *GROUPS.get_or_init(|| {
+        std::env::var("DFLASH_TOP_WINDOW_GROUPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=64).contains(n))
+            .unwrap_or(WINDOW_GROUPS)
+    });
     let s = s.max(1);
-    round_up((s + WINDOW_GROUPS - 1) / WINDOW_GROUPS, 16).min(s)
+    round_up((s + groups - 1) / groups, 16).min(s)
 }
 
 /// `x` (non-negative) rounded up to a multiple of `m` (positive).
@@ -204,7 +213,7 @@ impl TiledMask {
             host[n + tile_n as usize] = at as i64;
             host[2 * n + at] = start;
         }
-        let host = Tensor::from_slice(&host).to_device(dev);
+        let host = super::cuda::upload(&Tensor::from_slice(&host), dev);
         let (order, unorder, starts) = (
             host.narrow(0, 0, n as i64),
             host.narrow(0, n as i64, n as i64),
