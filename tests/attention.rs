@@ -10,8 +10,8 @@ use dflash_top::engine::config::Preset;
 use dflash_top::engine::drafter::Drafter;
 use dflash_top::engine::layers::masked_attention;
 use dflash_top::engine::tiled::{
-    context_spans, padded_width, tile_anchors, tiled_attention, window_grid, AttnMask, Span,
-    TiledMask,
+    context_spans, padded_width, plan_runs, tile_anchors, tiled_attention, window_grid, AttnMask,
+    Span, TiledMask,
 };
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -192,17 +192,53 @@ fn context_spans_reach_from_the_first_document_start_to_the_last_anchor() {
 }
 
 #[test]
-fn windows_round_up_to_the_grid_and_stay_inside_the_row() {
-    assert_eq!(window_grid(3072), 384);
-    assert_eq!(window_grid(96), 16);
-    assert_eq!(window_grid(10), 10);
+fn windows_round_out_to_the_grid_and_stay_inside_the_row() {
+    assert_eq!(window_grid(3072), 128);
+    assert_eq!(window_grid(96), 96);
     let span = |start, end| Span { start, end };
-    assert_eq!(span(3, 5).window(16, 96), (3, 16));
+    assert_eq!(span(3, 5).window(16, 96), (0, 16));
     assert_eq!(span(90, 95).window(16, 96), (80, 16));
     assert_eq!(span(30, 95).window(16, 96), (16, 80));
     assert_eq!(span(0, 93).window(16, 96), (0, 96));
     assert_eq!(Span::EMPTY.window(16, 96), (0, 0));
     assert_eq!(span(7, 9).window(1, 96), (7, 2));
+    assert_eq!(span(40, 50).union(span(7, 9)), span(7, 50));
+    assert_eq!(Span::EMPTY.union(span(7, 9)), span(7, 9));
+}
+
+/// Consecutive tiles are cut into runs that share a window, with the fewest keys a query for
+/// the runs allowed (each tile's own block keys counted).
+#[test]
+fn runs_of_tiles_leave_the_fewest_keys() {
+    let span = |start, end| Span { start, end };
+    let tiles = [
+        span(0, 100),
+        span(0, 200),
+        span(1000, 1100),
+        span(1000, 1200),
+    ];
+    // One run: the union of all four.
+    assert_eq!(plan_runs(&tiles, 100, 2000, 10, 1), vec![[0, 4, 0, 1200]]);
+    // Two: the two pairs.
+    assert_eq!(
+        plan_runs(&tiles, 100, 2000, 10, 2),
+        vec![[0, 2, 0, 200], [2, 2, 1000, 200]]
+    );
+    // Four allowed: each tile its own window (fewer keys still).
+    assert_eq!(
+        plan_runs(&tiles, 100, 2000, 10, 8),
+        vec![
+            [0, 1, 0, 100],
+            [1, 1, 0, 200],
+            [2, 1, 1000, 100],
+            [3, 1, 1000, 200]
+        ]
+    );
+    // Tiles that see no context: one run with an empty window.
+    assert_eq!(
+        plan_runs(&[Span::EMPTY; 3], 100, 2000, 10, 8),
+        vec![[0, 3, 0, 0]]
+    );
 }
 
 /// The windows hold exactly the context keys the dense mask shows: put back in place, the
@@ -220,10 +256,17 @@ fn windows_hold_exactly_the_visible_context_keys() {
         );
         assert!(AttnMask::Tiled(m).dense().equal(&f.dense()));
     }
+    // Over the rows, tile 0 spans [0, 93) and tile 1 [30, 95): two runs on a grid of 16.
     let m = f.tiled(&spans, 16);
-    let lens: Vec<i64> = m.groups.iter().map(|g| g.len).collect();
-    assert_eq!(lens, vec![0, 64, 80, 96], "window lengths, one call each");
-    for (i, shrink) in [(0usize, (1, 0)), (1, (0, 1)), (6, (0, 1))] {
+    let runs: Vec<[i64; 4]> = m
+        .runs
+        .iter()
+        .map(|r| [r.first, r.count, r.start, r.len])
+        .collect();
+    assert_eq!(runs, vec![[0, 1, 0, 96], [1, 1, 16, 80]], "one call each");
+    // A tile's window is the union over the rows: shrinking the span that reaches furthest
+    // (row 0's tile 1 at either end, row 2's tile 0 at its end) drops a key.
+    for (i, shrink) in [(1usize, (1, 0)), (1, (0, 1)), (4, (0, 1))] {
         let mut spans = spans.clone();
         spans[i].start += shrink.0;
         spans[i].end -= shrink.1;
@@ -257,9 +300,10 @@ fn tiled_attention_equals_the_dense_mask_in_q_k_v_gradients() {
             assert!(diff < 1e-5, "grid {grid}: {name} differs by {diff}");
         }
     }
-    // Row 0's first tile one key short at its end: its last anchor (59) no longer sees key 58.
+    // Row 2's first tile one key short at its end (the furthest of tile 0's spans): its last
+    // anchor (93) no longer sees key 92.
     let mut short = spans.clone();
-    short[0].end -= 1;
+    short[4].end -= 1;
     let m = f.tiled(&short, 1);
     let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
     assert!(max_diff(&want[0], &got[0]) > 1e-2, "a dropped key shows");

@@ -119,10 +119,14 @@ pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads_axis: i64) -> Te
 // q [b, hq, lq, d], k/v [b, hkv, lk, d], mask [b, 1, lq, lk] -> [b, hq, lq, d]
 pub fn masked_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Tensor {
     let blocked = mask.any_dim(-1, true).logical_not();
-    // A row that sees no key is given every key, and its output cleared after: the CUDA kernels
-    // return NaN for such a row, and their backward then NaN gradients for q, k and v even
-    // under a zero output gradient (padding anchors would make every step non-finite).
-    let safe = mask.logical_or(&blocked);
-    let out = Tensor::scaled_dot_product_attention(q, k, v, Some(&safe), 0.0, false, None, true);
-    out.masked_fill(&blocked, 0.0)
+    attend(q, k, v, &mask.logical_or(&blocked), &blocked)
+}
+
+/// `masked_attention` with the mask prepared: `blocked` [b, 1, lq, 1] marks the rows that see no
+/// key, and `mask` gives those rows every key. The CUDA kernels return NaN for a row that sees
+/// nothing, and their backward then NaN gradients for q, k and v even under a zero output
+/// gradient (padding anchors would make every step non-finite); such a row's output is cleared.
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, blocked: &Tensor) -> Tensor {
+    let out = Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, true);
+    out.masked_fill(blocked, 0.0)
 }

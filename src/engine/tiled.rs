@@ -2,20 +2,20 @@
 //! context keys before its anchor (in its document) and the 16 keys of its own block, never
 //! another block: with 512 blocks, 73% of the dense key range is other blocks' keys. Here the
 //! blocks are taken in tiles of `TILE_ANCHORS` anchors; each tile attends to its own tile's block
-//! keys and to a window of the context: from the first key of its earliest anchor's document to
-//! its last anchor, the only context keys its blocks can see (about half the context on average,
-//! less in packed rows). The windows come from the host copies of the anchors and document ids;
-//! their lengths are rounded up to a grid of `s / WINDOW_GROUPS` keys so that tiles of one length
-//! share one batched scaled-dot-product call (a handful a layer). The visible set is exactly the
+//! keys and to a window of the context. Anchors are sorted, so consecutive tiles have close
+//! windows: the tiles are cut into at most `WINDOW_GROUPS` runs of consecutive tiles, each run
+//! with one window for all its tiles and rows (from the earliest document start of its anchors to
+//! its last anchor, rounded out to a grid), chosen to leave the fewest keys. A run is one batched
+//! scaled-dot-product call over `[context window, own block keys]`, its keys a slice of the
+//! context (no gather, so nothing to scatter back in backward). The visible set is exactly the
 //! dense mask's, so the result is the same up to float rounding.
 
-use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 
 /// Anchors per tile (at most): 512 queries a tile at block 16.
 pub const TILE_ANCHORS: i64 = 32;
 
-/// Distinct context window lengths (at most, besides the empty one): attention calls a layer.
+/// Runs of consecutive tiles (at most): attention calls a layer.
 pub const WINDOW_GROUPS: i64 = 8;
 
 /// An attention's mask: dense, the drafter's tiles, or the target's documents for a causal
@@ -31,8 +31,8 @@ pub enum AttnMask {
     },
 }
 
-/// The block mask in tiles: the context part per query, and each tile's block-diagonal part;
-/// the tiles grouped by the length of their context windows.
+/// The block mask in tiles: the context part per query, each tile's block-diagonal part, and
+/// the runs of tiles that share a context window.
 pub struct TiledMask {
     /// [b, q, s] bool: query sees context key.
     pub ctx: Tensor,
@@ -40,26 +40,23 @@ pub struct TiledMask {
     pub blocks: Tensor,
     /// Queries per tile.
     pub tile: i64,
-    /// Tiles of one window length each, in the order of `order`.
-    pub groups: Vec<WindowGroup>,
-    /// [b * tiles] i64: the tiles (row-major) in group order.
-    order: Tensor,
-    /// [b * tiles] i64: where each tile (row-major) stands in group order.
-    unorder: Tensor,
+    /// Consecutive tiles with one context window each, in tile order, covering every tile.
+    pub runs: Vec<TileRun>,
 }
 
-/// Tiles whose context windows have one length: one attention call.
-pub struct WindowGroup {
-    /// Context keys per tile.
+/// Consecutive tiles (the same ones in every row) that attend to one context window: one call.
+pub struct TileRun {
+    /// First tile and number of tiles.
+    pub first: i64,
+    pub count: i64,
+    /// Context keys `[start, start + len)` of every row.
+    pub start: i64,
     pub len: i64,
-    /// Tiles in the group.
-    pub tiles: i64,
-    /// [tiles, len] i64: each tile's window, as key positions in its row.
-    keys: Tensor,
-    /// [tiles * len] i64: the same keys as indices into the row-major `[b * s]` context.
-    flat_keys: Tensor,
-    /// [tiles, 1, t, len + t] bool: the window's part of the context mask, then the block part.
+    /// [b * count, 1, t, len + t] bool: the window's part of the context mask, then the block
+    /// part; a row that sees no key is given every key (see `layers::attend`).
     mask: Tensor,
+    /// [b * count, 1, t, 1] bool: rows that see no key (their output is cleared).
+    blocked: Tensor,
 }
 
 /// Context keys `[start, end)` of a row.
@@ -80,12 +77,27 @@ impl Span {
         self.len() == 0
     }
 
-    /// The window that holds this span: its length rounded up to `grid` (at most `s`), moved
-    /// back where it would pass the row's end. Returns (start, length).
+    /// The window that holds this span: its start rounded down and its end rounded up to
+    /// `grid` (at most `s`). Returns (start, length); (0, 0) for an empty span.
     pub fn window(&self, grid: i64, s: i64) -> (i64, i64) {
+        if self.is_empty() {
+            return (0, 0);
+        }
         let grid = grid.max(1);
-        let len = round_up(self.len(), grid).min(s);
-        (self.start.min(s - len).max(0), len)
+        let start = self.start / grid * grid;
+        (start, round_up(self.end, grid).min(s) - start)
+    }
+
+    /// The smallest span that holds both (an empty one holds nothing).
+    pub fn union(self, other: Span) -> Span {
+        match (self.is_empty(), other.is_empty()) {
+            (true, _) => other,
+            (_, true) => self,
+            _ => Span {
+                start: self.start.min(other.start),
+                end: self.end.max(other.end),
+            },
+        }
     }
 }
 
@@ -121,20 +133,26 @@ pub fn tile_anchors(anchors: i64) -> i64 {
         .unwrap_or(1)
 }
 
-/// Window lengths are multiples of this for rows of `s` keys: `s / WINDOW_GROUPS` rounded up to
-/// 16 keys (384 at 3072), at most `s`. `DFLASH_TOP_WINDOW_GROUPS=N` (1 to 64) sets the count for
-/// side-by-side measurements; 1 is one call a layer over the whole context.
+/// Window edges are multiples of this many keys: few distinct shapes for the kernels' plan
+/// caches, at most 127 keys of waste at each end.
+pub const WINDOW_GRID: i64 = 128;
+
+/// The window grid for rows of `s` keys.
 pub fn window_grid(s: i64) -> i64 {
+    WINDOW_GRID.min(s.max(1))
+}
+
+/// Runs of tiles a layer (at most): `WINDOW_GROUPS`, or `DFLASH_TOP_WINDOW_GROUPS=N` (1 to 64)
+/// for side-by-side measurements; 1 is one call a layer over the union of the windows.
+pub fn window_groups() -> i64 {
     static GROUPS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    let groups = *GROUPS.get_or_init(|| {
+    *GROUPS.get_or_init(|| {
         std::env::var("DFLASH_TOP_WINDOW_GROUPS")
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|n| (1..=64).contains(n))
             .unwrap_or(WINDOW_GROUPS)
-    });
-    let s = s.max(1);
-    round_up((s + groups - 1) / groups, 16).min(s)
+    })
 }
 
 /// `x` (non-negative) rounded up to a multiple of `m` (positive).
@@ -173,10 +191,55 @@ pub fn context_spans(per_row: &[Vec<i64>], width: usize, doc_ids: &[i64], seq: u
     spans
 }
 
+/// Cuts consecutive tiles, each with its context span (over all rows), into at most `max_runs`
+/// runs whose windows (the union of their tiles') leave the fewest keys
+/// a query, counting each tile's own `t` block keys. Returns (first, count, start, len) per run.
+pub fn plan_runs(spans: &[Span], grid: i64, s: i64, t: i64, max_runs: usize) -> Vec<[i64; 4]> {
+    let n = spans.len();
+    let window = |i: usize, j: usize| {
+        let span = spans[i..j].iter().fold(Span::EMPTY, |u, x| u.union(*x));
+        span.window(grid, s)
+    };
+    let cost = |i: usize, j: usize| (j - i) as i64 * (window(i, j).1 + t);
+    // best[k][j]: the fewest keys for the first j tiles in k runs; from[k][j]: where the last
+    // run starts.
+    let runs = max_runs.clamp(1, n.max(1));
+    let mut best = vec![vec![i64::MAX; n + 1]; runs + 1];
+    let mut from = vec![vec![0usize; n + 1]; runs + 1];
+    best[0][0] = 0;
+    for k in 1..=runs {
+        for j in 1..=n {
+            for i in (k - 1)..j {
+                if best[k - 1][i] == i64::MAX {
+                    continue;
+                }
+                let c = best[k - 1][i] + cost(i, j);
+                if c < best[k][j] {
+                    best[k][j] = c;
+                    from[k][j] = i;
+                }
+            }
+        }
+    }
+    // The fewest runs among those with the fewest keys.
+    let k_best = (1..=runs).min_by_key(|&k| (best[k][n], k)).unwrap_or(1);
+    let mut cuts = Vec::new();
+    let (mut k, mut j) = (k_best, n);
+    while k > 0 && j > 0 {
+        let i = from[k][j];
+        let (start, len) = window(i, j);
+        cuts.push([i as i64, (j - i) as i64, start, len]);
+        j = i;
+        k -= 1;
+    }
+    cuts.reverse();
+    cuts
+}
+
 impl TiledMask {
     /// From the per-anchor context visibility `ctx` [b, a, s], the anchors' validity [b, a], the
     /// block size, and each tile's context span (row-major, as `context_spans` gives them; every
-    /// context key a tile's blocks see must lie in its span), windows rounded up to `grid` keys.
+    /// context key a tile's blocks see must lie in its span), windows rounded out to `grid` keys.
     pub fn new(ctx: &Tensor, valid: &Tensor, block: i64, spans: &[Span], grid: i64) -> TiledMask {
         let (b, a, s) = (ctx.size()[0], ctx.size()[1], ctx.size()[2]);
         let per_tile = tile_anchors(a);
@@ -200,58 +263,42 @@ impl TiledMask {
             .view([b, tiles, tile, 1]);
         let blocks = own.view([1, 1, tile, tile]).logical_and(&rows);
 
-        // Tiles by window length; order, inverse order and window starts go over in one copy.
-        let mut by_len: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
-        for (n, span) in spans.iter().enumerate() {
-            let (start, len) = span.window(grid, s);
-            by_len.entry(len).or_default().push((n as i64, start));
-        }
-        let n = (b * tiles) as usize;
-        let mut host = vec![0i64; 3 * n];
-        for (at, &(tile_n, start)) in by_len.values().flatten().enumerate() {
-            host[at] = tile_n;
-            host[n + tile_n as usize] = at as i64;
-            host[2 * n + at] = start;
-        }
-        let host = super::cuda::upload(&Tensor::from_slice(&host), dev);
-        let (order, unorder, starts) = (
-            host.narrow(0, 0, n as i64),
-            host.narrow(0, n as i64, n as i64),
-            host.narrow(0, 2 * n as i64, n as i64),
-        );
-        let ctx_tiles = ctx.view([b * tiles, tile, s]);
-        let block_tiles = blocks.view([b * tiles, tile, tile]);
-        let mut groups = Vec::with_capacity(by_len.len());
-        let mut at = 0;
-        for (&len, members) in &by_len {
-            let count = members.len() as i64;
-            let which = order.narrow(0, at, count);
-            let keys = starts.narrow(0, at, count).unsqueeze(1)
-                + Tensor::arange(len, (Kind::Int64, dev)).unsqueeze(0); // [count, len]
-            let row_base = which.floor_divide_scalar(tiles) * s;
-            let flat_keys = (&keys + row_base.unsqueeze(1)).reshape([-1]);
-            let seen = ctx_tiles.index_select(0, &which).gather(
-                2,
-                &keys.unsqueeze(1).expand([count, tile, len], false),
-                false,
-            );
-            let mask = Tensor::cat(&[seen, block_tiles.index_select(0, &which)], -1).unsqueeze(1);
-            groups.push(WindowGroup {
-                len,
-                tiles: count,
-                keys,
-                flat_keys,
-                mask,
-            });
-            at += count;
-        }
+        // A tile's span over all rows (the runs are the same tiles in every row).
+        let per_tile_span: Vec<Span> = (0..tiles as usize)
+            .map(|j| {
+                (0..b as usize)
+                    .map(|r| spans[r * tiles as usize + j])
+                    .fold(Span::EMPTY, Span::union)
+            })
+            .collect();
+        let plan = plan_runs(&per_tile_span, grid, s, tile, window_groups() as usize);
+        let ctx_tiles = ctx.view([b, tiles, tile, s]);
+        let runs = plan
+            .into_iter()
+            .map(|[first, count, start, len]| {
+                let seen = ctx_tiles.narrow(1, first, count).narrow(3, start, len);
+                let mask = Tensor::cat(&[seen, blocks.narrow(1, first, count)], -1).reshape([
+                    b * count,
+                    1,
+                    tile,
+                    len + tile,
+                ]);
+                let blocked = mask.any_dim(-1, true).logical_not();
+                TileRun {
+                    first,
+                    count,
+                    start,
+                    len,
+                    mask: mask.logical_or(&blocked),
+                    blocked,
+                }
+            })
+            .collect();
         TiledMask {
             ctx,
             blocks,
             tile,
-            groups,
-            order,
-            unorder,
+            runs,
         }
     }
 
@@ -268,31 +315,28 @@ impl TiledMask {
         Tensor::cat(&[&self.ctx, &blocks], -1).unsqueeze(1)
     }
 
-    /// The context mask [b, q, s] as the windows hold it: each group's part put back at its
+    /// The context mask [b, q, s] as the runs' windows hold it: each run's part put back at its
     /// keys, false elsewhere. Equal to `ctx` when no window drops a key its blocks see.
     pub fn windowed_context(&self) -> Tensor {
         let (b, q, s) = (self.ctx.size()[0], self.ctx.size()[1], self.ctx.size()[2]);
         let t = self.tile;
-        let parts: Vec<Tensor> = self
-            .groups
-            .iter()
-            .map(|g| {
-                let seen = g.mask.squeeze_dim(1).narrow(2, 0, g.len);
-                Tensor::zeros([g.tiles, t, s], (Kind::Bool, self.ctx.device())).scatter(
-                    2,
-                    &g.keys.unsqueeze(1).expand([g.tiles, t, g.len], false),
-                    &seen,
-                )
-            })
-            .collect();
-        Tensor::cat(&parts, 0)
-            .index_select(0, &self.unorder)
-            .view([b, q, s])
+        let out = Tensor::zeros([b, q / t, t, s], (Kind::Bool, self.ctx.device()));
+        for r in &self.runs {
+            let seen = r
+                .mask
+                .logical_and(&r.blocked.logical_not())
+                .narrow(3, 0, r.len)
+                .reshape([b, r.count, t, r.len]);
+            out.narrow(1, r.first, r.count)
+                .narrow(3, r.start, r.len)
+                .copy_(&seen);
+        }
+        out.view([b, q, s])
     }
 }
 
-/// Attention of block queries over `[context, blocks]` keys: each tile over its context window
-/// and its own block keys, one batched call per window length; rows the mask blocks entirely
+/// Attention of block queries over `[context, blocks]` keys: each run of tiles over its context
+/// window and each tile's own block keys, one batched call per run; rows the mask blocks entirely
 /// come back as zeros.
 // q [b, hq, q, d], k/v [b, hkv, s + q, d] -> [b, hq, q, d]
 pub fn tiled_attention(q: &Tensor, k: &Tensor, v: &Tensor, m: &TiledMask) -> Tensor {
@@ -301,43 +345,32 @@ pub fn tiled_attention(q: &Tensor, k: &Tensor, v: &Tensor, m: &TiledMask) -> Ten
     let s = k.size()[2] - lq;
     let t = m.tile;
     let tiles = lq / t;
-    // [b, h, tiles*t, d] -> [b*tiles, h, t, d] in group order
-    let by_tile = |x: &Tensor, h: i64| {
+    // Tiles first, count of them: [b, h, tiles*t, d] -> [b, count, h, t, d]
+    let run_tiles = |x: &Tensor, h: i64, r: &TileRun| {
         x.view([b, h, tiles, t, d])
+            .narrow(2, r.first, r.count)
             .permute([0, 2, 1, 3, 4])
-            .reshape([b * tiles, h, t, d])
-            .index_select(0, &m.order)
     };
-    // [b, hkv, s, d] -> [b*s, hkv*d]: a window is rows of it, taken as an embedding lookup,
-    // whose backward sums the windows' overlaps in f32 (index_select's adds in bf16 on CUDA)
-    let context = |x: &Tensor| x.narrow(2, 0, s).transpose(1, 2).reshape([b * s, hkv * d]);
-    let (q_tiles, k_own, v_own) = (
-        by_tile(q, hq),
-        by_tile(&k.narrow(2, s, lq), hkv),
-        by_tile(&v.narrow(2, s, lq), hkv),
-    );
-    let (k_ctx, v_ctx) = (context(k), context(v));
-    let mut outs = Vec::with_capacity(m.groups.len());
-    let mut at = 0;
-    for g in &m.groups {
-        // [count, hkv, len + t, d]
-        let keys = |ctx: &Tensor, own: &Tensor| {
-            let window = Tensor::embedding(ctx, &g.flat_keys, -1, false, false)
-                .view([g.tiles, g.len, hkv, d])
-                .transpose(1, 2);
-            Tensor::cat(&[window, own.narrow(0, at, g.tiles)], 2)
-        };
-        outs.push(super::layers::masked_attention(
-            &q_tiles.narrow(0, at, g.tiles),
-            &keys(&k_ctx, &k_own),
-            &keys(&v_ctx, &v_own),
-            &g.mask,
-        ));
-        at += g.tiles;
-    }
-    Tensor::cat(&outs, 0)
-        .index_select(0, &m.unorder)
-        .view([b, tiles, hq, t, d])
+    let outs: Vec<Tensor> = m
+        .runs
+        .iter()
+        .map(|r| {
+            // [b * count, hkv, len + t, d]: the window (one slice, shared by the run's tiles)
+            // then each tile's own block keys.
+            let keys = |x: &Tensor| {
+                let window = x
+                    .narrow(2, r.start, r.len)
+                    .unsqueeze(1)
+                    .expand([b, r.count, hkv, r.len, d], false);
+                let own = run_tiles(&x.narrow(2, s, lq), hkv, r);
+                Tensor::cat(&[window, own], 3).reshape([b * r.count, hkv, r.len + t, d])
+            };
+            let queries = run_tiles(q, hq, r).reshape([b * r.count, hq, t, d]);
+            super::layers::attend(&queries, &keys(k), &keys(v), &r.mask, &r.blocked)
+                .view([b, r.count, hq, t, d])
+        })
+        .collect();
+    Tensor::cat(&outs, 1)
         .permute([0, 2, 1, 3, 4])
         .reshape([b, hq, lq, d])
 }
