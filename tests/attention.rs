@@ -193,7 +193,7 @@ fn context_spans_reach_from_the_first_document_start_to_the_last_anchor() {
 
 #[test]
 fn windows_round_out_to_the_grid_and_stay_inside_the_row() {
-    assert_eq!(window_grid(3072), 128);
+    assert_eq!(window_grid(3072), 512);
     assert_eq!(window_grid(96), 96);
     let span = |start, end| Span { start, end };
     assert_eq!(span(3, 5).window(16, 96), (0, 16));
@@ -206,10 +206,9 @@ fn windows_round_out_to_the_grid_and_stay_inside_the_row() {
     assert_eq!(Span::EMPTY.union(span(7, 9)), span(7, 9));
 }
 
-/// Consecutive tiles are cut into runs that share a window, with the fewest keys a query for
-/// the runs allowed (each tile's own block keys counted).
+/// Consecutive tiles are cut into equal runs that share a window (the union of their tiles').
 #[test]
-fn runs_of_tiles_leave_the_fewest_keys() {
+fn runs_of_tiles_share_the_union_of_their_windows() {
     let span = |start, end| Span { start, end };
     let tiles = [
         span(0, 100),
@@ -217,16 +216,15 @@ fn runs_of_tiles_leave_the_fewest_keys() {
         span(1000, 1100),
         span(1000, 1200),
     ];
-    // One run: the union of all four.
-    assert_eq!(plan_runs(&tiles, 100, 2000, 10, 1), vec![[0, 4, 0, 1200]]);
-    // Two: the two pairs.
+    assert_eq!(plan_runs(&tiles, 100, 2000, 1), vec![[0, 4, 0, 1200]]);
     assert_eq!(
-        plan_runs(&tiles, 100, 2000, 10, 2),
+        plan_runs(&tiles, 100, 2000, 2),
         vec![[0, 2, 0, 200], [2, 2, 1000, 200]]
     );
-    // Four allowed: each tile its own window (fewer keys still).
+    // Three runs do not divide four tiles: two.
+    assert_eq!(plan_runs(&tiles, 100, 2000, 3).len(), 2);
     assert_eq!(
-        plan_runs(&tiles, 100, 2000, 10, 8),
+        plan_runs(&tiles, 100, 2000, 8),
         vec![
             [0, 1, 0, 100],
             [1, 1, 0, 200],
@@ -234,10 +232,11 @@ fn runs_of_tiles_leave_the_fewest_keys() {
             [3, 1, 1000, 200]
         ]
     );
-    // Tiles that see no context: one run with an empty window.
+    // Edges rounded out to the grid; tiles that see no context: an empty window.
+    assert_eq!(plan_runs(&tiles[1..2], 128, 2000, 1), vec![[0, 1, 0, 256]]);
     assert_eq!(
-        plan_runs(&[Span::EMPTY; 3], 100, 2000, 10, 8),
-        vec![[0, 3, 0, 0]]
+        plan_runs(&[Span::EMPTY; 3], 100, 2000, 8),
+        vec![[0, 1, 0, 0], [1, 1, 0, 0], [2, 1, 0, 0]]
     );
 }
 

@@ -3,9 +3,9 @@
 //! another block: with 512 blocks, 73% of the dense key range is other blocks' keys. Here the
 //! blocks are taken in tiles of `TILE_ANCHORS` anchors; each tile attends to its own tile's block
 //! keys and to a window of the context. Anchors are sorted, so consecutive tiles have close
-//! windows: the tiles are cut into at most `WINDOW_GROUPS` runs of consecutive tiles, each run
-//! with one window for all its tiles and rows (from the earliest document start of its anchors to
-//! its last anchor, rounded out to a grid), chosen to leave the fewest keys. A run is one batched
+//! windows: the tiles are cut into `WINDOW_GROUPS` equal runs of consecutive tiles, each run with
+//! one window for all its tiles and rows (from the earliest document start of its anchors to its
+//! last anchor, rounded out to a coarse grid: few shapes). A run is one batched
 //! scaled-dot-product call over `[context window, own block keys]`, its keys a slice of the
 //! context (no gather, so nothing to scatter back in backward). The visible set is exactly the
 //! dense mask's, so the result is the same up to float rounding.
@@ -15,8 +15,8 @@ use tch::{Kind, Tensor};
 /// Anchors per tile (at most): 512 queries a tile at block 16.
 pub const TILE_ANCHORS: i64 = 32;
 
-/// Runs of consecutive tiles (at most): attention calls a layer.
-pub const WINDOW_GROUPS: i64 = 8;
+/// Runs of consecutive tiles: attention calls a layer.
+pub const WINDOW_GROUPS: i64 = 4;
 
 /// An attention's mask: dense, the drafter's tiles, or the target's documents for a causal
 /// flash kernel (no mask tensor at all).
@@ -133,16 +133,14 @@ pub fn tile_anchors(anchors: i64) -> i64 {
         .unwrap_or(1)
 }
 
-/// Window edges are multiples of this many keys: few distinct shapes for the kernels' plan
-/// caches, at most 127 keys of waste at each end.
-pub const WINDOW_GRID: i64 = 128;
-
-/// The window grid for rows of `s` keys.
+/// The window grid for rows of `s` keys: a sixth of the row rounded up to 128 keys (512 at 3072),
+/// at most `s`: seven window lengths at most.
 pub fn window_grid(s: i64) -> i64 {
-    WINDOW_GRID.min(s.max(1))
+    let s = s.max(1);
+    round_up((s + 5) / 6, 128).min(s)
 }
 
-/// Runs of tiles a layer (at most): `WINDOW_GROUPS`, or `DFLASH_TOP_WINDOW_GROUPS=N` (1 to 64)
+/// Runs of tiles a layer: `WINDOW_GROUPS`, or `DFLASH_TOP_WINDOW_GROUPS=N` (1 to 64)
 /// for side-by-side measurements; 1 is one call a layer over the union of the windows.
 pub fn window_groups() -> i64 {
     static GROUPS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
@@ -191,49 +189,27 @@ pub fn context_spans(per_row: &[Vec<i64>], width: usize, doc_ids: &[i64], seq: u
     spans
 }
 
-/// Cuts consecutive tiles, each with its context span (over all rows), into at most `max_runs`
-/// runs whose windows (the union of their tiles') leave the fewest keys
-/// a query, counting each tile's own `t` block keys. Returns (first, count, start, len) per run.
-pub fn plan_runs(spans: &[Span], grid: i64, s: i64, t: i64, max_runs: usize) -> Vec<[i64; 4]> {
+/// Cuts consecutive tiles, each with its context span (over all rows), into `runs` runs of
+/// equal length (fewer where the tiles do not divide), each run with the union of its tiles'
+/// windows. Equal runs and a coarse grid keep the shapes few: the attention kernels build a plan
+/// per shape, and a new one each step costs more than the keys it saves. Returns (first, count,
+/// start, len) per run.
+pub fn plan_runs(spans: &[Span], grid: i64, s: i64, runs: usize) -> Vec<[i64; 4]> {
     let n = spans.len();
-    let window = |i: usize, j: usize| {
-        let span = spans[i..j].iter().fold(Span::EMPTY, |u, x| u.union(*x));
-        span.window(grid, s)
-    };
-    let cost = |i: usize, j: usize| (j - i) as i64 * (window(i, j).1 + t);
-    // best[k][j]: the fewest keys for the first j tiles in k runs; from[k][j]: where the last
-    // run starts.
-    let runs = max_runs.clamp(1, n.max(1));
-    let mut best = vec![vec![i64::MAX; n + 1]; runs + 1];
-    let mut from = vec![vec![0usize; n + 1]; runs + 1];
-    best[0][0] = 0;
-    for k in 1..=runs {
-        for j in 1..=n {
-            for i in (k - 1)..j {
-                if best[k - 1][i] == i64::MAX {
-                    continue;
-                }
-                let c = best[k - 1][i] + cost(i, j);
-                if c < best[k][j] {
-                    best[k][j] = c;
-                    from[k][j] = i;
-                }
-            }
-        }
-    }
-    // The fewest runs among those with the fewest keys.
-    let k_best = (1..=runs).min_by_key(|&k| (best[k][n], k)).unwrap_or(1);
-    let mut cuts = Vec::new();
-    let (mut k, mut j) = (k_best, n);
-    while k > 0 && j > 0 {
-        let i = from[k][j];
-        let (start, len) = window(i, j);
-        cuts.push([i as i64, (j - i) as i64, start, len]);
-        j = i;
-        k -= 1;
-    }
-    cuts.reverse();
-    cuts
+    let runs = (1..=runs.clamp(1, n.max(1)))
+        .rev()
+        .find(|r| n % r == 0)
+        .unwrap_or(1);
+    let per = (n / runs).max(1);
+    (0..n)
+        .step_by(per)
+        .map(|i| {
+            let j = (i + per).min(n);
+            let span = spans[i..j].iter().fold(Span::EMPTY, |u, x| u.union(*x));
+            let (start, len) = span.window(grid, s);
+            [i as i64, (j - i) as i64, start, len]
+        })
+        .collect()
 }
 
 impl TiledMask {
@@ -271,7 +247,7 @@ impl TiledMask {
                     .fold(Span::EMPTY, Span::union)
             })
             .collect();
-        let plan = plan_runs(&per_tile_span, grid, s, tile, window_groups() as usize);
+        let plan = plan_runs(&per_tile_span, grid, s, window_groups() as usize);
         let ctx_tiles = ctx.view([b, tiles, tile, s]);
         let runs = plan
             .into_iter()
