@@ -198,7 +198,7 @@ pub fn plan_runs(spans: &[Span], grid: i64, s: i64, runs: usize) -> Vec<[i64; 4]
     let n = spans.len();
     let runs = (1..=runs.clamp(1, n.max(1)))
         .rev()
-        .find(|r| n % r == 0)
+        .find(|r| n.is_multiple_of(*r))
         .unwrap_or(1);
     let per = (n / runs).max(1);
     (0..n)
