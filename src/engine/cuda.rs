@@ -16,11 +16,25 @@ pub const AVAILABLE: bool = cfg!(cuda_shim);
 /// copy has run). Anything else is a plain `to_device`.
 pub fn upload(t: &Tensor, device: tch::Device) -> Tensor {
     if t.device() == tch::Device::Cpu && device.is_cuda() {
-        t.pin_memory(device)
-            .to_device_(device, t.kind(), true, false)
-    } else {
-        t.to_device(device)
+        if let Ok(pinned) = pin_memory(t) {
+            return pinned.to_device_(device, t.kind(), true, false);
+        }
     }
+    t.to_device(device)
+}
+
+/// A pinned host copy of `t` (through the shim: tch's `pin_memory` passes a device argument,
+/// which libtorch warns about as deprecated).
+fn pin_memory(t: &Tensor) -> Result<Tensor> {
+    let mut out = std::ptr::null_mut();
+    // SAFETY: tch's tensor pointer is an `at::Tensor*` live for the call; on success the shim
+    // hands over a heap-allocated `at::Tensor`, which `from_ptr` takes ownership of.
+    check(
+        unsafe { ffi::dflash_pin_memory(t.as_ptr() as *mut c_void, &mut out) },
+        "pinning host memory",
+    )?;
+    // SAFETY: see above.
+    Ok(unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
 }
 
 #[cfg(cuda_shim)]
@@ -42,6 +56,7 @@ mod ffi {
         pub fn dflash_stream_wait_event(s: *mut c_void, e: *mut c_void) -> c_int;
         pub fn dflash_tensor_record_stream(t: *mut c_void, s: *mut c_void) -> c_int;
         pub fn dflash_set_grad(param: *mut c_void, grad: *mut c_void) -> c_int;
+        pub fn dflash_pin_memory(tensor: *mut c_void, out: *mut *mut c_void) -> c_int;
         pub fn dflash_device_pci(
             device: c_int,
             bus_id: *mut c_char,
@@ -95,6 +110,9 @@ mod ffi {
         1
     }
     pub unsafe fn dflash_set_grad(_: *mut c_void, _: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_pin_memory(_: *mut c_void, _: *mut *mut c_void) -> c_int {
         1
     }
     pub unsafe fn dflash_stream_free(_: *mut c_void) {}

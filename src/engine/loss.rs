@@ -102,8 +102,10 @@ pub fn chunked_loss_backward_rows(
     let correct = correct.view([b, a, block]);
     let grad = grad.view([b, a * block, h]);
     let hidden = hidden.shallow_clone();
+    // Backward runs even when no row counts (zero gradients): replicas reduce their gradients
+    // from hooks that backward fires, and every replica must fire them alike.
     let backward = move || {
-        if n > 0 && hidden.requires_grad() {
+        if hidden.requires_grad() {
             (hidden * grad).sum(Kind::Float).backward();
         }
     };

@@ -126,6 +126,7 @@ impl AdamW {
     }
 
     fn zero_grads(&mut self) {
+        self.clip_divisor = None;
         match &mut self.grad_buffer {
             Some(buffer) => {
                 let _ = buffer.zero_();

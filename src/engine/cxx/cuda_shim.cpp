@@ -107,6 +107,12 @@ int dflash_tensor_record_stream(void* tensor, void* s) {
   return guarded([&] { static_cast<at::Tensor*>(tensor)->record_stream(stream_of(s).unwrap()); });
 }
 
+// A pinned host copy of `tensor` (libtorch's caching host allocator). Through the shim because
+// tch passes a device to `pin_memory`, which libtorch 2.11 warns about as deprecated.
+int dflash_pin_memory(void* tensor, void** out) {
+  return guarded([&] { *out = new at::Tensor(static_cast<at::Tensor*>(tensor)->pin_memory()); });
+}
+
 // Makes `grad` (a view into a flat gradient buffer, shaped like `param`) the `.grad` of `param`:
 // backward then accumulates into it in place.
 int dflash_set_grad(void* param, void* grad) {
