@@ -6,7 +6,7 @@ use crate::app::Session;
 use crate::cli::BenchArgs;
 use crate::config::RunConfig;
 use crate::telemetry::snapshot::ThreadView;
-use crate::telemetry::{GpuTiming, HubCommand, Role, Snapshot};
+use crate::telemetry::{GpuTiming, HubCommand, Phase, Role, Snapshot};
 use anyhow::{bail, Result};
 use crossbeam_channel::Receiver;
 use std::process::ExitCode;
@@ -67,6 +67,39 @@ fn phase_line(t: &ThreadView) -> String {
     )
 }
 
+/// The target forward's rate in TFLOP/s-equivalent (`placement::target_flops` over the forward
+/// phase's device time), per target worker.
+fn target_rate_line(cfg: &RunConfig, s: &Snapshot) -> Option<String> {
+    let flops = crate::placement::target_flops(&cfg.target_config, &cfg.spec, cfg.seq_len)
+        * cfg.batch as f64;
+    target_rates(flops, s)
+}
+
+/// `flops` a batch over each target worker's forward milliseconds a step; only where phases are
+/// device time (events or sync timing): the host's wall time of a queued forward says nothing of
+/// its rate.
+fn target_rates(flops: f64, s: &Snapshot) -> Option<String> {
+    if !matches!(s.gpu_timing?, GpuTiming::Events | GpuTiming::Sync) {
+        return None;
+    }
+    let rates: Vec<String> = s
+        .threads
+        .iter()
+        .filter(|t| t.role == Role::Target)
+        .filter_map(|t| {
+            let ms = t.w10.ms_per_step(Phase::Forward);
+            (ms > 0.0).then(|| format!("{}={:.0}", t.name, flops / (ms / 1e3) / 1e12))
+        })
+        .collect();
+    (!rates.is_empty()).then(|| {
+        format!(
+            "target forward TFLOP/s-equivalent ({:.1} TFLOP a batch): {}",
+            flops / 1e12,
+            rates.join(" ")
+        )
+    })
+}
+
 /// Trains for --steps (default 60) without printing; reports throughput over the last 10 s and
 /// per-thread phase times.
 fn engine(args: &BenchArgs) -> Result<()> {
@@ -108,6 +141,9 @@ fn engine(args: &BenchArgs) -> Result<()> {
     );
     for t in &s.threads {
         println!("bench: {}", phase_line(t));
+    }
+    if let Some(line) = target_rate_line(&cfg, &s) {
+        println!("bench: {line}");
     }
     for line in memory_lines(&cfg) {
         println!("bench: {line}");
@@ -293,4 +329,59 @@ fn alternate(args: &BenchArgs, settings: &[Setting]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::snapshot::{PhaseWindow, ThreadState};
+
+    fn worker(name: &str, role: Role, forward_ms: u64) -> ThreadView {
+        let mut w10 = PhaseWindow {
+            steps: 2,
+            wall_ns: 400_000_000,
+            phase_steps: 2.0,
+            ..Default::default()
+        };
+        w10.phase_ns[Phase::Forward.index()] = 2 * forward_ms * 1_000_000;
+        ThreadView {
+            name: name.into(),
+            role,
+            device: "cuda:0".into(),
+            tid: 1,
+            cpu_pct: None,
+            phase: Phase::Forward,
+            phase_s: 0.0,
+            state: ThreadState::Working,
+            os_state: None,
+            w1: Default::default(),
+            w10,
+            run: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_target_rate_is_its_flops_over_the_forwards_device_time() {
+        let mut s = Snapshot {
+            threads: vec![
+                worker("target-0", Role::Target, 100),
+                worker("target-1", Role::Target, 50),
+                worker("drafter-0", Role::Drafter, 80),
+            ],
+            gpu_timing: Some(GpuTiming::Events),
+            ..Default::default()
+        };
+        // 43 TFLOP a batch in 100 ms and in 50 ms a step: 430 and 860; the drafter is not a target.
+        assert_eq!(
+            target_rates(43e12, &s).as_deref(),
+            Some(
+                "target forward TFLOP/s-equivalent (43.0 TFLOP a batch): target-0=430 target-1=860"
+            )
+        );
+        // Host wall time (async, or the CPU) says nothing of a queued forward's rate.
+        s.gpu_timing = Some(GpuTiming::Async);
+        assert_eq!(target_rates(43e12, &s), None);
+        s.gpu_timing = None;
+        assert_eq!(target_rates(43e12, &s), None);
+    }
 }
