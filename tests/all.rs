@@ -16,3 +16,14 @@ mod telemetry_core;
 mod telemetry_live;
 mod tmux;
 mod tui;
+
+/// The first CUDA device, or `None` where there is none, saying that `what` is not run: the
+/// GPU-gated tests check on the GPU host and say so elsewhere.
+pub fn cuda_or_skip(what: &str) -> Option<tch::Device> {
+    if tch::Cuda::is_available() {
+        Some(tch::Device::Cuda(0))
+    } else {
+        eprintln!("no CUDA device: {what} is not run here");
+        None
+    }
+}

@@ -316,11 +316,9 @@ fn tiled_attention_equals_the_dense_mask_in_q_k_v_gradients() {
 /// with there), forward and q, k, v gradients. Runs where a GPU is; elsewhere it says so.
 #[test]
 fn tiled_attention_equals_the_dense_mask_on_cuda() {
-    if !tch::Cuda::is_available() {
-        eprintln!("no CUDA device: the tiled attention is checked on the CPU only here");
+    let Some(dev) = crate::cuda_or_skip("the tiled attention in bf16 on CUDA") else {
         return;
-    }
-    let dev = Device::Cuda(0);
+    };
     tch::manual_seed(5);
     let f = fixture();
     let on = |x: &Tensor| x.to_device(dev);

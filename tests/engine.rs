@@ -382,11 +382,9 @@ fn the_bf16_loss_keeps_the_gradient_of_confident_rows() {
 /// The same on the GPU (its softmax and reductions are other kernels); skipped without one.
 #[test]
 fn the_bf16_loss_keeps_the_gradient_of_confident_rows_on_cuda() {
-    if !tch::Cuda::is_available() {
-        eprintln!("skipped: no CUDA device");
-        return;
+    if let Some(dev) = crate::cuda_or_skip("the bf16 loss on CUDA") {
+        bf16_loss_against_f64(dev);
     }
-    bf16_loss_against_f64(Device::Cuda(0));
 }
 
 fn bf16_loss_against_f64(dev: Device) {
@@ -845,11 +843,9 @@ fn chat_lines_go_through_the_tokenizers_own_chat_template() {
 #[test]
 fn rms_norm_on_cuda_in_bf16_matches_the_fp32_formula() {
     use dflash_top::engine::layers::RmsNorm;
-    if !tch::Cuda::is_available() {
-        eprintln!("no CUDA device: the fused RMSNorm is not run here");
+    let Some(dev) = crate::cuda_or_skip("the fused RMSNorm") else {
         return;
-    }
-    let dev = Device::Cuda(0);
+    };
     let vs = VarStore::new(dev);
     let mut norm = RmsNorm::new(vs.root() / "n", 256, 1e-6);
     tch::no_grad(|| {

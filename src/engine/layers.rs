@@ -118,12 +118,18 @@ pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads_axis: i64) -> Te
 /// blocks entirely come back as zeros, on every device.
 // q [b, hq, lq, d], k/v [b, hkv, lk, d], mask [b, 1, lq, lk] -> [b, hq, lq, d]
 pub fn masked_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Tensor {
-    let blocked = mask.any_dim(-1, true).logical_not();
-    attend(q, k, v, &mask.logical_or(&blocked), &blocked)
+    let (safe, blocked) = prepare_mask(mask);
+    attend(q, k, v, &safe, &blocked)
 }
 
-/// `masked_attention` with the mask prepared: `blocked` [b, 1, lq, 1] marks the rows that see no
-/// key, and `mask` gives those rows every key. The CUDA kernels return NaN for a row that sees
+/// A boolean mask [.., lq, lk] made ready for `attend`: the mask with every key given to the rows
+/// that see none, and those rows [.., lq, 1] (their output is cleared).
+pub fn prepare_mask(mask: &Tensor) -> (Tensor, Tensor) {
+    let blocked = mask.any_dim(-1, true).logical_not();
+    (mask.logical_or(&blocked), blocked)
+}
+
+/// `masked_attention` with the mask prepared (`prepare_mask`). The CUDA kernels return NaN for a row that sees
 /// nothing, and their backward then NaN gradients for q, k and v even under a zero output
 /// gradient (padding anchors would make every step non-finite); such a row's output is cleared.
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, blocked: &Tensor) -> Tensor {

@@ -242,8 +242,9 @@ impl AdamW {
     }
 
     /// The step through libtorch's fused CUDA kernel (each element read and written once; the
-    /// gate as its `found_inf`, the clipping as its `grad_scale`, a divisor); false where it does not run (CPU, no shim, or
-    /// `DFLASH_TOP_UNFUSED_ADAMW=1` for side-by-side measurements), and the plain path runs.
+    /// gate as its `found_inf`, the clipping as its `grad_scale`, a divisor); false where it does
+    /// not run (CPU, no shim, or `DFLASH_TOP_UNFUSED_ADAMW=1` for side-by-side measurements), and
+    /// the plain path runs.
     fn fused(
         &self,
         g: &Tensor,

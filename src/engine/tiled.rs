@@ -53,7 +53,7 @@ pub struct TileRun {
     pub start: i64,
     pub len: i64,
     /// [b * count, 1, t, len + t] bool: the window's part of the context mask, then the block
-    /// part; a row that sees no key is given every key (see `layers::attend`).
+    /// part; a row that sees no key is given every key (`layers::prepare_mask`).
     mask: Tensor,
     /// [b * count, 1, t, 1] bool: rows that see no key (their output is cleared).
     blocked: Tensor,
@@ -259,13 +259,13 @@ impl TiledMask {
                     tile,
                     len + tile,
                 ]);
-                let blocked = mask.any_dim(-1, true).logical_not();
+                let (mask, blocked) = super::layers::prepare_mask(&mask);
                 TileRun {
                     first,
                     count,
                     start,
                     len,
-                    mask: mask.logical_or(&blocked),
+                    mask,
                     blocked,
                 }
             })
