@@ -2,8 +2,9 @@
 //! many threads at once, and queue statistics.
 
 use dflash_top::cancel::CancelToken;
-use dflash_top::telemetry::assemble::{verdict_inputs, Assembler};
+use dflash_top::telemetry::assemble::Assembler;
 use dflash_top::telemetry::queue::monitored_queue;
+use dflash_top::telemetry::queue_view::verdict_inputs;
 use dflash_top::telemetry::snapshot::QueueView;
 use dflash_top::telemetry::switches::Timing;
 use dflash_top::telemetry::verdict::{Verdict, VerdictTracker, WaitShares, HOLD_TICKS};

@@ -4,9 +4,7 @@
 use super::host;
 use super::live::LiveTime;
 use super::queue::{QueueCounters, QueueProbe};
-/// Kept here too: callers found it in this module before the queue views had their own.
-pub use super::queue_view::verdict_inputs;
-use super::queue_view::QueueFlags;
+use super::queue_view::{verdict_inputs, QueueFlags};
 use super::recorder::{LiveRead, StepRecord, ThreadInfo, MAX_SLOTS};
 use super::snapshot::*;
 use super::stall::RecentSteps;
@@ -208,10 +206,12 @@ impl Assembler {
             dropped,
         } = *input;
         let t0 = std::time::Instant::now();
+        // Read once: a snapshot agrees with itself even if space is pressed while it is built.
+        let paused = switches.paused();
         self.follow_mode(threads, switches.gpu_timing());
         self.windows
-            .close_tick(now_ns, threads.len(), counters, switches.paused());
-        let mut snap = self.build(now_ns, threads, queues, switches, dropped);
+            .close_tick(now_ns, threads.len(), counters, paused);
+        let mut snap = self.build(now_ns, threads, queues, switches, paused, dropped);
         snap.self_cost.snapshot_us = t0.elapsed().as_secs_f64() * 1e6;
         snap
     }
@@ -222,18 +222,19 @@ impl Assembler {
         threads: &[ThreadInfo],
         queues: &[QueueProbe],
         switches: &Switches,
+        paused: bool,
         dropped: u64,
     ) -> Snapshot {
         let elapsed_s = now_ns.saturating_sub(self.start_ns) as f64 / 1e9;
         let live: Vec<LiveRead> = threads.iter().map(|t| t.live.read()).collect();
         let stall_ns = self.recent.threshold_ns(threads.len());
-        let lives = self.live_times(threads, &live, switches, stall_ns);
+        let lives = self.live_times(threads, &live, switches, paused, stall_ns);
         let thread_views = self.thread_views(threads, now_ns, &lives);
         let queue_views = self
             .queue_flags
             .views(&self.windows, W1, W10, threads, queues);
         let stall = self.recent.stall(now_ns, threads, &live, stall_ns);
-        let verdict = self.verdict(switches.paused(), stall.is_some(), &queue_views);
+        let verdict = self.verdict(paused, stall.is_some(), &queue_views);
         let train = self.train_view(now_ns, threads, &lives);
         self.push_history(elapsed_s, train.tok_per_s_1s);
         let self_cost = self.self_cost(&thread_views, dropped);
@@ -249,7 +250,7 @@ impl Assembler {
                 .iter()
                 .any(|t| t.on_gpu())
                 .then(|| switches.gpu_timing()),
-            paused: switches.paused(),
+            paused,
             verdict,
             stall,
             groups: host::groups(self.cpu.as_ref(), threads),
@@ -272,6 +273,7 @@ impl Assembler {
         threads: &[ThreadInfo],
         live: &[LiveRead],
         switches: &Switches,
+        paused: bool,
         stall_ns: u64,
     ) -> Vec<Option<LiveTime>> {
         threads
@@ -279,7 +281,7 @@ impl Assembler {
             .zip(live)
             .enumerate()
             .map(|(i, (t, l))| {
-                (!switches.paused()).then(|| LiveTime {
+                (!paused).then(|| LiveTime {
                     live: *l,
                     expected_ns: self.recent.expected_ns(i),
                     tokens: match t.role.counts_tokens() {

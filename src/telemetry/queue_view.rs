@@ -108,8 +108,9 @@ fn queue_view(
         consumer_wait_share,
         producer_wait_share,
         history,
-        starving: consumer_wait_share > ENTER,
-        blocking: producer_wait_share > ENTER,
+        // With hysteresis, by `QueueFlags::views`.
+        starving: false,
+        blocking: false,
     }
 }
 

@@ -71,7 +71,7 @@ pub fn parse(text: &str, path: &Path, color: bool) -> Result<UiConfig> {
     let shown = path.display();
     let file: File = toml::from_str(text).map_err(|e| {
         let at = e.span().map_or(String::new(), |r| {
-            let before = &text[..r.start.min(text.len())];
+            let before = text.get(..r.start).unwrap_or(text);
             let line = before.matches('\n').count() + 1;
             let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
             format!(" line {line}, column {col}:")

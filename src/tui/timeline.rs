@@ -33,10 +33,6 @@ impl TimeSpan {
         }
         Some(Grid::new(self, cols).column(t))
     }
-
-    fn col_start(self, col: usize, cols: usize) -> u64 {
-        Grid::new(self, cols).start(col)
-    }
 }
 
 /// Columns of a span on the hub's clock, in floating point (no division per segment). A span
@@ -357,10 +353,11 @@ pub fn phase_columns(
 /// The history holds one mean depth per hub tick, the newest ending at `now_ns`.
 pub fn queue_strip(q: &QueueView, span: TimeSpan, cols: usize, now_ns: u64) -> Vec<Option<f64>> {
     let cap = q.capacity.max(1) as f64;
+    let b = bounds(&Grid::new(span, cols));
     (0..cols)
         .map(|c| {
-            let end = span.col_start(c + 1, cols);
-            let mid = span.col_start(c, cols) / 2 + end / 2;
+            let end = b[c + 1];
+            let mid = b[c] / 2 + end / 2;
             // A column before the clock's 0 (the first seconds of a run) or after now.
             if end == 0 || mid > now_ns {
                 return None;
