@@ -17,6 +17,7 @@ pub struct Label {
     pub alert: bool,
 }
 
+#[cfg(test)]
 impl Label {
     /// The first column after it.
     fn end(&self) -> usize {
@@ -43,18 +44,38 @@ struct Run {
 }
 
 impl Run {
-    /// Its label on `cols` columns: from its first change on, or ending at its last where the
-    /// text would not fit before the right edge.
+    /// Columns its label takes on `cols` columns, `[start, end)`, without building the text:
+    /// from its first change on, or ending at its last where the text would not fit before the
+    /// right edge.
+    fn extent(&self, cols: usize) -> (usize, usize) {
+        let count = match self.changes {
+            1 => 0,
+            n => 2 + n.to_string().len(), // "×n "
+        };
+        let len = 1 + count + self.verdict.short().chars().count();
+        if self.at_start(len, cols) {
+            (self.first, self.first + len)
+        } else {
+            let start = (self.last + 1).saturating_sub(len);
+            (start, start + len)
+        }
+    }
+
+    fn at_start(&self, len: usize, cols: usize) -> bool {
+        self.first + len <= cols
+    }
+
+    /// Its label on `cols` columns (at `extent`).
     fn label(&self, cols: usize) -> Label {
         let what = match self.changes {
             1 => self.verdict.short().to_string(),
             n => format!("×{n} {}", self.verdict.short()),
         };
-        let len = what.chars().count() + 1;
-        let (start, text) = if self.first + len <= cols {
-            (self.first, format!("▼{what}"))
+        let (start, _) = self.extent(cols);
+        let text = if self.at_start(what.chars().count() + 1, cols) {
+            format!("▼{what}")
         } else {
-            ((self.last + 1).saturating_sub(len), format!("{what}▼"))
+            format!("{what}▼")
         };
         Label {
             start,
@@ -108,7 +129,7 @@ pub fn verdict_row<'a>(
             alert: verdict != Verdict::Balanced,
         };
         while let Some(prev) = runs.last() {
-            if run.label(cols).start > prev.label(cols).end() {
+            if run.extent(cols).0 > prev.extent(cols).1 {
                 break;
             }
             run = prev.then(run);
