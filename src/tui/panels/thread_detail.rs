@@ -74,16 +74,16 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     };
 
     label(buf, y, "phases");
-    let halves = if theme.color { 2 } else { 1 };
+    let palette = Palette::new(theme);
     let now = Some(c.snap.now_ns).filter(|n| *n > 0 && !c.app.finished);
     let lane = lanes(
         &[t],
         c.app.shown_segments(),
         span,
-        halves * cols as usize,
+        palette.halves() * cols as usize,
         now,
     );
-    draw_lane(buf, x0, y, 1, &lane[0].cells, &Palette::new(theme));
+    draw_lane(buf, x0, y, 1, &lane[0].cells, &palette);
     y += 1;
 
     if shares_h > 0 {

@@ -57,6 +57,15 @@ impl Palette {
         }
     }
 
+    /// Lane columns a cell holds: two half-columns where colour can tell them apart, else one.
+    pub fn halves(&self) -> usize {
+        if self.theme.color {
+            2
+        } else {
+            1
+        }
+    }
+
     /// The cell of a lane. With colour a cell holds two half-columns, `a` left and `b` right (a
     /// half block in `a`'s colour on `b`'s); a column of one wait phase is hatched, so a
     /// starving lane reads as hollow. Without colour, the glyph of the phase of the left half.
@@ -91,7 +100,7 @@ pub fn draw_lane(
     columns: &[Option<Phase>],
     palette: &Palette,
 ) {
-    let halves = if palette.theme.color { 2 } else { 1 };
+    let halves = palette.halves();
     let area = buf.area;
     if x >= area.right() || y >= area.bottom() {
         return;
@@ -224,16 +233,14 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     };
     let shown: Vec<_> = order.iter().skip(first).take(lane_count).copied().collect();
     let now = Some(c.snap.now_ns).filter(|n| *n > 0 && !app.finished);
-    // Two half-columns a cell where colour can tell them apart.
-    let halves = if theme.color { 2 } else { 1 };
+    let palette = Palette::new(theme);
     let rows = lanes(
         &shown,
         app.shown_segments(),
         span,
-        halves * cols as usize,
+        palette.halves() * cols as usize,
         now,
     );
-    let palette = Palette::new(theme);
     let mut used = [false; N_PHASES];
     for (t, lane) in shown.iter().zip(&rows) {
         let selected = app.selected.as_ref() == Some(&t.name);
