@@ -121,23 +121,29 @@ pub trait Controls {
     }
 }
 
+/// The display as it was when it froze: the snapshot, and the spans and segments behind it (the
+/// timeline pans over these).
+#[derive(Clone)]
+pub struct Frozen {
+    pub snap: Arc<Snapshot>,
+    recent: VecDeque<StepSpan>,
+    segments: Segments,
+}
+
 pub struct App {
     pub view: View,
     pub window: Window,
     pub help: bool,
     pub quit: bool,
-    /// The snapshot on screen while frozen.
-    pub frozen: Option<Arc<Snapshot>>,
+    /// What is on screen while frozen.
+    pub frozen: Option<Frozen>,
     pub latest: Option<Arc<Snapshot>>,
     /// A short note about the last key (shown in the header).
     pub note: Option<String>,
     /// Step spans of the last `TRACE_SECONDS`: the timeline and `e`.
     pub recent: VecDeque<StepSpan>,
-    /// The spans as they were when the display froze (the timeline pans over these).
-    pub frozen_recent: Option<VecDeque<StepSpan>>,
     /// The same steps as per-thread phase segments: what the timeline draws from.
     pub segments: Segments,
-    pub frozen_segments: Option<Segments>,
     /// Verdict changes, (hub clock ns, new verdict), oldest first; the timeline marks them.
     pub verdicts: VecDeque<(u64, Verdict)>,
     /// The timeline's width, an index into `ZOOMS_S`.
@@ -185,9 +191,7 @@ impl App {
             latest: None,
             note: None,
             recent: VecDeque::new(),
-            frozen_recent: None,
             segments: Segments::default(),
-            frozen_segments: None,
             verdicts: VecDeque::new(),
             zoom: ZOOMS_S.len() - 1,
             pan_ns: 0,
@@ -204,7 +208,10 @@ impl App {
 
     /// The snapshot to render.
     pub fn shown(&self) -> Option<&Arc<Snapshot>> {
-        self.frozen.as_ref().or(self.latest.as_ref())
+        self.frozen
+            .as_ref()
+            .map(|f| &f.snap)
+            .or(self.latest.as_ref())
     }
 
     /// The wheel moves the selection; a click on a thread's row (table or lane) selects it.
@@ -230,7 +237,7 @@ impl App {
 
     /// The step spans behind the shown snapshot (frozen with it).
     pub fn shown_spans(&self) -> &VecDeque<StepSpan> {
-        self.frozen_recent.as_ref().unwrap_or(&self.recent)
+        self.frozen.as_ref().map_or(&self.recent, |f| &f.recent)
     }
 
     /// The span the timeline shows: its width, ending at the shown snapshot's time less the pan.
@@ -254,7 +261,7 @@ impl App {
 
     /// The phase segments behind the shown snapshot (frozen with it).
     pub fn shown_segments(&self) -> &Segments {
-        self.frozen_segments.as_ref().unwrap_or(&self.segments)
+        self.frozen.as_ref().map_or(&self.segments, |f| &f.segments)
     }
 
     /// The shown snapshot's threads in the chosen order.
@@ -319,9 +326,11 @@ impl App {
 
     fn freeze(&mut self) {
         if self.frozen.is_none() {
-            self.frozen = self.latest.clone();
-            self.frozen_recent = Some(self.recent.clone());
-            self.frozen_segments = Some(self.segments.clone());
+            self.frozen = self.latest.clone().map(|snap| Frozen {
+                snap,
+                recent: self.recent.clone(),
+                segments: self.segments.clone(),
+            });
         }
     }
 
@@ -420,8 +429,6 @@ impl App {
             }
             Action::ToggleFreeze => {
                 if self.frozen.take().is_some() {
-                    self.frozen_recent = None;
-                    self.frozen_segments = None;
                     self.pan_ns = 0;
                 } else {
                     self.freeze();
