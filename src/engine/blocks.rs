@@ -150,15 +150,38 @@ pub fn tiled_block_mask(
     per_row: &[Vec<i64>],
     host_doc_ids: &[i64],
 ) -> super::tiled::TiledMask {
-    use super::tiled::{context_spans, window_grid, TiledMask};
     let (s, width) = (doc_ids.size()[1], anchors.pos.size()[1]);
-    let spans = context_spans(per_row, width as usize, host_doc_ids, s as usize);
-    TiledMask::new(
+    let spans = super::tiled::context_spans(per_row, width as usize, host_doc_ids, s as usize);
+    tiled_mask_over(doc_ids, anchors, block, &spans)
+}
+
+/// `tiled_block_mask` with every tile's window the whole context: the same visible set in
+/// shapes that do not depend on the batch (what a CUDA graph of the step needs), at the cost of
+/// the keys the windows would skip.
+pub fn whole_context_block_mask(
+    doc_ids: &Tensor,
+    anchors: &Anchors,
+    block: i64,
+) -> super::tiled::TiledMask {
+    let (b, s, width) = (doc_ids.size()[0], doc_ids.size()[1], anchors.pos.size()[1]);
+    let tiles = width / super::tiled::tile_anchors(width);
+    let whole = super::tiled::Span { start: 0, end: s };
+    tiled_mask_over(doc_ids, anchors, block, &vec![whole; (b * tiles) as usize])
+}
+
+fn tiled_mask_over(
+    doc_ids: &Tensor,
+    anchors: &Anchors,
+    block: i64,
+    spans: &[super::tiled::Span],
+) -> super::tiled::TiledMask {
+    let s = doc_ids.size()[1];
+    super::tiled::TiledMask::new(
         &context_mask(doc_ids, anchors),
         &anchors.valid,
         block,
-        &spans,
-        window_grid(s),
+        spans,
+        super::tiled::window_grid(s),
     )
 }
 

@@ -89,9 +89,9 @@ mod ffi {
         ) -> c_int;
         pub fn dflash_graph_new(out: *mut *mut c_void) -> c_int;
         pub fn dflash_graph_free(g: *mut c_void);
-        pub fn dflash_graph_capture_begin(g: *mut c_void) -> c_int;
-        pub fn dflash_graph_capture_end(g: *mut c_void) -> c_int;
-        pub fn dflash_graph_replay(g: *mut c_void) -> c_int;
+        pub fn dflash_graph_capture_begin(g: *mut c_void, device: c_int) -> c_int;
+        pub fn dflash_graph_capture_end(g: *mut c_void, device: c_int) -> c_int;
+        pub fn dflash_graph_replay(g: *mut c_void, device: c_int) -> c_int;
     }
 }
 
@@ -179,13 +179,13 @@ mod ffi {
         1
     }
     pub unsafe fn dflash_graph_free(_: *mut c_void) {}
-    pub unsafe fn dflash_graph_capture_begin(_: *mut c_void) -> c_int {
+    pub unsafe fn dflash_graph_capture_begin(_: *mut c_void, _: c_int) -> c_int {
         1
     }
-    pub unsafe fn dflash_graph_capture_end(_: *mut c_void) -> c_int {
+    pub unsafe fn dflash_graph_capture_end(_: *mut c_void, _: c_int) -> c_int {
         1
     }
-    pub unsafe fn dflash_graph_replay(_: *mut c_void) -> c_int {
+    pub unsafe fn dflash_graph_replay(_: *mut c_void, _: c_int) -> c_int {
         1
     }
     pub unsafe fn dflash_device_pci(_: c_int, _: *mut c_char, _: usize, _: *mut u8) -> c_int {
@@ -439,31 +439,72 @@ pub fn memory_peak(device: usize, reset: bool) -> Result<u64> {
     Ok(peak)
 }
 
+/// How a graph user's captures went in this process (for `bench` and `doctor`).
+pub struct CaptureState(std::sync::atomic::AtomicU8);
+
+impl CaptureState {
+    pub const fn untried() -> CaptureState {
+        CaptureState(std::sync::atomic::AtomicU8::new(0))
+    }
+
+    /// Records the outcome of a capture.
+    pub fn record(&self, captured: bool) {
+        let v = if captured { 1 } else { 2 };
+        self.0.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// "graph" once a capture succeeded, "eager (capture failed)" after a failed one, else
+    /// "eager".
+    pub fn describe(&self) -> &'static str {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => "graph",
+            2 => "eager (capture failed)",
+            _ => "eager",
+        }
+    }
+}
+
+/// Whether CUDA graphs may be used: on by default where the shim is built;
+/// `DFLASH_TOP_NO_GRAPHS=1` turns them all off (for side-by-side measurements).
+pub fn graphs_wanted() -> bool {
+    AVAILABLE && std::env::var_os("DFLASH_TOP_NO_GRAPHS").is_none()
+}
+
 /// A CUDA graph (libtorch's `at::cuda::CUDAGraph`): what the calling thread queues on its
 /// current stream between `capture` and its end, replayed with one launch.
-pub struct Graph(*mut c_void);
+pub struct Graph {
+    handle: *mut c_void,
+    /// The CUDA device it is captured on and replayed on.
+    device: c_int,
+}
 
 // SAFETY: the graph is used by the thread that owns it; moving it between threads is fine.
 unsafe impl Send for Graph {}
 
 impl Graph {
-    /// Records the work `f` queues on the calling thread's current stream (which must not be the
-    /// default stream). The tensors `f` returns live in the graph's memory pool: every replay
-    /// writes them again.
-    pub fn capture<T>(f: impl FnOnce() -> T) -> Result<(Graph, T)> {
+    /// Records the work `f` queues on the calling thread's current stream of CUDA device
+    /// `device` (which must not be the default stream). The tensors `f` returns live in the
+    /// graph's memory pool: every replay writes them again.
+    pub fn capture<T>(device: tch::Device, f: impl FnOnce() -> T) -> Result<(Graph, T)> {
+        let tch::Device::Cuda(device) = device else {
+            bail!("CUDA graphs are captured on CUDA devices, not on {device:?}");
+        };
         let mut out = std::ptr::null_mut();
         // SAFETY: valid out pointer.
         check(unsafe { ffi::dflash_graph_new(&mut out) }, "a CUDA graph")?;
-        let graph = Graph(out);
+        let graph = Graph {
+            handle: out,
+            device: device as c_int,
+        };
         // SAFETY: live handle.
         check(
-            unsafe { ffi::dflash_graph_capture_begin(graph.0) },
+            unsafe { ffi::dflash_graph_capture_begin(graph.handle, graph.device) },
             "CUDA graph capture",
         )?;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         // SAFETY: live handle; ends the capture whatever `f` did.
         let ended = check(
-            unsafe { ffi::dflash_graph_capture_end(graph.0) },
+            unsafe { ffi::dflash_graph_capture_end(graph.handle, graph.device) },
             "CUDA graph capture",
         );
         match result {
@@ -475,7 +516,7 @@ impl Graph {
     pub fn replay(&self) -> Result<()> {
         // SAFETY: live handle.
         check(
-            unsafe { ffi::dflash_graph_replay(self.0) },
+            unsafe { ffi::dflash_graph_replay(self.handle, self.device) },
             "CUDA graph replay",
         )
     }
@@ -484,7 +525,7 @@ impl Graph {
 impl Drop for Graph {
     fn drop(&mut self) {
         // SAFETY: created by the shim, freed once.
-        unsafe { ffi::dflash_graph_free(self.0) }
+        unsafe { ffi::dflash_graph_free(self.handle) }
     }
 }
 

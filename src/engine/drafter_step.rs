@@ -4,14 +4,17 @@
 
 use super::blocks::{
     anchors_tensor, block_input_ids, block_labels, block_positions, label_rows, tiled_block_mask,
+    whole_context_block_mask,
 };
 use super::config::DrafterSpec;
 use super::cuda::upload;
 use super::data::PackedBatch;
 use super::drafter::Drafter;
-use super::loss::{block_metrics, chunked_loss_backward_rows, gamma_for, slot_weights};
+use super::drafter_graph::{Forwarded, StepGraphs, StepInputs, StepMode};
+use super::loss::{backward_from, block_metrics, chunked_loss_rows, gamma_for, slot_weights};
 use super::optim::AdamW;
 use super::replicas::GradMean;
+use super::tiled::AttnMask;
 use crate::telemetry::Phase;
 use anyhow::Result;
 use tch::{Device, Tensor};
@@ -22,6 +25,10 @@ pub trait StepProbe {
     /// Between the forward and the loss, with the drafter's output.
     fn after_forward(&mut self, _out: &mut Tensor) -> Result<()> {
         Ok(())
+    }
+    /// Whether the step runs on a CUDA stream of the thread's own (graphs need one).
+    fn own_stream(&self) -> bool {
+        false
     }
 }
 
@@ -56,6 +63,8 @@ pub struct DrafterStep {
     pub replicas: Box<dyn GradMean>,
     /// Lm-head chunk in the loss, MiB: rows x vocab x 4 bytes (bf16 logits and probabilities).
     pub loss_chunk_mib: i64,
+    /// The step's CUDA graphs (`StepGraphs::off()`: every step eager).
+    pub graphs: StepGraphs,
 }
 
 /// Rows of lm-head logits per chunk: `mib` MiB at 4 bytes an entry (a bf16 logit and its
@@ -82,20 +91,22 @@ impl DrafterStep {
         probe: &mut dyn StepProbe,
     ) -> Result<StepOutcome> {
         let (device, block) = (self.device, self.spec.block_size);
-        let (ids, pos, docs, lmask) = (&b.input_ids, &b.positions, &b.doc_ids, &b.loss_mask);
         // Padded to a whole number of attention tiles: few distinct shapes, full tiles.
         let width = super::tiled::padded_width(per_row.iter().map(Vec::len).max().unwrap_or(0));
-        let anch = anchors_tensor(per_row, width, device);
-        let block_ids = block_input_ids(ids, &anch, block, self.spec.mask_token_id);
-        let block_pos = block_positions(pos, &anch, block);
-        let mask = super::tiled::AttnMask::Tiled(tiled_block_mask(
-            docs,
-            &anch,
-            block,
-            per_row,
-            &b.host_doc_ids,
-        ));
-        let (labels, valid) = block_labels(ids, docs, lmask, &anch, block);
+        let usable = device.is_cuda() && probe.own_stream() && !self.replicas.syncs();
+        let mode = self.graphs.mode(usable, b.rows, b.seq, width);
+        let width = match mode {
+            StepMode::Windows => width,
+            StepMode::Whole { width } | StepMode::Graph { width } => width,
+        };
+        let inputs = StepInputs {
+            hidden: hidden.shallow_clone(),
+            ids: b.input_ids.shallow_clone(),
+            pos: b.positions.shallow_clone(),
+            docs: b.doc_ids.shallow_clone(),
+            loss_mask: b.loss_mask.shallow_clone(),
+            anchors: anchors_tensor(per_row, width, device),
+        };
         let keep = upload(
             &Tensor::from_slice(&label_rows(
                 per_row,
@@ -108,24 +119,39 @@ impl DrafterStep {
             device,
         );
         probe.mark(Phase::Forward);
-        let block_emb =
-            Tensor::embedding(&self.embed, &block_ids, -1, false, false).to_kind(hidden.kind());
-        let mut out = self
-            .model
-            .forward_masked(hidden, pos, &block_emb, &block_pos, &mask);
-        probe.after_forward(&mut out)?;
+        let whole = |x: &StepInputs| forward(&self.model, &self.embed, &self.spec, x, None);
+        let (fwd, graphed) = match mode {
+            StepMode::Windows => {
+                let windows = Some((per_row, b.host_doc_ids.as_slice()));
+                let fwd = forward(&self.model, &self.embed, &self.spec, &inputs, windows);
+                (fwd, false)
+            }
+            StepMode::Whole { .. } => (whole(&inputs), false),
+            StepMode::Graph { .. } => match self.graphs.forward(&inputs, whole) {
+                Ok(fwd) => (fwd, true),
+                Err(_) => (whole(&inputs), false),
+            },
+        };
+        // An alias without autograd history: what the probe does to it in place reaches the loss
+        // and never the graph that backward runs through.
+        probe.after_forward(&mut fwd.out.detach())?;
         probe.mark(Phase::Loss);
-        let (loss, backward) = chunked_loss_backward_rows(
-            &out,
+        let (loss, grad) = chunked_loss_rows(
+            &fwd.out,
             &self.lm_head,
-            &labels,
-            &valid,
+            &fwd.labels,
+            &fwd.valid,
             &keep,
             &slot_weights(block, gamma_for(block)),
             chunk_rows(self.spec.layers.vocab_size, self.loss_chunk_mib),
         );
         probe.mark(Phase::Backward);
-        backward();
+        if !graphed {
+            backward_from(&fwd.out, &grad)?;
+        } else if self.graphs.backward(&grad).is_err() {
+            // The capture failed and ran nothing: this step again, eagerly, from the start.
+            return self.run(hidden, b, per_row, lr, probe);
+        }
         if self.replicas.syncs() {
             probe.mark(Phase::GradSync);
             self.replicas.mean(&mut self.optimizer)?;
@@ -143,7 +169,7 @@ impl DrafterStep {
         };
         self.optimizer.step_if(lr, &finite);
         probe.mark(Phase::Metrics);
-        let (acc, tau) = block_metrics(&loss.correct, &valid, &anch.valid);
+        let (acc, tau) = block_metrics(&loss.correct, &fwd.valid, &inputs.anchors.valid);
         let packed = Tensor::cat(
             &[
                 loss.loss.view([1]),
@@ -166,5 +192,158 @@ impl DrafterStep {
             finite,
             slot_acc: host[4..].to_vec(),
         })
+    }
+}
+
+/// The drafter's forward on `x`: block tokens, positions, labels and mask from the anchors, then
+/// the drafter. `windows`: the anchors and document ids on the host, from which each run of
+/// tiles' context window is planned; `None`: every tile over the whole context (fixed shapes).
+fn forward(
+    model: &Drafter,
+    embed: &Tensor,
+    spec: &DrafterSpec,
+    x: &StepInputs,
+    windows: Option<(&[Vec<i64>], &[i64])>,
+) -> Forwarded {
+    let block = spec.block_size;
+    let block_ids = block_input_ids(&x.ids, &x.anchors, block, spec.mask_token_id);
+    let block_pos = block_positions(&x.pos, &x.anchors, block);
+    let mask = AttnMask::Tiled(match windows {
+        Some((per_row, host_docs)) => {
+            tiled_block_mask(&x.docs, &x.anchors, block, per_row, host_docs)
+        }
+        None => whole_context_block_mask(&x.docs, &x.anchors, block),
+    });
+    let (labels, valid) = block_labels(&x.ids, &x.docs, &x.loss_mask, &x.anchors, block);
+    let block_emb = Tensor::embedding(embed, &block_ids, -1, false, false).to_kind(x.hidden.kind());
+    let out = model.forward_masked(&x.hidden, &x.pos, &block_emb, &block_pos, &mask);
+    Forwarded { out, labels, valid }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::TrainArgs;
+    use crate::config::RunConfig;
+    use crate::engine::blocks::sample_anchors;
+    use crate::engine::data::{Packer, Rng};
+    use crate::engine::pipeline::{build_drafters, build_target, data_source, frozen_on};
+    use crate::engine::replicas::Single;
+    use crate::engine::workers::DataCounts;
+    use tch::Kind;
+
+    /// A step probe on a stream of the thread's own, as a worker's.
+    struct OwnStream;
+
+    impl StepProbe for OwnStream {
+        fn mark(&mut self, _: Phase) {}
+        fn own_stream(&self) -> bool {
+            true
+        }
+    }
+
+    fn flat(step: &mut DrafterStep) -> Tensor {
+        step.optimizer.flat_params().to_device(Device::Cpu)
+    }
+
+    /// One drafter trained through the CUDA graphs and a copy of it trained eagerly the same way
+    /// (whole context, padded anchors) on the same batches: the same losses step by step and the
+    /// same weights after; a graph that replayed stale inputs, or a backward that did not reach
+    /// the weights, fails it. A last batch where no label counts gives a zero loss and zero
+    /// gradients, finite, both ways. Skipped without a GPU and the CUDA shim.
+    #[test]
+    fn graphed_steps_train_like_the_same_steps_run_eagerly_on_cuda() {
+        if !tch::Cuda::is_available() || !crate::engine::cuda::AVAILABLE {
+            eprintln!("skipped: the drafter step's CUDA graphs need a GPU and the CUDA shim");
+            return;
+        }
+        // The last GPU: on a host of two, not the thread's current device (a capture must find
+        // the worker's stream on the worker's device).
+        let last = tch::Cuda::device_count() as usize - 1;
+        let dev = Device::Cuda(last);
+        let _stream = crate::engine::cuda::Stream::own(dev).unwrap();
+        let args = TrainArgs {
+            preset: Some("tiny".into()),
+            target_devices: Some(format!("cuda:{last}")),
+            drafter_devices: Some(format!("cuda:{last}")),
+            anchors: Some(64),
+            ..Default::default()
+        };
+        let cfg = RunConfig::from_args(&args).unwrap();
+        let (_tvs, target) =
+            build_target(&cfg, &cfg.target_config, &cfg.spec.target_layer_ids, dev).unwrap();
+        let mut built = build_drafters(&cfg, &[dev, dev]).unwrap();
+        let mut step_of = |graphs: StepGraphs| {
+            let (vs, model, device) = built.remove(0);
+            let step = DrafterStep {
+                model,
+                optimizer: AdamW::new(vs.variables().into_iter().collect()),
+                spec: cfg.spec.clone(),
+                embed: frozen_on(&target.embed_tokens, device),
+                lm_head: frozen_on(&target.lm_head, device),
+                device,
+                replicas: Box::new(Single),
+                loss_chunk_mib: 1,
+                graphs,
+            };
+            (vs, step)
+        };
+        let (_gvs, mut graphed) = step_of(StepGraphs::on());
+        let (_evs, mut eager) = step_of(StepGraphs::graph_way_eagerly());
+        let start = flat(&mut eager);
+        let counts = std::sync::Arc::new(DataCounts::default());
+        let mut source = data_source(&cfg, &cfg.target_config, &cfg.spec, &counts).unwrap();
+        let mut packer = Packer::new();
+        let mut rng = Rng::new(5);
+        let mut losses = Vec::new();
+        for i in 0..7 {
+            let mut b = packer
+                .pack(source.as_mut(), cfg.batch, cfg.seq_len)
+                .unwrap();
+            let seq = b.seq as usize;
+            let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
+                .map(|r| {
+                    let span = r * seq..(r + 1) * seq;
+                    let (docs, lmask) = (&b.host_doc_ids[span.clone()], &b.host_loss_mask[span]);
+                    sample_anchors(docs, lmask, 16, cfg.anchors as usize, &mut rng)
+                })
+                .collect();
+            let last = i == 6;
+            if last {
+                // Anchors kept, every label masked out.
+                b.host_loss_mask.fill(false);
+                b.loss_mask = b.loss_mask.zeros_like();
+            }
+            let b = b.to_device(dev);
+            let hidden = tch::no_grad(|| target.forward(&b.input_ids, &b.positions, &b.doc_ids));
+            let g = graphed
+                .run(&hidden, &b, &per_row, 3e-3, &mut OwnStream)
+                .unwrap();
+            let e = eager
+                .run(&hidden, &b, &per_row, 3e-3, &mut OwnStream)
+                .unwrap();
+            assert!(g.finite && e.finite, "step {i}: {g:?} {e:?}");
+            if last {
+                for o in [&g, &e] {
+                    assert_eq!((o.loss, o.grad_norm), (0.0, 0.0), "no label counts: {o:?}");
+                }
+            } else {
+                let gap = (g.loss - e.loss).abs();
+                assert!(gap <= 1e-3 * e.loss, "step {i}: graphed {g:?}, eager {e:?}");
+                losses.push(g.loss);
+            }
+        }
+        assert!(graphed.graphs.captured(), "the step ran through graphs");
+        assert!(
+            losses.windows(2).any(|w| w[0] != w[1]),
+            "each batch gives its own loss: {losses:?}"
+        );
+        let (g, e) = (flat(&mut graphed), flat(&mut eager));
+        let moved = f64::try_from((&e - &start).norm().to_kind(Kind::Double)).unwrap();
+        let gap = f64::try_from((&g - &e).norm().to_kind(Kind::Double)).unwrap();
+        assert!(
+            moved > 0.0 && gap <= 1e-2 * moved,
+            "moved {moved}, apart {gap}"
+        );
     }
 }

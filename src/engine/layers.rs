@@ -87,6 +87,8 @@ impl Mlp {
 
 /// cos and sin for NeoX rotate-half RoPE at the given positions: each [.., head_dim], computed in
 /// f32 and returned in `kind` (the activations' dtype, as transformers' Qwen3 hands them over).
+/// The sin table's first half comes negated: rotate-half is then a roll of the head by half its
+/// width (`apply_rope`), one copy instead of a negation and a concatenation.
 pub fn rope_tables(positions: &Tensor, head_dim: i64, theta: f64, kind: Kind) -> (Tensor, Tensor) {
     let device = positions.device();
     let inv_freq = Tensor::arange_start_step(0, head_dim, 2, (Kind::Float, device))
@@ -95,23 +97,21 @@ pub fn rope_tables(positions: &Tensor, head_dim: i64, theta: f64, kind: Kind) ->
         .exp();
     let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
-    (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    let sin = freqs.sin();
+    let signed_sin = Tensor::cat(&[&sin.neg(), &sin], -1);
+    (emb.cos().to_kind(kind), signed_sin.to_kind(kind))
 }
 
-fn rotate_half(x: &Tensor) -> Tensor {
-    let half = x.size().last().copied().unwrap_or(0) / 2;
-    let x1 = x.narrow(-1, 0, half);
-    let x2 = x.narrow(-1, half, half);
-    Tensor::cat(&[&x2.neg(), &x1], -1)
-}
-
-/// Applies RoPE to `x` with tables [batch, seq, head_dim]; `heads_axis` is where `x` has its
-/// heads: 1 for [batch, heads, seq, head_dim], 2 for [batch, seq, heads, head_dim].
+/// Applies RoPE to `x` with `rope_tables`' tables [batch, seq, head_dim]; `heads_axis` is where
+/// `x` has its heads: 1 for [batch, heads, seq, head_dim], 2 for [batch, seq, heads, head_dim].
+/// `x cos + rotate_half(x) sin`, where rotate_half(x) = [-x2, x1] is the roll of x by half the
+/// head times the sign the sin table carries.
 pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads_axis: i64) -> Tensor {
     let kind = x.kind();
     let cos = cos.unsqueeze(heads_axis).to_kind(kind);
     let sin = sin.unsqueeze(heads_axis).to_kind(kind);
-    x * &cos + rotate_half(x) * &sin
+    let half = x.size().last().copied().unwrap_or(0) / 2;
+    (x * &cos).addcmul(&x.roll([half], [-1]), &sin)
 }
 
 /// Scaled dot-product attention with a boolean mask (true = attend) and GQA; rows the mask

@@ -50,12 +50,17 @@ pub fn chunked_loss_backward(
 ) -> (LossOut, impl FnOnce()) {
     // Reading the count back waits for the device; the trainer passes the rows from the host.
     let keep = valid.view([-1]).nonzero().squeeze_dim(1);
-    chunked_loss_backward_rows(hidden, lm_head, labels, valid, &keep, weights, chunk_rows)
+    let (out, grad) = chunked_loss_rows(hidden, lm_head, labels, valid, &keep, weights, chunk_rows);
+    let hidden = hidden.shallow_clone();
+    (out, move || {
+        backward_from(&hidden, &grad).expect("backward through the drafter")
+    })
 }
 
-/// `chunked_loss_backward` over the rows `keep` (int64, the flat indices where `valid` is true,
-/// as `label_rows` computes them on the host): no host sync.
-pub fn chunked_loss_backward_rows(
+/// The loss over the rows `keep` (int64, the flat indices where `valid` is true, as `label_rows`
+/// computes them on the host: no host sync) and its gradient with respect to `hidden`
+/// ([b, a*block, h], in `hidden`'s dtype), nothing run backward yet (see `backward_from`).
+pub fn chunked_loss_rows(
     hidden: &Tensor,
     lm_head: &Tensor,
     labels: &Tensor,
@@ -63,7 +68,7 @@ pub fn chunked_loss_backward_rows(
     keep: &Tensor,
     weights: &[f32],
     chunk_rows: i64,
-) -> (LossOut, impl FnOnce()) {
+) -> (LossOut, Tensor) {
     let (b, a, block) = (labels.size()[0], labels.size()[1], labels.size()[2]);
     let h = hidden.size()[2];
     let dev = hidden.device();
@@ -100,16 +105,17 @@ pub fn chunked_loss_backward_rows(
         start += len;
     }
     let correct = correct.view([b, a, block]);
-    let grad = grad.view([b, a * block, h]);
-    let hidden = hidden.shallow_clone();
-    // Backward runs even when no row counts (zero gradients): replicas reduce their gradients
-    // from hooks that backward fires, and every replica must fire them alike.
-    let backward = move || {
-        if hidden.requires_grad() {
-            (hidden * grad).sum(Kind::Float).backward();
-        }
-    };
-    (LossOut { loss, correct }, backward)
+    (LossOut { loss, correct }, grad.view([b, a * block, h]))
+}
+
+/// Backward through the drafter from its output `hidden` with the loss's gradient `grad`. It
+/// runs even when no row counts (zero gradients): replicas reduce their gradients from hooks
+/// that backward fires, and every replica must fire them alike.
+pub fn backward_from(hidden: &Tensor, grad: &Tensor) -> Result<(), tch::TchError> {
+    if hidden.requires_grad() {
+        (hidden * grad).sum(Kind::Float).f_backward()?;
+    }
+    Ok(())
 }
 
 /// One chunk's share of the loss, its gradient with respect to the rows, and the rows whose

@@ -43,7 +43,7 @@ pub(crate) fn build_target(
     device: Device,
 ) -> Result<(VarStore, Qwen3Target)> {
     let mut vs = VarStore::new(device);
-    let model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
+    let mut model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
     if let Some(dir) = &cfg.target {
         let tensors = super::weights::read_all(dir)?;
         super::weights::copy_into(&vs, &tensors, &super::weights::weights_label(dir))?;
@@ -52,6 +52,7 @@ pub(crate) fn build_target(
     if device.is_cuda() {
         vs.set_kind(Kind::BFloat16);
     }
+    model.fuse_projections();
     Ok((vs, model))
 }
 
@@ -333,6 +334,7 @@ impl Pipeline {
                     device: dev,
                     replicas: group.member(i),
                     loss_chunk_mib: cfg.loss_chunk_mib,
+                    graphs: super::drafter_graph::StepGraphs::from_env(),
                 },
                 vs,
                 input: hs_rx.clone(),

@@ -18,6 +18,9 @@ pub struct Attention {
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
+    /// [q; k; v] weights in one tensor (the three projections' weights are views into it) once
+    /// `fuse_projections` ran: one GEMM where queries, keys and values come from the same tokens.
+    qkv: Option<Tensor>,
 }
 
 impl Attention {
@@ -34,7 +37,25 @@ impl Attention {
             heads: nq,
             kv_heads: nkv,
             head_dim: d,
+            qkv: None,
         }
+    }
+
+    /// Puts the q, k and v weights in one tensor (for a frozen model, after its weights are
+    /// loaded): a forward whose keys and values come from its queries' tokens then projects
+    /// them with one GEMM. The k and v GEMMs alone are narrow (a 4096-wide model's are 1024
+    /// outputs) and fill the GPU poorly.
+    pub fn fuse_projections(&mut self) {
+        let _g = tch::no_grad_guard();
+        let parts = [&self.q_proj, &self.k_proj, &self.v_proj].map(|l| l.weight.detach());
+        let fused = Tensor::cat(&parts, 0);
+        let mut at = 0;
+        for l in [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj] {
+            let rows = l.weight.size()[0];
+            l.weight.set_data(&fused.narrow(0, at, rows));
+            at += rows;
+        }
+        self.qkv = Some(fused);
     }
 
     /// Queries from `x`; keys and values from `kv_sources` concatenated along the sequence, each
@@ -49,8 +70,13 @@ impl Attention {
         k_rope: (&Tensor, &Tensor),
         mask: &AttnMask,
     ) -> Tensor {
-        let q = self.queries(x);
-        let (k, v) = self.keys_values(kv_sources);
+        let (q, k, v) = match (&self.qkv, kv_sources) {
+            (Some(w), [only]) if same_tensor(only, x) => self.fused(x, w),
+            _ => {
+                let (k, v) = self.keys_values(kv_sources);
+                (self.queries(x), k, v)
+            }
+        };
         let out = match mask {
             AttnMask::Documents { docs, window } => {
                 let q = apply_rope(&q, q_rope.0, q_rope.1, 2);
@@ -92,6 +118,19 @@ impl Attention {
         self.output(x, &out)
     }
 
+    // x [b, l, h], w [q + 2 kv, h] -> q [b, l, heads, d], k, v [b, l, kv_heads, d]; q, k normed
+    fn fused(&self, x: &Tensor, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (b, l) = (x.size()[0], x.size()[1]);
+        let (nq, nkv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let qkv = x.matmul(&w.to_kind(x.kind()).tr());
+        let part = |at, n, heads| qkv.narrow(2, at, n).view([b, l, heads, self.head_dim]);
+        (
+            self.q_norm.forward(&part(0, nq, self.heads)),
+            self.k_norm.forward(&part(nq, nkv, self.kv_heads)),
+            part(nq + nkv, nkv, self.kv_heads),
+        )
+    }
+
     // x [b, l, h] -> [b, l, heads, d], normed
     fn queries(&self, x: &Tensor) -> Tensor {
         let (b, l) = (x.size()[0], x.size()[1]);
@@ -106,10 +145,16 @@ impl Attention {
     fn keys_values(&self, sources: &[&Tensor]) -> (Tensor, Tensor) {
         let b = sources[0].size()[0];
         let heads = |t: Tensor| t.view([b, -1, self.kv_heads, self.head_dim]);
-        let k_parts: Vec<Tensor> = sources.iter().map(|s| self.k_proj.forward(s)).collect();
-        let v_parts: Vec<Tensor> = sources.iter().map(|s| self.v_proj.forward(s)).collect();
-        let k = self.k_norm.forward(&heads(Tensor::cat(&k_parts, 1)));
-        (k, heads(Tensor::cat(&v_parts, 1)))
+        // One source: its projections as they are (a concatenation of one would copy them).
+        let project = |proj: &Linear| match sources {
+            [only] => proj.forward(only),
+            _ => {
+                let parts: Vec<Tensor> = sources.iter().map(|s| proj.forward(s)).collect();
+                Tensor::cat(&parts, 1)
+            }
+        };
+        let k = self.k_norm.forward(&heads(project(&self.k_proj)));
+        (k, heads(project(&self.v_proj)))
     }
 
     // out [b, lq, heads, d] -> [b, lq, h]
@@ -118,6 +163,11 @@ impl Attention {
         self.o_proj
             .forward(&out.reshape([b, lq, self.heads * self.head_dim]))
     }
+}
+
+/// Whether `a` and `b` are the same values: one storage, offset and shape.
+fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
+    a.data_ptr() == b.data_ptr() && a.size() == b.size() && a.stride() == b.stride()
 }
 
 /// q, k, v from sequence-major [b, l, heads, d] to heads-major [b, heads, l, d], q and k rotated.
@@ -229,6 +279,14 @@ impl Qwen3Target {
             depth.min(cfg.num_hidden_layers),
             embed_std,
         )
+    }
+
+    /// Each layer's q, k and v weights in one tensor (see `Attention::fuse_projections`): once
+    /// the weights are loaded and final.
+    pub fn fuse_projections(&mut self) {
+        for layer in &mut self.layers {
+            layer.self_attn.fuse_projections();
+        }
     }
 
     /// Every layer, for `logits` (generation): the whole model, not only its captured part.
@@ -398,4 +456,42 @@ pub fn document_causal_mask(doc_ids: &Tensor, window: Option<i64>) -> Tensor {
     }
     let same = doc_ids.unsqueeze(2).eq_tensor(&doc_ids.unsqueeze(1));
     same.logical_and(&m.unsqueeze(0)).unsqueeze(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::config::Preset;
+    use tch::{Device, Kind};
+
+    /// The fused q/k/v projection gives the forward it replaces (a wrong split — k and v
+    /// swapped, a misplaced offset — changes it), and the three weights keep their values.
+    #[test]
+    fn fused_projections_give_the_same_forward() {
+        tch::manual_seed(4);
+        let p = Preset::by_name("tiny").unwrap();
+        let spec = p.drafter_spec(&p.target);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let mut target = Qwen3Target::new(&vs.root(), &p.target, &spec.target_layer_ids, 0.5);
+        let (b, s) = (2, 24);
+        let ids = Tensor::randint(500, [b, s], (Kind::Int64, Device::Cpu));
+        let docs = Tensor::cat(
+            &[
+                Tensor::zeros([b, s / 2], (Kind::Int64, Device::Cpu)),
+                Tensor::ones([b, s / 2], (Kind::Int64, Device::Cpu)),
+            ],
+            1,
+        );
+        let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu))
+            .unsqueeze(0)
+            .repeat([b, 1]);
+        let q_before = target.layers[0].self_attn.q_proj.weight.copy();
+        let before = tch::no_grad(|| target.forward(&ids, &pos, &docs));
+        target.fuse_projections();
+        let after = tch::no_grad(|| target.forward(&ids, &pos, &docs));
+        assert!(target.layers[0].self_attn.qkv.is_some());
+        assert!(target.layers[0].self_attn.q_proj.weight.equal(&q_before));
+        let gap = f64::try_from((&after - &before).abs().max()).unwrap();
+        assert!(gap < 1e-5, "fused forward differs by {gap}");
+    }
 }

@@ -163,6 +163,7 @@ pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
         device: dev,
         replicas,
         loss_chunk_mib: cfg.loss_chunk_mib,
+        graphs: super::drafter_graph::StepGraphs::off(),
     };
     let mut single = step_for(single_model, &single_vs, single_dev, Box::new(Single));
     single.prepare()?;

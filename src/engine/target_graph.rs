@@ -6,36 +6,22 @@
 //! documents a row. Other batches, and builds or devices without the CUDA shim, run eagerly.
 //! `TargetForward` is the choice a target worker makes per batch.
 
-use super::cuda::Graph;
+use super::cuda::{CaptureState, Graph};
 use super::data::PackedBatch;
 use super::qwen3::Qwen3Target;
 use super::varlen::{cu_seqlens, Varlen};
 use anyhow::{Context, Result};
-use std::sync::atomic::{AtomicU8, Ordering};
 use tch::{Device, Kind, Tensor};
 
 /// Documents a row the graph has room for (a row of more runs eagerly).
 pub const SEGMENTS_PER_ROW: i64 = 64;
 
-/// How the target forwards ran in this process (for `bench` and `doctor`).
-static STATE: AtomicU8 = AtomicU8::new(0); // 0: no capture tried
-const CAPTURED: u8 = 1;
-const FAILED: u8 = 2;
+/// How the target forwards ran in this process.
+static STATE: CaptureState = CaptureState::untried();
 
-/// "graph" once a forward was captured, "eager (capture failed)" after a failed capture, else
-/// "eager".
+/// "graph", "eager (capture failed)" or "eager" (see `CaptureState`).
 pub fn state() -> &'static str {
-    match STATE.load(Ordering::Relaxed) {
-        CAPTURED => "graph",
-        FAILED => "eager (capture failed)",
-        _ => "eager",
-    }
-}
-
-/// Whether graphs may be used: on by default; `DFLASH_TOP_NO_GRAPHS=1` turns them off (for side
-/// by side measurements).
-pub fn wanted() -> bool {
-    super::cuda::AVAILABLE && std::env::var_os("DFLASH_TOP_NO_GRAPHS").is_none()
+    STATE.describe()
 }
 
 pub struct TargetGraph {
@@ -53,10 +39,7 @@ impl TargetGraph {
     /// stream (after two eager warm-up runs, which load the kernels and cuBLAS's workspace).
     pub fn capture(model: &Qwen3Target, rows: i64, seq: i64, device: Device) -> Result<Self> {
         let result = Self::build(model, rows, seq, device);
-        STATE.store(
-            if result.is_ok() { CAPTURED } else { FAILED },
-            Ordering::Relaxed,
-        );
+        STATE.record(result.is_ok());
         result
     }
 
@@ -76,7 +59,8 @@ impl TargetGraph {
         for _ in 0..2 {
             let _ = model.forward_documents(&ids, &positions, &docs);
         }
-        let (graph, out) = Graph::capture(|| model.forward_documents(&ids, &positions, &docs))?;
+        let (graph, out) =
+            Graph::capture(device, || model.forward_documents(&ids, &positions, &docs))?;
         Ok(TargetGraph {
             graph,
             ids,
@@ -138,7 +122,7 @@ impl TargetForward {
         own_stream: bool,
     ) -> Result<Tensor> {
         if self.flash && self.graph.is_none() {
-            let capture = wanted() && own_stream;
+            let capture = super::cuda::graphs_wanted() && own_stream;
             self.graph = Some(
                 capture
                     .then(|| TargetGraph::capture(model, b.rows, b.seq, self.device).ok())

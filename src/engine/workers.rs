@@ -217,6 +217,10 @@ impl StepProbe for WorkerProbe<'_> {
         self.marks.mark(phase);
     }
 
+    fn own_stream(&self) -> bool {
+        self.marks.stream().is_some()
+    }
+
     fn after_forward(&mut self, out: &mut Tensor) -> Result<()> {
         crate::fault::worker(self.thread, *self.iteration)?;
         *self.iteration += 1;

@@ -10,6 +10,7 @@
 #include <ATen/ops/_fused_adamw.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/core/Event.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdio>
@@ -174,18 +175,36 @@ int dflash_graph_new(void** out) {
 
 void dflash_graph_free(void* g) { delete static_cast<at::cuda::CUDAGraph*>(g); }
 
-int dflash_graph_capture_begin(void* g) {
+// The capture takes the current stream of the current device: `device` is made current for the
+// call (a worker's stream on another GPU than the thread's current device would not be found).
+// (c10's CUDAGuard would pull CUDA runtime symbols into the shim; libc10_cuda's calls do not.)
+struct OnDevice {
+  c10::DeviceIndex before;
+  explicit OnDevice(int device) : before(c10::cuda::current_device()) {
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+  }
+  ~OnDevice() { c10::cuda::set_device(before); }
+};
+
+int dflash_graph_capture_begin(void* g, int device) {
   return guarded([&] {
+    OnDevice on(device);
     static_cast<at::cuda::CUDAGraph*>(g)->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
   });
 }
 
-int dflash_graph_capture_end(void* g) {
-  return guarded([&] { static_cast<at::cuda::CUDAGraph*>(g)->capture_end(); });
+int dflash_graph_capture_end(void* g, int device) {
+  return guarded([&] {
+    OnDevice on(device);
+    static_cast<at::cuda::CUDAGraph*>(g)->capture_end();
+  });
 }
 
-int dflash_graph_replay(void* g) {
-  return guarded([&] { static_cast<at::cuda::CUDAGraph*>(g)->replay(); });
+int dflash_graph_replay(void* g, int device) {
+  return guarded([&] {
+    OnDevice on(device);
+    static_cast<at::cuda::CUDAGraph*>(g)->replay();
+  });
 }
 
 // One AdamW step over one flat parameter tensor as libtorch's fused kernel: every element read
