@@ -89,7 +89,11 @@ mod ffi {
         ) -> c_int;
         pub fn dflash_graph_new(out: *mut *mut c_void) -> c_int;
         pub fn dflash_graph_free(g: *mut c_void);
-        pub fn dflash_graph_capture_begin(g: *mut c_void, device: c_int) -> c_int;
+        pub fn dflash_graph_capture_begin(
+            g: *mut c_void,
+            device: c_int,
+            share: *mut c_void,
+        ) -> c_int;
         pub fn dflash_graph_capture_end(g: *mut c_void, device: c_int) -> c_int;
         pub fn dflash_graph_replay(g: *mut c_void, device: c_int) -> c_int;
     }
@@ -179,7 +183,7 @@ mod ffi {
         1
     }
     pub unsafe fn dflash_graph_free(_: *mut c_void) {}
-    pub unsafe fn dflash_graph_capture_begin(_: *mut c_void, _: c_int) -> c_int {
+    pub unsafe fn dflash_graph_capture_begin(_: *mut c_void, _: c_int, _: *mut c_void) -> c_int {
         1
     }
     pub unsafe fn dflash_graph_capture_end(_: *mut c_void, _: c_int) -> c_int {
@@ -486,6 +490,16 @@ impl Graph {
     /// `device` (which must not be the default stream). The tensors `f` returns live in the
     /// graph's memory pool: every replay writes them again.
     pub fn capture<T>(device: tch::Device, f: impl FnOnce() -> T) -> Result<(Graph, T)> {
+        Graph::capture_sharing(device, None, f)
+    }
+
+    /// `capture`, the graph's memory in the pool of `share` when given: graphs that never
+    /// replay at the same time, whose outputs are used before another replays.
+    pub fn capture_sharing<T>(
+        device: tch::Device,
+        share: Option<&Graph>,
+        f: impl FnOnce() -> T,
+    ) -> Result<(Graph, T)> {
         let tch::Device::Cuda(device) = device else {
             bail!("CUDA graphs are captured on CUDA devices, not on {device:?}");
         };
@@ -498,7 +512,10 @@ impl Graph {
         };
         // SAFETY: live handle.
         check(
-            unsafe { ffi::dflash_graph_capture_begin(graph.handle, graph.device) },
+            unsafe {
+                let share = share.map_or(std::ptr::null_mut(), |g| g.handle);
+                ffi::dflash_graph_capture_begin(graph.handle, graph.device, share)
+            },
             "CUDA graph capture",
         )?;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));

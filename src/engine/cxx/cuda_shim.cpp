@@ -186,10 +186,13 @@ struct OnDevice {
   ~OnDevice() { c10::cuda::set_device(before); }
 };
 
-int dflash_graph_capture_begin(void* g, int device) {
+// `share`: a graph whose memory pool this one's allocations come from (null: a pool of its own).
+int dflash_graph_capture_begin(void* g, int device, void* share) {
   return guarded([&] {
     OnDevice on(device);
-    static_cast<at::cuda::CUDAGraph*>(g)->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    at::cuda::MempoolId_t pool = {0, 0};
+    if (share) pool = static_cast<at::cuda::CUDAGraph*>(share)->pool();
+    static_cast<at::cuda::CUDAGraph*>(g)->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
   });
 }
 
