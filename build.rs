@@ -60,7 +60,10 @@ fn build_nccl_shim(lib: &std::path::Path) {
         println!("cargo:warning=NCCL or CUDA headers not found: building without the CUDA shims");
         return;
     };
-    shim_build("src/engine/cxx/cuda_shim.cpp", &includes).compile("dflash_cuda_shim");
+    shim_build("src/engine/cxx/cuda_shim.cpp", &includes)
+        .file("src/engine/cxx/norm_rope.cpp")
+        .compile("dflash_cuda_shim");
+    println!("cargo:rerun-if-changed=src/engine/cxx/norm_rope.cpp");
     println!("cargo:rustc-cfg=cuda_shim");
     shim_build("src/engine/cxx/nccl_shim.cpp", &includes)
         .define("USE_C10D_NCCL", None)

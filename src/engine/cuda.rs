@@ -87,6 +87,16 @@ mod ffi {
             grad_scale: *mut c_void,
             found_inf: *mut c_void,
         ) -> c_int;
+        pub fn dflash_norm_rope(
+            x: *mut c_void,
+            col0: i64,
+            heads: i64,
+            w: *mut c_void,
+            cos: *mut c_void,
+            sin: *mut c_void,
+            out: *mut c_void,
+            eps: f64,
+        ) -> c_int;
         pub fn dflash_graph_new(out: *mut *mut c_void) -> c_int;
         pub fn dflash_graph_free(g: *mut c_void);
         pub fn dflash_graph_capture_begin(
@@ -176,6 +186,19 @@ mod ffi {
         _: f64,
         _: *mut c_void,
         _: *mut c_void,
+    ) -> c_int {
+        1
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dflash_norm_rope(
+        _: *mut c_void,
+        _: i64,
+        _: i64,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: f64,
     ) -> c_int {
         1
     }
@@ -441,6 +464,70 @@ pub fn memory_peak(device: usize, reset: bool) -> Result<u64> {
         "CUDA memory statistics",
     )?;
     Ok(peak)
+}
+
+/// Whether the fused q/k norm + RoPE kernel ran (1), failed once (2: never tried again), or
+/// was not tried (0).
+static NORM_ROPE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// "kernel" once the fused q/k norm + RoPE ran, "ops (kernel failed: ...)" after it failed,
+/// else "ops".
+pub fn norm_rope_state() -> String {
+    match NORM_ROPE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => "kernel".into(),
+        2 => format!(
+            "ops (kernel failed: {})",
+            NORM_ROPE_ERROR.get().map_or("?", String::as_str)
+        ),
+        _ => "ops".into(),
+    }
+}
+
+static NORM_ROPE_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The attention's q or k RMSNorm and RoPE in one kernel (src/engine/cxx/norm_rope.cpp): for
+/// `heads` heads of 128 starting at feature `col0` of every token of `x` (bf16, contiguous,
+/// [.., tokens, features]), normalised with `weight` [128] and `eps`, rotated with the
+/// `rope_tables` tables [.., tokens, 128]; [.., tokens, heads, 128]. `None` where it cannot run
+/// (no shim, not bf16 on CUDA, or it failed before: the caller runs the plain ops, and after a
+/// failure never tries again); `DFLASH_TOP_NO_NORM_ROPE=1` turns it off.
+pub fn norm_rope(
+    x: &Tensor,
+    (col0, heads): (i64, i64),
+    (weight, eps): (&Tensor, f64),
+    (cos, sin): (&Tensor, &Tensor),
+) -> Option<Tensor> {
+    use std::sync::atomic::Ordering;
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("DFLASH_TOP_NO_NORM_ROPE").is_some());
+    let bf16 = tch::Kind::BFloat16;
+    if off || !AVAILABLE || NORM_ROPE.load(Ordering::Relaxed) == 2 || x.kind() != bf16 {
+        return None;
+    }
+    if !x.device().is_cuda() || cos.kind() != bf16 || sin.kind() != bf16 {
+        return None;
+    }
+    let mut shape = x.size();
+    shape.pop();
+    shape.extend([heads, 128]);
+    let out = Tensor::empty(shape, (bf16, x.device()));
+    let weight = weight.to_kind(bf16);
+    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
+    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
+    let status = unsafe {
+        ffi::dflash_norm_rope(p(x), col0, heads, p(&weight), p(cos), p(sin), p(&out), eps)
+    };
+    match check(status, "the q/k norm + RoPE kernel") {
+        Ok(()) => {
+            NORM_ROPE.store(1, Ordering::Relaxed);
+            Some(out)
+        }
+        Err(e) => {
+            let _ = NORM_ROPE_ERROR.set(format!("{e:#}"));
+            NORM_ROPE.store(2, Ordering::Relaxed);
+            None
+        }
+    }
 }
 
 /// How a graph user's captures went in this process (for `bench` and `doctor`).

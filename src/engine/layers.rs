@@ -51,6 +51,11 @@ impl RmsNorm {
         }
     }
 
+    /// The epsilon added to the mean square.
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+
     /// libtorch's rms_norm: one fused kernel (forward and backward) on CUDA, which normalises
     /// and scales in fp32 whatever the input's dtype and rounds once to it (transformers rounds
     /// before the scale as well: the two differ by bf16 rounding only).

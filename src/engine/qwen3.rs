@@ -70,17 +70,29 @@ impl Attention {
         k_rope: (&Tensor, &Tensor),
         mask: &AttnMask,
     ) -> Tensor {
-        let (q, k, v) = match (&self.qkv, kv_sources) {
-            (Some(w), [only]) if same_tensor(only, x) => self.fused(x, w),
+        // The fused kernel rotates q and k as it normalises them where both take one table
+        // (the target's documents path).
+        let documents = matches!(mask, AttnMask::Documents { .. });
+        let one_table = same_tensor(q_rope.0, k_rope.0) && same_tensor(q_rope.1, k_rope.1);
+        let (q, k, v, rotated) = match (&self.qkv, kv_sources) {
+            (Some(w), [only]) if same_tensor(only, x) => {
+                self.fused(x, w, (documents && one_table).then_some(q_rope))
+            }
             _ => {
                 let (k, v) = self.keys_values(kv_sources);
-                (self.queries(x), k, v)
+                (self.queries(x), k, v, false)
             }
         };
         let out = match mask {
             AttnMask::Documents { docs, window } => {
-                let q = apply_rope(&q, q_rope.0, q_rope.1, 2);
-                let k = apply_rope(&k, k_rope.0, k_rope.1, 2);
+                let (q, k) = if rotated {
+                    (q, k)
+                } else {
+                    (
+                        apply_rope(&q, q_rope.0, q_rope.1, 2),
+                        apply_rope(&k, k_rope.0, k_rope.1, 2),
+                    )
+                };
                 docs.attention(&q, &k, &v, *window)
                     .unwrap_or_else(|e| panic!("{e:#}"))
             }
@@ -118,16 +130,35 @@ impl Attention {
         self.output(x, &out)
     }
 
-    // x [b, l, h], w [q + 2 kv, h] -> q [b, l, heads, d], k, v [b, l, kv_heads, d]; q, k normed
-    fn fused(&self, x: &Tensor, w: &Tensor) -> (Tensor, Tensor, Tensor) {
+    /// q, k and v through the fused projection, q and k normed, and rotated too where `rope`
+    /// is given and the fused norm + RoPE kernel runs (the last value says whether they were).
+    // x [b, l, h], w [q + 2 kv, h] -> q [b, l, heads, d], k, v [b, l, kv_heads, d]
+    fn fused(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        rope: Option<(&Tensor, &Tensor)>,
+    ) -> (Tensor, Tensor, Tensor, bool) {
         let (b, l) = (x.size()[0], x.size()[1]);
         let (nq, nkv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
         let qkv = x.matmul(&w.to_kind(x.kind()).tr());
         let part = |at, n, heads| qkv.narrow(2, at, n).view([b, l, heads, self.head_dim]);
+        let v = part(nq + nkv, nkv, self.kv_heads);
+        if let Some(tables) = rope.filter(|_| self.head_dim == 128) {
+            let norm_rope = |col0, heads, norm: &RmsNorm| {
+                super::cuda::norm_rope(&qkv, (col0, heads), (&norm.weight, norm.eps()), tables)
+            };
+            if let Some(q) = norm_rope(0, self.heads, &self.q_norm) {
+                if let Some(k) = norm_rope(nq, self.kv_heads, &self.k_norm) {
+                    return (q, k, v, true);
+                }
+            }
+        }
         (
             self.q_norm.forward(&part(0, nq, self.heads)),
             self.k_norm.forward(&part(nq, nkv, self.kv_heads)),
-            part(nq + nkv, nkv, self.kv_heads),
+            v,
+            false,
         )
     }
 
@@ -462,6 +493,7 @@ pub fn document_causal_mask(doc_ids: &Tensor, window: Option<i64>) -> Tensor {
 mod tests {
     use super::*;
     use crate::engine::config::Preset;
+    use crate::engine::layers::apply_rope;
     use tch::{Device, Kind};
 
     /// The fused q/k/v projection gives the forward it replaces (a wrong split — k and v
@@ -493,5 +525,48 @@ mod tests {
         assert!(target.layers[0].self_attn.q_proj.weight.equal(&q_before));
         let gap = f64::try_from((&after - &before).abs().max()).unwrap();
         assert!(gap < 1e-5, "fused forward differs by {gap}");
+    }
+
+    /// The fused q/k norm + RoPE kernel against the ops it replaces (rms_norm, then the rotation
+    /// of `apply_rope`), on q's and k's heads of a fused projection. Skipped without a GPU and
+    /// the CUDA shim.
+    #[test]
+    fn the_norm_and_rope_kernel_gives_the_ops_on_cuda() {
+        if !tch::Cuda::is_available() || !crate::engine::cuda::AVAILABLE {
+            eprintln!("skipped: the norm + RoPE kernel needs a GPU and the CUDA shim");
+            return;
+        }
+        tch::manual_seed(9);
+        let (dev, bf16) = (Device::Cuda(0), Kind::BFloat16);
+        let (b, s, heads, kv_heads) = (2, 96, 4, 2);
+        let qkv = (Tensor::randn([b, s, (heads + 2 * kv_heads) * 128], (Kind::Float, dev)) * 3.0)
+            .to_kind(bf16);
+        let pos = Tensor::arange(s, (Kind::Int64, dev))
+            .unsqueeze(0)
+            .repeat([b, 1])
+            * 7;
+        let (cos, sin) = crate::engine::layers::rope_tables(&pos, 128, 1e6, bf16);
+        let vs = nn::VarStore::new(dev);
+        let norm = RmsNorm::new(vs.root() / "norm", 128, 1e-6);
+        tch::no_grad(|| {
+            let mut w = norm.weight.shallow_clone();
+            w.copy_(&(Tensor::rand([128], (Kind::Float, dev)) + 0.5));
+        });
+        for (col0, n) in [(0, heads), (heads * 128, kv_heads)] {
+            let part = qkv.narrow(2, col0, n * 128).view([b, s, n, 128]);
+            let ops = tch::no_grad(|| apply_rope(&norm.forward(&part), &cos, &sin, 2));
+            let kernel =
+                crate::engine::cuda::norm_rope(&qkv, (col0, n), (&norm.weight, 1e-6), (&cos, &sin))
+                    .unwrap_or_else(|| {
+                        panic!("the kernel ran: {}", crate::engine::cuda::norm_rope_state())
+                    });
+            assert_eq!(kernel.size(), ops.size());
+            let gap = f64::try_from((&kernel - &ops).abs().max().to_kind(Kind::Float)).unwrap();
+            let top = f64::try_from(ops.abs().max().to_kind(Kind::Float)).unwrap();
+            assert!(
+                gap <= top / 128.0,
+                "heads from {col0}: apart by {gap} (largest {top})"
+            );
+        }
     }
 }

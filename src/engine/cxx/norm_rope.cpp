@@ -1,0 +1,220 @@
+// The target attention's q/k RMSNorm and RoPE as one kernel. Unfused they are a norm, a roll, a
+// multiply and a multiply-add per tensor, each a full pass over q (25 MB a layer at 8B shapes):
+// about 8% of a layer's time. Here each (token, head) row of 128 is read once from the fused
+// q/k/v projection, normalised and scaled in f32, rotated and written once, rounded where the
+// unfused ops round (after the norm, after x*cos, at the end), so the two agree to the bit.
+//
+// The kernel is compiled at run time with NVRTC for the device's architecture, and launched
+// through the CUDA driver; both libraries are opened with dlopen (they come with the PyTorch
+// wheel and the GPU driver), so nothing here is linked and a machine without them still runs
+// the unfused ops.
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+#include <dlfcn.h>
+#include <nvrtc.h>
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern "C" void dflash_set_last_error(const char* msg);
+
+namespace {
+
+const char* kSource = R"(
+typedef unsigned short bf16;
+__device__ float up(bf16 h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ bf16 down(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (bf16)(u >> 16);
+}
+__device__ float r(float f) { return up(down(f)); }
+
+// One warp per (token, head) row of 128: lane l holds elements 4l..4l+3, and the partner of
+// element c in the rotation, c + 64 mod 128, is in lane l ^ 16.
+extern "C" __global__ void norm_rope(const bf16* x, long long token_stride, int col0, int heads,
+                                     const bf16* w, const bf16* cos_t, const bf16* sin_t,
+                                     bf16* out, long long rows, float eps) {
+  long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+  int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  long long t = row / heads;
+  int h = (int)(row % heads);
+  const bf16* src = x + t * token_stride + col0 + h * 128 + lane * 4;
+  float v[4], ss = 0.f;
+  for (int i = 0; i < 4; ++i) { v[i] = up(src[i]); ss += v[i] * v[i]; }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  float inv = rsqrtf(ss / 128.f + eps);
+  float n[4], p[4];
+  for (int i = 0; i < 4; ++i) n[i] = r(v[i] * inv * up(w[lane * 4 + i]));
+  for (int i = 0; i < 4; ++i) p[i] = __shfl_xor_sync(0xffffffffu, n[i], 16);
+  const bf16* c = cos_t + t * 128 + lane * 4;
+  const bf16* s = sin_t + t * 128 + lane * 4;
+  bf16* dst = out + row * 128 + lane * 4;
+  for (int i = 0; i < 4; ++i) dst[i] = down(r(n[i] * up(c[i])) + p[i] * up(s[i]));
+}
+)";
+
+// The driver and NVRTC entry points used here.
+struct Api {
+  decltype(&nvrtcCreateProgram) createProgram;
+  decltype(&nvrtcCompileProgram) compileProgram;
+  decltype(&nvrtcGetProgramLogSize) getProgramLogSize;
+  decltype(&nvrtcGetProgramLog) getProgramLog;
+  decltype(&nvrtcGetCUBINSize) getCUBINSize;
+  decltype(&nvrtcGetCUBIN) getCUBIN;
+  decltype(&nvrtcDestroyProgram) destroyProgram;
+  decltype(&cuModuleLoadData) moduleLoadData;
+  decltype(&cuModuleGetFunction) moduleGetFunction;
+  decltype(&cuLaunchKernel) launchKernel;
+};
+
+// libnvrtc next to the wheel's other CUDA libraries (torch/../nvidia/cu13/lib), else wherever
+// the loader finds it. Its builtins library is opened first from the same folder: NVRTC opens it
+// by name, which the loader finds only on its path or once it is loaded.
+void* open_nvrtc() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&c10::cuda::device_count), &info) && info.dli_fname) {
+    std::string dir(info.dli_fname);
+    dir = dir.substr(0, dir.rfind('/'));
+    for (const char* rel : {"/../../nvidia/cu13/lib/", "/"}) {
+      std::string at = dir + rel;
+      dlopen((at + "libnvrtc-builtins.so.13.0").c_str(), RTLD_NOW | RTLD_GLOBAL);
+      if (void* h = dlopen((at + "libnvrtc.so.13").c_str(), RTLD_NOW | RTLD_GLOBAL)) return h;
+    }
+  }
+  return dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_GLOBAL);
+}
+
+template <typename T>
+void bind(void* lib, const char* name, T& out) {
+  out = reinterpret_cast<T>(dlsym(lib, name));
+  if (!out) throw std::runtime_error(std::string("missing ") + name);
+}
+
+const Api& api() {
+  static std::once_flag once;
+  static Api a;
+  static std::string failure;
+  std::call_once(once, [] {
+    void* nvrtc = open_nvrtc();
+    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!nvrtc || !cuda) {
+      failure = nvrtc ? "the CUDA driver library (libcuda.so.1) is not there"
+                      : "NVRTC (libnvrtc.so.13) is not there";
+      return;
+    }
+    try {
+      bind(nvrtc, "nvrtcCreateProgram", a.createProgram);
+      bind(nvrtc, "nvrtcCompileProgram", a.compileProgram);
+      bind(nvrtc, "nvrtcGetProgramLogSize", a.getProgramLogSize);
+      bind(nvrtc, "nvrtcGetProgramLog", a.getProgramLog);
+      bind(nvrtc, "nvrtcGetCUBINSize", a.getCUBINSize);
+      bind(nvrtc, "nvrtcGetCUBIN", a.getCUBIN);
+      bind(nvrtc, "nvrtcDestroyProgram", a.destroyProgram);
+      bind(cuda, "cuModuleLoadData", a.moduleLoadData);
+      bind(cuda, "cuModuleGetFunction", a.moduleGetFunction);
+      bind(cuda, "cuLaunchKernel", a.launchKernel);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) throw std::runtime_error(failure);
+  return a;
+}
+
+// The kernel compiled for `device`'s architecture and loaded into its primary context (once).
+CUfunction kernel_for(int device) {
+  static std::mutex m;
+  static std::map<int, CUfunction> loaded;
+  std::lock_guard<std::mutex> lock(m);
+  if (auto it = loaded.find(device); it != loaded.end()) return it->second;
+  const Api& a = api();
+  auto* props = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+  std::string arch = "-arch=sm_" + std::to_string(props->major * 10 + props->minor);
+  nvrtcProgram prog;
+  if (a.createProgram(&prog, kSource, "norm_rope.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
+    throw std::runtime_error("NVRTC could not create the program");
+  const char* opts[] = {arch.c_str()};
+  nvrtcResult compiled = a.compileProgram(prog, 1, opts);
+  if (compiled != NVRTC_SUCCESS) {
+    size_t n = 0;
+    a.getProgramLogSize(prog, &n);
+    std::string log(n, '\0');
+    a.getProgramLog(prog, log.data());
+    a.destroyProgram(&prog);
+    throw std::runtime_error("NVRTC could not compile the norm+RoPE kernel: " + log);
+  }
+  size_t size = 0;
+  a.getCUBINSize(prog, &size);
+  std::vector<char> cubin(size);
+  a.getCUBIN(prog, cubin.data());
+  a.destroyProgram(&prog);
+  // Loaded with the device's primary context current (the thread's device put back after).
+  c10::DeviceIndex before = c10::cuda::current_device();
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+  CUmodule module;
+  CUfunction fn;
+  bool ok = a.moduleLoadData(&module, cubin.data()) == CUDA_SUCCESS &&
+            a.moduleGetFunction(&fn, module, "norm_rope") == CUDA_SUCCESS;
+  c10::cuda::set_device(before);
+  if (!ok) throw std::runtime_error("the CUDA driver could not load the norm+RoPE kernel");
+  loaded[device] = fn;
+  return fn;
+}
+
+}  // namespace
+
+extern "C" {
+
+// out [tokens, heads, 128] = rope(rms_norm(x[token, col0 + head * 128 ..][:128]) * w) for every
+// token and head; x [.., tokens, >= col0 + heads * 128] contiguous, cos and sin
+// [tokens, 128] (sin's first half negated, as `rope_tables` makes it), all bf16 on one GPU; on
+// the current stream of that GPU.
+int dflash_norm_rope(void* x, long long col0, long long heads, void* w, void* cos, void* sin,
+                     void* out, double eps) {
+  try {
+    auto t = [](void* p) -> const at::Tensor& { return *static_cast<at::Tensor*>(p); };
+    const at::Tensor &xt = t(x), &wt = t(w), &ct = t(cos), &st = t(sin), &ot = t(out);
+    for (const at::Tensor* v : {&xt, &wt, &ct, &st, &ot}) {
+      TORCH_CHECK(v->is_cuda() && v->scalar_type() == at::kBFloat16, "norm+RoPE takes bf16 on CUDA");
+    }
+    TORCH_CHECK(xt.is_contiguous() && xt.dim() >= 2, "x: contiguous rows of features");
+    long long token_stride = xt.size(-1);
+    long long tokens = xt.numel() / token_stride;
+    TORCH_CHECK(col0 % 4 == 0 && token_stride % 4 == 0 && col0 + heads * 128 <= token_stride,
+                "x: the heads inside a row, aligned to 4 elements");
+    TORCH_CHECK(wt.numel() == 128 && ct.is_contiguous() && st.is_contiguous() &&
+                    ct.numel() == tokens * 128 && st.numel() == tokens * 128,
+                "weight [128], cos and sin [tokens, 128]");
+    TORCH_CHECK(ot.is_contiguous() && ot.numel() == tokens * heads * 128, "out [tokens, heads, 128]");
+    int device = xt.get_device();
+    CUfunction fn = kernel_for(device);
+    long long rows = tokens * heads;
+    const void* xp = xt.data_ptr();
+    const void* wp = wt.data_ptr();
+    const void* cp = ct.data_ptr();
+    const void* sp = st.data_ptr();
+    void* op = ot.data_ptr();
+    int c0 = static_cast<int>(col0), h = static_cast<int>(heads);
+    float e = static_cast<float>(eps);
+    void* args[] = {&xp, &token_stride, &c0, &h, &wp, &cp, &sp, &op, &rows, &e};
+    unsigned int threads = 256, blocks = static_cast<unsigned int>((rows * 32 + threads - 1) / threads);
+    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+    if (api().launchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
+                           args, nullptr) != CUDA_SUCCESS)
+      throw std::runtime_error("the norm+RoPE kernel did not launch");
+    return 0;
+  } catch (const std::exception& e) {
+    dflash_set_last_error(e.what());
+    return 1;
+  }
+}
+}
