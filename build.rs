@@ -61,9 +61,9 @@ fn build_nccl_shim(lib: &std::path::Path) {
         return;
     };
     shim_build("src/engine/cxx/cuda_shim.cpp", &includes)
-        .file("src/engine/cxx/norm_rope.cpp")
+        .file("src/engine/cxx/target_kernels.cpp")
         .compile("dflash_cuda_shim");
-    println!("cargo:rerun-if-changed=src/engine/cxx/norm_rope.cpp");
+    println!("cargo:rerun-if-changed=src/engine/cxx/target_kernels.cpp");
     println!("cargo:rustc-cfg=cuda_shim");
     shim_build("src/engine/cxx/nccl_shim.cpp", &includes)
         .define("USE_C10D_NCCL", None)

@@ -158,10 +158,10 @@ fn engine(args: &BenchArgs) -> Result<()> {
         );
     }
     println!(
-        "bench: target_attention={} target_forward={} target_norm_rope={} drafter_step={}",
+        "bench: target_attention={} target_forward={} target_kernels={} drafter_step={}",
         crate::engine::varlen::attention_used(),
         crate::engine::target_graph::state(),
-        crate::engine::cuda::norm_rope_state(),
+        crate::engine::cuda::target_kernels_state(),
         crate::engine::drafter_graph::state()
     );
     println!("{}", crate::headless::summary_line(&s, start_step));

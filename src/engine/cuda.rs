@@ -97,6 +97,7 @@ mod ffi {
             out: *mut c_void,
             eps: f64,
         ) -> c_int;
+        pub fn dflash_silu_mul(g: *mut c_void, u: *mut c_void, out: *mut c_void) -> c_int;
         pub fn dflash_graph_new(out: *mut *mut c_void) -> c_int;
         pub fn dflash_graph_free(g: *mut c_void);
         pub fn dflash_graph_capture_begin(
@@ -200,6 +201,9 @@ mod ffi {
         _: *mut c_void,
         _: f64,
     ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_silu_mul(_: *mut c_void, _: *mut c_void, _: *mut c_void) -> c_int {
         1
     }
     pub unsafe fn dflash_graph_new(_: *mut *mut c_void) -> c_int {
@@ -466,68 +470,89 @@ pub fn memory_peak(device: usize, reset: bool) -> Result<u64> {
     Ok(peak)
 }
 
-/// Whether the fused q/k norm + RoPE kernel ran (1), failed once (2: never tried again), or
-/// was not tried (0).
-static NORM_ROPE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// The target's kernels (src/engine/cxx/target_kernels.cpp): whether one ran (1), one failed
+/// (2: the ops from then on), or none was tried (0).
+static TARGET_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static TARGET_KERNELS_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-/// "kernel" once the fused q/k norm + RoPE ran, "ops (kernel failed: ...)" after it failed,
-/// else "ops".
-pub fn norm_rope_state() -> String {
-    match NORM_ROPE.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => "kernel".into(),
+/// "kernels" once the target's kernels ran, "ops (kernels failed: ...)" after one failed, else
+/// "ops".
+pub fn target_kernels_state() -> String {
+    match TARGET_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => "kernels".into(),
         2 => format!(
-            "ops (kernel failed: {})",
-            NORM_ROPE_ERROR.get().map_or("?", String::as_str)
+            "ops (kernels failed: {})",
+            TARGET_KERNELS_ERROR.get().map_or("?", String::as_str)
         ),
         _ => "ops".into(),
     }
 }
 
-static NORM_ROPE_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// Whether the target's kernels may run on tensors like `x`: the shim built, bf16 on CUDA, none
+/// failed before, and not turned off (`DFLASH_TOP_NO_TARGET_KERNELS=1`, for side-by-side runs).
+fn target_kernels_for(x: &Tensor) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("DFLASH_TOP_NO_TARGET_KERNELS").is_some());
+    let failed = TARGET_KERNELS.load(std::sync::atomic::Ordering::Relaxed) == 2;
+    !off && AVAILABLE && !failed && x.kind() == tch::Kind::BFloat16 && x.device().is_cuda()
+}
 
-/// The attention's q or k RMSNorm and RoPE in one kernel (src/engine/cxx/norm_rope.cpp): for
-/// `heads` heads of 128 starting at feature `col0` of every token of `x` (bf16, contiguous,
-/// [.., tokens, features]), normalised with `weight` [128] and `eps`, rotated with the
-/// `rope_tables` tables [.., tokens, 128]; [.., tokens, heads, 128]. `None` where it cannot run
-/// (no shim, not bf16 on CUDA, or it failed before: the caller runs the plain ops, and after a
-/// failure never tries again); `DFLASH_TOP_NO_NORM_ROPE=1` turns it off.
+/// `out` after a target kernel's launch: `None` (and no kernel from then on) when it failed.
+fn target_kernel_ran(status: c_int, what: &str, out: Tensor) -> Option<Tensor> {
+    use std::sync::atomic::Ordering;
+    match check(status, what) {
+        Ok(()) => {
+            TARGET_KERNELS.store(1, Ordering::Relaxed);
+            Some(out)
+        }
+        Err(e) => {
+            let _ = TARGET_KERNELS_ERROR.set(format!("{e:#}"));
+            TARGET_KERNELS.store(2, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// The attention's q or k RMSNorm and RoPE in one kernel: for `heads` heads of 128 starting at
+/// feature `col0` of every token of `x` (bf16, contiguous, [.., tokens, features]), normalised
+/// with `weight` [128] and `eps`, rotated with the `rope_tables` tables [.., tokens, 128];
+/// [.., tokens, heads, 128]. `None` where it cannot run (see `target_kernels_for`): the caller
+/// runs the ops.
 pub fn norm_rope(
     x: &Tensor,
     (col0, heads): (i64, i64),
     (weight, eps): (&Tensor, f64),
     (cos, sin): (&Tensor, &Tensor),
 ) -> Option<Tensor> {
-    use std::sync::atomic::Ordering;
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var_os("DFLASH_TOP_NO_NORM_ROPE").is_some());
-    let bf16 = tch::Kind::BFloat16;
-    if off || !AVAILABLE || NORM_ROPE.load(Ordering::Relaxed) == 2 || x.kind() != bf16 {
-        return None;
-    }
-    if !x.device().is_cuda() || cos.kind() != bf16 || sin.kind() != bf16 {
+    if !target_kernels_for(x) || !target_kernels_for(cos) || !target_kernels_for(sin) {
         return None;
     }
     let mut shape = x.size();
     shape.pop();
     shape.extend([heads, 128]);
-    let out = Tensor::empty(shape, (bf16, x.device()));
-    let weight = weight.to_kind(bf16);
+    let out = Tensor::empty(shape, (tch::Kind::BFloat16, x.device()));
+    let weight = weight.to_kind(tch::Kind::BFloat16);
     let p = |t: &Tensor| t.as_ptr() as *mut c_void;
     // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
     let status = unsafe {
         ffi::dflash_norm_rope(p(x), col0, heads, p(&weight), p(cos), p(sin), p(&out), eps)
     };
-    match check(status, "the q/k norm + RoPE kernel") {
-        Ok(()) => {
-            NORM_ROPE.store(1, Ordering::Relaxed);
-            Some(out)
-        }
-        Err(e) => {
-            let _ = NORM_ROPE_ERROR.set(format!("{e:#}"));
-            NORM_ROPE.store(2, Ordering::Relaxed);
-            None
-        }
+    target_kernel_ran(status, "the q/k norm + RoPE kernel", out)
+}
+
+/// `silu(gate) * up` in one pass (bf16 on CUDA, contiguous, one shape); `None` where it cannot
+/// run (see `target_kernels_for`, and sizes not a multiple of 8): the caller runs the ops.
+pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
+    let fits = gate.size() == up.size() && gate.numel().is_multiple_of(8);
+    if !fits || !target_kernels_for(gate) || !target_kernels_for(up) {
+        return None;
     }
+    let (gate, up) = (gate.contiguous(), up.contiguous());
+    let out = gate.empty_like();
+    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
+    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
+    let status = unsafe { ffi::dflash_silu_mul(p(&gate), p(&up), p(&out)) };
+    target_kernel_ran(status, "the silu * up kernel", out)
 }
 
 /// How a graph user's captures went in this process (for `bench` and `doctor`).

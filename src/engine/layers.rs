@@ -85,8 +85,13 @@ impl Mlp {
 
     // [.., hidden] -> [.., hidden]
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        let (gate, up) = (self.gate.forward(x), self.up.forward(x));
+        // A frozen model's forward (nothing to differentiate) takes the one-pass kernel.
+        let fused = (!gate.requires_grad())
+            .then(|| super::cuda::silu_mul(&gate, &up))
+            .flatten();
         self.down
-            .forward(&(self.gate.forward(x).silu() * self.up.forward(x)))
+            .forward(&fused.unwrap_or_else(|| gate.silu() * up))
     }
 }
 

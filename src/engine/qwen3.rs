@@ -527,6 +527,30 @@ mod tests {
         assert!(gap < 1e-5, "fused forward differs by {gap}");
     }
 
+    /// The one-pass silu(gate) * up kernel against the two ops. Skipped without a GPU and the
+    /// CUDA shim.
+    #[test]
+    fn the_silu_mul_kernel_gives_the_ops_on_cuda() {
+        if !tch::Cuda::is_available() || !crate::engine::cuda::AVAILABLE {
+            eprintln!("skipped: the silu * up kernel needs a GPU and the CUDA shim");
+            return;
+        }
+        tch::manual_seed(10);
+        let (dev, bf16) = (Device::Cuda(0), Kind::BFloat16);
+        let rand = || (Tensor::randn([3, 40, 96], (Kind::Float, dev)) * 4.0).to_kind(bf16);
+        let (gate, up) = (rand(), rand());
+        let ops = gate.silu() * &up;
+        let kernel = crate::engine::cuda::silu_mul(&gate, &up).unwrap_or_else(|| {
+            panic!(
+                "the kernel ran: {}",
+                crate::engine::cuda::target_kernels_state()
+            )
+        });
+        let gap = f64::try_from((&kernel - &ops).abs().max().to_kind(Kind::Float)).unwrap();
+        let top = f64::try_from(ops.abs().max().to_kind(Kind::Float)).unwrap();
+        assert!(gap <= top / 128.0, "apart by {gap} (largest {top})");
+    }
+
     /// The fused q/k norm + RoPE kernel against the ops it replaces (rms_norm, then the rotation
     /// of `apply_rope`), on q's and k's heads of a fused projection. Skipped without a GPU and
     /// the CUDA shim.
@@ -558,7 +582,10 @@ mod tests {
             let kernel =
                 crate::engine::cuda::norm_rope(&qkv, (col0, n), (&norm.weight, 1e-6), (&cos, &sin))
                     .unwrap_or_else(|| {
-                        panic!("the kernel ran: {}", crate::engine::cuda::norm_rope_state())
+                        panic!(
+                            "the kernel ran: {}",
+                            crate::engine::cuda::target_kernels_state()
+                        )
                     });
             assert_eq!(kernel.size(), ops.size());
             let gap = f64::try_from((&kernel - &ops).abs().max().to_kind(Kind::Float)).unwrap();

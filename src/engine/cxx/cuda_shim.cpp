@@ -39,7 +39,7 @@ extern "C" {
 
 const char* dflash_cuda_last_error() { return last_error.c_str(); }
 
-// For the shim's other translation units (norm_rope.cpp): the calling thread's error message.
+// For the shim's other translation units (target_kernels.cpp): the calling thread's error message.
 void dflash_set_last_error(const char* msg) { last_error = msg; }
 
 // A stream from libtorch's pool on `device` (a copy of the handle, freed with _stream_free).

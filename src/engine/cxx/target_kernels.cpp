@@ -1,13 +1,16 @@
-// The target attention's q/k RMSNorm and RoPE as one kernel. Unfused they are a norm, a roll, a
-// multiply and a multiply-add per tensor, each a full pass over q (25 MB a layer at 8B shapes):
-// about 8% of a layer's time. Here each (token, head) row of 128 is read once from the fused
-// q/k/v projection, normalised and scaled in f32, rotated and written once, rounded where the
-// unfused ops round (after the norm, after x*cos, at the end), so the two agree to the bit.
+// Kernels of our own for the frozen target's forward, where libtorch runs several full passes
+// over a large tensor that one pass can do:
+// - norm_rope: the attention's q/k RMSNorm and RoPE. Unfused they are a norm, a roll, a multiply
+//   and a multiply-add per tensor, each a full pass over q (25 MB a layer at 8B shapes): about
+//   8% of a layer's time. Here each (token, head) row of 128 is read once from the fused q/k/v
+//   projection, normalised and scaled in f32, rotated and written once.
+// - silu_mul: the MLP's silu(gate) * up, one pass instead of two (and no silu tensor).
+// Both round where the ops they replace round, so the two agree to the bit or nearly.
 //
-// The kernel is compiled at run time with NVRTC for the device's architecture, and launched
+// The kernels are compiled at run time with NVRTC for the device's architecture, and launched
 // through the CUDA driver; both libraries are opened with dlopen (they come with the PyTorch
 // wheel and the GPU driver), so nothing here is linked and a machine without them still runs
-// the unfused ops.
+// the ops.
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -16,6 +19,7 @@
 #include <dlfcn.h>
 #include <nvrtc.h>
 
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -59,6 +63,23 @@ extern "C" __global__ void norm_rope(const bf16* x, long long token_stride, int 
   const bf16* s = sin_t + t * 128 + lane * 4;
   bf16* dst = out + row * 128 + lane * 4;
   for (int i = 0; i < 4; ++i) dst[i] = down(r(n[i] * up(c[i])) + p[i] * up(s[i]));
+}
+
+// out = silu(g) * u elementwise, 8 elements a thread (n a multiple of 8, 16-byte aligned).
+extern "C" __global__ void silu_mul(const bf16* g, const bf16* u, bf16* out, long long n) {
+  long long at = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 8;
+  if (at >= n) return;
+  uint4 gv = *reinterpret_cast<const uint4*>(g + at);
+  uint4 uv = *reinterpret_cast<const uint4*>(u + at);
+  const bf16* gs = reinterpret_cast<const bf16*>(&gv);
+  const bf16* us = reinterpret_cast<const bf16*>(&uv);
+  uint4 ov;
+  bf16* os = reinterpret_cast<bf16*>(&ov);
+  for (int i = 0; i < 8; ++i) {
+    float x = up(gs[i]);
+    os[i] = down(r(x / (1.0f + expf(-x))) * up(us[i]));
+  }
+  *reinterpret_cast<uint4*>(out + at) = ov;
 }
 )";
 
@@ -130,44 +151,76 @@ const Api& api() {
   return a;
 }
 
-// The kernel compiled for `device`'s architecture and loaded into its primary context (once).
-CUfunction kernel_for(int device) {
-  static std::mutex m;
-  static std::map<int, CUfunction> loaded;
-  std::lock_guard<std::mutex> lock(m);
-  if (auto it = loaded.find(device); it != loaded.end()) return it->second;
-  const Api& a = api();
+// The program as a CUBIN for `device`'s architecture.
+std::vector<char> compile(const Api& a, int device) {
   auto* props = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
   std::string arch = "-arch=sm_" + std::to_string(props->major * 10 + props->minor);
   nvrtcProgram prog;
-  if (a.createProgram(&prog, kSource, "norm_rope.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
+  if (a.createProgram(&prog, kSource, "target_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
     throw std::runtime_error("NVRTC could not create the program");
   const char* opts[] = {arch.c_str()};
-  nvrtcResult compiled = a.compileProgram(prog, 1, opts);
-  if (compiled != NVRTC_SUCCESS) {
+  if (a.compileProgram(prog, 1, opts) != NVRTC_SUCCESS) {
     size_t n = 0;
     a.getProgramLogSize(prog, &n);
     std::string log(n, '\0');
     a.getProgramLog(prog, log.data());
     a.destroyProgram(&prog);
-    throw std::runtime_error("NVRTC could not compile the norm+RoPE kernel: " + log);
+    throw std::runtime_error("NVRTC could not compile the target's kernels: " + log);
   }
   size_t size = 0;
   a.getCUBINSize(prog, &size);
   std::vector<char> cubin(size);
   a.getCUBIN(prog, cubin.data());
   a.destroyProgram(&prog);
+  return cubin;
+}
+
+// Kernel `name` of the program, compiled for `device`'s architecture and loaded into its primary
+// context (the program once a device).
+CUfunction kernel_for(int device, const char* name) {
+  static std::mutex m;
+  static std::map<int, CUmodule> modules;
+  static std::map<std::pair<int, std::string>, CUfunction> functions;
+  std::lock_guard<std::mutex> lock(m);
+  if (auto it = functions.find({device, name}); it != functions.end()) return it->second;
+  const Api& a = api();
   // Loaded with the device's primary context current (the thread's device put back after).
   c10::DeviceIndex before = c10::cuda::current_device();
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
-  CUmodule module;
+  struct Restore {
+    c10::DeviceIndex d;
+    ~Restore() { c10::cuda::set_device(d); }
+  } restore{before};
+  if (!modules.count(device)) {
+    std::vector<char> cubin = compile(a, device);
+    CUmodule module;
+    if (a.moduleLoadData(&module, cubin.data()) != CUDA_SUCCESS)
+      throw std::runtime_error("the CUDA driver could not load the target's kernels");
+    modules[device] = module;
+  }
   CUfunction fn;
-  bool ok = a.moduleLoadData(&module, cubin.data()) == CUDA_SUCCESS &&
-            a.moduleGetFunction(&fn, module, "norm_rope") == CUDA_SUCCESS;
-  c10::cuda::set_device(before);
-  if (!ok) throw std::runtime_error("the CUDA driver could not load the norm+RoPE kernel");
-  loaded[device] = fn;
+  if (a.moduleGetFunction(&fn, modules[device], name) != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("no kernel ") + name);
+  functions[{device, name}] = fn;
   return fn;
+}
+
+void launch(int device, const char* name, long long threads_needed, void** args) {
+  CUfunction fn = kernel_for(device, name);
+  unsigned int threads = 256;
+  auto blocks = static_cast<unsigned int>((threads_needed + threads - 1) / threads);
+  auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  if (api().launchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
+                         args, nullptr) != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("the kernel ") + name + " did not launch");
+}
+
+const at::Tensor& tensor(void* p) { return *static_cast<at::Tensor*>(p); }
+
+void check_bf16_cuda(std::initializer_list<const at::Tensor*> ts) {
+  for (const at::Tensor* t : ts) {
+    TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kBFloat16, "bf16 tensors on CUDA");
+  }
 }
 
 }  // namespace
@@ -175,17 +228,15 @@ CUfunction kernel_for(int device) {
 extern "C" {
 
 // out [tokens, heads, 128] = rope(rms_norm(x[token, col0 + head * 128 ..][:128]) * w) for every
-// token and head; x [.., tokens, >= col0 + heads * 128] contiguous, cos and sin
-// [tokens, 128] (sin's first half negated, as `rope_tables` makes it), all bf16 on one GPU; on
-// the current stream of that GPU.
+// token and head; x [.., tokens, >= col0 + heads * 128] contiguous, cos and sin [tokens, 128]
+// (sin's first half negated, as `rope_tables` makes it), all bf16 on one GPU; on the current
+// stream of that GPU.
 int dflash_norm_rope(void* x, long long col0, long long heads, void* w, void* cos, void* sin,
                      void* out, double eps) {
   try {
-    auto t = [](void* p) -> const at::Tensor& { return *static_cast<at::Tensor*>(p); };
-    const at::Tensor &xt = t(x), &wt = t(w), &ct = t(cos), &st = t(sin), &ot = t(out);
-    for (const at::Tensor* v : {&xt, &wt, &ct, &st, &ot}) {
-      TORCH_CHECK(v->is_cuda() && v->scalar_type() == at::kBFloat16, "norm+RoPE takes bf16 on CUDA");
-    }
+    const at::Tensor &xt = tensor(x), &wt = tensor(w), &ct = tensor(cos), &st = tensor(sin),
+                     &ot = tensor(out);
+    check_bf16_cuda({&xt, &wt, &ct, &st, &ot});
     TORCH_CHECK(xt.is_contiguous() && xt.dim() >= 2, "x: contiguous rows of features");
     long long token_stride = xt.size(-1);
     long long tokens = xt.numel() / token_stride;
@@ -195,22 +246,33 @@ int dflash_norm_rope(void* x, long long col0, long long heads, void* w, void* co
                     ct.numel() == tokens * 128 && st.numel() == tokens * 128,
                 "weight [128], cos and sin [tokens, 128]");
     TORCH_CHECK(ot.is_contiguous() && ot.numel() == tokens * heads * 128, "out [tokens, heads, 128]");
-    int device = xt.get_device();
-    CUfunction fn = kernel_for(device);
     long long rows = tokens * heads;
-    const void* xp = xt.data_ptr();
-    const void* wp = wt.data_ptr();
-    const void* cp = ct.data_ptr();
-    const void* sp = st.data_ptr();
+    const void *xp = xt.data_ptr(), *wp = wt.data_ptr(), *cp = ct.data_ptr(), *sp = st.data_ptr();
     void* op = ot.data_ptr();
     int c0 = static_cast<int>(col0), h = static_cast<int>(heads);
     float e = static_cast<float>(eps);
     void* args[] = {&xp, &token_stride, &c0, &h, &wp, &cp, &sp, &op, &rows, &e};
-    unsigned int threads = 256, blocks = static_cast<unsigned int>((rows * 32 + threads - 1) / threads);
-    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-    if (api().launchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
-                           args, nullptr) != CUDA_SUCCESS)
-      throw std::runtime_error("the norm+RoPE kernel did not launch");
+    launch(xt.get_device(), "norm_rope", rows * 32, args);
+    return 0;
+  } catch (const std::exception& e) {
+    dflash_set_last_error(e.what());
+    return 1;
+  }
+}
+
+// out = silu(g) * u, all bf16, contiguous, of one size (a multiple of 8) on one GPU.
+int dflash_silu_mul(void* g, void* u, void* out) {
+  try {
+    const at::Tensor &gt = tensor(g), &ut = tensor(u), &ot = tensor(out);
+    check_bf16_cuda({&gt, &ut, &ot});
+    TORCH_CHECK(gt.is_contiguous() && ut.is_contiguous() && ot.is_contiguous() &&
+                    gt.numel() == ut.numel() && gt.numel() == ot.numel() && gt.numel() % 8 == 0,
+                "silu_mul: contiguous tensors of one size, a multiple of 8");
+    long long n = gt.numel();
+    const void *gp = gt.data_ptr(), *up = ut.data_ptr();
+    void* op = ot.data_ptr();
+    void* args[] = {&gp, &up, &op, &n};
+    launch(gt.get_device(), "silu_mul", n / 8, args);
     return 0;
   } catch (const std::exception& e) {
     dflash_set_last_error(e.what());
