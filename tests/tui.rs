@@ -345,6 +345,37 @@ fn freeze_keeps_the_shown_snapshot() {
     assert_eq!(app.shown().unwrap().seq, 2);
 }
 
+/// A frozen display keeps the history as it was: a thread's CPU samples (the detail's
+/// sparkline) and the verdict marks stop with the snapshot, and come back live on unfreezing.
+#[test]
+fn freeze_keeps_the_cpu_history_and_verdicts_with_the_snapshot() {
+    let (ctl, _) = controls(false);
+    let mut app = App::new();
+    let first = starved_snapshot();
+    let name = first.threads[0].name.clone();
+    app.on_snapshot(Arc::new(first));
+    app.update(Action::ToggleFreeze, &ctl);
+    let mut later = starved_snapshot();
+    later.seq = 8;
+    later.now_ns += 1_000_000_000;
+    later.verdict = Verdict::Balanced;
+    app.on_snapshot(Arc::new(later));
+    let cpu_samples = |app: &App| app.shown_history().cpu.get(&name).map_or(0, |h| h.len());
+    assert_eq!(
+        cpu_samples(&app),
+        1,
+        "frozen: one sample, the first snapshot's"
+    );
+    assert_eq!(app.shown_history().verdicts.len(), 1);
+    app.update(Action::ToggleFreeze, &ctl);
+    assert_eq!(cpu_samples(&app), 2, "live again: both samples");
+    assert_eq!(
+        app.shown_history().verdicts.len(),
+        2,
+        "and the verdict change"
+    );
+}
+
 #[test]
 fn bar_cells_split_the_width_by_share() {
     let w = window(

@@ -121,13 +121,60 @@ pub trait Controls {
     }
 }
 
-/// The display as it was when it froze: the snapshot, and the spans and segments behind it (the
-/// timeline pans over these).
+/// What the front-end keeps of the snapshots it got: the last `TRACE_SECONDS` of steps (as spans
+/// and as per-thread phase segments), the verdict changes, each thread's CPU samples.
+#[derive(Clone, Default)]
+pub struct History {
+    /// Step spans of the last `TRACE_SECONDS`: the timeline and `e`.
+    pub spans: VecDeque<StepSpan>,
+    /// The same steps as per-thread phase segments: what the timeline draws from.
+    pub segments: Segments,
+    /// Verdict changes, (hub clock ns, new verdict), oldest first; the timeline marks them.
+    pub verdicts: VecDeque<(u64, Verdict)>,
+    /// CPU % per thread, one value a snapshot, oldest first (the threads view's detail).
+    pub cpu: std::collections::HashMap<String, VecDeque<f32>>,
+}
+
+impl History {
+    /// Adds what snapshot `s` brings, and drops what has aged out.
+    fn record(&mut self, s: &Snapshot) {
+        if self.verdicts.back().map(|v| v.1) != Some(s.verdict) {
+            self.verdicts.push_back((s.now_ns, s.verdict));
+            if self.verdicts.len() > MAX_VERDICT_CHANGES {
+                self.verdicts.pop_front();
+            }
+        }
+        for t in &s.threads {
+            if let Some(pct) = t.cpu_pct {
+                let h = self.cpu.entry(t.name.clone()).or_default();
+                h.push_back(pct);
+                if h.len() > CPU_HISTORY {
+                    h.pop_front();
+                }
+            }
+        }
+        self.spans.extend(s.steps.iter().cloned());
+        for step in &s.steps {
+            self.segments.push(step);
+        }
+        if let Some(end) = self.spans.back().map(|x| x.end_ns) {
+            let from = end.saturating_sub((TRACE_SECONDS * 1e9) as u64);
+            while self.spans.front().is_some_and(|x| x.end_ns < from) {
+                self.spans.pop_front();
+            }
+            if !s.steps.is_empty() {
+                self.segments.trim(from);
+            }
+        }
+    }
+}
+
+/// The display as it was when it froze: the snapshot and the history behind it (the timeline
+/// pans over it; the CPU history and the verdict marks stand still with it).
 #[derive(Clone)]
 pub struct Frozen {
     pub snap: Arc<Snapshot>,
-    recent: VecDeque<StepSpan>,
-    segments: Segments,
+    history: History,
 }
 
 pub struct App {
@@ -140,12 +187,8 @@ pub struct App {
     pub latest: Option<Arc<Snapshot>>,
     /// A short note about the last key (shown in the header).
     pub note: Option<String>,
-    /// Step spans of the last `TRACE_SECONDS`: the timeline and `e`.
-    pub recent: VecDeque<StepSpan>,
-    /// The same steps as per-thread phase segments: what the timeline draws from.
-    pub segments: Segments,
-    /// Verdict changes, (hub clock ns, new verdict), oldest first; the timeline marks them.
-    pub verdicts: VecDeque<(u64, Verdict)>,
+    /// What the snapshots so far left (`shown_history`: what is on screen).
+    pub history: History,
     /// The timeline's width, an index into `ZOOMS_S`.
     pub zoom: usize,
     /// How far the timeline's right edge is before the frozen snapshot's time, ns.
@@ -157,8 +200,6 @@ pub struct App {
     pub hits: std::cell::RefCell<Vec<(u16, String)>>,
     /// Keys bound in the UI config, checked before the defaults.
     pub keys: super::keys::KeyMap,
-    /// CPU % per thread, one value a snapshot, oldest first (the threads view's detail).
-    pub cpu_history: std::collections::HashMap<String, VecDeque<f32>>,
     /// Snapshots the hub published that this front-end never got (gaps in `seq`).
     pub missed_snapshots: u64,
     /// `q` was pressed once on a live run: the next `q` stops training.
@@ -190,14 +231,11 @@ impl App {
             frozen: None,
             latest: None,
             note: None,
-            recent: VecDeque::new(),
-            segments: Segments::default(),
-            verdicts: VecDeque::new(),
+            history: History::default(),
             zoom: ZOOMS_S.len() - 1,
             pan_ns: 0,
             selected: None,
             sort: Sort::Pipeline,
-            cpu_history: Default::default(),
             keys: Default::default(),
             hits: Default::default(),
             missed_snapshots: 0,
@@ -235,9 +273,14 @@ impl App {
         }
     }
 
-    /// The step spans behind the shown snapshot (frozen with it).
+    /// The history behind the shown snapshot (frozen with it).
+    pub fn shown_history(&self) -> &History {
+        self.frozen.as_ref().map_or(&self.history, |f| &f.history)
+    }
+
+    /// The step spans behind the shown snapshot.
     pub fn shown_spans(&self) -> &VecDeque<StepSpan> {
-        self.frozen.as_ref().map_or(&self.recent, |f| &f.recent)
+        &self.shown_history().spans
     }
 
     /// The span the timeline shows: its width, ending at the shown snapshot's time less the pan.
@@ -259,9 +302,9 @@ impl App {
         }
     }
 
-    /// The phase segments behind the shown snapshot (frozen with it).
+    /// The phase segments behind the shown snapshot.
     pub fn shown_segments(&self) -> &Segments {
-        self.frozen.as_ref().map_or(&self.segments, |f| &f.segments)
+        &self.shown_history().segments
     }
 
     /// The shown snapshot's threads in the chosen order.
@@ -328,8 +371,7 @@ impl App {
         if self.frozen.is_none() {
             self.frozen = self.latest.clone().map(|snap| Frozen {
                 snap,
-                recent: self.recent.clone(),
-                segments: self.segments.clone(),
+                history: self.history.clone(),
             });
         }
     }
@@ -343,34 +385,7 @@ impl App {
         if let Some(prev) = &self.latest {
             self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
         }
-        if self.verdicts.back().map(|v| v.1) != Some(s.verdict) {
-            self.verdicts.push_back((s.now_ns, s.verdict));
-            if self.verdicts.len() > MAX_VERDICT_CHANGES {
-                self.verdicts.pop_front();
-            }
-        }
-        for t in &s.threads {
-            if let Some(pct) = t.cpu_pct {
-                let h = self.cpu_history.entry(t.name.clone()).or_default();
-                h.push_back(pct);
-                if h.len() > CPU_HISTORY {
-                    h.pop_front();
-                }
-            }
-        }
-        self.recent.extend(s.steps.iter().cloned());
-        for step in &s.steps {
-            self.segments.push(step);
-        }
-        if let Some(end) = self.recent.back().map(|x| x.end_ns) {
-            let from = end.saturating_sub((TRACE_SECONDS * 1e9) as u64);
-            while self.recent.front().is_some_and(|x| x.end_ns < from) {
-                self.recent.pop_front();
-            }
-            if !s.steps.is_empty() {
-                self.segments.trim(from);
-            }
-        }
+        self.history.record(&s);
         self.latest = Some(s);
     }
 

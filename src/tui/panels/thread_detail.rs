@@ -107,7 +107,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
 
     let cpu: Vec<u64> = c
         .app
-        .cpu_history
+        .shown_history()
+        .cpu
         .get(&t.name)
         .map(|h| {
             h.iter()

@@ -215,7 +215,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
 
     // The verdict in force at the left edge, then a mark where it changed.
     buf.set_string(inner.x, y, "verdict", theme.dim());
-    let row = verdict_row(&app.verdicts, span, cols as usize);
+    let row = verdict_row(&app.shown_history().verdicts, span, cols as usize);
     if let Some(v) = row.at_left {
         buf.set_string(x0, y, v, theme.dim());
     }
