@@ -34,8 +34,10 @@ fn hidden(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Reads the child's stdout until an interval line shows a step > 0 (training is under way).
-fn wait_for_steps(child: &mut Child) -> BufReader<std::process::ChildStdout> {
+/// Reads the child's headless lines until one shows a step past 0 (training is under way), then
+/// drains the rest in the background: a pipe nobody reads fills up (64 KiB, under a minute of lines at `--interval
+/// 0.2`), and the run's writes then block.
+fn wait_for_steps(child: &mut Child) {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     loop {
@@ -49,7 +51,11 @@ fn wait_for_steps(child: &mut Child) -> BufReader<std::process::ChildStdout> {
             .find_map(|w| w.strip_prefix("step="))
             .and_then(|v| v.parse::<u64>().ok());
         if step.is_some_and(|s| s > 0) {
-            return out;
+            std::thread::Builder::new()
+                .name("drain-stdout".into())
+                .spawn(move || std::io::copy(&mut out, &mut std::io::sink()))
+                .unwrap();
+            return;
         }
     }
 }
@@ -83,7 +89,7 @@ fn a_signal_stops_a_headless_run_and_saves_the_last_step() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let _out = wait_for_steps(&mut child);
+        wait_for_steps(&mut child);
         kill(&child, sig);
         let status = wait_exit(&mut child);
         let mut err = String::new();
@@ -179,7 +185,7 @@ fn a_second_signal_during_the_final_save_exits_at_once_and_leaves_no_partial_che
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let _out = wait_for_steps(&mut child);
+    wait_for_steps(&mut child);
     kill(&child, libc::SIGTERM);
     wait_for_a_save_to_begin(dir.path());
     kill(&child, libc::SIGINT);
@@ -499,7 +505,7 @@ fn a_signal_stops_a_viewer_and_gives_the_terminal_back() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _out = wait_for_steps(&mut train);
+    wait_for_steps(&mut train);
     let viewers = [
         ("replay", format!("replay {}", rec.display()), "REPLAY"),
         (
@@ -742,7 +748,7 @@ fn a_run_listens_on_no_tcp_port() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _out = wait_for_steps(&mut child);
+    wait_for_steps(&mut child);
     let fds = std::fs::read_dir(format!("/proc/{}/fd", child.id()))
         .unwrap()
         .count();

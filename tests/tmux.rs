@@ -29,11 +29,23 @@ impl Session {
         Session::start_sized(name, (100, 30), cmd)
     }
 
-    /// Runs `cmd` in a new detached tmux session of `size` columns x rows.
+    /// Runs `cmd` in a new detached tmux session of `size` columns x rows. Tried again when the
+    /// session is not there after: tmux's server exits with its last session (another test's
+    /// ending), and a session asked of a server that is exiting is lost.
     pub(crate) fn start_sized(name: String, size: (u16, u16), cmd: &str) -> Session {
         let (x, y) = (size.0.to_string(), size.1.to_string());
-        tmux(&["new-session", "-d", "-s", &name, "-x", &x, "-y", &y, cmd]);
-        Session(name)
+        for _ in 0..5 {
+            tmux(&["new-session", "-d", "-s", &name, "-x", &x, "-y", &y, cmd]);
+            let there = Command::new("tmux")
+                .args(["has-session", "-t", &name])
+                .status()
+                .is_ok_and(|s| s.success());
+            if there {
+                return Session(name);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("tmux never started the session {name}");
     }
 
     pub(crate) fn screen(&self) -> String {
@@ -264,6 +276,16 @@ fn the_timeline_shows_a_lane_per_thread_and_esc_on_help_keeps_the_run() {
     assert!(after.contains("EXITED=0"), "{after}");
 }
 
+/// The shell command of a training run with the UI config `path`, which prints the exit status
+/// and keeps the pane open.
+fn train_with_ui_config(path: &std::path::Path) -> String {
+    format!(
+        "DFLASH_TOP_UI_CONFIG={} {} train; echo EXITED=$?; sleep 600",
+        path.display(),
+        env!("CARGO_BIN_EXE_dflash-top")
+    )
+}
+
 #[test]
 fn a_bad_ui_config_is_one_sentence_naming_the_file_and_leaves_the_terminal_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
@@ -290,12 +312,7 @@ fn a_bad_ui_config_is_one_sentence_naming_the_file_and_leaves_the_terminal_as_it
         let path = dir.path().join(file);
         std::fs::write(&path, text).unwrap();
         let name = format!("dflash-uiconfig-{}-{file}", std::process::id()).replace('.', "-");
-        let cmd = format!(
-            "DFLASH_TOP_UI_CONFIG={} {} train; echo EXITED=$?; sleep 600",
-            path.display(),
-            env!("CARGO_BIN_EXE_dflash-top")
-        );
-        let s = Session::start_sized(name, (120, 30), &cmd);
+        let s = Session::start_sized(name, (120, 30), &train_with_ui_config(&path));
         s.wait_for("the process to exit", |x| x.contains("EXITED="));
         // The screen with wrapped lines joined: the message is one line.
         let after = tmux(&["capture-pane", "-p", "-J", "-t", &s.0]);
@@ -326,12 +343,7 @@ fn the_light_theme_draws_its_own_colours_in_a_real_terminal() {
     let path = dir.path().join("ui.toml");
     std::fs::write(&path, "[colors]\ntheme = \"light\"\n").unwrap();
     let name = format!("dflash-light-{}", std::process::id());
-    let cmd = format!(
-        "DFLASH_TOP_UI_CONFIG={} {} train; echo EXITED=$?; sleep 600",
-        path.display(),
-        env!("CARGO_BIN_EXE_dflash-top")
-    );
-    let s = Session::start_sized(name, (120, 36), &cmd);
+    let s = Session::start_sized(name, (120, 36), &train_with_ui_config(&path));
     s.wait_for("the first steps", |x| {
         x.contains("step ") && !x.contains("step 0 ")
     });
