@@ -4,8 +4,8 @@
 use crate::cli::TrainArgs;
 use crate::engine::checkpoint;
 use crate::engine::config::{drafter_spec_for, DrafterSpec, Preset, Qwen3Config, Recipe};
-use crate::engine::optim::Schedule;
 use crate::engine::recipe::{mask_token_of, MaskToken};
+use crate::engine::schedule::Schedule;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};

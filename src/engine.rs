@@ -23,6 +23,7 @@ pub mod qwen3;
 pub mod recipe;
 pub mod replica_check;
 pub mod replicas;
+pub mod schedule;
 pub mod target_graph;
 pub mod tiled;
 pub mod tokenize;

@@ -4,8 +4,10 @@
 pub mod app;
 pub mod config;
 pub mod critical;
+pub mod history;
 pub mod keys;
 pub mod panels;
+pub mod segments;
 pub mod terminal;
 pub mod theme;
 pub mod timeline;

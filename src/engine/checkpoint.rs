@@ -5,7 +5,8 @@
 //! it is never half written.
 
 use super::config::{DrafterSpec, Qwen3Config};
-use super::optim::{AdamW, Schedule};
+use super::optim::AdamW;
+use super::schedule::Schedule;
 use crate::signals::Scratch;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};

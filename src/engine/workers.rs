@@ -169,7 +169,7 @@ pub struct DrafterJob {
     pub input: QueueRx<HiddenBatch>,
     pub anchors: i64,
     pub lr: f64,
-    pub schedule: super::optim::Schedule,
+    pub schedule: super::schedule::Schedule,
     pub max_steps: Option<u64>,
     pub save_dir: Option<PathBuf>,
     pub save_every: Option<u64>,
@@ -298,8 +298,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         let state = TrainerState {
             step,
             total_steps: match schedule {
-                super::optim::Schedule::Cosine { total } => total,
-                super::optim::Schedule::Constant => 0,
+                super::schedule::Schedule::Cosine { total } => total,
+                super::schedule::Schedule::Constant => 0,
             },
             seed,
             lr,

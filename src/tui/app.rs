@@ -1,10 +1,11 @@
 //! Front-end state and the one `update` that changes it by an `Action` (keys.rs says which key
 //! is which action). No terminal here: tests drive it directly.
 
+use super::history::History;
 pub use super::keys::Action;
-use super::timeline::{spans_in, Segments, TimeSpan};
+use super::segments::Segments;
+use super::timeline::{spans_in, TimeSpan};
 use crate::telemetry::snapshot::{StepSpan, ThreadState, ThreadView};
-use crate::telemetry::verdict::Verdict;
 use crate::telemetry::{GpuTiming, Snapshot};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -121,54 +122,6 @@ pub trait Controls {
     }
 }
 
-/// What the front-end keeps of the snapshots it got: the last `TRACE_SECONDS` of steps (as spans
-/// and as per-thread phase segments), the verdict changes, each thread's CPU samples.
-#[derive(Clone, Default)]
-pub struct History {
-    /// Step spans of the last `TRACE_SECONDS`: the timeline and `e`.
-    pub spans: VecDeque<StepSpan>,
-    /// The same steps as per-thread phase segments: what the timeline draws from.
-    pub segments: Segments,
-    /// Verdict changes, (hub clock ns, new verdict), oldest first; the timeline marks them.
-    pub verdicts: VecDeque<(u64, Verdict)>,
-    /// CPU % per thread, one value a snapshot, oldest first (the threads view's detail).
-    pub cpu: std::collections::HashMap<String, VecDeque<f32>>,
-}
-
-impl History {
-    /// Adds what snapshot `s` brings, and drops what has aged out.
-    fn record(&mut self, s: &Snapshot) {
-        if self.verdicts.back().map(|v| v.1) != Some(s.verdict) {
-            self.verdicts.push_back((s.now_ns, s.verdict));
-            if self.verdicts.len() > MAX_VERDICT_CHANGES {
-                self.verdicts.pop_front();
-            }
-        }
-        for t in &s.threads {
-            if let Some(pct) = t.cpu_pct {
-                let h = self.cpu.entry(t.name.clone()).or_default();
-                h.push_back(pct);
-                if h.len() > CPU_HISTORY {
-                    h.pop_front();
-                }
-            }
-        }
-        self.spans.extend(s.steps.iter().cloned());
-        for step in &s.steps {
-            self.segments.push(step);
-        }
-        if let Some(end) = self.spans.back().map(|x| x.end_ns) {
-            let from = end.saturating_sub((TRACE_SECONDS * 1e9) as u64);
-            while self.spans.front().is_some_and(|x| x.end_ns < from) {
-                self.spans.pop_front();
-            }
-            if !s.steps.is_empty() {
-                self.segments.trim(from);
-            }
-        }
-    }
-}
-
 /// The display as it was when it froze: the snapshot and the history behind it (the timeline
 /// pans over it; the CPU history and the verdict marks stand still with it).
 #[derive(Clone)]
@@ -207,13 +160,6 @@ pub struct App {
     /// The engine stopped by itself (run finished or failed): `q` leaves at once.
     pub finished: bool,
 }
-
-/// What the timeline can show and `e` exports at most: the last seconds of phases.
-pub const TRACE_SECONDS: f64 = 10.0;
-/// CPU samples kept per thread (a minute at 10 snapshots a second).
-const CPU_HISTORY: usize = 600;
-/// Verdict changes kept for the timeline.
-const MAX_VERDICT_CHANGES: usize = 256;
 
 impl Default for App {
     fn default() -> Self {

@@ -5,8 +5,8 @@
 use crate::telemetry::snapshot::{QueueView, StepSpan, ThreadState, ThreadView};
 use crate::telemetry::window::TICK_NS;
 use crate::telemetry::{Phase, N_PHASES};
-use std::collections::HashMap;
-use std::collections::VecDeque;
+
+use super::segments::Segments;
 
 /// The span of time on screen: `[right_ns - width_ns, right_ns)` on the hub's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,83 +215,6 @@ impl<'b> LaneBuilder<'b> {
     }
 }
 
-/// One stretch of one phase of one thread.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Segment {
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub phase: Phase,
-}
-
-/// Each thread's phase segments of the last seconds, oldest first, in one contiguous run per
-/// thread: a frame reads only the visible threads' segments inside the span (no hashing or
-/// pointer chasing per step).
-#[derive(Clone, Debug, Default)]
-pub struct Segments {
-    by_thread: HashMap<String, VecDeque<Segment>>,
-}
-
-impl Segments {
-    /// Adds a step's phases, laid out in its role's order ending at its end (as traces do).
-    pub fn push(&mut self, s: &StepSpan) {
-        let q = match self.by_thread.get_mut(&s.thread) {
-            Some(q) => q,
-            None => self.by_thread.entry(s.thread.clone()).or_default(),
-        };
-        let mut t = s.end_ns.saturating_sub(s.wall_ns);
-        for (phase, ns) in &s.phases {
-            q.push_back(Segment {
-                start_ns: t,
-                end_ns: t + ns,
-                phase: *phase,
-            });
-            t += ns;
-        }
-    }
-
-    /// Drops the segments that ended before `from_ns`.
-    pub fn trim(&mut self, from_ns: u64) {
-        for q in self.by_thread.values_mut() {
-            while q.front().is_some_and(|s| s.end_ns < from_ns) {
-                q.pop_front();
-            }
-        }
-    }
-
-    pub fn of(&self, thread: &str) -> Option<&VecDeque<Segment>> {
-        self.by_thread.get(thread)
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_thread.values().map(|q| q.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The oldest time kept.
-    pub fn oldest_ns(&self) -> Option<u64> {
-        self.by_thread
-            .values()
-            .filter_map(|q| q.front().map(|s| s.start_ns))
-            .min()
-    }
-
-    /// A thread's segments from the first that ends inside `span` (the caller stops at the
-    /// first that starts after it).
-    fn starting_in(
-        &self,
-        thread: &str,
-        span: TimeSpan,
-    ) -> std::collections::vec_deque::Iter<'_, Segment> {
-        match self.of(thread) {
-            Some(q) => q.range(q.partition_point(|s| s.end_ns <= span.left_ns())..),
-            None => Default::default(),
-        }
-    }
-}
-
 /// One lane per thread of `threads`, in that order, over `span` in `cols` columns. With
 /// `now_ns`, a thread's phase in progress is drawn up to it (a stall shows as one long segment
 /// reaching the right edge).
@@ -378,6 +301,7 @@ pub fn spans_in<'a>(spans: impl Iterator<Item = &'a StepSpan>, span: TimeSpan) -
 mod tests {
     use super::*;
     use crate::telemetry::Role;
+    use crate::tui::segments::Segment;
 
     fn step(end_ms: u64, phases: &[(Phase, u64)]) -> StepSpan {
         let wall = phases.iter().map(|p| p.1).sum::<u64>() * 1_000_000;
