@@ -99,11 +99,7 @@ fn layer_macs(c: &Qwen3Config) -> f64 {
 /// whole row (a packed row's documents see fewer keys: an upper bound, "TFLOP/s-equivalent").
 pub fn target_flops(target: &Qwen3Config, spec: &DrafterSpec, seq: i64) -> f64 {
     let seq = seq as f64;
-    let layers = spec
-        .target_layer_ids
-        .iter()
-        .max()
-        .map_or(target.num_hidden_layers, |deepest| deepest + 1) as f64;
+    let layers = crate::engine::qwen3::built_layers(target, &spec.target_layer_ids) as f64;
     let attention = 4.0 * seq * seq / 2.0 * (target.num_attention_heads * target.head_dim) as f64;
     layers * (2.0 * seq * layer_macs(target) + attention)
 }

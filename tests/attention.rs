@@ -423,11 +423,11 @@ fn documents_split_at_id_changes_and_row_ends() {
 fn flash_target_equals_the_dense_document_mask_on_cuda() {
     use dflash_top::engine::qwen3::Qwen3Target;
     use dflash_top::engine::varlen::Varlen;
-    if !tch::Cuda::is_available() || !dflash_top::engine::cuda::AVAILABLE {
-        eprintln!("no CUDA device (or no CUDA shim in this build): the flash path is not run here");
+    let cuda =
+        crate::cuda_or_skip("the flash path").filter(|_| dflash_top::engine::cuda::AVAILABLE);
+    let Some(dev) = cuda else {
         return;
-    }
-    let dev = Device::Cuda(0);
+    };
     tch::manual_seed(3);
     let p = Preset::by_name("tiny").unwrap();
     let mut cfg = p.target.clone();

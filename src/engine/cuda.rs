@@ -15,7 +15,7 @@ pub const AVAILABLE: bool = cfg!(cuda_shim);
 /// memory, the copy is queued on the stream like a kernel (the pinned block is kept until the
 /// copy has run). Anything else is a plain `to_device`.
 pub fn upload(t: &Tensor, device: tch::Device) -> Tensor {
-    if t.device() == tch::Device::Cpu && device.is_cuda() {
+    if AVAILABLE && t.device() == tch::Device::Cpu && device.is_cuda() {
         if let Ok(pinned) = pin_memory(t) {
             return pinned.to_device_(device, t.kind(), true, false);
         }
@@ -468,6 +468,18 @@ pub fn memory_peak(device: usize, reset: bool) -> Result<u64> {
         "CUDA memory statistics",
     )?;
     Ok(peak)
+}
+
+/// For the library's GPU tests: cuda:0 where there is a GPU and this build has the shim, else
+/// `None` with a line saying that `what` was skipped.
+#[cfg(test)]
+pub(crate) fn cuda_or_skip(what: &str) -> Option<tch::Device> {
+    if tch::Cuda::is_available() && AVAILABLE {
+        Some(tch::Device::Cuda(0))
+    } else {
+        eprintln!("skipped: {what} needs a GPU and the CUDA shim");
+        None
+    }
 }
 
 /// The target's kernels (src/engine/cxx/target_kernels.cpp): whether one ran (1), one failed

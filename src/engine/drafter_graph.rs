@@ -251,8 +251,6 @@ impl StepGraphs {
         let result = self.replay_backward(grad);
         if result.is_err() {
             self.give_up();
-        } else if !self.failed {
-            STATE.record(true);
         }
         result
     }
@@ -269,6 +267,7 @@ impl StepGraphs {
             })?;
             done?;
             g.backward = Some(graph);
+            STATE.record(true);
         }
         g.grad.copy_(grad);
         g.backward.as_ref().expect("captured above").replay()

@@ -253,8 +253,7 @@ mod tests {
     /// gradients, finite, both ways. Skipped without a GPU and the CUDA shim.
     #[test]
     fn graphed_steps_train_like_the_same_steps_run_eagerly_on_cuda() {
-        if !tch::Cuda::is_available() || !crate::engine::cuda::AVAILABLE {
-            eprintln!("skipped: the drafter step's CUDA graphs need a GPU and the CUDA shim");
+        if crate::engine::cuda::cuda_or_skip("the drafter step's CUDA graphs").is_none() {
             return;
         }
         // The last GPU: on a host of two, not the thread's current device (a capture must find

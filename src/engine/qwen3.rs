@@ -277,6 +277,12 @@ impl DecoderLayer {
     }
 }
 
+/// Layers of the target a worker runs: up to the deepest captured one (at most all of them).
+pub fn built_layers(cfg: &Qwen3Config, capture: &[i64]) -> i64 {
+    let depth = capture.iter().copied().max().unwrap_or(0) + 1;
+    depth.min(cfg.num_hidden_layers)
+}
+
 /// The frozen target model.
 #[derive(Debug)]
 pub struct Qwen3Target {
@@ -302,14 +308,7 @@ impl Qwen3Target {
     /// deepest captured one are built: the rest cannot change the returned hidden states (our
     /// choice; a full forward would only cost time). `model.norm` is kept for checkpoint parity.
     pub fn new(root: &nn::Path, cfg: &Qwen3Config, capture: &[i64], embed_std: f64) -> Qwen3Target {
-        let depth = capture.iter().copied().max().unwrap_or(0) + 1;
-        Self::build(
-            root,
-            cfg,
-            capture,
-            depth.min(cfg.num_hidden_layers),
-            embed_std,
-        )
+        Self::build(root, cfg, capture, built_layers(cfg, capture), embed_std)
     }
 
     /// Each layer's q, k and v weights in one tensor (see `Attention::fuse_projections`): once
@@ -531,12 +530,11 @@ mod tests {
     /// CUDA shim.
     #[test]
     fn the_silu_mul_kernel_gives_the_ops_on_cuda() {
-        if !tch::Cuda::is_available() || !crate::engine::cuda::AVAILABLE {
-            eprintln!("skipped: the silu * up kernel needs a GPU and the CUDA shim");
+        let Some(dev) = crate::engine::cuda::cuda_or_skip("the silu * up kernel") else {
             return;
-        }
+        };
         tch::manual_seed(10);
-        let (dev, bf16) = (Device::Cuda(0), Kind::BFloat16);
+        let bf16 = Kind::BFloat16;
         let rand = || (Tensor::randn([3, 40, 96], (Kind::Float, dev)) * 4.0).to_kind(bf16);
         let (gate, up) = (rand(), rand());
         let ops = gate.silu() * &up;
@@ -556,12 +554,11 @@ mod tests {
     /// the CUDA shim.
     #[test]
     fn the_norm_and_rope_kernel_gives_the_ops_on_cuda() {
-        if !tch::Cuda::is_available() || !crate::engine::cuda::AVAILABLE {
-            eprintln!("skipped: the norm + RoPE kernel needs a GPU and the CUDA shim");
+        let Some(dev) = crate::engine::cuda::cuda_or_skip("the norm + RoPE kernel") else {
             return;
-        }
+        };
         tch::manual_seed(9);
-        let (dev, bf16) = (Device::Cuda(0), Kind::BFloat16);
+        let bf16 = Kind::BFloat16;
         let (b, s, heads, kv_heads) = (2, 96, 4, 2);
         let qkv = (Tensor::randn([b, s, (heads + 2 * kv_heads) * 128], (Kind::Float, dev)) * 3.0)
             .to_kind(bf16);

@@ -11,7 +11,7 @@
 //! and builds or devices without the CUDA shim, run eagerly. `TargetForward` is the choice a
 //! target worker makes per batch.
 
-use super::cuda::{CaptureState, Graph};
+use super::cuda::{upload, CaptureState, Graph};
 use super::data::PackedBatch;
 use super::qwen3::Qwen3Target;
 use super::varlen::{cu_seqlens, Varlen};
@@ -48,19 +48,8 @@ impl TargetGraph {
     /// Captures the flash forward for batches of `rows` x `seq` tokens and up to `slots`
     /// documents on the calling thread's current stream, in the memory pool of `share` when
     /// given; the first capture runs the forward eagerly twice before (kernels loaded, cuBLAS's
-    /// workspace allocated).
+    /// workspace allocated). Recorded in `state()`.
     fn capture(
-        model: &Qwen3Target,
-        (rows, seq, slots): (i64, i64, usize),
-        device: Device,
-        share: Option<&TargetGraph>,
-    ) -> Result<Self> {
-        let result = Self::build(model, (rows, seq, slots), device, share);
-        STATE.record(result.is_ok());
-        result
-    }
-
-    fn build(
         model: &Qwen3Target,
         (rows, seq, slots): (i64, i64, usize),
         device: Device,
@@ -82,9 +71,11 @@ impl TargetGraph {
                 let _ = model.forward_documents(&ids, &positions, &docs);
             }
         }
-        let (graph, out) = Graph::capture_sharing(device, share.map(|g| &g.graph), || {
+        let captured = Graph::capture_sharing(device, share.map(|g| &g.graph), || {
             model.forward_documents(&ids, &positions, &docs)
-        })?;
+        });
+        STATE.record(captured.is_ok());
+        let (graph, out) = captured?;
         Ok(TargetGraph {
             graph,
             ids,
@@ -111,7 +102,7 @@ impl TargetGraph {
         let mut cu_dev = self.cu.shallow_clone();
         ids.copy_(&b.input_ids);
         positions.copy_(&b.positions);
-        cu_dev.copy_(&Tensor::from_slice(&cu));
+        cu_dev.copy_(&upload(&Tensor::from_slice(&cu), self.cu.device()));
         self.graph.replay()?;
         Ok(Some(self.out.copy()))
     }
@@ -245,8 +236,7 @@ mod tests {
     /// the CUDA shim.
     #[test]
     fn graphs_by_document_count_give_the_eager_forward_on_cuda() {
-        if !tch::Cuda::is_available() || !super::super::cuda::AVAILABLE {
-            eprintln!("skipped: the target's CUDA graphs need a GPU and the CUDA shim");
+        if super::super::cuda::cuda_or_skip("the target's CUDA graphs").is_none() {
             return;
         }
         let device = Device::Cuda(tch::Cuda::device_count() as usize - 1);

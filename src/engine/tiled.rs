@@ -145,11 +145,19 @@ pub fn window_grid(s: i64) -> i64 {
 pub fn window_groups() -> i64 {
     static GROUPS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
     *GROUPS.get_or_init(|| {
-        std::env::var("DFLASH_TOP_WINDOW_GROUPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| (1..=64).contains(n))
-            .unwrap_or(WINDOW_GROUPS)
+        let Ok(v) = std::env::var("DFLASH_TOP_WINDOW_GROUPS") else {
+            return WINDOW_GROUPS;
+        };
+        match v.parse().ok().filter(|n| (1..=64).contains(n)) {
+            Some(n) => n,
+            None => {
+                eprintln!(
+                    "dflash-top: DFLASH_TOP_WINDOW_GROUPS={v} ignored (use 1 to 64); \
+                     {WINDOW_GROUPS} runs of tiles a layer"
+                );
+                WINDOW_GROUPS
+            }
+        }
     })
 }
 

@@ -58,7 +58,7 @@ impl Varlen {
     pub fn from_doc_ids(doc_ids: &[i64], seq: usize, device: Device) -> Varlen {
         let (cu, max_len) = cu_seqlens(doc_ids, seq);
         Varlen {
-            cu_seqlens: Tensor::from_slice(&cu).to_device(device),
+            cu_seqlens: super::cuda::upload(&Tensor::from_slice(&cu), device),
             max_len,
         }
     }
