@@ -73,6 +73,7 @@ mod ffi {
             out: *mut *mut c_void,
         ) -> c_int;
         pub fn dflash_memory_peak(device: c_int, reset: c_int, peak: *mut u64) -> c_int;
+        pub fn dflash_memory_total(device: c_int, total: *mut u64) -> c_int;
         pub fn dflash_fused_adamw(
             param: *mut c_void,
             grad: *mut c_void,
@@ -98,6 +99,14 @@ mod ffi {
             eps: f64,
         ) -> c_int;
         pub fn dflash_silu_mul(g: *mut c_void, u: *mut c_void, out: *mut c_void) -> c_int;
+        pub fn dflash_add_rms_norm(
+            x: *mut c_void,
+            d: *mut c_void,
+            w: *mut c_void,
+            sum: *mut c_void,
+            out: *mut c_void,
+            eps: f64,
+        ) -> c_int;
         pub fn dflash_graph_new(out: *mut *mut c_void) -> c_int;
         pub fn dflash_graph_free(g: *mut c_void);
         pub fn dflash_graph_capture_begin(
@@ -173,6 +182,9 @@ mod ffi {
     pub unsafe fn dflash_memory_peak(_: c_int, _: c_int, _: *mut u64) -> c_int {
         1
     }
+    pub unsafe fn dflash_memory_total(_: c_int, _: *mut u64) -> c_int {
+        1
+    }
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn dflash_fused_adamw(
         _: *mut c_void,
@@ -204,6 +216,16 @@ mod ffi {
         1
     }
     pub unsafe fn dflash_silu_mul(_: *mut c_void, _: *mut c_void, _: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_add_rms_norm(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: f64,
+    ) -> c_int {
         1
     }
     pub unsafe fn dflash_graph_new(_: *mut *mut c_void) -> c_int {
@@ -470,6 +492,17 @@ pub fn memory_peak(device: usize, reset: bool) -> Result<u64> {
     Ok(peak)
 }
 
+/// The memory of CUDA device `device`, bytes.
+pub fn memory_total(device: usize) -> Result<u64> {
+    let mut total = 0;
+    // SAFETY: valid out pointer.
+    check(
+        unsafe { ffi::dflash_memory_total(device as c_int, &mut total) },
+        "CUDA device properties",
+    )?;
+    Ok(total)
+}
+
 /// For the library's GPU tests: cuda:0 where there is a GPU and this build has the shim, else
 /// `None` with a line saying that `what` was skipped.
 #[cfg(test)]
@@ -565,6 +598,31 @@ pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
     // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
     let status = unsafe { ffi::dflash_silu_mul(p(&gate), p(&up), p(&out)) };
     target_kernel_ran(status, "the silu * up kernel", out)
+}
+
+/// `x + delta` and it through an RMSNorm (`weight` over the last axis, `eps`) in one pass: (the
+/// sum, the normalised sum), rounded where the add and libtorch's fused rms_norm round. bf16 on
+/// CUDA, one shape, rows a multiple of 8 wide; `None` where it cannot run (see
+/// `target_kernels_for`): the caller runs the ops.
+pub fn add_rms_norm(
+    x: &Tensor,
+    delta: &Tensor,
+    (weight, eps): (&Tensor, f64),
+) -> Option<(Tensor, Tensor)> {
+    let cols = x.size().last().copied().unwrap_or(0);
+    let fits =
+        x.size() == delta.size() && cols > 0 && cols % 8 == 0 && weight.numel() as i64 == cols;
+    if !fits || !target_kernels_for(x) || !target_kernels_for(delta) {
+        return None;
+    }
+    let (x, delta) = (x.contiguous(), delta.contiguous());
+    let weight = weight.to_kind(tch::Kind::BFloat16).contiguous();
+    let (sum, out) = (x.empty_like(), x.empty_like());
+    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
+    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
+    let status =
+        unsafe { ffi::dflash_add_rms_norm(p(&x), p(&delta), p(&weight), p(&sum), p(&out), eps) };
+    target_kernel_ran(status, "the add + RMSNorm kernel", out).map(|out| (sum, out))
 }
 
 /// How a graph user's captures went in this process (for `bench` and `doctor`).

@@ -63,6 +63,20 @@ impl RmsNorm {
         let dim = x.size().last().copied().unwrap_or(0);
         x.rms_norm([dim], Some(self.weight.to_kind(x.kind())), self.eps)
     }
+
+    /// `x + delta` and it normalised: (sum, normalised sum). With nothing to differentiate (a
+    /// frozen model) one kernel does both where it can run (`cuda::add_rms_norm`).
+    pub fn add_forward(&self, x: &Tensor, delta: &Tensor) -> (Tensor, Tensor) {
+        let frozen = !x.requires_grad() && !delta.requires_grad();
+        frozen
+            .then(|| super::cuda::add_rms_norm(x, delta, (&self.weight, self.eps)))
+            .flatten()
+            .unwrap_or_else(|| {
+                let sum = x + delta;
+                let normed = self.forward(&sum);
+                (sum, normed)
+            })
+    }
 }
 
 /// SwiGLU: down(silu(gate(x)) * up(x)).

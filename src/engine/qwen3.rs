@@ -253,13 +253,29 @@ impl DecoderLayer {
         mask: &AttnMask,
     ) -> Tensor {
         let h = self.input_layernorm.forward(x);
+        let (x, mlp_out) = self.attention_then_mlp(x, &h, context, q_rope, k_rope, mask);
+        x + mlp_out
+    }
+
+    /// The block from `h` (`x` through the input norm): `x` after the attention's residual add,
+    /// and the MLP's output, which the caller adds to it (the target fuses that add into the next
+    /// layer's input norm: `RmsNorm::add_forward`).
+    fn attention_then_mlp(
+        &self,
+        x: &Tensor,
+        h: &Tensor,
+        context: Option<&Tensor>,
+        q_rope: (&Tensor, &Tensor),
+        k_rope: (&Tensor, &Tensor),
+        mask: &AttnMask,
+    ) -> (Tensor, Tensor) {
         let sources: Vec<&Tensor> = match context {
-            Some(c) => vec![c, &h],
-            None => vec![&h],
+            Some(c) => vec![c, h],
+            None => vec![h],
         };
-        let x = x + self.self_attn.forward(&h, &sources, q_rope, k_rope, mask);
-        let h = self.post_attention_layernorm.forward(&x);
-        &x + self.mlp.forward(&h)
+        let attn = self.self_attn.forward(h, &sources, q_rope, k_rope, mask);
+        let (x, h) = self.post_attention_layernorm.add_forward(x, &attn);
+        (x, self.mlp.forward(&h))
     }
 
     /// One pre-norm block over new tokens, with the keys and values of earlier ones in `cache`.
@@ -435,9 +451,19 @@ impl Qwen3Target {
         let mut x = self.embed_tokens.embedding_for(input_ids).to_kind(kind);
         let (cos, sin) = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, kind);
         let mut layer_out = Vec::with_capacity(self.layers.len());
+        // Each residual add goes into the norm after it: the next layer's input norm.
+        let mut h = match self.layers.first() {
+            Some(first) => first.input_layernorm.forward(&x),
+            None => x.shallow_clone(),
+        };
         for (i, layer) in self.layers.iter().enumerate() {
             let mask = mask_for(self.cfg.window_of(i));
-            x = layer.forward(&x, None, (&cos, &sin), (&cos, &sin), &mask);
+            let rope = (&cos, &sin);
+            let (mid, mlp_out) = layer.attention_then_mlp(&x, &h, None, rope, rope, &mask);
+            match self.layers.get(i + 1) {
+                Some(next) => (x, h) = next.input_layernorm.add_forward(&mid, &mlp_out),
+                None => x = mid + mlp_out,
+            }
             layer_out.push(x.shallow_clone());
         }
         let out: Vec<Tensor> = self
@@ -526,6 +552,14 @@ mod tests {
         assert!(gap < 1e-5, "fused forward differs by {gap}");
     }
 
+    /// Fails a kernel test whose kernel did not run, with what the kernels' state says.
+    fn kernel_failed<T>() -> T {
+        panic!(
+            "the kernel did not run: {}",
+            crate::engine::cuda::target_kernels_state()
+        )
+    }
+
     /// The one-pass silu(gate) * up kernel against the two ops. Skipped without a GPU and the
     /// CUDA shim.
     #[test]
@@ -538,15 +572,47 @@ mod tests {
         let rand = || (Tensor::randn([3, 40, 96], (Kind::Float, dev)) * 4.0).to_kind(bf16);
         let (gate, up) = (rand(), rand());
         let ops = gate.silu() * &up;
-        let kernel = crate::engine::cuda::silu_mul(&gate, &up).unwrap_or_else(|| {
-            panic!(
-                "the kernel ran: {}",
-                crate::engine::cuda::target_kernels_state()
-            )
-        });
+        let kernel = crate::engine::cuda::silu_mul(&gate, &up).unwrap_or_else(kernel_failed);
         let gap = f64::try_from((&kernel - &ops).abs().max().to_kind(Kind::Float)).unwrap();
         let top = f64::try_from(ops.abs().max().to_kind(Kind::Float)).unwrap();
         assert!(gap <= top / 128.0, "apart by {gap} (largest {top})");
+    }
+
+    /// The add + RMSNorm kernel against the ops it replaces (a bf16 add, then libtorch's
+    /// rms_norm): the sum to the bit, the normalised sum within bf16 rounding; on rows narrower
+    /// than a block's 256 x 8 elements and on rows of two passes. Skipped without a GPU and the
+    /// CUDA shim.
+    #[test]
+    fn the_add_and_norm_kernel_gives_the_ops_on_cuda() {
+        let Some(dev) = crate::engine::cuda::cuda_or_skip("the add + RMSNorm kernel") else {
+            return;
+        };
+        tch::manual_seed(11);
+        let bf16 = Kind::BFloat16;
+        for cols in [1000, 4096] {
+            let rand = || (Tensor::randn([2, 33, cols], (Kind::Float, dev)) * 3.0).to_kind(bf16);
+            let (x, delta) = (rand(), rand());
+            let vs = nn::VarStore::new(dev);
+            let norm = RmsNorm::new(vs.root() / "norm", cols, 1e-6);
+            let (sum_ops, normed_ops) = tch::no_grad(|| {
+                let mut w = norm.weight.shallow_clone();
+                w.copy_(&(Tensor::rand([cols], (Kind::Float, dev)) + 0.5));
+                let sum = &x + &delta;
+                let normed = norm.forward(&sum);
+                (sum, normed)
+            });
+            let (sum, normed) = crate::engine::cuda::add_rms_norm(&x, &delta, (&norm.weight, 1e-6))
+                .unwrap_or_else(kernel_failed);
+            assert!(sum.equal(&sum_ops), "{cols} wide: the sums differ");
+            assert_eq!(normed.size(), normed_ops.size());
+            let gap = (&normed - &normed_ops).abs().to_kind(Kind::Float);
+            let bound = normed_ops.abs().to_kind(Kind::Float) / 128.0 + 1e-6;
+            let over = i64::try_from(gap.gt_tensor(&bound).sum(Kind::Int64)).unwrap();
+            assert_eq!(
+                over, 0,
+                "{cols} wide: {over} elements apart by more than bf16 rounding"
+            );
+        }
     }
 
     /// The fused q/k norm + RoPE kernel against the ops it replaces (rms_norm, then the rotation
@@ -578,12 +644,7 @@ mod tests {
             let ops = tch::no_grad(|| apply_rope(&norm.forward(&part), &cos, &sin, 2));
             let kernel =
                 crate::engine::cuda::norm_rope(&qkv, (col0, n), (&norm.weight, 1e-6), (&cos, &sin))
-                    .unwrap_or_else(|| {
-                        panic!(
-                            "the kernel ran: {}",
-                            crate::engine::cuda::target_kernels_state()
-                        )
-                    });
+                    .unwrap_or_else(kernel_failed);
             assert_eq!(kernel.size(), ops.size());
             let gap = f64::try_from((&kernel - &ops).abs().max().to_kind(Kind::Float)).unwrap();
             let top = f64::try_from(ops.abs().max().to_kind(Kind::Float)).unwrap();

@@ -169,6 +169,14 @@ int dflash_memory_peak(int device, int reset, uint64_t* peak) {
   });
 }
 
+// The device's memory in bytes.
+int dflash_memory_total(int device, uint64_t* total) {
+  return guarded([&] {
+    auto* props = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+    *total = static_cast<uint64_t>(props->totalGlobalMem);
+  });
+}
+
 // CUDA graphs: the work a thread queues on its current (non-default) stream between
 // capture_begin and capture_end is recorded once and replayed with one launch. Thread-local
 // capture mode, so other threads keep using the device meanwhile.

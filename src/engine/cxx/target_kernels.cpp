@@ -5,6 +5,9 @@
 //   8% of a layer's time. Here each (token, head) row of 128 is read once from the fused q/k/v
 //   projection, normalised and scaled in f32, rotated and written once.
 // - silu_mul: the MLP's silu(gate) * up, one pass instead of two (and no silu tensor).
+// - add_rms_norm: a residual add and the RMSNorm after it (the block's post-attention norm, the
+//   next layer's input norm) in one pass: the sum is written and normalised without being read
+//   back from memory by a second kernel.
 // Both round where the ops they replace round, so the two agree to the bit or nearly.
 //
 // The kernels are compiled at run time with NVRTC for the device's architecture, and launched
@@ -80,6 +83,47 @@ extern "C" __global__ void silu_mul(const bf16* g, const bf16* u, bf16* out, lon
     os[i] = down(r(x / (1.0f + expf(-x))) * up(us[i]));
   }
   *reinterpret_cast<uint4*>(out + at) = ov;
+}
+
+// sum = x + d, rounded as the bf16 add rounds; out = sum * rsqrt(mean(sum^2) + eps) * w in f32,
+// rounded once (libtorch's fused rms_norm). One block of 256 threads a row of `cols` (a multiple
+// of 8), 8 elements at a time; the second pass reads the row's sum back from cache.
+extern "C" __global__ void add_rms_norm(const bf16* x, const bf16* d, const bf16* w, bf16* sum,
+                                        bf16* out, int cols, float eps) {
+  long long base = (long long)blockIdx.x * cols;
+  float ss = 0.f;
+  for (int at = threadIdx.x * 8; at < cols; at += blockDim.x * 8) {
+    uint4 xv = *reinterpret_cast<const uint4*>(x + base + at);
+    uint4 dv = *reinterpret_cast<const uint4*>(d + base + at);
+    const bf16* xs = reinterpret_cast<const bf16*>(&xv);
+    const bf16* ds = reinterpret_cast<const bf16*>(&dv);
+    uint4 sv;
+    bf16* ss8 = reinterpret_cast<bf16*>(&sv);
+    for (int i = 0; i < 8; ++i) {
+      ss8[i] = down(up(xs[i]) + up(ds[i]));
+      float v = up(ss8[i]);
+      ss += v * v;
+    }
+    *reinterpret_cast<uint4*>(sum + base + at) = sv;
+  }
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if ((threadIdx.x & 31) == 0) partial[warp] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int i = 0; i < warps; ++i) total += partial[i];
+  float inv = rsqrtf(total / cols + eps);
+  for (int at = threadIdx.x * 8; at < cols; at += blockDim.x * 8) {
+    uint4 sv = *reinterpret_cast<const uint4*>(sum + base + at);
+    uint4 wv = *reinterpret_cast<const uint4*>(w + at);
+    const bf16* ss8 = reinterpret_cast<const bf16*>(&sv);
+    const bf16* ws = reinterpret_cast<const bf16*>(&wv);
+    uint4 ov;
+    bf16* os = reinterpret_cast<bf16*>(&ov);
+    for (int i = 0; i < 8; ++i) os[i] = down(up(ss8[i]) * inv * up(ws[i]));
+    *reinterpret_cast<uint4*>(out + base + at) = ov;
+  }
 }
 )";
 
@@ -273,6 +317,39 @@ int dflash_silu_mul(void* g, void* u, void* out) {
     void* op = ot.data_ptr();
     void* args[] = {&gp, &up, &op, &n};
     launch(gt.get_device(), "silu_mul", n / 8, args);
+    return 0;
+  } catch (const std::exception& e) {
+    dflash_set_last_error(e.what());
+    return 1;
+  }
+}
+
+// sum = x + d and out = rms_norm(sum) * w over the last axis: x, d, sum and out contiguous of
+// one shape [.., cols], w [cols], cols a multiple of 8, all bf16 on one GPU.
+int dflash_add_rms_norm(void* x, void* d, void* w, void* sum, void* out, double eps) {
+  try {
+    const at::Tensor &xt = tensor(x), &dt = tensor(d), &wt = tensor(w), &st = tensor(sum),
+                     &ot = tensor(out);
+    check_bf16_cuda({&xt, &dt, &wt, &st, &ot});
+    long long cols = xt.dim() > 0 ? xt.size(-1) : 0;
+    for (const at::Tensor* t : {&xt, &dt, &st, &ot}) {
+      TORCH_CHECK(t->is_contiguous() && t->sizes() == xt.sizes(),
+                  "add_rms_norm: x, d, sum and out contiguous of one shape");
+    }
+    TORCH_CHECK(cols > 0 && cols % 8 == 0 && wt.is_contiguous() && wt.numel() == cols,
+                "add_rms_norm: rows a multiple of 8 wide, weight of one row's width");
+    for (const at::Tensor* t : {&xt, &dt, &wt, &st, &ot}) {
+      TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                  "add_rms_norm: tensors 16-byte aligned");
+    }
+    long long rows = xt.numel() / cols;
+    if (rows == 0) return 0;
+    const void *xp = xt.data_ptr(), *dp = dt.data_ptr(), *wp = wt.data_ptr();
+    void *sp = st.data_ptr(), *op = ot.data_ptr();
+    int c = static_cast<int>(cols);
+    float e = static_cast<float>(eps);
+    void* args[] = {&xp, &dp, &wp, &sp, &op, &c, &e};
+    launch(xt.get_device(), "add_rms_norm", rows * 256, args);
     return 0;
   } catch (const std::exception& e) {
     dflash_set_last_error(e.what());
