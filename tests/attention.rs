@@ -11,7 +11,7 @@ use dflash_top::engine::drafter::Drafter;
 use dflash_top::engine::layers::masked_attention;
 use dflash_top::engine::tiled::{
     context_spans, padded_width, plan_runs, tile_anchors, tiled_attention, window_grid, AttnMask,
-    Span, TiledMask,
+    Span, TiledMask, WindowPlan,
 };
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -134,13 +134,20 @@ impl Fixture {
         context_spans(&self.per_row, width, &self.host_docs, self.s as usize)
     }
 
+    fn plan(&self, spans: &[Span], grid: i64) -> WindowPlan {
+        WindowPlan::from_spans(spans, self.per_row.len(), grid, self.s)
+    }
+
     fn tiled(&self, spans: &[Span], grid: i64) -> TiledMask {
+        self.planned(&self.plan(spans, grid))
+    }
+
+    fn planned(&self, plan: &WindowPlan) -> TiledMask {
         TiledMask::new(
             &context_mask(&self.docs, &self.anchors),
             &self.anchors.valid,
             self.block,
-            spans,
-            grid,
+            plan,
         )
     }
 
@@ -309,6 +316,39 @@ fn tiled_attention_equals_the_dense_mask_in_q_k_v_gradients() {
     assert!(
         max_diff(&want[2], &got[2]) > 1e-2,
         "a dropped key shows in dk"
+    );
+}
+
+/// A plan whose windows hold the batch's own (a CUDA graph kept for another batch) gives the
+/// same attention and gradients as the batch's own plan; a plan whose window misses a visible
+/// key does not cover it.
+#[test]
+fn a_covering_plan_attends_like_the_batch_own_plan() {
+    tch::manual_seed(12);
+    let f = fixture();
+    let qkv = Qkv::new(&f, (4, 2, 8), Kind::Float, Device::Cpu);
+    let own = f.plan(&f.spans(), 16);
+    let wider = WindowPlan(
+        own.0
+            .iter()
+            .map(|&[first, count, start, len]| {
+                let from = (start - 16).max(0);
+                [first, count, from, (start + len + 16).min(f.s) - from]
+            })
+            .collect(),
+    );
+    assert!(wider.covers(&own) && !own.covers(&wider) && wider.keys() > own.keys());
+    let want = qkv.run(|q, k, v| tiled_attention(q, k, v, &f.planned(&own)));
+    let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &f.planned(&wider)));
+    for (name, (x, y)) in ["out", "dq", "dk", "dv"].iter().zip(want.iter().zip(&got)) {
+        let diff = max_diff(x, y);
+        assert!(diff < 1e-5, "{name} differs by {diff}");
+    }
+    let mut short = own.clone();
+    short.0[1][3] -= 16;
+    assert!(
+        !short.covers(&own),
+        "a window one grid step short covers nothing longer"
     );
 }
 

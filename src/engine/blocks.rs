@@ -151,38 +151,32 @@ pub fn tiled_block_mask(
     host_doc_ids: &[i64],
 ) -> super::tiled::TiledMask {
     let (s, width) = (doc_ids.size()[1], anchors.pos.size()[1]);
-    let spans = super::tiled::context_spans(per_row, width as usize, host_doc_ids, s as usize);
-    tiled_mask_over(doc_ids, anchors, block, &spans)
+    let plan = window_plan(per_row, width as usize, host_doc_ids, s);
+    planned_block_mask(doc_ids, anchors, block, &plan)
 }
 
-/// `tiled_block_mask` with every tile's window the whole context: the same visible set in
-/// shapes that do not depend on the batch (what a CUDA graph of the step needs), at the cost of
-/// the keys the windows would skip.
-pub fn whole_context_block_mask(
+/// The runs of tiles and their context windows for anchors `per_row` padded to `width` (a whole
+/// number of tiles), over rows of `seq` tokens with document ids `host_doc_ids` (`[rows * seq]`).
+pub fn window_plan(
+    per_row: &[Vec<i64>],
+    width: usize,
+    host_doc_ids: &[i64],
+    seq: i64,
+) -> super::tiled::WindowPlan {
+    use super::tiled::{context_spans, window_grid, WindowPlan};
+    let spans = context_spans(per_row, width, host_doc_ids, seq as usize);
+    WindowPlan::from_spans(&spans, per_row.len(), window_grid(seq), seq)
+}
+
+/// `tiled_block_mask` with the runs and windows of `plan` (one that holds every key the blocks
+/// see: the batch's own plan, or one that covers it).
+pub fn planned_block_mask(
     doc_ids: &Tensor,
     anchors: &Anchors,
     block: i64,
+    plan: &super::tiled::WindowPlan,
 ) -> super::tiled::TiledMask {
-    let (b, s, width) = (doc_ids.size()[0], doc_ids.size()[1], anchors.pos.size()[1]);
-    let tiles = width / super::tiled::tile_anchors(width);
-    let whole = super::tiled::Span { start: 0, end: s };
-    tiled_mask_over(doc_ids, anchors, block, &vec![whole; (b * tiles) as usize])
-}
-
-fn tiled_mask_over(
-    doc_ids: &Tensor,
-    anchors: &Anchors,
-    block: i64,
-    spans: &[super::tiled::Span],
-) -> super::tiled::TiledMask {
-    let s = doc_ids.size()[1];
-    super::tiled::TiledMask::new(
-        &context_mask(doc_ids, anchors),
-        &anchors.valid,
-        block,
-        spans,
-        super::tiled::window_grid(s),
-    )
+    super::tiled::TiledMask::new(&context_mask(doc_ids, anchors), &anchors.valid, block, plan)
 }
 
 /// Labels at `anchor + k` and where they carry loss: k >= 1, inside the row, in the anchor's

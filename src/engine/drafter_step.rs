@@ -3,18 +3,18 @@
 //! (workers.rs) and the replica check (replica_check.rs) run this same step.
 
 use super::blocks::{
-    anchors_tensor, block_input_ids, block_labels, block_positions, label_rows, tiled_block_mask,
-    whole_context_block_mask,
+    anchors_tensor, block_input_ids, block_labels, block_positions, label_rows, planned_block_mask,
+    window_plan,
 };
 use super::config::DrafterSpec;
 use super::cuda::upload;
 use super::data::PackedBatch;
 use super::drafter::Drafter;
-use super::drafter_graph::{Forwarded, StepGraphs, StepInputs, StepMode};
+use super::drafter_graph::{Forwarded, StepGraphs, StepInputs};
 use super::loss::{backward_from, block_metrics, chunked_loss_rows, gamma_for, slot_weights};
 use super::optim::AdamW;
 use super::replicas::GradMean;
-use super::tiled::AttnMask;
+use super::tiled::{AttnMask, WindowPlan};
 use crate::telemetry::Phase;
 use anyhow::Result;
 use tch::{Device, Tensor};
@@ -94,11 +94,10 @@ impl DrafterStep {
         // Padded to a whole number of attention tiles: few distinct shapes, full tiles.
         let width = super::tiled::padded_width(per_row.iter().map(Vec::len).max().unwrap_or(0));
         let usable = device.is_cuda() && probe.own_stream() && !self.replicas.syncs();
-        let mode = self.graphs.mode(usable, b.rows, b.seq, width);
-        let width = match mode {
-            StepMode::Windows => width,
-            StepMode::Whole { width } | StepMode::Graph { width } => width,
-        };
+        let graph_width = self
+            .graphs
+            .graph_width((usable, device), b.rows, b.seq, width);
+        let width = graph_width.unwrap_or(width);
         let inputs = StepInputs {
             hidden: hidden.shallow_clone(),
             ids: b.input_ids.shallow_clone(),
@@ -118,20 +117,18 @@ impl DrafterStep {
             )),
             device,
         );
+        let plan = window_plan(per_row, width, &b.host_doc_ids, b.seq);
         probe.mark(Phase::Forward);
-        let whole = |x: &StepInputs| forward(&self.model, &self.embed, &self.spec, x, None);
-        let (fwd, graphed) = match mode {
-            StepMode::Windows => {
-                let windows = Some((per_row, b.host_doc_ids.as_slice()));
-                let fwd = forward(&self.model, &self.embed, &self.spec, &inputs, windows);
-                (fwd, false)
-            }
-            StepMode::Whole { .. } => (whole(&inputs), false),
-            StepMode::Graph { .. } => match self.graphs.forward(&inputs, whole) {
-                Ok(fwd) => (fwd, true),
-                Err(_) => (whole(&inputs), false),
-            },
+        let planned = |x: &StepInputs, plan: &WindowPlan| {
+            forward(&self.model, &self.embed, &self.spec, x, plan)
         };
+        let graphed = match graph_width {
+            Some(_) => self.graphs.forward(&inputs, &plan, planned).ok().flatten(),
+            None => None,
+        };
+        let graphed_step = graphed.is_some();
+        let fwd = graphed
+            .unwrap_or_else(|| forward(&self.model, &self.embed, &self.spec, &inputs, &plan));
         // An alias without autograd history: what the probe does to it in place reaches the loss
         // and never the graph that backward runs through.
         probe.after_forward(&mut fwd.out.detach())?;
@@ -146,7 +143,7 @@ impl DrafterStep {
             chunk_rows(self.spec.layers.vocab_size, self.loss_chunk_mib),
         );
         probe.mark(Phase::Backward);
-        if !graphed {
+        if !graphed_step {
             backward_from(&fwd.out, &grad)?;
         } else if self.graphs.backward(&grad).is_err() {
             // The capture failed and ran nothing: this step again, eagerly, from the start.
@@ -196,24 +193,19 @@ impl DrafterStep {
 }
 
 /// The drafter's forward on `x`: block tokens, positions, labels and mask from the anchors, then
-/// the drafter. `windows`: the anchors and document ids on the host, from which each run of
-/// tiles' context window is planned; `None`: every tile over the whole context (fixed shapes).
+/// the drafter, its attention in the runs of tiles and context windows of `plan` (the batch's
+/// own, or one that covers it).
 fn forward(
     model: &Drafter,
     embed: &Tensor,
     spec: &DrafterSpec,
     x: &StepInputs,
-    windows: Option<(&[Vec<i64>], &[i64])>,
+    plan: &WindowPlan,
 ) -> Forwarded {
     let block = spec.block_size;
     let block_ids = block_input_ids(&x.ids, &x.anchors, block, spec.mask_token_id);
     let block_pos = block_positions(&x.pos, &x.anchors, block);
-    let mask = AttnMask::Tiled(match windows {
-        Some((per_row, host_docs)) => {
-            tiled_block_mask(&x.docs, &x.anchors, block, per_row, host_docs)
-        }
-        None => whole_context_block_mask(&x.docs, &x.anchors, block),
-    });
+    let mask = AttnMask::Tiled(planned_block_mask(&x.docs, &x.anchors, block, plan));
     let (labels, valid) = block_labels(&x.ids, &x.docs, &x.loss_mask, &x.anchors, block);
     let block_emb = Tensor::embedding(embed, &block_ids, -1, false, false).to_kind(x.hidden.kind());
     let out = model.forward_masked(&x.hidden, &x.pos, &block_emb, &block_pos, &mask);
@@ -246,11 +238,12 @@ mod tests {
         step.optimizer.flat_params().to_device(Device::Cpu)
     }
 
-    /// One drafter trained through the CUDA graphs and a copy of it trained eagerly the same way
-    /// (whole context, padded anchors) on the same batches: the same losses step by step and the
-    /// same weights after; a graph that replayed stale inputs, or a backward that did not reach
-    /// the weights, fails it. A last batch where no label counts gives a zero loss and zero
-    /// gradients, finite, both ways. Skipped without a GPU and the CUDA shim.
+    /// One drafter trained through the CUDA graphs (one window plan kept: of the later batches'
+    /// plans, some run through it as a cover and some eagerly) and a copy of it trained eagerly
+    /// on the same batches: the same losses step by step and the same weights after; a graph that
+    /// replayed stale inputs, a covering plan that dropped a visible key, or a backward that did
+    /// not reach the weights, fails it. A last batch where no label counts gives a zero loss and
+    /// zero gradients, finite, both ways. Skipped without a GPU and the CUDA shim.
     #[test]
     fn graphed_steps_train_like_the_same_steps_run_eagerly_on_cuda() {
         if crate::engine::cuda::cuda_or_skip("the drafter step's CUDA graphs").is_none() {
@@ -266,6 +259,9 @@ mod tests {
             target_devices: Some(format!("cuda:{last}")),
             drafter_devices: Some(format!("cuda:{last}")),
             anchors: Some(64),
+            // Rows of 768: windows on a 128-key grid, which vary from batch to batch (of the
+            // eight graphed batches, five run through the first one's plan as a cover, one eagerly).
+            seq_len: Some(768),
             ..Default::default()
         };
         let cfg = RunConfig::from_args(&args).unwrap();
@@ -287,15 +283,15 @@ mod tests {
             };
             (vs, step)
         };
-        let (_gvs, mut graphed) = step_of(StepGraphs::on());
-        let (_evs, mut eager) = step_of(StepGraphs::graph_way_eagerly());
+        let (_gvs, mut graphed) = step_of(StepGraphs::on(1));
+        let (_evs, mut eager) = step_of(StepGraphs::off());
         let start = flat(&mut eager);
         let counts = std::sync::Arc::new(DataCounts::default());
         let mut source = data_source(&cfg, &cfg.target_config, &cfg.spec, &counts).unwrap();
         let mut packer = Packer::new();
         let mut rng = Rng::new(5);
         let mut losses = Vec::new();
-        for i in 0..7 {
+        for i in 0..10 {
             let mut b = packer
                 .pack(source.as_mut(), cfg.batch, cfg.seq_len)
                 .unwrap();
@@ -307,7 +303,7 @@ mod tests {
                     sample_anchors(docs, lmask, 16, cfg.anchors as usize, &mut rng)
                 })
                 .collect();
-            let last = i == 6;
+            let last = i == 9;
             if last {
                 // Anchors kept, every label masked out.
                 b.host_loss_mask.fill(false);
@@ -333,6 +329,12 @@ mod tests {
             }
         }
         assert!(graphed.graphs.captured(), "the step ran through graphs");
+        let [own, covering, eager_runs] = graphed.graphs.runs();
+        assert_eq!(graphed.graphs.plans(), 1);
+        assert!(
+            own >= 1 && covering >= 1 && eager_runs >= 1,
+            "steps through their own plan {own}, a covering one {covering}, eagerly {eager_runs}"
+        );
         assert!(
             losses.windows(2).any(|w| w[0] != w[1]),
             "each batch gives its own loss: {losses:?}"

@@ -220,20 +220,64 @@ pub fn plan_runs(spans: &[Span], grid: i64, s: i64, runs: usize) -> Vec<[i64; 4]
         .collect()
 }
 
+/// The runs of tiles a step's attention makes: each run's first tile, its number of tiles, and
+/// its context window's start and length (the same in every row). Planned on the host; the
+/// shapes and offsets of the step's attention calls follow from it alone, so a CUDA graph of a
+/// step serves every batch of its plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowPlan(pub Vec<[i64; 4]>);
+
+impl WindowPlan {
+    /// From each tile's context span (row-major over `rows` rows, as `context_spans` gives
+    /// them), windows rounded out to `grid` keys of rows of `s` keys.
+    pub fn from_spans(spans: &[Span], rows: usize, grid: i64, s: i64) -> WindowPlan {
+        let tiles = spans.len() / rows.max(1);
+        // A tile's span over all rows (the runs are the same tiles in every row).
+        let per_tile: Vec<Span> = (0..tiles)
+            .map(|j| {
+                (0..rows)
+                    .map(|r| spans[r * tiles + j])
+                    .fold(Span::EMPTY, Span::union)
+            })
+            .collect();
+        WindowPlan(plan_runs(&per_tile, grid, s, window_groups() as usize))
+    }
+
+    /// Tiles the runs cover.
+    pub fn tiles(&self) -> i64 {
+        self.0.iter().map(|r| r[1]).sum()
+    }
+
+    /// Context keys the runs attend to, counted once per tile.
+    pub fn keys(&self) -> i64 {
+        self.0.iter().map(|[_, count, _, len]| count * len).sum()
+    }
+
+    /// Whether this plan's runs are `other`'s tiles, each run's window holding the other's: a
+    /// step planned as `other` may run as this one (more keys, the same visible set).
+    pub fn covers(&self, other: &WindowPlan) -> bool {
+        self.0.len() == other.0.len()
+            && self.0.iter().zip(&other.0).all(|(a, b)| {
+                let holds = b[3] == 0 || (a[2] <= b[2] && a[2] + a[3] >= b[2] + b[3]);
+                a[..2] == b[..2] && holds
+            })
+    }
+}
+
 impl TiledMask {
     /// From the per-anchor context visibility `ctx` [b, a, s], the anchors' validity [b, a], the
-    /// block size, and each tile's context span (row-major, as `context_spans` gives them; every
-    /// context key a tile's blocks see must lie in its span), windows rounded out to `grid` keys.
-    pub fn new(ctx: &Tensor, valid: &Tensor, block: i64, spans: &[Span], grid: i64) -> TiledMask {
+    /// block size, and the runs' windows (`plan`: every context key a tile's blocks see must lie
+    /// in its run's window, as `WindowPlan::from_spans` plans them).
+    pub fn new(ctx: &Tensor, valid: &Tensor, block: i64, plan: &WindowPlan) -> TiledMask {
         let (b, a, s) = (ctx.size()[0], ctx.size()[1], ctx.size()[2]);
         let per_tile = tile_anchors(a);
         let tiles = a / per_tile;
         let tile = per_tile * block;
         let dev = ctx.device();
         assert_eq!(
-            spans.len() as i64,
-            b * tiles,
-            "one context span per tile ({b} rows of {tiles} tiles)"
+            plan.tiles(),
+            tiles,
+            "the plan's runs cover the {tiles} tiles"
         );
         let ctx = ctx
             .unsqueeze(2)
@@ -247,19 +291,11 @@ impl TiledMask {
             .view([b, tiles, tile, 1]);
         let blocks = own.view([1, 1, tile, tile]).logical_and(&rows);
 
-        // A tile's span over all rows (the runs are the same tiles in every row).
-        let per_tile_span: Vec<Span> = (0..tiles as usize)
-            .map(|j| {
-                (0..b as usize)
-                    .map(|r| spans[r * tiles as usize + j])
-                    .fold(Span::EMPTY, Span::union)
-            })
-            .collect();
-        let plan = plan_runs(&per_tile_span, grid, s, window_groups() as usize);
         let ctx_tiles = ctx.view([b, tiles, tile, s]);
         let runs = plan
-            .into_iter()
-            .map(|[first, count, start, len]| {
+            .0
+            .iter()
+            .map(|&[first, count, start, len]| {
                 let seen = ctx_tiles.narrow(1, first, count).narrow(3, start, len);
                 let mask = Tensor::cat(&[seen, blocks.narrow(1, first, count)], -1).reshape([
                     b * count,
