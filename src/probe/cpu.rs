@@ -269,7 +269,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    /// A named thread that reports its tid, then spins (or sleeps) until told to stop.
+    /// A named thread that reports its tid, then spins (or sleeps, parked: it wakes only when
+    /// unparked, so a sample cannot catch it between naps waiting for a CPU) until told to stop.
     fn named(name: &str, spin: bool, stop: Arc<AtomicBool>) -> (i32, std::thread::JoinHandle<()>) {
         let (tx, rx) = std::sync::mpsc::channel();
         let h = std::thread::Builder::new()
@@ -281,7 +282,7 @@ mod tests {
                     if spin {
                         x = x.wrapping_add(std::hint::black_box(1));
                     } else {
-                        std::thread::sleep(Duration::from_millis(20));
+                        std::thread::park_timeout(Duration::from_secs(10));
                     }
                 }
                 std::hint::black_box(x);
@@ -300,6 +301,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(400));
         let s = probe.sample().expect("second sample has data");
         stop.store(true, Relaxed);
+        sleep.thread().unpark();
         spin.join().unwrap();
         sleep.join().unwrap();
         let t = &s.threads[&spin_tid];
@@ -312,7 +314,7 @@ mod tests {
         assert_eq!(t.state, 'R', "a spinning thread is running");
         let n = &s.threads[&sleep_tid];
         assert_eq!(n.name, "cpu-probe-nap");
-        assert_eq!(n.state, 'S', "a thread in sleep() is sleeping");
+        assert_eq!(n.state, 'S', "a parked thread is sleeping");
         assert!(
             n.cpu_pct < 20.0,
             "a sleeping thread used {}% CPU",
