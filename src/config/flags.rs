@@ -1,0 +1,192 @@
+//! Parsers of the flags whose values are small languages: device lists (`cpu`, `cuda:N`, `all`)
+//! and deliberate slowness (`--slow target=20ms`), each error naming the flag and the fix.
+
+use anyhow::{bail, Context, Result};
+use std::time::Duration;
+use tch::Device;
+
+/// Deliberate slowness per stage, to show starvation (`--slow target=20ms`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Slow {
+    pub loader: Duration,
+    pub target: Duration,
+    pub drafter: Duration,
+}
+
+/// The CUDA devices this process sees (0 without CUDA).
+pub fn cuda_count() -> i64 {
+    if tch::Cuda::is_available() {
+        tch::Cuda::device_count()
+    } else {
+        0
+    }
+}
+
+/// --target-devices and --drafter-devices; `all` spreads that role over every GPU by the
+/// placement advice (`ratio`: the drafter's cost per batch over the target's, estimated from
+/// FLOPs), or gives it every GPU when the other role is listed.
+pub(super) fn placed_devices(
+    targets: &str,
+    drafters: &str,
+    ratio: impl FnOnce() -> f64,
+) -> Result<(Vec<Device>, Vec<Device>)> {
+    let (t_all, d_all) = (targets.trim() == "all", drafters.trim() == "all");
+    if !t_all && !d_all {
+        return Ok((
+            parse_devices(targets, "--target-devices")?,
+            parse_devices(drafters, "--drafter-devices")?,
+        ));
+    }
+    let gpus = cuda_count() as usize;
+    if gpus == 0 {
+        let flag = if t_all {
+            "--target-devices"
+        } else {
+            "--drafter-devices"
+        };
+        bail!("{flag} all: this machine has no CUDA device; use cpu");
+    }
+    let every = || (0..gpus).map(Device::Cuda).collect::<Vec<_>>();
+    Ok(match (t_all, d_all) {
+        (true, true) => {
+            let (t, d) = crate::placement::advise(ratio(), gpus).devices();
+            (
+                t.into_iter().map(Device::Cuda).collect(),
+                d.into_iter().map(Device::Cuda).collect(),
+            )
+        }
+        (true, false) => (every(), parse_devices(drafters, "--drafter-devices")?),
+        _ => (parse_devices(targets, "--target-devices")?, every()),
+    })
+}
+
+/// Parses `cpu`, `cuda`, `cuda:N`, comma-separated; checks that each device exists.
+pub fn parse_devices(list: &str, flag: &str) -> Result<Vec<Device>> {
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let dev = match item {
+            "cpu" => Device::Cpu,
+            "cuda" => Device::Cuda(0),
+            s if s.starts_with("cuda:") => {
+                let n: usize = s[5..]
+                    .parse()
+                    .with_context(|| format!("{flag}: `{s}` is not a device: use cpu or cuda:N"))?;
+                Device::Cuda(n)
+            }
+            s => bail!("{flag}: `{s}` is not a device: use cpu, cuda:N or all"),
+        };
+        if let Device::Cuda(n) = dev {
+            let count = cuda_count();
+            if n as i64 >= count {
+                bail!(
+                    "{flag}: device cuda:{n} does not exist (this machine has {count} CUDA \
+                     device(s)); use cpu{}",
+                    if count > 0 {
+                        format!(" or cuda:0..cuda:{}", count - 1)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+        out.push(dev);
+    }
+    if out.is_empty() {
+        bail!("{flag} is empty: give at least one device, e.g. cpu or cuda:0");
+    }
+    Ok(out)
+}
+
+/// Parses `stage=duration` (`target=20ms`, `drafter=0.5s`).
+pub fn parse_slow(items: &[String]) -> Result<Slow> {
+    let mut slow = Slow::default();
+    for item in items {
+        let (stage, dur) = item
+            .split_once('=')
+            .with_context(|| format!("--slow `{item}`: use STAGE=DURATION, e.g. target=20ms"))?;
+        let d = parse_duration(dur).with_context(|| {
+            format!("--slow `{item}`: `{dur}` is not a duration like 20ms or 0.5s")
+        })?;
+        match stage {
+            "loader" => slow.loader = d,
+            "target" => slow.target = d,
+            "drafter" => slow.drafter = d,
+            s => bail!("--slow `{item}`: unknown stage `{s}`: use loader, target or drafter"),
+        }
+    }
+    Ok(slow)
+}
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        return None;
+    };
+    let v: f64 = num.trim().parse().ok()?;
+    (v >= 0.0 && v.is_finite()).then(|| Duration::from_secs_f64(v * scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_specs_parse_and_bad_ones_say_why() {
+        let s = parse_slow(&["target=20ms".into(), "drafter=0.5s".into()]).unwrap();
+        assert_eq!(s.target, Duration::from_millis(20));
+        assert_eq!(s.drafter, Duration::from_millis(500));
+        assert!(parse_slow(&["gpu=1ms".into()])
+            .unwrap_err()
+            .to_string()
+            .contains("unknown stage"));
+        assert!(parse_slow(&["target=fast".into()])
+            .unwrap_err()
+            .to_string()
+            .contains("duration"));
+    }
+
+    /// A target directory with tiny's config.json and, optionally, a tokenizer.json of `n` ids.
+    #[test]
+    fn devices_parse_and_missing_ones_are_refused() {
+        assert_eq!(parse_devices("cpu", "--x").unwrap(), vec![Device::Cpu]);
+        let e = parse_devices("cuda:7", "--drafter-devices")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--drafter-devices") && e.contains("cuda:7"),
+            "{e}"
+        );
+        assert!(parse_devices("tpu", "--x").is_err());
+    }
+
+    #[test]
+    fn all_devices_follow_the_advice_or_say_there_is_no_gpu() {
+        let gpus = cuda_count() as usize;
+        let placed = placed_devices("all", "all", || 3.1);
+        if gpus == 0 {
+            let e = placed.unwrap_err().to_string();
+            assert!(
+                e.contains("--target-devices all") && e.contains("no CUDA device"),
+                "{e}"
+            );
+            assert!(placed_devices("cpu", "all", || 1.0).is_err());
+            return;
+        }
+        let (t, d) = placed.unwrap();
+        let (want_t, want_d) = crate::placement::advise(3.1, gpus).devices();
+        assert_eq!(t, want_t.into_iter().map(Device::Cuda).collect::<Vec<_>>());
+        assert_eq!(d, want_d.into_iter().map(Device::Cuda).collect::<Vec<_>>());
+        let (t, d) = placed_devices("cuda:0", "all", || 1.0).unwrap();
+        assert_eq!(
+            (t.len(), d.len()),
+            (1, gpus),
+            "the listed role as given, the other on every GPU"
+        );
+    }
+}
