@@ -27,3 +27,14 @@ pub fn cuda_or_skip(what: &str) -> Option<tch::Device> {
         None
     }
 }
+
+/// `cuda_or_skip` for what runs through the CUDA shim: `None` too where this build has none,
+/// saying so.
+pub fn cuda_shim_or_skip(what: &str) -> Option<tch::Device> {
+    let dev = cuda_or_skip(what)?;
+    if !dflash_top::engine::cuda::AVAILABLE {
+        eprintln!("no CUDA shim in this build: {what} is not run here");
+        return None;
+    }
+    Some(dev)
+}

@@ -463,9 +463,7 @@ fn documents_split_at_id_changes_and_row_ends() {
 fn flash_target_equals_the_dense_document_mask_on_cuda() {
     use dflash_top::engine::qwen3::Qwen3Target;
     use dflash_top::engine::varlen::Varlen;
-    let cuda =
-        crate::cuda_or_skip("the flash path").filter(|_| dflash_top::engine::cuda::AVAILABLE);
-    let Some(dev) = cuda else {
+    let Some(dev) = crate::cuda_shim_or_skip("the flash path") else {
         return;
     };
     tch::manual_seed(3);

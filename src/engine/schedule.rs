@@ -30,6 +30,15 @@ impl Schedule {
         }
     }
 
+    /// The run's length the schedule decays over (0: an open-ended run), as a checkpoint
+    /// records it.
+    pub fn total_steps(&self) -> u64 {
+        match self {
+            Schedule::Cosine { total } => *total,
+            Schedule::Constant => 0,
+        }
+    }
+
     /// `cosine(total=N,warmup=4%)` or `constant(warmup=400)`.
     pub fn describe(&self) -> String {
         match self {

@@ -297,10 +297,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         let path = dir.join(format!("step-{step:06}"));
         let state = TrainerState {
             step,
-            total_steps: match schedule {
-                super::schedule::Schedule::Cosine { total } => total,
-                super::schedule::Schedule::Constant => 0,
-            },
+            total_steps: schedule.total_steps(),
             seed,
             lr,
             schedule: Some(schedule),

@@ -5,6 +5,7 @@
 use super::segments::Segments;
 use crate::telemetry::snapshot::StepSpan;
 use crate::telemetry::verdict::Verdict;
+use crate::telemetry::window::push_capped;
 use crate::telemetry::Snapshot;
 use std::collections::{HashMap, VecDeque};
 
@@ -33,18 +34,19 @@ impl History {
     /// Adds what snapshot `s` brings, and drops what has aged out.
     pub(super) fn record(&mut self, s: &Snapshot) {
         if self.verdicts.back().map(|v| v.1) != Some(s.verdict) {
-            self.verdicts.push_back((s.now_ns, s.verdict));
-            if self.verdicts.len() > MAX_VERDICT_CHANGES {
-                self.verdicts.pop_front();
-            }
+            push_capped(
+                &mut self.verdicts,
+                (s.now_ns, s.verdict),
+                MAX_VERDICT_CHANGES,
+            );
         }
         for t in &s.threads {
             if let Some(pct) = t.cpu_pct {
-                let h = self.cpu.entry(t.name.clone()).or_default();
-                h.push_back(pct);
-                if h.len() > CPU_HISTORY {
-                    h.pop_front();
-                }
+                let h = match self.cpu.get_mut(&t.name) {
+                    Some(h) => h,
+                    None => self.cpu.entry(t.name.clone()).or_default(),
+                };
+                push_capped(h, pct, CPU_HISTORY);
             }
         }
         self.spans.extend(s.steps.iter().cloned());

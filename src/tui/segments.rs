@@ -1,7 +1,6 @@
 //! Each thread's phase segments of the last seconds: what the front-end keeps of the step
 //! spans for the timeline to draw from (timeline.rs maps them to columns).
 
-use super::timeline::TimeSpan;
 use crate::telemetry::snapshot::StepSpan;
 use crate::telemetry::Phase;
 use std::collections::{HashMap, VecDeque};
@@ -53,14 +52,6 @@ impl Segments {
         self.by_thread.get(thread)
     }
 
-    pub fn len(&self) -> usize {
-        self.by_thread.values().map(|q| q.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The oldest time kept.
     pub fn oldest_ns(&self) -> Option<u64> {
         self.by_thread
@@ -69,16 +60,24 @@ impl Segments {
             .min()
     }
 
-    /// A thread's segments from the first that ends inside `span` (the caller stops at the
-    /// first that starts after it).
+    /// A thread's segments from the first that ends after `from_ns` (the caller stops at the
+    /// first that starts after its span).
     pub(super) fn starting_in(
         &self,
         thread: &str,
-        span: TimeSpan,
+        from_ns: u64,
     ) -> std::collections::vec_deque::Iter<'_, Segment> {
         match self.of(thread) {
-            Some(q) => q.range(q.partition_point(|s| s.end_ns <= span.left_ns())..),
+            Some(q) => after(q, from_ns),
             None => Default::default(),
         }
     }
+}
+
+/// The segments of `q` from the first that ends after `from_ns`.
+pub(super) fn after(
+    q: &VecDeque<Segment>,
+    from_ns: u64,
+) -> std::collections::vec_deque::Iter<'_, Segment> {
+    q.range(q.partition_point(|s| s.end_ns <= from_ns)..)
 }

@@ -230,15 +230,14 @@ pub fn lanes(
         .iter()
         .map(|t| {
             let mut b = LaneBuilder::new(&bounds);
-            // Internal iteration: a loop over each of the deque's two slices.
-            segments
-                .starting_in(&t.name, span)
-                .take_while(|s| s.start_ns < span.right_ns)
-                .for_each(|s| b.add(s.start_ns, s.end_ns, s.phase));
-            let last_end = segments
-                .of(&t.name)
-                .and_then(|q| q.back())
-                .map_or(0, |s| s.end_ns);
+            let mut last_end = 0;
+            if let Some(q) = segments.of(&t.name) {
+                // Internal iteration: a loop over each of the deque's two slices.
+                super::segments::after(q, span.left_ns())
+                    .take_while(|s| s.start_ns < span.right_ns)
+                    .for_each(|s| b.add(s.start_ns, s.end_ns, s.phase));
+                last_end = q.back().map_or(0, |s| s.end_ns);
+            }
             if let Some(now) = now_ns.filter(|_| t.state != ThreadState::Exited) {
                 let since = now.saturating_sub((t.phase_s.max(0.0) * 1e9) as u64);
                 b.add(since.max(last_end), now, t.phase);
@@ -261,7 +260,7 @@ pub fn phase_columns(
         .iter()
         .map(|t| {
             let mut out = vec![[0u64; N_PHASES]; cols];
-            for s in segments.starting_in(&t.name, span) {
+            for s in segments.starting_in(&t.name, span.left_ns()) {
                 if s.start_ns >= span.right_ns {
                     break;
                 }
