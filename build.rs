@@ -64,6 +64,7 @@ fn build_nccl_shim(lib: &std::path::Path) {
         .file("src/engine/cxx/target_kernels.cpp")
         .compile("dflash_cuda_shim");
     println!("cargo:rerun-if-changed=src/engine/cxx/target_kernels.cpp");
+    println!("cargo:rerun-if-changed=src/engine/cxx/shim_common.h");
     println!("cargo:rustc-cfg=cuda_shim");
     shim_build("src/engine/cxx/nccl_shim.cpp", &includes)
         .define("USE_C10D_NCCL", None)

@@ -24,6 +24,7 @@ pub mod recipe;
 pub mod replica_check;
 pub mod replicas;
 pub mod schedule;
+pub mod switches;
 pub mod target_graph;
 pub mod tiled;
 pub mod tokenize;

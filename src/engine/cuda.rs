@@ -4,7 +4,14 @@
 
 use anyhow::{bail, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 use tch::Tensor;
+
+mod graph;
+mod target_kernels;
+pub use graph::{graphs_wanted, Graph};
+pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};
 
 /// Whether this build carries the shim.
 pub const AVAILABLE: bool = cfg!(cuda_shim);
@@ -515,216 +522,53 @@ pub(crate) fn cuda_or_skip(what: &str) -> Option<tch::Device> {
     }
 }
 
-/// The target's kernels (src/engine/cxx/target_kernels.cpp): whether one ran (1), one failed
-/// (2: the ops from then on), or none was tried (0).
-static TARGET_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-static TARGET_KERNELS_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// "kernels" once the target's kernels ran, "ops (kernels failed: ...)" after one failed, else
-/// "ops".
-pub fn target_kernels_state() -> String {
-    match TARGET_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => "kernels".into(),
-        2 => format!(
-            "ops (kernels failed: {})",
-            TARGET_KERNELS_ERROR.get().map_or("?", String::as_str)
-        ),
-        _ => "ops".into(),
-    }
+/// Whether a fast path (graphs, kernels) ran in this process: untried, ran, or failed, with the
+/// first failure's reason (for `bench` and `doctor`).
+pub struct PathState {
+    state: AtomicU8,
+    reason: OnceLock<String>,
 }
 
-/// Whether the target's kernels may run on tensors like `x`: the shim built, bf16 on CUDA, none
-/// failed before, and not turned off (`DFLASH_TOP_NO_TARGET_KERNELS=1`, for side-by-side runs).
-fn target_kernels_for(x: &Tensor) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var_os("DFLASH_TOP_NO_TARGET_KERNELS").is_some());
-    let failed = TARGET_KERNELS.load(std::sync::atomic::Ordering::Relaxed) == 2;
-    !off && AVAILABLE && !failed && x.kind() == tch::Kind::BFloat16 && x.device().is_cuda()
-}
-
-/// `out` after a target kernel's launch: `None` (and no kernel from then on) when it failed.
-fn target_kernel_ran(status: c_int, what: &str, out: Tensor) -> Option<Tensor> {
-    use std::sync::atomic::Ordering;
-    match check(status, what) {
-        Ok(()) => {
-            TARGET_KERNELS.store(1, Ordering::Relaxed);
-            Some(out)
-        }
-        Err(e) => {
-            let _ = TARGET_KERNELS_ERROR.set(format!("{e:#}"));
-            TARGET_KERNELS.store(2, Ordering::Relaxed);
-            None
-        }
-    }
-}
-
-/// The attention's q or k RMSNorm and RoPE in one kernel: for `heads` heads of 128 starting at
-/// feature `col0` of every token of `x` (bf16, contiguous, [.., tokens, features]), normalised
-/// with `weight` [128] and `eps`, rotated with the `rope_tables` tables [.., tokens, 128];
-/// [.., tokens, heads, 128]. `None` where it cannot run (see `target_kernels_for`): the caller
-/// runs the ops.
-pub fn norm_rope(
-    x: &Tensor,
-    (col0, heads): (i64, i64),
-    (weight, eps): (&Tensor, f64),
-    (cos, sin): (&Tensor, &Tensor),
-) -> Option<Tensor> {
-    if !target_kernels_for(x) || !target_kernels_for(cos) || !target_kernels_for(sin) {
-        return None;
-    }
-    let mut shape = x.size();
-    shape.pop();
-    shape.extend([heads, 128]);
-    let out = Tensor::empty(shape, (tch::Kind::BFloat16, x.device()));
-    let weight = weight.to_kind(tch::Kind::BFloat16);
-    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
-    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
-    let status = unsafe {
-        ffi::dflash_norm_rope(p(x), col0, heads, p(&weight), p(cos), p(sin), p(&out), eps)
-    };
-    target_kernel_ran(status, "the q/k norm + RoPE kernel", out)
-}
-
-/// `silu(gate) * up` in one pass (bf16 on CUDA, contiguous, one shape); `None` where it cannot
-/// run (see `target_kernels_for`, and sizes not a multiple of 8): the caller runs the ops.
-pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
-    let fits = gate.size() == up.size() && gate.numel().is_multiple_of(8);
-    if !fits || !target_kernels_for(gate) || !target_kernels_for(up) {
-        return None;
-    }
-    let (gate, up) = (gate.contiguous(), up.contiguous());
-    let out = gate.empty_like();
-    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
-    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
-    let status = unsafe { ffi::dflash_silu_mul(p(&gate), p(&up), p(&out)) };
-    target_kernel_ran(status, "the silu * up kernel", out)
-}
-
-/// `x + delta` and it through an RMSNorm (`weight` over the last axis, `eps`) in one pass: (the
-/// sum, the normalised sum), rounded where the add and libtorch's fused rms_norm round. bf16 on
-/// CUDA, one shape, rows a multiple of 8 wide; `None` where it cannot run (see
-/// `target_kernels_for`): the caller runs the ops.
-pub fn add_rms_norm(
-    x: &Tensor,
-    delta: &Tensor,
-    (weight, eps): (&Tensor, f64),
-) -> Option<(Tensor, Tensor)> {
-    let cols = x.size().last().copied().unwrap_or(0);
-    let fits =
-        x.size() == delta.size() && cols > 0 && cols % 8 == 0 && weight.numel() as i64 == cols;
-    if !fits || !target_kernels_for(x) || !target_kernels_for(delta) {
-        return None;
-    }
-    let (x, delta) = (x.contiguous(), delta.contiguous());
-    let weight = weight.to_kind(tch::Kind::BFloat16).contiguous();
-    let (sum, out) = (x.empty_like(), x.empty_like());
-    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
-    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
-    let status =
-        unsafe { ffi::dflash_add_rms_norm(p(&x), p(&delta), p(&weight), p(&sum), p(&out), eps) };
-    target_kernel_ran(status, "the add + RMSNorm kernel", out).map(|out| (sum, out))
-}
-
-/// How a graph user's captures went in this process (for `bench` and `doctor`).
-pub struct CaptureState(std::sync::atomic::AtomicU8);
-
-impl CaptureState {
-    pub const fn untried() -> CaptureState {
-        CaptureState(std::sync::atomic::AtomicU8::new(0))
-    }
-
-    /// Records the outcome of a capture.
-    pub fn record(&self, captured: bool) {
-        let v = if captured { 1 } else { 2 };
-        self.0.store(v, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// "graph" once a capture succeeded, "eager (capture failed)" after a failed one, else
-    /// "eager".
-    pub fn describe(&self) -> &'static str {
-        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
-            1 => "graph",
-            2 => "eager (capture failed)",
-            _ => "eager",
-        }
-    }
-}
-
-/// Whether CUDA graphs may be used: on by default where the shim is built;
-/// `DFLASH_TOP_NO_GRAPHS=1` turns them all off (for side-by-side measurements).
-pub fn graphs_wanted() -> bool {
-    AVAILABLE && std::env::var_os("DFLASH_TOP_NO_GRAPHS").is_none()
-}
-
-/// A CUDA graph (libtorch's `at::cuda::CUDAGraph`): what the calling thread queues on its
-/// current stream between `capture` and its end, replayed with one launch.
-pub struct Graph {
-    handle: *mut c_void,
-    /// The CUDA device it is captured on and replayed on.
-    device: c_int,
-}
-
-// SAFETY: the graph is used by the thread that owns it; moving it between threads is fine.
-unsafe impl Send for Graph {}
-
-impl Graph {
-    /// Records the work `f` queues on the calling thread's current stream of CUDA device
-    /// `device` (which must not be the default stream). The tensors `f` returns live in the
-    /// graph's memory pool: every replay writes them again.
-    pub fn capture<T>(device: tch::Device, f: impl FnOnce() -> T) -> Result<(Graph, T)> {
-        Graph::capture_sharing(device, None, f)
-    }
-
-    /// `capture`, the graph's memory in the pool of `share` when given: graphs that never
-    /// replay at the same time, whose outputs are used before another replays.
-    pub fn capture_sharing<T>(
-        device: tch::Device,
-        share: Option<&Graph>,
-        f: impl FnOnce() -> T,
-    ) -> Result<(Graph, T)> {
-        let tch::Device::Cuda(device) = device else {
-            bail!("CUDA graphs are captured on CUDA devices, not on {device:?}");
-        };
-        let mut out = std::ptr::null_mut();
-        // SAFETY: valid out pointer.
-        check(unsafe { ffi::dflash_graph_new(&mut out) }, "a CUDA graph")?;
-        let graph = Graph {
-            handle: out,
-            device: device as c_int,
-        };
-        // SAFETY: live handle.
-        check(
-            unsafe {
-                let share = share.map_or(std::ptr::null_mut(), |g| g.handle);
-                ffi::dflash_graph_capture_begin(graph.handle, graph.device, share)
-            },
-            "CUDA graph capture",
-        )?;
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-        // SAFETY: live handle; ends the capture whatever `f` did.
-        let ended = check(
-            unsafe { ffi::dflash_graph_capture_end(graph.handle, graph.device) },
-            "CUDA graph capture",
-        );
-        match result {
-            Ok(value) => ended.map(|_| (graph, value)),
-            Err(_) => bail!("an operation failed while being captured into a CUDA graph"),
+impl PathState {
+    pub const fn untried() -> PathState {
+        PathState {
+            state: AtomicU8::new(0),
+            reason: OnceLock::new(),
         }
     }
 
-    pub fn replay(&self) -> Result<()> {
-        // SAFETY: live handle.
-        check(
-            unsafe { ffi::dflash_graph_replay(self.handle, self.device) },
-            "CUDA graph replay",
-        )
+    pub fn ran(&self) {
+        self.state.store(1, Ordering::Relaxed);
     }
-}
 
-impl Drop for Graph {
-    fn drop(&mut self) {
-        // SAFETY: created by the shim, freed once.
-        unsafe { ffi::dflash_graph_free(self.handle) }
+    /// The path failed and is left from now on.
+    pub fn failed(&self, why: &anyhow::Error) {
+        let _ = self.reason.set(format!("{why:#}"));
+        self.state.store(2, Ordering::Relaxed);
+    }
+
+    /// One attempt failed while others ran and keep running (a graph kept per shape).
+    pub fn failed_once(&self, why: &anyhow::Error) {
+        let _ = self.reason.set(format!("{why:#}"));
+        let _ = self
+            .state
+            .compare_exchange(0, 2, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    pub fn has_failed(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == 2
+    }
+
+    /// `on` once it ran (with the reason where an attempt failed), `off (failed: …)` after a
+    /// failure, else `off`.
+    pub fn describe(&self, on: &str, off: &str) -> String {
+        let reason = self.reason.get();
+        match (self.state.load(Ordering::Relaxed), reason) {
+            (1, Some(why)) => format!("{on} (one attempt failed: {why})"),
+            (1, None) => on.into(),
+            (2, why) => format!("{off} (failed: {})", why.map_or("?", String::as_str)),
+            _ => off.into(),
+        }
     }
 }
 

@@ -16,7 +16,7 @@
 //! runs eagerly. The first steps run eagerly (kernels loaded, allocator warm).
 
 use super::blocks::Anchors;
-use super::cuda::{CaptureState, Graph};
+use super::cuda::{Graph, PathState};
 use super::tiled::WindowPlan;
 use anyhow::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +34,7 @@ pub const MAX_PLANS: usize = 16;
 pub const MEMORY_SHARE: f64 = 0.5;
 
 /// How the drafter steps ran in this process.
-static STATE: CaptureState = CaptureState::untried();
+static STATE: PathState = PathState::untried();
 /// Graphed steps through their own plan's graph, through a covering plan's, and steps of the
 /// graphs' shape that ran eagerly because no kept plan covered them.
 static OWN_PLAN: AtomicU64 = AtomicU64::new(0);
@@ -43,22 +43,22 @@ static UNCOVERED: AtomicU64 = AtomicU64::new(0);
 /// Set where a replica left the graphs off for want of memory (see `MEMORY_SHARE`).
 static NO_ROOM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// "eager", "eager (capture failed)", or "graph" with the share of steps through their own
-/// plan's graph, a covering one, and eagerly for want of one.
+/// "eager", "eager (failed: …)", or "graph" with the share of steps through their own plan's
+/// graph, a covering one, and eagerly (no kept plan covers it, or a wider batch).
 pub fn state() -> String {
-    let described = STATE.describe();
-    if described != "graph" {
+    let described = STATE.describe("graph", "eager");
+    if !described.starts_with("graph") {
         if NO_ROOM.load(Ordering::Relaxed) {
             let share = MEMORY_SHARE * 100.0;
             return format!("{described} (peak memory over {share:.0}% of the GPU's)");
         }
-        return described.into();
+        return described;
     }
     let counts = [&OWN_PLAN, &COVERING_PLAN, &UNCOVERED].map(|c| c.load(Ordering::Relaxed));
     let total = counts.iter().sum::<u64>().max(1) as f64;
     let pct = |n: u64| 100.0 * n as f64 / total;
     format!(
-        "graph(own_plan={:.0}%,covering_plan={:.0}%,eager={:.0}%)",
+        "{described}(own_plan={:.0}%,covering_plan={:.0}%,eager={:.0}%)",
         pct(counts[0]),
         pct(counts[1]),
         pct(counts[2])
@@ -192,25 +192,23 @@ pub struct StepGraphs {
     plans: Vec<PlanGraph>,
     /// The plan whose forward ran last (its backward comes next).
     current: Option<usize>,
-    /// Steps of the graphs' shape through their own plan's graph, a covering plan's, and
-    /// eagerly.
+    /// Steps after the warm-up through their own plan's graph, a covering plan's, and eagerly.
     runs: [u64; 3],
-    failed: bool,
 }
 
 struct PlanGraph {
     plan: WindowPlan,
     fwd: Forwarded,
     forward: Graph,
-    backward: Option<Graph>,
+    backward: Graph,
 }
 
 impl StepGraphs {
     /// Graphs unless turned off: `DFLASH_TOP_DRAFTER_GRAPH=0` (for side-by-side measurements),
     /// or `DFLASH_TOP_NO_GRAPHS=1`, which turns every graph off.
     pub fn from_env() -> StepGraphs {
-        let off = std::env::var("DFLASH_TOP_DRAFTER_GRAPH").is_ok_and(|v| v == "0");
-        StepGraphs::with(!off && super::cuda::graphs_wanted(), MAX_PLANS)
+        let on = super::switches::switch("DFLASH_TOP_DRAFTER_GRAPH", true);
+        StepGraphs::with(on && super::cuda::graphs_wanted(), MAX_PLANS)
     }
 
     /// Graphs wherever the step can run them, for up to `max_plans` window plans.
@@ -234,13 +232,12 @@ impl StepGraphs {
             plans: Vec::new(),
             current: None,
             runs: [0; 3],
-            failed: false,
         }
     }
 
-    /// Whether a step was captured and replayed.
+    /// Whether a step was captured (and replayed).
     pub fn captured(&self) -> bool {
-        self.plans.iter().any(|g| g.backward.is_some())
+        !self.plans.is_empty()
     }
 
     /// Window plans with graphs of their own.
@@ -248,8 +245,8 @@ impl StepGraphs {
         self.plans.len()
     }
 
-    /// Steps of the graphs' shape (after the warm-up) through their own plan's graph, through a
-    /// covering plan's, and eagerly for want of one.
+    /// Steps after the warm-up through their own plan's graph, through a covering plan's, and
+    /// eagerly (no kept plan covers theirs, or a batch wider than the graphs').
     pub fn runs(&self) -> [u64; 3] {
         self.runs
     }
@@ -270,11 +267,12 @@ impl StepGraphs {
         seq: i64,
         width: usize,
     ) -> Option<usize> {
-        if !self.wanted || !usable || self.failed {
+        if !self.wanted || !usable {
             return None;
         }
         let (r, s, w) = *self.shape.get_or_insert((rows, seq, width));
         if (r, s) != (rows, seq) || width > w {
+            self.count(2);
             return None;
         }
         if self.eager_steps < WARM_STEPS {
@@ -300,8 +298,8 @@ impl StepGraphs {
         forward: impl FnOnce(&StepInputs, &WindowPlan) -> Forwarded,
     ) -> Result<Option<Forwarded>> {
         let result = self.replay_forward(x, plan, forward);
-        if result.is_err() {
-            self.give_up();
+        if let Err(e) = &result {
+            self.give_up(e);
         }
         result
     }
@@ -329,7 +327,7 @@ impl StepGraphs {
             PlanChoice::Capture => {
                 self.count(0);
                 self.write_inputs(x)?;
-                self.capture_forward(plan, forward)?
+                self.capture(plan, forward)?
             }
         };
         let g = &self.plans[index];
@@ -357,9 +355,10 @@ impl StepGraphs {
         Ok(())
     }
 
-    /// Records `forward` of the graphs' inputs under `plan` in the graphs' shared pool; its
-    /// index among the kept plans.
-    fn capture_forward(
+    /// Records `forward` of the graphs' inputs under `plan`, and the backward through it from
+    /// the graphs' loss gradient, in the graphs' shared pool; the plan's index among the kept
+    /// ones.
+    fn capture(
         &mut self,
         plan: &WindowPlan,
         forward: impl FnOnce(&StepInputs, &WindowPlan) -> Forwarded,
@@ -367,62 +366,44 @@ impl StepGraphs {
         let inputs = self.inputs.as_ref().expect("written before");
         let device = inputs.hidden.device();
         let share = self.plans.first().map(|g| &g.forward);
-        let (graph, fwd) = Graph::capture_sharing(device, share, || forward(inputs, plan))?;
-        if self.grad.is_none() {
-            self.grad = Some(fwd.out.detach().zeros_like());
-        }
+        let (forward, fwd) = Graph::capture(device, share, || forward(inputs, plan))?;
+        let share = share.unwrap_or(&forward);
+        let grad = self
+            .grad
+            .get_or_insert_with(|| fwd.out.detach().zeros_like());
+        let (backward, done) = Graph::capture(device, Some(share), || {
+            super::loss::backward_from(&fwd.out, grad)
+        })?;
+        done?;
+        STATE.ran();
         self.plans.push(PlanGraph {
             plan: plan.clone(),
             fwd,
-            forward: graph,
-            backward: None,
+            forward,
+            backward,
         });
         Ok(self.plans.len() - 1)
     }
 
     /// Backward through the drafter from the output of the forward that ran last, with the
-    /// loss's gradient `grad` (its plan's backward captured at its first call). An error: the
-    /// capture failed; nothing ran, and no graph is used from now on.
+    /// loss's gradient `grad`.
     pub fn backward(&mut self, grad: &Tensor) -> Result<()> {
-        let result = self.replay_backward(grad);
-        if result.is_err() {
-            self.give_up();
-        }
-        result
-    }
-
-    fn replay_backward(&mut self, grad: &Tensor) -> Result<()> {
         let index = self
             .current
             .take()
             .ok_or_else(|| anyhow::anyhow!("no forward graph to run backward through"))?;
         let static_grad = self.grad.as_ref().expect("made with the first graph");
-        let share = self.plans.first().map(|g| &g.forward);
-        let g = &self.plans[index];
-        if g.backward.is_none() {
-            let out = g.fwd.out.shallow_clone();
-            let (graph, done) = Graph::capture_sharing(out.device(), share, || {
-                super::loss::backward_from(&out, static_grad)
-            })?;
-            done?;
-            self.plans[index].backward = Some(graph);
-            STATE.record(true);
-        }
         static_grad.shallow_clone().copy_(grad);
-        self.plans[index]
-            .backward
-            .as_ref()
-            .expect("captured above")
-            .replay()
+        self.plans[index].backward.replay()
     }
 
-    fn give_up(&mut self) {
-        self.failed = true;
+    fn give_up(&mut self, why: &anyhow::Error) {
+        self.wanted = false;
         self.plans.clear();
         self.inputs = None;
         self.grad = None;
         self.current = None;
-        STATE.record(false);
+        STATE.failed(why);
     }
 }
 

@@ -122,13 +122,13 @@ impl DrafterStep {
         let planned = |x: &StepInputs, plan: &WindowPlan| {
             forward(&self.model, &self.embed, &self.spec, x, plan)
         };
-        let graphed = match graph_width {
-            Some(_) => self.graphs.forward(&inputs, &plan, planned).ok().flatten(),
-            None => None,
-        };
+        // A failed capture falls back to this eager forward (and says why in `bench`).
+        let graphed = graph_width.and_then(|_| {
+            let graphed = self.graphs.forward(&inputs, &plan, planned);
+            graphed.ok().flatten()
+        });
         let graphed_step = graphed.is_some();
-        let fwd = graphed
-            .unwrap_or_else(|| forward(&self.model, &self.embed, &self.spec, &inputs, &plan));
+        let fwd = graphed.unwrap_or_else(|| planned(&inputs, &plan));
         // An alias without autograd history: what the probe does to it in place reaches the loss
         // and never the graph that backward runs through.
         probe.after_forward(&mut fwd.out.detach())?;
@@ -143,11 +143,10 @@ impl DrafterStep {
             chunk_rows(self.spec.layers.vocab_size, self.loss_chunk_mib),
         );
         probe.mark(Phase::Backward);
-        if !graphed_step {
+        if graphed_step {
+            self.graphs.backward(&grad)?;
+        } else {
             backward_from(&fwd.out, &grad)?;
-        } else if self.graphs.backward(&grad).is_err() {
-            // The capture failed and ran nothing: this step again, eagerly, from the start.
-            return self.run(hidden, b, per_row, lr, probe);
         }
         if self.replicas.syncs() {
             probe.mark(Phase::GradSync);

@@ -69,7 +69,7 @@ impl AdamW {
             clip_divisor: None,
             fused_step: device.is_cuda()
                 && super::cuda::AVAILABLE
-                && std::env::var_os("DFLASH_TOP_UNFUSED_ADAMW").is_none(),
+                && !super::switches::switch("DFLASH_TOP_UNFUSED_ADAMW", false),
             step: 0,
             beta1: 0.9,
             beta2: 0.999,

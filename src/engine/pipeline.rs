@@ -208,7 +208,7 @@ impl Replicas {
 /// NCCL (world size 1), to exercise the path on a one-GPU machine.
 pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
     let all_cuda = devices.iter().all(|d| d.is_cuda());
-    let force = std::env::var("DFLASH_TOP_NCCL_WORLD1").is_ok_and(|v| v == "1");
+    let force = super::switches::switch("DFLASH_TOP_NCCL_WORLD1", false);
     if devices.len() == 1 && !(force && all_cuda) {
         return Ok(Replicas::Single);
     }

@@ -518,7 +518,6 @@ pub fn document_causal_mask(doc_ids: &Tensor, window: Option<i64>) -> Tensor {
 mod tests {
     use super::*;
     use crate::engine::config::Preset;
-    use crate::engine::layers::apply_rope;
     use tch::{Device, Kind};
 
     /// The fused q/k/v projection gives the forward it replaces (a wrong split — k and v
@@ -550,108 +549,5 @@ mod tests {
         assert!(target.layers[0].self_attn.q_proj.weight.equal(&q_before));
         let gap = f64::try_from((&after - &before).abs().max()).unwrap();
         assert!(gap < 1e-5, "fused forward differs by {gap}");
-    }
-
-    /// Fails a kernel test whose kernel did not run, with what the kernels' state says.
-    fn kernel_failed<T>() -> T {
-        panic!(
-            "the kernel did not run: {}",
-            crate::engine::cuda::target_kernels_state()
-        )
-    }
-
-    /// The one-pass silu(gate) * up kernel against the two ops. Skipped without a GPU and the
-    /// CUDA shim.
-    #[test]
-    fn the_silu_mul_kernel_gives_the_ops_on_cuda() {
-        let Some(dev) = crate::engine::cuda::cuda_or_skip("the silu * up kernel") else {
-            return;
-        };
-        tch::manual_seed(10);
-        let bf16 = Kind::BFloat16;
-        let rand = || (Tensor::randn([3, 40, 96], (Kind::Float, dev)) * 4.0).to_kind(bf16);
-        let (gate, up) = (rand(), rand());
-        let ops = gate.silu() * &up;
-        let kernel = crate::engine::cuda::silu_mul(&gate, &up).unwrap_or_else(kernel_failed);
-        let gap = f64::try_from((&kernel - &ops).abs().max().to_kind(Kind::Float)).unwrap();
-        let top = f64::try_from(ops.abs().max().to_kind(Kind::Float)).unwrap();
-        assert!(gap <= top / 128.0, "apart by {gap} (largest {top})");
-    }
-
-    /// The add + RMSNorm kernel against the ops it replaces (a bf16 add, then libtorch's
-    /// rms_norm): the sum to the bit, the normalised sum within bf16 rounding; on rows narrower
-    /// than a block's 256 x 8 elements and on rows of two passes. Skipped without a GPU and the
-    /// CUDA shim.
-    #[test]
-    fn the_add_and_norm_kernel_gives_the_ops_on_cuda() {
-        let Some(dev) = crate::engine::cuda::cuda_or_skip("the add + RMSNorm kernel") else {
-            return;
-        };
-        tch::manual_seed(11);
-        let bf16 = Kind::BFloat16;
-        for cols in [1000, 4096] {
-            let rand = || (Tensor::randn([2, 33, cols], (Kind::Float, dev)) * 3.0).to_kind(bf16);
-            let (x, delta) = (rand(), rand());
-            let vs = nn::VarStore::new(dev);
-            let norm = RmsNorm::new(vs.root() / "norm", cols, 1e-6);
-            let (sum_ops, normed_ops) = tch::no_grad(|| {
-                let mut w = norm.weight.shallow_clone();
-                w.copy_(&(Tensor::rand([cols], (Kind::Float, dev)) + 0.5));
-                let sum = &x + &delta;
-                let normed = norm.forward(&sum);
-                (sum, normed)
-            });
-            let (sum, normed) = crate::engine::cuda::add_rms_norm(&x, &delta, (&norm.weight, 1e-6))
-                .unwrap_or_else(kernel_failed);
-            assert!(sum.equal(&sum_ops), "{cols} wide: the sums differ");
-            assert_eq!(normed.size(), normed_ops.size());
-            let gap = (&normed - &normed_ops).abs().to_kind(Kind::Float);
-            let bound = normed_ops.abs().to_kind(Kind::Float) / 128.0 + 1e-6;
-            let over = i64::try_from(gap.gt_tensor(&bound).sum(Kind::Int64)).unwrap();
-            assert_eq!(
-                over, 0,
-                "{cols} wide: {over} elements apart by more than bf16 rounding"
-            );
-        }
-    }
-
-    /// The fused q/k norm + RoPE kernel against the ops it replaces (rms_norm, then the rotation
-    /// of `apply_rope`), on q's and k's heads of a fused projection. Skipped without a GPU and
-    /// the CUDA shim.
-    #[test]
-    fn the_norm_and_rope_kernel_gives_the_ops_on_cuda() {
-        let Some(dev) = crate::engine::cuda::cuda_or_skip("the norm + RoPE kernel") else {
-            return;
-        };
-        tch::manual_seed(9);
-        let bf16 = Kind::BFloat16;
-        let (b, s, heads, kv_heads) = (2, 96, 4, 2);
-        let qkv = (Tensor::randn([b, s, (heads + 2 * kv_heads) * 128], (Kind::Float, dev)) * 3.0)
-            .to_kind(bf16);
-        let pos = Tensor::arange(s, (Kind::Int64, dev))
-            .unsqueeze(0)
-            .repeat([b, 1])
-            * 7;
-        let (cos, sin) = crate::engine::layers::rope_tables(&pos, 128, 1e6, bf16);
-        let vs = nn::VarStore::new(dev);
-        let norm = RmsNorm::new(vs.root() / "norm", 128, 1e-6);
-        tch::no_grad(|| {
-            let mut w = norm.weight.shallow_clone();
-            w.copy_(&(Tensor::rand([128], (Kind::Float, dev)) + 0.5));
-        });
-        for (col0, n) in [(0, heads), (heads * 128, kv_heads)] {
-            let part = qkv.narrow(2, col0, n * 128).view([b, s, n, 128]);
-            let ops = tch::no_grad(|| apply_rope(&norm.forward(&part), &cos, &sin, 2));
-            let kernel =
-                crate::engine::cuda::norm_rope(&qkv, (col0, n), (&norm.weight, 1e-6), (&cos, &sin))
-                    .unwrap_or_else(kernel_failed);
-            assert_eq!(kernel.size(), ops.size());
-            let gap = f64::try_from((&kernel - &ops).abs().max().to_kind(Kind::Float)).unwrap();
-            let top = f64::try_from(ops.abs().max().to_kind(Kind::Float)).unwrap();
-            assert!(
-                gap <= top / 128.0,
-                "heads from {col0}: apart by {gap} (largest {top})"
-            );
-        }
     }
 }

@@ -11,7 +11,7 @@
 //! and builds or devices without the CUDA shim, run eagerly. `TargetForward` is the choice a
 //! target worker makes per batch.
 
-use super::cuda::{upload, CaptureState, Graph};
+use super::cuda::{upload, Graph, PathState};
 use super::data::PackedBatch;
 use super::qwen3::Qwen3Target;
 use super::varlen::{cu_seqlens, Varlen};
@@ -22,11 +22,11 @@ use tch::{Device, Kind, Tensor};
 pub const SEGMENTS_PER_ROW: i64 = 64;
 
 /// How the target forwards ran in this process.
-static STATE: CaptureState = CaptureState::untried();
+static STATE: PathState = PathState::untried();
 
-/// "graph", "eager (capture failed)" or "eager" (see `CaptureState`).
-pub fn state() -> &'static str {
-    STATE.describe()
+/// "graph", "eager (failed: …)" or "eager" (see `PathState`).
+pub fn state() -> String {
+    STATE.describe("graph", "eager")
 }
 
 /// Fewest document slots a graph has.
@@ -60,7 +60,8 @@ impl TargetGraph {
             .unsqueeze(0)
             .repeat([rows, 1]);
         let one_doc_a_row: Vec<i64> = (0..rows).flat_map(|r| vec![r; seq as usize]).collect();
-        let cu = padded(&one_doc_a_row, seq as usize, slots).context("a row is one document")?;
+        let (one_a_row, _) = cu_seqlens(&one_doc_a_row, seq as usize);
+        let cu = padded(&one_a_row, slots).context("a row is one document")?;
         let cu = Tensor::from_slice(&cu).to_device(device);
         let docs = Varlen {
             cu_seqlens: cu.shallow_clone(),
@@ -71,11 +72,10 @@ impl TargetGraph {
                 let _ = model.forward_documents(&ids, &positions, &docs);
             }
         }
-        let captured = Graph::capture_sharing(device, share.map(|g| &g.graph), || {
+        let (graph, out) = Graph::capture(device, share.map(|g| &g.graph), || {
             model.forward_documents(&ids, &positions, &docs)
-        });
-        STATE.record(captured.is_ok());
-        let (graph, out) = captured?;
+        })?;
+        STATE.ran();
         Ok(TargetGraph {
             graph,
             ids,
@@ -88,13 +88,14 @@ impl TargetGraph {
         })
     }
 
-    /// The hidden states of batch `b` (on the graph's device) through the captured forward, in
-    /// a tensor of their own; `None` when the batch does not fit the graph (shape, documents).
-    pub fn run(&self, b: &PackedBatch) -> Result<Option<Tensor>> {
+    /// The hidden states of batch `b` (on the graph's device, `cu` its documents' `cu_seqlens`)
+    /// through the captured forward, in a tensor of their own; `None` when the batch does not
+    /// fit the graph (shape, documents).
+    pub fn run(&self, b: &PackedBatch, cu: &[i32]) -> Result<Option<Tensor>> {
         if (b.rows, b.seq) != (self.rows, self.seq) {
             return Ok(None);
         }
-        let Some(cu) = padded(&b.host_doc_ids, b.seq as usize, self.slots) else {
+        let Some(cu) = padded(cu, self.slots) else {
             return Ok(None);
         };
         let mut ids = self.ids.shallow_clone();
@@ -145,28 +146,27 @@ impl TargetForward {
         b: &PackedBatch,
         own_stream: bool,
     ) -> Result<Tensor> {
-        if self.flash {
-            if let Some(hidden) = self.graphed(model, b, own_stream)? {
-                return Ok(hidden);
-            }
+        if !self.flash {
+            return Ok(model.forward(&b.input_ids, &b.positions, &b.doc_ids));
         }
-        Ok(if self.flash {
-            let docs = Varlen::from_doc_ids(&b.host_doc_ids, b.seq as usize, self.device);
-            model.forward_documents(&b.input_ids, &b.positions, &docs)
-        } else {
-            model.forward(&b.input_ids, &b.positions, &b.doc_ids)
-        })
+        let (cu, max_len) = cu_seqlens(&b.host_doc_ids, b.seq as usize);
+        if let Some(hidden) = self.graphed(model, b, &cu, own_stream)? {
+            return Ok(hidden);
+        }
+        let docs = Varlen::from_cu(&cu, max_len, self.device);
+        Ok(model.forward_documents(&b.input_ids, &b.positions, &docs))
     }
 
-    /// `b` through the graph of its document count, captured first where needed; `None` where
-    /// no graph serves it.
+    /// `b` (its documents' `cu_seqlens` `cu`) through the graph of its document count, captured
+    /// first where needed; `None` where no graph serves it.
     fn graphed(
         &mut self,
         model: &Qwen3Target,
         b: &PackedBatch,
+        cu: &[i32],
         own_stream: bool,
     ) -> Result<Option<Tensor>> {
-        let docs = cu_seqlens(&b.host_doc_ids, b.seq as usize).0.len() - 1;
+        let docs = cu.len() - 1;
         let Some(slots) = slots_for(docs, b.rows) else {
             return Ok(None);
         };
@@ -180,23 +180,28 @@ impl TargetForward {
             match wanted.then(|| TargetGraph::capture(model, key, self.device, self.graphs.first()))
             {
                 Some(Ok(graph)) => self.graphs.push(graph),
-                _ => self.no_more = true,
+                Some(Err(e)) => {
+                    // The graphs captured before keep serving their document counts.
+                    STATE.failed_once(&e);
+                    self.no_more = true;
+                }
+                None => self.no_more = true,
             }
         }
         match self.graphs.iter().find(|g| g.slots == slots) {
-            Some(g) => g.run(b),
+            Some(g) => g.run(b, cu),
             None => Ok(None),
         }
     }
 }
 
-/// `cu_seqlens` of the batch padded with empty documents to `slots` documents, or `None` when it
+/// A batch's `cu_seqlens` padded with empty documents to `slots` documents, or `None` when it
 /// has more.
-fn padded(doc_ids: &[i64], seq: usize, slots: usize) -> Option<Vec<i32>> {
-    let (mut cu, _) = cu_seqlens(doc_ids, seq);
+fn padded(cu: &[i32], slots: usize) -> Option<Vec<i32>> {
     if cu.len() > slots + 1 {
         return None;
     }
+    let mut cu = cu.to_vec();
     let total = *cu.last().unwrap_or(&0);
     cu.resize(slots + 1, total);
     Some(cu)
@@ -289,13 +294,9 @@ mod tests {
     #[test]
     fn documents_are_padded_with_empty_ones_up_to_the_slots() {
         // Two rows of 4: documents of 3 and 1, then 4.
-        let ids = [0, 0, 0, 1, 0, 0, 0, 0];
-        assert_eq!(padded(&ids, 4, 5), Some(vec![0, 3, 4, 8, 8, 8]));
-        assert_eq!(padded(&ids, 4, 3), Some(vec![0, 3, 4, 8]));
-        assert_eq!(
-            padded(&ids, 4, 2),
-            None,
-            "three documents do not fit two slots"
-        );
+        let (cu, _) = cu_seqlens(&[0, 0, 0, 1, 0, 0, 0, 0], 4);
+        assert_eq!(padded(&cu, 5), Some(vec![0, 3, 4, 8, 8, 8]));
+        assert_eq!(padded(&cu, 3), Some(vec![0, 3, 4, 8]));
+        assert_eq!(padded(&cu, 2), None, "three documents do not fit two slots");
     }
 }

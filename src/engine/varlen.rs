@@ -57,8 +57,13 @@ impl Varlen {
     /// changes or its row ends (padding is a segment of its own; its outputs are not read).
     pub fn from_doc_ids(doc_ids: &[i64], seq: usize, device: Device) -> Varlen {
         let (cu, max_len) = cu_seqlens(doc_ids, seq);
+        Varlen::from_cu(&cu, max_len, device)
+    }
+
+    /// From `cu_seqlens`' host result (the offsets and the longest document).
+    pub fn from_cu(cu: &[i32], max_len: i64, device: Device) -> Varlen {
         Varlen {
-            cu_seqlens: super::cuda::upload(&Tensor::from_slice(&cu), device),
+            cu_seqlens: super::cuda::upload(&Tensor::from_slice(cu), device),
             max_len,
         }
     }
@@ -70,7 +75,7 @@ impl Varlen {
             && matches!(kind, Kind::BFloat16 | Kind::Half)
             && head_dim % 8 == 0
             && head_dim <= 256
-            && std::env::var_os("DFLASH_TOP_DENSE_TARGET").is_none()
+            && !super::switches::switch("DFLASH_TOP_DENSE_TARGET", false)
     }
 
     /// Causal attention within each document; `window` for sliding layers.

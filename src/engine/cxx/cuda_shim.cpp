@@ -17,19 +17,13 @@
 #include <cstring>
 #include <string>
 
+#include "shim_common.h"
+
 namespace {
 thread_local std::string last_error;
 
-template <typename F>
-int guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return 1;
-  }
-}
+using dflash::guarded;
+using dflash::OnDevice;
 
 c10::cuda::CUDAStream& stream_of(void* s) { return *static_cast<c10::cuda::CUDAStream*>(s); }
 c10::Event& event_of(void* e) { return *static_cast<c10::Event*>(e); }
@@ -188,15 +182,6 @@ void dflash_graph_free(void* g) { delete static_cast<at::cuda::CUDAGraph*>(g); }
 
 // The capture takes the current stream of the current device: `device` is made current for the
 // call (a worker's stream on another GPU than the thread's current device would not be found).
-// (c10's CUDAGuard would pull CUDA runtime symbols into the shim; libc10_cuda's calls do not.)
-struct OnDevice {
-  c10::DeviceIndex before;
-  explicit OnDevice(int device) : before(c10::cuda::current_device()) {
-    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
-  }
-  ~OnDevice() { c10::cuda::set_device(before); }
-};
-
 // `share`: a graph whose memory pool this one's allocations come from (null: a pool of its own).
 int dflash_graph_capture_begin(void* g, int device, void* share) {
   return guarded([&] {

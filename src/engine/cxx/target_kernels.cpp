@@ -8,7 +8,7 @@
 // - add_rms_norm: a residual add and the RMSNorm after it (the block's post-attention norm, the
 //   next layer's input norm) in one pass: the sum is written and normalised without being read
 //   back from memory by a second kernel.
-// Both round where the ops they replace round, so the two agree to the bit or nearly.
+// Each rounds where the ops it replaces round, so the two agree to the bit or nearly.
 //
 // The kernels are compiled at run time with NVRTC for the device's architecture, and launched
 // through the CUDA driver; both libraries are opened with dlopen (they come with the PyTorch
@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-extern "C" void dflash_set_last_error(const char* msg);
+#include "shim_common.h"
 
 namespace {
 
@@ -228,13 +228,8 @@ CUfunction kernel_for(int device, const char* name) {
   std::lock_guard<std::mutex> lock(m);
   if (auto it = functions.find({device, name}); it != functions.end()) return it->second;
   const Api& a = api();
-  // Loaded with the device's primary context current (the thread's device put back after).
-  c10::DeviceIndex before = c10::cuda::current_device();
-  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
-  struct Restore {
-    c10::DeviceIndex d;
-    ~Restore() { c10::cuda::set_device(d); }
-  } restore{before};
+  // Loaded with the device's primary context current.
+  dflash::OnDevice on(device);
   if (!modules.count(device)) {
     std::vector<char> cubin = compile(a, device);
     CUmodule module;
@@ -267,6 +262,13 @@ void check_bf16_cuda(std::initializer_list<const at::Tensor*> ts) {
   }
 }
 
+// The kernels read and write 8 bf16 at a time (16 bytes): a view at an odd offset would fault.
+void check_aligned(std::initializer_list<const at::Tensor*> ts) {
+  for (const at::Tensor* t : ts) {
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "tensors 16-byte aligned");
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -277,7 +279,7 @@ extern "C" {
 // stream of that GPU.
 int dflash_norm_rope(void* x, long long col0, long long heads, void* w, void* cos, void* sin,
                      void* out, double eps) {
-  try {
+  return dflash::guarded([&] {
     const at::Tensor &xt = tensor(x), &wt = tensor(w), &ct = tensor(cos), &st = tensor(sin),
                      &ot = tensor(out);
     check_bf16_cuda({&xt, &wt, &ct, &st, &ot});
@@ -297,37 +299,30 @@ int dflash_norm_rope(void* x, long long col0, long long heads, void* w, void* co
     float e = static_cast<float>(eps);
     void* args[] = {&xp, &token_stride, &c0, &h, &wp, &cp, &sp, &op, &rows, &e};
     launch(xt.get_device(), "norm_rope", rows * 32, args);
-    return 0;
-  } catch (const std::exception& e) {
-    dflash_set_last_error(e.what());
-    return 1;
-  }
+  });
 }
 
 // out = silu(g) * u, all bf16, contiguous, of one size (a multiple of 8) on one GPU.
 int dflash_silu_mul(void* g, void* u, void* out) {
-  try {
+  return dflash::guarded([&] {
     const at::Tensor &gt = tensor(g), &ut = tensor(u), &ot = tensor(out);
     check_bf16_cuda({&gt, &ut, &ot});
     TORCH_CHECK(gt.is_contiguous() && ut.is_contiguous() && ot.is_contiguous() &&
                     gt.numel() == ut.numel() && gt.numel() == ot.numel() && gt.numel() % 8 == 0,
                 "silu_mul: contiguous tensors of one size, a multiple of 8");
+    check_aligned({&gt, &ut, &ot});
     long long n = gt.numel();
     const void *gp = gt.data_ptr(), *up = ut.data_ptr();
     void* op = ot.data_ptr();
     void* args[] = {&gp, &up, &op, &n};
     launch(gt.get_device(), "silu_mul", n / 8, args);
-    return 0;
-  } catch (const std::exception& e) {
-    dflash_set_last_error(e.what());
-    return 1;
-  }
+  });
 }
 
 // sum = x + d and out = rms_norm(sum) * w over the last axis: x, d, sum and out contiguous of
 // one shape [.., cols], w [cols], cols a multiple of 8, all bf16 on one GPU.
 int dflash_add_rms_norm(void* x, void* d, void* w, void* sum, void* out, double eps) {
-  try {
+  return dflash::guarded([&] {
     const at::Tensor &xt = tensor(x), &dt = tensor(d), &wt = tensor(w), &st = tensor(sum),
                      &ot = tensor(out);
     check_bf16_cuda({&xt, &dt, &wt, &st, &ot});
@@ -338,22 +333,15 @@ int dflash_add_rms_norm(void* x, void* d, void* w, void* sum, void* out, double 
     }
     TORCH_CHECK(cols > 0 && cols % 8 == 0 && wt.is_contiguous() && wt.numel() == cols,
                 "add_rms_norm: rows a multiple of 8 wide, weight of one row's width");
-    for (const at::Tensor* t : {&xt, &dt, &wt, &st, &ot}) {
-      TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
-                  "add_rms_norm: tensors 16-byte aligned");
-    }
+    check_aligned({&xt, &dt, &wt, &st, &ot});
     long long rows = xt.numel() / cols;
-    if (rows == 0) return 0;
+    if (rows == 0) return;
     const void *xp = xt.data_ptr(), *dp = dt.data_ptr(), *wp = wt.data_ptr();
     void *sp = st.data_ptr(), *op = ot.data_ptr();
     int c = static_cast<int>(cols);
     float e = static_cast<float>(eps);
     void* args[] = {&xp, &dp, &wp, &sp, &op, &c, &e};
     launch(xt.get_device(), "add_rms_norm", rows * 256, args);
-    return 0;
-  } catch (const std::exception& e) {
-    dflash_set_last_error(e.what());
-    return 1;
-  }
+  });
 }
 }
