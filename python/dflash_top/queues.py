@@ -5,12 +5,22 @@ the age of an item when it is taken."""
 import queue
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .profiler import Profiler
+
+__all__ = ["ProfiledQueue"]
 
 _mono = time.monotonic_ns
 
 
 class ProfiledQueue:
-    def __init__(self, prof, q, name):
+    """What `Profiler.queue` returns: the queue's interface (put, get, their `_nowait` forms,
+    qsize, empty, full, task_done, join), measured. A thread of the profiler that blocks in
+    `put` shows `push_wait`, in `get` `pop_wait`."""
+
+    def __init__(self, prof: "Profiler", q: "queue.Queue[Any]", name: str) -> None:
         self._prof = prof
         self._q = q
         self.name = name
@@ -24,10 +34,10 @@ class ProfiledQueue:
         self._depth_ns = self._empty_ns = self._full_ns = 0
         self._age_sum = 0
         # Waits in progress: (count, sum of start times), for pushers and poppers.
-        self._pushers = [0, 0]
-        self._poppers = [0, 0]
+        self._pushers: List[int] = [0, 0]
+        self._poppers: List[int] = [0, 0]
 
-    def _advance(self, now, depth):
+    def _advance(self, now: int, depth: int) -> None:
         if now < self._at:
             now = self._at
         dt = now - self._at
@@ -43,7 +53,7 @@ class ProfiledQueue:
         if depth > self._max:
             self._max = depth
 
-    def _begin(self, waiting):
+    def _begin(self, waiting: List[int]) -> int:
         with self._lock:
             now = _mono()
             self._advance(now, self._q.qsize())
@@ -51,7 +61,7 @@ class ProfiledQueue:
             waiting[1] += self._at
             return self._at
 
-    def _end(self, waiting, start, total):
+    def _end(self, waiting: List[int], start: int, total: str) -> None:
         """Ends a wait begun at `start`, adding its length to the counter named `total`."""
         with self._lock:
             now = max(_mono(), self._at)
@@ -59,7 +69,7 @@ class ProfiledQueue:
             waiting[1] -= start
             setattr(self, total, getattr(self, total) + now - start)
 
-    def put(self, item, block=True, timeout=None):
+    def put(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         try:
             self._q.put_nowait((item, _mono()))
         except queue.Full:
@@ -76,7 +86,7 @@ class ProfiledQueue:
             self._advance(_mono(), self._q.qsize())
             self._pushes += 1
 
-    def get(self, block=True, timeout=None):
+    def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         try:
             item, stamp = self._q.get_nowait()
         except queue.Empty:
@@ -96,28 +106,28 @@ class ProfiledQueue:
             self._age_sum += max(0, now - stamp)
         return item
 
-    def put_nowait(self, item):
+    def put_nowait(self, item: Any) -> None:
         self.put(item, block=False)
 
-    def get_nowait(self):
+    def get_nowait(self) -> Any:
         return self.get(block=False)
 
-    def qsize(self):
+    def qsize(self) -> int:
         return self._q.qsize()
 
-    def empty(self):
+    def empty(self) -> bool:
         return self._q.empty()
 
-    def full(self):
+    def full(self) -> bool:
         return self._q.full()
 
-    def task_done(self):
+    def task_done(self) -> None:
         self._q.task_done()
 
-    def join(self):
+    def join(self) -> None:
         self._q.join()
 
-    def _read(self, qid, now):
+    def _read(self, qid: int, now: int) -> Dict[str, int]:
         """Cumulative counters up to `now` (waits in progress included), as the protocol's
         queue sample; resets the depth range."""
         with self._lock:

@@ -7,27 +7,29 @@ import queue
 import socket
 import struct
 import threading
+from typing import Any, Callable, Dict, List
 
-from . import wire
+from . import protocol, wire
+from .wire import Message
 
 VIEWER_BACKLOG = 1024
 
 
 class _Outlet:
-    def __init__(self, conn):
+    def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
-        self.ctl = queue.SimpleQueue()
-        self.data = queue.Queue(maxsize=VIEWER_BACKLOG)
+        self.ctl: "queue.SimpleQueue[bytes]" = queue.SimpleQueue()
+        self.data: "queue.Queue[bytes]" = queue.Queue(maxsize=VIEWER_BACKLOG)
         self.dropped = 0
         self.closed = False
 
-    def send_data(self, f):
+    def send_data(self, f: bytes) -> None:
         try:
             self.data.put_nowait(f)
         except queue.Full:
             self.dropped += 1
 
-    def pump(self):
+    def pump(self) -> None:
         told = 0
         try:
             while not self.closed:
@@ -42,12 +44,12 @@ class _Outlet:
                     self.conn.sendall(f)
                 if self.dropped != told:
                     told = self.dropped
-                    self.conn.sendall(wire.frame({"t": "dropped", "frames": told}))
+                    self.conn.sendall(wire.frame({"t": protocol.DROPPED, "frames": told}))
         except OSError:
             pass
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         self.closed = True
         try:
             self.conn.shutdown(socket.SHUT_RDWR)
@@ -58,12 +60,17 @@ class _Outlet:
 class Server:
     """Listens on `path` (0600) and fans frames out to every viewer."""
 
-    def __init__(self, path, hello, on_command):
+    def __init__(
+        self,
+        path: str,
+        hello: Callable[[], Message],
+        on_command: Callable[[Dict[str, Any]], None],
+    ) -> None:
         self.path = path
         self._hello = hello
         self._on_command = on_command
-        self._decls = []
-        self._outlets = []
+        self._decls: List[bytes] = []
+        self._outlets: List[_Outlet] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         d = os.path.dirname(path)
@@ -77,30 +84,32 @@ class Server:
         os.chmod(path, 0o600)
         self._sock.listen(8)
         self._sock.settimeout(0.1)
-        self._threads = []
+        self._threads: List[threading.Thread] = []
         t = threading.Thread(target=self._accept, name="dflash-top-serve", daemon=True)
         t.start()
         self._accept_thread = t
 
-    def declare(self, msg):
+    def declare(self, msg: Message) -> None:
+        """A declaration: sent to every viewer now and to each one that attaches later."""
         f = wire.frame(msg)
         with self._lock:
             self._decls.append(f)
             for o in self._outlets:
                 o.ctl.put(f)
 
-    def control(self, msg):
+    def control(self, msg: Message) -> None:
+        """A frame never dropped (a status line), for the viewers attached now."""
         f = wire.frame(msg)
         with self._lock:
             for o in self._outlets:
                 o.ctl.put(f)
 
-    def viewers(self):
+    def viewers(self) -> int:
         with self._lock:
             self._outlets = [o for o in self._outlets if not o.closed]
             return len(self._outlets)
 
-    def broadcast(self, msg):
+    def broadcast(self, msg: Message) -> None:
         """Encodes once, for every viewer; nothing is encoded when none is attached."""
         if not self._outlets:
             return
@@ -109,7 +118,7 @@ class Server:
             for o in self._outlets:
                 o.send_data(f)
 
-    def _accept(self):
+    def _accept(self) -> None:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
@@ -119,7 +128,7 @@ class Server:
                 return
             self._welcome(conn)
 
-    def _welcome(self, conn):
+    def _welcome(self, conn: socket.socket) -> None:
         conn.settimeout(2.0)
         try:
             conn.sendall(wire.preamble())
@@ -130,14 +139,14 @@ class Server:
                     "refused: this session belongs to uid %d and the viewer runs as uid %d; "
                     "attach as the user who started it" % (os.getuid(), uid)
                 )
-                conn.sendall(wire.frame({"t": "refused", "reason": reason}))
+                conn.sendall(wire.frame({"t": protocol.REFUSED, "reason": reason}))
                 conn.close()
                 return
-            theirs = wire.read_exact(conn, 12)
+            theirs = wire.read_exact(conn, protocol.PREAMBLE_LEN)
             wire.check_preamble(theirs or b"")
         except (OSError, wire.WireError) as e:
             try:
-                conn.sendall(wire.frame({"t": "refused", "reason": "refused: %s" % e}))
+                conn.sendall(wire.frame({"t": protocol.REFUSED, "reason": "refused: %s" % e}))
                 conn.close()
             except OSError:
                 pass
@@ -155,19 +164,19 @@ class Server:
         r.start()
         self._threads += [w, r]
 
-    def _read(self, o):
+    def _read(self, o: _Outlet) -> None:
         try:
             while True:
                 m = wire.read_frame(o.conn)
                 if m is None:
                     break
-                if m.get("t") == "command":
+                if m.get("t") == protocol.COMMAND:
                     self._on_command(m.get("cmd") or {})
         except (OSError, ValueError, wire.WireError):
             pass
         o.close()
 
-    def close(self):
+    def close(self) -> None:
         self._stop.set()
         try:
             self._sock.close()

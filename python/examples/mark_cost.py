@@ -1,6 +1,6 @@
 """What a phase mark costs in CPython (timeit), profiling on and off.
 
-    PYTHONPATH=python python python/examples/mark_cost.py
+    pip install ./python && python python/examples/mark_cost.py
 """
 
 import os
@@ -8,9 +8,11 @@ import sys
 import threading
 import timeit
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from dflash_top import Profiler  # noqa: E402
+try:
+    from dflash_top import Profiler
+except ImportError:  # not installed: the package in this source tree
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from dflash_top import Profiler
 
 
 def main():

@@ -2,7 +2,9 @@
 batches, a queue holds them, a consumer trains a small model on them. Runs until stopped
 (Ctrl-C, SIGTERM) or for --seconds. Watch it with `dflash-top attach`.
 
-    PYTHONPATH=python python python/examples/pipeline.py [--slow producer=300ms]
+    pip install ./python && python python/examples/pipeline.py [--slow producer=300ms]
+
+(Without the install it uses the package in the source tree next to it.)
 
 Without torch the stages do plain Python work of the same shape.
 """
@@ -15,9 +17,11 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from dflash_top import Profiler  # noqa: E402
+try:
+    from dflash_top import Profiler
+except ImportError:  # not installed: the package in this source tree
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from dflash_top import Profiler
 
 try:
     import torch
