@@ -8,6 +8,7 @@ mod engine;
 mod fuzz;
 mod generate;
 mod probes;
+mod quality;
 mod reference;
 mod reliability;
 mod runs;
