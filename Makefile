@@ -10,6 +10,7 @@ CARGO ?= cargo
 
 REF_DEPS := $(VENV)/.reference-deps
 REFERENCE := target/reference/reference.safetensors
+PARITY := target/reference/parity/parity.json
 
 .PHONY: run test venv reference tools build release bench clean-venv
 
@@ -17,22 +18,29 @@ run: venv
 	$(CARGO) run --release --
 
 test: venv reference tools
+	$(VENV)/bin/python -m pytest -q python/tests
 	$(CARGO) test --all-targets
 
 # The end-to-end test drives the real binary in tmux.
 tools:
 	@command -v tmux >/dev/null || (apt-get update -qq && apt-get install -y -qq tmux)
 
-# Reference numbers from PyTorch + transformers + z-lab's dflash (without its extras).
-reference: $(REFERENCE)
+# Reference numbers from PyTorch + transformers + z-lab's dflash and SpecForge 0.2.0 (both without
+# their extras: their DFlash modules need only torch and transformers).
+reference: $(REFERENCE) $(PARITY)
 
 $(REF_DEPS): $(LIBTORCH_LINK)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check transformers==5.15.0 numpy
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps dflash==0.1.0
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check transformers==5.15.0 numpy \
+		pydantic pytest
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps dflash==0.1.0 \
+		specforge==0.2.0
 	touch $@
 
 $(REFERENCE): tests/reference/make_reference.py tests/reference/lm_target.py $(REF_DEPS)
 	$(VENV)/bin/python tests/reference/make_reference.py target/reference
+
+$(PARITY): tests/reference/specforge_parity.py $(REF_DEPS)
+	$(VENV)/bin/python tests/reference/specforge_parity.py target/reference/parity
 
 build: venv
 	$(CARGO) build --release

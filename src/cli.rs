@@ -150,9 +150,14 @@ pub struct TrainArgs {
     /// Tokens per packed row (recipe: the preset's, or 3072 with --target).
     #[arg(long, value_name = "N")]
     pub seq_len: Option<i64>,
-    /// Anchors (blocks) drawn per packed row (recipe: the preset's, or 512 with --target).
+    /// Anchors (blocks) drawn per document or per packed row, as --anchor-budget says (recipe:
+    /// the preset's, or 512 with --target).
     #[arg(long, value_name = "N")]
     pub anchors: Option<i64>,
+    /// Whether --anchors is a budget for each document (`per-doc`, SpecForge's, the default) or
+    /// for each packed row (`per-row`: fewer blocks, cheaper steps).
+    #[arg(long, value_name = "per-doc|per-row")]
+    pub anchor_budget: Option<String>,
     /// Peak learning rate (recipe: the preset's, or 6e-4 with --target).
     #[arg(long, value_name = "LR")]
     pub lr: Option<f64>,

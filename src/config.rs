@@ -3,7 +3,10 @@
 
 use crate::cli::TrainArgs;
 use crate::engine::checkpoint;
-use crate::engine::config::{drafter_spec_for, DrafterSpec, Preset, Qwen3Config, Recipe};
+use crate::engine::config::{
+    drafter_spec_for, AnchorScope, DrafterSpec, Preset, Qwen3Config, Recipe,
+};
+use crate::engine::data::ChatOptions;
 use crate::engine::recipe::{mask_token_of, MaskToken};
 use crate::engine::schedule::Schedule;
 use anyhow::{bail, Context, Result};
@@ -52,6 +55,7 @@ pub struct RunConfig {
     pub batch: i64,
     pub seq_len: i64,
     pub anchors: i64,
+    pub anchor_scope: AnchorScope,
     pub lr: f64,
     pub batch_queue: usize,
     pub hs_queue: usize,
@@ -68,6 +72,8 @@ pub struct RunConfig {
     pub max_nonfinite: u32,
     /// Threads reading a JSONL file ahead of the loader (None: the default for this machine).
     pub data_threads: Option<usize>,
+    /// How chat data is rendered (the TOML's `[chat]`: `enable_thinking`, `system_prompt`).
+    pub chat: ChatOptions,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -103,6 +109,7 @@ pub struct FileConfig {
     pub batch: Option<i64>,
     pub seq_len: Option<i64>,
     pub anchors: Option<i64>,
+    pub anchor_budget: Option<String>,
     pub lr: Option<f64>,
     pub batch_queue: Option<usize>,
     pub hs_queue: Option<usize>,
@@ -118,6 +125,8 @@ pub struct FileConfig {
     pub keep: Option<usize>,
     pub max_nonfinite: Option<u32>,
     pub data_threads: Option<usize>,
+    /// `[chat]`: `enable_thinking` and `system_prompt` for chat data.
+    pub chat: Option<ChatOptions>,
 }
 
 impl FileConfig {
@@ -198,6 +207,19 @@ impl RunConfig {
                 .or(file.anchors)
                 .or(saved(|s| s.anchors))
                 .unwrap_or(base.anchors),
+            anchor_scope: match args
+                .anchor_budget
+                .as_deref()
+                .or(file.anchor_budget.as_deref())
+            {
+                Some(name) => AnchorScope::parse(name)
+                    .with_context(|| format!("--anchor-budget `{name}`: use per-doc or per-row"))?,
+                // A resumed run keeps its budget; checkpoints without one budgeted per row.
+                None => match &resume_state {
+                    Some(s) => s.anchor_scope.unwrap_or(AnchorScope::PerRow),
+                    None => base.anchor_scope,
+                },
+            },
             lr: lr_given
                 .or(resume_state.as_ref().map(|s| s.lr))
                 .unwrap_or(base.lr),
@@ -285,6 +307,11 @@ impl RunConfig {
             &target_devices,
             &drafter_devices,
         )?;
+        let seed = run_seed(
+            args.seed.or(file.seed),
+            resume_state.as_ref(),
+            args.resume.as_deref(),
+        )?;
         let cfg = RunConfig {
             target,
             target_config,
@@ -305,12 +332,13 @@ impl RunConfig {
             target_devices,
             drafter_devices,
             record: args.record.clone(),
-            seed: args.seed.or(file.seed).unwrap_or(0),
+            seed,
             slow: parse_slow(&slow_items)?,
             interval,
             batch: recipe.batch,
             seq_len: recipe.seq_len,
             anchors: recipe.anchors,
+            anchor_scope: recipe.anchor_scope,
             lr: recipe.lr,
             batch_queue: file.batch_queue.unwrap_or(4),
             hs_queue: file.hs_queue.unwrap_or(2),
@@ -319,6 +347,7 @@ impl RunConfig {
             keep,
             max_nonfinite,
             data_threads,
+            chat: file.chat.clone().unwrap_or_default(),
             gpu_timing,
             profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
                 None | Some("on") => true,
@@ -378,7 +407,7 @@ impl RunConfig {
         format!(
             "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
              target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
-             anchors_per_row={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
+             anchors={} anchor_budget={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
              seed={} data={}",
             self.recipe_from,
             target,
@@ -392,6 +421,7 @@ impl RunConfig {
             self.seq_len,
             self.batch,
             self.anchors,
+            self.anchor_scope.name(),
             self.lr,
             self.schedule.describe(),
             self.steps
@@ -401,6 +431,28 @@ impl RunConfig {
             data,
         )
     }
+}
+
+/// The seed: a resumed run's is its checkpoint's (the target's random weights, the data order
+/// and the synthetic data come from it); a different one given is refused, as another run.
+fn run_seed(
+    given: Option<u64>,
+    state: Option<&checkpoint::TrainerState>,
+    dir: Option<&Path>,
+) -> Result<u64> {
+    let Some(state) = state else {
+        return Ok(given.unwrap_or(0));
+    };
+    if let Some(seed) = given.filter(|s| *s != state.seed) {
+        let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
+        bail!(
+            "`seed` {seed} differs from the run in {} (seed {}): a resumed run keeps its seed; \
+             leave --seed out, or start a new run from those weights with --drafter",
+            file.display(),
+            state.seed
+        );
+    }
+    Ok(state.seed)
 }
 
 /// The schedule of a resumed run: its checkpoint's. --steps only says where to stop, within it;
@@ -488,6 +540,7 @@ fn resolve_drafter(
                 (Some(id), _) => MaskToken {
                     id,
                     source: "given".into(),
+                    content: None,
                 },
                 (None, Some(dir)) => {
                     mask_token_of(dir, target_config.vocab_size)?.with_context(|| {
@@ -505,6 +558,7 @@ fn resolve_drafter(
                 (None, None) => MaskToken {
                     id: preset.mask_token_id,
                     source: format!("preset:{}", preset.name),
+                    content: None,
                 },
             };
             if recipe.drafter_layers < 1 {
@@ -517,12 +571,15 @@ fn resolve_drafter(
                     crate::telemetry::recorder::MAX_SLOTS
                 );
             }
-            let spec = drafter_spec_for(
+            let mut spec = drafter_spec_for(
                 target_config,
                 recipe.drafter_layers,
                 mask.id,
                 recipe.block_size,
             );
+            if let Some(text) = mask.content {
+                spec.mask_token = text;
+            }
             (spec, mask.source)
         }
     };
@@ -574,7 +631,7 @@ mod tests {
         for kv in [
             "drafter_layers=5",
             "seq_len=3072",
-            "anchors_per_row=512",
+            "anchors=512 anchor_budget=per-doc",
             "lr=6e-4",
             "block=16",
             "mask_token_id=300",
@@ -595,7 +652,9 @@ mod tests {
         let toml = dir.path().join("run.toml");
         std::fs::write(
             &toml,
-            "seq_len = 512\nanchors = 8\ndrafter_layers = 3\nlr = 1e-3\n",
+            "seq_len = 512\nanchors = 8\ndrafter_layers = 3\nlr = 1e-3\n\
+             anchor_budget = \"per-row\"\n[chat]\nenable_thinking = false\n\
+             system_prompt = \"Be brief.\"\n",
         )
         .unwrap();
         let c = train(dir.path(), |a| {
@@ -605,9 +664,31 @@ mod tests {
         })
         .unwrap();
         assert_eq!((c.seq_len, c.anchors, c.lr), (512, 4, 1e-3));
+        assert_eq!(c.anchor_scope, AnchorScope::PerRow);
+        assert_eq!(c.chat.enable_thinking, Some(false));
+        assert_eq!(c.chat.system_prompt.as_deref(), Some("Be brief."));
         assert_eq!(c.spec.layers.num_hidden_layers, 3);
         assert_eq!(c.spec.mask_token_id, 42);
         assert!(c.recipe_line().contains("mask_from=given"));
+        assert!(c.recipe_line().contains("anchors=4 anchor_budget=per-row"));
+        // The flag wins over the file; an unknown budget or `[chat]` key is named.
+        let c = train(dir.path(), |a| {
+            a.config = Some(toml.clone());
+            a.anchor_budget = Some("per-doc".into());
+        })
+        .unwrap();
+        assert_eq!(c.anchor_scope, AnchorScope::PerDoc);
+        let e = train(dir.path(), |a| a.anchor_budget = Some("per-batch".into())).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("--anchor-budget `per-batch`"),
+            "{e:#}"
+        );
+        std::fs::write(&toml, "[chat]\nthinking = true\n").unwrap();
+        let e = train(dir.path(), |a| a.config = Some(toml.clone())).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("unknown field `thinking`"),
+            "{e:#}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod e2e;
 mod engine;
 mod fuzz;
 mod generate;
+mod parity;
 mod probes;
 mod quality;
 mod reference;

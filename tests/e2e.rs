@@ -124,9 +124,12 @@ fn a_drafter_trained_on_target_generated_data_is_accepted_in_dflash() {
             "tau {tau} vs untrained {untrained}: {m}"
         );
     }
-    let whole = seen["tau_whole_rounds"].as_f64().unwrap();
+    // The trainer's blocks start anywhere up to a reply's second-last token, those near its
+    // end cut short by it, as each sequence's last round of decoding is: the trainer's tau
+    // predicts dflash's over all rounds.
+    let all = seen["tau"].as_f64().unwrap();
     assert!(
-        (whole - trainer_tau).abs() <= 1.5,
-        "dflash's tau on whole rounds {whole} is not within 1.5 of the trainer's {trainer_tau}"
+        (all - trainer_tau).abs() <= 1.5,
+        "dflash's tau {all} is not within 1.5 of the trainer's {trainer_tau}"
     );
 }

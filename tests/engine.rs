@@ -134,47 +134,92 @@ fn every_packed_document_starts_at_position_zero_and_is_a_whole_source_document(
 }
 
 #[test]
-fn anchors_are_drawn_from_each_documents_candidates_within_the_row_budget() {
+fn anchors_are_drawn_from_each_documents_candidates_within_the_budget() {
     // Two documents: [0..10) and [10..20); loss only from position 2 of each.
     let doc_ids: Vec<i64> = (0..20).map(|i| i / 10).collect();
     let mask: Vec<bool> = (0..20).map(|i| i % 10 >= 2).collect();
     let mut rng = Rng::new(1);
     let mut in_second = 0;
     for _ in 0..50 {
-        let a = sample_anchors(&doc_ids, &mask, 4, 3, &mut rng);
-        assert!(
-            a.windows(2).all(|w| w[0] < w[1]),
-            "sorted, no repeats: {a:?}"
-        );
-        // The budget is the row's: three in all, whatever the number of documents.
-        assert_eq!(a.len(), 3, "{a:?}");
-        in_second += a.iter().filter(|&&p| p >= 10).count();
-        for &p in &a {
-            let p = p as usize;
+        let row = sample_anchors(&doc_ids, &mask, 3, AnchorScope::PerRow, &mut rng);
+        let doc = sample_anchors(&doc_ids, &mask, 3, AnchorScope::PerDoc, &mut rng);
+        for a in [&row, &doc] {
             assert!(
-                mask[p] && mask[p + 1],
-                "anchor {p}: no loss on it or its first label"
+                a.windows(2).all(|w| w[0] < w[1]),
+                "sorted, no repeats: {a:?}"
             );
-            assert!(
-                p % 10 + 4 <= 10,
-                "anchor {p}: its block leaves the document"
-            );
+            for &p in a.iter() {
+                let p = p as usize;
+                assert!(
+                    mask[p] && mask[p + 1] && p / 10 == (p + 1) / 10,
+                    "anchor {p}: no loss on it or on its next token in its document"
+                );
+            }
         }
+        // Per row, the budget is the row's: three in all, whatever the number of documents.
+        assert_eq!(row.len(), 3, "{row:?}");
+        in_second += row.iter().filter(|&&p| p >= 10).count();
+        // Per document, three in each.
+        assert_eq!(doc.iter().filter(|&&p| p < 10).count(), 3, "{doc:?}");
+        assert_eq!(doc.iter().filter(|&&p| p >= 10).count(), 3, "{doc:?}");
     }
-    // Both documents get blocks, in proportion to their candidates (5 each): about half.
+    // Both documents get blocks of a row's budget, in proportion to their candidates (7 each).
     assert!(
         (50..=100).contains(&in_second),
         "{in_second} of 150 in the second"
     );
-    // Every candidate is reachable: room for a block of 4 inside each document.
-    let all = sample_anchors(&doc_ids, &mask, 4, 100, &mut rng);
-    assert_eq!(all, vec![2, 3, 4, 5, 6, 12, 13, 14, 15, 16]);
-    // The first label must carry loss: a lone loss token is no anchor.
+    // Every candidate is reachable, up to each document's second-last token (SpecForge's rule:
+    // a block may run past the document's end).
+    let all = sample_anchors(&doc_ids, &mask, 100, AnchorScope::PerDoc, &mut rng);
+    assert_eq!(all, vec![2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 16, 17, 18]);
+    // The next token must carry loss: a lone loss token is no anchor.
     let lone = [false, true, false, true, true, true, true, true];
     assert_eq!(
-        sample_anchors(&[0; 8], &lone, 2, 100, &mut rng),
+        sample_anchors(&[0; 8], &lone, 100, AnchorScope::PerRow, &mut rng),
         vec![3, 4, 5, 6]
     );
+}
+
+/// A document's last tokens, its end token included, are labels at every block slot: anchors
+/// near the end have blocks that run past it, whose slots there carry no label.
+#[test]
+fn the_end_token_is_a_label_at_every_slot() {
+    let block = 4i64;
+    // One document of 6 tokens, then padding: [0..6) loss everywhere, [6..10) padding.
+    let doc_ids: Vec<i64> = (0..10).map(|i| (i >= 6) as i64).collect();
+    let mask: Vec<bool> = (0..10).map(|i| i < 6).collect();
+    let mut rng = Rng::new(3);
+    let per_row = vec![sample_anchors(
+        &doc_ids,
+        &mask,
+        100,
+        AnchorScope::PerDoc,
+        &mut rng,
+    )];
+    assert_eq!(per_row[0], vec![0, 1, 2, 3, 4]);
+    let rows = label_rows(&per_row, 5, block as usize, &doc_ids, &mask, 10);
+    // (anchor i, slot k) carries loss where anchor + k is in the document: the end token (5)
+    // at slot 1 (anchor 4), 2 (anchor 3) and 3 (anchor 2).
+    let end_slots: Vec<i64> = rows
+        .iter()
+        .map(|&r| (r / block, r % block))
+        .filter(|&(i, k)| per_row[0][i as usize] + k == 5)
+        .map(|(_, k)| k)
+        .collect();
+    assert_eq!(end_slots, vec![3, 2, 1]);
+    // Nothing past the end: anchor 4's slots 2 and 3 and anchor 3's slot 3 carry none.
+    assert_eq!(rows.len(), 3 + 3 + 3 + 2 + 1);
+    // The device rule agrees with the host's.
+    let ids = Tensor::arange(10, (Kind::Int64, Device::Cpu)).view([1, 10]);
+    let docs = Tensor::from_slice(&doc_ids).view([1, 10]);
+    let lmask = Tensor::from_slice(&mask).view([1, 10]);
+    let a = anchors(&per_row[0], &[true; 5]);
+    let (_, valid) = block_labels(&ids, &docs, &lmask, &a, block);
+    let flat: Vec<bool> = Vec::try_from(valid.flatten(0, -1)).unwrap();
+    let on: Vec<i64> = (0..flat.len() as i64)
+        .filter(|&i| flat[i as usize])
+        .collect();
+    assert_eq!(on, rows);
 }
 
 fn anchors(pos: &[i64], valid: &[bool]) -> Anchors {
@@ -891,8 +936,8 @@ fn host_label_rows_are_the_valid_labels() {
             sample_anchors(
                 &b.host_doc_ids[span.clone()],
                 &b.host_loss_mask[span],
-                block,
                 12,
+                AnchorScope::PerRow,
                 &mut rng,
             )
         })

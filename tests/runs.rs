@@ -193,21 +193,20 @@ fn a_resumed_jsonl_run_continues_its_shuffled_epochs_exactly() {
 fn resume_equals_one_go(extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (dir.path().join("one"), dir.path().join("two"));
-    let mut common = vec![
-        "--headless",
-        "--seed",
-        "4",
-        "--save-every",
-        "1",
-        "--interval",
-        "30",
-    ];
+    let mut common = vec!["--headless", "--save-every", "1", "--interval", "30"];
     common.extend(extra);
     let mut args = vec!["train", "--steps", "6", "--save-dir", one.to_str().unwrap()];
+    args.extend(["--seed", "4"]);
     args.extend(&common);
     let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let from = one.join("step-000003");
+    // Another seed would be another run: refused, by name.
+    let mut args = vec!["train", "--steps", "6", "--save-dir", two.to_str().unwrap()];
+    args.extend(["--resume", from.to_str().unwrap(), "--seed", "5"]);
+    args.extend(&common);
+    assert_user_error(&run(&args), &["`seed` 5", "trainer_state.json", "seed 4"]);
+    // The seed comes back from the checkpoint: not given again here.
     let mut args = vec!["train", "--steps", "6", "--save-dir", two.to_str().unwrap()];
     args.extend(["--resume", from.to_str().unwrap()]);
     args.extend(&common);
@@ -232,7 +231,7 @@ fn resume_equals_one_go(extra: &[&str]) {
             (la - lb).abs() <= 1e-5 * la.abs().max(1.0),
             "step {step}: loss {la} in one go, {lb} resumed"
         );
-        for key in ["data_docs", "anchor_rng", "schedule", "lr", "step"] {
+        for key in ["data_docs", "anchor_rng", "schedule", "lr", "step", "seed"] {
             assert_eq!(sa[key], sb[key], "step {step}: {key}");
         }
     }
@@ -294,7 +293,7 @@ fn a_target_directory_loads_and_trains_with_its_recipe() {
         "block=16",
         "mask_token_id=11",
         "seq_len=128",
-        "anchors_per_row=4",
+        "anchors=4 anchor_budget=per-doc",
         "drafter_layers=2",
     ] {
         assert!(line.contains(kv), "no {kv} in {line}");
@@ -670,14 +669,14 @@ fn a_batch_without_loss_tokens_is_no_optimizer_step() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("half.jsonl");
     // Rows of 32 tokens hold one 80-token document each (truncated): one with loss everywhere,
-    // one with loss only past the row's end (none left in its row); a third with 10 loss tokens,
-    // fewer than 2 x block (16), is dropped at start.
+    // one with loss only past the row's end (none left in its row); a third with one loss token,
+    // fewer than 2 (SpecForge's minimum), is dropped at start.
     let doc = |loss_from: usize| {
         let ids: Vec<u32> = (0..80).map(|i| (i * 7 + 3) % 500).collect();
         let mask: Vec<u8> = (0..80).map(|i| (i >= loss_from) as u8).collect();
         serde_json::json!({"input_ids": ids, "loss_mask": mask}).to_string()
     };
-    std::fs::write(&data, format!("{}\n{}\n{}\n", doc(0), doc(40), doc(70))).unwrap();
+    std::fs::write(&data, format!("{}\n{}\n{}\n", doc(0), doc(40), doc(79))).unwrap();
     let save = dir.path().join("ck");
     let o = run(&[
         "train",
@@ -716,12 +715,21 @@ fn a_batch_without_loss_tokens_is_no_optimizer_step() {
     std::fs::write(&none, format!("{}\n", doc(80))).unwrap();
     let o = run(&["train", "--headless", "--data", none.to_str().unwrap()]);
     assert_user_error(&o, &["none.jsonl", "loss_mask"]);
-    // Nor would a file whose documents are all too short in loss tokens: refused, with the fix.
+    // Nor would a file whose documents all have one loss token: refused, with the fix.
     let short = dir.path().join("short.jsonl");
-    std::fs::write(&short, format!("{}\n", doc(70))).unwrap();
+    std::fs::write(&short, format!("{}\n", doc(79))).unwrap();
     let o = run(&["train", "--headless", "--data", short.to_str().unwrap()]);
-    assert_user_error(
-        &o,
-        &["short.jsonl", "fewer than 32 loss tokens", "--block-size"],
-    );
+    assert_user_error(&o, &["short.jsonl", "two consecutive loss tokens"]);
+    // A document with fewer loss tokens than two blocks (10, block 16) trains, as in SpecForge.
+    let few = dir.path().join("few.jsonl");
+    std::fs::write(&few, format!("{}\n", doc(70))).unwrap();
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "1",
+        "--data",
+        few.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }

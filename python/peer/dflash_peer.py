@@ -4,9 +4,13 @@ A thread runs the frozen target (transformers' Qwen3) over packed rows and puts 
 hidden states on a bounded queue.Queue; the main thread trains z-lab's DFlashDraftModel on them
 with AdamW (fp32 weights, bf16 autocast). Same shapes, anchors, mask and loss as dflash-top:
 - rows of whole synthetic documents (lengths uniform in [seq/4, seq], 4 prompt tokens without
-  loss), causal attention within each document through a dense boolean mask (SDPA);
-- up to `anchors` anchors a row, drawn from every document's candidates (the block fits in the
-  document, the anchor and its first label carry loss);
+  loss; each token followed by a fixed successor nine times in ten, a random token otherwise,
+  so that the loss can fall), causal attention within each document through a dense boolean
+  mask (SDPA);
+- up to `anchors` anchors a document (SpecForge's budget, dflash-top's default), drawn from its
+  candidates: positions up to its second-last token whose token and next token carry loss
+  (SpecForge's rule; a block may run past the document, whose end is then a label at every
+  slot);
 - block inputs: the anchor's token then mask tokens; the drafter sees the context before its
   anchor in its document and its own block, through a dense [q, s + q] mask;
 - loss: cross-entropy of the frozen lm head's logits on block slots 1.., weighted
@@ -73,7 +77,7 @@ def gamma_for(block):
     return 4.0 if block <= 8 else 5.0 if block <= 10 else 7.0
 
 
-def synthetic_row(rng, seq, vocab):
+def synthetic_row(rng, seq, vocab, successor):
     """Whole documents until the next does not fit, then padding (its own document id)."""
     ids, docs, pos, loss = [], [], [], []
     doc = 0
@@ -83,7 +87,10 @@ def synthetic_row(rng, seq, vocab):
         pending = None
         if n > seq - len(ids):
             break
-        ids += [rng.randrange(vocab) for _ in range(n)]
+        t = rng.randrange(vocab)
+        for _ in range(n):
+            ids.append(t)
+            t = successor[t] if rng.random() < 0.9 else rng.randrange(vocab)
         docs += [doc] * n
         pos += list(range(n))
         loss += [i >= 4 for i in range(n)]
@@ -96,18 +103,16 @@ def synthetic_row(rng, seq, vocab):
     return ids, docs, pos, loss
 
 
-def sample_anchors(rng, docs, loss, block, budget):
-    cands = []
+def sample_anchors(rng, docs, loss, budget):
+    picked = []
     start = 0
     while start < len(docs):
         end = start
         while end < len(docs) and docs[end] == docs[start]:
             end += 1
-        for p in range(start, max(start, end + 1 - block)):
-            if loss[p] and p + 1 < end and loss[p + 1]:
-                cands.append(p)
+        cands = [p for p in range(start, end - 1) if loss[p] and loss[p + 1]]
+        picked += rng.sample(cands, min(budget, len(cands)))
         start = end
-    picked = rng.sample(cands, min(budget, len(cands)))
     return sorted(picked)
 
 
@@ -117,9 +122,13 @@ class Batches:
     def __init__(self, seed, rows, seq, vocab):
         self.rng = random.Random(seed)
         self.rows, self.seq, self.vocab = rows, seq, vocab
+        self.successor = list(range(vocab))
+        self.rng.shuffle(self.successor)
 
     def next(self):
-        rows = [synthetic_row(self.rng, self.seq, self.vocab) for _ in range(self.rows)]
+        rows = [
+            synthetic_row(self.rng, self.seq, self.vocab, self.successor) for _ in range(self.rows)
+        ]
         return [torch.tensor([r[k] for r in rows]) for k in range(4)]
 
 
@@ -165,7 +174,7 @@ def drafter_inputs(rng, ids, docs, pos, loss, block, budget, mask_token, device)
     """Anchors, block ids, positions, the dense drafter mask, labels and their weights."""
     b, s = ids.shape
     docs_h, loss_h = docs.cpu().tolist(), loss.cpu().tolist()
-    per_row = [sample_anchors(rng, docs_h[r], loss_h[r], block, budget) for r in range(b)]
+    per_row = [sample_anchors(rng, docs_h[r], loss_h[r], budget) for r in range(b)]
     a = max(1, max(len(r) for r in per_row))
     anchors = torch.zeros(b, a, dtype=torch.long)
     valid = torch.zeros(b, a, dtype=torch.bool)
@@ -217,6 +226,7 @@ def main():
     ap.add_argument("--drafter-layers", type=int, default=5)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=6e-4, help="AdamW's (SpecForge's 6e-4)")
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -232,7 +242,11 @@ def main():
     tcfg = target_config(args.preset, layers=max(layer_ids) + 1)
     with torch.device(device):
         target = Qwen3Model(tcfg).to(dtype).eval().requires_grad_(False)
-        lm_head = torch.randn(vocab, tcfg.hidden_size, dtype=dtype) * 0.02
+        # dflash-top's presets: 0.02 for the Qwen3 shapes, 0.5 for tiny (which needs larger
+        # logits to learn within a few steps).
+        std = 0.5 if args.preset == "tiny" else 0.02
+        lm_head = torch.randn(vocab, tcfg.hidden_size, dtype=dtype) * std
+        torch.nn.init.normal_(target.embed_tokens.weight, std=std)
     dcfg = target_config(args.preset, layers=args.drafter_layers)
     dcfg.num_target_layers = full.num_hidden_layers
     dcfg.dflash_config = {
@@ -242,7 +256,7 @@ def main():
     }
     with torch.device(device):
         drafter = DFlashDraftModel(dcfg).float().train()
-    opt = torch.optim.AdamW(drafter.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     q = queue.Queue(maxsize=2)
     stop = threading.Event()
@@ -309,6 +323,7 @@ def main():
                 "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0,
                 "loss_first": losses[0],
                 "loss_last": losses[-1],
+                "losses": losses,
                 "finite": all(math.isfinite(x) for x in losses),
             }
         )

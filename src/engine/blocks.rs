@@ -3,23 +3,48 @@
 
 use super::cuda::upload;
 use super::data::Rng;
+use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-/// Anchors of one row: up to `budget` positions drawn uniformly without replacement from the
-/// row's candidates. A candidate is a position p whose block fits inside its own document
-/// (`p + block <= end`, DESIGN's "room for a block") and whose token and first label both carry
-/// loss (`loss_mask[p] && loss_mask[p + 1]`, SpecForge's candidate rule). SpecForge samples up to
-/// `num_anchors` per sequence of one document; here the sequence is a packed row, so the budget
-/// is the row's and each document gets blocks in proportion to its candidates: a row costs the
-/// drafter the same work however many documents it packs. Sorted.
-pub fn sample_anchors(
-    doc_ids: &[i64],
-    loss_mask: &[bool],
-    block: usize,
-    budget: usize,
-    rng: &mut Rng,
-) -> Vec<i64> {
-    let mut candidates = Vec::new();
+/// How far the anchor budget (`anchors`) reaches: each document of a packed row, or the row
+/// as a whole.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnchorScope {
+    /// Up to `anchors` per document: SpecForge's budget, which samples up to `num_anchors` per
+    /// sequence and puts one conversation in a sequence. A row's anchors grow with the
+    /// documents it packs.
+    #[default]
+    PerDoc,
+    /// Up to `anchors` per packed row, shared by its documents in proportion to their
+    /// candidates: a row costs the drafter the same however many documents it packs.
+    PerRow,
+}
+
+impl AnchorScope {
+    pub fn parse(name: &str) -> Option<AnchorScope> {
+        match name {
+            "per-doc" => Some(AnchorScope::PerDoc),
+            "per-row" => Some(AnchorScope::PerRow),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AnchorScope::PerDoc => "per-doc",
+            AnchorScope::PerRow => "per-row",
+        }
+    }
+}
+
+/// The anchor candidates of one row, by document: positions p <= end - 2 of their document
+/// whose token and next token carry loss (`loss_mask[p] && loss_mask[p + 1]`, SpecForge's
+/// rule). A block may run past its document's end; those slots carry no label
+/// (`block_labels`), so a document's last tokens, its end token included, are labels at every
+/// slot.
+fn candidates_by_doc(doc_ids: &[i64], loss_mask: &[bool]) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
     let mut start = 0;
     while start < doc_ids.len() {
         let end = start
@@ -27,22 +52,53 @@ pub fn sample_anchors(
                 .iter()
                 .take_while(|&&d| d == doc_ids[start])
                 .count();
-        candidates.extend(
-            (start..(end + 1).saturating_sub(block).max(start))
-                .filter(|&p| loss_mask[p] && p + 1 < end && loss_mask[p + 1])
-                .map(|p| p as i64),
+        out.push(
+            (start..end.saturating_sub(1))
+                .filter(|&p| loss_mask[p] && loss_mask[p + 1])
+                .collect(),
         );
         start = end;
     }
-    // Partial Fisher-Yates: the first `take` are a uniform sample without replacement.
-    let take = budget.min(candidates.len());
+    out
+}
+
+/// Moves a uniform sample without replacement of `take` items to the front (a partial
+/// Fisher-Yates) and drops the rest.
+fn sample_in_place(items: &mut Vec<usize>, take: usize, rng: &mut Rng) {
+    let take = take.min(items.len());
     for i in 0..take {
-        let j = i + rng.below((candidates.len() - i) as u64) as usize;
-        candidates.swap(i, j);
+        let j = i + rng.below((items.len() - i) as u64) as usize;
+        items.swap(i, j);
     }
-    candidates.truncate(take);
-    candidates.sort_unstable();
-    candidates
+    items.truncate(take);
+}
+
+/// Anchors of one row: up to `budget` positions drawn uniformly without replacement from the
+/// candidates of each document (`AnchorScope::PerDoc`) or of the whole row (`PerRow`). Sorted.
+pub fn sample_anchors(
+    doc_ids: &[i64],
+    loss_mask: &[bool],
+    budget: usize,
+    scope: AnchorScope,
+    rng: &mut Rng,
+) -> Vec<i64> {
+    let by_doc = candidates_by_doc(doc_ids, loss_mask);
+    let mut picked: Vec<usize> = match scope {
+        AnchorScope::PerDoc => by_doc
+            .into_iter()
+            .flat_map(|mut c| {
+                sample_in_place(&mut c, budget, rng);
+                c
+            })
+            .collect(),
+        AnchorScope::PerRow => {
+            let mut all: Vec<usize> = by_doc.into_iter().flatten().collect();
+            sample_in_place(&mut all, budget, rng);
+            all
+        }
+    };
+    picked.sort_unstable();
+    picked.into_iter().map(|p| p as i64).collect()
 }
 
 /// Anchors of every row, padded to `max` (the largest row's count) with `valid` false.

@@ -1,7 +1,7 @@
 //! Drafter checkpoints as Hugging Face directories that z-lab's `dflash` package loads:
 //! config.json (a Qwen3 config plus `num_target_layers`, `block_size` and `dflash_config`),
-//! model.safetensors with the drafter's own names, and beside them the optimizer state and the
-//! trainer state. A checkpoint is written into a temporary directory and renamed into place, so
+//! model.safetensors in bf16 with the drafter's own names, and beside them the optimizer state
+//! (the fp32 master weights and the AdamW moments) and the trainer state. A checkpoint is written into a temporary directory and renamed into place, so
 //! it is never half written.
 
 use super::config::{DrafterSpec, Qwen3Config};
@@ -48,6 +48,9 @@ pub struct TrainerState {
     pub batch: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchors: Option<i64>,
+    /// Absent in checkpoints of earlier versions, which budgeted per row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor_scope: Option<super::blocks::AnchorScope>,
 }
 
 impl TrainerState {
@@ -75,12 +78,18 @@ pub fn drafter_config_json(spec: &DrafterSpec) -> serde_json::Value {
         "rope_theta": c.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
         "vocab_size": c.vocab_size,
+        // The drafter predicts over the whole vocabulary, through the target's lm head.
+        "draft_vocab_size": c.vocab_size,
         "max_position_embeddings": c.max_position_embeddings.unwrap_or(40960),
         "hidden_act": "silu",
         "attention_bias": false,
         "attention_dropout": 0.0,
         "tie_word_embeddings": false,
-        "torch_dtype": "float32",
+        // The weights file holds bf16 (the fp32 master weights are in the optimizer file);
+        // transformers 5 reads `dtype`, earlier loaders `torch_dtype`.
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
+        "use_cache": true,
         "layer_types": c.layer_types.clone().unwrap_or_else(|| vec!["full_attention".into(); c.num_hidden_layers as usize]),
         "sliding_window": c.sliding_window,
         // Without it transformers drops the window when dflash loads the config.
@@ -90,6 +99,7 @@ pub fn drafter_config_json(spec: &DrafterSpec) -> serde_json::Value {
         "dflash_config": {
             "target_layer_ids": spec.target_layer_ids,
             "mask_token_id": spec.mask_token_id,
+            "mask_token": spec.mask_token,
             "block_size": spec.block_size,
         },
     })
@@ -137,11 +147,15 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
         .and_then(|x| x.as_i64())
         .with_context(|| format!("{} has no `dflash_config.mask_token_id`", path.display()))?;
     let block_size = pick("block_size").and_then(|x| x.as_i64()).unwrap_or(16);
+    let mask_token = pick("mask_token")
+        .and_then(|x| x.as_str().map(str::to_string))
+        .unwrap_or_else(|| super::config::DEFAULT_MASK_TOKEN.into());
     Ok(DrafterSpec {
         layers,
         target_layer_ids,
         block_size,
         mask_token_id,
+        mask_token,
         num_target_layers,
     })
 }
@@ -222,11 +236,15 @@ pub fn save(
         if crate::fault::is("save_write") {
             bail!("injected write failure (DFLASH_TOP_FAULT=save_write)");
         }
-        // Weights on the CPU in f32: the master weights, whatever the training device.
+        // Weights on the CPU in bf16, what a serving engine loads; the fp32 master weights go
+        // into the optimizer file, from which a resumed run continues exactly.
         let mut named: Vec<(String, tch::Tensor)> = vs
             .variables()
             .into_iter()
-            .map(|(k, v)| (k, v.detach().to_device(tch::Device::Cpu).contiguous()))
+            .map(|(k, v)| {
+                let v = v.detach().to_device(tch::Device::Cpu);
+                (k, v.to_kind(tch::Kind::BFloat16).contiguous())
+            })
             .collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
         tch::Tensor::write_safetensors(&named, tmp.join(MODEL_FILE))?;

@@ -1,7 +1,7 @@
 //! Model configuration: a serde struct with config.json's own keys, the presets, and validation
 //! that names the file and field at fault.
 
-pub use super::recipe::Recipe;
+pub use super::recipe::{AnchorScope, Recipe};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -41,12 +41,41 @@ struct RawConfig {
     rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_parameters: Option<serde_json::Value>,
+    rope_scaling: Option<serde_json::Value>,
     vocab_size: Option<i64>,
     tie_word_embeddings: Option<bool>,
     max_position_embeddings: Option<i64>,
     layer_types: Option<Vec<String>>,
     sliding_window: Option<i64>,
     use_sliding_window: Option<bool>,
+}
+
+/// Refuses a scaled RoPE (`rope_scaling`, or `rope_parameters.rope_type` other than
+/// `default`: YaRN, linear, dynamic, ...): the target and the drafter here rotate with plain
+/// RoPE, so such a model's hidden states would differ from what it computes when it serves.
+fn refuse_rope_scaling(raw: &RawConfig) -> Result<()> {
+    let kind = |v: &serde_json::Value| {
+        v.get("rope_type")
+            .or_else(|| v.get("type"))
+            .and_then(|t| t.as_str())
+            .unwrap_or("default")
+            .to_string()
+    };
+    let scaled = [raw.rope_scaling.as_ref(), raw.rope_parameters.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter(|v| !v.is_null())
+        .map(kind)
+        .find(|k| k != "default");
+    if let Some(k) = scaled {
+        bail!(
+            "config.json asks for `{k}` RoPE scaling (`rope_scaling` / `rope_parameters`), which \
+             this trainer does not apply: hidden states would differ from the model's own; use \
+             the model's unscaled config (scaling matters only past its original context \
+             length, above the 3072 tokens a row holds here)"
+        );
+    }
+    Ok(())
 }
 
 impl Qwen3Config {
@@ -76,6 +105,7 @@ impl Qwen3Config {
                 .and_then(|p| p.get("rope_theta"))
                 .and_then(|v| v.as_f64())
         });
+        refuse_rope_scaling(&raw)?;
         let cfg = Qwen3Config {
             hidden_size,
             intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
@@ -170,8 +200,14 @@ pub struct DrafterSpec {
     pub target_layer_ids: Vec<i64>,
     pub block_size: i64,
     pub mask_token_id: i64,
+    /// The mask token's text (`dflash_config.mask_token`, which older SGLang looks up): the
+    /// tokenizer's added token, else `<|MASK|>`, the name a serving engine adds it under.
+    pub mask_token: String,
     pub num_target_layers: i64,
 }
+
+/// The mask token's text when the tokenizer has none of its own.
+pub const DEFAULT_MASK_TOKEN: &str = "<|MASK|>";
 
 /// `build_target_layer_ids(L, n)`: n == 1 → [L/2]; else round(1 + i*(L-4)/(n-1)).
 pub fn build_target_layer_ids(num_target_layers: i64, n: i64) -> Vec<i64> {
@@ -257,6 +293,7 @@ impl Preset {
                     seq_len: 256,
                     batch: 2,
                     anchors: 16,
+                    anchor_scope: AnchorScope::PerDoc,
                     lr: 3e-3,
                 },
                 embed_std: 0.5,
@@ -298,6 +335,7 @@ pub fn drafter_spec_for(
         target_layer_ids: build_target_layer_ids(target.num_hidden_layers, n),
         block_size: block,
         mask_token_id,
+        mask_token: DEFAULT_MASK_TOKEN.into(),
         num_target_layers: target.num_hidden_layers,
     }
 }
@@ -322,6 +360,36 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{e:#}").contains("intermediate_size"), "{e:#}");
+    }
+
+    #[test]
+    fn scaled_rope_is_refused_by_name_and_plain_rope_accepted() {
+        let base = r#""hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "vocab_size": 16"#;
+        let cfg = |extra: &str| Qwen3Config::from_json(&format!("{{{base}, {extra}}}"));
+        for plain in [
+            r#""rope_theta": 1e4, "rope_scaling": null"#,
+            r#""rope_parameters": {"rope_type": "default", "rope_theta": 1e4}"#,
+        ] {
+            assert!(cfg(plain).is_ok(), "{plain}");
+        }
+        for (scaled, kind) in [
+            (
+                r#""rope_theta": 1e4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
+                "yarn",
+            ),
+            (
+                r#""rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2.0}"#,
+                "linear",
+            ),
+            (
+                r#""rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}"#,
+                "dynamic",
+            ),
+        ] {
+            let e = format!("{:#}", cfg(scaled).unwrap_err());
+            assert!(e.contains(&format!("`{kind}` RoPE scaling")), "{e}");
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use super::cuda::upload;
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
-pub use super::jsonl::{JsonlOptions, JsonlSource};
+pub use super::jsonl::{ChatOptions, JsonlOptions, JsonlSource};
 
 /// One document: token ids and which of them carry loss.
 #[derive(Clone, Debug, PartialEq)]

@@ -299,7 +299,13 @@ mod tests {
                 .map(|r| {
                     let span = r * seq..(r + 1) * seq;
                     let (docs, lmask) = (&b.host_doc_ids[span.clone()], &b.host_loss_mask[span]);
-                    sample_anchors(docs, lmask, 16, cfg.anchors as usize, &mut rng)
+                    sample_anchors(
+                        docs,
+                        lmask,
+                        cfg.anchors as usize,
+                        cfg.anchor_scope,
+                        &mut rng,
+                    )
                 })
                 .collect();
             let last = i == 9;

@@ -5,6 +5,7 @@
 //! position counts lines (blank and dropped ones too): a resumed run skips to it without reading
 //! what it skips, and lands on the same document in every run with that seed.
 
+pub use super::chat::ChatOptions;
 use super::data::{Doc, DocSource, Rng};
 use super::tokenize::{line_doc, TextTokenizer};
 use anyhow::{bail, Context, Result};
@@ -24,9 +25,11 @@ pub struct JsonlOptions {
     pub vocab_size: i64,
     /// The tokenizer.json that text and chat lines need.
     pub tokenizer: Option<PathBuf>,
-    /// Documents with fewer loss tokens are dropped (the trainer asks for 2 x block, as
-    /// SpecForge drops such samples); so is one without two loss tokens in a row, on which no
-    /// block trains.
+    /// How chat lines are rendered (the TOML's `[chat]`).
+    pub chat: ChatOptions,
+    /// Documents with fewer loss tokens are dropped (the trainer asks for 2, SpecForge's
+    /// minimum); so is one without two loss tokens in a row, on which no block trains. Every
+    /// dropped document is counted (`on_dropped`).
     pub min_loss_tokens: usize,
     /// Some: a new order each epoch, drawn from this seed and the epoch; None: the file's order.
     pub seed: Option<u64>,
@@ -42,6 +45,7 @@ impl JsonlOptions {
         JsonlOptions {
             vocab_size,
             tokenizer: None,
+            chat: ChatOptions::default(),
             min_loss_tokens: 0,
             seed: None,
             threads: 0,
@@ -86,6 +90,7 @@ struct Lines {
     vocab_size: i64,
     min_loss_tokens: usize,
     tokenizer_path: Option<PathBuf>,
+    chat: ChatOptions,
     /// Opened at the first text or chat line (an error is kept as its sentence).
     tokenizer: OnceLock<std::result::Result<TextTokenizer, String>>,
     /// Lines parsed so far, ahead of the loader too.
@@ -134,9 +139,9 @@ impl Lines {
                  or pre-tokenize to `input_ids`"
             );
         };
-        let opened = self
-            .tokenizer
-            .get_or_init(|| TextTokenizer::open(path).map_err(|e| format!("{e:#}")));
+        let opened = self.tokenizer.get_or_init(|| {
+            TextTokenizer::open_with(path, self.chat.clone()).map_err(|e| format!("{e:#}"))
+        });
         opened.as_ref().map_err(|e| anyhow::anyhow!("{e}"))
     }
 }
@@ -347,6 +352,7 @@ impl JsonlSource {
             vocab_size: opts.vocab_size,
             min_loss_tokens: opts.min_loss_tokens,
             tokenizer_path: opts.tokenizer,
+            chat: opts.chat,
             tokenizer: OnceLock::new(),
             parsed: AtomicU64::new(0),
         });
@@ -401,11 +407,12 @@ impl JsonlSource {
     /// The next document from position `from`, the position after it, and the documents
     /// dropped before it. A whole epoch without one is an error that says why.
     fn scan(&mut self, from: u64) -> Result<(Doc, u64, u64)> {
-        let (mut no_pair, mut few) = (0u64, 0u64);
+        let (mut no_pair, mut few, mut short) = (0u64, 0u64, 0u64);
         for pos in from..from + self.lines.count() {
             match self.item(pos)? {
-                Item::Doc(doc) => return Ok((doc, pos + 1, no_pair + few)),
-                Item::Blank | Item::Short => {}
+                Item::Doc(doc) => return Ok((doc, pos + 1, no_pair + few + short)),
+                Item::Blank => {}
+                Item::Short => short += 1,
                 Item::NoPair => no_pair += 1,
                 Item::FewLoss => few += 1,
             }
@@ -414,8 +421,8 @@ impl JsonlSource {
         let min = self.lines.min_loss_tokens;
         if few > 0 {
             bail!(
-                "{path}: every document has fewer than {min} loss tokens (2 x the block size): \
-                 no block could be trained well; give longer replies or a smaller --block-size"
+                "{path}: every document has fewer than {min} loss tokens: no block could be \
+                 trained; give longer replies"
             );
         }
         if no_pair > 0 {

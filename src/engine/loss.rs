@@ -159,8 +159,9 @@ fn chunk_loss_grad(x: &Tensor, head: &Tensor, labels: &Tensor, scale: &Tensor) -
     ChunkLoss { loss, grad, hit }
 }
 
-/// Per-slot accuracy and tau. tau = 1 + the mean over valid blocks of the run of consecutive
-/// correct slots from slot 1.
+/// Per-slot accuracy and tau. tau = 1 + the mean over valid blocks of the labelled slots
+/// correct in a row from slot 1, SpecForge's accept length: a slot without a label (past the
+/// document's end, outside the loss mask) neither breaks the run nor counts in it.
 // correct, valid [b, a, block]; anchor_valid [b, a] -> (acc [block] f32, tau scalar f32)
 pub fn block_metrics(correct: &Tensor, valid: &Tensor, anchor_valid: &Tensor) -> (Tensor, Tensor) {
     let block = correct.size()[2];
@@ -169,12 +170,47 @@ pub fn block_metrics(correct: &Tensor, valid: &Tensor, anchor_valid: &Tensor) ->
         .to_kind(Kind::Float)
         .sum_dim_intlist(&[0i64, 1][..], false, Kind::Float);
     let acc = hit.sum_dim_intlist(&[0i64, 1][..], false, Kind::Float) / counted.clamp_min(1.0);
-    let run = hit
-        .narrow(2, 1, block - 1)
-        .cumprod(2, Kind::Float)
-        .sum_dim_intlist(&[2i64][..], false, Kind::Float);
+    let slots = |t: &Tensor| t.narrow(2, 1, block - 1);
+    let unbroken = slots(&correct.logical_or(&valid.logical_not())).cumprod(2, Kind::Float);
+    let run = (unbroken * slots(valid).to_kind(Kind::Float)).sum_dim_intlist(
+        &[2i64][..],
+        false,
+        Kind::Float,
+    );
     let av = anchor_valid.to_kind(Kind::Float);
     let blocks = av.sum(Kind::Float).clamp_min(1.0);
     let tau = (run * &av).sum(Kind::Float) / blocks + 1.0;
     (acc, tau)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tau_runs_through_unlabelled_slots_without_counting_them() {
+        let t = |v: &[bool]| Tensor::from_slice(v).view([1, 3, 5]);
+        // Slot 0 is the anchor; a block's slots 1..4.
+        let correct = t(&[
+            false, true, true, false, true, // 2 in a row, then a miss
+            false, true, false, true, true, // slot 2 unlabelled: 1 + 2
+            false, true, true, true, true, // past the end after slot 2: 2
+        ]);
+        let valid = t(&[
+            false, true, true, true, true, //
+            false, true, false, true, true, //
+            false, true, true, false, false, //
+        ]);
+        let anchors = Tensor::from_slice(&[true, true, true]).view([1, 3]);
+        let (_, tau) = block_metrics(&correct, &valid, &anchors);
+        let tau = f64::try_from(&tau).unwrap();
+        assert!(
+            (tau - (1.0 + (2.0 + 3.0 + 2.0) / 3.0)).abs() < 1e-6,
+            "{tau}"
+        );
+        // An invalid block does not count.
+        let one = Tensor::from_slice(&[true, false, false]).view([1, 3]);
+        let (_, tau) = block_metrics(&correct, &valid, &one);
+        assert!((f64::try_from(&tau).unwrap() - 3.0).abs() < 1e-6);
+    }
 }

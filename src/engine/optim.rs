@@ -276,10 +276,12 @@ impl AdamW {
         super::cuda::fused_adamw(&state, &hyper, divisor, found_inf.as_ref()).is_ok()
     }
 
-    /// Saves m, v and the step (safetensors + the step in `step`).
+    /// Saves the fp32 master weights, m, v and the step (safetensors + the step in `step`).
     pub fn save(&self, path: &Path) -> Result<()> {
         let mut named: Vec<(String, Tensor)> = Vec::new();
         for ((name, p), (off, n)) in self.params.iter().zip(&self.spans) {
+            let master = p.detach().to_device(tch::Device::Cpu).contiguous();
+            named.push((format!("master.{name}"), master));
             let slice = |t: &Tensor| {
                 t.narrow(0, *off, *n)
                     .view(p.size().as_slice())
@@ -307,6 +309,19 @@ impl AdamW {
             .collect();
         let _g = tch::no_grad_guard();
         for ((name, p), (off, n)) in self.params.iter().zip(&self.spans) {
+            // The master weights (absent in checkpoints of earlier versions, whose weights file
+            // held them in fp32).
+            if let Some(master) = tensors.get(&format!("master.{name}")) {
+                if master.size() != p.size() {
+                    anyhow::bail!(
+                        "{}: `master.{name}` has shape {:?}, expected {:?}",
+                        path.display(),
+                        master.size(),
+                        p.size()
+                    );
+                }
+                p.shallow_clone().copy_(master);
+            }
             for (prefix, buf) in [("exp_avg", &self.m), ("exp_avg_sq", &self.v)] {
                 let mut dst = buf.narrow(0, *off, *n).view(p.size().as_slice());
                 let key = format!("{prefix}.{name}");

@@ -109,7 +109,9 @@ pub(crate) fn data_source(
             let counts = counts.clone();
             let opts = JsonlOptions {
                 tokenizer: cfg.target.as_ref().map(|d| d.join("tokenizer.json")),
-                min_loss_tokens: 2 * spec.block_size.max(1) as usize,
+                chat: cfg.chat.clone(),
+                // SpecForge's minimum: a document trains when two of its tokens carry loss.
+                min_loss_tokens: 2,
                 seed: Some(cfg.seed),
                 threads: match cfg.data_threads {
                     Some(n) => n,
@@ -339,6 +341,7 @@ impl Pipeline {
                 vs,
                 input: hs_rx.clone(),
                 anchors: cfg.anchors,
+                anchor_scope: cfg.anchor_scope,
                 lr: cfg.lr,
                 schedule: cfg.schedule,
                 max_steps: cfg.steps,

@@ -2,6 +2,7 @@
 //! mask token: SpecForge's defaults for a `--target` directory, a preset's own for runs with
 //! random weights. Flags and the TOML file override either (src/config.rs applies them).
 
+pub use super::blocks::AnchorScope;
 use super::config::{DrafterSpec, Qwen3Config};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
@@ -15,8 +16,10 @@ pub struct Recipe {
     pub seq_len: i64,
     /// Packed rows per batch.
     pub batch: i64,
-    /// Anchors per packed row (SpecForge: up to `num_anchors` per sequence).
+    /// Anchors per document or per packed row (`anchor_scope`); SpecForge: up to
+    /// `num_anchors` per sequence, one conversation a sequence.
     pub anchors: i64,
+    pub anchor_scope: AnchorScope,
     /// Peak learning rate.
     pub lr: f64,
 }
@@ -33,6 +36,7 @@ impl Recipe {
             seq_len: 3072,
             batch: 1,
             anchors: 512,
+            anchor_scope: AnchorScope::PerDoc,
             lr: 6e-4,
         }
     }
@@ -43,6 +47,8 @@ impl Recipe {
 pub struct MaskToken {
     pub id: i64,
     pub source: String,
+    /// The token's text when the tokenizer has it (an added `<|MASK|>`).
+    pub content: Option<String>,
 }
 
 /// `<|MASK|>`, `<mask>`, `[MASK]`: an added token whose bare name is "mask".
@@ -122,6 +128,7 @@ pub fn mask_token_of(dir: &Path, vocab_size: i64) -> Result<Option<MaskToken>> {
         return Ok(Some(MaskToken {
             id: *id,
             source: format!("added-token:{content}"),
+            content: Some(content.clone()),
         }));
     }
     if let Some(size) = tok.as_ref().and_then(|t| tokenizer_size(t, &added)) {
@@ -129,6 +136,7 @@ pub fn mask_token_of(dir: &Path, vocab_size: i64) -> Result<Option<MaskToken>> {
             return Ok(Some(MaskToken {
                 id: size,
                 source: "first-unused-id".into(),
+                content: None,
             }));
         }
     }

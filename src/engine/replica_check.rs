@@ -71,8 +71,8 @@ fn anchors_by_row(b: &PackedBatch, cfg: &RunConfig, step: u64) -> Vec<Vec<i64>> 
             sample_anchors(
                 &b.host_doc_ids[span.clone()],
                 &b.host_loss_mask[span],
-                cfg.spec.block_size as usize,
                 cfg.anchors as usize,
+                cfg.anchor_scope,
                 &mut rng,
             )
         })

@@ -2,7 +2,7 @@
 //! through the target's tokenizer.json, or chat `messages` through the tokenizer's own chat
 //! template.
 
-use super::chat::{assistant_spans, ChatTemplate};
+use super::chat::{assistant_spans, ChatOptions, ChatTemplate, TurnMarks};
 use super::data::Doc;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -10,16 +10,20 @@ use std::path::{Path, PathBuf};
 /// Turns a text or chat line into a document (and, for `generate`, a prompt into ids).
 pub struct TextTokenizer {
     tok: tokenizers::Tokenizer,
-    /// The model directory's own chat template, when it has one.
-    template: Option<ChatTemplate>,
-    /// The texts of the special added tokens (`<|im_end|>`): one may close an assistant span.
-    specials: Vec<String>,
+    /// The model directory's own chat template, when it has one, and where its assistant
+    /// turns start and end (None when the template's turns cannot be told apart).
+    template: Option<(ChatTemplate, Result<TurnMarks, String>)>,
     /// The directory of tokenizer.json, for messages.
     dir: PathBuf,
 }
 
 impl TextTokenizer {
     pub fn open(path: &Path) -> Result<TextTokenizer> {
+        TextTokenizer::open_with(path, ChatOptions::default())
+    }
+
+    /// The tokenizer of `path`, its directory's chat template rendering with `chat`.
+    pub fn open_with(path: &Path, chat: ChatOptions) -> Result<TextTokenizer> {
         let tok = tokenizers::Tokenizer::from_file(path).map_err(|e| {
             anyhow::anyhow!(
                 "cannot read tokenizer {}: {e}; text data needs the target's tokenizer.json",
@@ -27,19 +31,12 @@ impl TextTokenizer {
             )
         })?;
         let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let template = ChatTemplate::find(&dir)?;
-        let specials = tok
-            .get_added_tokens_decoder()
-            .values()
-            .filter(|t| t.special)
-            .map(|t| t.content.clone())
-            .collect();
-        Ok(TextTokenizer {
-            tok,
-            template,
-            specials,
-            dir,
-        })
+        let template = ChatTemplate::find(&dir)?.map(|t| {
+            let t = t.with_options(chat);
+            let marks = t.turn_marks().map_err(|e| format!("{e:#}"));
+            (t, marks)
+        });
+        Ok(TextTokenizer { tok, template, dir })
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
@@ -59,28 +56,30 @@ impl TextTokenizer {
     }
 
     /// A conversation through the tokenizer's chat template, tokenized whole; the loss mask
-    /// covers the tokens of the assistant turns (`chat::assistant_spans`).
+    /// covers the tokens of the assistant turns as rendered (`chat::assistant_spans`). A span's
+    /// first token is the count of tokens of the text before it, its end the count up to its
+    /// end, so a token is never split between prompt and reply (SpecForge maps them so too).
     fn chat(&self, messages: &[serde_json::Value]) -> Result<Doc> {
-        let text = self.chat_template()?.render(messages)?;
-        let spans = assistant_spans(&text, messages, &self.specials);
-        let enc = self
-            .tok
-            .encode(text.as_str(), false)
-            .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
-        let loss_mask = enc
-            .get_offsets()
-            .iter()
-            .map(|&(s, e)| spans.iter().any(|r| s < r.end && e > r.start))
-            .collect();
-        Ok(Doc {
-            ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
-            loss_mask,
-        })
+        let (template, marks) = self.template_and_marks()?;
+        let marks = marks.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let text = template.render(messages)?;
+        let ids = self.encode(&text)?;
+        let mut loss_mask = vec![false; ids.len()];
+        for span in assistant_spans(&text, marks) {
+            let start = self.encode(&text[..span.start])?.len().min(ids.len());
+            let end = self.encode(&text[..span.end])?.len().min(ids.len());
+            loss_mask[start..end.max(start)].fill(true);
+        }
+        Ok(Doc { ids, loss_mask })
     }
 
     /// The chat template chat data goes through; a tokenizer without one refuses chat data (a
     /// hand-written format would train the drafter on text its target never sees).
     pub fn chat_template(&self) -> Result<&ChatTemplate> {
+        Ok(&self.template_and_marks()?.0)
+    }
+
+    fn template_and_marks(&self) -> Result<&(ChatTemplate, Result<TurnMarks, String>)> {
         self.template.as_ref().with_context(|| {
             let dir = self.dir.display();
             format!(

@@ -168,6 +168,7 @@ pub struct DrafterJob {
     pub vs: VarStore,
     pub input: QueueRx<HiddenBatch>,
     pub anchors: i64,
+    pub anchor_scope: super::blocks::AnchorScope,
     pub lr: f64,
     pub schedule: super::schedule::Schedule,
     pub max_steps: Option<u64>,
@@ -246,6 +247,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
         vs,
         input,
         anchors,
+        anchor_scope,
         lr,
         schedule,
         max_steps,
@@ -307,6 +309,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             seq_len: Some(seq_len),
             batch: Some(batch),
             anchors: Some(anchors),
+            anchor_scope: Some(anchor_scope),
         };
         checkpoint::save(&path, &spec, &vs, optimizer, &state)?;
         if let Some(n) = keep {
@@ -350,8 +353,8 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                     sample_anchors(
                         &b.host_doc_ids[span.clone()],
                         &b.host_loss_mask[span],
-                        block as usize,
                         anchors as usize,
+                        anchor_scope,
                         &mut rng,
                     )
                 })
