@@ -7,7 +7,7 @@ use crate::engine::pipeline::Pipeline;
 use crate::telemetry::Telemetry;
 use crate::wire::fanout::Fanout;
 use crate::wire::recording::{self, Recorder, Recording};
-use crate::wire::serve::Server;
+use crate::wire::serve::{ServeLimits, Server};
 use anyhow::Result;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -69,7 +69,11 @@ impl Session {
             .as_deref()
             .map(|path| Recorder::start(&fanout, path))
             .transpose()?;
-        let server = match Server::start(&fanout, &telemetry) {
+        let limits = ServeLimits {
+            max_viewers: cfg.max_viewers,
+            ..ServeLimits::default()
+        };
+        let server = match Server::start(&fanout, &telemetry, limits) {
             Ok(s) => Some(s),
             Err(e) => {
                 eprintln!("dflash-top: no socket for `attach` ({e:#}); training goes on");
