@@ -25,6 +25,12 @@ const RECORDER_BACKLOG: usize = 200_000;
 /// cumulative, so nothing is lost but resolution, and samples are most of a stream's bytes.
 const RECORD_SAMPLE_EVERY: u64 = 5;
 
+/// A decompressed recording may hold this many times its file's bytes (dflash-top's own
+/// recordings: about 4x) ...
+const MAX_EXPANSION: u64 = 100;
+/// ... or this many bytes, whichever is more: a small crafted file cannot cost much memory.
+const MIN_BUDGET: u64 = 4 << 20;
+
 /// A recording being written.
 pub struct Recorder {
     outlet: Arc<Outlet>,
@@ -72,6 +78,20 @@ fn write_all(outlet: &Outlet, rx: &OutletRx, file: std::fs::File) -> Result<()> 
     Ok(())
 }
 
+/// Bytes a gzip file expands to, counted up to `limit` (a stream cut short: up to the cut).
+fn expanded_size(file: std::fs::File, limit: u64) -> u64 {
+    let mut r = GzDecoder::new(file).take(limit);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n = 0u64;
+    loop {
+        match r.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(0) | Err(_) => return n,
+            Ok(k) => n += k as u64,
+        }
+    }
+}
+
 /// A recording read back.
 pub enum Recording {
     /// The frame stream (this version).
@@ -90,20 +110,50 @@ pub fn read(path: &Path) -> Result<Recording> {
         )
     })?;
     let mut head = [0u8; 2];
-    let n = file.read(&mut head)?;
+    let n = file
+        .read(&mut head)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     if n == 2 && head == [0x1f, 0x8b] {
-        let file = std::fs::File::open(path)?;
-        let mut r = BufReader::new(GzDecoder::new(file));
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let budget = size.saturating_mul(MAX_EXPANSION).max(MIN_BUDGET);
+        // A first pass counts what the file expands to, holding nothing: one that expands too
+        // far costs no memory before it is refused.
+        if expanded_size(file, budget + 1) > budget {
+            bail!(
+                "{} expands to more than {} MiB from {} KiB (over {}x; dflash-top's recordings \
+                 expand a few times): a damaged or crafted file, not read",
+                path.display(),
+                budget >> 20,
+                size >> 10,
+                MAX_EXPANSION
+            );
+        }
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut r = BufReader::new(GzDecoder::new(file).take(budget));
         read_preamble(&mut r).with_context(|| format!("{}", path.display()))?;
         let mut msgs = Vec::new();
         loop {
             match read_msg(&mut r) {
-                Ok(Some(m)) => msgs.push(m),
+                Ok(Some(m)) => {
+                    if let Err(why) = m.check() {
+                        bail!(
+                            "{} is damaged: frame {} has {why}; give a file written by \
+                             `train --record`",
+                            path.display(),
+                            msgs.len() + 1
+                        );
+                    }
+                    msgs.push(m);
+                }
                 Ok(None) | Err(WireError::Truncated) => break,
                 Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
                 Err(e) => return Err(e).with_context(|| format!("{} is damaged", path.display())),
             }
         }
+
         if !matches!(msgs.first(), Some(Msg::Hello(_))) {
             bail!(
                 "{} does not start with a session's hello: give a file written by `train --record`",
@@ -128,7 +178,8 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
     let mut out = Vec::new();
     for m in msgs {
         match m {
-            Msg::Thread(t) => {
+            // Ids beyond the protocol's bound size no table (`read` refuses them already).
+            Msg::Thread(t) if t.id < MAX_THREADS => {
                 let id = t.id as usize;
                 if threads.len() <= id {
                     threads.resize(id + 1, None);
