@@ -67,7 +67,7 @@ impl Session {
         let recorder = cfg
             .record
             .as_deref()
-            .map(|path| Recorder::start(&fanout, path))
+            .map(|path| Recorder::start(&fanout, path, &telemetry))
             .transpose()?;
         let limits = ServeLimits {
             max_viewers: cfg.max_viewers,
@@ -102,8 +102,10 @@ impl Session {
         if let Some(server) = self.server {
             server.stop();
         }
-        if let Some(r) = self.recorder {
-            r.finish()?;
+        // A recording that failed was reported when it did (the header, the headless lines)
+        // and training went on: said once more here, it does not fail the run.
+        if let Some(Err(e)) = self.recorder.map(Recorder::finish) {
+            eprintln!("dflash-top: {e:#}");
         }
         result
     }

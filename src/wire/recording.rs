@@ -37,10 +37,28 @@ pub struct Recorder {
     handle: JoinHandle<Result<()>>,
 }
 
+/// The sentence for a recording that could not be written: the flag, the file, what the
+/// system said, that training goes on, and the fix that fits.
+pub fn write_failure(path: &Path, e: &std::io::Error) -> String {
+    let fix = match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => "free space on its disk or record elsewhere",
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
+            "record to a writable directory"
+        }
+        _ => "record to another file",
+    };
+    format!(
+        "--record {}: writing failed ({e}); the recording stops here and training goes on; {fix}",
+        path.display()
+    )
+}
+
 impl Recorder {
     /// Creates `path` now (a bad path is reported before training starts) and records every
-    /// frame of `fanout` into it.
-    pub fn start(fanout: &Fanout, path: &Path) -> Result<Recorder> {
+    /// frame of `fanout` into it. A write that fails later stops the recording only: the
+    /// failure is raised as an alert of `telemetry` at once (the header and the headless lines
+    /// show it) and training goes on.
+    pub fn start(fanout: &Fanout, path: &Path, telemetry: &Telemetry) -> Result<Recorder> {
         let file = std::fs::File::create(path).with_context(|| {
             format!(
                 "--record {}: cannot create the file; check the directory",
@@ -51,10 +69,18 @@ impl Recorder {
         fanout.attach(outlet.clone());
         let path: PathBuf = path.to_path_buf();
         let o = outlet.clone();
+        let telemetry = telemetry.clone();
         let handle = std::thread::Builder::new()
             .name("recorder".into())
             .spawn(move || {
-                write_all(&o, &rx, file).with_context(|| format!("writing {}", path.display()))
+                let r = write_all(&o, &rx, file);
+                // Nothing more is queued for a file that cannot take it.
+                o.closed.store(true, Relaxed);
+                r.map_err(|e| {
+                    let msg = write_failure(&path, &e);
+                    telemetry.alert(msg.clone());
+                    anyhow::anyhow!(msg)
+                })
             })?;
         Ok(Recorder { outlet, handle })
     }
@@ -69,7 +95,7 @@ impl Recorder {
     }
 }
 
-fn write_all(outlet: &Outlet, rx: &OutletRx, file: std::fs::File) -> Result<()> {
+fn write_all(outlet: &Outlet, rx: &OutletRx, file: std::fs::File) -> std::io::Result<()> {
     let mut gz = GzEncoder::new(BufWriter::new(file), flate2::Compression::default());
     write_preamble(&mut gz)?;
     pump(outlet, rx, &mut gz)?;
