@@ -7,7 +7,7 @@ use crate::engine::pipeline::Pipeline;
 use crate::telemetry::Telemetry;
 use crate::wire::fanout::Fanout;
 use crate::wire::recording::{self, Recorder, Recording};
-use crate::wire::serve::Server;
+use crate::wire::serve::{ServeLimits, Server};
 use anyhow::Result;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -67,9 +67,13 @@ impl Session {
         let recorder = cfg
             .record
             .as_deref()
-            .map(|path| Recorder::start(&fanout, path))
+            .map(|path| Recorder::start(&fanout, path, &telemetry))
             .transpose()?;
-        let server = match Server::start(&fanout, &telemetry) {
+        let limits = ServeLimits {
+            max_viewers: cfg.max_viewers,
+            ..ServeLimits::default()
+        };
+        let server = match Server::start(&fanout, &telemetry, limits) {
             Ok(s) => Some(s),
             Err(e) => {
                 eprintln!("dflash-top: no socket for `attach` ({e:#}); training goes on");
@@ -98,8 +102,10 @@ impl Session {
         if let Some(server) = self.server {
             server.stop();
         }
-        if let Some(r) = self.recorder {
-            r.finish()?;
+        // A recording that failed was reported when it did (the header, the headless lines)
+        // and training went on: said once more here, it does not fail the run.
+        if let Some(Err(e)) = self.recorder.map(Recorder::finish) {
+            eprintln!("dflash-top: {e:#}");
         }
         result
     }

@@ -122,6 +122,10 @@ pub struct TrainArgs {
     /// Devices of the drafter workers, e.g. `cpu` or `cuda:2,cuda:3`, or `all`.
     #[arg(long, value_name = "LIST")]
     pub drafter_devices: Option<String>,
+    /// Viewers (`dflash-top attach`) the run's socket serves at once (default 16, at most 256;
+    /// 0 refuses every viewer).
+    #[arg(long, value_name = "N")]
+    pub max_viewers: Option<usize>,
     /// Record the telemetry stream (gzip) to this file, for `replay` and `export`.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,

@@ -49,6 +49,8 @@ pub struct RunConfig {
     pub target_devices: Vec<Device>,
     pub drafter_devices: Vec<Device>,
     pub record: Option<PathBuf>,
+    /// Viewers the socket serves at once (`--max-viewers`).
+    pub max_viewers: usize,
     pub seed: u64,
     pub slow: Slow,
     pub interval: f64,
@@ -127,6 +129,7 @@ pub struct FileConfig {
     pub data_threads: Option<usize>,
     /// `[chat]`: `enable_thinking` and `system_prompt` for chat data.
     pub chat: Option<ChatOptions>,
+    pub max_viewers: Option<usize>,
 }
 
 impl FileConfig {
@@ -269,6 +272,16 @@ impl RunConfig {
         if data_threads.is_some_and(|n| n > 64) {
             bail!("--data-threads must be 0 (the loader reads) to 64");
         }
+        let max_viewers = args
+            .max_viewers
+            .or(file.max_viewers)
+            .unwrap_or(crate::wire::serve::DEFAULT_MAX_VIEWERS);
+        if max_viewers > crate::wire::serve::MAX_VIEWERS_LIMIT {
+            bail!(
+                "--max-viewers {max_viewers} is too many: give 0 (no viewers) to {}",
+                crate::wire::serve::MAX_VIEWERS_LIMIT
+            );
+        }
         let max_nonfinite = args.max_nonfinite.or(file.max_nonfinite).unwrap_or(20);
         if max_nonfinite == 0 {
             bail!("--max-nonfinite 0 would stop at once: give at least 1 (the default is 20)");
@@ -333,6 +346,7 @@ impl RunConfig {
             drafter_devices,
             record: args.record.clone(),
             seed,
+            max_viewers,
             slow: parse_slow(&slow_items)?,
             interval,
             batch: recipe.batch,

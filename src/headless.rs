@@ -55,6 +55,9 @@ pub fn interval_line(s: &Snapshot) -> String {
     if !s.profiling {
         out.push_str(" profiling=off");
     }
+    for a in &s.alerts {
+        let _ = write!(out, " alert={a:?}");
+    }
     out
 }
 

@@ -7,7 +7,7 @@ use dflash_top::telemetry::{Phase, Role, Telemetry};
 use dflash_top::wire::attach::Attached;
 use dflash_top::wire::fanout::Fanout;
 use dflash_top::wire::protocol::*;
-use dflash_top::wire::serve::{peer_allowed, Server};
+use dflash_top::wire::serve::{fd_room, open_file_limit, peer_allowed, ServeLimits, Server};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -48,12 +48,16 @@ struct Scripted {
 
 impl Scripted {
     fn start() -> Scripted {
+        Self::start_with(ServeLimits::default())
+    }
+
+    fn start_with(limits: ServeLimits) -> Scripted {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sessions").join("run.sock");
         let mut telemetry = Telemetry::new();
         telemetry.probes = false;
         let fanout = Fanout::tap(&telemetry, false);
-        let server = Server::start_at(&fanout, &telemetry, &path).unwrap();
+        let server = Server::start_with(&fanout, &telemetry, &path, limits).unwrap();
         let steps = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let worker = {
@@ -471,4 +475,152 @@ fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
     let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
     assert!(summary.contains("step=40 "), "{summary}");
     assert!(!sock.exists(), "the socket is removed at the end");
+}
+
+/// Issue 24: the socket can neither stop the run nor lock others out.
+mod limits {
+    use super::*;
+    use dflash_top::telemetry::HubCommand;
+
+    fn server(run: &Scripted) -> &Server {
+        run.server.as_ref().unwrap()
+    }
+
+    fn send(s: &mut UnixStream, cmd: HubCommand) {
+        write_msg(s, &Msg::Command { cmd }).unwrap();
+    }
+
+    /// Reads frames until a status line containing `what` (panics at the end of the stream).
+    fn status_containing(s: &mut UnixStream, what: &str) -> String {
+        loop {
+            match read_msg(s).unwrap() {
+                Some(Msg::Status { text }) if text.contains(what) => return text,
+                Some(_) => {}
+                None => panic!("the stream ended before a status with `{what}`"),
+            }
+        }
+    }
+
+    #[test]
+    fn viewers_are_capped_and_the_next_is_refused_with_a_sentence() {
+        let run = Scripted::start_with(ServeLimits {
+            max_viewers: 2,
+            ..ServeLimits::default()
+        });
+        let a = Attached::join(&run.path).unwrap();
+        let b = Attached::join(&run.path).unwrap();
+        let e = format!(
+            "{:#}",
+            Attached::join(&run.path).err().expect("a third is refused")
+        );
+        assert!(
+            e.contains("refused") && e.contains("allows 2") && e.contains("--max-viewers"),
+            "{e}"
+        );
+        assert_eq!(server(&run).viewers_refused(), 1);
+        let before = run.steps();
+        wait_until("the run to go on", || run.steps() > before + 50);
+        // One leaves: a place is free again.
+        a.detach();
+        wait_until("the server to let the viewer go", || {
+            server(&run).viewers() == 1
+        });
+        let c = Attached::join(&run.path).expect("a place freed by a viewer that left");
+        c.detach();
+        b.detach();
+    }
+
+    #[test]
+    fn silent_connections_hold_up_no_other_viewer_and_time_out() {
+        // Deadline long enough that only a handshake off the accept path lets the viewer in.
+        let run = Scripted::start_with(ServeLimits {
+            max_viewers: 32,
+            handshake: Duration::from_secs(3600),
+            ..ServeLimits::default()
+        });
+        let silent: Vec<UnixStream> = (0..15)
+            .map(|_| UnixStream::connect(&run.path).unwrap())
+            .collect();
+        let v = Attached::join(&run.path).expect("a viewer joins past 15 silent connections");
+        assert_eq!(v.hello.pid, std::process::id());
+        v.detach();
+        drop(silent);
+        // With a short deadline a silent connection is told why it is dropped.
+        let run = Scripted::start_with(ServeLimits {
+            handshake: Duration::from_millis(200),
+            ..ServeLimits::default()
+        });
+        let mut s = UnixStream::connect(&run.path).unwrap();
+        read_preamble(&mut s).unwrap();
+        match read_msg(&mut s).unwrap() {
+            Some(Msg::Refused { reason }) => {
+                assert!(reason.contains("no handshake within"), "{reason}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_viewer_that_paused_and_left_un_pauses_the_run() {
+        let run = Scripted::start();
+        let mut v = raw_client(&run.path);
+        send(&mut v, HubCommand::SetPaused(true));
+        wait_until("the run to pause", || run.telemetry.switches().paused());
+        // A second viewer that did not pause comes and goes: the pause stays.
+        let w = Attached::join(&run.path).unwrap();
+        w.detach();
+        wait_until("the second viewer to be let go", || {
+            server(&run).viewers() == 1
+        });
+        assert!(
+            run.telemetry.switches().paused(),
+            "another viewer's leaving un-paused it"
+        );
+        drop(v);
+        wait_until("the run to resume after the viewer left", || {
+            !run.telemetry.switches().paused()
+        });
+    }
+
+    #[test]
+    fn checkpoint_requests_from_viewers_are_rate_limited() {
+        let run = Scripted::start_with(ServeLimits {
+            checkpoint_every: Duration::from_secs(3600),
+            ..ServeLimits::default()
+        });
+        let mut v = raw_client(&run.path);
+        for _ in 0..50 {
+            send(&mut v, HubCommand::Checkpoint);
+        }
+        wait_until("every request to be judged", || {
+            let (taken, refused) = server(&run).checkpoint_requests();
+            taken + refused == 50
+        });
+        assert_eq!(server(&run).checkpoint_requests(), (1, 49));
+        let note = status_containing(&mut v, "checkpoint not taken");
+        assert!(note.contains("once every 3600 s"), "{note}");
+    }
+
+    #[test]
+    fn a_viewer_is_refused_when_it_would_eat_into_the_reserved_file_descriptors() {
+        let e = fd_room(900, 1024, 128).unwrap_err();
+        assert!(
+            e.contains("900 of its 1024") && e.contains("ulimit -n"),
+            "{e}"
+        );
+        assert!(fd_room(100, 1024, 128).is_ok());
+        let Some(limit) = open_file_limit() else {
+            eprintln!("no open-file limit: the refusal near it is not tried");
+            return;
+        };
+        // A reserve as large as the limit: every viewer would eat into it.
+        let run = Scripted::start_with(ServeLimits {
+            fd_reserve: limit,
+            ..ServeLimits::default()
+        });
+        let e = format!("{:#}", Attached::join(&run.path).err().expect("refused"));
+        assert!(e.contains("open files") && e.contains("checkpoints"), "{e}");
+        let before = run.steps();
+        wait_until("the run to go on", || run.steps() > before + 50);
+    }
 }

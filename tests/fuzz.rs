@@ -257,3 +257,356 @@ proptest! {
         }
     }
 }
+
+mod frames {
+    //! Recordings of the frame stream (`train --record`), with numbers in and far out of range:
+    //! `read` takes them or refuses them with a sentence naming the file, and what it takes goes
+    //! through `export` (spans, trace) and `replay` (mirror, hub windows) without a panic or an
+    //! allocation sized by a declared number.
+
+    use super::config;
+    use dflash_top::telemetry::assemble::{Assembler, TickInput};
+    use dflash_top::telemetry::clock;
+    use dflash_top::telemetry::stages::StageTable;
+    use dflash_top::telemetry::switches::Timing;
+    use dflash_top::telemetry::{GpuTiming, Telemetry};
+    use dflash_top::wire::mirror::Mirror;
+    use dflash_top::wire::protocol::*;
+    use dflash_top::wire::recording::{self, Recording};
+    use proptest::prelude::*;
+    use std::io::Write;
+    use std::path::{Path, PathBuf};
+
+    /// A number that is often at an edge: 0, small, the protocol's bounds and just past them,
+    /// the type's maximum.
+    fn n64() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0u64..1000,
+            Just(MAX_SPAN_NS),
+            Just(MAX_SPAN_NS + 1),
+            Just(MAX_TIME_NS),
+            Just(MAX_TIME_NS + 1),
+            Just(u64::MAX),
+            any::<u64>(),
+        ]
+    }
+
+    fn id() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            0u32..4,
+            Just(MAX_THREADS - 1),
+            Just(MAX_THREADS),
+            Just(4_000_000_000),
+            Just(u32::MAX),
+        ]
+    }
+
+    fn count() -> impl Strategy<Value = usize> {
+        prop_oneof![0usize..4, Just(MAX_PHASE_ENTRIES + 1), Just(2000)]
+    }
+
+    fn phases() -> impl Strategy<Value = Vec<(u16, u64)>> {
+        (count(), any::<u16>(), n64()).prop_map(|(n, k, ns)| vec![(k % 12, ns); n])
+    }
+
+    fn hello() -> Hello {
+        Hello {
+            pid: 1,
+            program: "dflash-top".into(),
+            now_ns: 0,
+            ns_per_mark: 5.0,
+            stages: StageTable::builtin(),
+            can_save: false,
+        }
+    }
+
+    fn msg() -> impl Strategy<Value = Msg> {
+        let stage = prop::sample::select(&["loader", "target", "drafter", "nope"][..]);
+        prop_oneof![
+            (id(), stage).prop_map(|(id, stage)| Msg::Thread(ThreadDecl {
+                id,
+                name: format!("t{id}"),
+                stage: stage.into(),
+                device: "cpu".into(),
+                tid: 1,
+            })),
+            (id(), prop_oneof![Just(0usize), Just(4), Just(usize::MAX)]).prop_map(
+                |(id, capacity)| Msg::Queue(QueueDecl {
+                    id,
+                    name: "q".into(),
+                    capacity,
+                    producer: "target".into(),
+                    consumer: "drafter".into(),
+                })
+            ),
+            (id(), n64(), n64(), phases(), n64(), any::<bool>()).prop_map(
+                |(th, end, wall, ph, tok, prof)| Msg::Step(WireStep {
+                    th,
+                    end,
+                    wall,
+                    ph,
+                    prof,
+                    timing: Timing::Host,
+                    steps: 1,
+                    idle: 0,
+                    tok,
+                    m: None,
+                })
+            ),
+            (n64(), id(), n64(), phases(), count(), id(), n64(), n64()).prop_map(
+                |(now, th, ss, acc, nq, qid, counter, depth)| Msg::Sample(Sample {
+                    now,
+                    prof: true,
+                    timing: GpuTiming::Async,
+                    paused: false,
+                    dropped: 0,
+                    live: vec![WireLive {
+                        th,
+                        ph: 0,
+                        ps: ss,
+                        ss,
+                        acc
+                    }],
+                    q: vec![
+                        WireQueue {
+                            id: qid,
+                            at: now,
+                            depth: depth as usize,
+                            push: counter,
+                            pop: counter / 2,
+                            push_wait: counter,
+                            pop_wait: 0,
+                            depth_ns: counter,
+                            empty: counter,
+                            full: 0,
+                            age_sum: counter,
+                            min: 0,
+                            max: depth as usize,
+                        };
+                        nq.min(300)
+                    ],
+                })
+            ),
+            n64().prop_map(|frames| Msg::Dropped { frames }),
+        ]
+    }
+
+    /// A gzip recording of `msgs` after a hello.
+    pub fn write_recording(path: &Path, msgs: &[Msg]) {
+        let f = std::fs::File::create(path).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
+        write_preamble(&mut gz).unwrap();
+        write_msg(&mut gz, &Msg::Hello(hello())).unwrap();
+        for m in msgs {
+            write_msg(&mut gz, m).unwrap();
+        }
+        gz.finish().unwrap().flush().unwrap();
+    }
+
+    /// What `replay` does with the messages, one hub tick after each sample, synchronously.
+    fn replay(msgs: Vec<Msg>) {
+        let mut telemetry = Telemetry::new();
+        telemetry.probes = false;
+        let mut mirror = Mirror::new(&hello(), &telemetry, 0).unwrap();
+        let mut asm = Assembler::new(clock::now_ns());
+        for m in msgs {
+            let tick = matches!(m, Msg::Sample(_));
+            mirror.apply(m);
+            if tick {
+                while let Ok(r) = telemetry.records().try_recv() {
+                    asm.ingest(&r);
+                }
+                let threads = telemetry.registry().threads();
+                assert!(threads.len() <= MAX_THREADS as usize);
+                let queues = telemetry.queue_probes();
+                let now = clock::now_ns();
+                let counters: Vec<_> = queues.iter().map(|q| q.read(now)).collect();
+                let _ = asm.tick_read(&TickInput {
+                    now_ns: now,
+                    threads: &threads,
+                    queues: &queues,
+                    counters: &counters,
+                    switches: telemetry.switches(),
+                    dropped: telemetry.dropped(),
+                });
+            }
+        }
+    }
+
+    pub fn tmp_file(dir: &Path, name: &str) -> PathBuf {
+        dir.join(name)
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn fuzz_frame_recordings(msgs in prop::collection::vec(msg(), 0..24)) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = tmp_file(dir.path(), "run.dft");
+            write_recording(&path, &msgs);
+            let all_in_range = msgs.iter().all(|m| m.check().is_ok());
+            match recording::read(&path) {
+                Ok(Recording::Frames(read)) => {
+                    prop_assert!(all_in_range, "an out-of-range frame was taken");
+                    prop_assert_eq!(read.len(), msgs.len() + 1);
+                    let spans = recording::spans(&read).unwrap();
+                    dflash_top::telemetry::trace::write_trace(&dir.path().join("t.json"), &spans)
+                        .unwrap();
+                    replay(read);
+                }
+                Ok(Recording::Snapshots(_)) => prop_assert!(false, "a frame stream read as snapshots"),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    prop_assert!(!all_in_range, "in-range frames refused: {msg}");
+                    prop_assert!(msg.contains("run.dft") && msg.contains("beyond"), "{msg}");
+                }
+            }
+            // A live stream is not checked by `read`: the mirror lets out-of-range frames go.
+            replay(msgs);
+        }
+    }
+
+    fn bin() -> std::process::Command {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+    }
+
+    /// Runs the binary to its end; its output and its peak resident memory (KiB), from wait4's
+    /// rusage of that child alone.
+    // The child is waited for with wait4 (for its rusage), which clippy does not see.
+    #[allow(clippy::zombie_processes)]
+    fn run_measured(cmd: &mut std::process::Command) -> (std::process::Output, i64) {
+        use std::io::Read;
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+        child.stderr.take().unwrap().read_to_end(&mut err).unwrap();
+        let mut status = 0;
+        // SAFETY: zeroed rusage is a valid value; wait4 fills it for the child we spawned.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+        assert_eq!(pid, child.id() as i32);
+        let o = std::process::Output {
+            status: std::process::ExitStatus::from_raw(status),
+            stdout: out,
+            stderr: err,
+        };
+        (o, usage.ru_maxrss)
+    }
+
+    fn refused(o: &std::process::Output, mention: &[&str]) {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "a sentence and exit 1, not an abort: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        for m in mention {
+            assert!(err.contains(m), "`{m}` missing: {err}");
+        }
+    }
+
+    /// Issue 24: a recording declaring thread id 4,000,000,000 aborted `export` and `replay`
+    /// (a 128 GB table). Both now refuse it with a sentence naming the file and the id, before
+    /// `replay` takes the terminal.
+    #[test]
+    fn a_recording_declaring_thread_id_four_billion_is_refused_by_export_and_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("huge-id.dft");
+        let decl = ThreadDecl {
+            id: 4_000_000_000,
+            name: "x".into(),
+            stage: "drafter".into(),
+            device: "cpu".into(),
+            tid: 1,
+        };
+        write_recording(&path, &[Msg::Thread(decl)]);
+        let out = dir.path().join("t.json");
+        let o = bin()
+            .args(["export"])
+            .arg(&path)
+            .arg("--chrome")
+            .arg(&out)
+            .output()
+            .unwrap();
+        refused(
+            &o,
+            &["huge-id.dft", "thread id 4000000000", "train --record"],
+        );
+        assert!(!out.exists());
+        let o = bin().arg("replay").arg(&path).output().unwrap();
+        refused(&o, &["huge-id.dft", "thread id 4000000000"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !err.contains("\x1b[?1049h"),
+            "replay took the screen before reading: {err}"
+        );
+    }
+
+    /// Issue 24: a 50 KB crafted recording cost ~240 MB in `export`. A file that expands far
+    /// beyond what a recording does is refused, and reading it costs little memory: no more
+    /// than exporting a small real-shaped recording, give or take 64 MiB.
+    #[test]
+    fn a_small_crafted_recording_costs_little_memory_in_export() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = |th: u32| {
+            Msg::Step(WireStep {
+                th,
+                end: 1000,
+                wall: 10,
+                ph: vec![(3, 1); MAX_PHASE_ENTRIES],
+                prof: true,
+                timing: Timing::Host,
+                steps: 1,
+                idle: 0,
+                tok: 0,
+                m: None,
+            })
+        };
+        let decl = Msg::Thread(ThreadDecl {
+            id: 0,
+            name: "drafter-0".into(),
+            stage: "drafter".into(),
+            device: "cpu".into(),
+            tid: 1,
+        });
+        let bomb = dir.path().join("bomb.dft");
+        let mut msgs = vec![decl.clone()];
+        msgs.extend(std::iter::repeat_n(step(0), 100_000));
+        write_recording(&bomb, &msgs);
+        let size = std::fs::metadata(&bomb).unwrap().len();
+        assert!(size < 256_000, "the crafted file is small: {size} bytes");
+        let small = dir.path().join("small.dft");
+        write_recording(&small, &[decl, step(0), step(0)]);
+        let export = |file: &Path| {
+            run_measured(
+                bin()
+                    .arg("export")
+                    .arg(file)
+                    .arg("--chrome")
+                    .arg(dir.path().join("t.json")),
+            )
+        };
+        let (ok, base_kib) = export(&small);
+        assert!(
+            ok.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
+        let (o, bomb_kib) = export(&bomb);
+        refused(&o, &["bomb.dft", "expands to more than"]);
+        assert!(
+            bomb_kib < base_kib + 64 * 1024,
+            "the crafted file cost {} MiB against {} MiB for a small recording",
+            bomb_kib / 1024,
+            base_kib / 1024
+        );
+    }
+}

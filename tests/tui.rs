@@ -171,6 +171,7 @@ pub fn starved_snapshot() -> Snapshot {
             spans_dropped: 0,
         },
         status: None,
+        alerts: Vec::new(),
         steps: Vec::new(),
     }
 }

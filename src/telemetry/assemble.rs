@@ -263,6 +263,7 @@ impl Assembler {
             tok_history: self.tok_history.iter().copied().collect(),
             self_cost,
             status: self.status.clone(),
+            alerts: Vec::new(),
             steps: self.spans(threads),
         }
     }

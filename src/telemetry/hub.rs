@@ -78,6 +78,8 @@ pub struct Telemetry {
     taps: Arc<Mutex<Vec<Arc<dyn RawTap>>>>,
     /// Where engine commands go when the engine is in another process (an attached viewer).
     forward: Arc<Mutex<Option<Sender<HubCommand>>>>,
+    /// Failures that stay on screen for the rest of the run (a recording that stopped).
+    alerts: Arc<Mutex<Vec<String>>>,
 }
 
 impl Default for Telemetry {
@@ -111,6 +113,7 @@ impl Telemetry {
             ns_per_mark: None,
             taps: Arc::default(),
             forward: Arc::default(),
+            alerts: Arc::default(),
         }
     }
 
@@ -180,6 +183,25 @@ impl Telemetry {
 
     pub fn command(&self, c: HubCommand) {
         let _ = self.commands.0.send(c);
+    }
+
+    /// Raises an alert: a failure every later snapshot carries (the header and the headless
+    /// lines show it) while the run goes on; attached viewers get it as a status line.
+    pub fn alert(&self, text: String) {
+        let mut alerts = self.alerts.lock().unwrap_or_else(|e| e.into_inner());
+        if !alerts.contains(&text) {
+            alerts.push(text.clone());
+            drop(alerts);
+            self.command(HubCommand::Status(text));
+        }
+    }
+
+    /// The alerts raised so far, oldest first.
+    pub fn alerts(&self) -> Vec<String> {
+        self.alerts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// What the engine is asked to do (set by the hub from commands).
@@ -290,7 +312,8 @@ impl Telemetry {
                         dropped: self.dropped(),
                     };
                     taps.iter().for_each(|t| t.tick(&input));
-                    let snap = asm.tick_read(&input);
+                    let mut snap = asm.tick_read(&input);
+                    snap.alerts = self.alerts();
                     self.publish(snap);
                     if stopping {
                         return;

@@ -281,6 +281,9 @@ pub struct Snapshot {
     pub self_cost: SelfCost,
     /// A line from the engine: a saved checkpoint, an error, "finished".
     pub status: Option<String>,
+    /// Failures that stay shown while the run goes on (a `--record` that could not write).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<String>,
     /// The steps that ended since the previous snapshot (for traces); empty when not kept.
     #[serde(default)]
     pub steps: Vec<StepSpan>,

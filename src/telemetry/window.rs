@@ -34,14 +34,16 @@ impl QueueTick {
     fn between(prev: &QueueCounters, now: &QueueCounters) -> QueueTick {
         QueueTick {
             span_ns: now.at_ns.saturating_sub(prev.at_ns),
-            pushes: now.pushes - prev.pushes,
-            pops: now.pops - prev.pops,
-            push_wait_ns: now.push_wait_ns - prev.push_wait_ns,
-            pop_wait_ns: now.pop_wait_ns - prev.pop_wait_ns,
-            depth_ns: now.depth_ns - prev.depth_ns,
-            empty_ns: now.empty_ns - prev.empty_ns,
-            full_ns: now.full_ns - prev.full_ns,
-            age_ns_sum: now.age_ns_sum - prev.age_ns_sum,
+            // Counters of another process (a viewer's, a recording's) may go backwards: a
+            // restarted producer, a damaged file. That reads as nothing done, never a wrap.
+            pushes: now.pushes.saturating_sub(prev.pushes),
+            pops: now.pops.saturating_sub(prev.pops),
+            push_wait_ns: now.push_wait_ns.saturating_sub(prev.push_wait_ns),
+            pop_wait_ns: now.pop_wait_ns.saturating_sub(prev.pop_wait_ns),
+            depth_ns: now.depth_ns.saturating_sub(prev.depth_ns),
+            empty_ns: now.empty_ns.saturating_sub(prev.empty_ns),
+            full_ns: now.full_ns.saturating_sub(prev.full_ns),
+            age_ns_sum: now.age_ns_sum.saturating_sub(prev.age_ns_sum),
             depth: now.depth,
             min_depth: now.min_depth,
             max_depth: now.max_depth,

@@ -111,9 +111,16 @@ pub fn connect(path: &Path) -> Result<(UnixStream, Hello)> {
         )
     })?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write_preamble(&mut s)?;
+    // A session that refuses us at once (too many viewers) may have closed before our preamble
+    // went out: its reason is still there to read.
+    let wrote = write_preamble(&mut s);
     read_preamble(&mut s).with_context(|| format!("{}", path.display()))?;
-    let hello = match read_msg(&mut s).with_context(|| format!("{}", path.display()))? {
+    let first = read_msg(&mut s).with_context(|| format!("{}", path.display()));
+    if let Ok(Some(Msg::Refused { reason })) = &first {
+        bail!("{}: {reason}", path.display());
+    }
+    wrote.with_context(|| format!("{}", path.display()))?;
+    let hello = match first? {
         Some(Msg::Hello(h)) => h,
         Some(Msg::Refused { reason }) => bail!("{}: {reason}", path.display()),
         Some(other) => bail!("{}: expected a hello, got {other:?}", path.display()),

@@ -81,6 +81,11 @@ impl Outlet {
     fn send_ctl(&self, f: &Frame) {
         let _ = self.ctl.send(f.clone());
     }
+
+    /// A status line for this outlet's reader alone (a refused request).
+    pub fn send_status(&self, text: &str) {
+        self.send_ctl(&encode(&Msg::Status { text: text.into() }).into());
+    }
 }
 
 #[derive(Default)]

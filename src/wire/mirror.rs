@@ -81,7 +81,11 @@ impl Mirror {
         self.threads.get(id as usize)?.as_ref()
     }
 
+    /// Applies one message; one outside the protocol's bounds (`Msg::check`) is let go.
     pub fn apply(&mut self, m: Msg) {
+        if m.check().is_err() {
+            return;
+        }
         match m {
             Msg::Thread(t) => self.add_thread(t),
             Msg::Queue(q) => self.add_queue(q),
@@ -101,6 +105,11 @@ impl Mirror {
         let Some(role) = role_named(&t.stage) else {
             return;
         };
+        // A thread is declared once: a repeated id adds nothing (else a stream of them would
+        // grow the registry without end).
+        if self.thread(t.id).is_some() {
+            return;
+        }
         let live = Arc::new(LiveStep::default());
         let now = clock::now_ns();
         live.script(Phase::Other, now, now);
@@ -119,6 +128,9 @@ impl Mirror {
     }
 
     fn add_queue(&mut self, q: QueueDecl) {
+        if matches!(self.queues.get(q.id as usize), Some(Some(_))) {
+            return;
+        }
         let probe = QueueProbe::remote(&q.name, q.capacity, leak(&q.producer), leak(&q.consumer));
         self.telemetry.add_queue(probe.clone());
         let id = q.id as usize;

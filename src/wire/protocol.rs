@@ -13,6 +13,23 @@ pub const VERSION: u32 = 1;
 /// The largest frame either side accepts; anything longer is a broken or hostile peer.
 pub const MAX_FRAME: usize = 1 << 20;
 
+/// What a frame may declare (a recording is read back, or a producer is watched): ids index
+/// tables and counts size them, so each is bounded before anything is allocated for it.
+pub const MAX_THREADS: u32 = 1024;
+pub const MAX_QUEUES: u32 = 256;
+/// A CLOCK_MONOTONIC timestamp, ns (146 years of uptime).
+pub const MAX_TIME_NS: u64 = 1 << 62;
+/// One duration (a step, a phase, a wait), ns (52 days).
+pub const MAX_SPAN_NS: u64 = 1 << 52;
+/// Entries of a step's or a live step's phase list.
+pub const MAX_PHASE_ENTRIES: usize = 64;
+/// A cumulative counter (items pushed, ns waited over the run, tokens).
+pub const MAX_COUNT: u64 = 1 << 62;
+/// A name, a device, a status line, a reason, bytes.
+pub const MAX_TEXT: usize = 4096;
+/// A queue's capacity or depth.
+pub const MAX_DEPTH: usize = 1 << 32;
+
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("the other side does not speak the dflash-top protocol (no dflash-top preamble): give the socket of a `dflash-top train` or a dflash_top Python pipeline")]
@@ -184,6 +201,105 @@ pub enum Msg {
     Unknown,
 }
 
+fn bounded(what: &str, v: u64, max: u64) -> Result<(), String> {
+    if v > max {
+        Err(format!("{what} {v} is beyond {max}"))
+    } else {
+        Ok(())
+    }
+}
+
+fn text(what: &str, s: &str) -> Result<(), String> {
+    bounded(&format!("{what} of"), s.len() as u64, MAX_TEXT as u64).map_err(|e| e + " bytes")
+}
+
+fn phase_list(what: &str, ph: &[(u16, u64)]) -> Result<(), String> {
+    bounded(
+        &format!("{what} phase entries"),
+        ph.len() as u64,
+        MAX_PHASE_ENTRIES as u64,
+    )?;
+    ph.iter()
+        .try_for_each(|(_, ns)| bounded(&format!("{what} phase ns"), *ns, MAX_SPAN_NS))
+}
+
+impl Msg {
+    /// Every number and length of the message within the protocol's bounds (`MAX_*`): what a
+    /// reader checks before it sizes a table by an id or adds a duration up.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Msg::Hello(h) => {
+                text("the program name", &h.program)?;
+                bounded("the hello's clock", h.now_ns, MAX_TIME_NS)?;
+                if !(h.ns_per_mark.is_finite() && (0.0..=1e9).contains(&h.ns_per_mark)) {
+                    return Err(format!("ns_per_mark {} is not a cost", h.ns_per_mark));
+                }
+                Ok(())
+            }
+            Msg::Thread(t) => {
+                bounded("thread id", t.id as u64, MAX_THREADS as u64 - 1)?;
+                text("the thread name", &t.name)?;
+                text("the stage name", &t.stage)?;
+                text("the device", &t.device)
+            }
+            Msg::Queue(q) => {
+                bounded("queue id", q.id as u64, MAX_QUEUES as u64 - 1)?;
+                bounded("queue capacity", q.capacity as u64, MAX_DEPTH as u64)?;
+                text("the queue name", &q.name)?;
+                text("the producer", &q.producer)?;
+                text("the consumer", &q.consumer)
+            }
+            Msg::Step(s) => {
+                bounded("the step's thread id", s.th as u64, MAX_THREADS as u64 - 1)?;
+                bounded("the step's end", s.end, MAX_TIME_NS)?;
+                bounded("the step's wall ns", s.wall, MAX_SPAN_NS)?;
+                bounded("the step's idle ns", s.idle, MAX_SPAN_NS)?;
+                bounded("the step's tokens", s.tok, MAX_COUNT)?;
+                phase_list("the step's", &s.ph)
+            }
+            Msg::Sample(s) => {
+                bounded("the sample's clock", s.now, MAX_TIME_NS)?;
+                bounded("the sample's dropped", s.dropped, MAX_COUNT)?;
+                bounded("live steps", s.live.len() as u64, MAX_THREADS as u64)?;
+                bounded("queue samples", s.q.len() as u64, MAX_QUEUES as u64)?;
+                for l in &s.live {
+                    bounded(
+                        "a live step's thread id",
+                        l.th as u64,
+                        MAX_THREADS as u64 - 1,
+                    )?;
+                    bounded("a live step's start", l.ss, MAX_TIME_NS)?;
+                    bounded("a live phase's start", l.ps, MAX_TIME_NS)?;
+                    phase_list("a live step's", &l.acc)?;
+                }
+                for q in &s.q {
+                    bounded("a queue sample's id", q.id as u64, MAX_QUEUES as u64 - 1)?;
+                    bounded("a queue sample's time", q.at, MAX_TIME_NS)?;
+                    for (what, v) in [("depth", q.depth), ("min", q.min), ("max", q.max)] {
+                        bounded(&format!("a queue's {what}"), v as u64, MAX_DEPTH as u64)?;
+                    }
+                    for v in [
+                        q.push,
+                        q.pop,
+                        q.push_wait,
+                        q.pop_wait,
+                        q.empty,
+                        q.full,
+                        q.age_sum,
+                    ] {
+                        bounded("a queue counter", v, MAX_COUNT)?;
+                    }
+                }
+                Ok(())
+            }
+            Msg::Status { text: t } => text("a status line", t),
+            Msg::Refused { reason } => text("a refusal", reason),
+            Msg::Dropped { frames } => bounded("dropped frames", *frames, MAX_COUNT),
+            Msg::Command { .. } | Msg::Unknown => Ok(()),
+        }
+    }
+}
+
 pub fn write_preamble(w: &mut impl Write) -> std::io::Result<()> {
     write_preamble_version(w, VERSION)
 }
@@ -315,5 +431,41 @@ mod tests {
         f.extend_from_slice(&(body.len() as u32).to_le_bytes());
         f.extend_from_slice(body);
         assert_eq!(read_msg(&mut &f[..]).unwrap(), Some(Msg::Unknown));
+    }
+
+    #[test]
+    fn out_of_range_numbers_are_named_by_check() {
+        let decl = |id| {
+            Msg::Thread(ThreadDecl {
+                id,
+                name: "t".into(),
+                stage: "drafter".into(),
+                device: "cpu".into(),
+                tid: 1,
+            })
+        };
+        assert!(decl(MAX_THREADS - 1).check().is_ok());
+        let e = decl(4_000_000_000).check().unwrap_err();
+        assert!(e.contains("thread id 4000000000"), "{e}");
+        let step = |wall, n| {
+            Msg::Step(WireStep {
+                th: 0,
+                end: 1,
+                wall,
+                ph: vec![(0, 1); n],
+                prof: true,
+                timing: Timing::Host,
+                steps: 1,
+                idle: 0,
+                tok: 0,
+                m: None,
+            })
+        };
+        assert!(step(MAX_SPAN_NS, MAX_PHASE_ENTRIES).check().is_ok());
+        assert!(step(u64::MAX, 1).check().unwrap_err().contains("wall"));
+        assert!(step(1, MAX_PHASE_ENTRIES + 1)
+            .check()
+            .unwrap_err()
+            .contains("phase entries"));
     }
 }

@@ -25,16 +25,40 @@ const RECORDER_BACKLOG: usize = 200_000;
 /// cumulative, so nothing is lost but resolution, and samples are most of a stream's bytes.
 const RECORD_SAMPLE_EVERY: u64 = 5;
 
+/// A decompressed recording may hold this many times its file's bytes (dflash-top's own
+/// recordings: about 4x) ...
+const MAX_EXPANSION: u64 = 100;
+/// ... or this many bytes, whichever is more: a small crafted file cannot cost much memory.
+const MIN_BUDGET: u64 = 4 << 20;
+
 /// A recording being written.
 pub struct Recorder {
     outlet: Arc<Outlet>,
     handle: JoinHandle<Result<()>>,
 }
 
+/// The sentence for a recording that could not be written: the flag, the file, what the
+/// system said, that training goes on, and the fix that fits.
+pub fn write_failure(path: &Path, e: &std::io::Error) -> String {
+    let fix = match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => "free space on its disk or record elsewhere",
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
+            "record to a writable directory"
+        }
+        _ => "record to another file",
+    };
+    format!(
+        "--record {}: writing failed ({e}); the recording stops here and training goes on; {fix}",
+        path.display()
+    )
+}
+
 impl Recorder {
     /// Creates `path` now (a bad path is reported before training starts) and records every
-    /// frame of `fanout` into it.
-    pub fn start(fanout: &Fanout, path: &Path) -> Result<Recorder> {
+    /// frame of `fanout` into it. A write that fails later stops the recording only: the
+    /// failure is raised as an alert of `telemetry` at once (the header and the headless lines
+    /// show it) and training goes on.
+    pub fn start(fanout: &Fanout, path: &Path, telemetry: &Telemetry) -> Result<Recorder> {
         let file = std::fs::File::create(path).with_context(|| {
             format!(
                 "--record {}: cannot create the file; check the directory",
@@ -45,10 +69,18 @@ impl Recorder {
         fanout.attach(outlet.clone());
         let path: PathBuf = path.to_path_buf();
         let o = outlet.clone();
+        let telemetry = telemetry.clone();
         let handle = std::thread::Builder::new()
             .name("recorder".into())
             .spawn(move || {
-                write_all(&o, &rx, file).with_context(|| format!("writing {}", path.display()))
+                let r = write_all(&o, &rx, file);
+                // Nothing more is queued for a file that cannot take it.
+                o.closed.store(true, Relaxed);
+                r.map_err(|e| {
+                    let msg = write_failure(&path, &e);
+                    telemetry.alert(msg.clone());
+                    anyhow::anyhow!(msg)
+                })
             })?;
         Ok(Recorder { outlet, handle })
     }
@@ -63,13 +95,27 @@ impl Recorder {
     }
 }
 
-fn write_all(outlet: &Outlet, rx: &OutletRx, file: std::fs::File) -> Result<()> {
+fn write_all(outlet: &Outlet, rx: &OutletRx, file: std::fs::File) -> std::io::Result<()> {
     let mut gz = GzEncoder::new(BufWriter::new(file), flate2::Compression::default());
     write_preamble(&mut gz)?;
     pump(outlet, rx, &mut gz)?;
     drain(rx, &mut gz)?;
     gz.finish()?.flush()?;
     Ok(())
+}
+
+/// Bytes a gzip file expands to, counted up to `limit` (a stream cut short: up to the cut).
+fn expanded_size(file: std::fs::File, limit: u64) -> u64 {
+    let mut r = GzDecoder::new(file).take(limit);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n = 0u64;
+    loop {
+        match r.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(0) | Err(_) => return n,
+            Ok(k) => n += k as u64,
+        }
+    }
 }
 
 /// A recording read back.
@@ -90,20 +136,50 @@ pub fn read(path: &Path) -> Result<Recording> {
         )
     })?;
     let mut head = [0u8; 2];
-    let n = file.read(&mut head)?;
+    let n = file
+        .read(&mut head)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     if n == 2 && head == [0x1f, 0x8b] {
-        let file = std::fs::File::open(path)?;
-        let mut r = BufReader::new(GzDecoder::new(file));
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let budget = size.saturating_mul(MAX_EXPANSION).max(MIN_BUDGET);
+        // A first pass counts what the file expands to, holding nothing: one that expands too
+        // far costs no memory before it is refused.
+        if expanded_size(file, budget + 1) > budget {
+            bail!(
+                "{} expands to more than {} MiB from {} KiB (over {}x; dflash-top's recordings \
+                 expand a few times): a damaged or crafted file, not read",
+                path.display(),
+                budget >> 20,
+                size >> 10,
+                MAX_EXPANSION
+            );
+        }
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut r = BufReader::new(GzDecoder::new(file).take(budget));
         read_preamble(&mut r).with_context(|| format!("{}", path.display()))?;
         let mut msgs = Vec::new();
         loop {
             match read_msg(&mut r) {
-                Ok(Some(m)) => msgs.push(m),
+                Ok(Some(m)) => {
+                    if let Err(why) = m.check() {
+                        bail!(
+                            "{} is damaged: frame {} has {why}; give a file written by \
+                             `train --record`",
+                            path.display(),
+                            msgs.len() + 1
+                        );
+                    }
+                    msgs.push(m);
+                }
                 Ok(None) | Err(WireError::Truncated) => break,
                 Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
                 Err(e) => return Err(e).with_context(|| format!("{} is damaged", path.display())),
             }
         }
+
         if !matches!(msgs.first(), Some(Msg::Hello(_))) {
             bail!(
                 "{} does not start with a session's hello: give a file written by `train --record`",
@@ -128,7 +204,8 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
     let mut out = Vec::new();
     for m in msgs {
         match m {
-            Msg::Thread(t) => {
+            // Ids beyond the protocol's bound size no table (`read` refuses them already).
+            Msg::Thread(t) if t.id < MAX_THREADS => {
                 let id = t.id as usize;
                 if threads.len() <= id {
                     threads.resize(id + 1, None);

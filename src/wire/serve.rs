@@ -2,22 +2,100 @@
 //! the temp dir), mode 0600 in a 0700 directory, peers of another uid refused. Each viewer gets
 //! an outlet of the fan-out, a writer thread that may block on a slow viewer (only that viewer
 //! then loses frames, counted) and a reader thread for its commands.
+//!
+//! No client can stop the run or lock others out (`ServeLimits`): viewers are capped, and one
+//! more is refused with a sentence; the handshake runs on a thread of its own under a deadline,
+//! so a connection that sends nothing holds up nobody; a viewer is refused when the process
+//! nears its open-file limit, keeping a reserve for checkpoints; checkpoints asked for over the
+//! socket are rate-limited; a viewer that paused the run and left un-pauses it.
 
 use super::fanout::{pump, Fanout, Outlet};
 use super::protocol::*;
 use crate::cancel::CancelToken;
-use crate::telemetry::Telemetry;
+use crate::telemetry::{HubCommand, Telemetry};
 use anyhow::{Context, Result};
+use std::collections::BTreeSet;
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Data frames a viewer may fall behind by (about ten seconds of a busy run) before it loses any.
 pub const VIEWER_BACKLOG: usize = 1024;
+/// Viewers at once by default (`--max-viewers`, `max_viewers` in the TOML).
+pub const DEFAULT_MAX_VIEWERS: usize = 16;
+/// The most `--max-viewers` may be.
+pub const MAX_VIEWERS_LIMIT: usize = 256;
+/// Time a new connection has for the whole handshake (its preamble in, ours out).
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(2);
+/// Least time between two checkpoints asked for over the socket, all viewers together.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(30);
+/// Open files kept free for the engine (a checkpoint's files, data, libraries): a viewer that
+/// would eat into them is refused.
+pub const FD_RESERVE: u64 = 128;
+/// Open files one viewer holds: its stream and the writer's and reader's clones.
+pub const FDS_PER_VIEWER: u64 = 3;
+
+/// What the socket lets clients take and ask for.
+#[derive(Clone, Debug)]
+pub struct ServeLimits {
+    /// Viewers connected or in their handshake at once; the next is refused with a sentence.
+    pub max_viewers: usize,
+    /// Time a connection has for its handshake.
+    pub handshake: Duration,
+    /// Least time between two checkpoint requests taken from viewers.
+    pub checkpoint_every: Duration,
+    /// Open files a new viewer must leave free under the process's limit.
+    pub fd_reserve: u64,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            max_viewers: DEFAULT_MAX_VIEWERS,
+            handshake: HANDSHAKE_DEADLINE,
+            checkpoint_every: CHECKPOINT_EVERY,
+            fd_reserve: FD_RESERVE,
+        }
+    }
+}
+
+/// The process's soft limit on open files (None: unlimited or unreadable).
+pub fn open_file_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: the buffer is an rlimit we own.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+    (rc == 0 && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
+
+/// Files this process has open now (None where /proc cannot be read).
+pub fn open_files() -> Option<u64> {
+    // The directory's own descriptor is counted too: one over, on the safe side.
+    std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .map(|d| d.count() as u64)
+}
+
+/// Whether one more viewer fits under the open-file `limit` with `open` in use, leaving
+/// `reserve` free; else the refusal.
+pub fn fd_room(open: u64, limit: u64, reserve: u64) -> Result<(), String> {
+    if open.saturating_add(FDS_PER_VIEWER + reserve) > limit {
+        Err(format!(
+            "refused: the session has {open} of its {limit} open files in use and keeps \
+             {reserve} free for its checkpoints; detach another viewer, or raise the limit \
+             (`ulimit -n`) before starting the run"
+        ))
+    } else {
+        Ok(())
+    }
+}
 
 /// The directory sessions' sockets live in, created 0700 when missing.
 pub fn socket_dir() -> PathBuf {
@@ -75,12 +153,33 @@ struct Conn {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// What the accept loop, the handshakes and every viewer's reader share.
+struct Shared {
+    fanout: Arc<Fanout>,
+    telemetry: Telemetry,
+    limits: ServeLimits,
+    cancel: CancelToken,
+    conns: Mutex<Vec<Conn>>,
+    /// Connections in their handshake (they count towards the cap).
+    pending: AtomicUsize,
+    handshakes: Mutex<Vec<JoinHandle<()>>>,
+    /// Viewers whose last word on pause was "pause" (cleared by any "resume").
+    pausers: Mutex<BTreeSet<u64>>,
+    last_checkpoint: Mutex<Option<Instant>>,
+    checkpoints_taken: AtomicU64,
+    checkpoints_refused: AtomicU64,
+    viewers_refused: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The listening socket and its viewers; `stop` removes the socket file.
 pub struct Server {
     pub path: PathBuf,
-    cancel: CancelToken,
     accept: Option<JoinHandle<()>>,
-    conns: Arc<Mutex<Vec<Conn>>>,
+    shared: Arc<Shared>,
 }
 
 fn bind(path: &Path) -> Result<UnixListener> {
@@ -100,42 +199,76 @@ fn bind(path: &Path) -> Result<UnixListener> {
 
 impl Server {
     /// Serves `fanout` (a tap of `telemetry`'s hub) on this process's socket path.
-    pub fn start(fanout: &Arc<Fanout>, telemetry: &Telemetry) -> Result<Server> {
-        Self::start_at(fanout, telemetry, &socket_path(std::process::id()))
+    pub fn start(
+        fanout: &Arc<Fanout>,
+        telemetry: &Telemetry,
+        limits: ServeLimits,
+    ) -> Result<Server> {
+        Self::start_with(fanout, telemetry, &socket_path(std::process::id()), limits)
     }
 
+    /// Serves at `path` with the default limits.
     pub fn start_at(fanout: &Arc<Fanout>, telemetry: &Telemetry, path: &Path) -> Result<Server> {
-        let fanout = fanout.clone();
+        Self::start_with(fanout, telemetry, path, ServeLimits::default())
+    }
+
+    pub fn start_with(
+        fanout: &Arc<Fanout>,
+        telemetry: &Telemetry,
+        path: &Path,
+        limits: ServeLimits,
+    ) -> Result<Server> {
         let listener = bind(path)?;
-        let cancel = CancelToken::new();
-        let conns: Arc<Mutex<Vec<Conn>>> = Arc::default();
+        let shared = Arc::new(Shared {
+            fanout: fanout.clone(),
+            telemetry: telemetry.clone(),
+            limits,
+            cancel: CancelToken::new(),
+            conns: Mutex::default(),
+            pending: AtomicUsize::new(0),
+            handshakes: Mutex::default(),
+            pausers: Mutex::default(),
+            last_checkpoint: Mutex::new(None),
+            checkpoints_taken: AtomicU64::new(0),
+            checkpoints_refused: AtomicU64::new(0),
+            viewers_refused: AtomicU64::new(0),
+        });
         let accept = {
-            let (cancel, conns, telemetry) = (cancel.clone(), conns.clone(), telemetry.clone());
+            let shared = shared.clone();
             std::thread::Builder::new()
                 .name("wire-serve".into())
-                .spawn(move || accept_loop(listener, &fanout, &telemetry, &conns, &cancel))?
+                .spawn(move || accept_loop(listener, &shared))?
         };
         Ok(Server {
             path: path.to_path_buf(),
-            cancel,
             accept: Some(accept),
-            conns,
+            shared,
         })
     }
 
     /// Viewers connected now.
     pub fn viewers(&self) -> usize {
-        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns
-            .iter()
-            .filter(|c| !c.outlet.closed.load(Relaxed))
-            .count()
+        self.shared.connected()
     }
 
     /// Data frames dropped so far for the viewers connected now (they read too slowly).
     pub fn frames_dropped(&self) -> u64 {
-        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = lock(&self.shared.conns);
         conns.iter().map(|c| c.outlet.dropped.load(Relaxed)).sum()
+    }
+
+    /// Connections refused so far (over the cap, or near the open-file limit).
+    pub fn viewers_refused(&self) -> u64 {
+        self.shared.viewers_refused.load(Relaxed)
+    }
+
+    /// Checkpoint requests from viewers passed on to the engine, and those refused by the rate
+    /// limit.
+    pub fn checkpoint_requests(&self) -> (u64, u64) {
+        (
+            self.shared.checkpoints_taken.load(Relaxed),
+            self.shared.checkpoints_refused.load(Relaxed),
+        )
     }
 
     /// Stops accepting, disconnects every viewer, joins every thread, removes the socket.
@@ -144,12 +277,15 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
-        self.cancel.cancel();
+        self.shared.cancel.cancel();
         if let Some(h) = self.accept.take() {
             let _ = h.join();
         }
-        let conns = std::mem::take(&mut *self.conns.lock().unwrap_or_else(|e| e.into_inner()));
-        for c in conns {
+        // Each handshake ends by its deadline.
+        for h in std::mem::take(&mut *lock(&self.shared.handshakes)) {
+            let _ = h.join();
+        }
+        for c in std::mem::take(&mut *lock(&self.shared.conns)) {
             close(c);
         }
         let _ = std::fs::remove_file(&self.path);
@@ -172,29 +308,128 @@ fn close(c: Conn) {
     }
 }
 
-fn accept_loop(
-    listener: UnixListener,
-    fanout: &Arc<Fanout>,
-    telemetry: &Telemetry,
-    conns: &Mutex<Vec<Conn>>,
-    cancel: &CancelToken,
-) {
+impl Shared {
+    fn connected(&self) -> usize {
+        lock(&self.conns)
+            .iter()
+            .filter(|c| !c.outlet.closed.load(Relaxed))
+            .count()
+    }
+
+    /// Why one more connection may not join, if it may not.
+    fn admission(&self) -> Result<(), String> {
+        let held = self.connected() + self.pending.load(Relaxed);
+        let cap = self.limits.max_viewers;
+        if held >= cap {
+            return Err(format!(
+                "refused: this session already has {held} viewer{} and allows {cap}; detach \
+                 one, or start the run with a higher --max-viewers (`max_viewers` in its TOML)",
+                if held == 1 { "" } else { "s" }
+            ));
+        }
+        match (open_files(), open_file_limit()) {
+            (Some(open), Some(limit)) => fd_room(open, limit, self.limits.fd_reserve),
+            _ => Ok(()),
+        }
+    }
+
+    /// A command from viewer `n`: pause is remembered (undone when that viewer leaves), a
+    /// checkpoint passes the rate limit or is refused with a note to that viewer.
+    fn command(&self, n: u64, cmd: HubCommand, outlet: &Outlet) {
+        match &cmd {
+            HubCommand::SetPaused(true) => {
+                lock(&self.pausers).insert(n);
+            }
+            HubCommand::SetPaused(false) => lock(&self.pausers).clear(),
+            HubCommand::Checkpoint => {
+                let mut last = lock(&self.last_checkpoint);
+                let now = Instant::now();
+                if let Some(ago) = last.map(|t| now.duration_since(t)) {
+                    if ago < self.limits.checkpoint_every {
+                        drop(last);
+                        self.checkpoints_refused.fetch_add(1, Relaxed);
+                        outlet.send_status(&format!(
+                            "checkpoint not taken: one was asked for {:.0} s ago, and viewers \
+                             may ask once every {} s",
+                            ago.as_secs_f64(),
+                            self.limits.checkpoint_every.as_secs()
+                        ));
+                        return;
+                    }
+                }
+                *last = Some(now);
+                self.checkpoints_taken.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
+        self.telemetry.command(cmd);
+    }
+
+    /// Viewer `n` left: a pause it asked for, and nobody else holds, is undone.
+    fn left(&self, n: u64) {
+        let mut pausers = lock(&self.pausers);
+        if pausers.remove(&n) && pausers.is_empty() && self.telemetry.switches().paused() {
+            drop(pausers);
+            self.telemetry.command(HubCommand::SetPaused(false));
+            self.telemetry.command(HubCommand::Status(
+                "a viewer that paused the run left: training resumed".into(),
+            ));
+        }
+    }
+}
+
+/// Refuses a connection from the accept loop without waiting on it: the preamble and the
+/// reason fit the empty socket buffer.
+fn refuse_now(stream: UnixStream, reason: String) {
+    let mut s = stream;
+    if s.set_nonblocking(true).is_ok() {
+        let _ = write_preamble(&mut s);
+        let _ = write_msg(&mut s, &Msg::Refused { reason });
+        // Their preamble, if it came: unread bytes at close would reset the connection before
+        // the reason is read.
+        let _ = s.read(&mut [0u8; 64]);
+    }
+    let _ = s.shutdown(std::net::Shutdown::Write);
+}
+
+fn accept_loop(listener: UnixListener, shared: &Arc<Shared>) {
     let mut n = 0u64;
-    while !cancel.is_cancelled() {
+    while !shared.cancel.is_cancelled() {
         match listener.accept() {
             Ok((stream, _)) => {
                 n += 1;
-                if let Some(c) = welcome(stream, n, fanout, telemetry) {
-                    conns.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+                if let Err(reason) = shared.admission() {
+                    shared.viewers_refused.fetch_add(1, Relaxed);
+                    refuse_now(stream, reason);
+                } else {
+                    shared.pending.fetch_add(1, Relaxed);
+                    let sh = shared.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("wire-hello-{n}"))
+                        .spawn(move || {
+                            if let Some(c) = welcome(stream, n, &sh) {
+                                lock(&sh.conns).push(c);
+                            }
+                            sh.pending.fetch_sub(1, Relaxed);
+                        });
+                    match spawned {
+                        Ok(h) => lock(&shared.handshakes).push(h),
+                        Err(_) => {
+                            shared.pending.fetch_sub(1, Relaxed);
+                            shared.viewers_refused.fetch_add(1, Relaxed);
+                        }
+                    }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(50));
             }
+            // Out of descriptors (EMFILE) among others: the connection waits in the backlog.
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
-        // Let go of viewers that left.
-        let mut list = conns.lock().unwrap_or_else(|e| e.into_inner());
+        // Let go of handshakes that ended and viewers that left.
+        lock(&shared.handshakes).retain(|h| !h.is_finished());
+        let mut list = lock(&shared.conns);
         let (gone, kept): (Vec<Conn>, Vec<Conn>) = std::mem::take(&mut *list)
             .into_iter()
             .partition(|c| c.outlet.closed.load(Relaxed));
@@ -204,18 +439,31 @@ fn accept_loop(
     }
 }
 
-/// The handshake: our preamble, theirs (a wrong one gets a `Refused` with the reason), the uid
-/// check; then the viewer's two threads.
-fn welcome(
-    mut stream: UnixStream,
-    n: u64,
-    fanout: &Arc<Fanout>,
-    telemetry: &Telemetry,
-) -> Option<Conn> {
+/// Reads from a stream until a deadline, whatever the pace of the bytes.
+struct Deadline<'a> {
+    stream: &'a UnixStream,
+    until: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut s = self.stream;
+        s.read(buf)
+    }
+}
+
+/// The handshake, on its own thread under the deadline: our preamble, theirs (a wrong one gets
+/// a `Refused` with the reason), the uid check; then the viewer's two threads.
+fn welcome(mut stream: UnixStream, n: u64, shared: &Arc<Shared>) -> Option<Conn> {
+    let until = Instant::now() + shared.limits.handshake;
     stream.set_nonblocking(false).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     stream
-        .set_write_timeout(Some(Duration::from_secs(2)))
+        .set_write_timeout(Some(shared.limits.handshake))
         .ok()?;
     let refuse = |s: &mut UnixStream, reason: String| {
         let _ = write_msg(s, &Msg::Refused { reason });
@@ -231,16 +479,41 @@ fn welcome(
         refuse(&mut stream, reason);
         return None;
     }
-    if let Err(e) = read_preamble(&mut stream) {
-        refuse(&mut stream, format!("refused: {e}"));
+    let heard = read_preamble(&mut Deadline {
+        stream: &stream,
+        until,
+    });
+    match heard {
+        Ok(()) => {}
+        Err(WireError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ) =>
+        {
+            refuse(
+                &mut stream,
+                format!(
+                    "refused: no handshake within {} s of connecting",
+                    shared.limits.handshake.as_secs_f64()
+                ),
+            );
+            return None;
+        }
+        Err(e) => {
+            refuse(&mut stream, format!("refused: {e}"));
+            return None;
+        }
+    }
+    if shared.cancel.is_cancelled() {
         return None;
     }
     stream.set_read_timeout(None).ok()?;
     stream.set_write_timeout(None).ok()?;
     let (outlet, rx) = Outlet::new(VIEWER_BACKLOG);
-    fanout.attach(outlet.clone());
     let mut w = stream.try_clone().ok()?;
     let mut r = stream.try_clone().ok()?;
+    shared.fanout.attach(outlet.clone());
     let writer = {
         let outlet = outlet.clone();
         std::thread::Builder::new()
@@ -250,26 +523,39 @@ fn welcome(
                 outlet.closed.store(true, Relaxed);
                 let _ = w.shutdown(std::net::Shutdown::Both);
             })
-            .ok()?
+    };
+    let writer = match writer {
+        Ok(h) => h,
+        Err(_) => {
+            outlet.closed.store(true, Relaxed);
+            return None;
+        }
     };
     let reader = {
-        let (outlet, telemetry) = (outlet.clone(), telemetry.clone());
+        let (outlet, shared) = (outlet.clone(), shared.clone());
         std::thread::Builder::new()
             .name(format!("wire-in-{n}"))
             .spawn(move || {
                 while let Ok(Some(m)) = read_msg(&mut r) {
                     if let Msg::Command { cmd } = m {
-                        telemetry.command(cmd);
+                        shared.command(n, cmd, &outlet);
                     }
                 }
                 outlet.closed.store(true, Relaxed);
                 let _ = r.shutdown(std::net::Shutdown::Both);
+                shared.left(n);
             })
-            .ok()?
+    };
+    let reader = match reader {
+        Ok(h) => vec![h],
+        Err(_) => {
+            outlet.closed.store(true, Relaxed);
+            Vec::new()
+        }
     };
     Some(Conn {
         stream,
         outlet,
-        threads: vec![writer, reader],
+        threads: std::iter::once(writer).chain(reader).collect(),
     })
 }

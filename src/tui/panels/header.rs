@@ -107,6 +107,10 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     line2.push(Span::styled(verdict, verdict_style));
     let line2 = Line::from(line2);
     let mut spans = Vec::new();
+    // A failure that stays (a recording that stopped) comes before any passing note.
+    for a in &s.alerts {
+        spans.push(Span::styled(format!("! {a}  "), t.alert()));
+    }
     if let Some(note) = c.app.note.as_ref().or(s.status.as_ref()) {
         spans.push(Span::styled(format!("» {note}  "), t.bold()));
     }
