@@ -2,8 +2,14 @@
 SpecForge 0.2.0's own DFlash trainer, both measured with z-lab dflash 0.1.0's speculative
 decoding on held-out prompts.
 
-    .venv/bin/python python/peer/quality.py --size ci [--json OUT]
-    python python/peer/quality.py --size gpu --device cuda --bin target/release/dflash-top
+    .venv/bin/python python/peer/quality.py --size ci [--json OUT]        # ~1 min, 2 cores
+    python python/peer/quality.py --size gpu --device cuda --work W --until data
+    python python/peer/quality.py --size gpu --device cuda --work W --json OUT [--anchor-budget both]
+
+The GPU size needs torch, transformers, the `dflash` and `specforge` packages (PYTHONPATH will
+do) and pydantic (SpecForge's chat parser imports it), and the release binary (--bin, default
+target/release/dflash-top). It runs in parts with one --work directory: what is there for the
+same settings is reused (the target, the data, each training run).
 
 1. A small Qwen3 target learns the chat language of chat_lang.py (topics read from the latest
    user turn, replies of several lengths that end with `<|im_end|>`, multi-turn conversations
