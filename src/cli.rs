@@ -20,6 +20,8 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Train a drafter (the TUI by default, --headless for log lines).
+    // Negative numbers are values, so that `--steps -1` is refused naming --steps.
+    #[command(allow_negative_numbers = true)]
     Train(TrainArgs),
     /// Join a running session (ours or a Python pipeline's) in the TUI, or list them.
     Attach(AttachArgs),
@@ -114,6 +116,10 @@ pub struct TrainArgs {
     /// Continue a run from a checkpoint directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// Let a new run save into a --save-dir that holds another run's checkpoints, replacing
+    /// those of the same steps (without it such a directory is refused).
+    #[arg(long)]
+    pub overwrite: bool,
     /// Devices of the target workers, e.g. `cpu` or `cuda:0,cuda:1`; `all` (with
     /// --drafter-devices all or left out) splits every GPU between targets and drafters by the
     /// placement advice; with the drafters' devices listed, targets go on every GPU.

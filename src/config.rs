@@ -179,6 +179,14 @@ impl RunConfig {
             None => (preset.recipe.clone(), format!("preset:{}", preset.name)),
         };
         // A resumed run is the same run: its data recipe and schedule come from its checkpoint.
+        // A checkpoint is checked whole before any of it is read.
+        for dir in [&args.resume, &args.drafter.clone().or(file.drafter.clone())]
+            .into_iter()
+            .flatten()
+            .filter(|d| d.is_dir())
+        {
+            crate::engine::checksum::verify(dir)?;
+        }
         let resume_state = match &args.resume {
             Some(dir) if dir.is_dir() => Some(checkpoint::read_trainer_state(dir)?),
             _ => None,
@@ -288,6 +296,22 @@ impl RunConfig {
         }
         if save_every.is_some() && save_dir.is_none() {
             bail!("--save-every needs --save-dir: say where checkpoints go");
+        }
+        if let Some(dir) = &save_dir {
+            let notes =
+                crate::engine::save_dir::prepare(dir, args.resume.is_some(), args.overwrite)?;
+            for n in notes {
+                eprintln!("dflash-top: note: {n}");
+            }
+        }
+        if file
+            .threads_per_worker
+            .is_some_and(|n| !(1..=256).contains(&n))
+        {
+            bail!("`threads_per_worker` must be 1 to 256 (libtorch threads per worker on the CPU)");
+        }
+        if let (Some(s), DataSpec::Synthetic) = (&resume_state, &data) {
+            check_data_position(s, args.resume.as_deref())?;
         }
         let targets = args
             .target_devices
@@ -445,6 +469,31 @@ impl RunConfig {
             data,
         )
     }
+}
+
+/// A resumed synthetic stream is re-made document by document up to its saved position: a
+/// position no run of that length could reach is damage, refused before it costs hours.
+fn check_data_position(state: &checkpoint::TrainerState, dir: Option<&Path>) -> Result<()> {
+    let rows = state.batch.unwrap_or(1).max(1) as u64;
+    let seq = state.seq_len.unwrap_or(3072).max(1) as u64;
+    // At most a document a token, a row of `seq` tokens, a batch per step and one more in flight.
+    let most = state
+        .step
+        .saturating_add(1)
+        .saturating_mul(rows)
+        .saturating_mul(seq)
+        .saturating_mul(64);
+    if state.data_docs > most {
+        let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
+        bail!(
+            "{}: `data_docs` {} is more than {} steps of {rows} rows of {seq} tokens could take: \
+             the checkpoint is damaged; resume from an earlier checkpoint",
+            file.display(),
+            state.data_docs,
+            state.step
+        );
+    }
+    Ok(())
 }
 
 /// The seed: a resumed run's is its checkpoint's (the target's random weights, the data order

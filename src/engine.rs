@@ -4,6 +4,7 @@
 pub mod blocks;
 pub mod chat;
 pub mod checkpoint;
+pub mod checksum;
 pub mod config;
 pub mod cuda;
 pub mod data;
@@ -23,6 +24,7 @@ pub mod qwen3;
 pub mod recipe;
 pub mod replica_check;
 pub mod replicas;
+pub mod save_dir;
 pub mod schedule;
 pub mod switches;
 pub mod target_graph;

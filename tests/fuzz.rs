@@ -101,6 +101,9 @@ const TOML_KEYS: &[&str] = &[
     "loss_chunk_mib",
     "keep",
     "max_nonfinite",
+    "anchor_budget",
+    "max_viewers",
+    "data_threads",
     "typo_key",
 ];
 
@@ -170,9 +173,50 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), "run.toml", text.as_bytes());
         let args = TrainArgs { config: Some(path), ..Default::default() };
-        if let Err(e) = RunConfig::from_args(&args) {
-            let msg = format!("{e:#}");
-            prop_assert!(msg.contains("run.toml") || msg.contains('`') || msg.contains("--"), "{msg}");
+        match RunConfig::from_args(&args) {
+            Err(e) => {
+                let msg = format!("{e:#}");
+                prop_assert!(msg.contains("run.toml") || msg.contains('`') || msg.contains("--"), "{msg}");
+            }
+            // What is accepted is in range: the engine uses it as it is.
+            Ok(c) => {
+                prop_assert!(c.threads_per_worker.is_none_or(|n| (1..=256).contains(&n)));
+                prop_assert!((1..=512).contains(&c.anchors) && (32..=3072).contains(&c.seq_len));
+                prop_assert!(c.batch >= 1 && c.batch_queue >= 1 && c.hs_queue >= 1);
+                prop_assert!(c.data_threads.is_none_or(|n| n <= 64));
+            }
+        }
+    }
+
+    #[test]
+    fn fuzz_trainer_state_on_resume(
+        fields in prop::collection::vec(
+            (prop::sample::select(&["step", "total_steps", "seed", "lr", "data_docs", "anchor_rng",
+                "seq_len", "batch", "anchors", "anchor_scope", "last_loss"][..]), json_value()),
+            0..8,
+        )
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = dir.path().join("step-000001");
+        std::fs::create_dir(&ckpt).unwrap();
+        let preset = dflash_top::engine::config::Preset::by_name("tiny").unwrap();
+        let spec = preset.drafter_spec(&preset.target);
+        let cfg = dflash_top::engine::checkpoint::drafter_config_json(&spec);
+        write(&ckpt, "config.json", cfg.to_string().as_bytes());
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("{k:?}: {v}")).collect();
+        write(&ckpt, "trainer_state.json", format!("{{{}}}", body.join(", ")).as_bytes());
+        let args = TrainArgs { resume: Some(ckpt), steps: Some(10), ..Default::default() };
+        match RunConfig::from_args(&args) {
+            Err(e) => prop_assert!(format!("{e:#}").contains("trainer_state.json")
+                || format!("{e:#}").contains('`') || format!("{e:#}").contains("--"), "{e:#}"),
+            Ok(c) => {
+                let s = c.resume_state.unwrap();
+                // A synthetic stream is re-made up to its position: bounded by the run's length.
+                let most = s.step.saturating_add(1).saturating_mul(c.batch as u64)
+                    .saturating_mul(c.seq_len as u64).saturating_mul(64);
+                prop_assert!(s.data_docs <= most, "{} > {most}", s.data_docs);
+                prop_assert!((1..=512).contains(&c.anchors) && (32..=3072).contains(&c.seq_len));
+            }
         }
     }
 
@@ -181,8 +225,13 @@ proptest! {
         if let Err(e) = Qwen3Config::from_json(&text) { sentence(e) }
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "config.json", text.as_bytes());
-        if let Err(e) = read_drafter_spec(dir.path()) {
-            prop_assert!(format!("{e:#}").contains("config.json"), "{e:#}");
+        match read_drafter_spec(dir.path()) {
+            Err(e) => prop_assert!(format!("{e:#}").contains("config.json"), "{e:#}"),
+            // A drafter read is one the engine can build: its block and target layers in range.
+            Ok(spec) => {
+                prop_assert!((2..=16).contains(&spec.block_size), "{}", spec.block_size);
+                prop_assert!(!spec.target_layer_ids.is_empty() && spec.num_target_layers >= 1);
+            }
         }
         if let Err(e) = Qwen3Config::from_dir(dir.path()) {
             prop_assert!(format!("{e:#}").contains("config.json"), "{e:#}");

@@ -277,8 +277,15 @@ fn a_damaged_checkpoint_is_refused_on_resume() {
     assert!(o.status.success(), "{}", stderr(&o));
     let good = dir.path().join("step-000001");
     type Damage = fn(&[u8]) -> Vec<u8>;
-    let damages: [(&str, Damage); 5] = [
+    let damages: [(&str, Damage); 6] = [
         ("model.safetensors", |b| b[..b.len() / 2].to_vec()),
+        // One flipped bit in the weights: loadable, found by the checksum.
+        ("model.safetensors", |b| {
+            let mut b = b.to_vec();
+            let at = b.len() - 64;
+            b[at] ^= 0x04;
+            b
+        }),
         ("model.safetensors", |_| {
             b"garbage, not safetensors".to_vec()
         }),
@@ -312,6 +319,117 @@ fn a_damaged_checkpoint_is_refused_on_resume() {
             "{file}: a fix: {err}"
         );
     }
+}
+
+/// Values read from a checkpoint are range-checked (the checksum file removed, as a checkpoint
+/// of an earlier version has none): a sentence naming the file and field, never a panic or a
+/// hang; and a flag or TOML value out of range is named too.
+#[test]
+fn out_of_range_values_in_checkpoints_and_settings_are_refused_by_name() {
+    let (o, dir) = run_with_fault("", &["--steps", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let good = dir.path().join("step-000001");
+    let edit = |file: &str, change: &dyn Fn(&mut serde_json::Value)| {
+        let bad = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(&good).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), bad.path().join(e.file_name())).unwrap();
+        }
+        std::fs::remove_file(bad.path().join("checksums.json")).unwrap();
+        let path = bad.path().join(file);
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        change(&mut v);
+        std::fs::write(&path, v.to_string()).unwrap();
+        bad
+    };
+    let refused = |args: &[&str], dir: &Path, must: &[&str]| {
+        let o = bin()
+            .args(["train", "--headless", "--steps", "2"])
+            .args(args)
+            .arg(dir)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{must:?}: {err}");
+        assert!(
+            err.starts_with("dflash-top: ") && !err.contains("panicked"),
+            "{err}"
+        );
+        for m in must {
+            assert!(err.contains(m), "no {m} in {err}");
+        }
+    };
+    for flag in ["--resume", "--drafter"] {
+        let bad = edit("config.json", &|v| {
+            v["dflash_config"]["block_size"] = 0.into()
+        });
+        refused(&[flag], bad.path(), &["config.json", "`block_size` 0"]);
+    }
+    // A data position no run of that length reaches: refused at once, not re-made for hours.
+    let bad = edit("trainer_state.json", &|v| {
+        v["data_docs"] = 4_000_000_000_000u64.into()
+    });
+    refused(
+        &["--resume"],
+        bad.path(),
+        &["trainer_state.json", "`data_docs`"],
+    );
+    let toml = dir.path().join("t.toml");
+    std::fs::write(&toml, "threads_per_worker = 0\n").unwrap();
+    refused(&["--config"], &toml, &["threads_per_worker"]);
+    let o = bin()
+        .args(["train", "--headless", "--steps", "-1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--steps"), "{}", stderr(&o));
+}
+
+/// A new run into a directory of another run's checkpoints is refused unless it resumes or
+/// says --overwrite; what a killed run left half written there is removed at the next start.
+#[test]
+fn another_runs_save_dir_is_refused_and_a_killed_runs_leftovers_are_removed() {
+    let (o, dir) = run_with_fault("", &["--steps", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = bin()
+        .args(["train", "--headless", "--steps", "1", "--save-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    for m in [
+        "already holds 1 checkpoint",
+        "step-000001",
+        "--overwrite",
+        "--resume",
+    ] {
+        assert!(err.contains(m), "no {m} in {err}");
+    }
+    // A save cut short by a kill (its process, pid 0, is gone).
+    let leftover = dir.path().join(".step-000007.tmp-0");
+    std::fs::create_dir(&leftover).unwrap();
+    let o = bin()
+        .args([
+            "train",
+            "--headless",
+            "--steps",
+            "2",
+            "--overwrite",
+            "--save-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("removed 1 temporary directory"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!leftover.exists());
+    assert_eq!(step_dirs(dir.path()), ["step-000001", "step-000002"]);
 }
 
 #[test]

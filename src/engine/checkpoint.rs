@@ -147,6 +147,20 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
         .and_then(|x| x.as_i64())
         .with_context(|| format!("{} has no `dflash_config.mask_token_id`", path.display()))?;
     let block_size = pick("block_size").and_then(|x| x.as_i64()).unwrap_or(16);
+    let slots = crate::telemetry::recorder::MAX_SLOTS as i64;
+    if !(2..=slots).contains(&block_size) {
+        bail!(
+            "{}: `block_size` {block_size} is out of range: a drafter's block is 2 to {slots} \
+             tokens; fix the file or use another drafter",
+            path.display()
+        );
+    }
+    if target_layer_ids.is_empty() || num_target_layers < 1 {
+        bail!(
+            "{}: `target_layer_ids` and `num_target_layers` must name at least one target layer",
+            path.display()
+        );
+    }
     let mask_token = pick("mask_token")
         .and_then(|x| x.as_str().map(str::to_string))
         .unwrap_or_else(|| super::config::DEFAULT_MASK_TOKEN.into());
@@ -211,13 +225,17 @@ pub fn save(
         .unwrap_or(Path::new("."));
     let failed = |what: String| {
         format!(
-            "cannot save the checkpoint {}: {what}; earlier checkpoints are intact — free space \
-             on that disk or choose another --save-dir",
-            dir.display()
+            "cannot save the checkpoint {}: {what}; earlier checkpoints are intact — {}",
+            dir.display(),
+            super::save_dir::fix_for(&what)
         )
     };
-    std::fs::create_dir_all(parent)
-        .with_context(|| failed(format!("cannot create {}", parent.display())))?;
+    if let Err(e) = std::fs::create_dir_all(parent) {
+        bail!(
+            "{}",
+            failed(format!("cannot create {} ({e})", parent.display()))
+        );
+    }
     let name = dir
         .file_name()
         .and_then(|n| n.to_str())
@@ -225,8 +243,13 @@ pub fn save(
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     // Scratch until placed: a second signal's exit removes it (src/signals.rs).
-    let scratch = Scratch::create(&tmp, |t| std::fs::create_dir_all(t))
-        .with_context(|| failed(format!("cannot create {}", tmp.display())))?;
+    let scratch = match Scratch::create(&tmp, |t| std::fs::create_dir_all(t)) {
+        Ok(s) => s,
+        Err(e) => bail!(
+            "{}",
+            failed(format!("cannot create {} ({e})", tmp.display()))
+        ),
+    };
     if crate::fault::is("save_slow") {
         std::thread::sleep(std::time::Duration::from_secs(10));
     }
@@ -250,7 +273,9 @@ pub fn save(
         tch::Tensor::write_safetensors(&named, tmp.join(MODEL_FILE))?;
         opt.save(&tmp.join(OPTIMIZER_FILE))?;
         std::fs::write(tmp.join(TRAINER_FILE), serde_json::to_string_pretty(state)?)?;
-        for f in ["config.json", MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE] {
+        let files = ["config.json", MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE];
+        super::checksum::write(tmp, &files)?;
+        for f in files.iter().chain([&super::checksum::CHECKSUM_FILE]) {
             sync_path(&tmp.join(f))?;
         }
         sync_path(tmp)?;
