@@ -3,7 +3,9 @@
 //! own DFlash trainer from the same init, both measured in z-lab's dflash on held-out prompts.
 //! What must hold whatever the recipe: both trained drafters are accepted well above the
 //! untrained init, the table compares the two at equal target tokens and at equal wall time,
-//! dflash's output is the target's greedy reply, and every number is finite.
+//! dflash's output is the target's greedy reply, and every number is finite. And the goal of
+//! our recipe: at equal target tokens ours is within SpecForge's interval or above it; at equal
+//! wall time, above SpecForge's mean.
 
 use serde_json::Value;
 use std::path::Path;
@@ -101,15 +103,26 @@ fn drafters_of_both_trainers_are_accepted_in_dflash_side_by_side() {
         num(ours, "tau");
         let (t_ours, t_sf) = (num(ours, "target_tokens"), num(sf, "target_tokens"));
         let (w_ours, w_sf) = (num(ours, "wall_s"), num(sf, "wall_s"));
+        let (a_ours, a_sf) = (num(ours, "acceptance"), num(sf, "acceptance"));
         if row == "equal tokens" {
             assert!(
                 (t_ours - t_sf).abs() <= max_length,
                 "not equal target tokens: dflash-top {t_ours}, specforge {t_sf}"
             );
+            assert!(
+                a_ours >= num(sf, "ci_low"),
+                "at equal target tokens ours ({a_ours:.3}) is below SpecForge's interval \
+                 ({:.3} ..)",
+                num(sf, "ci_low")
+            );
         } else {
             assert!(
                 w_ours.max(w_sf) <= 1.5 * w_ours.min(w_sf),
                 "not equal wall time: dflash-top {w_ours:.1}s, specforge {w_sf:.1}s"
+            );
+            assert!(
+                a_ours > a_sf,
+                "at equal wall time ours ({a_ours:.3}) is not above SpecForge's ({a_sf:.3})"
             );
         }
     }
