@@ -7,6 +7,7 @@ mod e2e;
 mod engine;
 mod fuzz;
 mod generate;
+mod names;
 mod parity;
 mod probes;
 mod quality;

@@ -7,7 +7,7 @@ use super::protocol::*;
 use crate::telemetry::clock;
 use crate::telemetry::queue::{QueueCounters, QueueProbe};
 use crate::telemetry::recorder::{LiveStep, StepRecord, ThreadInfo};
-use crate::telemetry::stages::role_named;
+use crate::telemetry::stages::StageTable;
 use crate::telemetry::{HubCommand, Phase, Role, Telemetry, N_PHASES};
 use anyhow::{bail, Result};
 use std::sync::Arc;
@@ -20,6 +20,10 @@ struct RemoteThread {
 
 pub struct Mirror {
     telemetry: Telemetry,
+    /// The producer's stage table and the role of each of its stages: thread declarations name
+    /// their stage in it (declared names win over ours).
+    stages: StageTable,
+    roles: Vec<Role>,
     threads: Vec<Option<RemoteThread>>,
     queues: Vec<Option<QueueProbe>>,
     /// Added to a wire timestamp before it becomes local time (a replay's shift to now).
@@ -50,14 +54,17 @@ fn phases(role: Role, ph: &[(u16, u64)], wall: u64) -> [u64; N_PHASES] {
 impl Mirror {
     /// Checks the hello (its stage table is installed for this process's views).
     pub fn new(hello: &Hello, telemetry: &Telemetry, shift_ns: i128) -> Result<Mirror> {
-        if let Err(e) = hello.stages.install() {
-            bail!(
+        let roles = match hello.stages.install() {
+            Ok(roles) => roles,
+            Err(e) => bail!(
                 "process {} declares stages this viewer cannot show: {e}",
                 hello.pid
-            );
-        }
+            ),
+        };
         Ok(Mirror {
             telemetry: telemetry.clone(),
+            stages: hello.stages.clone(),
+            roles,
             threads: Vec::new(),
             queues: Vec::new(),
             shift_ns,
@@ -102,7 +109,7 @@ impl Mirror {
     }
 
     fn add_thread(&mut self, t: ThreadDecl) {
-        let Some(role) = role_named(&t.stage) else {
+        let Some(role) = self.stages.role_of(&self.roles, &t.stage) else {
             return;
         };
         // A thread is declared once: a repeated id adds nothing (else a stream of them would

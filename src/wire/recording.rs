@@ -7,7 +7,6 @@ use super::mirror::Mirror;
 use super::protocol::*;
 use crate::cancel::CancelToken;
 use crate::telemetry::snapshot::{Snapshot, StepSpan};
-use crate::telemetry::stages::role_named;
 use crate::telemetry::{Phase, Telemetry};
 use anyhow::{bail, Context, Result};
 use flate2::read::GzDecoder;
@@ -196,7 +195,7 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
     let Some(Msg::Hello(hello)) = msgs.first() else {
         bail!("the recording has no hello");
     };
-    hello
+    let roles = hello
         .stages
         .install()
         .map_err(|e| anyhow::anyhow!("the recording's stage table: {e}"))?;
@@ -210,7 +209,10 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
                 if threads.len() <= id {
                     threads.resize(id + 1, None);
                 }
-                threads[id] = role_named(&t.stage).map(|r| (t.name.clone(), r));
+                threads[id] = hello
+                    .stages
+                    .role_of(&roles, &t.stage)
+                    .map(|r| (t.name.clone(), r));
             }
             Msg::Step(s) if s.prof && s.steps > 0 => {
                 let Some(Some((name, role))) = threads.get(s.th as usize) else {
