@@ -1,7 +1,8 @@
 //! Declared names win (issue 26): a Python pipeline whose stages are named like ours (`target`,
 //! `drafter`) with phase lists of its own is shown with its declared phases under its declared
-//! names — in headless lines, in a recording's Chrome export and in its replay. Each view runs
-//! as a process of its own (the stage table a viewer installs is its process's).
+//! names — in headless lines, in a recording's Chrome export and in its replay — and the
+//! training numbers it never reports are shown as absent. Each view runs as a process of its
+//! own (the stage table a viewer installs is its process's).
 
 use dflash_top::wire::protocol::*;
 use std::os::unix::net::UnixStream;
@@ -109,6 +110,14 @@ fn attached_headless_the_declared_phases_show_under_their_names() {
         );
     }
     assert!(last.contains("| q.hs="), "{last}");
+    // It reports a loss only: tau, lr and the grad norm are absent, not zeros.
+    assert!(
+        last.contains(" loss=") && !last.contains(" loss=- "),
+        "{last}"
+    );
+    for absent in [" tau=- ", " lr=- ", " gnorm=- "] {
+        assert!(last.contains(absent), "{absent}: {last}");
+    }
 }
 
 /// The same pipeline's stream kept as a recording (what `--record` writes): `export` names the

@@ -391,8 +391,8 @@ fn assembler_builds_a_snapshot_with_windows_and_verdict() {
                 rec.mark(Phase::Forward);
                 spin(Duration::from_millis(2));
                 let m = dflash_top::telemetry::TrainMetrics {
-                    loss: 2.5,
-                    tau: 1.5,
+                    loss: Some(2.5),
+                    tau: Some(1.5),
                     step,
                     ..Default::default()
                 };

@@ -445,6 +445,22 @@ fn every_view_renders_at_the_minimum_size() {
     }
 }
 
+/// Issue 26: numbers a pipeline never reported are shown as absent, never as zeros.
+#[test]
+fn training_numbers_never_reported_are_shown_as_absent() {
+    let mut snap = starved_snapshot();
+    snap.train.tau = None;
+    snap.train.lr = None;
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(snap));
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
+    let header = s.lines().next().unwrap();
+    assert!(
+        header.contains("loss 3.250  tau –  lr –"),
+        "absent tau and lr: {header}"
+    );
+}
+
 #[test]
 fn below_the_minimum_size_one_line_says_so() {
     let mut app = App::new();
