@@ -183,6 +183,7 @@ pub fn record(thread: usize, end_ms: u64, wall_ms: u64, forward_ms: u64) -> Step
         gpu_idle_ns: 0,
         tokens: 100,
         metrics: None,
+        phase_n: [0; N_PHASES],
     }
 }
 

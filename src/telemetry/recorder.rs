@@ -58,6 +58,9 @@ pub struct StepRecord {
     pub gpu_idle_ns: u64,
     pub tokens: u64,
     pub metrics: Option<TrainMetrics>,
+    /// Times each phase was entered in the iteration, where the producer counts them (a Python
+    /// pipeline's host syncs); zeros otherwise.
+    pub phase_n: [u32; N_PHASES],
 }
 
 impl StepRecord {
@@ -171,6 +174,13 @@ impl Registry {
         let mut t = self.threads.lock().expect("registry poisoned");
         t.push(info);
         t.len() - 1
+    }
+
+    /// Gives thread `i` another role (a watched producer re-declared its stages).
+    pub fn set_role(&self, i: usize, role: Role) {
+        if let Some(t) = self.threads.lock().expect("registry poisoned").get_mut(i) {
+            t.role = role;
+        }
     }
 }
 
@@ -325,6 +335,7 @@ impl PhaseRecorder {
             gpu_idle_ns: 0,
             tokens,
             metrics,
+            phase_n: [0; N_PHASES],
         });
         self.acc = [0; N_PHASES];
         self.iter_start = now;
@@ -355,6 +366,7 @@ impl PhaseRecorder {
             gpu_idle_ns: idle_ns,
             tokens: 0,
             metrics: None,
+            phase_n: [0; N_PHASES],
         });
     }
 
