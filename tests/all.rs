@@ -2,6 +2,7 @@
 
 mod attach;
 mod attention;
+mod auto;
 mod cli;
 mod e2e;
 mod engine;
