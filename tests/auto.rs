@@ -153,3 +153,21 @@ fn a_dataloader_loop_shows_its_item_sync_as_a_phase_with_a_count() {
         "{line}"
     );
 }
+
+/// The verdict follows a slowed stage of an unmodified pipeline: stages named by their threads,
+/// ordered by the queue between them.
+#[test]
+fn the_verdict_follows_a_slowed_stage_of_an_unmodified_pipeline() {
+    for (slow, verdict) in [("target", "target-bound"), ("drafter", "drafter-bound")] {
+        let runtime = tempfile::tempdir().unwrap();
+        let child = run_script(
+            runtime.path(),
+            "tests/fixtures/auto_chain.py",
+            &["--slow", slow],
+        );
+        let line = watch(runtime.path(), child, |l| {
+            l.contains(&format!("verdict={verdict} "))
+        });
+        assert!(line.contains("| q.target>drafter="), "{line}");
+    }
+}
