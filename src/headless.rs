@@ -86,6 +86,10 @@ fn phase_fields(w: &PhaseWindow, phases: &[Phase]) -> String {
     let mut out = format!(" step_ms={:.1}", w.step_ms());
     for p in phases {
         let _ = write!(out, " {}_ms={:.1}", p.name(), w.ms_per_step(*p));
+        // Entries per step, for the phases the producer counts (host syncs).
+        if w.phase_n[p.index()] > 0.0 {
+            let _ = write!(out, " {}_n={:.1}", p.name(), w.count_per_step(*p));
+        }
     }
     if w.gpu_idle_ns > 0 && w.wall_ns > 0 {
         let _ = write!(

@@ -2,11 +2,13 @@
 
 mod attach;
 mod attention;
+mod auto;
 mod cli;
 mod e2e;
 mod engine;
 mod fuzz;
 mod generate;
+mod names;
 mod parity;
 mod probes;
 mod quality;

@@ -393,13 +393,14 @@ mod frames {
                     th,
                     end,
                     wall,
-                    ph,
+                    ph: ph.clone(),
                     prof,
                     timing: Timing::Host,
                     steps: 1,
                     idle: 0,
                     tok,
                     m: None,
+                    n: ph.iter().map(|(k, _)| (*k, 1)).collect(),
                 })
             ),
             (n64(), id(), n64(), phases(), count(), id(), n64(), n64()).prop_map(
@@ -617,6 +618,7 @@ mod frames {
                 idle: 0,
                 tok: 0,
                 m: None,
+                n: Vec::new(),
             })
         };
         let decl = Msg::Thread(ThreadDecl {

@@ -183,6 +183,7 @@ pub fn record(thread: usize, end_ms: u64, wall_ms: u64, forward_ms: u64) -> Step
         gpu_idle_ns: 0,
         tokens: 100,
         metrics: None,
+        phase_n: [0; N_PHASES],
     }
 }
 
@@ -391,8 +392,8 @@ fn assembler_builds_a_snapshot_with_windows_and_verdict() {
                 rec.mark(Phase::Forward);
                 spin(Duration::from_millis(2));
                 let m = dflash_top::telemetry::TrainMetrics {
-                    loss: 2.5,
-                    tau: 1.5,
+                    loss: Some(2.5),
+                    tau: Some(1.5),
                     step,
                     ..Default::default()
                 };

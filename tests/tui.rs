@@ -8,7 +8,7 @@ use dflash_top::telemetry::verdict::Verdict;
 use dflash_top::telemetry::{GpuTiming, Phase, Role, Telemetry, N_PHASES};
 use dflash_top::tui::app::{Action, App, View};
 use dflash_top::tui::keys::action_for;
-use dflash_top::tui::panels::phases::bar_cells;
+use dflash_top::tui::panels::phases::{bar_cells, phase_parts};
 use dflash_top::tui::theme::Theme;
 use dflash_top::tui::view::{draw, Badges};
 use dflash_top::tui::{badges, run_loop, EngineControls, ReplayControls};
@@ -443,6 +443,39 @@ fn every_view_renders_at_the_minimum_size() {
     for k in ["space", "ctrl-c", "checkpoint", "freeze", "GPU timing"] {
         assert!(help.contains(k), "help lists {k}: {help}");
     }
+}
+
+/// Issue 26: a phase the producer counts (zero-code mode's host syncs) shows its entries per
+/// step beside its time.
+#[test]
+fn a_counted_phase_shows_its_entries_per_step() {
+    let mut w = window(&[(Phase::Forward, 10), (Phase::Metrics, 2)], 4);
+    w.phase_n[Phase::Metrics.index()] = 6.0;
+    let parts = phase_parts(&w, Role::Drafter.phases());
+    assert!(
+        parts.contains(&"metrics 2.0ms 17% x1.5".to_string()),
+        "{parts:?}"
+    );
+    assert!(
+        parts.contains(&"forward 10.0ms 83%".to_string()),
+        "{parts:?}"
+    );
+}
+
+/// Issue 26: numbers a pipeline never reported are shown as absent, never as zeros.
+#[test]
+fn training_numbers_never_reported_are_shown_as_absent() {
+    let mut snap = starved_snapshot();
+    snap.train.tau = None;
+    snap.train.lr = None;
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(snap));
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
+    let header = s.lines().next().unwrap();
+    assert!(
+        header.contains("loss 3.250  tau –  lr –"),
+        "absent tau and lr: {header}"
+    );
 }
 
 #[test]

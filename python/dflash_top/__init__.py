@@ -10,9 +10,11 @@
 
 Modules by job: `profiler` (the Profiler), `threads` (per-thread recorders), `queues` (measured
 queues), `cuda` (GPU timing), `wire` (framing and sockets), `protocol` (the protocol's
-constants), `serve` (the socket server). This module only re-exports the public names.
+constants), `serve` (the socket server), `auto` (zero-code mode: `dflash_top.auto()` or
+`python -m dflash_top run script.py`). This module only re-exports the public names.
 """
 
+from .auto import Auto, auto
 from .profiler import Profiler, StageSpec
 from .protocol import VERSION as PROTOCOL_VERSION
 from .protocol import __version__
@@ -21,6 +23,8 @@ from .threads import Phase, ThreadRecord
 from .wire import WireError
 
 __all__ = [
+    "auto",
+    "Auto",
     "Profiler",
     "ProfiledQueue",
     "Phase",

@@ -20,6 +20,8 @@ class _Outlet:
         self.conn = conn
         self.ctl: "queue.SimpleQueue[bytes]" = queue.SimpleQueue()
         self.data: "queue.Queue[bytes]" = queue.Queue(maxsize=VIEWER_BACKLOG)
+        # Not a queue of the pipeline (zero-code mode's queue wraps leave it alone).
+        self.data.__dict__["_dft_skip"] = True
         self.dropped = 0
         self.closed = False
 

@@ -1,4 +1,5 @@
-"""What a phase mark costs in CPython (timeit), profiling on and off.
+"""What a phase mark costs in CPython (timeit), profiling on and off; and what zero-code mode
+adds to the calls it wraps (the extra ns per call, with and without it).
 
     pip install ./python && python python/examples/mark_cost.py
 """
@@ -34,9 +35,68 @@ def main():
     t = threading.Thread(target=run, name="worker")
     t.start()
     t.join()
+    zero_code(out)
     print("python %s" % sys.version.split()[0])
     for k, v in out.items():
-        print("%-24s %6.0f ns" % (k, v))
+        print("%-40s %6.0f ns" % (k, v))
+
+
+def zero_code(out):
+    """What zero-code mode (`python -m dflash_top run`) adds to the calls it wraps: the extra ns
+    per call, measured in the same thread with and without it. A module call is a top-level
+    Sequential of 16 Linear(4, 4), in a thread whose steps end at an optimizer step; before
+    the top-level modules settle every module call takes the global hooks, after it only the
+    top-level one."""
+    try:
+        import torch
+    except ImportError:
+        return
+    from dflash_top.auto import SYNC, Auto, _Rec
+
+    torch.set_num_threads(1)
+    n = 5_000
+
+    def per_call(stmt, g):
+        return min(timeit.repeat(stmt, globals=g, number=n, repeat=5)) / n * 1e9
+
+    x = torch.ones(())
+    seq = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(16)])
+    inp = torch.ones(1, 4)
+    opt = torch.optim.SGD(seq.parameters(), lr=0.0)
+    calls = {
+        ".item()": ("x.item()", {"x": x}),
+        "module call (17 modules)": ("seq(inp)", {"seq": seq, "inp": inp}),
+        "queue.Queue put + get": ("q.put(1); q.get()", {"q": __import__("queue").Queue()}),
+    }
+
+    def measure(into, names):
+        opt.step()  # this thread's steps end at the optimizer's step, as a trainer's do
+        for name in names:
+            stmt, g = calls[name]
+            into[name] = per_call(stmt, g)
+
+    def in_thread(into, names):
+        t = threading.Thread(target=measure, args=(into, names), name="worker")
+        t.start()
+        t.join()
+
+    base, before, after = {}, {}, {}
+    in_thread(base, list(calls))
+    a = Auto(serve=False)
+    r = _Rec(0, "m", "m", 0, 0, False)
+    k = a._phase_idx[SYNC]
+    out["auto: phase enter + leave"] = per_call(
+        "e(r, k); l(r)", {"e": a.enter, "l": a.leave, "r": r, "k": k}
+    )
+    a.install()
+    in_thread(before, list(calls))
+    a._settle()
+    in_thread(after, ["module call (17 modules)"])
+    a.close()
+    for name in calls:
+        out["auto: %s, %.0f ns bare" % (name, base[name])] = before[name] - base[name]
+    name = "module call (17 modules)"
+    out["auto: %s, settled" % name] = after[name] - base[name]
 
 
 if __name__ == "__main__":

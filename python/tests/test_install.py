@@ -84,6 +84,22 @@ def test_pip_install_into_a_fresh_venv(tmp_path):
     )
     assert out["files"] == sorted(source + ["py.typed"])
     assert out["all"] == dflash_top.__all__
+    # Zero-code mode from the install, in a venv without torch (the queue wraps only).
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import queue, sys, threading\n"
+        "q = queue.Queue(1)\n"
+        "t = threading.Thread(target=lambda: [q.put(i) for i in range(50)], name='producer-0')\n"
+        "t.start()\n"
+        "print(sum(q.get() for _ in range(50)), sys.argv[1:])\n"
+        "t.join()\n"
+    )
+    out = run(
+        [py, "-m", "dflash_top", "run", str(script), "x"],
+        cwd=str(tmp_path),
+        env=clean_env(XDG_RUNTIME_DIR=str(tmp_path)),
+    )
+    assert out.strip() == "1225 ['x']"
 
 
 def test_example_runs_from_the_source_tree_without_an_install(tmp_path):

@@ -411,10 +411,10 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                 slot_acc[i] = *a;
             }
             let metrics = TrainMetrics {
-                loss: out.loss,
-                tau: out.tau,
-                grad_norm: out.grad_norm,
-                lr: lr_now as f32,
+                loss: Some(out.loss),
+                tau: Some(out.tau),
+                grad_norm: Some(out.grad_norm),
+                lr: Some(lr_now as f32),
                 slot_acc,
                 block_size: block.min(MAX_SLOTS as i64) as u8,
                 step: step.optimizer.step as u64,

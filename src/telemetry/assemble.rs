@@ -370,10 +370,10 @@ impl Assembler {
         let m = self.windows.latest.metrics;
         TrainView {
             step: m.map(|m| m.step).unwrap_or(0),
-            loss: m.map(|m| m.loss),
-            tau: m.map(|m| m.tau),
-            lr: m.map(|m| m.lr),
-            grad_norm: m.map(|m| m.grad_norm),
+            loss: m.and_then(|m| m.loss),
+            tau: m.and_then(|m| m.tau),
+            lr: m.and_then(|m| m.lr),
+            grad_norm: m.and_then(|m| m.grad_norm),
             skipped_nonfinite: m.map(|m| m.skipped_nonfinite).unwrap_or(0),
             slot_acc: m
                 .map(|m| m.slot_acc[..(m.block_size as usize).min(MAX_SLOTS)].to_vec())
@@ -386,8 +386,8 @@ impl Assembler {
 
     /// Adds this tick's points to the loss and tok/s charts.
     fn push_history(&mut self, elapsed_s: f64, tok_per_s_1s: f64) {
-        if let Some(m) = self.windows.latest.metrics {
-            push_capped(&mut self.loss_history, (elapsed_s, m.loss as f64), HISTORY);
+        if let Some(loss) = self.windows.latest.metrics.and_then(|m| m.loss) {
+            push_capped(&mut self.loss_history, (elapsed_s, loss as f64), HISTORY);
         }
         if self.windows.latest.drafter_steps > 0 {
             push_capped(&mut self.tok_history, (elapsed_s, tok_per_s_1s), HISTORY);

@@ -16,14 +16,19 @@ use std::sync::{Arc, Mutex};
 /// Block slots whose accuracy a drafter reports (block size 16 at most).
 pub const MAX_SLOTS: usize = 16;
 
-/// Training numbers a drafter attaches to its step record.
+/// Training numbers a drafter attaches to its step record. A number a pipeline does not report
+/// is None (shown as absent, never as a zero); recordings that carry them read as before.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TrainMetrics {
-    pub loss: f32,
-    pub tau: f32,
-    pub lr: f32,
-    pub grad_norm: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tau: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f32>,
     pub slot_acc: [f32; MAX_SLOTS],
     pub block_size: u8,
     /// The run's optimizer step after this update (continues across a resume).
@@ -53,6 +58,9 @@ pub struct StepRecord {
     pub gpu_idle_ns: u64,
     pub tokens: u64,
     pub metrics: Option<TrainMetrics>,
+    /// Times each phase was entered in the iteration, where the producer counts them (a Python
+    /// pipeline's host syncs); zeros otherwise.
+    pub phase_n: [u32; N_PHASES],
 }
 
 impl StepRecord {
@@ -166,6 +174,13 @@ impl Registry {
         let mut t = self.threads.lock().expect("registry poisoned");
         t.push(info);
         t.len() - 1
+    }
+
+    /// Gives thread `i` another role (a watched producer re-declared its stages).
+    pub fn set_role(&self, i: usize, role: Role) {
+        if let Some(t) = self.threads.lock().expect("registry poisoned").get_mut(i) {
+            t.role = role;
+        }
     }
 }
 
@@ -320,6 +335,7 @@ impl PhaseRecorder {
             gpu_idle_ns: 0,
             tokens,
             metrics,
+            phase_n: [0; N_PHASES],
         });
         self.acc = [0; N_PHASES];
         self.iter_start = now;
@@ -350,6 +366,7 @@ impl PhaseRecorder {
             gpu_idle_ns: idle_ns,
             tokens: 0,
             metrics: None,
+            phase_n: [0; N_PHASES],
         });
     }
 
@@ -362,5 +379,35 @@ impl PhaseRecorder {
         self.current_phase = Phase::Other;
         self.epoch = self.switches.profiling_epoch();
         self.live.restart(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TrainMetrics;
+
+    #[test]
+    fn numbers_left_out_are_absent_and_old_frames_read_as_before() {
+        let m: TrainMetrics = serde_json::from_str(r#"{"loss":2.5,"step":3}"#).unwrap();
+        assert_eq!(
+            (m.loss, m.tau, m.lr, m.grad_norm),
+            (Some(2.5), None, None, None)
+        );
+        assert_eq!(m.step, 3);
+        let old = r#"{"loss":2.5,"tau":1.5,"lr":0.001,"grad_norm":0.5,"step":3}"#;
+        let m: TrainMetrics = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (m.tau, m.lr, m.grad_norm),
+            (Some(1.5), Some(0.001), Some(0.5))
+        );
+        let back = serde_json::to_string(&TrainMetrics {
+            loss: Some(1.0),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            !back.contains("tau") && back.contains("\"loss\":1.0"),
+            "{back}"
+        );
     }
 }

@@ -26,6 +26,10 @@ pub struct PhaseWindow {
     /// Of `wall_ns` (device-timed), the time the GPU sat idle waiting for the host.
     #[serde(default)]
     pub gpu_idle_ns: u64,
+    /// Times each phase was entered, where the producer counts them (a Python pipeline's host
+    /// syncs); fractional at the window's edges like `phase_steps`.
+    #[serde(default)]
+    pub phase_n: [f64; N_PHASES],
 }
 
 impl PhaseWindow {
@@ -39,6 +43,7 @@ impl PhaseWindow {
         self.gpu_idle_ns += other.gpu_idle_ns;
         for i in 0..N_PHASES {
             self.phase_ns[i] += other.phase_ns[i];
+            self.phase_n[i] += other.phase_n[i];
         }
     }
 
@@ -60,6 +65,7 @@ impl PhaseWindow {
         self.gpu_idle_ns = 0;
         self.phase_steps = 0.0;
         self.phase_ns = [0; N_PHASES];
+        self.phase_n = [0.0; N_PHASES];
     }
 
     /// Steps to divide phase time by: the steps' worth of the time in the window, so a step cut
@@ -79,6 +85,15 @@ impl PhaseWindow {
             return 0.0;
         }
         self.phase_ns[phase.index()] as f64 / 1e6 / d
+    }
+
+    /// Mean times `phase` was entered per step (0 where the producer does not count it).
+    pub fn count_per_step(&self, phase: Phase) -> f64 {
+        let d = self.per_step_divisor();
+        if d == 0.0 {
+            return 0.0;
+        }
+        self.phase_n[phase.index()] / d
     }
 
     /// Mean wall milliseconds per step.

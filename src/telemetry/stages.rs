@@ -5,7 +5,9 @@
 //! Our own pipeline is the built-in table (loader → target → drafter, the `Role` and `Phase`
 //! enums). A declared table is installed once per process (a viewer watches one pipeline): its
 //! stages become `Role::Stage(k)` and its phase names the built-in phase of that name or one of
-//! the `Phase::Custom*` slots.
+//! the `Phase::Custom*` slots. Declared names win: a client's stage called `target` is its own
+//! stage with its own phases, never our built-in target (a stream resolves its threads' stage
+//! names against its own table: `StageTable::role_of`).
 
 use super::phase::{Phase, Role, N_BUILTIN, N_CUSTOM};
 use serde::{Deserialize, Serialize};
@@ -92,6 +94,7 @@ impl StageTable {
     /// nothing). Returns the role of each stage, in order.
     pub fn install(&self) -> Result<Vec<Role>, TableError> {
         if self.is_builtin() {
+            *INSTALLED.write().unwrap_or_else(|e| e.into_inner()) = None;
             return Ok(vec![Role::Loader, Role::Target, Role::Drafter]);
         }
         let n = self.stages.len();
@@ -171,6 +174,13 @@ impl StageTable {
         *INSTALLED.write().unwrap_or_else(|e| e.into_inner()) = Some(Box::leak(Box::new(table)));
         Ok((0..n).map(|k| Role::Stage(k as u8)).collect())
     }
+
+    /// The role of the stage called `name` in this table, given the roles `install` returned
+    /// for it (None for a name the table does not declare).
+    pub fn role_of(&self, roles: &[Role], name: &str) -> Option<Role> {
+        let k = self.stages.iter().position(|s| s.name == name)?;
+        roles.get(k).copied()
+    }
 }
 
 /// The name of declared slot `slot`, `phaseN` when no table names it.
@@ -201,15 +211,17 @@ pub fn is_last_stage(k: usize) -> bool {
     installed().is_some_and(|t| k + 1 == t.stages.len())
 }
 
-/// The stage of this name: a built-in role, or a stage of the installed table.
+/// The stage of this name: a stage of the installed table first (declared names win, `target`
+/// included), else a built-in role.
 pub fn role_named(name: &str) -> Option<Role> {
+    if let Some(k) = installed().and_then(|t| t.stages.iter().position(|s| *s == name)) {
+        return Some(Role::Stage(k as u8));
+    }
     match name {
         "loader" => Some(Role::Loader),
         "target" => Some(Role::Target),
         "drafter" => Some(Role::Drafter),
-        _ => installed()
-            .and_then(|t| t.stages.iter().position(|s| *s == name))
-            .map(|k| Role::Stage(k as u8)),
+        _ => None,
     }
 }
 
@@ -274,5 +286,39 @@ mod tests {
             dup.install(),
             Err(TableError::DuplicateStage("producer".into()))
         );
+
+        // Issue 26: stages named like ours keep their declared phases and names (the target's
+        // first phase was drawn as our `batch_wait`, the drafter's optim as `grad_sync`).
+        let decl = |name: &str, phases: &[&str]| StageDecl {
+            name: name.into(),
+            phases: phases.iter().map(|p| p.to_string()).collect(),
+        };
+        let dflash = StageTable {
+            stages: vec![
+                decl("target", &["forward"]),
+                decl(
+                    "drafter",
+                    &["anchors", "forward", "loss", "backward", "optim", "metrics"],
+                ),
+            ],
+        };
+        let roles = dflash.install().unwrap();
+        assert_eq!(roles, vec![Role::Stage(0), Role::Stage(1)]);
+        assert_eq!(dflash.role_of(&roles, "target"), Some(Role::Stage(0)));
+        assert_eq!(dflash.role_of(&roles, "loader"), None);
+        assert_eq!(role_named("drafter"), Some(Role::Stage(1)));
+        let names = |r: Role| -> Vec<&str> { r.phases().iter().map(|p| p.name()).collect() };
+        assert_eq!(Role::Stage(0).name(), "target");
+        assert_eq!(names(Role::Stage(0)), ["forward", "other"]);
+        assert_eq!(Role::Stage(1).name(), "drafter");
+        assert_eq!(
+            names(Role::Stage(1)),
+            ["anchors", "forward", "loss", "backward", "optim", "metrics", "other"]
+        );
+        // The built-in table installed again is ours again.
+        let builtin = StageTable::builtin();
+        let roles = builtin.install().unwrap();
+        assert_eq!(role_named("target"), Some(Role::Target));
+        assert_eq!(builtin.role_of(&roles, "drafter"), Some(Role::Drafter));
     }
 }

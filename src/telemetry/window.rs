@@ -132,6 +132,9 @@ fn add_part(w: &mut PhaseWindow, r: &StepRecord, part: f64, phases: bool) {
     if phases {
         w.phase_steps += part;
         w.gpu_idle_ns += (r.gpu_idle_ns as f64 * part).round() as u64;
+        for (acc, n) in w.phase_n.iter_mut().zip(r.phase_n) {
+            *acc += n as f64 * part;
+        }
         let mut wall = 0;
         for (acc, ns) in w.phase_ns.iter_mut().zip(r.phase_ns) {
             let x = (ns as f64 * part).round() as u64;

@@ -265,6 +265,7 @@ impl RawTap for Fanout {
             idle: r.gpu_idle_ns,
             tok: r.tokens,
             m: r.metrics,
+            n: Vec::new(),
         });
         Self::broadcast(&st, &m);
     }

@@ -7,19 +7,25 @@ use super::protocol::*;
 use crate::telemetry::clock;
 use crate::telemetry::queue::{QueueCounters, QueueProbe};
 use crate::telemetry::recorder::{LiveStep, StepRecord, ThreadInfo};
-use crate::telemetry::stages::role_named;
+use crate::telemetry::stages::{StageTable, TableError};
 use crate::telemetry::{HubCommand, Phase, Role, Telemetry, N_PHASES};
 use anyhow::{bail, Result};
 use std::sync::Arc;
 
 struct RemoteThread {
     local: usize,
+    /// Its stage's name, as declared (its role follows the table when that is declared again).
+    stage: String,
     role: Role,
     live: Arc<LiveStep>,
 }
 
 pub struct Mirror {
     telemetry: Telemetry,
+    /// The producer's stage table and the role of each of its stages: thread declarations name
+    /// their stage in it (declared names win over ours).
+    stages: StageTable,
+    roles: Vec<Role>,
     threads: Vec<Option<RemoteThread>>,
     queues: Vec<Option<QueueProbe>>,
     /// Added to a wire timestamp before it becomes local time (a replay's shift to now).
@@ -31,6 +37,18 @@ pub struct Mirror {
 
 fn leak(s: &str) -> &'static str {
     Box::leak(s.to_string().into_boxed_str())
+}
+
+/// Entry counts by index in `role`'s list, into the per-phase array.
+fn counts(role: Role, n: &[(u16, u32)]) -> [u32; N_PHASES] {
+    let list = role.phases();
+    let mut out = [0u32; N_PHASES];
+    for (k, c) in n {
+        if let Some(p) = list.get(*k as usize) {
+            out[p.index()] = out[p.index()].saturating_add(*c);
+        }
+    }
+    out
 }
 
 /// Phase times by index in `role`'s list, into the per-phase array (`other` the rest of `wall`).
@@ -50,14 +68,19 @@ fn phases(role: Role, ph: &[(u16, u64)], wall: u64) -> [u64; N_PHASES] {
 impl Mirror {
     /// Checks the hello (its stage table is installed for this process's views).
     pub fn new(hello: &Hello, telemetry: &Telemetry, shift_ns: i128) -> Result<Mirror> {
-        if let Err(e) = hello.stages.install() {
-            bail!(
+        let roles = match hello.stages.install() {
+            Ok(roles) => roles,
+            // A producer whose stages appear as it runs (zero-code mode) may start with none.
+            Err(TableError::Empty) => Vec::new(),
+            Err(e) => bail!(
                 "process {} declares stages this viewer cannot show: {e}",
                 hello.pid
-            );
-        }
+            ),
+        };
         Ok(Mirror {
             telemetry: telemetry.clone(),
+            stages: hello.stages.clone(),
+            roles,
             threads: Vec::new(),
             queues: Vec::new(),
             shift_ns,
@@ -97,12 +120,38 @@ impl Mirror {
                 self.telemetry
                     .set_dropped(self.remote_dropped + self.wire_dropped);
             }
-            Msg::Hello(_) | Msg::Command { .. } | Msg::Refused { .. } | Msg::Unknown => {}
+            Msg::Hello(h) => self.restage(h),
+            Msg::Command { .. } | Msg::Refused { .. } | Msg::Unknown => {}
+        }
+    }
+
+    /// A later hello: a producer whose stages and phases appear as it runs (zero-code mode)
+    /// declares its grown table. It is installed and every thread takes the role of its stage
+    /// in it; a table that cannot be shown, or one that drops a stage of a thread, is let go.
+    fn restage(&mut self, h: Hello) {
+        if h.stages == self.stages {
+            return;
+        }
+        let known = |t: &RemoteThread| h.stages.stages.iter().any(|s| s.name == t.stage);
+        if !self.threads.iter().flatten().all(known) {
+            return;
+        }
+        let Ok(roles) = h.stages.install() else {
+            return;
+        };
+        self.stages = h.stages;
+        self.roles = roles;
+        let registry = self.telemetry.registry().clone();
+        for t in self.threads.iter_mut().flatten() {
+            if let Some(role) = self.stages.role_of(&self.roles, &t.stage) {
+                t.role = role;
+                registry.set_role(t.local, role);
+            }
         }
     }
 
     fn add_thread(&mut self, t: ThreadDecl) {
-        let Some(role) = role_named(&t.stage) else {
+        let Some(role) = self.stages.role_of(&self.roles, &t.stage) else {
             return;
         };
         // A thread is declared once: a repeated id adds nothing (else a stream of them would
@@ -124,7 +173,12 @@ impl Mirror {
         if self.threads.len() <= id {
             self.threads.resize_with(id + 1, || None);
         }
-        self.threads[id] = Some(RemoteThread { local, role, live });
+        self.threads[id] = Some(RemoteThread {
+            local,
+            stage: t.stage,
+            role,
+            live,
+        });
     }
 
     fn add_queue(&mut self, q: QueueDecl) {
@@ -153,6 +207,7 @@ impl Mirror {
             gpu_idle_ns: s.idle,
             tokens: s.tok,
             metrics: s.m,
+            phase_n: counts(t.role, &s.n),
         };
         self.telemetry.sink().send(record);
     }

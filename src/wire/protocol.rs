@@ -124,6 +124,10 @@ pub struct WireStep {
     pub tok: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub m: Option<TrainMetrics>,
+    /// Times a phase was entered in the iteration, by index in the stage's list, for the
+    /// phases a producer counts (zero-code mode's host syncs); none when it counts nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub n: Vec<(u16, u32)>,
 }
 
 /// The step a thread is in now.
@@ -255,6 +259,11 @@ impl Msg {
                 bounded("the step's wall ns", s.wall, MAX_SPAN_NS)?;
                 bounded("the step's idle ns", s.idle, MAX_SPAN_NS)?;
                 bounded("the step's tokens", s.tok, MAX_COUNT)?;
+                bounded(
+                    "the step's phase counts",
+                    s.n.len() as u64,
+                    MAX_PHASE_ENTRIES as u64,
+                )?;
                 phase_list("the step's", &s.ph)
             }
             Msg::Sample(s) => {
@@ -395,6 +404,7 @@ mod tests {
                 idle: 0,
                 tok: 7,
                 m: None,
+                n: vec![(1, 3)],
             }),
         ];
         let mut buf = Vec::new();
@@ -459,6 +469,7 @@ mod tests {
                 idle: 0,
                 tok: 0,
                 m: None,
+                n: Vec::new(),
             })
         };
         assert!(step(MAX_SPAN_NS, MAX_PHASE_ENTRIES).check().is_ok());

@@ -7,7 +7,7 @@ use super::mirror::Mirror;
 use super::protocol::*;
 use crate::cancel::CancelToken;
 use crate::telemetry::snapshot::{Snapshot, StepSpan};
-use crate::telemetry::stages::role_named;
+use crate::telemetry::stages::TableError;
 use crate::telemetry::{Phase, Telemetry};
 use anyhow::{bail, Context, Result};
 use flate2::read::GzDecoder;
@@ -196,24 +196,38 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
     let Some(Msg::Hello(hello)) = msgs.first() else {
         bail!("the recording has no hello");
     };
-    hello
-        .stages
-        .install()
-        .map_err(|e| anyhow::anyhow!("the recording's stage table: {e}"))?;
-    let mut threads = Vec::new();
+    let mut table = hello.stages.clone();
+    let mut roles = match table.install() {
+        Ok(roles) => roles,
+        // Zero-code mode's table starts empty and grows.
+        Err(TableError::Empty) => Vec::new(),
+        Err(e) => bail!("the recording's stage table: {e}"),
+    };
+    // (name, stage) by thread id; the role is the stage's in the table at the step.
+    let mut threads: Vec<Option<(String, String)>> = Vec::new();
     let mut out = Vec::new();
-    for m in msgs {
+    for m in msgs.iter().skip(1) {
         match m {
+            // A producer whose table grows (zero-code mode) declares it again.
+            Msg::Hello(h) if h.stages != table => {
+                if let Ok(r) = h.stages.install() {
+                    table = h.stages.clone();
+                    roles = r;
+                }
+            }
             // Ids beyond the protocol's bound size no table (`read` refuses them already).
             Msg::Thread(t) if t.id < MAX_THREADS => {
                 let id = t.id as usize;
                 if threads.len() <= id {
                     threads.resize(id + 1, None);
                 }
-                threads[id] = role_named(&t.stage).map(|r| (t.name.clone(), r));
+                threads[id] = Some((t.name.clone(), t.stage.clone()));
             }
             Msg::Step(s) if s.prof && s.steps > 0 => {
-                let Some(Some((name, role))) = threads.get(s.th as usize) else {
+                let Some(Some((name, stage))) = threads.get(s.th as usize) else {
+                    continue;
+                };
+                let Some(role) = table.role_of(&roles, stage) else {
                     continue;
                 };
                 let list = role.phases();
@@ -224,7 +238,7 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
                         .collect();
                 out.push(StepSpan {
                     thread: name.clone(),
-                    role: *role,
+                    role,
                     end_ns: s.end.saturating_sub(hello.now_ns),
                     wall_ns: s.wall,
                     phases,

@@ -39,8 +39,9 @@ fn drops_detail(spans: u64, snapshots: u64) -> String {
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let s = c.snap;
     let t = c.theme;
+    // A number the pipeline never reported is absent, not a zero.
     let opt =
-        |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
+        |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "–".into());
     let badge = |on: bool, text: String| {
         let style = if on {
             t.ok().add_modifier(ratatui::style::Modifier::REVERSED)
@@ -63,7 +64,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             s.train
                 .lr
                 .map(|x| format!("{x:.1e}"))
-                .unwrap_or_else(|| "-".into()),
+                .unwrap_or_else(|| "–".into()),
             fmt_elapsed(s.elapsed_s)
         )),
     ];

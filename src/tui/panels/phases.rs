@@ -133,18 +133,23 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
     );
 }
 
-/// "forward 12.0ms 15%" for each phase with time in `w`.
+/// "forward 12.0ms 15%" for each phase with time in `w`; "sync 0.4ms 1% x56.2" for a phase the
+/// producer counts (entries per step: a Python pipeline's host syncs).
 pub fn phase_parts(w: &PhaseWindow, phases: &[Phase]) -> Vec<String> {
     phases
         .iter()
         .filter(|p| w.phase_ns[p.index()] > 0)
         .map(|p| {
-            format!(
+            let mut s = format!(
                 "{} {:.1}ms {:.0}%",
                 p.name(),
                 w.ms_per_step(*p),
                 w.share(*p) * 100.0
-            )
+            );
+            if w.phase_n[p.index()] > 0.0 {
+                s.push_str(&format!(" x{:.1}", w.count_per_step(*p)));
+            }
+            s
         })
         .collect()
 }

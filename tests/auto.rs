@@ -1,0 +1,173 @@
+//! Zero-code mode (issue 26): unmodified Python scripts under `python -m dflash_top run`,
+//! watched by `dflash-top attach --headless`: the repository's own Python peer (a target
+//! thread, a queue, a drafter trained on the main thread) and a DataLoader loop with an
+//! `.item()` a step, whose host sync is a phase of its own with a count.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `python -m dflash_top run SCRIPT ARGS` serving in `runtime` (its XDG_RUNTIME_DIR).
+fn run_script(runtime: &Path, script: &str, args: &[&str]) -> Child {
+    Command::new(repo().join(".venv/bin/python"))
+        .args(["-m", "dflash_top", "run"])
+        .arg(repo().join(script))
+        .args(args)
+        .env("PYTHONPATH", repo().join("python"))
+        .env("XDG_RUNTIME_DIR", runtime)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect(".venv/bin/python runs (make venv)")
+}
+
+/// Attaches headless as soon as the script serves (before its threads start: the table grows
+/// while the viewer watches) until `done` holds for a line, or a minute.
+fn watch(runtime: &Path, mut child: Child, done: impl Fn(&str) -> bool) -> String {
+    let sock = runtime
+        .join("dflash-top")
+        .join(format!("{}.sock", child.id()));
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the script never served"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut viewer = Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+        .args(["attach", &child.id().to_string(), "--headless"])
+        .args(["--seconds", "90", "--interval", "1"])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(viewer.stdout.take().unwrap());
+    let mut seen = None;
+    for line in std::io::BufRead::lines(out) {
+        let line = line.unwrap();
+        if line.starts_with("t=") && done(&line) {
+            seen = Some(line);
+            break;
+        }
+    }
+    for p in [&mut viewer, &mut child] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    seen.expect("the viewer never showed what was expected (or stopped)")
+}
+
+/// The `NAME_ms=` (or `NAME_n=`) value in thread `thread`'s part of a headless line.
+fn field(line: &str, thread: &str, name: &str) -> Option<f64> {
+    let part = line
+        .split(" | ")
+        .find(|p| p.starts_with(&format!("{thread} step_ms=")))?;
+    part.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .map(|v| v.parse().unwrap())
+}
+
+fn tok_per_s(line: &str) -> f64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix("tok/s="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn the_python_peer_unmodified_shows_its_target_thread_queue_and_drafter_phases() {
+    let runtime = tempfile::tempdir().unwrap();
+    let child = run_script(
+        runtime.path(),
+        "python/peer/dflash_peer.py",
+        &[
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "100000",
+            "--warmup",
+            "1",
+            "--seq",
+            "128",
+            "--batch",
+            "1",
+            "--anchors",
+            "8",
+        ],
+    );
+    // The drafter trains on the main thread: its forward is its model's class.
+    let drafter = |l: &str, p: &str| field(l, "MainThread", p).unwrap_or(0.0) > 0.0;
+    // Tokens (the target's input_ids) travel with the queue's items to the last stage.
+    let line = watch(runtime.path(), child, |l| {
+        field(l, "target-0", "Qwen3Model_ms").unwrap_or(0.0) > 0.0
+            && ["DFlashDraftModel_ms", "backward_ms", "optim_ms"]
+                .iter()
+                .all(|p| drafter(l, p))
+            && l.contains("| q.target>main=")
+            && tok_per_s(l) > 0.0
+    });
+    // The target thread is a stage of its own, upstream of the queue into the main thread.
+    let depth = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("q.target>main="))
+        .unwrap();
+    assert!(
+        depth.ends_with("/2"),
+        "the peer's queue.Queue(maxsize=2): {line}"
+    );
+    assert!(field(&line, "MainThread", "clip_ms").is_some(), "{line}");
+    assert!(
+        field(&line, "MainThread", "sync_n").unwrap_or(0.0) > 0.0,
+        "host syncs counted: {line}"
+    );
+    // Nothing was reported but steps: no training number is made up.
+    assert!(
+        line.contains(" loss=- ") && line.contains(" tau=- "),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_dataloader_loop_shows_its_item_sync_as_a_phase_with_a_count() {
+    let runtime = tempfile::tempdir().unwrap();
+    let child = run_script(runtime.path(), "tests/fixtures/auto_loader.py", &[]);
+    let line = watch(runtime.path(), child, |l| {
+        field(l, "MainThread", "sync_n").is_some()
+            && field(l, "MainThread", "data_wait_ms").unwrap_or(0.0) > 0.0
+            && field(l, "MainThread", "optim_ms").unwrap_or(0.0) > 0.0
+    });
+    // One `.item()` a step (SGD makes none): one sync per step.
+    let n = field(&line, "MainThread", "sync_n").unwrap();
+    assert!((0.5..=1.5).contains(&n), "one sync a step: {line}");
+    assert!(field(&line, "MainThread", "sync_ms").is_some(), "{line}");
+    assert!(
+        field(&line, "MainThread", "Sequential_ms").unwrap() > 0.0,
+        "{line}"
+    );
+}
+
+/// The verdict follows a slowed stage of an unmodified pipeline: stages named by their threads,
+/// ordered by the queue between them.
+#[test]
+fn the_verdict_follows_a_slowed_stage_of_an_unmodified_pipeline() {
+    for (slow, verdict) in [("target", "target-bound"), ("drafter", "drafter-bound")] {
+        let runtime = tempfile::tempdir().unwrap();
+        let child = run_script(
+            runtime.path(),
+            "tests/fixtures/auto_chain.py",
+            &["--slow", slow],
+        );
+        let line = watch(runtime.path(), child, |l| {
+            l.contains(&format!("verdict={verdict} "))
+        });
+        assert!(line.contains("| q.target>drafter="), "{line}");
+    }
+}

@@ -1,0 +1,216 @@
+//! Declared names win (issue 26): a Python pipeline whose stages are named like ours (`target`,
+//! `drafter`) with phase lists of its own is shown with its declared phases under its declared
+//! names — in headless lines, in a recording's Chrome export and in its replay — and the
+//! training numbers it never reports are shown as absent. Each view runs as a process of its
+//! own (the stage table a viewer installs is its process's).
+
+use dflash_top::wire::protocol::*;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Waits up to a minute (a loaded machine) for `ok`, with `what` in the failure.
+fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The fixture pipeline, serving in `runtime` (its XDG_RUNTIME_DIR), and its socket once there.
+fn named_pipeline(runtime: &Path) -> (Child, PathBuf) {
+    let child = Command::new(repo().join(".venv/bin/python"))
+        .arg(repo().join("tests/fixtures/dflash_named.py"))
+        .env("PYTHONPATH", repo().join("python"))
+        .env("XDG_RUNTIME_DIR", runtime)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect(".venv/bin/python runs (make venv)");
+    let sock = runtime
+        .join("dflash-top")
+        .join(format!("{}.sock", child.id()));
+    wait_until("the Python pipeline's socket", || sock.exists());
+    (child, sock)
+}
+
+fn stop(mut child: Child) {
+    // SAFETY: kill with a pid we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(
+        child.wait().unwrap().success(),
+        "the pipeline stops on SIGTERM"
+    );
+}
+
+/// The phase fields (`forward_ms=` ...) of thread `name` in a headless line, in order.
+fn phase_fields<'a>(line: &'a str, name: &str) -> Vec<(&'a str, f64)> {
+    let part = line
+        .split(" | ")
+        .find(|p| p.starts_with(&format!("{name} step_ms=")))
+        .unwrap_or_else(|| panic!("no thread {name} in: {line}"));
+    part.split_whitespace()
+        .filter_map(|kv| kv.split_once("_ms="))
+        .filter(|(k, _)| *k != "step")
+        .map(|(k, v)| (k, v.parse().unwrap()))
+        .collect()
+}
+
+fn names<'a>(line: &'a str, thread: &str) -> Vec<&'a str> {
+    phase_fields(line, thread).iter().map(|(k, _)| *k).collect()
+}
+
+const TARGET_PHASES: [&str; 3] = ["forward", "push_wait", "other"];
+const DRAFTER_PHASES: [&str; 8] = [
+    "pop_wait", "anchors", "forward", "loss", "backward", "optim", "metrics", "other",
+];
+
+/// Its target's forward was drawn as our `batch_wait`, its drafter's optim as `grad_sync`.
+#[test]
+fn attached_headless_the_declared_phases_show_under_their_names() {
+    let runtime = tempfile::tempdir().unwrap();
+    let (child, _) = named_pipeline(runtime.path());
+    let o = bin()
+        .args(["attach", &child.id().to_string(), "--headless"])
+        .args(["--seconds", "5", "--interval", "1"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    stop(child);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let last = out
+        .lines()
+        .rfind(|l| l.starts_with("t="))
+        .expect("interval lines");
+    assert_eq!(names(last, "target-0"), TARGET_PHASES, "{last}");
+    assert!(
+        phase_fields(last, "target-0")[0].1 > 0.0,
+        "the target's forward time is its own: {last}"
+    );
+    let drafter = phase_fields(last, "drafter-0");
+    assert_eq!(names(last, "drafter-0"), DRAFTER_PHASES, "{last}");
+    for (k, ms) in &drafter[1..7] {
+        assert!(
+            *ms > 0.0,
+            "{k} holds what the drafter marked as {k}: {last}"
+        );
+    }
+    assert!(last.contains("| q.hs="), "{last}");
+    // It reports a loss only: tau, lr and the grad norm are absent, not zeros.
+    assert!(
+        last.contains(" loss=") && !last.contains(" loss=- "),
+        "{last}"
+    );
+    for absent in [" tau=- ", " lr=- ", " gnorm=- "] {
+        assert!(last.contains(absent), "{absent}: {last}");
+    }
+}
+
+/// The same pipeline's stream kept as a recording (what `--record` writes): `export` names the
+/// Chrome trace's slices with the declared stages and phases, and `replay` shows them.
+#[test]
+fn a_recording_keeps_the_declared_names_in_export_and_replay() {
+    let runtime = tempfile::tempdir().unwrap();
+    let (child, sock) = named_pipeline(runtime.path());
+    let rec = runtime.path().join("named.dft");
+    {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        write_preamble(&mut s).unwrap();
+        read_preamble(&mut s).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&rec).unwrap(),
+            flate2::Compression::default(),
+        );
+        write_preamble(&mut gz).unwrap();
+        let start = Instant::now();
+        let mut steps = 0;
+        while start.elapsed() < Duration::from_secs(3) || steps < 20 {
+            let m = read_msg(&mut s).unwrap().expect("the pipeline streams");
+            steps += matches!(&m, Msg::Step(st) if st.prof) as u32;
+            write_msg(&mut gz, &m).unwrap();
+        }
+        use std::io::Write;
+        gz.finish().unwrap().flush().unwrap();
+    }
+    stop(child);
+
+    let out = runtime.path().join("trace.json");
+    let o = bin()
+        .arg("export")
+        .arg(&rec)
+        .arg("--chrome")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let mut slices = std::collections::BTreeSet::new();
+    for e in trace["traceEvents"].as_array().unwrap() {
+        if e["ph"] == "X" {
+            let s = |k: &str| e[k].as_str().unwrap().to_string();
+            slices.insert((s("cat"), s("name")));
+        }
+    }
+    for (stage, phase) in &slices {
+        let declared: &[&str] = match stage.as_str() {
+            "target" => &TARGET_PHASES,
+            "drafter" => &DRAFTER_PHASES,
+            other => panic!("a slice of stage {other}: {slices:?}"),
+        };
+        assert!(
+            declared.contains(&phase.as_str()),
+            "{stage}/{phase} is not declared"
+        );
+    }
+    for (stage, phase) in [
+        ("target", "forward"),
+        ("drafter", "anchors"),
+        ("drafter", "optim"),
+    ] {
+        assert!(
+            slices.contains(&(stage.into(), phase.into())),
+            "{stage}/{phase}: {slices:?}"
+        );
+    }
+
+    // Replay in a real terminal (a process of its own: replay installs the recording's table
+    // for its process), on the phases view.
+    let cmd = format!(
+        "{} replay {}; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        rec.display()
+    );
+    let tui = crate::tmux::Session::start_sized(
+        format!("dflash-names-{}", std::process::id()),
+        (160, 40),
+        &cmd,
+    );
+    tui.wait_for("the replay's threads", |x| {
+        x.contains("target-0") && x.contains("drafter-0")
+    });
+    tui.keys("3");
+    let screen = tui.wait_for("the phases view with the declared phases", |x| {
+        ["anchors", "optim", "metrics", "forward"]
+            .iter()
+            .all(|p| x.contains(p))
+    });
+    for builtin in ["batch_wait", "grad_sync", "hs_pack", "h2d"] {
+        assert!(!screen.contains(builtin), "{builtin} shown:\n{screen}");
+    }
+}
