@@ -164,8 +164,8 @@ pub struct TrainArgs {
     /// the preset's, or 512 with --target).
     #[arg(long, value_name = "N")]
     pub anchors: Option<i64>,
-    /// Whether --anchors is a budget for each document (`per-doc`, SpecForge's, the default) or
-    /// for each packed row (`per-row`: fewer blocks, cheaper steps).
+    /// Whether --anchors is a budget for each packed row (`per-row`, the default: as good per
+    /// token, cheaper steps) or for each document (`per-doc`, SpecForge's).
     #[arg(long, value_name = "per-doc|per-row")]
     pub anchor_budget: Option<String>,
     /// Peak learning rate (recipe: the preset's, or 6e-4 with --target).

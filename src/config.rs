@@ -694,7 +694,7 @@ mod tests {
         for kv in [
             "drafter_layers=5",
             "seq_len=3072",
-            "anchors=512 anchor_budget=per-doc",
+            "anchors=512 anchor_budget=per-row",
             "lr=6e-4",
             "block=16",
             "mask_token_id=300",
@@ -716,7 +716,7 @@ mod tests {
         std::fs::write(
             &toml,
             "seq_len = 512\nanchors = 8\ndrafter_layers = 3\nlr = 1e-3\n\
-             anchor_budget = \"per-row\"\n[chat]\nenable_thinking = false\n\
+             anchor_budget = \"per-doc\"\n[chat]\nenable_thinking = false\n\
              system_prompt = \"Be brief.\"\n",
         )
         .unwrap();
@@ -727,20 +727,20 @@ mod tests {
         })
         .unwrap();
         assert_eq!((c.seq_len, c.anchors, c.lr), (512, 4, 1e-3));
-        assert_eq!(c.anchor_scope, AnchorScope::PerRow);
+        assert_eq!(c.anchor_scope, AnchorScope::PerDoc);
         assert_eq!(c.chat.enable_thinking, Some(false));
         assert_eq!(c.chat.system_prompt.as_deref(), Some("Be brief."));
         assert_eq!(c.spec.layers.num_hidden_layers, 3);
         assert_eq!(c.spec.mask_token_id, 42);
         assert!(c.recipe_line().contains("mask_from=given"));
-        assert!(c.recipe_line().contains("anchors=4 anchor_budget=per-row"));
+        assert!(c.recipe_line().contains("anchors=4 anchor_budget=per-doc"));
         // The flag wins over the file; an unknown budget or `[chat]` key is named.
         let c = train(dir.path(), |a| {
             a.config = Some(toml.clone());
-            a.anchor_budget = Some("per-doc".into());
+            a.anchor_budget = Some("per-row".into());
         })
         .unwrap();
-        assert_eq!(c.anchor_scope, AnchorScope::PerDoc);
+        assert_eq!(c.anchor_scope, AnchorScope::PerRow);
         let e = train(dir.path(), |a| a.anchor_budget = Some("per-batch".into())).unwrap_err();
         assert!(
             format!("{e:#}").contains("--anchor-budget `per-batch`"),

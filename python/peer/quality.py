@@ -580,8 +580,8 @@ def main():
     ap.add_argument("--target-steps", type=int, help="training steps of the target")
     ap.add_argument(
         "--anchor-budget",
-        default="per-doc",
-        help="dflash-top's --anchor-budget: per-doc, per-row, or both (one row each)",
+        default="per-row",
+        help="dflash-top's --anchor-budget: per-row (its default), per-doc, or both (one row each)",
     )
     ap.add_argument("--threads", type=int, help="torch intra-op threads of the Python stages")
     ap.add_argument("--until", choices=["target", "data"], help="stop after this stage")

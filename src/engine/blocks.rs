@@ -14,10 +14,12 @@ pub enum AnchorScope {
     /// Up to `anchors` per document: SpecForge's budget, which samples up to `num_anchors` per
     /// sequence and puts one conversation in a sequence. A row's anchors grow with the
     /// documents it packs.
-    #[default]
     PerDoc,
     /// Up to `anchors` per packed row, shared by its documents in proportion to their
-    /// candidates: a row costs the drafter the same however many documents it packs.
+    /// candidates: a row costs the drafter the same however many documents it packs. The
+    /// default: as good per target token as SpecForge's budget in python/peer/quality.py's
+    /// table, at a fraction of the drafter's work (README, "Anchor budget").
+    #[default]
     PerRow,
 }
 

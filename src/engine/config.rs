@@ -293,7 +293,7 @@ impl Preset {
                     seq_len: 256,
                     batch: 2,
                     anchors: 16,
-                    anchor_scope: AnchorScope::PerDoc,
+                    anchor_scope: AnchorScope::PerRow,
                     lr: 3e-3,
                 },
                 embed_std: 0.5,

@@ -36,7 +36,7 @@ impl Recipe {
             seq_len: 3072,
             batch: 1,
             anchors: 512,
-            anchor_scope: AnchorScope::PerDoc,
+            anchor_scope: AnchorScope::PerRow,
             lr: 6e-4,
         }
     }
