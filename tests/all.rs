@@ -16,6 +16,7 @@ mod reference;
 mod reliability;
 mod runs;
 mod screens;
+mod support;
 mod telemetry_core;
 mod telemetry_live;
 mod tmux;

@@ -2,6 +2,7 @@
 //! go while the run goes on, a viewer that reads nothing, two at once, a protocol version
 //! mismatch, recordings, and the Python client's example pipeline under `attach --headless`.
 
+use crate::support::{bin, repo, wait_until};
 use dflash_top::cancel::CancelToken;
 use dflash_top::telemetry::{Phase, Role, Telemetry};
 use dflash_top::wire::attach::Attached;
@@ -15,22 +16,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
-}
-
-/// Waits up to a minute (a loaded machine) for `ok`, with `what` in the failure.
-fn wait_until(what: &str, ok: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// A pipeline of one scripted worker, served on a socket in a temp dir: the hub, the fan-out and
 /// the server of `train`, without libtorch.
@@ -258,10 +243,6 @@ fn a_viewer_of_another_protocol_version_is_refused_with_a_sentence() {
         e.contains("version 7") && e.contains("same dflash-top release"),
         "{e}"
     );
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The example pipeline, serving in `runtime` (its XDG_RUNTIME_DIR).

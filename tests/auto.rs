@@ -3,13 +3,10 @@
 //! thread, a queue, a drafter trained on the main thread) and a DataLoader loop with an
 //! `.item()` a step, whose host sync is a phase of its own with a count.
 
-use std::path::{Path, PathBuf};
+use crate::support::repo;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// `python -m dflash_top run SCRIPT ARGS` serving in `runtime` (its XDG_RUNTIME_DIR).
 fn run_script(runtime: &Path, script: &str, args: &[&str]) -> Child {

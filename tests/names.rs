@@ -4,31 +4,12 @@
 //! training numbers it never reports are shown as absent. Each view runs as a process of its
 //! own (the stage table a viewer installs is its process's).
 
+use crate::support::{bin, repo, wait_until};
 use dflash_top::wire::protocol::*;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Waits up to a minute (a loaded machine) for `ok`, with `what` in the failure.
-fn wait_until(what: &str, ok: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// The fixture pipeline, serving in `runtime` (its XDG_RUNTIME_DIR), and its socket once there.
 fn named_pipeline(runtime: &Path) -> (Child, PathBuf) {

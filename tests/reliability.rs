@@ -7,10 +7,6 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
-}
-
 /// `step-*` checkpoint directories under `dir`, sorted.
 fn step_dirs(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -176,9 +172,17 @@ fn a_second_signal_during_the_final_save_exits_at_once_and_leaves_no_partial_che
     assert!(o.status.success(), "{}", stderr(&o));
     let model = dir.path().join("step-000001/model.safetensors");
     let bytes = std::fs::read(&model).unwrap();
-    // A save held open for 10 s (save_slow) keeps the graceful stop going when the second lands.
+    // A save held open for 10 s (save_slow) keeps the graceful stop going when the second lands;
+    // a new run into that directory says --overwrite.
     let mut child = bin()
-        .args(["train", "--headless", "--interval", "0.2", "--save-dir"])
+        .args([
+            "train",
+            "--headless",
+            "--overwrite",
+            "--interval",
+            "0.2",
+            "--save-dir",
+        ])
         .arg(dir.path())
         .env("DFLASH_TOP_FAULT", "save_slow")
         .stdout(Stdio::piped())
@@ -489,6 +493,7 @@ fn a_failing_worker_stops_the_run_names_thread_and_phase_and_saves() {
 }
 
 use super::tmux::{tmux, Session as Tmux};
+use crate::support::bin;
 
 impl Tmux {
     /// The pid of the dflash-top process the pane's shell started.
@@ -717,6 +722,13 @@ fn a_full_disk_fails_the_save_with_a_sentence_and_keeps_the_previous_checkpoint(
         )) && err.contains("No space left"),
         "{err}"
     );
+    // Said once, with the fix that fits a full disk (the exit's save is not tried again).
+    assert_eq!(
+        err.matches("cannot save the checkpoint").count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("free space on that disk"), "{err}");
     assert_eq!(step_dirs(&save), ["step-000001"], "{err}");
     let left = hidden(&save);
     assert!(left.is_empty(), "the failed save cleaned up: {left:?}");

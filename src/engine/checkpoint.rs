@@ -318,23 +318,11 @@ fn sync_path(p: &Path) -> std::io::Result<()> {
 /// others; returns the ones removed. Other entries are never touched. Each is renamed out of the
 /// `step-*` names before it is removed, so an exit part way leaves no damaged checkpoint.
 pub fn prune(save_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
-    let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(save_dir)
-        .with_context(|| format!("cannot list {}", save_dir.display()))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let n = e
-                .file_name()
-                .to_str()?
-                .strip_prefix("step-")?
-                .parse()
-                .ok()?;
-            e.path().is_dir().then(|| (n, e.path()))
-        })
-        .collect();
-    steps.sort();
+    let steps = super::save_dir::checkpoints_in(save_dir)
+        .with_context(|| format!("cannot list {}", save_dir.display()))?;
     let drop = steps.len().saturating_sub(keep.max(1));
     let mut removed = Vec::new();
-    for (_, p) in steps.into_iter().take(drop) {
+    for p in steps.into_iter().take(drop) {
         let name = p.file_name().unwrap_or_default().to_string_lossy();
         let doomed = save_dir.join(format!(".{name}.del-{}", std::process::id()));
         let gone = Scratch::create(&doomed, |d| std::fs::rename(&p, d))

@@ -19,11 +19,9 @@ pub fn fix_for(what: &str) -> &'static str {
     }
 }
 
-/// `step-N` checkpoints in `dir`, oldest first.
-pub fn checkpoints_in(dir: &Path) -> Vec<PathBuf> {
-    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
+/// `step-N` checkpoints in `dir`, oldest first (by step number).
+pub fn checkpoints_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let n = e
@@ -36,7 +34,7 @@ pub fn checkpoints_in(dir: &Path) -> Vec<PathBuf> {
         })
         .collect();
     found.sort();
-    found.into_iter().map(|(_, p)| p).collect()
+    Ok(found.into_iter().map(|(_, p)| p).collect())
 }
 
 /// The process id in a temporary name a save leaves (`.step-N.tmp-PID`, `.old-PID`, `.del-PID`).
@@ -90,7 +88,7 @@ pub fn prepare(dir: &Path, resuming: bool, overwrite: bool) -> Result<Vec<String
             dir.display()
         ));
     }
-    let existing = checkpoints_in(dir);
+    let existing = checkpoints_in(dir).map_err(|e| cannot(format!("cannot list it ({e})")))?;
     if let (Some(last), false, false) = (existing.last(), resuming, overwrite) {
         bail!(
             "--save-dir {} already holds {} checkpoint(s) of another run (the last {}): resume \

@@ -433,8 +433,10 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             if saves && done > last_saved {
                 let periodic = save_every.is_some_and(|n| done.is_multiple_of(n));
                 if periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst) {
-                    save(&step.optimizer, (done, data_docs, &rng, shape, last_loss))?;
+                    let saved = save(&step.optimizer, (done, data_docs, &rng, shape, last_loss));
+                    // Tried: a save that failed is not tried again at the exit (one message).
                     last_saved = done;
+                    saved?;
                 }
             }
             // --steps counts optimizer steps of the run, so a resumed run stops at the same step.

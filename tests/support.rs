@@ -1,0 +1,28 @@
+//! Helpers the integration test modules share: the binary under test, the repository root, and
+//! waiting for a condition on a loaded machine.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The dflash-top binary this test build made.
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+}
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Waits up to a minute (a loaded machine) for `ok`, with `what` in the failure.
+pub fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
