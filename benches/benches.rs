@@ -1,6 +1,6 @@
 //! Benchmarks, one binary: `cargo bench --bench benches` (or `make bench`); one group:
 //! `cargo bench --bench benches -- cpu_probe_refresh`.
-//! Results go in the README as ratios of side-by-side runs.
+//! Results go in docs/performance.md (the README's figures table links it) as ratios of side-by-side runs.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use dflash_top::telemetry::{Phase, Role, Telemetry};

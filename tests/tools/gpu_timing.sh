@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks behind the timing figures in the README (issue 8), run on an H200 host from the
+# The GPU checks behind the timing figures in docs/gpu.md (issue 8), run on an H200 host from the
 # repository root with the release binary in .gpu/ (and, for the screenshot, a tmux in .gpu/):
 #   bash tests/tools/gpu_timing.sh OUT_DIR
 # 1. doctor; 2. a short run in the default (events) mode; 3. async / events / sync side by side,
