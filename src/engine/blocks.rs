@@ -1,5 +1,5 @@
 //! Training blocks: anchor sampling, the block attention mask, block inputs, positions and
-//! labels (DESIGN.md §3).
+//! labels, by DFlash's training rules as SpecForge applies them (tests/parity.rs checks them).
 
 use super::cuda::upload;
 use super::data::Rng;

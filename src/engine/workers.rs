@@ -1,5 +1,5 @@
 //! The three worker loops. Each runs on its own named thread, owns its device and its phase
-//! recorder, and marks every phase of DESIGN.md §4.
+//! recorder, and marks every phase of its role (src/telemetry/phase.rs).
 
 use super::blocks::sample_anchors;
 use super::checkpoint::{self, TrainerState};

@@ -1,4 +1,4 @@
-//! Phases and roles: the names the TUI shows (DESIGN.md §4).
+//! Phases and roles: the names the TUI shows.
 
 use serde::{Deserialize, Serialize};
 
