@@ -4,7 +4,9 @@ use crate::cancel::CancelToken;
 use crate::cli::{Command, TrainArgs};
 use crate::config::RunConfig;
 use crate::engine::pipeline::Pipeline;
+use crate::summary::{RunInfo, Summary};
 use crate::telemetry::Telemetry;
+use crate::tui::End;
 use crate::wire::fanout::Fanout;
 use crate::wire::recording::{self, Recorder, Recording};
 use crate::wire::serve::{ServeLimits, Server};
@@ -143,7 +145,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     }
     result?;
     if let Some(s) = last {
-        println!("{}", crate::headless::summary_line(&s, start_step));
+        println!("{}", Summary::of(&s, &run_info(&cfg, start_step)).line());
     }
     println!("data: {}", counts.line());
     Ok(signal_exit())
@@ -174,27 +176,45 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     let ctl = EngineControls::new(&session.telemetry, cfg.save_dir.is_some());
     let pipeline = &session.pipeline;
     let finished = || {
-        pipeline
-            .is_finished()
-            .then(|| match pipeline.first_error() {
+        pipeline.is_finished().then(|| End {
+            note: match pipeline.first_error() {
                 Some(e) => format!("stopped: {e} (q to leave)"),
                 None => "run finished: press q to leave".to_string(),
-            })
+            },
+            run_ended: true,
+        })
     };
-    let shown = run_front_end(&ctl, &snapshots, &finished);
+    let info = run_info(&cfg, pipeline.start_step);
+    let shown = run_front_end(&ctl, &snapshots, &finished, info.clone());
     let finish = session.finish();
-    shown?;
+    let last = shown?;
     finish?;
+    // The same summary as the panel's, after the last save (a run stopped by `q` saves on
+    // the way out).
+    if let Some(s) = last {
+        println!("{}", Summary::of(&s, &info).line());
+    }
     Ok(signal_exit())
 }
 
+/// Where a run's files go, for its summary.
+fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
+    RunInfo {
+        start_step,
+        save_dir: cfg.save_dir.clone(),
+        recording: cfg.record.clone(),
+    }
+}
+
 /// Runs the TUI on `snapshots` until the user quits (or a thread panics); the terminal is
-/// restored before this returns, and a held-back panic message printed after it.
+/// restored before this returns, and a held-back panic message printed after it. Returns the
+/// last snapshot shown (for the exit summary).
 pub(crate) fn run_front_end(
     ctl: &dyn crate::tui::app::Controls,
     snapshots: &crossbeam_channel::Receiver<std::sync::Arc<crate::telemetry::Snapshot>>,
-    finished: &dyn Fn() -> Option<String>,
-) -> Result<()> {
+    finished: &dyn Fn() -> Option<End>,
+    info: RunInfo,
+) -> Result<Option<std::sync::Arc<crate::telemetry::Snapshot>>> {
     use crate::tui::{self, app::App, terminal};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
@@ -205,6 +225,7 @@ pub(crate) fn run_front_end(
     let (input, input_thread) = tui::spawn_input(stop_input.clone())?;
     let mut app = App::new();
     app.keys = ui.keys;
+    app.run_info = info;
     let result = tui::run_loop(
         &mut term, &mut app, ctl, snapshots, &input, finished, ui.theme,
     );
@@ -230,7 +251,7 @@ pub(crate) fn run_front_end(
         }
         anyhow::bail!("a thread panicked (the message is above); the terminal was restored");
     }
-    result
+    result.map(|()| app.latest)
 }
 
 /// `dflash-top export FILE --chrome OUT.json [--seconds N]`.
@@ -298,10 +319,13 @@ fn replay(file: &std::path::Path) -> Result<ExitCode> {
             })?
     };
     let finished = || {
-        done.load(Ordering::SeqCst)
-            .then(|| "replay finished: press q to leave".to_string())
+        if done.load(Ordering::SeqCst) {
+            End::run("replay finished: press q to leave")
+        } else {
+            None
+        }
     };
-    let shown = run_front_end(&ReplayControls, &rx, &finished);
+    let shown = run_front_end(&ReplayControls, &rx, &finished, RunInfo::default());
     stop.store(true, Ordering::Relaxed);
     drop(rx);
     let _ = feeder.join();
@@ -318,10 +342,13 @@ fn replay_frames(msgs: Vec<crate::wire::protocol::Msg>) -> Result<ExitCode> {
     let snapshots = player.telemetry.subscribe();
     let done = player.done.clone();
     let finished = || {
-        done.load(Ordering::SeqCst)
-            .then(|| "replay finished: press q to leave".to_string())
+        if done.load(Ordering::SeqCst) {
+            End::run("replay finished: press q to leave")
+        } else {
+            None
+        }
     };
-    let shown = run_front_end(&ReplayControls, &snapshots, &finished);
+    let shown = run_front_end(&ReplayControls, &snapshots, &finished, RunInfo::default());
     player.stop();
     shown?;
     Ok(signal_exit())

@@ -84,11 +84,15 @@ fn tui(session: &Attached, deadline: Option<Instant>) -> Result<()> {
     let finished = || {
         if session.ended.load(Ordering::SeqCst) {
             let why = session.end_reason().unwrap_or_default();
-            return Some(format!("{why}: press q to leave"));
+            return crate::tui::End::run(format!("{why}: press q to leave"));
         }
+        // Only this viewer's time is up: the run goes on.
         deadline
             .filter(|d| Instant::now() >= *d)
-            .map(|_| "time is up: press q to detach".to_string())
+            .map(|_| crate::tui::End {
+                note: "time is up: press q to detach".to_string(),
+                run_ended: false,
+            })
     };
-    crate::app::run_front_end(&ctl, &snapshots, &finished)
+    crate::app::run_front_end(&ctl, &snapshots, &finished, Default::default()).map(|_| ())
 }

@@ -101,24 +101,11 @@ fn phase_fields(w: &PhaseWindow, phases: &[Phase]) -> String {
     out
 }
 
-/// The last line of a run.
+/// The last line of a run (`crate::summary` computes it).
 pub fn summary_line(s: &Snapshot, start_step: u64) -> String {
-    let mean_tok = if s.elapsed_s > 0.0 {
-        s.train.tokens_total as f64 / s.elapsed_s
-    } else {
-        0.0
-    };
-    let f = |v: Option<f32>| v.map(|x| format!("{x:.4}")).unwrap_or_else(|| "-".into());
-    format!(
-        "summary: step={} from_step={} steps={} loss={} tau={} mean_tok/s={:.0} elapsed={:.1}s verdict={} dropped={}",
-        s.train.step,
+    let info = crate::summary::RunInfo {
         start_step,
-        s.train.step.saturating_sub(start_step),
-        f(s.train.loss),
-        f(s.train.tau),
-        mean_tok,
-        s.elapsed_s,
-        s.verdict.short(),
-        s.self_cost.dropped
-    )
+        ..Default::default()
+    };
+    crate::summary::Summary::of(s, &info).line()
 }

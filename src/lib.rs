@@ -15,6 +15,7 @@ pub mod placement;
 pub mod probe;
 pub mod progress;
 pub mod signals;
+pub mod summary;
 pub mod telemetry;
 pub mod tui;
 pub mod wire;

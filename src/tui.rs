@@ -184,16 +184,35 @@ pub fn badges(ctl: &dyn Controls, app: &App) -> Badges {
     }
 }
 
+/// Why the front-end stops following the engine: a line for the header, and whether the run
+/// itself ended (then the screen shows it finished: frozen, with its summary) or only this
+/// viewer's time did (an attach deadline).
+#[derive(Clone, Debug, PartialEq)]
+pub struct End {
+    pub note: String,
+    pub run_ended: bool,
+}
+
+impl End {
+    /// The run ended (finished, failed, or the recording or stream ran out).
+    pub fn run(note: impl Into<String>) -> Option<End> {
+        Some(End {
+            note: note.into(),
+            run_ended: true,
+        })
+    }
+}
+
 /// The UI loop, generic over the backend so tests drive it with `TestBackend`. Returns when the
-/// user quits, or a panic anywhere was caught by the hook. `finished` gives a line to show once
-/// the engine stopped by itself (the screen stays until the user quits).
+/// user quits, or a panic anywhere was caught by the hook. `finished` says once the engine
+/// stopped by itself (the screen stays until the user quits).
 pub fn run_loop<B: Backend>(
     term: &mut Terminal<B>,
     app: &mut App,
     ctl: &dyn Controls,
     snapshots: &Receiver<Arc<Snapshot>>,
     input: &Receiver<Event>,
-    finished: &dyn Fn() -> Option<String>,
+    finished: &dyn Fn() -> Option<End>,
     theme: Theme,
 ) -> anyhow::Result<()>
 where
@@ -242,9 +261,12 @@ where
             recv(ticker) -> _ => {
                 dirty = true;
                 if !finished_note {
-                    if let Some(note) = finished() {
-                        app.note = Some(note);
+                    if let Some(end) = finished() {
+                        app.note = Some(end.note);
                         app.finished = true;
+                        if end.run_ended {
+                            app.end_run();
+                        }
                         finished_note = true;
                     }
                 }

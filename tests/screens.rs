@@ -566,3 +566,55 @@ fn a_lane_cell_holds_both_half_columns_colours_in_each_theme() {
     draw_lane(&mut buf, 0, 0, 1, &columns[..3], &Palette::new(plain));
     assert_eq!(buf, Buffer::with_lines(["FB~"]));
 }
+
+/// A run that ended while its last snapshot read `stalled`: the screen says `finished`, every
+/// thread `exited`, the summary panel names the files; a later snapshot with no new step (the
+/// hub goes on until the front-end quits) moves nothing.
+#[test]
+fn a_finished_run_says_so_and_stays_at_its_last_window() {
+    use dflash_top::summary::RunInfo;
+    let mut last = stalled().remove(0);
+    last.train.tokens_total = 2_400_000;
+    last.elapsed_s = 120.0;
+    let mut app = app_of(vec![last.clone()]);
+    app.run_info = RunInfo {
+        start_step: 200,
+        save_dir: None,
+        recording: Some("runs/tiny.rec".into()),
+    };
+    app.finished = true;
+    app.end_run();
+    let summary = app.summary.clone().expect("a summary once the run ended");
+    assert_eq!(summary.steps(), 1000);
+    let before = screen(&app, 160, 45, Theme::from_color(true), LIVE);
+    // The hub's next snapshot: same step, the bars a window later, a stall named.
+    let mut later = last;
+    later.elapsed_s += 20.0;
+    later.seq += 1;
+    for t in &mut later.threads {
+        t.w1.wall_ns *= 2;
+    }
+    app.on_snapshot(Arc::new(later));
+    let after = screen(&app, 160, 45, Theme::from_color(true), LIVE);
+    assert_eq!(before, after, "the screen stays at the run's last window");
+    assert!(before.contains(" FINISHED "), "{before}");
+    assert!(before.contains("  finished"), "{before}");
+    assert!(!before.contains("stalled"), "{before}");
+    assert!(!before.contains("RUNNING"), "{before}");
+    for name in ["loader", "target-0", "drafter-0"] {
+        let row = before
+            .lines()
+            .find(|l| l.starts_with(&format!("│{name}")))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{before}"));
+        assert!(row.contains("exited"), "{row}");
+    }
+    assert!(before.contains("run finished"), "{before}");
+    assert!(before.contains("1000 (step 200 → 1200)"), "{before}");
+    assert!(before.contains("runs/tiny.rec"), "{before}");
+    assert!(before.contains("none (no --save-dir)"), "{before}");
+    insta::assert_snapshot!("finished_1_overview_160x45", before);
+    insta::assert_snapshot!(
+        "finished_1_overview_80x24",
+        screen(&app, 80, 24, Theme::from_color(true), LIVE)
+    );
+}

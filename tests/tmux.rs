@@ -369,3 +369,44 @@ fn the_light_theme_draws_its_own_colours_in_a_real_terminal() {
     let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
     assert!(after.contains("EXITED=0"), "{after}");
 }
+
+#[test]
+fn a_run_that_ends_says_finished_and_prints_its_summary_on_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("save");
+    let rec = dir.path().join("run.jsonl");
+    let name = format!("dflash-finished-{}", std::process::id());
+    let cmd = format!(
+        "{} train --steps 5 --save-dir {} --record {}; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        save.display(),
+        rec.display()
+    );
+    let s = Session::start_sized(name, (120, 36), &cmd);
+    // The threads can be seen to exit before the hub has published the last steps: the end
+    // moves to them when it does.
+    let end = s.wait_for("the finished badge at the last step", |x| {
+        x.contains(" FINISHED ") && x.contains("step 5 ")
+    });
+    assert!(end.contains("run finished"), "the summary panel: {end}");
+    let checkpoint = format!("{}/step-", save.display());
+    assert!(end.contains(&checkpoint), "the last checkpoint: {end}");
+    assert!(!end.contains("RUNNING"), "{end}");
+    assert!(!end.contains("stalled"), "{end}");
+    assert!(!end.contains("working"), "every thread exited: {end}");
+    // One q leaves a finished run; the same summary is on the shell after.
+    s.keys("q");
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=0"), "{after}");
+    // Wrapped lines joined: the summary is longer than a row.
+    let flat = tmux(&["capture-pane", "-p", "-J", "-t", &s.0]);
+    assert!(
+        flat.contains("summary: step=5 from_step=0 steps=5 "),
+        "{after}"
+    );
+    assert!(flat.contains(&format!("checkpoint={checkpoint}")), "{flat}");
+    assert!(
+        flat.contains(&format!("recording={}", rec.display())),
+        "{flat}"
+    );
+}

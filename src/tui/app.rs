@@ -5,6 +5,7 @@ use super::history::History;
 pub use super::keys::Action;
 use super::segments::Segments;
 use super::timeline::{spans_in, TimeSpan};
+use crate::summary::{RunInfo, Summary};
 use crate::telemetry::snapshot::{StepSpan, ThreadState, ThreadView};
 use crate::telemetry::{GpuTiming, Snapshot};
 use std::collections::VecDeque;
@@ -159,6 +160,10 @@ pub struct App {
     pub quit_armed: bool,
     /// The engine stopped by itself (run finished or failed): `q` leaves at once.
     pub finished: bool,
+    /// Where the run's files go (for its summary).
+    pub run_info: RunInfo,
+    /// The run ended: its summary (the panel), and the screen stays at its last snapshot.
+    pub summary: Option<Summary>,
 }
 
 impl Default for App {
@@ -187,7 +192,24 @@ impl App {
             missed_snapshots: 0,
             quit_armed: false,
             finished: false,
+            run_info: RunInfo::default(),
+            summary: None,
         }
+    }
+
+    /// The run ended: the screen stays at its last snapshot, every thread `exited`, no stall
+    /// (nothing hangs: the run is over), and the summary panel shows what it came to.
+    pub fn end_run(&mut self) {
+        let Some(last) = &self.latest else {
+            return;
+        };
+        let mut end = Snapshot::clone(last);
+        end.stall = None;
+        for t in &mut end.threads {
+            t.state = ThreadState::Exited;
+        }
+        self.summary = Some(Summary::of(&end, &self.run_info));
+        self.latest = Some(Arc::new(end));
     }
 
     /// The snapshot to render.
@@ -323,6 +345,18 @@ impl App {
     }
 
     pub fn on_snapshot(&mut self, s: Arc<Snapshot>) {
+        if self.summary.is_some() {
+            // Ended: the bars stay at the run's last window; only a later step (one the hub
+            // published after the threads were seen to exit) moves the end forward.
+            let last = self.latest.as_ref().map_or(0, |l| l.train.step);
+            if s.train.step <= last {
+                return;
+            }
+            self.history.record(&s);
+            self.latest = Some(s);
+            self.end_run();
+            return;
+        }
         // A new line from the engine (a saved checkpoint, …) replaces the last key's note.
         let previous = self.latest.as_ref().and_then(|l| l.status.as_ref());
         if s.status.is_some() && s.status.as_ref() != previous {
@@ -490,5 +524,35 @@ impl App {
                 self.note = Some(format!("phase window: {}", self.window.name()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at_step(step: u64, elapsed_s: f64) -> Arc<Snapshot> {
+        let mut s = Snapshot::default();
+        s.train.step = step;
+        s.elapsed_s = elapsed_s;
+        s.stall = Some("drafter-0 in other for 6.0 s".into());
+        Arc::new(s)
+    }
+
+    #[test]
+    fn an_ended_run_keeps_its_last_window_but_takes_a_later_step() {
+        let mut app = App::new();
+        app.on_snapshot(at_step(299, 10.0));
+        app.end_run();
+        assert_eq!(app.summary.as_ref().map(|s| s.step), Some(299));
+        assert!(app.latest.as_ref().unwrap().stall.is_none(), "no stall");
+        // The hub goes on: no new step, nothing moves.
+        app.on_snapshot(at_step(299, 30.0));
+        assert_eq!(app.latest.as_ref().unwrap().elapsed_s, 10.0);
+        // The last step arrived after the threads were seen to exit: the end moves to it.
+        app.on_snapshot(at_step(300, 10.1));
+        let s = app.summary.as_ref().unwrap();
+        assert_eq!((s.step, s.elapsed_s), (300, 10.1));
+        assert!(app.latest.as_ref().unwrap().stall.is_none());
     }
 }

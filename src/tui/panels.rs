@@ -8,6 +8,7 @@ pub mod phases;
 pub mod queues;
 pub mod shares;
 pub mod stacked;
+pub mod summary;
 pub mod thread_detail;
 pub mod threads;
 pub mod timeline;

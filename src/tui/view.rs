@@ -132,6 +132,18 @@ fn overview(f: &mut Frame, area: Rect, c: &Ctx) {
     panels::phases::render(f, phases_area, c, false);
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
+    // A run that ended: its summary on top of the left column.
+    let left = if c.app.summary.is_some() {
+        let [s, rest] = Layout::vertical([
+            Constraint::Length(panels::summary::HEIGHT.min(left.height)),
+            Constraint::Min(0),
+        ])
+        .areas(left);
+        panels::summary::render(f, s, c);
+        rest
+    } else {
+        left
+    };
     // No GPU: the queues take the column and one line says so; else the GPU panel gets the rest.
     let [q, g] = if matches!(c.snap.gpus, GpuPanel::Absent(_)) {
         Layout::vertical([Constraint::Min(0), Constraint::Length(1)]).areas(left)

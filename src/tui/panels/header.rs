@@ -95,15 +95,18 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     line2.push(
         match (c.badges.live, c.badges.paused, c.app.frozen.is_some()) {
             (false, _, _) => badge(false, "REPLAY".into()),
+            _ if c.app.summary.is_some() => badge(true, "FINISHED".into()),
             (_, _, true) => badge(false, "FROZEN".into()),
             (_, true, _) => badge(false, "PAUSED".into()),
             _ => badge(true, "RUNNING".into()),
         },
     );
     line2.push(Span::raw("  "));
-    let verdict = match (&s.verdict, &s.stall) {
-        (Verdict::Stalled, Some(what)) => format!("stalled: {what}"),
-        (v, _) => v.text().to_string(),
+    let (verdict, verdict_style) = match (&s.verdict, &s.stall) {
+        // The run is over: what was in force at its end no longer is.
+        _ if c.app.summary.is_some() => ("finished".to_string(), t.ok()),
+        (Verdict::Stalled, Some(what)) => (format!("stalled: {what}"), verdict_style),
+        (v, _) => (v.text().to_string(), verdict_style),
     };
     line2.push(Span::styled(verdict, verdict_style));
     let line2 = Line::from(line2);
