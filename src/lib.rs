@@ -14,6 +14,7 @@ pub mod headless;
 pub mod placement;
 pub mod probe;
 pub mod progress;
+pub mod scratch;
 pub mod signals;
 pub mod summary;
 pub mod telemetry;

@@ -7,7 +7,7 @@
 use super::config::{DrafterSpec, Qwen3Config};
 use super::optim::AdamW;
 use super::schedule::Schedule;
-use crate::signals::Scratch;
+use crate::scratch::Scratch;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -242,7 +242,7 @@ pub fn save(
         .unwrap_or("checkpoint");
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    // Scratch until placed: a second signal's exit removes it (src/signals.rs).
+    // Scratch until placed: a second signal's exit removes it (src/scratch.rs).
     let scratch = match Scratch::create(&tmp, |t| std::fs::create_dir_all(t)) {
         Ok(s) => s,
         Err(e) => bail!(

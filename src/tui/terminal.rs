@@ -80,6 +80,8 @@ pub fn init() -> anyhow::Result<(Term, Guard)> {
         anyhow::bail!("standard output is not a terminal: run in a terminal, or pass --headless");
     }
     install_panic_hook();
+    // A second signal's immediate exit gives the terminal back too.
+    crate::signals::on_forced_exit(restore);
     let _ = UI_THREAD.set(std::thread::current().id());
     terminal::enable_raw_mode()?;
     RAW.store(true, Ordering::SeqCst);
