@@ -166,6 +166,8 @@ class Profiler:
                 "phase %r is not declared for stage %r: add it to Profiler([...])"
                 % (phase, self._stages[r.stage]["name"])
             ) from None
+        # `_switch` written out: the hot path; calling it costs ~45 ns a mark (225 -> 270 ns,
+        # python/examples/mark_cost.py).
         now = _mono()
         if r.gpu:
             now = self._cuda.mark(r, k, now, self.gpu_timing)
