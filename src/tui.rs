@@ -2,7 +2,9 @@
 //! `App::update` applies them; frames are drawn from the latest immutable snapshot only.
 
 pub mod app;
+pub mod choices;
 pub mod config;
+pub mod controls;
 pub mod critical;
 pub mod history;
 pub mod keys;

@@ -7,121 +7,12 @@ use super::segments::Segments;
 use super::timeline::{spans_in, TimeSpan};
 use crate::summary::{RunInfo, Summary};
 use crate::telemetry::snapshot::{StepSpan, ThreadState, ThreadView};
-use crate::telemetry::{GpuTiming, Snapshot};
+use crate::telemetry::Snapshot;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum View {
-    Overview,
-    Threads,
-    Phases,
-    Queues,
-    Charts,
-    Timeline,
-}
-
-impl View {
-    pub const ALL: [View; 6] = [
-        View::Overview,
-        View::Threads,
-        View::Phases,
-        View::Queues,
-        View::Charts,
-        View::Timeline,
-    ];
-
-    pub fn title(self) -> &'static str {
-        match self {
-            View::Overview => "1 overview",
-            View::Threads => "2 threads",
-            View::Phases => "3 phases",
-            View::Queues => "4 queues+gpu",
-            View::Charts => "5 charts",
-            View::Timeline => "6 timeline",
-        }
-    }
-
-    pub(crate) fn index(self) -> usize {
-        View::ALL.iter().position(|v| *v == self).unwrap_or(0)
-    }
-}
-
-/// Which rolling window the phase bars show.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Window {
-    OneSecond,
-    TenSeconds,
-    Run,
-}
-
-impl Window {
-    pub fn name(self) -> &'static str {
-        match self {
-            Window::OneSecond => "1s",
-            Window::TenSeconds => "10s",
-            Window::Run => "run",
-        }
-    }
-}
-
-/// The order of the threads in the threads view and the timeline's lanes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sort {
-    /// As the pipeline registers them: loader, targets, drafters.
-    Pipeline,
-    /// Busiest CPU first.
-    Cpu,
-    /// Waiting first, then working, then exited.
-    State,
-    /// Slowest step first.
-    MsPerStep,
-    Name,
-}
-
-impl Sort {
-    pub fn name(self) -> &'static str {
-        match self {
-            Sort::Pipeline => "pipeline",
-            Sort::Cpu => "cpu",
-            Sort::State => "state",
-            Sort::MsPerStep => "ms/step",
-            Sort::Name => "name",
-        }
-    }
-
-    fn next(self) -> Sort {
-        match self {
-            Sort::Pipeline => Sort::Cpu,
-            Sort::Cpu => Sort::State,
-            Sort::State => Sort::MsPerStep,
-            Sort::MsPerStep => Sort::Name,
-            Sort::Name => Sort::Pipeline,
-        }
-    }
-}
-
-/// The timeline's widths, seconds: `+` zooms in, `-` out.
-pub const ZOOMS_S: [f64; 6] = [0.25, 0.5, 1.0, 2.0, 5.0, 10.0];
-
-/// What the front-end can ask of the engine. Replays implement it as "not available".
-pub trait Controls {
-    fn profiling(&self) -> bool;
-    fn set_profiling(&self, on: bool);
-    fn gpu_timing(&self) -> GpuTiming;
-    fn set_gpu_timing(&self, mode: GpuTiming);
-    fn paused(&self) -> bool;
-    fn set_paused(&self, paused: bool);
-    fn reset_windows(&self);
-    fn checkpoint(&self) -> Result<(), String>;
-    /// Whether these controls reach a live engine (false in replay).
-    fn live(&self) -> bool;
-    /// Whether quitting stops that engine (false for an attached viewer: it only detaches, so
-    /// `q` needs no second press).
-    fn quit_stops_run(&self) -> bool {
-        self.live()
-    }
-}
+pub use super::choices::{Sort, View, Window, ZOOMS_S};
+pub use super::controls::Controls;
 
 /// The display as it was when it froze: the snapshot and the history behind it (the timeline
 /// pans over it; the CPU history and the verdict marks stand still with it).

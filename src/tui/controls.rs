@@ -1,0 +1,23 @@
+//! What the front-end can ask of the engine it watches (a live run, an attached one, or none in
+//! a replay).
+
+use crate::telemetry::GpuTiming;
+
+/// What the front-end can ask of the engine. Replays implement it as "not available".
+pub trait Controls {
+    fn profiling(&self) -> bool;
+    fn set_profiling(&self, on: bool);
+    fn gpu_timing(&self) -> GpuTiming;
+    fn set_gpu_timing(&self, mode: GpuTiming);
+    fn paused(&self) -> bool;
+    fn set_paused(&self, paused: bool);
+    fn reset_windows(&self);
+    fn checkpoint(&self) -> Result<(), String>;
+    /// Whether these controls reach a live engine (false in replay).
+    fn live(&self) -> bool;
+    /// Whether quitting stops that engine (false for an attached viewer: it only detaches, so
+    /// `q` needs no second press).
+    fn quit_stops_run(&self) -> bool {
+        self.live()
+    }
+}
