@@ -9,75 +9,46 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
-pub fn chrome_trace(spans: &[StepSpan]) -> Value {
+/// The trace's events: a name for each thread's track, then a slice per phase of each step.
+fn events(spans: &[StepSpan]) -> impl Iterator<Item = Value> + '_ {
     let mut tids: BTreeMap<&str, usize> = BTreeMap::new();
     for s in spans {
         let n = tids.len();
         tids.entry(s.thread.as_str()).or_insert(n + 1);
     }
-    let mut events: Vec<Value> = tids
+    let names: Vec<Value> = tids
         .iter()
         .map(|(name, tid)| json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}))
         .collect();
-    for s in spans {
+    let slices = spans.iter().flat_map(move |s| {
         let tid = tids[s.thread.as_str()];
         let mut t = s.end_ns.saturating_sub(s.wall_ns);
-        for (phase, ns) in &s.phases {
-            events.push(json!({
+        s.phases.iter().map(move |(phase, ns)| {
+            let at = t;
+            t = t.saturating_add(*ns);
+            json!({
                 "name": phase.name(),
                 "cat": s.role.name(),
                 "ph": "X",
                 "pid": 1,
                 "tid": tid,
-                "ts": t as f64 / 1e3,
+                "ts": at as f64 / 1e3,
                 "dur": *ns as f64 / 1e3,
-            }));
-            t = t.saturating_add(*ns);
-        }
-    }
-    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+            })
+        })
+    });
+    names.into_iter().chain(slices)
 }
 
-/// The trace of `chrome_trace`, written one event at a time: memory stays that of the spans,
-/// not of a JSON tree many times their size.
+/// The trace written one event at a time: memory stays that of the spans, not of a JSON tree
+/// many times their size.
 fn write_events(w: &mut impl Write, spans: &[StepSpan]) -> std::io::Result<()> {
-    let mut tids: BTreeMap<&str, usize> = BTreeMap::new();
-    for s in spans {
-        let n = tids.len();
-        tids.entry(s.thread.as_str()).or_insert(n + 1);
-    }
     w.write_all(b"{\"traceEvents\":[")?;
-    let mut first = true;
-    let mut event = |w: &mut dyn Write, v: Value| -> std::io::Result<()> {
-        if !std::mem::take(&mut first) {
+    for (i, v) in events(spans).enumerate() {
+        if i > 0 {
             w.write_all(b",")?;
         }
-        serde_json::to_writer(&mut *w, &v).map_err(std::io::Error::other)
-    };
-    for (name, tid) in &tids {
-        event(
-            w,
-            json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}),
-        )?;
-    }
-    for s in spans {
-        let tid = tids[s.thread.as_str()];
-        let mut t = s.end_ns.saturating_sub(s.wall_ns);
-        for (phase, ns) in &s.phases {
-            event(
-                w,
-                json!({
-                    "name": phase.name(),
-                    "cat": s.role.name(),
-                    "ph": "X",
-                    "pid": 1,
-                    "tid": tid,
-                    "ts": t as f64 / 1e3,
-                    "dur": *ns as f64 / 1e3,
-                }),
-            )?;
-            t = t.saturating_add(*ns);
-        }
+        serde_json::to_writer(&mut *w, &v).map_err(std::io::Error::other)?;
     }
     w.write_all(b"],\"displayTimeUnit\":\"ms\"}")?;
     w.flush()
@@ -109,7 +80,7 @@ mod tests {
     use crate::telemetry::{Phase, Role};
 
     #[test]
-    fn the_streamed_trace_is_the_trace() {
+    fn the_trace_names_tracks_and_lays_phases_end_to_end() {
         let spans = vec![
             StepSpan {
                 thread: "drafter-0".into(),
@@ -130,7 +101,22 @@ mod tests {
         let path = dir.path().join("t.json");
         write_trace(&path, &spans).unwrap();
         let read: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        assert_eq!(read, chrome_trace(&spans));
-        assert_eq!(read["traceEvents"].as_array().unwrap().len(), 2 + 3);
+        let ev = read["traceEvents"].as_array().unwrap();
+        assert_eq!(ev.len(), 2 + 3);
+        assert_eq!(read["displayTimeUnit"], "ms");
+        // Two named tracks, then each step's phases laid end to end from its start.
+        assert_eq!(ev[0]["args"]["name"], "drafter-0");
+        assert_eq!(ev[1]["args"]["name"], "target-0");
+        let slice = |i: usize| {
+            let e = &ev[i];
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["tid"].as_u64().unwrap(),
+                e["ts"].as_f64().unwrap(),
+            )
+        };
+        assert_eq!(slice(2), ("forward".into(), 1, 2.0));
+        assert_eq!(slice(3), ("backward".into(), 1, 3.0));
+        assert_eq!(slice(4), ("forward".into(), 2, 8.0));
     }
 }
