@@ -1,0 +1,122 @@
+//! What a resumed run takes from its checkpoint and what it refuses to change: the seed, the lr
+//! schedule, and a data position it could have reached.
+
+use crate::engine::checkpoint;
+use crate::engine::schedule::Schedule;
+use anyhow::{bail, Result};
+use std::path::Path;
+
+/// A resumed synthetic stream is re-made document by document up to its saved position: a
+/// position no run of that length could reach is damage, refused before it costs hours.
+pub(super) fn check_data_position(
+    state: &checkpoint::TrainerState,
+    dir: Option<&Path>,
+) -> Result<()> {
+    let rows = state.batch.unwrap_or(1).max(1) as u64;
+    let seq = state.seq_len.unwrap_or(3072).max(1) as u64;
+    // At most a document a token, a row of `seq` tokens, a batch per step and one more in flight.
+    let most = state
+        .step
+        .saturating_add(1)
+        .saturating_mul(rows)
+        .saturating_mul(seq)
+        .saturating_mul(64);
+    if state.data_docs > most {
+        let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
+        bail!(
+            "{}: `data_docs` {} is more than {} steps of {rows} rows of {seq} tokens could take: \
+             the checkpoint is damaged; resume from an earlier checkpoint",
+            file.display(),
+            state.data_docs,
+            state.step
+        );
+    }
+    Ok(())
+}
+
+/// The seed: a resumed run's is its checkpoint's (the target's random weights, the data order
+/// and the synthetic data come from it); a different one given is refused, as another run.
+pub(super) fn run_seed(
+    given: Option<u64>,
+    state: Option<&checkpoint::TrainerState>,
+    dir: Option<&Path>,
+) -> Result<u64> {
+    let Some(state) = state else {
+        return Ok(given.unwrap_or(0));
+    };
+    if let Some(seed) = given.filter(|s| *s != state.seed) {
+        let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
+        bail!(
+            "`seed` {seed} differs from the run in {} (seed {}): a resumed run keeps its seed; \
+             leave --seed out, or start a new run from those weights with --drafter",
+            file.display(),
+            state.seed
+        );
+    }
+    Ok(state.seed)
+}
+
+/// The schedule of a resumed run: its checkpoint's. --steps only says where to stop, within it;
+/// a different --lr is refused (it would be another run).
+pub(super) fn resumed_schedule(
+    state: &checkpoint::TrainerState,
+    steps: Option<u64>,
+    lr_given: Option<f64>,
+    dir: Option<&Path>,
+) -> Result<Schedule> {
+    let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
+    let schedule = state.schedule();
+    if let Some(lr) = lr_given.filter(|lr| *lr != state.lr) {
+        bail!(
+            "`lr` {lr:e} differs from the run in {} (lr {:e}): a resumed run keeps its schedule; \
+             leave --lr out, or start a new run from those weights with --drafter",
+            file.display(),
+            state.lr
+        );
+    }
+    if let (Schedule::Cosine { total }, Some(n)) = (schedule, steps) {
+        if n > total {
+            bail!(
+                "--steps {n} is past the end of the schedule of the run in {} (cosine over {total} \
+                 steps; the lr is 0 after it): give --steps {total} or less, or start a new run \
+                 from those weights with --drafter",
+                file.display()
+            );
+        }
+    }
+    Ok(schedule)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resumed_run_keeps_its_schedule() {
+        let cosine = checkpoint::TrainerState {
+            step: 3,
+            total_steps: 6,
+            lr: 1e-3,
+            schedule: Some(Schedule::Cosine { total: 6 }),
+            ..Default::default()
+        };
+        let dir = Path::new("ck");
+        assert_eq!(
+            resumed_schedule(&cosine, Some(6), None, Some(dir)).unwrap(),
+            Schedule::Cosine { total: 6 }
+        );
+        let e = resumed_schedule(&cosine, Some(9), None, Some(dir)).unwrap_err();
+        assert!(e.to_string().contains("ck/trainer_state.json"), "{e}");
+        let e = resumed_schedule(&cosine, None, Some(2e-3), Some(dir)).unwrap_err();
+        assert!(e.to_string().contains("--drafter"), "{e}");
+        // An open run stays open: --steps only stops it, no decay appears.
+        let open = checkpoint::TrainerState {
+            schedule: Some(Schedule::Constant),
+            ..cosine
+        };
+        assert_eq!(
+            resumed_schedule(&open, Some(100), None, Some(dir)).unwrap(),
+            Schedule::Constant
+        );
+    }
+}
