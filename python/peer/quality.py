@@ -3,7 +3,7 @@ SpecForge 0.2.0's own DFlash trainer, both measured with z-lab dflash 0.1.0's sp
 decoding on held-out prompts.
 
     .venv/bin/python python/peer/quality.py --size ci [--json OUT]        # ~1 min, 2 cores
-    python python/peer/quality.py --size gpu --device cuda --work W --until data
+    python python/peer/quality.py --size gpu --device cuda --work W --until tokens
     python python/peer/quality.py --size gpu --device cuda --work W --json OUT [--anchor-budget both]
 
 The GPU size needs torch, transformers, the `dflash` and `specforge` packages (PYTHONPATH will
@@ -16,9 +16,10 @@ same settings is reused (the target, the data, each training run).
    rendered through a ChatML template), trained here with transformers; saved as a Hugging Face
    directory with its tokenizer.json and chat template.
 2. The target writes its own greedy replies, turn by turn (`dflash-top generate`, which renders
-   the chat template); SpecForge's chat parser (`GeneralParser`, its `qwen`-style template)
-   turns each conversation into `input_ids` + `loss_mask` (the assistant turns as rendered).
-   Held-out conversations give the evaluation prompts (their last turn).
+   the chat template; --gen-procs processes at once, 8 on a GPU); SpecForge's chat parser
+   (`GeneralParser`, its `qwen`-style template) turns each conversation into `input_ids` +
+   `loss_mask` (the assistant turns as rendered). Held-out conversations give the evaluation
+   prompts (their last turn).
 3. One random DFlashDraftModel init (z-lab dflash's class) is saved; dflash-top starts from it
    (`--drafter`), SpecForge warm-starts from it. Both train on the same conversations in the
    same order, with the same recipe numbers (lr, 4% warm-up, cosine, clip 1.0, gamma 7 for
@@ -31,7 +32,7 @@ same settings is reused (the target, the data, each training run).
 
 Every stage writes into --work (a temporary directory unless given); with --work given, a stage
 whose output is there for the same settings is reused (the target and the data), so the GPU size
-can run in parts (--until data, then again without it).
+can run in parts (--until data or --until tokens, then again without it).
 """
 
 import argparse
@@ -188,10 +189,41 @@ def make_target(work, size, lang, device, steps=None):
 # 2. The data: the target's own greedy replies, turn by turn
 
 
-def generate_turns(work, name, binary, target, tokenizer, lang, convs, max_new, device, check):
+def generate_sharded(work, name, binary, target, lines, max_new, device, procs):
+    """The target's greedy replies to the prompts in `lines`, in their order: `procs` concurrent
+    `dflash-top generate` processes, each on a contiguous share (one prompt at a time is
+    launch-bound on a GPU, so several processes fill it)."""
+    procs = max(1, min(procs, len(lines)))
+    bounds = [len(lines) * k // procs for k in range(procs + 1)]
+    jobs = []
+    for k in range(procs):
+        prompts = os.path.join(work, f"{name}-{k}-prompts.jsonl")
+        out = os.path.join(work, f"{name}-{k}-greedy.jsonl")
+        with open(prompts, "w") as f:
+            f.writelines(lines[bounds[k] : bounds[k + 1]])
+        cmd = [
+            binary, "generate", "--target", target, "--data", prompts, "--out", out,
+            "--max-new-tokens", str(max_new), "--device", device,
+        ]  # fmt: skip
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        jobs.append((cmd, p, out, bounds[k + 1] - bounds[k]))
+    rows = []
+    for cmd, p, out, n in jobs:
+        err = p.communicate()[1]
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
+        got = [json.loads(x) for x in open(out) if x.strip()]
+        assert len(got) == n, f"{out}: {len(got)} lines for {n} prompts"
+        rows += got
+    return rows
+
+
+def generate_turns(
+    work, name, binary, target, tokenizer, lang, convs, max_new, device, check, procs=1
+):
     """Fills in each conversation's assistant turns with the target's greedy replies, one
-    `dflash-top generate` call per turn index. Returns the conversations as messages and the
-    replies (ids, end token included) of their last turns."""
+    `dflash-top generate` call (or `procs` concurrent ones) per turn index. Returns the
+    conversations as messages and the replies (ids, end token included) of their last turns."""
     inv = {v: k for k, v in tokenizer.get_vocab().items()}
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     msgs = [[{"role": "system", "content": cl.SYSTEM_PROMPT}] for _ in convs]
@@ -200,22 +232,14 @@ def generate_turns(work, name, binary, target, tokenizer, lang, convs, max_new, 
     rng = random.Random(f"{name}-users")
     for turn in range(max(len(c) for c in convs)):
         live = [i for i, c in enumerate(convs) if len(c) > turn]
-        prompts = os.path.join(work, f"{name}-turn{turn}-prompts.jsonl")
-        out = os.path.join(work, f"{name}-turn{turn}-greedy.jsonl")
-        with open(prompts, "w") as f:
-            for i in live:
-                k, seed, _ = convs[i][turn]
-                msgs[i].append({"role": "user", "content": cl.user_message(rng, lang, k, seed)})
-                f.write(json.dumps({"messages": msgs[i]}) + "\n")
-        cmd = [
-            binary, "generate", "--target", target, "--data", prompts, "--out", out,
-            "--max-new-tokens", str(max_new), "--device", device,
-        ]  # fmt: skip
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr}")
-        rows = [json.loads(x) for x in open(out) if x.strip()]
-        assert len(rows) == len(live), f"{out}: {len(rows)} lines for {len(live)} prompts"
+        lines = []
+        for i in live:
+            k, seed, _ = convs[i][turn]
+            msgs[i].append({"role": "user", "content": cl.user_message(rng, lang, k, seed)})
+            lines.append(json.dumps({"messages": msgs[i]}) + "\n")
+        rows = generate_sharded(
+            work, f"{name}-turn{turn}", binary, target, lines, max_new, device, procs
+        )
         for i, row in zip(live, rows):
             ids, mask = row["input_ids"], row["loss_mask"]
             n = mask.index(1) if 1 in mask else len(ids)
@@ -243,7 +267,7 @@ def generate_turns(work, name, binary, target, tokenizer, lang, convs, max_new, 
     return msgs, last, stats
 
 
-def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device):
+def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs=1):
     """train.jsonl (input_ids + loss_mask, for dflash-top; SpecForge reads the same lines) and
     eval.jsonl (prompt + the target's reply of the last turn)."""
     from specforge.data.loss_mask import has_consecutive_supervised_tokens
@@ -270,11 +294,11 @@ def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device):
     max_new = max(hi for _, hi in s["buckets"]) + 8
     train_msgs, _, st_train = generate_turns(
         d, "train", binary, target_dir, tokenizer, lang, convs[: s["train_convs"]], max_new,
-        gen_device, True,
+        gen_device, True, procs,
     )  # fmt: skip
     eval_msgs, eval_last, st_eval = generate_turns(
         d, "eval", binary, target_dir, tokenizer, lang, convs[s["train_convs"] :], max_new,
-        gen_device, False,
+        gen_device, False, procs,
     )  # fmt: skip
 
     # SpecForge's chat parser, with a qwen-style ChatTemplate (as its `qwen` template, with our
@@ -393,7 +417,7 @@ def run_ours(args, size, work, name, target_dir, train_jsonl, init_dir, mask_id,
     per_step = s["ours_batch"] * s["max_length"]
     steps = max(1, round(tokens / per_step))
     save = os.path.join(work, name)
-    key = digest([args.key, "ours", budget, steps, args.device, os.path.getmtime(args.bin)])
+    key = digest([args.key, "ours", budget, steps, args.device, args.bin_id])
     if (r := reused(args, save, key)) is not None:
         return r
     shutil.rmtree(save, ignore_errors=True)
@@ -584,7 +608,14 @@ def main():
         help="dflash-top's --anchor-budget: per-row (its default), per-doc, or both (one row each)",
     )
     ap.add_argument("--threads", type=int, help="torch intra-op threads of the Python stages")
-    ap.add_argument("--until", choices=["target", "data"], help="stop after this stage")
+    ap.add_argument(
+        "--until", choices=["target", "data", "tokens"], help="stop after this stage"
+    )
+    ap.add_argument(
+        "--gen-procs",
+        type=int,
+        help="concurrent `dflash-top generate` processes for the data (8 on cuda, 1 on cpu)",
+    )
     args = ap.parse_args()
 
     s = SIZES[args.size]
@@ -595,6 +626,9 @@ def main():
         torch.set_num_threads(threads)
     if not os.access(args.bin, os.X_OK):
         raise SystemExit(f"{args.bin} is not an executable: build it (cargo build --release)")
+    with open(args.bin, "rb") as f:
+        args.bin_id = hashlib.sha256(f.read()).hexdigest()[:16]
+    gen_procs = args.gen_procs or (8 if args.device == "cuda" else 1)
     budgets = ["per-doc", "per-row"] if args.anchor_budget == "both" else [args.anchor_budget]
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -614,7 +648,7 @@ def main():
         return
     gen_device = "cuda:0" if args.device == "cuda" else "cpu"
     data_dir, data_key, data_stats = make_data(
-        work, args.size, args.bin, target_dir, tokenizer, lang, gen_device
+        work, args.size, args.bin, target_dir, tokenizer, lang, gen_device, gen_procs
     )
     if s["sf_batch"] == "match":
         s = dict(s, sf_batch=matched_batch(s, data_stats))
@@ -647,6 +681,8 @@ def main():
                        runs[0]["target_tokens"])  # fmt: skip
     sf["row"] = "equal tokens"
     runs.append(sf)
+    if args.until == "tokens":
+        return
     # Equal wall time: the faster trainer trains again (a fresh run, its own schedule) for the
     # tokens its own throughput gives in the slower one's wall time.
     ours0 = runs[0]
