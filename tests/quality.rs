@@ -40,7 +40,9 @@ fn drafters_of_both_trainers_are_accepted_in_dflash_side_by_side() {
     let out = tmp.path().join("quality.json");
     let o = std::process::Command::new(root.join(".venv/bin/python"))
         .arg(root.join("python/peer/quality.py"))
-        .args(["--size", "ci", "--json"])
+        // Two `dflash-top generate` processes make the data, as eight do on a GPU: a reply
+        // handed back to the wrong conversation would break the language check of its topic.
+        .args(["--size", "ci", "--gen-procs", "2", "--json"])
         .arg(&out)
         .arg("--bin")
         .arg(env!("CARGO_BIN_EXE_dflash-top"))
