@@ -54,25 +54,26 @@ pub struct Session {
 impl Session {
     pub fn start(cfg: &RunConfig) -> Result<Session> {
         let telemetry = Telemetry::new();
-        telemetry.switches().set_gpu_timing(cfg.gpu_timing);
-        telemetry.switches().set_profiling(cfg.profiling);
+        telemetry.switches().set_gpu_timing(cfg.viewer.gpu_timing);
+        telemetry.switches().set_profiling(cfg.viewer.profiling);
         telemetry
             .switches()
             .set_stage_ratio_flops(crate::placement::flop_ratio(
-                &cfg.target_config,
-                &cfg.spec,
-                cfg.seq_len,
-                cfg.anchors,
+                &cfg.pipeline.target_config,
+                &cfg.pipeline.drafter_spec,
+                cfg.pipeline.seq_len,
+                cfg.pipeline.anchors,
             ));
         // Raw records and queue samples go out to viewers and the recording as they pass the hub.
-        let fanout = Fanout::tap(&telemetry, cfg.save_dir.is_some());
+        let fanout = Fanout::tap(&telemetry, cfg.pipeline.save_dir.is_some());
         let recorder = cfg
+            .viewer
             .record
             .as_deref()
             .map(|path| Recorder::start(&fanout, path, &telemetry))
             .transpose()?;
         let limits = ServeLimits {
-            max_viewers: cfg.max_viewers,
+            max_viewers: cfg.viewer.max_viewers,
             ..ServeLimits::default()
         };
         let server = match Server::start(&fanout, &telemetry, limits) {
@@ -82,7 +83,7 @@ impl Session {
                 None
             }
         };
-        let pipeline = Pipeline::start(cfg, &telemetry)?;
+        let pipeline = Pipeline::start(&cfg.pipeline, &telemetry)?;
         let hub_cancel = CancelToken::new();
         let hub = telemetry.spawn_hub(hub_cancel.clone())?;
         Ok(Session {
@@ -115,7 +116,7 @@ impl Session {
 
 fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     let cfg = RunConfig::from_args(args)?;
-    println!("{}", cfg.recipe_line());
+    println!("{}", cfg.pipeline.recipe_line());
     let session = Session::start(&cfg)?;
     if let Some(s) = &session.server {
         println!(
@@ -127,7 +128,7 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     let snapshots = session.telemetry.subscribe();
     let start_step = session.pipeline.start_step;
     let counts = session.pipeline.counts.clone();
-    let interval = Duration::from_secs_f64(cfg.interval);
+    let interval = Duration::from_secs_f64(cfg.viewer.interval);
     let mut next = Instant::now() + interval;
     let mut last = None;
     while !session.pipeline.is_finished() && !crate::signals::requested() {
@@ -173,7 +174,7 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     crate::tui::config::load()?;
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
-    let ctl = EngineControls::new(&session.telemetry, cfg.save_dir.is_some());
+    let ctl = EngineControls::new(&session.telemetry, cfg.pipeline.save_dir.is_some());
     let pipeline = &session.pipeline;
     let finished = || {
         pipeline.is_finished().then(|| End {
@@ -201,8 +202,8 @@ fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
 fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
     RunInfo {
         start_step,
-        save_dir: cfg.save_dir.clone(),
-        recording: cfg.record.clone(),
+        save_dir: cfg.pipeline.save_dir.clone(),
+        recording: cfg.viewer.record.clone(),
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::app::Session;
 use crate::cli::BenchArgs;
-use crate::config::RunConfig;
+use crate::config::{PipelineSpec, RunConfig};
 use crate::telemetry::snapshot::ThreadView;
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Role, Snapshot};
 use anyhow::{bail, Result};
@@ -69,8 +69,8 @@ fn phase_line(t: &ThreadView) -> String {
 
 /// The target forward's rate in TFLOP/s-equivalent (`placement::target_flops` over the forward
 /// phase's device time), per target worker.
-fn target_rate_line(cfg: &RunConfig, s: &Snapshot) -> Option<String> {
-    let flops = crate::placement::target_flops(&cfg.target_config, &cfg.spec, cfg.seq_len)
+fn target_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
+    let flops = crate::placement::target_flops(&cfg.target_config, &cfg.drafter_spec, cfg.seq_len)
         * cfg.batch as f64;
     target_rates(flops, s)
 }
@@ -105,8 +105,9 @@ fn target_rates(flops: f64, s: &Snapshot) -> Option<String> {
 fn engine(args: &BenchArgs) -> Result<()> {
     let mut train = args.train.clone();
     train.steps = Some(train.steps.unwrap_or(60));
-    let cfg = RunConfig::from_args(&train)?;
-    let session = Session::start(&cfg)?;
+    let run = RunConfig::from_args(&train)?;
+    let session = Session::start(&run)?;
+    let cfg = &run.pipeline;
     let snapshots = session.telemetry.subscribe();
     let mut last = None;
     while !session.pipeline.is_finished() && !crate::signals::requested() {
@@ -142,10 +143,10 @@ fn engine(args: &BenchArgs) -> Result<()> {
     for t in &s.threads {
         println!("bench: {}", phase_line(t));
     }
-    if let Some(line) = target_rate_line(&cfg, &s) {
+    if let Some(line) = target_rate_line(cfg, &s) {
         println!("bench: {line}");
     }
-    for line in memory_lines(&cfg) {
+    for line in memory_lines(cfg) {
         println!("bench: {line}");
     }
     // The run's own FLOP estimate rides in its snapshots (set at start).
@@ -175,7 +176,7 @@ fn replicas(args: &BenchArgs) -> Result<()> {
     if !(args.tolerance > 0.0 && args.tolerance.is_finite()) {
         bail!("--tolerance must be a positive fraction (0.02 is 2%)");
     }
-    let cfg = RunConfig::from_args(&args.train)?;
+    let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let steps = args.train.steps.unwrap_or(20);
     let report = crate::engine::replica_check::run(&cfg, steps)?;
     println!(
@@ -219,7 +220,7 @@ fn replicas(args: &BenchArgs) -> Result<()> {
 
 /// The caching allocator's peak per CUDA device the run used (what the batch, anchors and
 /// sequence length cost in memory).
-fn memory_lines(cfg: &RunConfig) -> Vec<String> {
+fn memory_lines(cfg: &PipelineSpec) -> Vec<String> {
     let mut devices: Vec<usize> = cfg
         .target_devices
         .iter()
@@ -279,8 +280,9 @@ fn alternate(args: &BenchArgs, settings: &[Setting]) -> Result<()> {
     }
     let mut train = args.train.clone();
     train.steps = None;
-    let cfg = RunConfig::from_args(&train)?;
-    let session = Session::start(&cfg)?;
+    let run = RunConfig::from_args(&train)?;
+    let session = Session::start(&run)?;
+    let cfg = &run.pipeline;
     let rx = session.telemetry.subscribe();
     let settle = Duration::from_secs(1);
     let measure = Duration::from_secs_f64(args.segment - 1.0);

@@ -1,5 +1,6 @@
 //! The run configuration: a preset, then a TOML file, then command-line flags, validated into
-//! one `RunConfig` with errors that name the flag or file and the fix.
+//! one `RunConfig` (the engine's `PipelineSpec` and the viewer's settings) with errors that name
+//! the flag or file and the fix.
 
 use crate::cli::TrainArgs;
 use crate::engine::checkpoint;
@@ -9,6 +10,7 @@ use crate::engine::config::{
 use crate::engine::data::ChatOptions;
 use crate::engine::recipe::{mask_token_of, MaskToken};
 use crate::engine::schedule::Schedule;
+pub use crate::engine::spec::{DataSpec, PipelineSpec, Slow};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -17,67 +19,28 @@ use tch::Device;
 mod flags;
 mod resume;
 use flags::placed_devices;
-pub use flags::{cuda_count, parse_devices, parse_slow, Slow};
+pub use flags::{cuda_count, parse_devices, parse_slow};
 use resume::{check_data_position, resumed_schedule, run_seed};
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum DataSpec {
-    Synthetic,
-    Jsonl(PathBuf),
-}
-
+/// A run as the command line and the TOML file give it: what the engine runs, and what its
+/// watchers start with.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
-    pub preset: Preset,
-    pub target: Option<PathBuf>,
-    /// The target's shapes: --target's config.json, or the preset's.
-    pub target_config: Qwen3Config,
-    /// The drafter: read from --resume / --drafter, or a fresh one from the recipe.
-    pub spec: DrafterSpec,
-    /// Where the recipe came from: `preset:NAME` or `specforge` (a --target run).
-    pub recipe_from: String,
-    /// Where the drafter's mask token came from.
-    pub mask_from: String,
-    pub drafter: Option<PathBuf>,
-    pub data: DataSpec,
-    pub steps: Option<u64>,
-    /// The lr schedule: cosine over --steps, or constant after warm-up without an end.
-    pub schedule: Schedule,
-    pub save_dir: Option<PathBuf>,
-    pub save_every: Option<u64>,
-    pub resume: Option<PathBuf>,
-    /// The trainer state of --resume: step, schedule, data position, sampler state.
-    pub resume_state: Option<checkpoint::TrainerState>,
-    pub target_devices: Vec<Device>,
-    pub drafter_devices: Vec<Device>,
+    pub pipeline: PipelineSpec,
+    pub viewer: ViewerSettings,
+}
+
+/// What the run's watchers start with (the engine never reads these).
+#[derive(Clone, Debug)]
+pub struct ViewerSettings {
     pub record: Option<PathBuf>,
     /// Viewers the socket serves at once (`--max-viewers`).
     pub max_viewers: usize,
-    pub seed: u64,
-    pub slow: Slow,
+    /// Seconds between headless lines.
     pub interval: f64,
-    pub batch: i64,
-    pub seq_len: i64,
-    pub anchors: i64,
-    pub anchor_scope: AnchorScope,
-    pub lr: f64,
-    pub batch_queue: usize,
-    pub hs_queue: usize,
-    /// libtorch intra-op threads per worker (CPU); None = cores / workers.
-    pub threads_per_worker: Option<i32>,
     pub gpu_timing: crate::telemetry::GpuTiming,
     /// Phase marks recorded from the start (`--profiling on|off`; `p` flips it live).
     pub profiling: bool,
-    /// Lm-head chunk in the loss, MiB: rows x vocab x 4 bytes (bf16 logits and probabilities).
-    pub loss_chunk_mib: i64,
-    /// Newest `step-*` checkpoints kept in save_dir (None: all).
-    pub keep: Option<usize>,
-    /// Steps in a row with a non-finite loss or gradient before the run stops.
-    pub max_nonfinite: u32,
-    /// Threads reading a JSONL file ahead of the loader (None: the default for this machine).
-    pub data_threads: Option<usize>,
-    /// How chat data is rendered (the TOML's `[chat]`: `enable_thinking`, `system_prompt`).
-    pub chat: ChatOptions,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -351,10 +314,10 @@ impl RunConfig {
             resume_state.as_ref(),
             args.resume.as_deref(),
         )?;
-        let cfg = RunConfig {
+        let pipeline = PipelineSpec {
             target,
             target_config,
-            spec,
+            drafter_spec: spec,
             recipe_from,
             mask_from,
             drafter,
@@ -370,11 +333,8 @@ impl RunConfig {
             resume: args.resume.clone(),
             target_devices,
             drafter_devices,
-            record: args.record.clone(),
             seed,
-            max_viewers,
             slow: parse_slow(&slow_items)?,
-            interval,
             batch: recipe.batch,
             seq_len: recipe.seq_len,
             anchors: recipe.anchors,
@@ -388,88 +348,21 @@ impl RunConfig {
             max_nonfinite,
             data_threads,
             chat: file.chat.clone().unwrap_or_default(),
+            preset,
+        };
+        pipeline.validate()?;
+        let viewer = ViewerSettings {
+            record: args.record.clone(),
+            max_viewers,
+            interval,
             gpu_timing,
             profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
                 None | Some("on") => true,
                 Some("off") => false,
                 Some(other) => bail!("--profiling `{other}`: use on or off"),
             },
-            preset,
         };
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    fn validate(&self) -> Result<()> {
-        if self.batch < 1 {
-            bail!("`batch` must be at least 1");
-        }
-        if self.seq_len < 32 || self.seq_len > 3072 {
-            bail!("`seq_len` {} is out of range: use 32..=3072", self.seq_len);
-        }
-        if self.anchors < 1 || self.anchors > 512 {
-            bail!("`anchors` {} is out of range: use 1..=512", self.anchors);
-        }
-        if !(self.lr > 0.0 && self.lr.is_finite()) {
-            bail!("`lr` must be a positive number");
-        }
-        if !(16..=65536).contains(&self.loss_chunk_mib) {
-            bail!(
-                "`loss_chunk_mib` {} is out of range: use 16..=65536",
-                self.loss_chunk_mib
-            );
-        }
-        if self.batch_queue == 0 || self.hs_queue == 0 {
-            bail!("queue depths (`batch_queue`, `hs_queue`) must be at least 1");
-        }
-        if let Some(d) = self.drafter.as_ref().filter(|d| !d.is_dir()) {
-            bail!(
-                "--drafter {}: no such directory; give a drafter checkpoint directory",
-                d.display()
-            );
-        }
-        Ok(())
-    }
-
-    /// The resolved recipe as one `config: key=value ...` line (headless prints it at start;
-    /// the TUI can show it).
-    pub fn recipe_line(&self) -> String {
-        let s = &self.spec;
-        let target = match &self.target {
-            Some(d) => d.display().to_string(),
-            None => format!("preset:{}", self.preset.name),
-        };
-        let data = match &self.data {
-            DataSpec::Synthetic => "synthetic".to_string(),
-            DataSpec::Jsonl(p) => p.display().to_string(),
-        };
-        let ids: Vec<String> = s.target_layer_ids.iter().map(|i| i.to_string()).collect();
-        format!(
-            "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
-             target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
-             anchors={} anchor_budget={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
-             seed={} data={}",
-            self.recipe_from,
-            target,
-            s.layers.hidden_size,
-            s.num_target_layers,
-            s.layers.num_hidden_layers,
-            ids.join(","),
-            s.block_size,
-            s.mask_token_id,
-            self.mask_from,
-            self.seq_len,
-            self.batch,
-            self.anchors,
-            self.anchor_scope.name(),
-            self.lr,
-            self.schedule.describe(),
-            self.steps
-                .map(|n| n.to_string())
-                .unwrap_or_else(|| "-".into()),
-            self.seed,
-            data,
-        )
+        Ok(RunConfig { pipeline, viewer })
     }
 }
 
@@ -592,25 +485,28 @@ mod tests {
         dir
     }
 
-    fn train(dir: &Path, extra: impl FnOnce(&mut TrainArgs)) -> Result<RunConfig> {
+    fn train(dir: &Path, extra: impl FnOnce(&mut TrainArgs)) -> Result<PipelineSpec> {
         let mut a = TrainArgs {
             target: Some(dir.to_path_buf()),
             ..TrainArgs::default()
         };
         extra(&mut a);
-        RunConfig::from_args(&a)
+        RunConfig::from_args(&a).map(|c| c.pipeline)
     }
 
     #[test]
     fn a_target_run_takes_specforge_recipe_not_the_tiny_preset() {
         let dir = target_dir(Some(300));
         let c = train(dir.path(), |_| {}).unwrap();
-        assert_eq!(c.spec.layers.num_hidden_layers, 5);
-        assert_eq!(c.spec.layers.hidden_size, 128, "the target's width");
-        assert_eq!((c.seq_len, c.anchors, c.spec.block_size), (3072, 512, 16));
+        assert_eq!(c.drafter_spec.layers.num_hidden_layers, 5);
+        assert_eq!(c.drafter_spec.layers.hidden_size, 128, "the target's width");
+        assert_eq!(
+            (c.seq_len, c.anchors, c.drafter_spec.block_size),
+            (3072, 512, 16)
+        );
         assert_eq!(c.lr, 6e-4);
         assert_eq!(
-            c.spec.mask_token_id, 300,
+            c.drafter_spec.mask_token_id, 300,
             "the first id the tokenizer leaves unused"
         );
         let line = c.recipe_line();
@@ -628,8 +524,13 @@ mod tests {
             assert!(line.contains(kv), "no {kv} in {line}");
         }
         // A preset run keeps the preset's recipe.
-        let tiny = RunConfig::from_args(&TrainArgs::default()).unwrap();
-        assert_eq!((tiny.seq_len, tiny.spec.layers.num_hidden_layers), (256, 2));
+        let tiny = RunConfig::from_args(&TrainArgs::default())
+            .unwrap()
+            .pipeline;
+        assert_eq!(
+            (tiny.seq_len, tiny.drafter_spec.layers.num_hidden_layers),
+            (256, 2)
+        );
         assert!(tiny.recipe_line().contains("recipe=preset:tiny"));
     }
 
@@ -654,8 +555,8 @@ mod tests {
         assert_eq!(c.anchor_scope, AnchorScope::PerDoc);
         assert_eq!(c.chat.enable_thinking, Some(false));
         assert_eq!(c.chat.system_prompt.as_deref(), Some("Be brief."));
-        assert_eq!(c.spec.layers.num_hidden_layers, 3);
-        assert_eq!(c.spec.mask_token_id, 42);
+        assert_eq!(c.drafter_spec.layers.num_hidden_layers, 3);
+        assert_eq!(c.drafter_spec.mask_token_id, 42);
         assert!(c.recipe_line().contains("mask_from=given"));
         assert!(c.recipe_line().contains("anchors=4 anchor_budget=per-doc"));
         // The flag wins over the file; an unknown budget or `[chat]` key is named.
@@ -707,7 +608,10 @@ mod tests {
             ..TrainArgs::default()
         };
         assert_eq!(
-            RunConfig::from_args(&args(0)).unwrap().data_threads,
+            RunConfig::from_args(&args(0))
+                .unwrap()
+                .pipeline
+                .data_threads,
             Some(0)
         );
         let e = RunConfig::from_args(&args(65)).unwrap_err().to_string();
@@ -720,6 +624,6 @@ mod tests {
             ..TrainArgs::default()
         })
         .unwrap();
-        assert_eq!(c.data_threads, Some(3));
+        assert_eq!(c.pipeline.data_threads, Some(3));
     }
 }

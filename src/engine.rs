@@ -26,6 +26,7 @@ pub mod replica_check;
 pub mod replicas;
 pub mod save_dir;
 pub mod schedule;
+pub mod spec;
 pub mod switches;
 pub mod target_graph;
 pub mod tiled;

@@ -180,6 +180,7 @@ proptest! {
             }
             // What is accepted is in range: the engine uses it as it is.
             Ok(c) => {
+                let c = c.pipeline;
                 prop_assert!(c.threads_per_worker.is_none_or(|n| (1..=256).contains(&n)));
                 prop_assert!((1..=512).contains(&c.anchors) && (32..=3072).contains(&c.seq_len));
                 prop_assert!(c.batch >= 1 && c.batch_queue >= 1 && c.hs_queue >= 1);
@@ -210,6 +211,7 @@ proptest! {
             Err(e) => prop_assert!(format!("{e:#}").contains("trainer_state.json")
                 || format!("{e:#}").contains('`') || format!("{e:#}").contains("--"), "{e:#}"),
             Ok(c) => {
+                let c = c.pipeline;
                 let s = c.resume_state.unwrap();
                 // A synthetic stream is re-made up to its position: bounded by the run's length.
                 let most = s.step.saturating_add(1).saturating_mul(c.batch as u64)

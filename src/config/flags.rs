@@ -1,17 +1,10 @@
 //! Parsers of the flags whose values are small languages: device lists (`cpu`, `cuda:N`, `all`)
 //! and deliberate slowness (`--slow target=20ms`), each error naming the flag and the fix.
 
+use crate::engine::spec::Slow;
 use anyhow::{bail, Context, Result};
 use std::time::Duration;
 use tch::Device;
-
-/// Deliberate slowness per stage, to show starvation (`--slow target=20ms`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Slow {
-    pub loader: Duration,
-    pub target: Duration,
-    pub drafter: Duration,
-}
 
 /// The CUDA devices this process sees (0 without CUDA).
 pub fn cuda_count() -> i64 {

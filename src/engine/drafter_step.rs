@@ -263,16 +263,21 @@ mod tests {
             seq_len: Some(768),
             ..Default::default()
         };
-        let cfg = RunConfig::from_args(&args).unwrap();
-        let (_tvs, target) =
-            build_target(&cfg, &cfg.target_config, &cfg.spec.target_layer_ids, dev).unwrap();
+        let cfg = RunConfig::from_args(&args).unwrap().pipeline;
+        let (_tvs, target) = build_target(
+            &cfg,
+            &cfg.target_config,
+            &cfg.drafter_spec.target_layer_ids,
+            dev,
+        )
+        .unwrap();
         let mut built = build_drafters(&cfg, &[dev, dev]).unwrap();
         let mut step_of = |graphs: StepGraphs| {
             let (vs, model, device) = built.remove(0);
             let step = DrafterStep {
                 model,
                 optimizer: AdamW::new(vs.variables().into_iter().collect()),
-                spec: cfg.spec.clone(),
+                spec: cfg.drafter_spec.clone(),
                 embed: frozen_on(&target.embed_tokens, device),
                 lm_head: frozen_on(&target.lm_head, device),
                 device,
@@ -286,7 +291,7 @@ mod tests {
         let (_evs, mut eager) = step_of(StepGraphs::off());
         let start = flat(&mut eager);
         let counts = std::sync::Arc::new(DataCounts::default());
-        let mut source = data_source(&cfg, &cfg.target_config, &cfg.spec, &counts).unwrap();
+        let mut source = data_source(&cfg, &cfg.target_config, &cfg.drafter_spec, &counts).unwrap();
         let mut packer = Packer::new();
         let mut rng = Rng::new(5);
         let mut losses = Vec::new();

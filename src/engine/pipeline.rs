@@ -1,4 +1,4 @@
-//! Builds the models and queues from a `RunConfig` and runs loader → [batch queue] → targets →
+//! Builds the models and queues from a `PipelineSpec` and runs loader → [batch queue] → targets →
 //! [HS queue] → drafters, each worker on its own named thread. Stop is graceful: one
 //! cancellation token, every thread joined, the first error reported.
 
@@ -11,11 +11,11 @@ use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use super::replicas::{LocalGroup, Single};
+use super::spec::{DataSpec, PipelineSpec};
 use super::workers::{
     run_drafter, run_loader, run_target, DataCounts, DrafterJob, LoaderJob, TargetJob,
 };
 use crate::cancel::CancelToken;
-use crate::config::{DataSpec, RunConfig};
 use crate::telemetry::queue::monitored_queue;
 use crate::telemetry::Telemetry;
 use anyhow::{bail, Context, Result};
@@ -37,7 +37,7 @@ pub struct Pipeline {
 /// The target: shapes from --target's config.json or the preset, weights from the directory or
 /// random (seeded).
 pub(crate) fn build_target(
-    cfg: &RunConfig,
+    cfg: &PipelineSpec,
     target_cfg: &Qwen3Config,
     capture: &[i64],
     device: Device,
@@ -59,10 +59,10 @@ pub(crate) fn build_target(
 /// Drafter replicas, one per device, all with replica 0's weights: fresh (seeded) or from
 /// --resume / --drafter.
 pub(crate) fn build_drafters(
-    cfg: &RunConfig,
+    cfg: &PipelineSpec,
     devices: &[Device],
 ) -> Result<Vec<(VarStore, Drafter, Device)>> {
-    let spec = &cfg.spec;
+    let spec = &cfg.drafter_spec;
     let mut built = Vec::new();
     for &dev in devices {
         tch::manual_seed(cfg.seed as i64 + 1);
@@ -94,7 +94,7 @@ pub(crate) fn frozen_on(t: &tch::Tensor, dev: Device) -> tch::Tensor {
 }
 
 pub(crate) fn data_source(
-    cfg: &RunConfig,
+    cfg: &PipelineSpec,
     target_cfg: &Qwen3Config,
     spec: &DrafterSpec,
     counts: &Arc<DataCounts>,
@@ -130,7 +130,7 @@ pub(crate) fn data_source(
     Ok(source)
 }
 
-fn resumed_docs(cfg: &RunConfig) -> u64 {
+fn resumed_docs(cfg: &PipelineSpec) -> u64 {
     cfg.resume_state.as_ref().map_or(0, |s| s.data_docs)
 }
 
@@ -236,10 +236,10 @@ pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<
 }
 
 impl Pipeline {
-    pub fn start(cfg: &RunConfig, telemetry: &Telemetry) -> Result<Pipeline> {
+    pub fn start(cfg: &PipelineSpec, telemetry: &Telemetry) -> Result<Pipeline> {
         let cancel = CancelToken::new();
         let target_cfg = cfg.target_config.clone();
-        let spec = cfg.spec.clone();
+        let spec = cfg.drafter_spec.clone();
         let n_workers = (cfg.target_devices.len() + cfg.drafter_devices.len()) as i32;
         let cores = std::thread::available_parallelism()
             .map(|n| n.get() as i32)

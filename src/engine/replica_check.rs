@@ -9,10 +9,10 @@ use super::drafter_step::{DrafterStep, StepOutcome, Unprobed};
 use super::optim::AdamW;
 use super::pipeline::{build_drafters, build_target, data_source, frozen_on, replica_group};
 use super::replicas::Single;
+use super::spec::PipelineSpec;
 use super::target_graph::TargetForward;
 use super::workers::DataCounts;
 use crate::cancel::CancelToken;
-use crate::config::RunConfig;
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::ops::Range;
@@ -62,7 +62,7 @@ fn slice_rows(b: &PackedBatch, rows: Range<i64>) -> PackedBatch {
 
 /// Anchors of every row of `b`, each row from a sampler seeded by the step and the row, so that
 /// a replica and the single drafter draw the same anchors for the same row.
-fn anchors_by_row(b: &PackedBatch, cfg: &RunConfig, step: u64) -> Vec<Vec<i64>> {
+fn anchors_by_row(b: &PackedBatch, cfg: &PipelineSpec, step: u64) -> Vec<Vec<i64>> {
     let seq = b.seq as usize;
     (0..b.rows as usize)
         .map(|r| {
@@ -123,7 +123,7 @@ fn max_diff(a: &mut AdamW, b: &mut AdamW) -> f64 {
 /// Runs `steps` steps of the replicas on `cfg.drafter_devices` (each taking `cfg.batch` rows)
 /// and of one drafter on the first of them taking all the rows, fed by one target on
 /// `cfg.target_devices[0]`.
-pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
+pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
     let devices = cfg.drafter_devices.clone();
     if devices.len() < 2 {
         bail!(
@@ -136,7 +136,7 @@ pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
     let (_target_vs, target) = build_target(
         cfg,
         &cfg.target_config,
-        &cfg.spec.target_layer_ids,
+        &cfg.drafter_spec.target_layer_ids,
         target_device,
     )?;
     let (embed, lm_head) = (
@@ -144,7 +144,7 @@ pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
         target.lm_head.shallow_clone(),
     );
     let counts = std::sync::Arc::new(DataCounts::default());
-    let mut source = data_source(cfg, &cfg.target_config, &cfg.spec, &counts)?;
+    let mut source = data_source(cfg, &cfg.target_config, &cfg.drafter_spec, &counts)?;
     let mut packer = Packer::new();
 
     let cancel = CancelToken::new();
@@ -157,7 +157,7 @@ pub fn run(cfg: &RunConfig, steps: u64) -> Result<ReplicaReport> {
     let step_for = |model, vs: &tch::nn::VarStore, dev: Device, replicas| DrafterStep {
         model,
         optimizer: AdamW::new(vs.variables().into_iter().collect()),
-        spec: cfg.spec.clone(),
+        spec: cfg.drafter_spec.clone(),
         embed: frozen_on(&embed, dev),
         lm_head: frozen_on(&lm_head, dev),
         device: dev,

@@ -1,0 +1,150 @@
+//! The engine's own settings (`PipelineSpec`): everything a pipeline needs to run, resolved and
+//! checked. The command-line and TOML layer builds one; nothing here knows flags or files.
+
+use super::checkpoint;
+use super::config::{AnchorScope, DrafterSpec, Preset, Qwen3Config};
+use super::data::ChatOptions;
+use super::schedule::Schedule;
+use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+use tch::Device;
+
+/// Deliberate slowness per stage, to show starvation (`--slow target=20ms`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Slow {
+    pub loader: Duration,
+    pub target: Duration,
+    pub drafter: Duration,
+}
+
+/// Where the documents come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataSpec {
+    Synthetic,
+    Jsonl(PathBuf),
+}
+
+/// What the engine runs, resolved: the models, the data, the recipe, the devices, where
+/// checkpoints go. src/config.rs builds it from a preset, the TOML file and the flags; the engine
+/// reads nothing else (what the run's watchers start with lives beside it, in the config).
+#[derive(Clone, Debug)]
+pub struct PipelineSpec {
+    pub preset: Preset,
+    pub target: Option<PathBuf>,
+    /// The target's shapes: --target's config.json, or the preset's.
+    pub target_config: Qwen3Config,
+    /// The drafter: read from --resume / --drafter, or a fresh one from the recipe.
+    pub drafter_spec: DrafterSpec,
+    /// Where the recipe came from: `preset:NAME` or `specforge` (a --target run).
+    pub recipe_from: String,
+    /// Where the drafter's mask token came from.
+    pub mask_from: String,
+    pub drafter: Option<PathBuf>,
+    pub data: DataSpec,
+    pub steps: Option<u64>,
+    /// The lr schedule: cosine over --steps, or constant after warm-up without an end.
+    pub schedule: Schedule,
+    pub save_dir: Option<PathBuf>,
+    pub save_every: Option<u64>,
+    pub resume: Option<PathBuf>,
+    /// The trainer state of --resume: step, schedule, data position, sampler state.
+    pub resume_state: Option<checkpoint::TrainerState>,
+    pub target_devices: Vec<Device>,
+    pub drafter_devices: Vec<Device>,
+    pub seed: u64,
+    pub slow: Slow,
+    pub batch: i64,
+    pub seq_len: i64,
+    pub anchors: i64,
+    pub anchor_scope: AnchorScope,
+    pub lr: f64,
+    pub batch_queue: usize,
+    pub hs_queue: usize,
+    /// libtorch intra-op threads per worker (CPU); None = cores / workers.
+    pub threads_per_worker: Option<i32>,
+    /// Lm-head chunk in the loss, MiB: rows x vocab x 4 bytes (bf16 logits and probabilities).
+    pub loss_chunk_mib: i64,
+    /// Newest `step-*` checkpoints kept in save_dir (None: all).
+    pub keep: Option<usize>,
+    /// Steps in a row with a non-finite loss or gradient before the run stops.
+    pub max_nonfinite: u32,
+    /// Threads reading a JSONL file ahead of the loader (None: the default for this machine).
+    pub data_threads: Option<usize>,
+    /// How chat data is rendered (the TOML's `[chat]`: `enable_thinking`, `system_prompt`).
+    pub chat: ChatOptions,
+}
+
+impl PipelineSpec {
+    pub fn validate(&self) -> Result<()> {
+        if self.batch < 1 {
+            bail!("`batch` must be at least 1");
+        }
+        if self.seq_len < 32 || self.seq_len > 3072 {
+            bail!("`seq_len` {} is out of range: use 32..=3072", self.seq_len);
+        }
+        if self.anchors < 1 || self.anchors > 512 {
+            bail!("`anchors` {} is out of range: use 1..=512", self.anchors);
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            bail!("`lr` must be a positive number");
+        }
+        if !(16..=65536).contains(&self.loss_chunk_mib) {
+            bail!(
+                "`loss_chunk_mib` {} is out of range: use 16..=65536",
+                self.loss_chunk_mib
+            );
+        }
+        if self.batch_queue == 0 || self.hs_queue == 0 {
+            bail!("queue depths (`batch_queue`, `hs_queue`) must be at least 1");
+        }
+        if let Some(d) = self.drafter.as_ref().filter(|d| !d.is_dir()) {
+            bail!(
+                "--drafter {}: no such directory; give a drafter checkpoint directory",
+                d.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// The resolved recipe as one `config: key=value ...` line (headless prints it at start;
+    /// the TUI can show it).
+    pub fn recipe_line(&self) -> String {
+        let s = &self.drafter_spec;
+        let target = match &self.target {
+            Some(d) => d.display().to_string(),
+            None => format!("preset:{}", self.preset.name),
+        };
+        let data = match &self.data {
+            DataSpec::Synthetic => "synthetic".to_string(),
+            DataSpec::Jsonl(p) => p.display().to_string(),
+        };
+        let ids: Vec<String> = s.target_layer_ids.iter().map(|i| i.to_string()).collect();
+        format!(
+            "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
+             target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
+             anchors={} anchor_budget={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
+             seed={} data={}",
+            self.recipe_from,
+            target,
+            s.layers.hidden_size,
+            s.num_target_layers,
+            s.layers.num_hidden_layers,
+            ids.join(","),
+            s.block_size,
+            s.mask_token_id,
+            self.mask_from,
+            self.seq_len,
+            self.batch,
+            self.anchors,
+            self.anchor_scope.name(),
+            self.lr,
+            self.schedule.describe(),
+            self.steps
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".into()),
+            self.seed,
+            data,
+        )
+    }
+}
