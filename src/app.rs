@@ -58,7 +58,7 @@ impl Session {
         telemetry.switches().set_profiling(cfg.viewer.profiling);
         telemetry
             .switches()
-            .set_stage_ratio_flops(crate::placement::flop_ratio(
+            .set_stage_ratio_flops(crate::engine::flops::flop_ratio(
                 &cfg.pipeline.target_config,
                 &cfg.pipeline.drafter_spec,
                 cfg.pipeline.seq_len,

@@ -67,11 +67,12 @@ fn phase_line(t: &ThreadView) -> String {
     )
 }
 
-/// The target forward's rate in TFLOP/s-equivalent (`placement::target_flops` over the forward
+/// The target forward's rate in TFLOP/s-equivalent (`engine::flops::target_flops` over the forward
 /// phase's device time), per target worker.
 fn target_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
-    let flops = crate::placement::target_flops(&cfg.target_config, &cfg.drafter_spec, cfg.seq_len)
-        * cfg.batch as f64;
+    let flops =
+        crate::engine::flops::target_flops(&cfg.target_config, &cfg.drafter_spec, cfg.seq_len)
+            * cfg.batch as f64;
     target_rates(flops, s)
 }
 
@@ -151,7 +152,7 @@ fn engine(args: &BenchArgs) -> Result<()> {
     }
     // The run's own FLOP estimate rides in its snapshots (set at start).
     let gpus = crate::config::cuda_count() as usize;
-    if let Some((advice, source)) = crate::placement::for_run(&s, gpus) {
+    if let Some((advice, source)) = crate::telemetry::placement::for_run(&s, gpus) {
         println!(
             "bench: placement ({source}) {} ({})",
             advice.text(),

@@ -293,7 +293,12 @@ impl RunConfig {
         };
         let (target_devices, drafter_devices) =
             placed_devices(targets.unwrap_or("cpu"), drafters.unwrap_or("cpu"), || {
-                crate::placement::flop_ratio(&target_config, &spec, recipe.seq_len, recipe.anchors)
+                crate::engine::flops::flop_ratio(
+                    &target_config,
+                    &spec,
+                    recipe.seq_len,
+                    recipe.anchors,
+                )
             })?;
         let slow_items: Vec<String> = if args.slow.is_empty() {
             file.slow.clone().unwrap_or_default()

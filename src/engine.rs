@@ -12,6 +12,7 @@ pub mod decode;
 pub mod drafter;
 pub mod drafter_graph;
 pub mod drafter_step;
+pub mod flops;
 pub mod handoff;
 pub mod jsonl;
 pub mod layers;

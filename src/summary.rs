@@ -89,7 +89,7 @@ impl Summary {
 }
 
 fn last_checkpoint(dir: &Path) -> Option<PathBuf> {
-    crate::engine::save_dir::checkpoints_in(dir).ok()?.pop()
+    crate::save_layout::checkpoints_in(dir).ok()?.pop()
 }
 
 #[cfg(test)]

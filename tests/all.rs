@@ -1,5 +1,6 @@
 //! Integration tests, one binary.
 
+mod architecture;
 mod attach;
 mod attention;
 mod auto;

@@ -428,32 +428,6 @@ fn an_item_ages_from_when_it_entered_the_queue() {
 }
 
 #[test]
-fn the_front_end_does_not_reach_into_the_engine() {
-    fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                sources(&p, out);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = vec![root.join("tui.rs")];
-    sources(&root.join("tui"), &mut files);
-    assert!(files.len() > 5);
-    for f in files {
-        let text = std::fs::read_to_string(&f).unwrap();
-        assert!(
-            !text.contains("crate::engine"),
-            "{} imports from the engine; send a HubCommand instead",
-            f.display()
-        );
-    }
-}
-
-#[test]
 fn a_real_hang_flips_the_verdict_within_two_seconds_and_is_named() {
     use dflash_top::telemetry::Telemetry;
     let mut t = Telemetry::new();

@@ -42,7 +42,7 @@ pub(super) fn placed_devices(
     let every = || (0..gpus).map(Device::Cuda).collect::<Vec<_>>();
     Ok(match (t_all, d_all) {
         (true, true) => {
-            let (t, d) = crate::placement::advise(ratio(), gpus).devices();
+            let (t, d) = crate::telemetry::placement::advise(ratio(), gpus).devices();
             (
                 t.into_iter().map(Device::Cuda).collect(),
                 d.into_iter().map(Device::Cuda).collect(),
@@ -172,7 +172,7 @@ mod tests {
             return;
         }
         let (t, d) = placed.unwrap();
-        let (want_t, want_d) = crate::placement::advise(3.1, gpus).devices();
+        let (want_t, want_d) = crate::telemetry::placement::advise(3.1, gpus).devices();
         assert_eq!(t, want_t.into_iter().map(Device::Cuda).collect::<Vec<_>>());
         assert_eq!(d, want_d.into_iter().map(Device::Cuda).collect::<Vec<_>>());
         let (t, d) = placed_devices("cuda:0", "all", || 1.0).unwrap();

@@ -2,8 +2,10 @@
 //! compiles against the wheel's headers: a stream from libtorch's pool per worker, events at phase
 //! marks, and the cross-stream hand-off. Where the shim is not built, every call says so.
 
-use anyhow::{bail, Result};
-use std::ffi::{c_char, c_int, c_void, CStr};
+use crate::cuda_shim::{check, ffi};
+pub use crate::cuda_shim::{device_pci, memory_peak, memory_total, AVAILABLE};
+use anyhow::Result;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 use tch::Tensor;
@@ -12,9 +14,6 @@ mod graph;
 mod target_kernels;
 pub use graph::{graphs_wanted, Graph};
 pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};
-
-/// Whether this build carries the shim.
-pub const AVAILABLE: bool = cfg!(cuda_shim);
 
 /// A host tensor on `device` without the host waiting for the device. A plain copy from pageable
 /// host memory synchronises the current stream first (libtorch's blocking copy), which in the
@@ -42,225 +41,6 @@ fn pin_memory(t: &Tensor) -> Result<Tensor> {
     )?;
     // SAFETY: see above.
     Ok(unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
-}
-
-#[cfg(cuda_shim)]
-mod ffi {
-    use super::*;
-    extern "C" {
-        pub fn dflash_cuda_last_error() -> *const c_char;
-        pub fn dflash_stream_from_pool(device: c_int, out: *mut *mut c_void) -> c_int;
-        pub fn dflash_stream_current(device: c_int, out: *mut *mut c_void) -> c_int;
-        pub fn dflash_stream_free(s: *mut c_void);
-        pub fn dflash_stream_set_current(s: *mut c_void) -> c_int;
-        pub fn dflash_stream_synchronize(s: *mut c_void) -> c_int;
-        pub fn dflash_stream_query(s: *mut c_void, done: *mut c_int) -> c_int;
-        pub fn dflash_event_new(timing: c_int, out: *mut *mut c_void) -> c_int;
-        pub fn dflash_event_free(e: *mut c_void);
-        pub fn dflash_event_record(e: *mut c_void, s: *mut c_void) -> c_int;
-        pub fn dflash_event_query(e: *mut c_void, done: *mut c_int) -> c_int;
-        pub fn dflash_event_elapsed_ms(a: *mut c_void, b: *mut c_void, ms: *mut f64) -> c_int;
-        pub fn dflash_stream_wait_event(s: *mut c_void, e: *mut c_void) -> c_int;
-        pub fn dflash_tensor_record_stream(t: *mut c_void, s: *mut c_void) -> c_int;
-        pub fn dflash_set_grad(param: *mut c_void, grad: *mut c_void) -> c_int;
-        pub fn dflash_pin_memory(tensor: *mut c_void, out: *mut *mut c_void) -> c_int;
-        pub fn dflash_device_pci(
-            device: c_int,
-            bus_id: *mut c_char,
-            len: usize,
-            uuid: *mut u8,
-        ) -> c_int;
-        pub fn dflash_flash_varlen(
-            q: *mut c_void,
-            k: *mut c_void,
-            v: *mut c_void,
-            cu_seqlens: *mut c_void,
-            max_len: i64,
-            window: i64,
-            out: *mut *mut c_void,
-        ) -> c_int;
-        pub fn dflash_memory_peak(device: c_int, reset: c_int, peak: *mut u64) -> c_int;
-        pub fn dflash_memory_total(device: c_int, total: *mut u64) -> c_int;
-        pub fn dflash_fused_adamw(
-            param: *mut c_void,
-            grad: *mut c_void,
-            m: *mut c_void,
-            v: *mut c_void,
-            step: *mut c_void,
-            lr: f64,
-            beta1: f64,
-            beta2: f64,
-            weight_decay: f64,
-            eps: f64,
-            grad_scale: *mut c_void,
-            found_inf: *mut c_void,
-        ) -> c_int;
-        pub fn dflash_norm_rope(
-            x: *mut c_void,
-            col0: i64,
-            heads: i64,
-            w: *mut c_void,
-            cos: *mut c_void,
-            sin: *mut c_void,
-            out: *mut c_void,
-            eps: f64,
-        ) -> c_int;
-        pub fn dflash_silu_mul(g: *mut c_void, u: *mut c_void, out: *mut c_void) -> c_int;
-        pub fn dflash_add_rms_norm(
-            x: *mut c_void,
-            d: *mut c_void,
-            w: *mut c_void,
-            sum: *mut c_void,
-            out: *mut c_void,
-            eps: f64,
-        ) -> c_int;
-        pub fn dflash_graph_new(out: *mut *mut c_void) -> c_int;
-        pub fn dflash_graph_free(g: *mut c_void);
-        pub fn dflash_graph_capture_begin(
-            g: *mut c_void,
-            device: c_int,
-            share: *mut c_void,
-        ) -> c_int;
-        pub fn dflash_graph_capture_end(g: *mut c_void, device: c_int) -> c_int;
-        pub fn dflash_graph_replay(g: *mut c_void, device: c_int) -> c_int;
-    }
-}
-
-#[cfg(not(cuda_shim))]
-#[allow(clippy::missing_safety_doc)]
-mod ffi {
-    use super::*;
-    const NOT_BUILT: &CStr = c"this build has no CUDA shim (the wheel's CUDA headers were missing)";
-    pub unsafe fn dflash_cuda_last_error() -> *const c_char {
-        NOT_BUILT.as_ptr()
-    }
-    pub unsafe fn dflash_stream_from_pool(_: c_int, _: *mut *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_stream_current(_: c_int, _: *mut *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_set_grad(_: *mut c_void, _: *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_pin_memory(_: *mut c_void, _: *mut *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_stream_free(_: *mut c_void) {}
-    pub unsafe fn dflash_stream_set_current(_: *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_stream_synchronize(_: *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_stream_query(_: *mut c_void, _: *mut c_int) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_event_new(_: c_int, _: *mut *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_event_free(_: *mut c_void) {}
-    pub unsafe fn dflash_event_record(_: *mut c_void, _: *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_event_query(_: *mut c_void, _: *mut c_int) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_event_elapsed_ms(_: *mut c_void, _: *mut c_void, _: *mut f64) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_stream_wait_event(_: *mut c_void, _: *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_tensor_record_stream(_: *mut c_void, _: *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_flash_varlen(
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: i64,
-        _: i64,
-        _: *mut *mut c_void,
-    ) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_memory_peak(_: c_int, _: c_int, _: *mut u64) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_memory_total(_: c_int, _: *mut u64) -> c_int {
-        1
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn dflash_fused_adamw(
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: f64,
-        _: f64,
-        _: f64,
-        _: f64,
-        _: f64,
-        _: *mut c_void,
-        _: *mut c_void,
-    ) -> c_int {
-        1
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn dflash_norm_rope(
-        _: *mut c_void,
-        _: i64,
-        _: i64,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: f64,
-    ) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_silu_mul(_: *mut c_void, _: *mut c_void, _: *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_add_rms_norm(
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: *mut c_void,
-        _: f64,
-    ) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_graph_new(_: *mut *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_graph_free(_: *mut c_void) {}
-    pub unsafe fn dflash_graph_capture_begin(_: *mut c_void, _: c_int, _: *mut c_void) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_graph_capture_end(_: *mut c_void, _: c_int) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_graph_replay(_: *mut c_void, _: c_int) -> c_int {
-        1
-    }
-    pub unsafe fn dflash_device_pci(_: c_int, _: *mut c_char, _: usize, _: *mut u8) -> c_int {
-        1
-    }
-}
-
-/// Turns a shim status into a result carrying the shim's message.
-fn check(status: c_int, what: &str) -> Result<()> {
-    if status == 0 {
-        return Ok(());
-    }
-    // SAFETY: the shim returns a NUL-terminated string owned by the calling thread.
-    let msg = unsafe { CStr::from_ptr(ffi::dflash_cuda_last_error()) };
-    bail!("{what}: {}", msg.to_string_lossy())
 }
 
 /// A CUDA stream handle (libtorch's `CUDAStream`).
@@ -421,28 +201,6 @@ impl Drop for Event {
     }
 }
 
-/// The PCI bus id (NVML's form, "00000000:18:00.0") and UUID of CUDA device `device` as this
-/// process numbers it (after `CUDA_VISIBLE_DEVICES`).
-pub fn device_pci(device: usize) -> Result<(String, [u8; 16])> {
-    let mut bus = [0 as c_char; 32];
-    let mut uuid = [0u8; 16];
-    // SAFETY: buffers of the sizes passed.
-    check(
-        unsafe {
-            ffi::dflash_device_pci(
-                device as c_int,
-                bus.as_mut_ptr(),
-                bus.len(),
-                uuid.as_mut_ptr(),
-            )
-        },
-        "CUDA device properties",
-    )?;
-    // SAFETY: snprintf NUL-terminates within the buffer.
-    let bus = unsafe { CStr::from_ptr(bus.as_ptr()) };
-    Ok((bus.to_string_lossy().into_owned(), uuid))
-}
-
 /// Causal flash attention over packed sequences (libtorch's `_flash_attention_forward`, varlen):
 /// q [total, hq, d], k/v [total, hkv, d], `cu_seqlens` int32 [n + 1] on the same device, `window`
 /// (sliding layers) the number of keys up to and including the query's own. -> [total, hq, d]
@@ -487,27 +245,6 @@ pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<()> {
         },
         "setting a parameter's gradient buffer",
     )
-}
-
-pub fn memory_peak(device: usize, reset: bool) -> Result<u64> {
-    let mut peak = 0;
-    // SAFETY: valid out pointer.
-    check(
-        unsafe { ffi::dflash_memory_peak(device as c_int, reset as c_int, &mut peak) },
-        "CUDA memory statistics",
-    )?;
-    Ok(peak)
-}
-
-/// The memory of CUDA device `device`, bytes.
-pub fn memory_total(device: usize) -> Result<u64> {
-    let mut total = 0;
-    // SAFETY: valid out pointer.
-    check(
-        unsafe { ffi::dflash_memory_total(device as c_int, &mut total) },
-        "CUDA device properties",
-    )?;
-    Ok(total)
 }
 
 /// For the library's GPU tests: cuda:0 where there is a GPU and this build has the shim, else

@@ -19,23 +19,7 @@ pub fn fix_for(what: &str) -> &'static str {
     }
 }
 
-/// `step-N` checkpoints in `dir`, oldest first (by step number).
-pub fn checkpoints_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let n = e
-                .file_name()
-                .to_str()?
-                .strip_prefix("step-")?
-                .parse()
-                .ok()?;
-            e.path().is_dir().then(|| (n, e.path()))
-        })
-        .collect();
-    found.sort();
-    Ok(found.into_iter().map(|(_, p)| p).collect())
-}
+pub use crate::save_layout::checkpoints_in;
 
 /// The process id in a temporary name a save leaves (`.step-N.tmp-PID`, `.old-PID`, `.del-PID`).
 fn temp_owner(name: &str) -> Option<u32> {
@@ -46,10 +30,6 @@ fn temp_owner(name: &str) -> Option<u32> {
         .and_then(|(_, pid)| pid.parse().ok())
 }
 
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Removes the temporary directories of saves whose process is gone; returns them.
 pub fn remove_stale(dir: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
@@ -58,7 +38,10 @@ pub fn remove_stale(dir: &Path) -> Vec<PathBuf> {
         let Some(pid) = name.to_str().and_then(temp_owner) else {
             continue;
         };
-        if pid != std::process::id() && !alive(pid) && std::fs::remove_dir_all(e.path()).is_ok() {
+        if pid != std::process::id()
+            && !crate::probe::alive(pid)
+            && std::fs::remove_dir_all(e.path()).is_ok()
+        {
             removed.push(e.path());
         }
     }

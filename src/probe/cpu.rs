@@ -276,7 +276,7 @@ mod tests {
         let h = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                tx.send(crate::telemetry::recorder::current_tid()).unwrap();
+                tx.send(crate::probe::current_tid()).unwrap();
                 let mut x = 0u64;
                 while !stop.load(Relaxed) {
                     if spin {
@@ -320,7 +320,7 @@ mod tests {
             "a sleeping thread used {}% CPU",
             n.cpu_pct
         );
-        let main = crate::telemetry::recorder::current_tid();
+        let main = crate::probe::current_tid();
         assert!(
             s.threads.contains_key(&main),
             "the calling thread is listed"

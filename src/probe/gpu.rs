@@ -83,13 +83,13 @@ fn device_ids(nvml: &Nvml) -> Result<Vec<DeviceId>, String> {
 
 /// PCI bus ids of `cuda:0`, `cuda:1`, … as this process's CUDA runtime numbers them.
 fn runtime_bus_ids() -> Option<Vec<String>> {
-    if !crate::engine::cuda::AVAILABLE {
+    if !crate::cuda_shim::AVAILABLE {
         return None;
     }
     let n = tch::Cuda::device_count();
     (0..n)
         .map(|i| {
-            crate::engine::cuda::device_pci(i as usize)
+            crate::cuda_shim::device_pci(i as usize)
                 .ok()
                 .map(|(b, _)| b)
         })

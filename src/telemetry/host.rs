@@ -5,7 +5,7 @@
 use super::recorder::ThreadInfo;
 use super::snapshot::{MemoryView, ThreadGroupView};
 use crate::probe::cpu::CpuSample;
-use crate::probe::owner::{owner, Worker};
+use crate::telemetry::owner::{owner, Worker};
 use std::collections::BTreeMap;
 
 /// Threads no worker registered, grouped by name and by the worker that drives them

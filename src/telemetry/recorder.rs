@@ -237,11 +237,7 @@ impl RecordSink {
     }
 }
 
-/// The OS thread id of the caller (what /proc/self/task lists).
-pub fn current_tid() -> i32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
-}
+pub use crate::probe::current_tid;
 
 /// A worker's phase accounting. `!Send`: it belongs to the thread that registered it.
 pub struct PhaseRecorder {

@@ -24,10 +24,6 @@ pub struct SessionInfo {
     pub comm: String,
 }
 
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Running sessions in `dir`; sockets of processes that are gone are removed on the way.
 pub fn sessions_in(dir: &Path) -> Vec<SessionInfo> {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -42,7 +38,7 @@ pub fn sessions_in(dir: &Path) -> Vec<SessionInfo> {
                 .strip_suffix(".sock")?
                 .parse()
                 .ok()?;
-            if !alive(pid) {
+            if !crate::probe::alive(pid) {
                 let _ = std::fs::remove_file(&path);
                 return None;
             }

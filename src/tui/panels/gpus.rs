@@ -32,7 +32,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         GpuPanel::Present(g) => g,
     };
     // The split of targets and drafters the measured stage times call for.
-    let title = match crate::placement::for_snapshot(c.snap) {
+    let title = match crate::telemetry::placement::for_snapshot(c.snap) {
         Some((advice, source)) => format!(" GPUs · placement ({source}): {} ", advice.text()),
         None => " GPUs ".to_string(),
     };

@@ -5,7 +5,7 @@
 use super::super::app::Sort;
 use super::super::theme::Theme;
 use super::super::view::Ctx;
-use crate::probe::owner::comm_of;
+use crate::telemetry::owner::comm_of;
 use crate::telemetry::snapshot::{ThreadGroupView, ThreadState};
 use ratatui::layout::{Constraint, Rect};
 use ratatui::style::{Modifier, Style};

@@ -7,7 +7,7 @@
 //!   it belongs to the one drafter (the only role with grad) on that device. Two drafters on one
 //!   device share it, and then it is nobody's in particular.
 
-use crate::telemetry::phase::Role;
+use super::phase::Role;
 
 /// The kernel keeps 15 bytes of a thread's name.
 pub const COMM_LEN: usize = 15;

@@ -1,14 +1,14 @@
 //! Placement advice: how to split target and drafter workers over the GPUs at hand, from the
 //! ratio of the two stages' costs per batch — measured (a running pipeline's busy time per step,
-//! waits left out) or, before anything ran, estimated from the models' FLOPs.
+//! waits left out) or, before anything ran, estimated from the models' FLOPs (the engine's
+//! src/engine/flops.rs gives that ratio).
 //!
 //! With `G` GPUs and a drafter stage `r` times the target's, `t` GPUs of targets and `G - t` of
 //! drafters move min(t, (G - t) / r) batches per target-time; a target and a drafter sharing
 //! every GPU move G / (1 + r). Sharing is never slower in this model, so a split is advised only
 //! where it comes within 5% of it (fewer replicas to average, no two workers on one GPU).
 
-use crate::engine::config::{DrafterSpec, Qwen3Config};
-use crate::telemetry::{Role, Snapshot};
+use super::{Role, Snapshot};
 
 /// A split within this share of sharing every GPU is preferred.
 const SPLIT_WITHIN: f64 = 0.95;
@@ -86,40 +86,6 @@ impl Advice {
     }
 }
 
-/// Multiply-adds of one token through a decoder layer's weights (attention projections + MLP).
-fn layer_macs(c: &Qwen3Config) -> f64 {
-    let (h, hd) = (c.hidden_size as f64, c.head_dim as f64);
-    let q = c.num_attention_heads as f64 * hd;
-    let kv = c.num_key_value_heads as f64 * hd;
-    h * (2.0 * q + 2.0 * kv) + 3.0 * h * c.intermediate_size as f64
-}
-
-/// FLOPs of the target's forward over one row of `seq` tokens, up to the deepest layer the
-/// drafter reads (the worker stops there): the matmuls, and attention counted as causal over the
-/// whole row (a packed row's documents see fewer keys: an upper bound, "TFLOP/s-equivalent").
-pub fn target_flops(target: &Qwen3Config, spec: &DrafterSpec, seq: i64) -> f64 {
-    let seq = seq as f64;
-    let layers = crate::engine::qwen3::built_layers(target, &spec.target_layer_ids) as f64;
-    let attention = 4.0 * seq * seq / 2.0 * (target.num_attention_heads * target.head_dim) as f64;
-    layers * (2.0 * seq * layer_macs(target) + attention)
-}
-
-/// Drafter over target cost per batch, from FLOPs: the target's forward over `seq` tokens a row
-/// against the drafter's forward and backward over `anchors` blocks a row (its layers, the
-/// frozen lm head's forward and input gradient, the context projection).
-pub fn flop_ratio(target: &Qwen3Config, spec: &DrafterSpec, seq: i64, anchors: i64) -> f64 {
-    let target_flops = target_flops(target, spec, seq);
-    let seq = seq as f64;
-    let d = &spec.layers;
-    let tokens = (anchors * spec.block_size) as f64;
-    let layers = d.num_hidden_layers as f64;
-    let context = spec.target_layer_ids.len() as f64 * (d.hidden_size * d.hidden_size) as f64;
-    let forward = 2.0 * tokens * layer_macs(d) * layers + 2.0 * seq * context;
-    let head = 2.0 * tokens * (d.hidden_size * d.vocab_size) as f64;
-    let drafter_flops = 3.0 * forward + 2.0 * head;
-    drafter_flops / target_flops.max(1.0)
-}
-
 /// The stages' cost ratio in a running pipeline: each role's busy milliseconds per step (its
 /// queue waits left out) over the last 10 s, averaged over its workers on GPUs of their own;
 /// `None` until both have finished steps, or where every target shares its device with a
@@ -133,7 +99,7 @@ pub fn measured_ratio(s: &Snapshot) -> Option<f64> {
             .collect()
     };
     let (targets, drafters) = (devices(Role::Target), devices(Role::Drafter));
-    let apart = |t: &crate::telemetry::snapshot::ThreadView| match t.role {
+    let apart = |t: &super::snapshot::ThreadView| match t.role {
         Role::Target => !drafters.contains(&t.device.as_str()),
         _ => !targets.contains(&t.device.as_str()),
     };
@@ -175,7 +141,7 @@ pub fn for_run(s: &Snapshot, gpus: usize) -> Option<(Advice, &'static str)> {
 /// hides).
 pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
     match &s.gpus {
-        crate::telemetry::snapshot::GpuPanel::Present(g) => {
+        super::snapshot::GpuPanel::Present(g) => {
             for_run(s, g.iter().filter(|g| g.cuda.is_some()).count())
         }
         _ => None,
@@ -215,29 +181,5 @@ mod tests {
         assert!(advise(0.5, 3)
             .text()
             .starts_with("target stage 2.0x the drafter's"));
-    }
-
-    #[test]
-    fn the_target_is_counted_up_to_the_deepest_layer_the_drafter_reads() {
-        let p = crate::engine::config::Preset::by_name("qwen3-8b").unwrap();
-        let spec = p.drafter_spec(&p.target);
-        assert_eq!(spec.target_layer_ids.iter().max(), Some(&33));
-        // By hand, one layer of Qwen3-8B over 3072 tokens: projections 4096 x (2 x 4096 +
-        // 2 x 1024) and MLP 3 x 4096 x 12288 multiply-adds a token, plus causal attention
-        // 4 x 3072^2 / 2 x 4096: 1.1854 + 0.0773 = 1.2627 TFLOP; 34 layers.
-        let t = target_flops(&p.target, &spec, 3072);
-        assert!((t / 1e12 - 34.0 * 1.2627).abs() < 0.05, "{}", t / 1e12);
-        let mut shallow = spec.clone();
-        shallow.target_layer_ids = vec![0, 1];
-        let two = target_flops(&p.target, &shallow, 3072);
-        assert!((t / two - 17.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn the_flop_estimate_puts_the_8b_drafter_near_the_target() {
-        let p = crate::engine::config::Preset::by_name("qwen3-8b").unwrap();
-        let r = flop_ratio(&p.target, &p.drafter_spec(&p.target), 3072, 512);
-        // Counted by hand: target forward ≈ 43 TFLOP a row, drafter step ≈ 70 TFLOP.
-        assert!((1.0..2.5).contains(&r), "{r}");
     }
 }
