@@ -65,7 +65,11 @@ impl Session {
                 cfg.pipeline.anchors,
             ));
         // Raw records and queue samples go out to viewers and the recording as they pass the hub.
-        let fanout = Fanout::tap(&telemetry, cfg.pipeline.save_dir.is_some());
+        let fanout = Fanout::tap(
+            &telemetry,
+            cfg.pipeline.save_dir.is_some(),
+            Some(cfg.pipeline.recipe_line()),
+        );
         let recorder = cfg
             .viewer
             .record
@@ -259,7 +263,12 @@ pub(crate) fn run_front_end(
 fn export(file: &std::path::Path, out: &std::path::Path, seconds: Option<f64>) -> Result<ExitCode> {
     use crate::telemetry::trace;
     let mut spans: Vec<_> = match recording::read(file)? {
-        Recording::Frames(msgs) => recording::spans(&msgs)?,
+        Recording::Frames(msgs) => {
+            if let Some(line) = recording::config_line(&msgs) {
+                println!("recorded run: {line}");
+            }
+            recording::spans(&msgs)?
+        }
         Recording::Snapshots(snaps) => snaps.into_iter().flat_map(|s| s.steps).collect(),
     };
     if spans.is_empty() {

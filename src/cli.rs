@@ -113,6 +113,11 @@ pub struct TrainArgs {
     /// each line itself; default one per 8 cores, 1 to 4).
     #[arg(long, value_name = "N")]
     pub data_threads: Option<usize>,
+    /// Turn fast paths off for a side-by-side run, comma-separated: graphs, drafter-graph,
+    /// target-kernels, fused-adamw, flash-target, grad-sync-during-backward,
+    /// single-replica-shortcut.
+    #[arg(long, value_name = "LIST")]
+    pub disable: Option<String>,
     /// Continue a run from a checkpoint directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,

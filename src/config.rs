@@ -8,6 +8,7 @@ use crate::engine::config::{
     drafter_spec_for, AnchorScope, DrafterSpec, Preset, Qwen3Config, Recipe,
 };
 use crate::engine::data::ChatOptions;
+use crate::engine::fast_paths::FastPaths;
 use crate::engine::recipe::{mask_token_of, MaskToken};
 use crate::engine::schedule::Schedule;
 pub use crate::engine::spec::{DataSpec, PipelineSpec, Slow};
@@ -95,6 +96,38 @@ pub struct FileConfig {
     /// `[chat]`: `enable_thinking` and `system_prompt` for chat data.
     pub chat: Option<ChatOptions>,
     pub max_viewers: Option<usize>,
+    /// `[fast_paths]`: `disable` (names) and `window_groups`.
+    pub fast_paths: Option<FastPathsFile>,
+}
+
+/// The TOML's `[fast_paths]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FastPathsFile {
+    /// Paths turned off: `["graphs", "fused-adamw"]`.
+    #[serde(default)]
+    pub disable: Vec<String>,
+    /// Runs of tiles a layer in the drafter's tiled attention, 1 to 64.
+    pub window_groups: Option<i64>,
+}
+
+/// `--disable` (which replaces the TOML's list) and `[fast_paths]`, checked.
+fn fast_paths_of(flag: Option<&str>, file: Option<&FastPathsFile>) -> Result<FastPaths> {
+    let file = file.cloned().unwrap_or_default();
+    let mut paths = match flag {
+        Some(list) => FastPaths::disabling(list.split(','), "--disable")?,
+        None => FastPaths::disabling(
+            file.disable.iter().map(String::as_str),
+            "`disable` in [fast_paths]",
+        )?,
+    };
+    if let Some(n) = file.window_groups {
+        if !(1..=64).contains(&n) {
+            bail!("`window_groups` {n} in [fast_paths] is out of range: use 1 to 64");
+        }
+        paths.window_groups = n;
+    }
+    Ok(paths)
 }
 
 impl FileConfig {
@@ -353,6 +386,7 @@ impl RunConfig {
             max_nonfinite,
             data_threads,
             chat: file.chat.clone().unwrap_or_default(),
+            fast_paths: fast_paths_of(args.disable.as_deref(), file.fast_paths.as_ref())?,
             preset,
         };
         pipeline.validate()?;
@@ -630,5 +664,67 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.pipeline.data_threads, Some(3));
+    }
+
+    #[test]
+    fn fast_paths_come_from_the_flag_or_toml_and_show_in_the_config_line() {
+        let c = RunConfig::from_args(&TrainArgs {
+            disable: Some("graphs,fused-adamw".into()),
+            ..TrainArgs::default()
+        })
+        .unwrap()
+        .pipeline;
+        use crate::engine::fast_paths::FastPath;
+        assert!(!c.fast_paths.is_on(FastPath::Graphs));
+        assert!(c.fast_paths.is_on(FastPath::TargetKernels));
+        assert!(c
+            .recipe_line()
+            .ends_with(" fast_paths=-graphs,-fused-adamw"));
+        let tiny = RunConfig::from_args(&TrainArgs::default())
+            .unwrap()
+            .pipeline;
+        assert!(tiny.recipe_line().ends_with(" fast_paths=all"));
+
+        let dir = tempfile::tempdir().unwrap();
+        let toml = dir.path().join("run.toml");
+        let with = |text: &str, flag: Option<&str>| {
+            std::fs::write(&toml, text).unwrap();
+            RunConfig::from_args(&TrainArgs {
+                config: Some(toml.clone()),
+                disable: flag.map(Into::into),
+                ..TrainArgs::default()
+            })
+        };
+        let c = with(
+            "[fast_paths]\ndisable = [\"flash-target\"]\nwindow_groups = 1\n",
+            None,
+        )
+        .unwrap()
+        .pipeline;
+        assert_eq!(c.fast_paths.describe(), "-flash-target,window_groups=1");
+        // The flag's list replaces the file's.
+        let c = with(
+            "[fast_paths]\ndisable = [\"flash-target\"]\n",
+            Some("graphs"),
+        )
+        .unwrap()
+        .pipeline;
+        assert_eq!(c.fast_paths.describe(), "-graphs");
+        for (text, flag, says) in [
+            ("", Some("graph"), "--disable: no fast path `graph`"),
+            (
+                "[fast_paths]\ndisable = [\"adamw\"]\n",
+                None,
+                "`disable` in [fast_paths]: no fast path `adamw`",
+            ),
+            (
+                "[fast_paths]\nwindow_groups = 0\n",
+                None,
+                "`window_groups` 0 in [fast_paths]",
+            ),
+        ] {
+            let e = format!("{:#}", with(text, flag).unwrap_err());
+            assert!(e.contains(says), "{e}");
+        }
     }
 }

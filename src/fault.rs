@@ -14,6 +14,8 @@
 //! - `panic:ROLE`, `error:ROLE`, `oom:ROLE`: the first worker of that role (`loader`, `target`,
 //!   `drafter`) panics, returns an error, or returns libtorch's CUDA out-of-memory message, at
 //!   its third iteration.
+//! - `panic_at_start:THREAD`: the worker thread of that name (`drafter-0`) panics as it starts
+//!   (the tests of the terminal's restore path).
 
 use std::sync::OnceLock;
 
@@ -36,6 +38,11 @@ pub fn arg(name: &str) -> Option<&'static str> {
     faults()
         .iter()
         .find_map(|f| f.strip_prefix(name)?.strip_prefix(':'))
+}
+
+/// Whether `panic_at_start:THREAD` names `thread`.
+pub fn panic_at_start(thread: &str) -> bool {
+    arg("panic_at_start") == Some(thread)
 }
 
 /// Whether `nan:STEPS` covers the drafter's iteration `step` (1-based).

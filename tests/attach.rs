@@ -41,7 +41,7 @@ impl Scripted {
         let path = dir.path().join("sessions").join("run.sock");
         let mut telemetry = Telemetry::new();
         telemetry.probes = false;
-        let fanout = Fanout::tap(&telemetry, false);
+        let fanout = Fanout::tap(&telemetry, false, None);
         let server = Server::start_with(&fanout, &telemetry, &path, limits).unwrap();
         let steps = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));

@@ -368,6 +368,7 @@ mod frames {
             ns_per_mark: 5.0,
             stages: StageTable::builtin(),
             can_save: false,
+            config: Some("config: recipe=preset:tiny fast_paths=-graphs".into()),
         }
     }
 

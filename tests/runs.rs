@@ -614,7 +614,7 @@ fn cpu_replicas_end_identical_and_learn_like_one_drafter_with_all_their_rows() {
 }
 
 #[test]
-fn a_recorded_run_exports_a_chrome_trace() {
+fn a_recorded_run_exports_a_chrome_trace_and_keeps_its_config_line() {
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("run.jsonl");
     let o = run(&[
@@ -624,8 +624,19 @@ fn a_recorded_run_exports_a_chrome_trace() {
         "8",
         "--record",
         rec.to_str().unwrap(),
+        "--disable",
+        "fused-adamw,graphs",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    let config = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find(|l| l.starts_with("config: "))
+        .map(str::to_string)
+        .expect("a config: line");
+    assert!(
+        config.ends_with(" fast_paths=-graphs,-fused-adamw"),
+        "{config}"
+    );
     let out = dir.path().join("trace.json");
     let o = run(&[
         "export",
@@ -634,6 +645,12 @@ fn a_recorded_run_exports_a_chrome_trace() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // The recording keeps the run's config: line, fast paths included.
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.lines().any(|l| l == format!("recorded run: {config}")),
+        "{said}"
+    );
     let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
     let drafter_tid = events

@@ -157,7 +157,7 @@ fn keys_work_in_a_real_terminal_and_quit_restores_it() {
 fn a_panic_in_a_worker_thread_restores_the_terminal() {
     let name = format!("dflash-panic-{}", std::process::id());
     let cmd = format!(
-        "DFLASH_TOP_PANIC_IN=drafter-0 {} train; echo EXITED=$?; sleep 600",
+        "DFLASH_TOP_FAULT=panic_at_start:drafter-0 {} train; echo EXITED=$?; sleep 600",
         env!("CARGO_BIN_EXE_dflash-top")
     );
     let s = Session::start(name, &cmd);

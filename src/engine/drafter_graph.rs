@@ -204,10 +204,10 @@ struct PlanGraph {
 }
 
 impl StepGraphs {
-    /// Graphs unless turned off: `DFLASH_TOP_DRAFTER_GRAPH=0` (for side-by-side measurements),
-    /// or `DFLASH_TOP_NO_GRAPHS=1`, which turns every graph off.
-    pub fn from_env() -> StepGraphs {
-        let on = super::switches::switch("DFLASH_TOP_DRAFTER_GRAPH", true);
+    /// Graphs unless turned off: `--disable drafter-graph` (for side-by-side measurements), or
+    /// `--disable graphs`, which turns every graph off.
+    pub fn as_installed() -> StepGraphs {
+        let on = super::fast_paths::on(super::fast_paths::FastPath::DrafterGraph);
         StepGraphs::with(on && super::cuda::graphs_wanted(), MAX_PLANS)
     }
 

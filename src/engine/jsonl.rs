@@ -54,19 +54,11 @@ impl JsonlOptions {
     }
 }
 
-/// Reading threads for a training run: `DFLASH_TOP_DATA_THREADS` when set (0: the loader
-/// reads), else one per 8 cores, 1 to 4.
-pub fn reading_threads() -> Result<usize> {
-    const VAR: &str = "DFLASH_TOP_DATA_THREADS";
-    match std::env::var(VAR) {
-        Ok(v) => v.trim().parse().ok().filter(|&n| n <= 64).with_context(|| {
-            format!("{VAR}={v} is not a thread count: give 0 (the loader reads) to 64")
-        }),
-        Err(_) => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Ok((cores / 8).clamp(1, 4))
-        }
-    }
+/// Reading threads for a training run when `--data-threads` does not say: one per 8 cores, 1
+/// to 4.
+pub fn reading_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 8).clamp(1, 4)
 }
 
 /// What one line holds.

@@ -183,9 +183,9 @@ pub struct NcclMember {
 }
 
 /// Whether gradients are all-reduced during backward (the default) or in one piece after it
-/// (`DFLASH_TOP_GRAD_SYNC=after`, for side-by-side measurements).
+/// (`--disable grad-sync-during-backward`, for side-by-side measurements).
 fn during_backward() -> bool {
-    std::env::var("DFLASH_TOP_GRAD_SYNC").map_or(true, |v| v != "after")
+    super::fast_paths::on(super::fast_paths::FastPath::GradSyncDuringBackward)
 }
 
 /// A group of parameters whose gradients are all-reduced together: the parameters (indices in

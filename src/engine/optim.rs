@@ -69,7 +69,7 @@ impl AdamW {
             clip_divisor: None,
             fused_step: device.is_cuda()
                 && super::cuda::AVAILABLE
-                && !super::switches::switch("DFLASH_TOP_UNFUSED_ADAMW", false),
+                && super::fast_paths::on(super::fast_paths::FastPath::FusedAdamw),
             step: 0,
             beta1: 0.9,
             beta2: 0.999,
@@ -244,7 +244,7 @@ impl AdamW {
 
     /// The step through libtorch's fused CUDA kernel (each element read and written once; the
     /// gate as its `found_inf`, the clipping as its `grad_scale`, a divisor); false where it does
-    /// not run (CPU, no shim, or `DFLASH_TOP_UNFUSED_ADAMW=1` for side-by-side measurements), and
+    /// not run (CPU, no shim, or `--disable fused-adamw` for side-by-side measurements), and
     /// the plain path runs.
     fn fused(
         &self,

@@ -115,7 +115,7 @@ pub(crate) fn data_source(
                 seed: Some(cfg.seed),
                 threads: match cfg.data_threads {
                     Some(n) => n,
-                    None => super::jsonl::reading_threads()?,
+                    None => super::jsonl::reading_threads(),
                 },
                 on_dropped: Some(Box::new(move |n| {
                     counts.dropped_docs.fetch_add(n, Ordering::Relaxed);
@@ -147,8 +147,8 @@ fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
         .name(name)
         .spawn(move || {
             // Fault injection for the tests of the terminal's restore path: checked once, at start.
-            if std::env::var("DFLASH_TOP_PANIC_IN").is_ok_and(|t| t == label) {
-                panic!("injected panic in {label} (DFLASH_TOP_PANIC_IN)");
+            if crate::fault::panic_at_start(&label) {
+                panic!("injected panic in {label} (DFLASH_TOP_FAULT=panic_at_start:{label})");
             }
             // A panic is caught here (after the panic hook ran) so that the others stop and
             // the report names the thread and its phase, like an error.
@@ -206,11 +206,11 @@ impl Replicas {
 }
 
 /// How the drafter replicas average gradients: NCCL when every replica has a GPU of its own,
-/// the in-process group on the CPU. `DFLASH_TOP_NCCL_WORLD1=1` puts even one GPU drafter through
-/// NCCL (world size 1), to exercise the path on a one-GPU machine.
+/// the in-process group on the CPU. `--disable single-replica-shortcut` puts even one GPU drafter
+/// through NCCL (world size 1), to exercise the path on a one-GPU machine.
 pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
     let all_cuda = devices.iter().all(|d| d.is_cuda());
-    let force = super::switches::switch("DFLASH_TOP_NCCL_WORLD1", false);
+    let force = !super::fast_paths::on(super::fast_paths::FastPath::SingleReplicaShortcut);
     if devices.len() == 1 && !(force && all_cuda) {
         return Ok(Replicas::Single);
     }
@@ -237,6 +237,7 @@ pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<
 
 impl Pipeline {
     pub fn start(cfg: &PipelineSpec, telemetry: &Telemetry) -> Result<Pipeline> {
+        super::fast_paths::install(cfg.fast_paths);
         let cancel = CancelToken::new();
         let target_cfg = cfg.target_config.clone();
         let spec = cfg.drafter_spec.clone();
@@ -336,7 +337,7 @@ impl Pipeline {
                     device: dev,
                     replicas: group.member(i),
                     loss_chunk_mib: cfg.loss_chunk_mib,
-                    graphs: super::drafter_graph::StepGraphs::from_env(),
+                    graphs: super::drafter_graph::StepGraphs::as_installed(),
                 },
                 vs,
                 input: hs_rx.clone(),

@@ -124,6 +124,7 @@ fn max_diff(a: &mut AdamW, b: &mut AdamW) -> f64 {
 /// and of one drafter on the first of them taking all the rows, fed by one target on
 /// `cfg.target_devices[0]`.
 pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
+    super::fast_paths::install(cfg.fast_paths);
     let devices = cfg.drafter_devices.clone();
     if devices.len() < 2 {
         bail!(

@@ -4,6 +4,7 @@
 use super::checkpoint;
 use super::config::{AnchorScope, DrafterSpec, Preset, Qwen3Config};
 use super::data::ChatOptions;
+use super::fast_paths::FastPaths;
 use super::schedule::Schedule;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
@@ -73,6 +74,8 @@ pub struct PipelineSpec {
     pub data_threads: Option<usize>,
     /// How chat data is rendered (the TOML's `[chat]`: `enable_thinking`, `system_prompt`).
     pub chat: ChatOptions,
+    /// The fast paths turned off for a side-by-side run (`--disable`, `[fast_paths]`).
+    pub fast_paths: FastPaths,
 }
 
 impl PipelineSpec {
@@ -124,7 +127,7 @@ impl PipelineSpec {
             "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
              target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
              anchors={} anchor_budget={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
-             seed={} data={}",
+             seed={} data={} fast_paths={}",
             self.recipe_from,
             target,
             s.layers.hidden_size,
@@ -145,6 +148,7 @@ impl PipelineSpec {
                 .unwrap_or_else(|| "-".into()),
             self.seed,
             data,
+            self.fast_paths.describe(),
         )
     }
 }

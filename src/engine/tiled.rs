@@ -140,25 +140,10 @@ pub fn window_grid(s: i64) -> i64 {
     round_up((s + 5) / 6, 128).min(s)
 }
 
-/// Runs of tiles a layer: `WINDOW_GROUPS`, or `DFLASH_TOP_WINDOW_GROUPS=N` (1 to 64)
-/// for side-by-side measurements; 1 is one call a layer over the union of the windows.
+/// Runs of tiles a layer (`window_groups` in the TOML's `[fast_paths]`, 1 to 64, for
+/// side-by-side measurements); 1 is one call a layer over the union of the windows.
 pub fn window_groups() -> i64 {
-    static GROUPS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *GROUPS.get_or_init(|| {
-        let Ok(v) = std::env::var("DFLASH_TOP_WINDOW_GROUPS") else {
-            return WINDOW_GROUPS;
-        };
-        match v.parse().ok().filter(|n| (1..=64).contains(n)) {
-            Some(n) => n,
-            None => {
-                eprintln!(
-                    "dflash-top: DFLASH_TOP_WINDOW_GROUPS={v} ignored (use 1 to 64); \
-                     {WINDOW_GROUPS} runs of tiles a layer"
-                );
-                WINDOW_GROUPS
-            }
-        }
-    })
+    super::fast_paths::window_groups()
 }
 
 /// `x` (non-negative) rounded up to a multiple of `m` (positive).

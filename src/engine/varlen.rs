@@ -75,7 +75,7 @@ impl Varlen {
             && matches!(kind, Kind::BFloat16 | Kind::Half)
             && head_dim % 8 == 0
             && head_dim <= 256
-            && !super::switches::switch("DFLASH_TOP_DENSE_TARGET", false)
+            && super::fast_paths::on(super::fast_paths::FastPath::FlashTarget)
     }
 
     /// Causal attention within each document; `window` for sliding layers.

@@ -123,18 +123,25 @@ fn sparse(role: Role, ns: &[u64]) -> Vec<(u16, u64)> {
 
 impl Fanout {
     /// A fan-out of `telemetry`'s raw input, added as a tap of its hub (start the hub after);
-    /// `can_save`: whether the engine can save a checkpoint when a viewer asks.
-    pub fn tap(telemetry: &Telemetry, can_save: bool) -> Arc<Fanout> {
+    /// `can_save`: whether the engine can save a checkpoint when a viewer asks; `config`: the
+    /// run's `config:` line, said in the hello.
+    pub fn tap(telemetry: &Telemetry, can_save: bool, config: Option<String>) -> Arc<Fanout> {
         let f = Fanout::new(
             telemetry,
             crate::telemetry::hub::measure_mark_cost(),
             can_save,
+            config,
         );
         telemetry.add_tap(f.clone());
         f
     }
 
-    pub fn new(telemetry: &Telemetry, ns_per_mark: f64, can_save: bool) -> Arc<Fanout> {
+    pub fn new(
+        telemetry: &Telemetry,
+        ns_per_mark: f64,
+        can_save: bool,
+        config: Option<String>,
+    ) -> Arc<Fanout> {
         let hello = Msg::Hello(Hello {
             pid: std::process::id(),
             program: "dflash-top".into(),
@@ -142,6 +149,7 @@ impl Fanout {
             ns_per_mark,
             stages: StageTable::builtin(),
             can_save,
+            config,
         });
         Arc::new(Fanout {
             telemetry: telemetry.clone(),

@@ -60,6 +60,10 @@ pub struct Hello {
     /// with a checkpoint handler).
     #[serde(default)]
     pub can_save: bool,
+    /// The run's `config:` line (dflash-top's trainer: recipe, data, fast paths), kept in
+    /// recordings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
 }
 
 /// A thread of the producer, declared before any of its steps.

@@ -191,6 +191,14 @@ pub fn read(path: &Path) -> Result<Recording> {
     crate::telemetry::record::read_recording(path).map(Recording::Snapshots)
 }
 
+/// The `config:` line the recorded run said in its hello (dflash-top's trainer says one).
+pub fn config_line(msgs: &[Msg]) -> Option<&str> {
+    msgs.iter().find_map(|m| match m {
+        Msg::Hello(h) => h.config.as_deref(),
+        _ => None,
+    })
+}
+
 /// The step spans of a recording, for the Chrome trace (ns from the recording's start).
 pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
     let Some(Msg::Hello(hello)) = msgs.first() else {

@@ -5,10 +5,11 @@ use super::{check, ffi, AVAILABLE};
 use anyhow::{bail, Result};
 use std::ffi::{c_int, c_void};
 
-/// Whether CUDA graphs may be used: on by default where the shim is built;
-/// `DFLASH_TOP_NO_GRAPHS=1` turns them all off (for side-by-side measurements).
+/// Whether CUDA graphs may be used: on by default where the shim is built; `--disable graphs`
+/// turns them all off (for side-by-side measurements).
 pub fn graphs_wanted() -> bool {
-    AVAILABLE && !crate::engine::switches::switch("DFLASH_TOP_NO_GRAPHS", false)
+    use crate::engine::fast_paths::{on, FastPath};
+    AVAILABLE && on(FastPath::Graphs)
 }
 
 /// A CUDA graph: what the calling thread queues on its current stream between the start and the

@@ -16,12 +16,11 @@ pub fn target_kernels_state() -> String {
 }
 
 /// Whether the target's kernels may run on tensors like `x`: the shim built, bf16 on CUDA, none
-/// failed before, and not turned off (`DFLASH_TOP_NO_TARGET_KERNELS=1`, for side-by-side runs).
+/// failed before, and not turned off (`--disable target-kernels`, for side-by-side runs).
 fn target_kernels_for(x: &Tensor) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off =
-        *OFF.get_or_init(|| crate::engine::switches::switch("DFLASH_TOP_NO_TARGET_KERNELS", false));
-    !off && AVAILABLE
+    use crate::engine::fast_paths::{on, FastPath};
+    on(FastPath::TargetKernels)
+        && AVAILABLE
         && !STATE.has_failed()
         && x.kind() == tch::Kind::BFloat16
         && x.device().is_cuda()

@@ -1,0 +1,177 @@
+//! The engine's fast paths as one typed setting: each can be turned off for a side-by-side run
+//! (`--disable graphs,fused-adamw`, or `[fast_paths] disable = [...]` in the TOML) and the
+//! choice shows in the `config:` line and in recordings. A pipeline installs its setting when it
+//! starts; the places that take a path ask `fast_paths::on`.
+
+use anyhow::{bail, Result};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering::Relaxed};
+
+/// A path the engine takes where it can, with a plainer one beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FastPath {
+    /// CUDA graphs: the target's forward and the drafter's step recorded once, replayed.
+    Graphs,
+    /// The drafter step's graphs alone (the target's stay).
+    DrafterGraph,
+    /// Our fused kernels in the target's forward (norm + RoPE, silu x up, add + RMSNorm).
+    TargetKernels,
+    /// AdamW in one fused kernel over the flat parameters.
+    FusedAdamw,
+    /// Varlen flash attention in the target (off: one dense mask per row).
+    FlashTarget,
+    /// Gradients all-reduced in buckets during backward (off: in one piece after it).
+    GradSyncDuringBackward,
+    /// One drafter replica skips the gradient average (off: even one GPU drafter goes through
+    /// NCCL, world size 1, to exercise that path on a one-GPU machine).
+    SingleReplicaShortcut,
+}
+
+/// Every path, its name in `--disable` and the TOML, and what turning it off means.
+pub const ALL: [(FastPath, &str, &str); 7] = [
+    (FastPath::Graphs, "graphs", "every CUDA graph off"),
+    (
+        FastPath::DrafterGraph,
+        "drafter-graph",
+        "the drafter step runs eagerly",
+    ),
+    (
+        FastPath::TargetKernels,
+        "target-kernels",
+        "the target runs libtorch's ops",
+    ),
+    (FastPath::FusedAdamw, "fused-adamw", "AdamW as separate ops"),
+    (
+        FastPath::FlashTarget,
+        "flash-target",
+        "the target's attention with a dense mask",
+    ),
+    (
+        FastPath::GradSyncDuringBackward,
+        "grad-sync-during-backward",
+        "gradients averaged after backward",
+    ),
+    (
+        FastPath::SingleReplicaShortcut,
+        "single-replica-shortcut",
+        "one GPU drafter averages through NCCL",
+    ),
+];
+
+/// Runs of tiles a layer in the drafter's tiled attention (1 is one window over all tiles).
+pub const DEFAULT_WINDOW_GROUPS: i64 = super::tiled::WINDOW_GROUPS;
+
+/// The fast paths of a run: which are off, and the tiling knob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastPaths {
+    off: u32,
+    pub window_groups: i64,
+}
+
+impl Default for FastPaths {
+    fn default() -> FastPaths {
+        FastPaths {
+            off: 0,
+            window_groups: DEFAULT_WINDOW_GROUPS,
+        }
+    }
+}
+
+fn bit(p: FastPath) -> u32 {
+    1 << ALL.iter().position(|(q, _, _)| *q == p).unwrap()
+}
+
+impl FastPaths {
+    /// `names` turned off (`graphs`, `fused-adamw`, …); `what` names the flag or TOML key in
+    /// the sentence for a name that is none of them.
+    pub fn disabling<'a>(
+        names: impl IntoIterator<Item = &'a str>,
+        what: &str,
+    ) -> Result<FastPaths> {
+        let mut paths = FastPaths::default();
+        for name in names.into_iter().map(str::trim).filter(|n| !n.is_empty()) {
+            match ALL.iter().find(|(_, n, _)| *n == name) {
+                Some((p, _, _)) => paths.off |= bit(*p),
+                None => {
+                    let known: Vec<&str> = ALL.iter().map(|(_, n, _)| *n).collect();
+                    bail!(
+                        "{what}: no fast path `{name}`; the names are {}",
+                        known.join(", ")
+                    )
+                }
+            }
+        }
+        Ok(paths)
+    }
+
+    pub fn is_on(&self, p: FastPath) -> bool {
+        self.off & bit(p) == 0
+    }
+
+    /// `all` or the paths turned off (`-graphs,-fused-adamw`), then the window groups when
+    /// not the default: for the `config:` line.
+    pub fn describe(&self) -> String {
+        let off: Vec<String> = ALL
+            .iter()
+            .filter(|(p, _, _)| !self.is_on(*p))
+            .map(|(_, n, _)| format!("-{n}"))
+            .collect();
+        let mut s = if off.is_empty() {
+            "all".to_string()
+        } else {
+            off.join(",")
+        };
+        if self.window_groups != DEFAULT_WINDOW_GROUPS {
+            s.push_str(&format!(",window_groups={}", self.window_groups));
+        }
+        s
+    }
+}
+
+static OFF: AtomicU32 = AtomicU32::new(0);
+static WINDOW_GROUPS: AtomicI64 = AtomicI64::new(DEFAULT_WINDOW_GROUPS);
+
+/// Makes `paths` the process's setting (a pipeline does, as it starts).
+pub fn install(paths: FastPaths) {
+    OFF.store(paths.off, Relaxed);
+    WINDOW_GROUPS.store(paths.window_groups, Relaxed);
+}
+
+/// Whether `p` may be taken in this process.
+pub fn on(p: FastPath) -> bool {
+    OFF.load(Relaxed) & bit(p) == 0
+}
+
+/// Runs of tiles a layer, as installed.
+pub fn window_groups() -> i64 {
+    WINDOW_GROUPS.load(Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_turn_paths_off_and_describe_says_which() {
+        let all = FastPaths::default();
+        assert!(ALL.iter().all(|(p, _, _)| all.is_on(*p)));
+        assert_eq!(all.describe(), "all");
+        let some = FastPaths::disabling(["graphs", " fused-adamw "], "--disable").unwrap();
+        assert!(!some.is_on(FastPath::Graphs) && !some.is_on(FastPath::FusedAdamw));
+        assert!(some.is_on(FastPath::TargetKernels));
+        assert_eq!(some.describe(), "-graphs,-fused-adamw");
+        let groups = FastPaths {
+            window_groups: 1,
+            ..FastPaths::default()
+        };
+        assert_eq!(groups.describe(), "all,window_groups=1");
+    }
+
+    #[test]
+    fn an_unknown_name_is_a_sentence_with_the_names() {
+        let e = FastPaths::disabling(["graph"], "--disable")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--disable: no fast path `graph`"), "{e}");
+        assert!(e.contains("graphs, drafter-graph"), "{e}");
+    }
+}
