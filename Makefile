@@ -12,7 +12,7 @@ REF_DEPS := $(VENV)/.reference-deps
 REFERENCE := target/reference/reference.safetensors
 PARITY := target/reference/parity/parity.json
 
-.PHONY: run test venv reference tools build release bench clean-venv
+.PHONY: run test venv reference tools build release bench gpu-tests clean-venv
 
 run: venv
 	$(CARGO) run --release --
@@ -47,6 +47,10 @@ build: venv
 
 bench: venv
 	$(CARGO) bench --bench benches
+
+# The GPU-only tests, built and stripped into .gpu/tests/ for a GPU host (docs/gpu.md runs them).
+gpu-tests: venv
+	sh tests/tools/gpu_tests.sh
 
 venv: $(LIBTORCH_LINK)
 

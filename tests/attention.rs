@@ -355,6 +355,7 @@ fn a_covering_plan_attends_like_the_batch_own_plan() {
 /// The windowed tiles against the dense mask on CUDA in bf16 (the kernels the drafter trains
 /// with there), forward and q, k, v gradients. Runs where a GPU is; elsewhere it says so.
 #[test]
+#[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn tiled_attention_equals_the_dense_mask_on_cuda() {
     let Some(dev) = crate::cuda_or_skip("the tiled attention in bf16 on CUDA") else {
         return;
@@ -460,6 +461,7 @@ fn documents_split_at_id_changes_and_row_ends() {
 /// document-causal mask, on CUDA in bf16: two documents in a row, a padded row, a sliding layer.
 /// Runs where a GPU is (the GPU machine runs this binary); on a machine without one it says so.
 #[test]
+#[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn flash_target_equals_the_dense_document_mask_on_cuda() {
     use dflash_top::engine::qwen3::Qwen3Target;
     use dflash_top::engine::varlen::Varlen;

@@ -426,6 +426,7 @@ fn the_bf16_loss_keeps_the_gradient_of_confident_rows() {
 
 /// The same on the GPU (its softmax and reductions are other kernels); skipped without one.
 #[test]
+#[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn the_bf16_loss_keeps_the_gradient_of_confident_rows_on_cuda() {
     if let Some(dev) = crate::cuda_or_skip("the bf16 loss on CUDA") {
         bf16_loss_against_f64(dev);
@@ -886,6 +887,7 @@ fn chat_lines_go_through_the_tokenizers_own_chat_template() {
 /// RMSNorm through libtorch's fused kernel on CUDA in bf16 against the fp32 formula (Qwen3's),
 /// forward and the input's gradient. Runs where a GPU is; without one it says so.
 #[test]
+#[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn rms_norm_on_cuda_in_bf16_matches_the_fp32_formula() {
     use dflash_top::engine::layers::RmsNorm;
     let Some(dev) = crate::cuda_or_skip("the fused RMSNorm") else {

@@ -244,6 +244,7 @@ mod tests {
     /// not reach the weights, fails it. A last batch where no label counts gives a zero loss and
     /// zero gradients, finite, both ways. Skipped without a GPU and the CUDA shim.
     #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
     fn graphed_steps_train_like_the_same_steps_run_eagerly_on_cuda() {
         if crate::engine::cuda::cuda_or_skip("the drafter step's CUDA graphs").is_none() {
             return;

@@ -432,6 +432,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
     fn fused_cuda_adamw_follows_the_plain_one() {
         if crate::engine::cuda::cuda_or_skip("the fused AdamW step").is_none() {
             return;

@@ -240,6 +240,7 @@ mod tests {
     /// captured) and give the eager flash forward's hidden states. Skipped without a GPU and
     /// the CUDA shim.
     #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
     fn graphs_by_document_count_give_the_eager_forward_on_cuda() {
         if super::super::cuda::cuda_or_skip("the target's CUDA graphs").is_none() {
             return;

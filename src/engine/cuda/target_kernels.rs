@@ -121,6 +121,7 @@ mod tests {
     /// The one-pass silu(gate) * up kernel against the two ops. Skipped without a GPU and the
     /// CUDA shim.
     #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
     fn the_silu_mul_kernel_gives_the_ops_on_cuda() {
         let Some(dev) = super::super::cuda_or_skip("the silu * up kernel") else {
             return;
@@ -141,6 +142,7 @@ mod tests {
     /// than a block's 256 x 8 elements and on rows of two passes. Skipped without a GPU and the
     /// CUDA shim.
     #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
     fn the_add_and_norm_kernel_gives_the_ops_on_cuda() {
         let Some(dev) = super::super::cuda_or_skip("the add + RMSNorm kernel") else {
             return;
@@ -177,6 +179,7 @@ mod tests {
     /// of `apply_rope`), on q's and k's heads of a fused projection. Skipped without a GPU and
     /// the CUDA shim.
     #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
     fn the_norm_and_rope_kernel_gives_the_ops_on_cuda() {
         let Some(dev) = super::super::cuda_or_skip("the norm + RoPE kernel") else {
             return;
