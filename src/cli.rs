@@ -74,6 +74,10 @@ pub struct GenerateArgs {
     /// Where the target runs: cpu or cuda:N (bf16 on CUDA).
     #[arg(long, value_name = "cpu|cuda:N", default_value = "cpu")]
     pub device: String,
+    /// Prompts decoded together (padded on the left; a finished row leaves the batch). Greedy
+    /// output is the same for any batch.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub batch: usize,
 }
 
 #[derive(Args, Debug, Clone, Default)]

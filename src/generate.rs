@@ -4,7 +4,7 @@
 
 use crate::cli::GenerateArgs;
 use crate::engine::config::Qwen3Config;
-use crate::engine::decode::{continuation, Decoding};
+use crate::engine::decode::{continuations, Decoding};
 use crate::engine::qwen3::Qwen3Target;
 use crate::engine::tokenize::TextTokenizer;
 use anyhow::{bail, Context, Result};
@@ -23,6 +23,12 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     }
     if args.max_new_tokens == 0 {
         bail!("--max-new-tokens must be at least 1");
+    }
+    if !(1..=4096).contains(&args.batch) {
+        bail!(
+            "--batch {} is out of range: give 1 to 4096 prompts decoded together",
+            args.batch
+        );
     }
     let device = crate::config::parse_devices(&args.device, "--device")?;
     let [device] = device[..] else {
@@ -80,12 +86,14 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let mut progress = Progress::new(prompts.len());
     let mut stopped_by_eos = 0;
-    for (i, prompt) in prompts.iter().enumerate() {
+    for (k, chunk) in prompts.chunks(args.batch).enumerate() {
+        let rows: Vec<&[i64]> = chunk.iter().map(Vec::as_slice).collect();
+        let done_before = k * args.batch;
         let mut stop = |made: usize| {
-            progress.tick(i, made);
+            progress.tick(done_before, made);
             crate::signals::requested()
         };
-        let Some(new) = continuation(&model, prompt, &eos, how, device, &mut stop) else {
+        let Some(news) = continuations(&model, &rows, &eos, how, device, &mut stop) else {
             drop(out);
             eprintln!(
                 "dflash-top: stopped by a signal; nothing was written to {}",
@@ -93,9 +101,11 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
             );
             return Ok(ExitCode::from(crate::signals::FORCED_EXIT as u8));
         };
-        stopped_by_eos += new.last().is_some_and(|t| eos.contains(t)) as usize;
-        progress.done(new.len());
-        out.line(&sample_line(prompt, &new))?;
+        for (prompt, new) in chunk.iter().zip(&news) {
+            stopped_by_eos += new.last().is_some_and(|t| eos.contains(t)) as usize;
+            progress.done(new.len());
+            out.line(&sample_line(prompt, new))?;
+        }
     }
     out.finish()?;
     let secs = started.elapsed().as_secs_f64();
@@ -293,14 +303,19 @@ impl Progress {
         }
     }
 
-    /// `made` tokens of prompt `i` so far.
-    fn tick(&mut self, i: usize, made: usize) {
+    /// `made` new tokens so far in the batch that follows the first `done` prompts.
+    fn tick(&mut self, done: usize, made: usize) {
         let tokens = self.tokens + made as u64;
         let prompts = self.prompts;
         self.ticker.tick(|secs| {
+            // The prompts done so far at the time they took: what the rest will take.
+            let eta = match done {
+                0 => "–".to_string(),
+                d => format!("{:.0}s", secs / d as f64 * (prompts - d) as f64),
+            };
             format!(
-                "generate: prompt {}/{prompts}, {tokens} new tokens, {:.0} tok/s",
-                i + 1,
+                "generate: prompts {done}/{prompts} done, {tokens} new tokens, {:.0} tok/s, \
+                 ETA {eta}",
                 tokens as f64 / secs.max(1e-9)
             )
         });

@@ -94,6 +94,68 @@ fn greedy_lines_hold_the_prompt_without_loss_and_stop_at_an_end_token() {
     assert_eq!(stopped, first[..end].to_vec());
 }
 
+/// Ragged prompts decoded together give each prompt's own greedy continuation: padded on the
+/// left, rows leaving the batch at an end token at different steps, in batches that divide the
+/// file unevenly. A padding slot a query could see, or a row dropped from the cache in the wrong
+/// order, changes some row's tokens.
+#[test]
+fn batched_greedy_output_is_each_prompt_decoded_alone() {
+    let lm = lm_dir();
+    let tmp = tempfile::tempdir().unwrap();
+    let rows: Vec<String> = (0..7)
+        .map(|i| {
+            let ids: Vec<i64> = (0..2 + 3 * i).map(|j| (j * 7 + i * 11) % 50 + 3).collect();
+            format!(r#"{{"input_ids": {ids:?}}}"#)
+        })
+        .collect();
+    let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
+    let data = prompts(tmp.path(), &rows);
+    // An end token that the first prompt writes 5th: some rows stop early, others run on.
+    let alone = tmp.path().join("alone.jsonl");
+    let o = generate(
+        &lm.join("target"),
+        &data,
+        &alone,
+        &["--max-new-tokens", "24", "--batch", "1"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first = ids(&lines(&alone)[0], "input_ids");
+    let stop_at = first[2 + 4];
+    let target = tmp.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(lm.join("target").join(f), target.join(f)).unwrap();
+    }
+    std::fs::write(
+        target.join("generation_config.json"),
+        format!(r#"{{"eos_token_id": [{stop_at}]}}"#),
+    )
+    .unwrap();
+    let decode = |batch: &str| {
+        let out = tmp.path().join(format!("b{batch}.jsonl"));
+        let o = generate(
+            &target,
+            &data,
+            &out,
+            &["--max-new-tokens", "24", "--batch", batch],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        lines(&out)
+    };
+    let one = decode("1");
+    let new: Vec<i64> = one
+        .iter()
+        .map(|l| ids(l, "loss_mask").iter().sum())
+        .collect();
+    assert!(
+        new.iter().min() < new.iter().max(),
+        "rows stop at different steps: {new:?}"
+    );
+    for batch in ["3", "7"] {
+        assert_eq!(decode(batch), one, "--batch {batch}");
+    }
+}
+
 #[test]
 fn sampling_follows_the_seed() {
     let lm = lm_dir();

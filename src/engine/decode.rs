@@ -1,5 +1,7 @@
-//! Decoding with the target: its greedy (or sampled) continuation of a prompt, one token at a
-//! time through the KV cache, until an end-of-sequence token or a length limit.
+//! Decoding with the target: its greedy (or sampled) continuations of prompts, one token a step
+//! through the KV cache for a batch of prompts at once (padded on the left to one length), until
+//! each writes an end-of-sequence token or reaches the length limit; a row that is done leaves the
+//! batch. Greedy continuations are the ones each prompt gets alone.
 
 use super::qwen3::{KvCache, Qwen3Target};
 use tch::{Device, Kind, Tensor};
@@ -14,8 +16,8 @@ pub struct Decoding {
 }
 
 /// The tokens the target writes after `prompt` (an end token included when it wrote one), or
-/// None when `stop` said so between two tokens. Sampling draws from libtorch's generator: seed it
-/// (`tch::manual_seed`) once for a reproducible file.
+/// None when `stop` said so between two tokens (it is told the tokens made so far). Sampling
+/// draws from libtorch's generator: seed it (`tch::manual_seed`) once for a reproducible file.
 pub fn continuation(
     model: &Qwen3Target,
     prompt: &[i64],
@@ -24,28 +26,70 @@ pub fn continuation(
     device: Device,
     stop: &mut dyn FnMut(usize) -> bool,
 ) -> Option<Vec<i64>> {
-    let _no_grad = tch::no_grad_guard();
-    let mut cache = KvCache::default();
-    let mut out = Vec::with_capacity(how.max_new_tokens);
-    let mut input = Tensor::from_slice(prompt).to_device(device).unsqueeze(0);
-    while out.len() < how.max_new_tokens {
-        if stop(out.len()) {
-            return None;
-        }
-        let logits = model.logits(&input, &mut cache); // [1, n, vocab]
-        let last = logits.select(1, -1).squeeze_dim(0); // [vocab]
-        let next = pick(&last, how.temperature);
-        out.push(next);
-        if eos.contains(&next) {
-            break;
-        }
-        input = Tensor::from_slice(&[next]).to_device(device).unsqueeze(0);
-    }
-    Some(out)
+    continuations(model, &[prompt], eos, how, device, stop).map(|mut v| v.remove(0))
 }
 
-// logits [vocab] f32 -> token id
-fn pick(logits: &Tensor, temperature: f64) -> i64 {
+/// `continuation` of every prompt of `prompts`, decoded together: one forward a step for the
+/// rows still writing. `stop` is told the new tokens made so far, over all rows.
+pub fn continuations(
+    model: &Qwen3Target,
+    prompts: &[&[i64]],
+    eos: &[i64],
+    how: Decoding,
+    device: Device,
+    stop: &mut dyn FnMut(usize) -> bool,
+) -> Option<Vec<Vec<i64>>> {
+    let _no_grad = tch::no_grad_guard();
+    let mut outs: Vec<Vec<i64>> = vec![Vec::new(); prompts.len()];
+    if prompts.is_empty() || how.max_new_tokens == 0 {
+        return Some(outs);
+    }
+    let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    let mut cache = KvCache::default();
+    if prompts.iter().any(|p| p.len() != width) {
+        cache.left_pad = prompts.iter().map(|p| (width - p.len()) as i64).collect();
+    }
+    // Padding takes token 0: no query sees it.
+    let padded: Vec<i64> = prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(0, width - p.len()).chain(p.iter().copied()))
+        .collect();
+    let mut input = Tensor::from_slice(&padded)
+        .to_device(device)
+        .view([prompts.len() as i64, width as i64]);
+    // Rows still writing: indices into `prompts`, in the cache's row order.
+    let mut live: Vec<usize> = (0..prompts.len()).collect();
+    let mut made = 0;
+    loop {
+        if stop(made) {
+            return None;
+        }
+        let logits = model.logits(&input, &mut cache); // [rows, n, vocab]
+        let next = pick(&logits.select(1, -1), how.temperature);
+        let mut keep = Vec::with_capacity(live.len());
+        for (row, (&i, &token)) in live.iter().zip(&next).enumerate() {
+            outs[i].push(token);
+            made += 1;
+            if !eos.contains(&token) && outs[i].len() < how.max_new_tokens {
+                keep.push(row as i64);
+            }
+        }
+        if keep.is_empty() {
+            return Some(outs);
+        }
+        let tokens: Vec<i64> = keep.iter().map(|&r| next[r as usize]).collect();
+        if keep.len() < live.len() {
+            cache.keep_rows(&keep);
+            live = keep.iter().map(|&r| live[r as usize]).collect();
+        }
+        input = Tensor::from_slice(&tokens)
+            .to_device(device)
+            .view([tokens.len() as i64, 1]);
+    }
+}
+
+// logits [rows, vocab] f32 -> a token id a row
+fn pick(logits: &Tensor, temperature: f64) -> Vec<i64> {
     let t = if temperature > 0.0 {
         (logits / temperature)
             .softmax(-1, Kind::Float)
@@ -53,5 +97,6 @@ fn pick(logits: &Tensor, temperature: f64) -> i64 {
     } else {
         logits.argmax(-1, false)
     };
-    t.reshape([-1]).int64_value(&[0])
+    Vec::<i64>::try_from(&t.reshape([-1]).to_device(Device::Cpu))
+        .expect("argmax and multinomial give int64 ids")
 }

@@ -311,12 +311,35 @@ pub struct Qwen3Target {
     pub lm_head: Tensor,
 }
 
-/// Keys and values of the tokens fed so far, per layer (for `Qwen3Target::logits`).
+/// Keys and values of the tokens fed so far, per layer (for `Qwen3Target::logits`), for a batch
+/// of rows whose prompts are padded on the left to one length.
 #[derive(Debug, Default)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
-    /// Tokens fed so far: the position of the next one.
+    /// Slots fed so far (padding included): the slot of the next token.
     pub len: i64,
+    /// Padding slots at the start of each row (empty: none in any row). A row's tokens take
+    /// positions from 0 after its padding (RoPE depends only on their differences, but the same
+    /// positions give the same rounding as the row alone), and no query sees a padding slot.
+    pub left_pad: Vec<i64>,
+}
+
+impl KvCache {
+    /// Keeps the rows `rows` (indices into the current batch, in order) and drops the others: a
+    /// batch's finished rows leave it.
+    pub fn keep_rows(&mut self, rows: &[i64]) {
+        let Some(dev) = self.layers.iter().flatten().next().map(|(k, _)| k.device()) else {
+            return;
+        };
+        let index = Tensor::from_slice(rows).to_device(dev);
+        for (k, v) in self.layers.iter_mut().flatten() {
+            *k = k.index_select(0, &index);
+            *v = v.index_select(0, &index);
+        }
+        if !self.left_pad.is_empty() {
+            self.left_pad = rows.iter().map(|&r| self.left_pad[r as usize]).collect();
+        }
+    }
 }
 
 impl Qwen3Target {
@@ -393,14 +416,21 @@ impl Qwen3Target {
             cache.layers = (0..self.layers.len()).map(|_| None).collect();
         }
         let start = cache.len;
-        let positions = Tensor::arange_start(start, start + n, (tch::Kind::Int64, dev))
-            .unsqueeze(0)
-            .expand([b, n], false);
+        let slots = Tensor::arange_start(start, start + n, (tch::Kind::Int64, dev)).unsqueeze(0);
+        let pad = (!cache.left_pad.is_empty()).then(|| {
+            Tensor::from_slice(&cache.left_pad)
+                .to_device(dev)
+                .unsqueeze(1)
+        });
+        let positions = match &pad {
+            Some(p) => (&slots - p).clamp_min(0),
+            None => slots.expand([b, n], false),
+        };
         let kind = self.embed_tokens.kind();
         let (cos, sin) = rope_tables(&positions, self.cfg.head_dim, self.cfg.rope_theta, kind);
         let mut x = self.embed_tokens.embedding_for(ids).to_kind(kind);
         for (i, layer) in self.layers.iter().enumerate() {
-            let mask = cached_causal_mask(start, n, self.cfg.window_of(i), dev);
+            let mask = cached_causal_mask(start, n, self.cfg.window_of(i), pad.as_ref(), dev);
             x = layer.forward_cached(&x, (&cos, &sin), &mask, &mut cache.layers[i]);
         }
         cache.len += n;
@@ -485,17 +515,28 @@ impl EmbeddingFor for Tensor {
     }
 }
 
-/// The mask of `n` new queries at positions `start..start + n` over keys `0..start + n`: causal,
-/// and (sliding layers) within the window.
-// -> [1, 1, n, start + n] bool
-fn cached_causal_mask(start: i64, n: i64, window: Option<i64>, dev: tch::Device) -> Tensor {
+/// The mask of `n` new queries in slots `start..start + n` over keys `0..start + n`: causal,
+/// (sliding layers) within the window, and blind to each row's left padding (`pad` [b, 1]).
+// -> [1 or b, 1, n, start + n] bool
+fn cached_causal_mask(
+    start: i64,
+    n: i64,
+    window: Option<i64>,
+    pad: Option<&Tensor>,
+    dev: tch::Device,
+) -> Tensor {
     let q = Tensor::arange_start(start, start + n, (tch::Kind::Int64, dev)).unsqueeze(1);
     let k = Tensor::arange(start + n, (tch::Kind::Int64, dev)).unsqueeze(0);
     let mut m = k.le_tensor(&q);
     if let Some(w) = window {
         m = m.logical_and(&(&q - &k).lt(w));
     }
-    m.view([1, 1, n, start + n])
+    let m = m.view([1, 1, n, start + n]);
+    match pad {
+        // [b, 1] -> keys at or after the padding, [b, 1, 1, start + n]
+        Some(p) => m.logical_and(&k.ge_tensor(p).view([-1, 1, 1, start + n])),
+        None => m,
+    }
 }
 
 /// Causal attention within a document: query i sees key j when doc(i) == doc(j), j <= i, and
