@@ -7,7 +7,7 @@ use crate::cli::BenchArgs;
 use crate::config::{PipelineSpec, RunConfig};
 use crate::telemetry::snapshot::ThreadView;
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Role, Snapshot};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use crossbeam_channel::Receiver;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -38,9 +38,88 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             alternate(args, &settings)?;
         }
         "replicas" => replicas(args)?,
-        other => bail!("bench `{other}`: use engine, modes, profiling, replicas or telemetry"),
+        "generate" => generate(args)?,
+        other => {
+            bail!("bench `{other}`: use engine, modes, profiling, replicas, generate or telemetry")
+        }
     }
     Ok(crate::app::signal_exit())
+}
+
+/// `bench generate`: the preset's target (random weights, every layer) decoding one batch of
+/// random prompts at each batch size of --gen-batches, greedy, no end token; new tokens a second
+/// each, and each batch's rate over the first's.
+fn generate(args: &BenchArgs) -> Result<()> {
+    use crate::engine::decode::{continuations, Decoding};
+    let cfg = RunConfig::from_args(&args.train)?.pipeline;
+    let numbers = |text: &str, flag: &str| -> Result<Vec<usize>> {
+        text.split(',')
+            .map(|x| x.trim().parse().ok().filter(|&n| n >= 1))
+            .collect::<Option<Vec<usize>>>()
+            .with_context(|| format!("{flag} `{text}`: give positive numbers, comma-separated"))
+    };
+    let batches = numbers(&args.gen_batches, "--gen-batches")?;
+    let (prompt_len, new) = match numbers(&args.gen_lengths, "--gen-lengths")?[..] {
+        [p, n] => (p, n),
+        _ => bail!("--gen-lengths `{}`: give PROMPT,NEW", args.gen_lengths),
+    };
+    let device = cfg.target_devices[0];
+    let target = &cfg.target_config;
+    let vs = tch::nn::VarStore::new(device);
+    tch::manual_seed(cfg.seed as i64);
+    crate::engine::decode::set_threads_for(device, target);
+    let mut model = crate::engine::qwen3::Qwen3Target::new_full(&vs.root(), target, 0.02);
+    model.fuse_projections();
+    let mut vs = vs;
+    vs.freeze();
+    if device.is_cuda() {
+        vs.set_kind(tch::Kind::BFloat16);
+    }
+    let vocab = target.vocab_size.min(32_000);
+    let prompts = |n: usize| -> Vec<Vec<i64>> {
+        (0..n)
+            .map(|r| {
+                (0..prompt_len)
+                    .map(|j| ((r * 7919 + j * 104_729) as i64) % vocab)
+                    .collect()
+            })
+            .collect()
+    };
+    let decode = |rows: usize, new: usize| -> Result<f64> {
+        let p = prompts(rows);
+        let refs: Vec<&[i64]> = p.iter().map(Vec::as_slice).collect();
+        let how = Decoding {
+            temperature: 0.0,
+            max_new_tokens: new,
+        };
+        let sync = || {
+            if let tch::Device::Cuda(i) = device {
+                tch::Cuda::synchronize(i as i64);
+            }
+        };
+        sync();
+        let t0 = Instant::now();
+        let out = continuations(&model, &refs, &[], how, device, &mut |_| false)
+            .context("decoding stopped")?;
+        sync();
+        let made: usize = out.iter().map(Vec::len).sum();
+        Ok(made as f64 / t0.elapsed().as_secs_f64())
+    };
+    decode(batches[0], 4)?; // warm-up
+    let mut first = None;
+    for &b in &batches {
+        let rate = decode(b, new)?;
+        let base = *first.get_or_insert(rate);
+        println!(
+            "bench: generate preset={} device={} batch={b} prompt={prompt_len} new={new} \
+             tok/s={rate:.0} vs_batch{}={:.2}x",
+            cfg.preset.name,
+            crate::engine::workers::device_name(device),
+            batches[0],
+            rate / base
+        );
+    }
+    Ok(())
 }
 
 fn phase_line(t: &ThreadView) -> String {

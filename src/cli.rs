@@ -212,8 +212,9 @@ pub struct AttachArgs {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// What to measure: `engine` (training step), `modes` (async / events / sync side by side),
-    /// `profiling` (profiling on vs off side by side), `telemetry` (phase-mark cost) or
-    /// `replicas` (drafter replicas against one drafter with their rows: equal weights, same loss).
+    /// `profiling` (profiling on vs off side by side), `telemetry` (phase-mark cost),
+    /// `replicas` (drafter replicas against one drafter with their rows: equal weights, same loss)
+    /// or `generate` (the preset's target decoding at each of --gen-batches, side by side).
     #[arg(default_value = "engine")]
     pub what: String,
     /// `modes` and `profiling`: seconds each setting runs before the next takes over.
@@ -226,6 +227,12 @@ pub struct BenchArgs {
     /// of one drafter taking every replica's rows.
     #[arg(long, value_name = "FRACTION", default_value_t = 0.02)]
     pub tolerance: f64,
+    /// `generate`: the batches decoded, side by side (each one batch of random prompts).
+    #[arg(long, value_name = "LIST", default_value = "1,16")]
+    pub gen_batches: String,
+    /// `generate`: prompt tokens and new tokens per row.
+    #[arg(long, value_name = "PROMPT,NEW", default_value = "256,64")]
+    pub gen_lengths: String,
     #[command(flatten)]
     pub train: TrainArgs,
 }

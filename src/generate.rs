@@ -72,11 +72,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
             loading.seconds()
         );
     }
-    if !device.is_cuda() && cfg.hidden_size < 1024 {
-        // One token at a time through a small model: libtorch's thread pool costs more than it
-        // gives (9x slower on 2 busy cores at hidden 64).
-        tch::set_num_threads(1);
-    }
+    crate::engine::decode::set_threads_for(device, &cfg);
     tch::manual_seed(args.seed as i64);
     crate::signals::install();
     let how = Decoding {

@@ -755,3 +755,28 @@ fn a_batch_without_loss_tokens_is_no_optimizer_step() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+#[test]
+fn bench_generate_decodes_each_batch_and_refuses_a_bad_list() {
+    let o = run(&[
+        "bench",
+        "generate",
+        "--gen-batches",
+        "1,4",
+        "--gen-lengths",
+        "16,8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("bench: generate "))
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for (line, batch) in lines.iter().zip(["batch=1 ", "batch=4 "]) {
+        assert!(line.contains(batch) && line.contains("new=8 "), "{line}");
+        assert!(field(line, "tok/s").is_some_and(|r| r > 0.0), "{line}");
+    }
+    let o = run(&["bench", "generate", "--gen-batches", "1,x"]);
+    assert_user_error(&o, &["--gen-batches `1,x`", "positive numbers"]);
+}

@@ -408,8 +408,8 @@ impl Qwen3Target {
     /// Next-token logits (f32) after feeding `ids` at positions `cache.len()..`, the keys and
     /// values of earlier tokens taken from `cache` and the new ones added to it. Needs every layer
     /// (`new_full`).
-    // ids [b, n] -> [b, n, vocab]
-    pub fn logits(&self, ids: &Tensor, cache: &mut KvCache) -> Tensor {
+    // ids [b, n] -> [b, vocab] (after the last of the n)
+    pub fn next_logits(&self, ids: &Tensor, cache: &mut KvCache) -> Tensor {
         let (b, n) = (ids.size()[0], ids.size()[1]);
         let dev = ids.device();
         if cache.layers.len() != self.layers.len() {
@@ -434,7 +434,8 @@ impl Qwen3Target {
             x = layer.forward_cached(&x, (&cos, &sin), &mask, &mut cache.layers[i]);
         }
         cache.len += n;
-        let x = self.norm.forward(&x);
+        // Only the last slot's logits are asked for: the head over one token a row.
+        let x = self.norm.forward(&x.select(1, -1));
         x.matmul(&self.lm_head.to_kind(x.kind()).tr())
             .to_kind(tch::Kind::Float)
     }
