@@ -22,49 +22,30 @@ only. The table grows as stages and phases appear: each change is a new `hello` 
 
 import atexit
 import os
-import queue as queue_module
 import re
 import threading
 import time
 import weakref
-from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import protocol, wire
-from .protocol import POP_WAIT, PUSH_WAIT, TIMING_HOST, TIMING_OF
+from . import auto_queue, auto_torch, protocol, wire
+from .auto_common import (
+    _END_NONE,
+    _END_OPTIM,
+    BASE_PHASES,
+    BUILTIN_PHASES,
+    COUNTED,
+    MAX_NAME,
+    MAX_STAGES,
+    N_CUSTOM,
+    SETTLE_STEPS,
+    SYNC,
+    _mono,
+)
+from .protocol import TIMING_HOST, TIMING_OF
 from .serve import Server
 
 __all__ = ["Auto", "auto", "stage_of"]
-
-_mono = time.monotonic_ns
-
-DATA_WAIT = "data_wait"
-BACKWARD = "backward"
-CLIP = "clip"
-OPTIM = "optim"
-SYNC = "sync"
-#: Every stage's phases before module classes are seen (all stages share one list, which only
-#: grows: a phase keeps its index and its slot in the viewer).
-BASE_PHASES = [DATA_WAIT, POP_WAIT, BACKWARD, CLIP, OPTIM, SYNC, PUSH_WAIT]
-#: The viewer's built-in phase names (src/telemetry/phase.rs); any other name takes one of its
-#: N_CUSTOM slots for declared names.
-BUILTIN_PHASES = (
-    "other", "read", "pack", "push_wait", "batch_wait", "h2d", "forward", "hs_pack",
-    "hs_push_wait", "hs_wait", "anchors", "loss", "backward", "clip", "optim", "metrics",
-    "grad_sync",
-)
-N_CUSTOM = 12
-MAX_STAGES = 16
-MAX_NAME = 32
-#: Steps ended (all threads) with no new top-level module before the global module hooks give
-#: way to hooks on the top-level modules seen (a module first called at top level later runs
-#: in its caller's phase, `other` at top level).
-SETTLE_STEPS = 50
-#: Phases whose entries a step counts (sent as the step's `n`).
-COUNTED = (SYNC,)
-
-# Step ends, strongest first: a thread ends its steps at the strongest kind it has seen.
-_END_OPTIM, _END_PUT, _END_FORWARD, _END_NONE = 0, 1, 2, 3
 
 
 def stage_of(thread_name: str) -> str:
@@ -110,67 +91,6 @@ class _Rec:
         self.pending: List[Tuple[int, List[Tuple[int, Any]]]] = []
 
 
-class _QStats:
-    """One queue.Queue's counters (what `ProfiledQueue` keeps), updated inside the queue's own
-    `_put` / `_get` (under its lock) and around blocked puts and gets."""
-
-    def __init__(self, q: "queue_module.Queue[Any]") -> None:
-        self.maxsize = q.maxsize
-        self.lock = threading.Lock()
-        self.at = _mono()
-        self.depth = 0
-        self.min = self.max = 0
-        self.pushes = self.pops = 0
-        self.push_wait = self.pop_wait = 0
-        self.depth_ns = self.empty_ns = self.full_ns = 0
-        self.age_sum = 0
-        self.pushers = [0, 0]
-        self.poppers = [0, 0]
-        # (put time, tokens of the step that put it), oldest first (FIFO queues).
-        self.items: Deque[Tuple[int, int]] = deque()
-        self.producer: Optional[str] = None
-        self.consumer: Optional[str] = None
-        self.qid: Optional[int] = None
-
-    def advance(self, now: int, depth: int) -> None:
-        if now < self.at:
-            now = self.at
-        dt = now - self.at
-        self.depth_ns += self.depth * dt
-        if self.depth == 0:
-            self.empty_ns += dt
-        if self.maxsize > 0 and self.depth >= self.maxsize:
-            self.full_ns += dt
-        self.at = now
-        self.depth = depth
-        self.min = min(self.min, depth)
-        self.max = max(self.max, depth)
-
-    def read(self, now: int) -> Dict[str, int]:
-        with self.lock:
-            self.advance(now, self.depth)
-            waits = []
-            for w in (self.pushers, self.poppers):
-                waits.append(w[0] * self.at - w[1] if w[0] else 0)
-            out = {
-                "id": self.qid or 0,
-                "at": self.at,
-                "depth": self.depth,
-                "push": self.pushes,
-                "pop": self.pops,
-                "push_wait": self.push_wait + waits[0],
-                "pop_wait": self.pop_wait + waits[1],
-                "depth_ns": self.depth_ns,
-                "empty": self.empty_ns,
-                "full": self.full_ns,
-                "age_sum": self.age_sum,
-                "min": self.min,
-                "max": self.max,
-            }
-            self.min = self.max = self.depth
-            return out
-
-
 class Auto:
     """The process-wide instrumentation: hooks installed by `install`, a socket served like a
     `Profiler`'s. One per process (`auto()` makes it)."""
@@ -186,7 +106,7 @@ class Auto:
         self._phase_idx: Dict[str, int] = {p: i for i, p in enumerate(self._phases)}
         self._module_phase: Dict[type, int] = {}
         # Top-level modules seen, and steps ended since the last new one: after SETTLE_STEPS,
-        # the global module hooks give way to hooks on these modules (see _install_torch).
+        # the global module hooks give way to hooks on these modules (see auto_torch.install).
         self._tops: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._settled = 0
         self._settle: Optional[Callable[[], None]] = None
@@ -194,7 +114,7 @@ class Auto:
         self._edges: List[Tuple[str, str]] = []
         self._order: List[str] = []
         self._threads: List[_Rec] = []
-        self._queues: List[_QStats] = []
+        self._queues: List[auto_queue._QStats] = []
         self._epoch = 0
         self._closed = threading.Event()
         self._torch: Any = None
@@ -436,54 +356,6 @@ class Auto:
             done.append((end, acc))
         return done
 
-    # -- queues ----------------------------------------------------------------------------------
-
-    def _qstats(self, q: "queue_module.Queue[Any]") -> Optional[_QStats]:
-        st = q.__dict__.get("_dft")
-        if st is None:
-            if q.__dict__.get("_dft_skip"):
-                return None
-            with self._lock:
-                st = q.__dict__.get("_dft")
-                if st is None:
-                    st = q.__dict__["_dft"] = _QStats(q)
-        return st  # type: ignore[no-any-return]
-
-    def _queue_side(self, st: _QStats, r: _Rec, producer: bool) -> None:
-        """Records which stage puts and which takes; a queue between two stages is declared
-        once both are known (and the chain reordered)."""
-        if producer:
-            if st.producer is not None:
-                return
-            st.producer = r.stage
-        else:
-            if st.consumer is not None:
-                return
-            st.consumer = r.stage
-        if st.producer is None or st.consumer is None or st.producer == st.consumer:
-            return
-        with self._lock:
-            st.qid = len(self._queues)
-            self._queues.append(st)
-            self._edges.append((st.producer, st.consumer))
-            self._reorder()
-            self._table_changed()
-            if self._server:
-                n = sum(1 for o in self._queues if o.producer == st.producer)
-                name = "%s>%s" % (st.producer, st.consumer)
-                if n > 1:
-                    name += "#%d" % n
-                self._server.declare(
-                    {
-                        "t": protocol.QUEUE,
-                        "id": st.qid,
-                        "name": name,
-                        "capacity": st.maxsize if st.maxsize > 0 else 1 << 30,
-                        "producer": st.producer,
-                        "consumer": st.consumer,
-                    }
-                )
-
     # -- viewer commands and samples ----------------------------------------------------------------
 
     def _command(self, c: Dict[str, Any]) -> None:
@@ -569,229 +441,15 @@ class Auto:
 
     def install(self) -> None:
         """Installs the queue wraps, and PyTorch's hooks and wraps when torch is importable."""
-        self._install_queue()
+        auto_queue.install(self)
         try:
             import torch  # type: ignore
         except ImportError:
             return
         self._torch = torch
-        self._install_torch(torch)
-
-    def _install_queue(self) -> None:
-        a = self
-        Q = queue_module.Queue
-
-        def wrap_put(orig: Any) -> Any:
-            def put(self: Any, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
-                r = a._rec()
-                st = a._qstats(self) if r is not None else None
-                if st is None or r is None:
-                    return orig(self, item, block, timeout)
-                try:
-                    orig(self, item, False)
-                except queue_module.Full:
-                    if not block:
-                        raise
-                    wait(st, st.pushers, "push_wait", r, a._phase_idx[PUSH_WAIT],
-                         lambda: orig(self, item, True, timeout))
-                a._queue_side(st, r, True)
-                a.step_event(r, _END_PUT)
-
-            return put
-
-        def wrap_get(orig: Any) -> Any:
-            def get(self: Any, block: bool = True, timeout: Optional[float] = None) -> Any:
-                r = a._rec()
-                st = a._qstats(self) if r is not None else None
-                if st is None or r is None:
-                    return orig(self, block, timeout)
-                try:
-                    item = orig(self, False)
-                except queue_module.Empty:
-                    if not block:
-                        raise
-                    item = wait(st, st.poppers, "pop_wait", r, a._phase_idx[POP_WAIT],
-                                lambda: orig(self, True, timeout))
-                a._queue_side(st, r, False)
-                return item
-
-            return get
-
-        def wait(st: _QStats, waiting: List[int], total: str, r: _Rec, k: int,
-                 call: Callable[[], Any]) -> Any:
-            with st.lock:
-                start = _mono()
-                st.advance(start, st.depth)
-                waiting[0] += 1
-                waiting[1] += st.at
-                start = st.at
-            a.enter(r, k)
-            try:
-                return call()
-            finally:
-                a.leave(r)
-                with st.lock:
-                    now = max(_mono(), st.at)
-                    waiting[0] -= 1
-                    waiting[1] -= start
-                    setattr(st, total, getattr(st, total) + now - start)
-
-        def wrap_inner_put(orig: Any) -> Any:
-            def _put(self: Any, item: Any) -> None:
-                orig(self, item)
-                st = self.__dict__.get("_dft")
-                if st is None:
-                    return
-                r = getattr(a._tls, "rec", None)
-                tok = (r.tok_fwd or r.tok_in) if r is not None else 0
-                with st.lock:
-                    now = _mono()
-                    st.items.append((now, tok))
-                    st.advance(now, st.depth + 1)
-                    st.pushes += 1
-
-            return _put
-
-        def wrap_inner_get(orig: Any) -> Any:
-            def _get(self: Any) -> Any:
-                item = orig(self)
-                st = self.__dict__.get("_dft")
-                if st is None:
-                    return item
-                with st.lock:
-                    now = _mono()
-                    stamp, tok = st.items.popleft() if st.items else (now, 0)
-                    st.advance(now, max(0, st.depth - 1))
-                    st.pops += 1
-                    st.age_sum += max(0, now - stamp)
-                r = getattr(a._tls, "rec", None)
-                if r is not None:
-                    r.tok_in += tok
-                return item
-
-            return _get
-
-        self._patch(Q, "put", wrap_put)
-        self._patch(Q, "get", wrap_get)
-        self._patch(Q, "_put", wrap_inner_put)
-        self._patch(Q, "_get", wrap_inner_get)
-
-    def _install_torch(self, torch: Any) -> None:
-        a = self
-        from torch.nn.modules import module as nn_module
-
-        def pre(module: Any, args: Any) -> None:
-            r = a._rec()
-            if r is None:
-                return
-            if r.depth == 0:
-                k = a._module_phase.get(type(module))
-                if k is None:
-                    k = a._module_phase[type(module)] = a._phase(type(module).__name__[:MAX_NAME])
-                    a._settled = 0
-                if module not in a._tops:
-                    a._tops.add(module)
-                    a._settled = 0
-                a.enter(r, k)
-            r.depth += 1
-
-        def post(module: Any, args: Any, kwargs: Any, output: Any = None) -> None:
-            r = a._rec()
-            if r is None or r.depth == 0:
-                return
-            r.depth -= 1
-            if r.depth == 0:
-                a.leave(r)
-                r.tok_fwd += _tokens(torch, args, kwargs)
-                a.step_event(r, _END_FORWARD)
-
-        def settle() -> None:
-            """Once the top-level modules are known, they keep hooks of their own and the
-            global ones go: a global hook sends every module call of the process down
-            PyTorch's slow path (about 5 us a call), an instance hook only the top-level one."""
-            handles = []
-            for m in list(a._tops):
-                handles.append(m.register_forward_pre_hook(pre))
-                handles.append(
-                    m.register_forward_hook(post, with_kwargs=True, always_call=True)
-                )
-            for h in global_handles:
-                h.remove()
-            self._undo += [h.remove for h in handles]
-
-        global_handles = [
-            nn_module.register_module_forward_pre_hook(pre),
-            nn_module.register_module_forward_hook(post, with_kwargs=True, always_call=True),
-        ]
-        self._undo += [h.remove for h in global_handles]
-        self._settle = settle
-
-        def timed(k_name: str, orig: Any) -> Any:
-            k = a._phase_idx[k_name]
-
-            def call(*args: Any, **kwargs: Any) -> Any:
-                r = a._rec()
-                if r is None or r.cur == k:
-                    return orig(*args, **kwargs)
-                a.enter(r, k)
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    a.leave(r)
-
-            call.__wrapped__ = orig  # type: ignore[attr-defined]
-            call.__name__ = getattr(orig, "__name__", k_name)
-            call.__doc__ = getattr(orig, "__doc__", None)
-            return call
-
-        self._patch(torch.Tensor, "backward", lambda o: timed(BACKWARD, o))
-        self._patch(torch.autograd, "backward", lambda o: timed(BACKWARD, o))
-        for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
-            self._patch(owner, "clip_grad_norm_", lambda o: timed(CLIP, o))
-        for name in ("item", "tolist", "cpu", "nonzero"):
-            self._patch(torch.Tensor, name, lambda o: timed(SYNC, o))
-        self._patch(torch, "nonzero", lambda o: timed(SYNC, o))
-        self._patch(torch.cuda, "synchronize", lambda o: timed(SYNC, o))
-        from torch.utils.data import dataloader
-
-        self._patch(dataloader._BaseDataLoaderIter, "__next__", lambda o: timed(DATA_WAIT, o))
-
-        optim_k = self._phase_idx[OPTIM]
-
-        def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
-            r = a._rec()
-            if r is not None:
-                a.enter(r, optim_k)
-
-        def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
-            r = a._rec()
-            if r is None:
-                return
-            a.leave(r)
-            r.opt_steps += 1
-            a.step_event(r, _END_OPTIM)
-
-        from torch.optim import optimizer as optim_module
-
-        h3 = optim_module.register_optimizer_step_pre_hook(opt_pre)
-        h4 = optim_module.register_optimizer_step_post_hook(opt_post)
-        self._undo += [h3.remove, h4.remove]
-
+        auto_torch.install(self, torch)
 
 _COUNTED_IDX = frozenset(BASE_PHASES.index(p) for p in COUNTED)
-
-
-def _tokens(torch: Any, args: Any, kwargs: Any) -> int:
-    """Tokens of a top-level forward: its `input_ids`, else its first integer tensor argument."""
-    t = kwargs.get("input_ids") if kwargs else None
-    if t is None:
-        for x in args or ():
-            if isinstance(x, torch.Tensor):
-                t = x
-                break
-    if isinstance(t, torch.Tensor) and t.dim() >= 1 and not t.is_floating_point():
-        return int(t.numel())
-    return 0
 
 
 _AUTO: Optional[Auto] = None

@@ -1,0 +1,132 @@
+"""Zero-code mode's PyTorch hooks: each top-level module's forward as a phase named by its class,
+`backward`, `clip`, `optim`, host syncs (`sync`) and DataLoader waits (`data_wait`); tokens per
+step from a forward's `input_ids` (python/dflash_top/auto.py installs them)."""
+
+from typing import Any
+
+from .auto_common import (
+    _END_FORWARD,
+    _END_OPTIM,
+    BACKWARD,
+    CLIP,
+    DATA_WAIT,
+    MAX_NAME,
+    OPTIM,
+    SYNC,
+)
+
+
+def install(a: Any, torch: Any) -> None:
+    """PyTorch's hooks and wraps: top-level module forwards by class, backward, clip, optimizer
+    steps, host syncs and DataLoader waits."""
+    from torch.nn.modules import module as nn_module
+
+    def pre(module: Any, args: Any) -> None:
+        r = a._rec()
+        if r is None:
+            return
+        if r.depth == 0:
+            k = a._module_phase.get(type(module))
+            if k is None:
+                k = a._module_phase[type(module)] = a._phase(type(module).__name__[:MAX_NAME])
+                a._settled = 0
+            if module not in a._tops:
+                a._tops.add(module)
+                a._settled = 0
+            a.enter(r, k)
+        r.depth += 1
+
+    def post(module: Any, args: Any, kwargs: Any, output: Any = None) -> None:
+        r = a._rec()
+        if r is None or r.depth == 0:
+            return
+        r.depth -= 1
+        if r.depth == 0:
+            a.leave(r)
+            r.tok_fwd += _tokens(torch, args, kwargs)
+            a.step_event(r, _END_FORWARD)
+
+    def settle() -> None:
+        """Once the top-level modules are known, they keep hooks of their own and the
+        global ones go: a global hook sends every module call of the process down
+        PyTorch's slow path (about 5 us a call), an instance hook only the top-level one."""
+        handles = []
+        for m in list(a._tops):
+            handles.append(m.register_forward_pre_hook(pre))
+            handles.append(
+                m.register_forward_hook(post, with_kwargs=True, always_call=True)
+            )
+        for h in global_handles:
+            h.remove()
+        a._undo += [h.remove for h in handles]
+
+    global_handles = [
+        nn_module.register_module_forward_pre_hook(pre),
+        nn_module.register_module_forward_hook(post, with_kwargs=True, always_call=True),
+    ]
+    a._undo += [h.remove for h in global_handles]
+    a._settle = settle
+
+    def timed(k_name: str, orig: Any) -> Any:
+        k = a._phase_idx[k_name]
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            r = a._rec()
+            if r is None or r.cur == k:
+                return orig(*args, **kwargs)
+            a.enter(r, k)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                a.leave(r)
+
+        call.__wrapped__ = orig  # type: ignore[attr-defined]
+        call.__name__ = getattr(orig, "__name__", k_name)
+        call.__doc__ = getattr(orig, "__doc__", None)
+        return call
+
+    a._patch(torch.Tensor, "backward", lambda o: timed(BACKWARD, o))
+    a._patch(torch.autograd, "backward", lambda o: timed(BACKWARD, o))
+    for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
+        a._patch(owner, "clip_grad_norm_", lambda o: timed(CLIP, o))
+    for name in ("item", "tolist", "cpu", "nonzero"):
+        a._patch(torch.Tensor, name, lambda o: timed(SYNC, o))
+    a._patch(torch, "nonzero", lambda o: timed(SYNC, o))
+    a._patch(torch.cuda, "synchronize", lambda o: timed(SYNC, o))
+    from torch.utils.data import dataloader
+
+    a._patch(dataloader._BaseDataLoaderIter, "__next__", lambda o: timed(DATA_WAIT, o))
+
+    optim_k = a._phase_idx[OPTIM]
+
+    def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
+        r = a._rec()
+        if r is not None:
+            a.enter(r, optim_k)
+
+    def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
+        r = a._rec()
+        if r is None:
+            return
+        a.leave(r)
+        r.opt_steps += 1
+        a.step_event(r, _END_OPTIM)
+
+    from torch.optim import optimizer as optim_module
+
+    h3 = optim_module.register_optimizer_step_pre_hook(opt_pre)
+    h4 = optim_module.register_optimizer_step_post_hook(opt_post)
+    a._undo += [h3.remove, h4.remove]
+
+
+def _tokens(torch: Any, args: Any, kwargs: Any) -> int:
+    """Tokens of a top-level forward: its `input_ids`, else its first integer tensor argument."""
+    t = kwargs.get("input_ids") if kwargs else None
+    if t is None:
+        for x in args or ():
+            if isinstance(x, torch.Tensor):
+                t = x
+                break
+    if isinstance(t, torch.Tensor) and t.dim() >= 1 and not t.is_floating_point():
+        return int(t.numel())
+    return 0
