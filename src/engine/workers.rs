@@ -291,32 +291,30 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     let mut last_saved = step.optimizer.step as u64;
     let mut shape = (0, 0);
     let mut last_loss = None;
-    // Where the run stands after the last batch this worker took (exact with one drafter; with
-    // several, replica 0's view: up to D-1 batches of the others may be seen again or skipped).
-    let save = |optimizer: &AdamW, at: (u64, u64, &Rng, (i64, i64), Option<f32>)| -> Result<()> {
-        let Some(dir) = &save_dir else { return Ok(()) };
-        let (step, data_docs, rng, (seq_len, batch), last_loss) = at;
-        let path = dir.join(format!("step-{step:06}"));
-        let state = TrainerState {
-            step,
-            total_steps: schedule.total_steps(),
-            seed,
-            lr,
-            schedule: Some(schedule),
-            data_docs,
-            anchor_rng: Some(rng.state()),
-            last_loss,
-            seq_len: Some(seq_len),
-            batch: Some(batch),
-            anchors: Some(anchors),
-            anchor_scope: Some(anchor_scope),
-        };
-        checkpoint::save(&path, &spec, &vs, optimizer, &state)?;
-        if let Some(n) = keep {
-            checkpoint::prune(dir, n)?;
-        }
-        telemetry.command(HubCommand::Status(format!("saved {}", path.display())));
-        Ok(())
+    let saver = Saver {
+        dir: save_dir.as_deref(),
+        schedule,
+        seed,
+        lr,
+        anchors,
+        anchor_scope,
+        keep,
+        spec: &spec,
+        vs: &vs,
+        telemetry: &telemetry,
+    };
+    let save = |optimizer: &AdamW, at: (u64, u64, &Rng, (i64, i64), Option<f32>)| {
+        let (step, data_docs, rng, shape, last_loss) = at;
+        saver.save(
+            optimizer,
+            Position {
+                step,
+                data_docs,
+                anchor_rng: rng.state(),
+                shape,
+                last_loss,
+            },
+        )
     };
     let thread = thread_name();
     let mut iteration = 0;
@@ -346,19 +344,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
             counts
                 .truncated_docs
                 .fetch_add(b.truncated, Ordering::Relaxed);
-            let seq = b.seq as usize;
-            let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
-                .map(|r| {
-                    let span = r * seq..(r + 1) * seq;
-                    sample_anchors(
-                        &b.host_doc_ids[span.clone()],
-                        &b.host_loss_mask[span],
-                        anchors as usize,
-                        anchor_scope,
-                        &mut rng,
-                    )
-                })
-                .collect();
+            let per_row = anchors_by_row(&b, anchors, anchor_scope, &mut rng);
             // No label carries loss: no optimizer step, no schedule step; counted.
             let arrival = if per_row.iter().all(Vec::is_empty) {
                 Arrival::Skip
@@ -406,20 +392,7 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                 skipped_total += 1;
                 skipped_run += 1;
             }
-            let mut slot_acc = [0f32; MAX_SLOTS];
-            for (i, a) in out.slot_acc.iter().take(MAX_SLOTS).enumerate() {
-                slot_acc[i] = *a;
-            }
-            let metrics = TrainMetrics {
-                loss: Some(out.loss),
-                tau: Some(out.tau),
-                grad_norm: Some(out.grad_norm),
-                lr: Some(lr_now as f32),
-                slot_acc,
-                block_size: block.min(MAX_SLOTS as i64) as u8,
-                step: step.optimizer.step as u64,
-                skipped_nonfinite: skipped_total,
-            };
+            let metrics = metrics_of(&out, lr_now, block, step.optimizer.step, skipped_total);
             m.end_step(b.tokens(), Some(metrics));
             if skipped_run >= max_nonfinite {
                 anyhow::bail!(
@@ -462,6 +435,113 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
     } else {
         Ok(())
     };
+    ended(outcome, saved)
+}
+
+/// Where the run stands after the last batch a drafter took (exact with one drafter; with
+/// several, replica 0's view: up to D-1 batches of the others may be seen again or skipped).
+struct Position {
+    step: u64,
+    data_docs: u64,
+    anchor_rng: u64,
+    /// (seq_len, batch) of the last batch.
+    shape: (i64, i64),
+    last_loss: Option<f32>,
+}
+
+/// What a drafter's checkpoints hold besides the weights: the run's recipe and schedule.
+struct Saver<'a> {
+    dir: Option<&'a std::path::Path>,
+    schedule: super::schedule::Schedule,
+    seed: u64,
+    lr: f64,
+    anchors: i64,
+    anchor_scope: super::blocks::AnchorScope,
+    keep: Option<usize>,
+    spec: &'a super::config::DrafterSpec,
+    vs: &'a VarStore,
+    telemetry: &'a Telemetry,
+}
+
+impl Saver<'_> {
+    /// Saves `step-N` (nothing without --save-dir), prunes to --keep, says so in the header.
+    fn save(&self, optimizer: &AdamW, at: Position) -> Result<()> {
+        let Some(dir) = self.dir else { return Ok(()) };
+        let path = dir.join(format!("step-{:06}", at.step));
+        let (seq_len, batch) = at.shape;
+        let state = TrainerState {
+            step: at.step,
+            total_steps: self.schedule.total_steps(),
+            seed: self.seed,
+            lr: self.lr,
+            schedule: Some(self.schedule),
+            data_docs: at.data_docs,
+            anchor_rng: Some(at.anchor_rng),
+            last_loss: at.last_loss,
+            seq_len: Some(seq_len),
+            batch: Some(batch),
+            anchors: Some(self.anchors),
+            anchor_scope: Some(self.anchor_scope),
+        };
+        checkpoint::save(&path, self.spec, self.vs, optimizer, &state)?;
+        if let Some(n) = self.keep {
+            checkpoint::prune(dir, n)?;
+        }
+        self.telemetry
+            .command(HubCommand::Status(format!("saved {}", path.display())));
+        Ok(())
+    }
+}
+
+/// Each row's anchors, drawn from its documents and loss mask.
+fn anchors_by_row(
+    b: &PackedBatch,
+    anchors: i64,
+    scope: super::blocks::AnchorScope,
+    rng: &mut Rng,
+) -> Vec<Vec<i64>> {
+    let seq = b.seq as usize;
+    (0..b.rows as usize)
+        .map(|r| {
+            let span = r * seq..(r + 1) * seq;
+            sample_anchors(
+                &b.host_doc_ids[span.clone()],
+                &b.host_loss_mask[span],
+                anchors as usize,
+                scope,
+                rng,
+            )
+        })
+        .collect()
+}
+
+/// A step's numbers for the front-end.
+fn metrics_of(
+    out: &super::drafter_step::StepOutcome,
+    lr_now: f64,
+    block: i64,
+    step: i64,
+    skipped: u64,
+) -> TrainMetrics {
+    let mut slot_acc = [0f32; MAX_SLOTS];
+    for (i, a) in out.slot_acc.iter().take(MAX_SLOTS).enumerate() {
+        slot_acc[i] = *a;
+    }
+    TrainMetrics {
+        loss: Some(out.loss),
+        tau: Some(out.tau),
+        grad_norm: Some(out.grad_norm),
+        lr: Some(lr_now as f32),
+        slot_acc,
+        block_size: block.min(MAX_SLOTS as i64) as u8,
+        step: step as u64,
+        skipped_nonfinite: skipped,
+    }
+}
+
+/// The drafter's result from how its loop ended and how the last save went: a loop error comes
+/// first (with a failed save added), a panic goes on after the save's failure is said.
+fn ended(outcome: std::thread::Result<Result<()>>, saved: Result<()>) -> Result<()> {
     match outcome {
         Ok(Ok(())) => saved,
         Ok(Err(e)) => match saved {
