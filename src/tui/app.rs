@@ -55,6 +55,8 @@ pub struct App {
     pub run_info: RunInfo,
     /// The run ended: its summary (the panel), and the screen stays at its last snapshot.
     pub summary: Option<Summary>,
+    /// Since when (the run's clock, s) the snapshots say profiling is off; None while it is on.
+    pub profiling_off_since: Option<f64>,
 }
 
 impl Default for App {
@@ -85,6 +87,7 @@ impl App {
             finished: false,
             run_info: RunInfo::default(),
             summary: None,
+            profiling_off_since: None,
         }
     }
 
@@ -177,6 +180,12 @@ impl App {
                     .unwrap_or(-1.0)
                     .total_cmp(&a.cpu_pct.unwrap_or(-1.0))
             }),
+            // Profiling off marks no phase: the kernel's state says who waits (asleep, I/O).
+            Sort::State if !snap.profiling => v.sort_by_key(|t| match (t.state, t.os_state) {
+                (ThreadState::Exited, _) => 2,
+                (_, Some('S' | 'D')) => 0,
+                _ => 1,
+            }),
             Sort::State => v.sort_by_key(|t| match t.state {
                 ThreadState::Waiting => 0,
                 ThreadState::Working => 1,
@@ -256,6 +265,10 @@ impl App {
         if let Some(prev) = &self.latest {
             self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
         }
+        self.profiling_off_since = match (s.profiling, self.profiling_off_since) {
+            (true, _) => None,
+            (false, since) => Some(since.unwrap_or(s.elapsed_s)),
+        };
         self.history.record(&s);
         self.latest = Some(s);
     }

@@ -38,6 +38,19 @@ impl Ctx<'_> {
             Window::Run => t.run,
         }
     }
+
+    /// `profiling off since 00:01:12` (the run's clock, as the header's elapsed time) when the
+    /// shown snapshot says profiling is off: phase times stop, steps and CPU go on.
+    pub fn profiling_off(&self) -> Option<String> {
+        if self.app.shown().is_none() || self.snap.profiling {
+            return None;
+        }
+        let since = self.app.profiling_off_since.unwrap_or(self.snap.elapsed_s);
+        Some(format!(
+            "profiling off since {}",
+            panels::header::fmt_elapsed(since)
+        ))
+    }
 }
 
 pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {

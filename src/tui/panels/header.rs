@@ -2,6 +2,7 @@
 //! verdict, dropped records and what the profiler costs.
 
 use super::super::view::Ctx;
+use crate::telemetry::queue_view::verdict_inputs;
 use crate::telemetry::verdict::Verdict;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
@@ -34,6 +35,11 @@ fn drops_detail(spans: u64, snapshots: u64) -> String {
         out.push_str(&format!(" +{snapshots} snaps"));
     }
     out
+}
+
+/// A verdict judged from wait times (not a fact of the run: paused, stalled, warming up).
+fn is_judged(v: Verdict) -> bool {
+    !matches!(v, Verdict::Paused | Verdict::Stalled | Verdict::Warmup)
 }
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
@@ -106,6 +112,18 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         // The run is over: what was in force at its end no longer is.
         _ if c.app.summary.is_some() => ("finished".to_string(), t.ok()),
         (Verdict::Stalled, Some(what)) => (format!("stalled: {what}"), verdict_style),
+        // Profiling off: the queues' wait times still come in (they are the queues' own), the
+        // threads' phases do not; with no queue between known stages there is nothing to judge.
+        (v, _) if c.profiling_off().is_some() && is_judged(*v) => {
+            if verdict_inputs(&s.queues).chain.is_empty() {
+                (
+                    "verdict unknown: profiling off, no queues to judge by".to_string(),
+                    t.dim(),
+                )
+            } else {
+                (format!("{} (queues only)", v.text()), verdict_style)
+            }
+        }
         (v, _) => (v.text().to_string(), verdict_style),
     };
     line2.push(Span::styled(verdict, verdict_style));
