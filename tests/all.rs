@@ -14,6 +14,7 @@ mod probes;
 mod quality;
 mod reference;
 mod reliability;
+mod replay;
 mod runs;
 mod screens;
 mod support;

@@ -211,6 +211,7 @@ const REPLAY: Badges = Badges {
     gpu_timing: dflash_top::telemetry::GpuTiming::Async,
     paused: false,
     live: false,
+    replay: None,
 };
 
 #[test]

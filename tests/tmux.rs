@@ -195,9 +195,15 @@ fn a_recording_replays_in_the_tui() {
         rec.display()
     );
     let s = Session::start(name, &cmd);
-    s.wait_for("the replay badge and the last step", |x| {
-        x.contains("REPLAY") && x.contains("step 10 ")
+    s.wait_for("the replay badge, the last step and the end mark", |x| {
+        x.contains("REPLAY") && x.contains("step 10 ") && x.contains("■ end of recording")
     });
+    // `<` seeks back from the end: the summary goes, the replay plays on to its end again.
+    s.keys("<");
+    s.wait_for("the seek", |x| {
+        x.contains("seeking to t=0:00") && !x.contains("■ end of recording")
+    });
+    s.wait_for("the end again", |x| x.contains("■ end of recording"));
     // The trace file is the durable effect of `e` (the note is covered in tests/tui.rs).
     s.keys("e");
     let start = std::time::Instant::now();
@@ -222,6 +228,8 @@ fn a_recording_replays_in_the_tui() {
     s.keys("q");
     let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
     assert!(after.contains("EXITED=0"), "{after}");
+    // At its end, the same summary line as a finished live run.
+    assert!(after.contains("summary: step=10 "), "{after}");
     let traces: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(|e| e.ok())

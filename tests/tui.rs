@@ -219,6 +219,7 @@ pub const LIVE: Badges = Badges {
     gpu_timing: GpuTiming::Async,
     paused: false,
     live: true,
+    replay: None,
 };
 
 #[test]

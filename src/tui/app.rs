@@ -57,6 +57,8 @@ pub struct App {
     pub summary: Option<Summary>,
     /// Since when (the run's clock, s) the snapshots say profiling is off; None while it is on.
     pub profiling_off_since: Option<f64>,
+    /// The snapshots come from a replay: a jump in time is a seek, not snapshots missed.
+    pub replay: bool,
 }
 
 impl Default for App {
@@ -88,6 +90,7 @@ impl App {
             run_info: RunInfo::default(),
             summary: None,
             profiling_off_since: None,
+            replay: false,
         }
     }
 
@@ -263,7 +266,13 @@ impl App {
             self.note = None;
         }
         if let Some(prev) = &self.latest {
-            self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
+            if !self.replay {
+                self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
+            } else if s.now_ns < prev.now_ns {
+                // A replay sought back: what was kept is from later on.
+                self.history = History::default();
+                self.profiling_off_since = None;
+            }
         }
         self.profiling_off_since = match (s.profiling, self.profiling_off_since) {
             (true, _) => None,
@@ -312,6 +321,38 @@ impl App {
                     self.note = Some(format!("GPU timing: {}", mode.name()));
                 }
             }
+            Action::TogglePause if ctl.replay().is_some() => {
+                let p = !ctl.paused();
+                ctl.set_paused(p);
+                self.note = Some(if p { "replay paused" } else { "replay playing" }.into());
+            }
+            Action::SeekBack | Action::SeekForward => {
+                let delta = match action {
+                    Action::SeekBack => -crate::wire::replay::SEEK_STEP_S,
+                    _ => crate::wire::replay::SEEK_STEP_S,
+                };
+                match ctl.seek(delta) {
+                    Some(to) => {
+                        // A seek leaves the end (if it was there): the run is not over on screen.
+                        self.summary = None;
+                        self.finished = false;
+                        self.frozen = None;
+                        self.pan_ns = 0;
+                        self.note = Some(format!("seeking to t={}", fmt_clock(to)));
+                    }
+                    None => {
+                        self.note = Some("seeking is for replays: a live run has no later".into())
+                    }
+                }
+            }
+            Action::Slower | Action::Faster => match ctl.replay() {
+                Some(pos) => {
+                    let speed = pos.speed.step(action == Action::Faster);
+                    ctl.set_speed(speed);
+                    self.note = Some(format!("replay speed {}", speed.name()));
+                }
+                None => self.note = Some("speed is for replays: a live run goes at its own".into()),
+            },
             Action::TogglePause => {
                 if engine_only(self) {
                     let p = !ctl.paused();
@@ -428,6 +469,16 @@ impl App {
                 self.note = Some(format!("phase window: {}", self.window.name()));
             }
         }
+    }
+}
+
+/// `1:12`, `1:02:03`: a replay's position.
+pub fn fmt_clock(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
     }
 }
 

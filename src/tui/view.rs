@@ -20,6 +20,8 @@ pub struct Badges {
     pub gpu_timing: GpuTiming,
     pub paused: bool,
     pub live: bool,
+    /// A replay's position bar (None: live, or a replay nobody steers).
+    pub replay: Option<crate::wire::replay::ReplayPos>,
 }
 
 /// What every panel renders from.
@@ -72,7 +74,10 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
         theme,
         badges,
     };
-    let [header, body] = Layout::vertical([Constraint::Length(3), Constraint::Min(0)]).areas(area);
+    // A replay's header has a fourth row: the position bar.
+    let header_h = if badges.replay.is_some() { 4 } else { 3 };
+    let [header, body] =
+        Layout::vertical([Constraint::Length(header_h), Constraint::Min(0)]).areas(area);
     panels::header::render(f, header, &c);
     match app.view {
         View::Overview => overview(f, body, &c),

@@ -4,6 +4,8 @@
 use super::super::view::Ctx;
 use crate::telemetry::queue_view::verdict_inputs;
 use crate::telemetry::verdict::Verdict;
+use crate::tui::app::fmt_clock;
+use crate::wire::replay::ReplayPos;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
@@ -149,5 +151,52 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         t.dim(),
     ));
     let help = Line::from(spans);
-    f.render_widget(Paragraph::new(vec![line1, line2, help]), area);
+    let mut lines = vec![line1, line2, help];
+    if let Some(pos) = c.badges.replay {
+        lines.push(position_line(&pos, area.width, c));
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// A replay's position bar: `▶ 2x  t=1:12 / 5:00  ━━━━━●────  space pause · …`; at the end
+/// of the recording, a mark that says so.
+pub fn position_line(pos: &ReplayPos, width: u16, c: &Ctx) -> Line<'static> {
+    let t = c.theme;
+    let ended = pos.at_end || c.app.summary.is_some();
+    let (state, style) = if ended {
+        ("■ end of recording".to_string(), t.alert())
+    } else if pos.paused {
+        (format!("‖ paused {}", pos.speed.name()), t.alert())
+    } else {
+        (format!("▶ {}", pos.speed.name()), t.ok())
+    };
+    let at = if ended {
+        pos.duration_s
+    } else {
+        pos.position_s
+    };
+    let clock = format!(
+        "  t={} / {}  ",
+        fmt_clock(at.min(pos.duration_s)),
+        fmt_clock(pos.duration_s)
+    );
+    let keys = if ended {
+        "  < ← seek back · q leaves"
+    } else {
+        "  space pause · < > ← → seek 10 s · , . speed"
+    };
+    let used = (state.chars().count() + clock.chars().count() + keys.chars().count()) as u16;
+    let bar_w = width.saturating_sub(used).clamp(10, 60) as usize;
+    let done = if pos.duration_s > 0.0 {
+        ((at / pos.duration_s).clamp(0.0, 1.0) * bar_w as f64).round() as usize
+    } else {
+        bar_w
+    };
+    Line::from(vec![
+        Span::styled(state, style.add_modifier(ratatui::style::Modifier::BOLD)),
+        Span::raw(clock),
+        Span::styled("━".repeat(done), t.bold()),
+        Span::styled("─".repeat(bar_w - done), t.dim()),
+        Span::styled(keys, t.dim()),
+    ])
 }

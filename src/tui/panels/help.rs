@@ -6,7 +6,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};
 use ratatui::Frame;
 
-pub const KEYS: [(&str, &str); 18] = [
+pub const KEYS: [(&str, &str); 20] = [
     (
         "p",
         "profiling on/off (steps, tokens and loss are always counted)",
@@ -15,7 +15,7 @@ pub const KEYS: [(&str, &str); 18] = [
         "g",
         "GPU timing: async (host wall) / events (device time) / sync (stream synced)",
     ),
-    ("space", "pause / resume training"),
+    ("space", "pause / resume training (a replay: its playback)"),
     ("f", "freeze / unfreeze the display"),
     ("r", "reset the rolling windows"),
     ("w", "phase window: 1s / 10s / run"),
@@ -39,6 +39,11 @@ pub const KEYS: [(&str, &str); 18] = [
         "+ - [ ]",
         "timeline: zoom in / out, pan earlier / later (freezes)",
     ),
+    (
+        "< > ← →",
+        "replay: seek 10 s back / forward (arrows: views when live)",
+    ),
+    (", .", "replay: slower / faster (1x 2x 4x max)"),
     ("?", "this help"),
     (
         "q",
