@@ -227,6 +227,7 @@ pub(crate) fn run_front_end(
     app.keys = ui.keys;
     app.run_info = info;
     app.replay = ctl.replay().is_some();
+    app.attached = ctl.attached();
     let result = tui::run_loop(
         &mut term, &mut app, ctl, snapshots, &input, finished, ui.theme,
     );

@@ -40,6 +40,8 @@ pub struct EngineControls {
     pub can_save: bool,
     /// The engine is another process this viewer is attached to: quitting detaches.
     pub attached: bool,
+    /// What the header says of it: `attached to PID 1234 (python) since 14:03:12`.
+    pub attached_label: Option<String>,
     asked: std::sync::Mutex<Asked>,
 }
 
@@ -58,6 +60,7 @@ impl EngineControls {
             telemetry: telemetry.clone(),
             can_save,
             attached: false,
+            attached_label: None,
             asked: Default::default(),
         }
     }
@@ -115,6 +118,9 @@ impl Controls for EngineControls {
     }
     fn quit_stops_run(&self) -> bool {
         !self.attached
+    }
+    fn attached(&self) -> Option<String> {
+        self.attached_label.clone().filter(|_| self.attached)
     }
 }
 

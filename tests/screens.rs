@@ -717,3 +717,22 @@ fn profiling_off_shows_kernel_states_and_says_since_when_instead_of_zeros() {
         }
     }
 }
+
+/// An attached viewer: a fourth header row names the watched process, since when, and that `q`
+/// only detaches.
+#[test]
+fn an_attached_viewer_says_whom_it_watches_and_that_q_detaches() {
+    let mut app = app_of(vec![starved_snapshot()]);
+    app.attached = Some("attached to PID 4242 (python) since 14:03:12".into());
+    let s = screen(&app, 100, 30, Theme::from_color(false), LIVE);
+    let row = s.lines().nth(3).unwrap();
+    assert_eq!(
+        row,
+        "⇄ attached to PID 4242 (python) since 14:03:12; q detaches (the run goes on)"
+    );
+    insta::assert_snapshot!("attached_1_overview_100x30", s);
+    // Once the watched run ended, q only leaves.
+    app.finished = true;
+    let s = screen(&app, 100, 30, Theme::from_color(false), LIVE);
+    assert!(s.lines().nth(3).unwrap().ends_with("; q leaves"), "{s}");
+}

@@ -59,6 +59,8 @@ pub struct App {
     pub profiling_off_since: Option<f64>,
     /// The snapshots come from a replay: a jump in time is a seek, not snapshots missed.
     pub replay: bool,
+    /// Watching another process: the header's fourth row says which, since when.
+    pub attached: Option<String>,
 }
 
 impl Default for App {
@@ -91,6 +93,7 @@ impl App {
             summary: None,
             profiling_off_since: None,
             replay: false,
+            attached: None,
         }
     }
 

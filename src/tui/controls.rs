@@ -30,4 +30,8 @@ pub trait Controls {
         None
     }
     fn set_speed(&self, _speed: Speed) {}
+    /// Watching another process: `attached to PID 1234 (python) since 14:03:12`.
+    fn attached(&self) -> Option<String> {
+        None
+    }
 }

@@ -74,8 +74,13 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
         theme,
         badges,
     };
-    // A replay's header has a fourth row: the position bar.
-    let header_h = if badges.replay.is_some() { 4 } else { 3 };
+    // A replay's header has a fourth row, the position bar; an attached viewer's, what it
+    // watches.
+    let header_h = if badges.replay.is_some() || app.attached.is_some() {
+        4
+    } else {
+        3
+    };
     let [header, body] =
         Layout::vertical([Constraint::Length(header_h), Constraint::Min(0)]).areas(area);
     panels::header::render(f, header, &c);

@@ -154,6 +154,20 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let mut lines = vec![line1, line2, help];
     if let Some(pos) = c.badges.replay {
         lines.push(position_line(&pos, area.width, c));
+    } else if let Some(who) = &c.app.attached {
+        let ended = c.app.finished;
+        lines.push(Line::from(vec![
+            Span::styled("⇄ ", t.ok()),
+            Span::styled(who.clone(), t.bold()),
+            Span::styled(
+                if ended {
+                    "; q leaves".to_string()
+                } else {
+                    "; q detaches (the run goes on)".to_string()
+                },
+                t.dim(),
+            ),
+        ]));
     }
     f.render_widget(Paragraph::new(lines), area);
 }
