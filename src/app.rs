@@ -166,9 +166,17 @@ pub(crate) fn signal_exit() -> ExitCode {
 
 fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     use crate::tui::{terminal, EngineControls};
+    // Keys typed while the run starts (the model loads) neither echo over the shell nor reach
+    // the screen; the echo comes back on every way out.
+    let _hushed = terminal::hush_input();
     let cfg = RunConfig::from_args(args)?;
     // Before any worker starts: a panic in any thread, from now on, restores the terminal.
     terminal::install_panic_hook();
+    if let Some(file) = crate::fault::arg("hold_start") {
+        while !std::path::Path::new(file).exists() && !crate::signals::requested() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     // A bad UI config is a sentence before any worker starts (the front-end reads it again).
     crate::tui::config::load()?;
     let session = Session::start(&cfg)?;

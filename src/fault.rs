@@ -14,6 +14,8 @@
 //! - `panic:ROLE`, `error:ROLE`, `oom:ROLE`: the first worker of that role (`loader`, `target`,
 //!   `drafter`) panics, returns an error, or returns libtorch's CUDA out-of-memory message, at
 //!   its third iteration.
+//! - `hold_start:FILE`: `train`'s TUI waits before starting its run until FILE exists (keys typed
+//!   while a run starts, at a pace the test sets).
 
 use std::sync::OnceLock;
 

@@ -418,3 +418,47 @@ fn a_run_that_ends_says_finished_and_prints_its_summary_on_exit() {
         "{flat}"
     );
 }
+
+/// Keys typed while the run starts (before the screen is taken) are not echoed over the shell,
+/// do not reach the screen, and are not left for the shell after exit.
+#[test]
+fn keys_typed_while_starting_never_reach_the_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let name = format!("dflash-early-{}", std::process::id());
+    let cmd = format!(
+        "DFLASH_TOP_FAULT=hold_start:{} {} train --steps 100000; echo EXITED=$?; \
+         read -t 2 -n 64 LEFT; echo \"LEFT=[$LEFT]\"; sleep 600",
+        go.display(),
+        env!("CARGO_BIN_EXE_dflash-top"),
+    );
+    let s = Session::start(name, &cmd);
+    let tty = s.display("#{pane_tty}");
+    let stty = || {
+        let o = Command::new("stty")
+            .args(["-a", "-F", &tty])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    // The run is starting (held there until `go` exists): the echo is off, the line discipline
+    // still cooked (the screen is not taken yet).
+    crate::support::wait_until("the starting run to turn the echo off", || {
+        let t = stty();
+        t.contains(" -echo ") && t.contains(" icanon ")
+    });
+    // A `q` among them would arm the quit question, were it read.
+    s.keys("xyq");
+    std::fs::write(&go, "").unwrap();
+    s.wait_for("the TUI", |x| x.contains("RUNNING"));
+    s.keys("q");
+    s.keys("q");
+    let after = s.wait_for("the shell's read", |x| x.contains("LEFT=["));
+    assert!(after.contains("EXITED=0"), "{after}");
+    assert!(
+        after.contains("LEFT=[]"),
+        "keys left for the shell: {after}"
+    );
+    assert!(!after.contains("xyq"), "keys echoed: {after}");
+    assert!(!stty().contains(" -echo "), "the echo is back");
+}

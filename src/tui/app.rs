@@ -317,6 +317,10 @@ impl App {
                     self.note = Some(format!("profiling {}", if on { "on" } else { "off" }));
                 }
             }
+            // No GPU worker: the modes mean nothing (the badge and the help leave `g` out).
+            Action::CycleGpuTiming if self.shown().is_some_and(|s| s.gpu_timing.is_none()) => {
+                self.note = Some("no GPU worker here: GPU timing modes do not apply".into());
+            }
             Action::CycleGpuTiming => {
                 if engine_only(self) {
                     let mode = ctl.gpu_timing().next();
@@ -385,9 +389,16 @@ impl App {
                     .into(),
                 );
             }
-            Action::ResetWindows => {
+            Action::ResetWindows if ctl.live() => {
                 ctl.reset_windows();
-                self.note = Some("windows reset".into());
+                self.note = Some(
+                    "reset: the 1s and 10s windows, the run window's phase times, the verdict \
+                     (the run's steps and tokens kept)"
+                        .into(),
+                );
+            }
+            Action::ResetWindows => {
+                self.note = Some("replay: the windows are the recording's; r resets none".into());
             }
             Action::Checkpoint => {
                 if engine_only(self) {
@@ -453,15 +464,23 @@ impl App {
             Action::PanBack | Action::PanForward => {
                 self.freeze();
                 let step = self.time_span().width_ns / 4;
+                let was = self.pan_ns;
                 self.pan_ns = if action == Action::PanBack {
                     (self.pan_ns + step).min(self.max_pan_ns())
                 } else {
                     self.pan_ns.saturating_sub(step)
                 };
-                self.note = Some(format!(
-                    "timeline ends {:.2} s before the frozen time (f: live)",
-                    self.pan_ns as f64 / 1e9
-                ));
+                self.note = Some(match (action, self.pan_ns == was) {
+                    (Action::PanBack, true) => format!(
+                        "timeline: no earlier history (the last {} s of steps are kept)",
+                        super::history::TRACE_SECONDS
+                    ),
+                    (_, true) => "timeline: already at the frozen time (f: live)".to_string(),
+                    _ => format!(
+                        "timeline ends {:.2} s before the frozen time (f: live)",
+                        self.pan_ns as f64 / 1e9
+                    ),
+                });
             }
             Action::CycleWindow => {
                 self.window = match self.window {

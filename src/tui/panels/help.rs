@@ -17,7 +17,10 @@ pub const KEYS: [(&str, &str); 20] = [
     ),
     ("space", "pause / resume training (a replay: its playback)"),
     ("f", "freeze / unfreeze the display"),
-    ("r", "reset the rolling windows"),
+    (
+        "r",
+        "reset the 1s/10s windows, the run window's phase times, the verdict",
+    ),
     ("w", "phase window: 1s / 10s / run"),
     ("c", "save a checkpoint now (needs --save-dir)"),
     (
@@ -63,8 +66,10 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         width: w,
         height: h,
     };
-    let mut lines: Vec<Line> = KEYS
-        .iter()
+    // No GPU worker: `g` does nothing there, so it is not listed.
+    let no_gpu = c.snap.gpu_timing.is_none();
+    let keys = KEYS.iter().filter(|(k, _)| !(no_gpu && *k == "g"));
+    let mut lines: Vec<Line> = keys
         .map(|(k, d)| Line::from(format!(" {k:>7}  {d}")))
         .collect();
     for (k, action) in &c.app.keys.described {
