@@ -133,6 +133,7 @@ fn render_frame(c: &mut Criterion) {
         gpu_timing: dflash_top::telemetry::GpuTiming::Async,
         paused: false,
         live: true,
+        replay: None,
     };
     let mut g = c.benchmark_group("render_frame");
     for n in [8usize, 64] {

@@ -171,9 +171,17 @@ pub(crate) fn signal_exit() -> ExitCode {
 
 fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     use crate::tui::{terminal, EngineControls};
+    // Keys typed while the run starts (the model loads) neither echo over the shell nor reach
+    // the screen; the echo comes back on every way out.
+    let _hushed = terminal::hush_input();
     let cfg = RunConfig::from_args(args)?;
     // Before any worker starts: a panic in any thread, from now on, restores the terminal.
     terminal::install_panic_hook();
+    if let Some(file) = crate::fault::arg("hold_start") {
+        while !std::path::Path::new(file).exists() && !crate::signals::requested() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     // A bad UI config is a sentence before any worker starts (the front-end reads it again).
     crate::tui::config::load()?;
     let session = Session::start(&cfg)?;
@@ -231,6 +239,8 @@ pub(crate) fn run_front_end(
     let mut app = App::new();
     app.keys = ui.keys;
     app.run_info = info;
+    app.replay = ctl.replay().is_some();
+    app.attached = ctl.attached();
     let result = tui::run_loop(
         &mut term, &mut app, ctl, snapshots, &input, finished, ui.theme,
     );
@@ -292,74 +302,37 @@ fn export(file: &std::path::Path, out: &std::path::Path, seconds: Option<f64>) -
     Ok(ExitCode::SUCCESS)
 }
 
-/// `dflash-top replay FILE`: the recorded run in the same TUI, at its recorded pace.
+/// `dflash-top replay FILE`: the recorded run in the same TUI, steered: space pauses, `<` `>`
+/// and the arrows seek by 10 s, `,` `.` set the speed; at the end of the recording, its summary
+/// (on screen, and on exit as after a live run).
 fn replay(file: &std::path::Path) -> Result<ExitCode> {
-    use crate::tui::{terminal, ReplayControls};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    let snaps = match recording::read(file)? {
-        Recording::Frames(msgs) => return replay_frames(msgs),
-        Recording::Snapshots(snaps) => snaps,
-    };
+    use crate::tui::{terminal, PlayerControls};
+    use crate::wire::replay::{Player, Source};
+    let source = Source::new(recording::read(file)?)?;
     terminal::install_panic_hook();
-    let (tx, rx) = crossbeam_channel::bounded(2);
-    let done = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let feeder = {
-        let (done, stop) = (done.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name("replay".into())
-            .spawn(move || {
-                let mut prev: Option<f64> = None;
-                for s in snaps {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    if let Some(p) = prev {
-                        std::thread::sleep(Duration::from_secs_f64(
-                            (s.elapsed_s - p).clamp(0.0, 1.0),
-                        ));
-                    }
-                    prev = Some(s.elapsed_s);
-                    if tx.send(Arc::new(s)).is_err() {
-                        break;
-                    }
-                }
-                done.store(true, Ordering::SeqCst);
-            })?
-    };
+    let player = Player::start(source)?;
+    let ctl = PlayerControls { player: &player };
     let finished = || {
-        if done.load(Ordering::SeqCst) {
-            End::run("replay finished: press q to leave")
-        } else {
-            None
-        }
+        player.pos().at_end.then(|| End {
+            note: "end of recording: < or ← seeks back, q leaves".into(),
+            run_ended: true,
+        })
     };
-    let shown = run_front_end(&ReplayControls, &rx, &finished, RunInfo::default());
-    stop.store(true, Ordering::Relaxed);
-    drop(rx);
-    let _ = feeder.join();
-    shown?;
-    Ok(signal_exit())
-}
-
-/// A recording of the frame stream, through a local hub at its recorded pace.
-fn replay_frames(msgs: Vec<crate::wire::protocol::Msg>) -> Result<ExitCode> {
-    use crate::tui::{terminal, ReplayControls};
-    use std::sync::atomic::Ordering;
-    terminal::install_panic_hook();
-    let player = recording::Player::start(msgs)?;
-    let snapshots = player.telemetry.subscribe();
-    let done = player.done.clone();
-    let finished = || {
-        if done.load(Ordering::SeqCst) {
-            End::run("replay finished: press q to leave")
-        } else {
-            None
-        }
+    let info = RunInfo {
+        recording: Some(file.to_path_buf()),
+        ..RunInfo::default()
     };
-    let shown = run_front_end(&ReplayControls, &snapshots, &finished, RunInfo::default());
+    let shown = run_front_end(&ctl, &player.snapshots, &finished, info.clone());
+    let pos = player.pos();
     player.stop();
-    shown?;
+    let last = shown?;
+    match last {
+        Some(s) if pos.at_end => println!("{}", Summary::of(&s, &info).line()),
+        _ => println!(
+            "replay left at t={} / {}",
+            crate::tui::app::fmt_clock(pos.position_s),
+            crate::tui::app::fmt_clock(pos.duration_s)
+        ),
+    }
     Ok(signal_exit())
 }

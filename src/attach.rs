@@ -3,8 +3,7 @@
 //! --headless`). Leaving detaches: the watched run goes on.
 
 use crate::cli::AttachArgs;
-use crate::telemetry::HubCommand;
-use crate::wire::attach::{list_text, resolve, sessions, Attached};
+use crate::wire::attach::{list_text, local_hms, resolve, sessions, Attached};
 use crate::wire::serve::socket_dir;
 use anyhow::{bail, Result};
 use std::process::ExitCode;
@@ -35,9 +34,15 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         session.hello.program,
         path.display()
     );
-    session
-        .telemetry
-        .command(HubCommand::Status(format!("attached to {who}")));
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let label = format!(
+        "attached to PID {} ({}) since {}",
+        session.hello.pid,
+        session.hello.program,
+        local_hms(since)
+    );
     let deadline = args
         .seconds
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
@@ -45,7 +50,7 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         headless(&session, &who, args.interval, deadline);
         Ok(())
     } else {
-        tui(&session, deadline)
+        tui(&session, deadline, label)
     };
     let reason = session.end_reason();
     session.detach();
@@ -75,12 +80,13 @@ fn headless(session: &Attached, who: &str, interval: f64, deadline: Option<Insta
     }
 }
 
-fn tui(session: &Attached, deadline: Option<Instant>) -> Result<()> {
+fn tui(session: &Attached, deadline: Option<Instant>, label: String) -> Result<()> {
     use crate::tui::{terminal, EngineControls};
     terminal::install_panic_hook();
     let snapshots = session.telemetry.subscribe();
     let mut ctl = EngineControls::new(&session.telemetry, session.hello.can_save);
     ctl.attached = true;
+    ctl.attached_label = Some(label);
     let finished = || {
         if session.ended.load(Ordering::SeqCst) {
             let why = session.end_reason().unwrap_or_default();

@@ -16,6 +16,8 @@
 //!   its third iteration.
 //! - `panic_at_start:THREAD`: the worker thread of that name (`drafter-0`) panics as it starts
 //!   (the tests of the terminal's restore path).
+//! - `hold_start:FILE`: `train`'s TUI waits before starting its run until FILE exists (keys typed
+//!   while a run starts, at a pace the test sets).
 
 use std::sync::OnceLock;
 

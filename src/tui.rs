@@ -40,6 +40,8 @@ pub struct EngineControls {
     pub can_save: bool,
     /// The engine is another process this viewer is attached to: quitting detaches.
     pub attached: bool,
+    /// What the header says of it: `attached to PID 1234 (python) since 14:03:12`.
+    pub attached_label: Option<String>,
     asked: std::sync::Mutex<Asked>,
 }
 
@@ -58,6 +60,7 @@ impl EngineControls {
             telemetry: telemetry.clone(),
             can_save,
             attached: false,
+            attached_label: None,
             asked: Default::default(),
         }
     }
@@ -116,6 +119,9 @@ impl Controls for EngineControls {
     fn quit_stops_run(&self) -> bool {
         !self.attached
     }
+    fn attached(&self) -> Option<String> {
+        self.attached_label.clone().filter(|_| self.attached)
+    }
 }
 
 /// A replay's controls: nothing reaches an engine; the badges show what the recording says.
@@ -141,6 +147,45 @@ impl Controls for ReplayControls {
     }
     fn live(&self) -> bool {
         false
+    }
+}
+
+/// A recording played by a `Player`: space pauses it, `<` `>` and the arrows seek, `,` `.` set
+/// its speed; nothing reaches an engine.
+pub struct PlayerControls<'a> {
+    pub player: &'a crate::wire::replay::Player,
+}
+
+impl Controls for PlayerControls<'_> {
+    fn profiling(&self) -> bool {
+        true
+    }
+    fn set_profiling(&self, _: bool) {}
+    fn gpu_timing(&self) -> GpuTiming {
+        GpuTiming::Async
+    }
+    fn set_gpu_timing(&self, _: GpuTiming) {}
+    fn paused(&self) -> bool {
+        self.player.pos().paused
+    }
+    fn set_paused(&self, paused: bool) {
+        self.player.set_paused(paused)
+    }
+    fn reset_windows(&self) {}
+    fn checkpoint(&self) -> Result<(), String> {
+        Err("replay: no engine to checkpoint".into())
+    }
+    fn live(&self) -> bool {
+        false
+    }
+    fn replay(&self) -> Option<crate::wire::replay::ReplayPos> {
+        Some(self.player.pos())
+    }
+    fn seek(&self, delta_s: f64) -> Option<f64> {
+        Some(self.player.seek_by(delta_s))
+    }
+    fn set_speed(&self, speed: crate::wire::replay::Speed) {
+        self.player.set_speed(speed)
     }
 }
 
@@ -176,12 +221,14 @@ pub fn badges(ctl: &dyn Controls, app: &App) -> Badges {
             gpu_timing: s.gpu_timing.unwrap_or(GpuTiming::Async),
             paused: s.paused,
             live: false,
+            replay: ctl.replay(),
         },
         None => Badges {
             profiling: ctl.profiling(),
             gpu_timing: ctl.gpu_timing(),
             paused: ctl.paused(),
             live: ctl.live(),
+            replay: ctl.replay(),
         },
     }
 }
@@ -226,7 +273,6 @@ where
     let mut feed = snapshots.clone();
     let mut dirty = true;
     let mut last_draw = Instant::now() - FRAME;
-    let mut finished_note = false;
     // A signal (SIGINT/SIGTERM/SIGHUP) quits like `q`; the ticker wakes the loop to see it.
     while !app.quit && !terminal::PANICKED.load(Ordering::SeqCst) && !crate::signals::requested() {
         if dirty && last_draw.elapsed() >= FRAME / 4 {
@@ -241,7 +287,8 @@ where
             },
             recv(input) -> e => match e {
                 Ok(Event::Key(k)) => {
-                    if let Some(a) = app.keys.action(k) {
+                    let replay = ctl.replay().is_some();
+                    if let Some(a) = app.keys.action(k).map(|a| keys::in_replay(k, a, replay)) {
                         app.update(a, ctl);
                         // Draw now: a key shows its effect within one frame.
                         term.draw(|f| view::draw(f, app, theme, badges(ctl, app)))?;
@@ -262,14 +309,14 @@ where
             },
             recv(ticker) -> _ => {
                 dirty = true;
-                if !finished_note {
+                // Once: a replay seeking back from its end clears `finished`, and ends again.
+                if !app.finished {
                     if let Some(end) = finished() {
                         app.note = Some(end.note);
                         app.finished = true;
                         if end.run_ended {
                             app.end_run();
                         }
-                        finished_note = true;
                     }
                 }
             },

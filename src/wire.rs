@@ -8,4 +8,5 @@ pub mod fanout;
 pub mod mirror;
 pub mod protocol;
 pub mod recording;
+pub mod replay;
 pub mod serve;

@@ -15,6 +15,7 @@ mod probes;
 mod quality;
 mod reference;
 mod reliability;
+mod replay;
 mod runs;
 mod screens;
 mod support;

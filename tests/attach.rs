@@ -376,7 +376,10 @@ fn the_tui_attaches_its_keys_reach_the_pipeline_and_q_detaches() {
         &cmd,
     );
     s.wait_for("the pipeline's threads and the attached note", |x| {
-        x.contains("producer") && x.contains("consumer") && x.contains("attached to PID")
+        x.contains("producer")
+            && x.contains("consumer")
+            && x.contains(&format!("attached to PID {pid} (python) since "))
+            && x.contains("; q detaches")
     });
     // `p` goes through the socket: a second viewer reads profiling off from the pipeline.
     s.keys("p");
@@ -425,12 +428,55 @@ fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
         .join("dflash-top")
         .join(format!("{}.sock", train.id()));
     wait_until("the run's socket", || sock.exists());
+    // `attach --list`: a row per session under its columns, the viewers counted.
+    let list = || {
+        let o = bin()
+            .args(["attach", "--list"])
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let row = |text: &str| -> Vec<String> {
+        let pid = train.id().to_string();
+        text.lines()
+            .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .find(|w| w.first() == Some(&pid))
+            .unwrap_or_else(|| panic!("no row for {pid}: {text}"))
+    };
     // `attach` with no target joins the only session.
-    let o = bin()
+    let viewer = bin()
         .args(["attach", "--headless", "--seconds", "3", "--interval", "1"])
         .env("XDG_RUNTIME_DIR", runtime.path())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = train.id().to_string();
+    wait_until("--list to count the viewer", || {
+        list().lines().any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.first() == Some(&pid.as_str()) && w.get(5) == Some(&"1")
+        })
+    });
+    let text = list();
+    let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["PID", "COMMAND", "STARTED", "STEPS", "TOK/S", "VIEWERS", "SOCKET"],
+        "{text}"
+    );
+    let r = row(&text);
+    assert_eq!(r[1], "dflash-top", "{text}");
+    let hms: Vec<&str> = r[2].split(':').collect();
+    assert!(
+        hms.len() == 3 && hms.iter().all(|p| p.len() == 2 && p.parse::<u8>().is_ok()),
+        "the start time: {text}"
+    );
+    assert!(r[3].parse::<u64>().is_ok(), "steps: {text}");
+    assert!(r[4] != "–", "tok/s: {text}");
+    assert_eq!(r[6], sock.display().to_string(), "{text}");
+    let o = viewer.wait_with_output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let last = out.lines().rfind(|l| l.starts_with("t=")).expect("lines");

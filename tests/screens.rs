@@ -211,6 +211,7 @@ const REPLAY: Badges = Badges {
     gpu_timing: dflash_top::telemetry::GpuTiming::Async,
     paused: false,
     live: false,
+    replay: None,
 };
 
 #[test]
@@ -617,4 +618,121 @@ fn a_finished_run_says_so_and_stays_at_its_last_window() {
         "finished_1_overview_80x24",
         screen(&app, 80, 24, Theme::from_color(true), LIVE)
     );
+}
+
+/// Profiling went off at 01:11 (run clock) and stayed off: the 1 s and 10 s windows hold no
+/// phase time, steps go on; the threads keep their CPU and the kernel's state (the loader is
+/// asleep on its full queue, not "working in other").
+fn profiling_off() -> Vec<Snapshot> {
+    let mut on = starved_snapshot();
+    on.seq = 6;
+    on.elapsed_s = 71.0;
+    let mut s = starved_snapshot();
+    s.profiling = false;
+    for t in &mut s.threads {
+        // No mark moves the phase: it reads `other`, the thread `working`.
+        t.phase = Phase::Other;
+        t.state = ThreadState::Working;
+        t.w1.clear_phases();
+        t.w10.clear_phases();
+    }
+    vec![on, s]
+}
+
+#[test]
+fn profiling_off_shows_kernel_states_and_says_since_when_instead_of_zeros() {
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(profiling_off());
+    assert_eq!(
+        app.profiling_off_since,
+        Some(83.0),
+        "first seen off at 83 s"
+    );
+    // Seen off since an earlier snapshot: the time it went off stays.
+    let mut later = profiling_off().remove(1);
+    later.seq = 8;
+    later.elapsed_s = 84.0;
+    app.on_snapshot(Arc::new(later));
+    assert_eq!(app.profiling_off_since, Some(83.0));
+    let badges = Badges {
+        profiling: false,
+        ..LIVE
+    };
+    app.update(Action::ShowView(View::Threads as usize), &ctl);
+    let threads = screen(&app, 120, 30, Theme::from_color(false), badges);
+    let row = |s: &str, name: &str| -> String {
+        s.lines()
+            .find(|l| l.starts_with(&format!("│{name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{s}"))
+            .to_string()
+    };
+    let loader = row(&threads, "loader");
+    assert!(
+        loader.contains(" off ") && loader.contains("asleep"),
+        "{loader}"
+    );
+    assert!(
+        !loader.contains("working") && !loader.contains("other"),
+        "{loader}"
+    );
+    assert!(row(&threads, "target-0").contains("running"), "{threads}");
+    assert!(loader.contains(" 97 "), "CPU still measured: {loader}");
+    assert!(!loader.contains("0.0 "), "no zero ms/step: {loader}");
+    assert!(
+        threads.contains("profiling off since 00:01:23"),
+        "{threads}"
+    );
+    app.update(Action::ShowView(View::Overview as usize), &ctl);
+    let over = screen(&app, 120, 30, Theme::from_color(false), badges);
+    assert!(!over.contains("no steps"), "{over}");
+    assert!(
+        row(&over, "loader").contains("profiling off since 00:01:23 · 12.0 step/s"),
+        "{over}"
+    );
+    assert!(
+        over.contains("target-bound (queues only)"),
+        "the verdict says what it rests on: {over}"
+    );
+    // No queue between known stages: nothing to judge by.
+    let mut bare = profiling_off().remove(1);
+    bare.queues.clear();
+    let none = screen(
+        &app_of(vec![bare]),
+        120,
+        30,
+        Theme::from_color(false),
+        badges,
+    );
+    assert!(
+        none.contains("verdict unknown: profiling off, no queues to judge by"),
+        "{none}"
+    );
+    assert!(!none.contains("target-bound"), "{none}");
+    for view in [View::Overview, View::Threads, View::Phases] {
+        app.update(Action::ShowView(view as usize), &ctl);
+        for (w, h) in [(80u16, 24u16), (160, 40)] {
+            let title = view.title().replace(' ', "_");
+            let s = screen(&app, w, h, Theme::from_color(true), badges);
+            insta::assert_snapshot!(format!("profiling_off_{title}_{w}x{h}"), s);
+        }
+    }
+}
+
+/// An attached viewer: a fourth header row names the watched process, since when, and that `q`
+/// only detaches.
+#[test]
+fn an_attached_viewer_says_whom_it_watches_and_that_q_detaches() {
+    let mut app = app_of(vec![starved_snapshot()]);
+    app.attached = Some("attached to PID 4242 (python) since 14:03:12".into());
+    let s = screen(&app, 100, 30, Theme::from_color(false), LIVE);
+    let row = s.lines().nth(3).unwrap();
+    assert_eq!(
+        row,
+        "⇄ attached to PID 4242 (python) since 14:03:12; q detaches (the run goes on)"
+    );
+    insta::assert_snapshot!("attached_1_overview_100x30", s);
+    // Once the watched run ended, q only leaves.
+    app.finished = true;
+    let s = screen(&app, 100, 30, Theme::from_color(false), LIVE);
+    assert!(s.lines().nth(3).unwrap().ends_with("; q leaves"), "{s}");
 }

@@ -217,13 +217,21 @@ fn windows_roll_over_after_their_ticks() {
     assert_eq!(w.thread(0, RING_TICKS).steps, 0);
     assert_eq!(w.thread_run(0).steps, 3);
     assert_eq!(w.thread_run(0).tokens, 300.0);
-    // Reset forgets the windows, keeps the run.
+    // Reset forgets the windows and the run's phase times, keeps the run's steps and tokens.
     let t = now.get() / 1_000_000;
     w.ingest(&record(0, t + 50, 10, 4), true);
     close(&mut w);
+    assert!(w.thread_run(0).wall_ns > 0);
     w.reset();
     assert_eq!(w.thread(0, 10).steps, 0);
     assert_eq!(w.thread_run(0).steps, 4);
+    assert_eq!(w.thread_run(0).tokens, 400.0);
+    assert_eq!(w.thread_run(0).wall_ns, 0);
+    assert_eq!(w.thread_run(0).phase_ns, [0; N_PHASES]);
+    // What comes after the reset is all the run window's phases hold.
+    w.ingest(&record(0, t + 150, 10, 6), true);
+    close(&mut w);
+    assert_eq!(w.thread_run(0).phase_ns[Phase::Forward.index()], 6_000_000);
 }
 
 fn shares(loader: f64, starved: f64, blocked: f64) -> WaitShares {

@@ -195,9 +195,15 @@ fn a_recording_replays_in_the_tui() {
         rec.display()
     );
     let s = Session::start(name, &cmd);
-    s.wait_for("the replay badge and the last step", |x| {
-        x.contains("REPLAY") && x.contains("step 10 ")
+    s.wait_for("the replay badge, the last step and the end mark", |x| {
+        x.contains("REPLAY") && x.contains("step 10 ") && x.contains("■ end of recording")
     });
+    // `<` seeks back from the end: the summary goes, the replay plays on to its end again.
+    s.keys("<");
+    s.wait_for("the seek", |x| {
+        x.contains("seeking to t=0:00") && !x.contains("■ end of recording")
+    });
+    s.wait_for("the end again", |x| x.contains("■ end of recording"));
     // The trace file is the durable effect of `e` (the note is covered in tests/tui.rs).
     s.keys("e");
     let start = std::time::Instant::now();
@@ -222,6 +228,8 @@ fn a_recording_replays_in_the_tui() {
     s.keys("q");
     let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
     assert!(after.contains("EXITED=0"), "{after}");
+    // At its end, the same summary line as a finished live run.
+    assert!(after.contains("summary: step=10 "), "{after}");
     let traces: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(|e| e.ok())
@@ -409,4 +417,48 @@ fn a_run_that_ends_says_finished_and_prints_its_summary_on_exit() {
         flat.contains(&format!("recording={}", rec.display())),
         "{flat}"
     );
+}
+
+/// Keys typed while the run starts (before the screen is taken) are not echoed over the shell,
+/// do not reach the screen, and are not left for the shell after exit.
+#[test]
+fn keys_typed_while_starting_never_reach_the_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let name = format!("dflash-early-{}", std::process::id());
+    let cmd = format!(
+        "DFLASH_TOP_FAULT=hold_start:{} {} train --steps 100000; echo EXITED=$?; \
+         read -t 2 -n 64 LEFT; echo \"LEFT=[$LEFT]\"; sleep 600",
+        go.display(),
+        env!("CARGO_BIN_EXE_dflash-top"),
+    );
+    let s = Session::start(name, &cmd);
+    let tty = s.display("#{pane_tty}");
+    let stty = || {
+        let o = Command::new("stty")
+            .args(["-a", "-F", &tty])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    // The run is starting (held there until `go` exists): the echo is off, the line discipline
+    // still cooked (the screen is not taken yet).
+    crate::support::wait_until("the starting run to turn the echo off", || {
+        let t = stty();
+        t.contains(" -echo ") && t.contains(" icanon ")
+    });
+    // A `q` among them would arm the quit question, were it read.
+    s.keys("xyq");
+    std::fs::write(&go, "").unwrap();
+    s.wait_for("the TUI", |x| x.contains("RUNNING"));
+    s.keys("q");
+    s.keys("q");
+    let after = s.wait_for("the shell's read", |x| x.contains("LEFT=["));
+    assert!(after.contains("EXITED=0"), "{after}");
+    assert!(
+        after.contains("LEFT=[]"),
+        "keys left for the shell: {after}"
+    );
+    assert!(!after.contains("xyq"), "keys echoed: {after}");
+    assert!(!stty().contains(" -echo "), "the echo is back");
 }

@@ -219,6 +219,7 @@ pub const LIVE: Badges = Badges {
     gpu_timing: GpuTiming::Async,
     paused: false,
     live: true,
+    replay: None,
 };
 
 #[test]
@@ -614,4 +615,57 @@ fn skipped_non_finite_steps_show_in_the_header() {
     app.on_snapshot(Arc::new(s));
     let text = screen(&app, 160, 30, Theme::from_color(true), badges(&ctl, &app));
     assert!(text.contains("non-finite steps skipped 3"), "{text}");
+}
+
+/// Issue 27: keys say what they did, and do not pretend. `g` with no GPU worker changes nothing,
+/// says why, and is not in the help; `[` / `]` say when there is nothing further; `r` names what
+/// it reset (a replay resets nothing, and says so).
+#[test]
+fn keys_say_what_they_did_and_nothing_more() {
+    let (ctl, t) = controls(false);
+    let mut cpu = starved_snapshot();
+    cpu.gpu_timing = None;
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(cpu));
+    app.update(Action::CycleGpuTiming, &ctl);
+    t.apply_pending();
+    assert_eq!(ctl.switches.gpu_timing(), GpuTiming::Async, "unchanged");
+    assert_eq!(
+        app.note.as_deref(),
+        Some("no GPU worker here: GPU timing modes do not apply")
+    );
+    app.update(Action::ToggleHelp, &ctl);
+    let help = screen(&app, 100, 40, Theme::from_color(false), LIVE);
+    assert!(!help.contains("GPU timing: async"), "{help}");
+    assert!(help.contains("ctrl-c"), "{help}");
+    let mut gpu = App::new();
+    gpu.on_snapshot(Arc::new(starved_snapshot()));
+    gpu.help = true;
+    let help = screen(&gpu, 100, 40, Theme::from_color(false), LIVE);
+    assert!(help.contains("GPU timing: async"), "{help}");
+    app.update(Action::ToggleHelp, &ctl);
+
+    // No steps kept: nothing earlier to pan to, and the frozen time is the latest.
+    app.update(Action::PanBack, &ctl);
+    assert_eq!(
+        app.note.as_deref(),
+        Some("timeline: no earlier history (the last 10 s of steps are kept)")
+    );
+    app.update(Action::PanForward, &ctl);
+    assert_eq!(
+        app.note.as_deref(),
+        Some("timeline: already at the frozen time (f: live)")
+    );
+
+    app.update(Action::ResetWindows, &ctl);
+    let note = app.note.clone().unwrap();
+    assert!(
+        note.contains("1s and 10s windows") && note.contains("run window's phase times"),
+        "{note}"
+    );
+    app.update(Action::ResetWindows, &ReplayControls);
+    assert_eq!(
+        app.note.as_deref(),
+        Some("replay: the windows are the recording's; r resets none")
+    );
 }

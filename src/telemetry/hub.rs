@@ -239,6 +239,11 @@ impl Telemetry {
             .spawn(move || t.run_hub(cancel))
     }
 
+    /// Takes the commands waiting now, unapplied (a hub run by hand: a replay's simulation).
+    pub fn take_commands(&self) -> Vec<HubCommand> {
+        self.commands.1.try_iter().collect()
+    }
+
     /// Applies what is waiting on the command channel now (when no hub thread runs).
     pub fn apply_pending(&self) {
         while let Ok(c) = self.commands.1.try_recv() {

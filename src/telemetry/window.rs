@@ -340,8 +340,13 @@ impl Windows {
     }
 
     /// Forgets the windows (the `r` key); the run totals stay.
+    /// `r`: the 1 s and 10 s windows start over, and so do the run window's phase times (its
+    /// steps and tokens are the run's totals, kept).
     pub fn reset(&mut self) {
         self.ring.clear();
+        for w in &mut self.run {
+            w.clear_phases();
+        }
         let start = self.open.start_ns;
         self.open = Tick {
             start_ns: start,

@@ -55,6 +55,12 @@ pub struct App {
     pub run_info: RunInfo,
     /// The run ended: its summary (the panel), and the screen stays at its last snapshot.
     pub summary: Option<Summary>,
+    /// Since when (the run's clock, s) the snapshots say profiling is off; None while it is on.
+    pub profiling_off_since: Option<f64>,
+    /// The snapshots come from a replay: a jump in time is a seek, not snapshots missed.
+    pub replay: bool,
+    /// Watching another process: the header's fourth row says which, since when.
+    pub attached: Option<String>,
 }
 
 impl Default for App {
@@ -85,6 +91,9 @@ impl App {
             finished: false,
             run_info: RunInfo::default(),
             summary: None,
+            profiling_off_since: None,
+            replay: false,
+            attached: None,
         }
     }
 
@@ -177,6 +186,12 @@ impl App {
                     .unwrap_or(-1.0)
                     .total_cmp(&a.cpu_pct.unwrap_or(-1.0))
             }),
+            // Profiling off marks no phase: the kernel's state says who waits (asleep, I/O).
+            Sort::State if !snap.profiling => v.sort_by_key(|t| match (t.state, t.os_state) {
+                (ThreadState::Exited, _) => 2,
+                (_, Some('S' | 'D')) => 0,
+                _ => 1,
+            }),
             Sort::State => v.sort_by_key(|t| match t.state {
                 ThreadState::Waiting => 0,
                 ThreadState::Working => 1,
@@ -254,8 +269,18 @@ impl App {
             self.note = None;
         }
         if let Some(prev) = &self.latest {
-            self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
+            if !self.replay {
+                self.missed_snapshots += s.seq.saturating_sub(prev.seq + 1);
+            } else if s.now_ns < prev.now_ns {
+                // A replay sought back: what was kept is from later on.
+                self.history = History::default();
+                self.profiling_off_since = None;
+            }
         }
+        self.profiling_off_since = match (s.profiling, self.profiling_off_since) {
+            (true, _) => None,
+            (false, since) => Some(since.unwrap_or(s.elapsed_s)),
+        };
         self.history.record(&s);
         self.latest = Some(s);
     }
@@ -292,6 +317,10 @@ impl App {
                     self.note = Some(format!("profiling {}", if on { "on" } else { "off" }));
                 }
             }
+            // No GPU worker: the modes mean nothing (the badge and the help leave `g` out).
+            Action::CycleGpuTiming if self.shown().is_some_and(|s| s.gpu_timing.is_none()) => {
+                self.note = Some("no GPU worker here: GPU timing modes do not apply".into());
+            }
             Action::CycleGpuTiming => {
                 if engine_only(self) {
                     let mode = ctl.gpu_timing().next();
@@ -299,6 +328,38 @@ impl App {
                     self.note = Some(format!("GPU timing: {}", mode.name()));
                 }
             }
+            Action::TogglePause if ctl.replay().is_some() => {
+                let p = !ctl.paused();
+                ctl.set_paused(p);
+                self.note = Some(if p { "replay paused" } else { "replay playing" }.into());
+            }
+            Action::SeekBack | Action::SeekForward => {
+                let delta = match action {
+                    Action::SeekBack => -crate::wire::replay::SEEK_STEP_S,
+                    _ => crate::wire::replay::SEEK_STEP_S,
+                };
+                match ctl.seek(delta) {
+                    Some(to) => {
+                        // A seek leaves the end (if it was there): the run is not over on screen.
+                        self.summary = None;
+                        self.finished = false;
+                        self.frozen = None;
+                        self.pan_ns = 0;
+                        self.note = Some(format!("seeking to t={}", fmt_clock(to)));
+                    }
+                    None => {
+                        self.note = Some("seeking is for replays: a live run has no later".into())
+                    }
+                }
+            }
+            Action::Slower | Action::Faster => match ctl.replay() {
+                Some(pos) => {
+                    let speed = pos.speed.step(action == Action::Faster);
+                    ctl.set_speed(speed);
+                    self.note = Some(format!("replay speed {}", speed.name()));
+                }
+                None => self.note = Some("speed is for replays: a live run goes at its own".into()),
+            },
             Action::TogglePause => {
                 if engine_only(self) {
                     let p = !ctl.paused();
@@ -328,9 +389,16 @@ impl App {
                     .into(),
                 );
             }
-            Action::ResetWindows => {
+            Action::ResetWindows if ctl.live() => {
                 ctl.reset_windows();
-                self.note = Some("windows reset".into());
+                self.note = Some(
+                    "reset: the 1s and 10s windows, the run window's phase times, the verdict \
+                     (the run's steps and tokens kept)"
+                        .into(),
+                );
+            }
+            Action::ResetWindows => {
+                self.note = Some("replay: the windows are the recording's; r resets none".into());
             }
             Action::Checkpoint => {
                 if engine_only(self) {
@@ -396,15 +464,23 @@ impl App {
             Action::PanBack | Action::PanForward => {
                 self.freeze();
                 let step = self.time_span().width_ns / 4;
+                let was = self.pan_ns;
                 self.pan_ns = if action == Action::PanBack {
                     (self.pan_ns + step).min(self.max_pan_ns())
                 } else {
                     self.pan_ns.saturating_sub(step)
                 };
-                self.note = Some(format!(
-                    "timeline ends {:.2} s before the frozen time (f: live)",
-                    self.pan_ns as f64 / 1e9
-                ));
+                self.note = Some(match (action, self.pan_ns == was) {
+                    (Action::PanBack, true) => format!(
+                        "timeline: no earlier history (the last {} s of steps are kept)",
+                        super::history::TRACE_SECONDS
+                    ),
+                    (_, true) => "timeline: already at the frozen time (f: live)".to_string(),
+                    _ => format!(
+                        "timeline ends {:.2} s before the frozen time (f: live)",
+                        self.pan_ns as f64 / 1e9
+                    ),
+                });
             }
             Action::CycleWindow => {
                 self.window = match self.window {
@@ -415,6 +491,16 @@ impl App {
                 self.note = Some(format!("phase window: {}", self.window.name()));
             }
         }
+    }
+}
+
+/// `1:12`, `1:02:03`: a replay's position.
+pub fn fmt_clock(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
     }
 }
 

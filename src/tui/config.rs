@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Actions by the names the file uses.
-pub const ACTIONS: [(&str, Action); 20] = [
+pub const ACTIONS: [(&str, Action); 24] = [
     ("quit", Action::Quit),
     ("back", Action::Back),
     ("profiling", Action::ToggleProfiling),
@@ -42,6 +42,10 @@ pub const ACTIONS: [(&str, Action); 20] = [
     ("zoom-out", Action::ZoomOut),
     ("pan-back", Action::PanBack),
     ("pan-forward", Action::PanForward),
+    ("seek-back", Action::SeekBack),
+    ("seek-forward", Action::SeekForward),
+    ("slower", Action::Slower),
+    ("faster", Action::Faster),
 ];
 
 #[derive(Deserialize, Default)]

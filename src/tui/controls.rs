@@ -2,6 +2,7 @@
 //! a replay).
 
 use crate::telemetry::GpuTiming;
+use crate::wire::replay::{ReplayPos, Speed};
 
 /// What the front-end can ask of the engine. Replays implement it as "not available".
 pub trait Controls {
@@ -19,5 +20,18 @@ pub trait Controls {
     /// `q` needs no second press).
     fn quit_stops_run(&self) -> bool {
         self.live()
+    }
+    /// A replay that can be steered: where it is (None for a live engine).
+    fn replay(&self) -> Option<ReplayPos> {
+        None
+    }
+    /// Seeks a steerable replay by `delta_s`; returns where it goes.
+    fn seek(&self, _delta_s: f64) -> Option<f64> {
+        None
+    }
+    fn set_speed(&self, _speed: Speed) {}
+    /// Watching another process: `attached to PID 1234 (python) since 14:03:12`.
+    fn attached(&self) -> Option<String> {
+        None
     }
 }

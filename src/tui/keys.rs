@@ -33,6 +33,12 @@ pub enum Action {
     /// `[` / `]`: the timeline earlier / later by a quarter of its width (freezes the display).
     PanBack,
     PanForward,
+    /// `<` / `>` (and `←` / `→` in a replay): the replay 10 s back / forward.
+    SeekBack,
+    SeekForward,
+    /// `,` / `.`: the replay slower / faster (1x, 2x, 4x, max).
+    Slower,
+    Faster,
 }
 
 /// Maps a key press to an action.
@@ -65,8 +71,21 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('-') | KeyCode::Char('_') => Action::ZoomOut,
         KeyCode::Char('[') => Action::PanBack,
         KeyCode::Char(']') => Action::PanForward,
+        KeyCode::Char('<') => Action::SeekBack,
+        KeyCode::Char('>') => Action::SeekForward,
+        KeyCode::Char(',') => Action::Slower,
+        KeyCode::Char('.') => Action::Faster,
         _ => return None,
     })
+}
+
+/// In a replay the arrows `←` / `→` seek (tab, shift-tab, `h`, `l` still change the view).
+pub fn in_replay(key: KeyEvent, action: Action, replay: bool) -> Action {
+    match (replay, key.code, action) {
+        (true, KeyCode::Left, Action::PrevView) => Action::SeekBack,
+        (true, KeyCode::Right, Action::NextView) => Action::SeekForward,
+        _ => action,
+    }
 }
 
 /// Keys bound in the file, checked before the defaults.

@@ -16,9 +16,61 @@ static HOOK: Once = Once::new();
 
 pub type Term = Terminal<CrosstermBackend<Stdout>>;
 
-/// Leaves raw mode and the alternate screen if we entered them. Safe to call twice.
+/// Drops what was typed and not read (keys pressed while the screen was being taken, or after
+/// the UI stopped reading): the shell must not get them once we leave.
+fn flush_input() {
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        // SAFETY: tcflush on our own standard input; an error leaves the input as it was.
+        unsafe { libc::tcflush(libc::STDIN_FILENO, libc::TCIFLUSH) };
+    }
+}
+
+/// The terminal's settings before `hush_input` turned its echo off.
+static ORIGINAL: Mutex<Option<libc::termios>> = Mutex::new(None);
+
+/// Turns the terminal's echo off while the run starts (the model loads before the screen is
+/// taken): keys typed then are not written over the shell, and `init` drops them. Signals
+/// (ctrl-c) still work. The settings come back with `restore`, or when the guard drops on a path
+/// that never took the screen.
+pub fn hush_input() -> Hushed {
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        // SAFETY: tcgetattr/tcsetattr on our own standard input with a termios we own.
+        unsafe {
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(libc::STDIN_FILENO, &mut t) == 0 {
+                let mut slot = ORIGINAL.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert(t);
+                t.c_lflag &= !libc::ECHO;
+                libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &t);
+            }
+        }
+    }
+    Hushed
+}
+
+/// Gives the echo back (see `hush_input`).
+pub struct Hushed;
+
+impl Drop for Hushed {
+    fn drop(&mut self) {
+        unhush();
+    }
+}
+
+fn unhush() {
+    if let Some(t) = ORIGINAL.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        // SAFETY: the settings read by hush_input, back on our standard input.
+        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &t) };
+    }
+}
+
+/// Leaves raw mode and the alternate screen if we entered them, and gives back the echo
+/// `hush_input` took. Safe to call twice.
 pub fn restore() {
     if RAW.swap(false, Ordering::SeqCst) {
+        flush_input();
         let _ = terminal::disable_raw_mode();
         let _ = execute!(
             stdout(),
@@ -27,6 +79,7 @@ pub fn restore() {
             cursor::Show
         );
     }
+    unhush();
 }
 
 /// A panic message held back while the TUI owns the screen; printed once it is restored.
@@ -85,6 +138,9 @@ pub fn init() -> anyhow::Result<(Term, Guard)> {
     let _ = UI_THREAD.set(std::thread::current().id());
     terminal::enable_raw_mode()?;
     RAW.store(true, Ordering::SeqCst);
+    // Keys typed while the run was starting (echoed by the shell's terminal) were not meant for
+    // a screen that did not exist yet: a `q` among them must not quit, nor any reach the shell.
+    flush_input();
     let guard = Guard;
     // The mouse selects and scrolls (shift-drag still selects text in most terminals).
     execute!(

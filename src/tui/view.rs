@@ -20,6 +20,8 @@ pub struct Badges {
     pub gpu_timing: GpuTiming,
     pub paused: bool,
     pub live: bool,
+    /// A replay's position bar (None: live, or a replay nobody steers).
+    pub replay: Option<crate::wire::replay::ReplayPos>,
 }
 
 /// What every panel renders from.
@@ -37,6 +39,19 @@ impl Ctx<'_> {
             Window::TenSeconds => t.w10,
             Window::Run => t.run,
         }
+    }
+
+    /// `profiling off since 00:01:12` (the run's clock, as the header's elapsed time) when the
+    /// shown snapshot says profiling is off: phase times stop, steps and CPU go on.
+    pub fn profiling_off(&self) -> Option<String> {
+        if self.app.shown().is_none() || self.snap.profiling {
+            return None;
+        }
+        let since = self.app.profiling_off_since.unwrap_or(self.snap.elapsed_s);
+        Some(format!(
+            "profiling off since {}",
+            panels::header::fmt_elapsed(since)
+        ))
     }
 }
 
@@ -59,7 +74,15 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
         theme,
         badges,
     };
-    let [header, body] = Layout::vertical([Constraint::Length(3), Constraint::Min(0)]).areas(area);
+    // A replay's header has a fourth row, the position bar; an attached viewer's, what it
+    // watches.
+    let header_h = if badges.replay.is_some() || app.attached.is_some() {
+        4
+    } else {
+        3
+    };
+    let [header, body] =
+        Layout::vertical([Constraint::Length(header_h), Constraint::Min(0)]).areas(area);
     panels::header::render(f, header, &c);
     match app.view {
         View::Overview => overview(f, body, &c),

@@ -22,6 +22,63 @@ pub struct SessionInfo {
     pub path: PathBuf,
     /// The process's command name (`dflash-top`, `python`).
     pub comm: String,
+    /// When the process started (from /proc), seconds since the epoch.
+    pub started: Option<i64>,
+    /// What the session last wrote beside its socket (None: a Python pipeline, or a stale file).
+    pub stats: Option<super::serve::SessionStats>,
+}
+
+/// A stats file older than this is a session that stopped writing: not shown.
+const STATS_FRESH: Duration = Duration::from_secs(5);
+
+/// When process `pid` started, seconds since the epoch (/proc/PID/stat's start time after the
+/// boot time of /proc/stat).
+pub fn process_start(pid: u32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces), from field 3 on; start time is 22.
+    let ticks: i64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    let btime: i64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| btime + ticks / hz as i64)
+}
+
+/// `14:03:12`: a time of day on this machine's clock (local time).
+pub fn local_hms(unix_s: i64) -> String {
+    // SAFETY: localtime_r writes only into the tm we own.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let t: libc::time_t = unix_s as libc::time_t;
+    if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+        return "--:--:--".into();
+    }
+    format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+}
+
+/// The session's stats file, when it is fresh.
+fn read_stats(socket: &Path) -> Option<super::serve::SessionStats> {
+    let path = super::serve::info_path(socket);
+    let age = std::fs::metadata(&path)
+        .ok()?
+        .modified()
+        .ok()?
+        .elapsed()
+        .ok()?;
+    if age > STATS_FRESH {
+        return None;
+    }
+    serde_json::from_slice(&std::fs::read(&path).ok()?).ok()
 }
 
 /// Running sessions in `dir`; sockets of processes that are gone are removed on the way.
@@ -40,12 +97,19 @@ pub fn sessions_in(dir: &Path) -> Vec<SessionInfo> {
                 .ok()?;
             if !crate::probe::alive(pid) {
                 let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(super::serve::info_path(&path));
                 return None;
             }
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default();
-            Some(SessionInfo { pid, path, comm })
+            Some(SessionInfo {
+                pid,
+                comm,
+                started: process_start(pid),
+                stats: read_stats(&path),
+                path,
+            })
         })
         .collect();
     out.sort_by_key(|s| s.pid);
@@ -90,12 +154,43 @@ pub fn resolve(target: Option<&str>) -> Result<PathBuf> {
     }
 }
 
+/// `6144`, `12.3K`: tokens a second, as the header shows them.
+fn rate(v: f64) -> String {
+    if v >= 1e4 {
+        format!("{:.1}K", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// A table of the sessions: pid, command, start time, steps, tok/s, viewers, socket (`–` where
+/// the session writes no stats: a Python pipeline).
 pub fn list_text(found: &[SessionInfo]) -> String {
-    found
-        .iter()
-        .map(|s| format!("  {:>8}  {:<16} {}", s.pid, s.comm, s.path.display()))
-        .collect::<Vec<_>>()
-        .join("\n")
+    let mut lines = vec![format!(
+        "  {:>8}  {:<16} {:<8}  {:>8}  {:>8}  {:>7}  {}",
+        "PID", "COMMAND", "STARTED", "STEPS", "TOK/S", "VIEWERS", "SOCKET"
+    )];
+    for s in found {
+        let (step, tok, viewers) = match &s.stats {
+            Some(st) => (
+                st.step.to_string(),
+                rate(st.tok_per_s),
+                st.viewers.to_string(),
+            ),
+            None => ("–".into(), "–".into(), "–".into()),
+        };
+        lines.push(format!(
+            "  {:>8}  {:<16} {:<8}  {:>8}  {:>8}  {:>7}  {}",
+            s.pid,
+            s.comm,
+            s.started.map(local_hms).unwrap_or_else(|| "–".into()),
+            step,
+            tok,
+            viewers,
+            s.path.display()
+        ));
+    }
+    lines.join("\n")
 }
 
 /// Connects and does the handshake; returns the stream and the producer's hello.

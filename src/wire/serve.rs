@@ -235,9 +235,10 @@ impl Server {
         });
         let accept = {
             let shared = shared.clone();
+            let info = (info_path(path), telemetry.subscribe());
             std::thread::Builder::new()
                 .name("wire-serve".into())
-                .spawn(move || accept_loop(listener, &shared))?
+                .spawn(move || accept_loop(listener, &shared, info))?
         };
         Ok(Server {
             path: path.to_path_buf(),
@@ -289,6 +290,33 @@ impl Server {
             close(c);
         }
         let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(info_path(&self.path));
+    }
+}
+
+/// Beside the socket, what `attach --list` shows of a session without joining it (written by
+/// the session about once a second; a Python pipeline writes none).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SessionStats {
+    pub step: u64,
+    pub tok_per_s: f64,
+    pub viewers: usize,
+}
+
+/// `<pid>.info` beside `<pid>.sock`.
+pub fn info_path(socket: &Path) -> PathBuf {
+    socket.with_extension("info")
+}
+
+/// Writes the stats file (a temporary file renamed over it: a reader never sees half of one).
+fn write_info(path: &Path, stats: &SessionStats) {
+    let tmp = path.with_extension("info.tmp");
+    let Ok(text) = serde_json::to_vec(stats) else {
+        return;
+    };
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600));
+        let _ = std::fs::rename(&tmp, path);
     }
 }
 
@@ -392,9 +420,30 @@ fn refuse_now(stream: UnixStream, reason: String) {
     let _ = s.shutdown(std::net::Shutdown::Write);
 }
 
-fn accept_loop(listener: UnixListener, shared: &Arc<Shared>) {
+fn accept_loop(
+    listener: UnixListener,
+    shared: &Arc<Shared>,
+    info: (
+        PathBuf,
+        crossbeam_channel::Receiver<Arc<crate::telemetry::Snapshot>>,
+    ),
+) {
     let mut n = 0u64;
+    let (info_path, snapshots) = info;
+    let mut written: Option<Instant> = None;
     while !shared.cancel.is_cancelled() {
+        // The stats file, about once a second, from the newest snapshot.
+        if let Some(s) = snapshots.try_iter().last() {
+            if written.is_none_or(|w| w.elapsed() >= Duration::from_secs(1)) {
+                let stats = SessionStats {
+                    step: s.train.step,
+                    tok_per_s: s.train.tok_per_s_1s,
+                    viewers: shared.connected(),
+                };
+                write_info(&info_path, &stats);
+                written = Some(Instant::now());
+            }
+        }
         match listener.accept() {
             Ok((stream, _)) => {
                 n += 1;

@@ -2,7 +2,10 @@
 //! verdict, dropped records and what the profiler costs.
 
 use super::super::view::Ctx;
+use crate::telemetry::queue_view::verdict_inputs;
 use crate::telemetry::verdict::Verdict;
+use crate::tui::app::fmt_clock;
+use crate::wire::replay::ReplayPos;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
@@ -34,6 +37,11 @@ fn drops_detail(spans: u64, snapshots: u64) -> String {
         out.push_str(&format!(" +{snapshots} snaps"));
     }
     out
+}
+
+/// A verdict judged from wait times (not a fact of the run: paused, stalled, warming up).
+fn is_judged(v: Verdict) -> bool {
+    !matches!(v, Verdict::Paused | Verdict::Stalled | Verdict::Warmup)
 }
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
@@ -106,6 +114,18 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         // The run is over: what was in force at its end no longer is.
         _ if c.app.summary.is_some() => ("finished".to_string(), t.ok()),
         (Verdict::Stalled, Some(what)) => (format!("stalled: {what}"), verdict_style),
+        // Profiling off: the queues' wait times still come in (they are the queues' own), the
+        // threads' phases do not; with no queue between known stages there is nothing to judge.
+        (v, _) if c.profiling_off().is_some() && is_judged(*v) => {
+            if verdict_inputs(&s.queues).chain.is_empty() {
+                (
+                    "verdict unknown: profiling off, no queues to judge by".to_string(),
+                    t.dim(),
+                )
+            } else {
+                (format!("{} (queues only)", v.text()), verdict_style)
+            }
+        }
         (v, _) => (v.text().to_string(), verdict_style),
     };
     line2.push(Span::styled(verdict, verdict_style));
@@ -131,5 +151,66 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         t.dim(),
     ));
     let help = Line::from(spans);
-    f.render_widget(Paragraph::new(vec![line1, line2, help]), area);
+    let mut lines = vec![line1, line2, help];
+    if let Some(pos) = c.badges.replay {
+        lines.push(position_line(&pos, area.width, c));
+    } else if let Some(who) = &c.app.attached {
+        let ended = c.app.finished;
+        lines.push(Line::from(vec![
+            Span::styled("⇄ ", t.ok()),
+            Span::styled(who.clone(), t.bold()),
+            Span::styled(
+                if ended {
+                    "; q leaves".to_string()
+                } else {
+                    "; q detaches (the run goes on)".to_string()
+                },
+                t.dim(),
+            ),
+        ]));
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// A replay's position bar: `▶ 2x  t=1:12 / 5:00  ━━━━━●────  space pause · …`; at the end
+/// of the recording, a mark that says so.
+pub fn position_line(pos: &ReplayPos, width: u16, c: &Ctx) -> Line<'static> {
+    let t = c.theme;
+    let ended = pos.at_end || c.app.summary.is_some();
+    let (state, style) = if ended {
+        ("■ end of recording".to_string(), t.alert())
+    } else if pos.paused {
+        (format!("‖ paused {}", pos.speed.name()), t.alert())
+    } else {
+        (format!("▶ {}", pos.speed.name()), t.ok())
+    };
+    let at = if ended {
+        pos.duration_s
+    } else {
+        pos.position_s
+    };
+    let clock = format!(
+        "  t={} / {}  ",
+        fmt_clock(at.min(pos.duration_s)),
+        fmt_clock(pos.duration_s)
+    );
+    let keys = if ended {
+        "  < ← seek back · q leaves"
+    } else {
+        "  space pause · < > ← → seek 10 s · , . speed"
+    };
+    let used = (state.chars().count() + clock.chars().count() + keys.chars().count()) as u16;
+    let bar_w = width.saturating_sub(used).clamp(10, 60) as usize;
+    let done = if pos.duration_s > 0.0 {
+        ((at / pos.duration_s).clamp(0.0, 1.0) * bar_w as f64).round() as usize
+    } else {
+        bar_w
+    };
+    Line::from(vec![
+        Span::styled(state, style.add_modifier(ratatui::style::Modifier::BOLD)),
+        Span::raw(clock),
+        Span::styled("━".repeat(done), t.bold()),
+        Span::styled("─".repeat(bar_w - done), t.dim()),
+        Span::styled(keys, t.dim()),
+    ])
 }

@@ -6,7 +6,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};
 use ratatui::Frame;
 
-pub const KEYS: [(&str, &str); 18] = [
+pub const KEYS: [(&str, &str); 20] = [
     (
         "p",
         "profiling on/off (steps, tokens and loss are always counted)",
@@ -15,9 +15,12 @@ pub const KEYS: [(&str, &str); 18] = [
         "g",
         "GPU timing: async (host wall) / events (device time) / sync (stream synced)",
     ),
-    ("space", "pause / resume training"),
+    ("space", "pause / resume training (a replay: its playback)"),
     ("f", "freeze / unfreeze the display"),
-    ("r", "reset the rolling windows"),
+    (
+        "r",
+        "reset the 1s/10s windows, the run window's phase times, the verdict",
+    ),
     ("w", "phase window: 1s / 10s / run"),
     ("c", "save a checkpoint now (needs --save-dir)"),
     (
@@ -39,6 +42,11 @@ pub const KEYS: [(&str, &str); 18] = [
         "+ - [ ]",
         "timeline: zoom in / out, pan earlier / later (freezes)",
     ),
+    (
+        "< > ← →",
+        "replay: seek 10 s back / forward (arrows: views when live)",
+    ),
+    (", .", "replay: slower / faster (1x 2x 4x max)"),
     ("?", "this help"),
     (
         "q",
@@ -58,8 +66,10 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         width: w,
         height: h,
     };
-    let mut lines: Vec<Line> = KEYS
-        .iter()
+    // No GPU worker: `g` does nothing there, so it is not listed.
+    let no_gpu = c.snap.gpu_timing.is_none();
+    let keys = KEYS.iter().filter(|(k, _)| !(no_gpu && *k == "g"));
+    let mut lines: Vec<Line> = keys
         .map(|(k, d)| Line::from(format!(" {k:>7}  {d}")))
         .collect();
     for (k, action) in &c.app.keys.described {

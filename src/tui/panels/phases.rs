@@ -59,9 +59,13 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         Some(GpuTiming::Async) => "host wall time per step (GPU async)",
         None => "wall time per step",
     };
-    let block = Block::default()
-        .borders(Borders::ALL)
-        .title(format!(" phases: {what}, window {} ", c.app.window.name()));
+    let off = c.profiling_off();
+    let mut title = format!(" phases: {what}, window {} ", c.app.window.name());
+    if let Some(off) = &off {
+        // A window that still holds time from before shows it: say what it is.
+        title = format!(" phases, {} · {off} ", c.app.window.name());
+    }
+    let block = Block::default().borders(Borders::ALL).title(title);
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.height == 0 || inner.width < 30 {
@@ -82,6 +86,19 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         let name: String = th.name.chars().take(name_w as usize - 1).collect();
         f.buffer_mut()
             .set_string(inner.x, y, &name, Style::default());
+        if let (Some(off), 0) = (&off, w.wall_ns) {
+            // No phase time in this window: say why, and what is still counted.
+            let room = (inner.width - name_w) as usize;
+            let rate = format!("{:.1} step/s", w.steps_per_s());
+            let mut text = format!("{off} · {rate}");
+            if text.chars().count() > room {
+                text = format!("{} · {rate}", off.trim_start_matches("profiling "));
+            }
+            f.buffer_mut()
+                .set_string(inner.x + name_w, y, truncate(&text, room), c.theme.dim());
+            y += 1;
+            continue;
+        }
         let cells = bar_cells(&w, phases, bar_w);
         draw_bar(f.buffer_mut(), inner.x + name_w, y, &cells, c);
         let top = phases

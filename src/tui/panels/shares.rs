@@ -28,7 +28,10 @@ pub fn render_critical(f: &mut Frame, area: Rect, c: &Ctx) {
         .map(|t| (t.role, c.window_of(t)))
         .collect();
     let s = stages(windows.iter().map(|(r, w)| (*r, w)));
-    let text = summary(&s).unwrap_or_else(|| "critical path: no steps in the window yet".into());
+    let text = summary(&s).unwrap_or_else(|| match c.profiling_off() {
+        Some(off) => format!("critical path: unknown, {off} (p turns it on)"),
+        None => "critical path: no steps in the window yet".into(),
+    });
     let block = Block::default()
         .borders(Borders::ALL)
         .title(format!(" critical path · window {} ", c.app.window.name()));

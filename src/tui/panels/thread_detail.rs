@@ -14,9 +14,11 @@ use ratatui::Frame;
 
 const LABEL_W: u16 = 9;
 
-fn window_line(name: &str, w: &PhaseWindow, t: &ThreadView) -> String {
-    if w.wall_ns == 0 {
-        return format!("{name:>4}: no steps");
+fn window_line(name: &str, w: &PhaseWindow, t: &ThreadView, off: Option<&str>) -> String {
+    match (w.wall_ns, off) {
+        (0, Some(off)) => return format!("{name:>4}: {:.1} step/s · {off}", w.steps_per_s()),
+        (0, None) => return format!("{name:>4}: no steps"),
+        _ => {}
     }
     let parts = super::phases::phase_parts(w, t.role.phases());
     format!(
@@ -36,14 +38,19 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         );
         return;
     };
+    let off = c.profiling_off();
+    let now_in = match &off {
+        // No phase is marked: what the kernel says instead.
+        Some(off) => format!("{} ({off})", super::threads::os_word(t.os_state)),
+        None => format!("{} for {:.1} s", t.phase.name(), t.phase_s),
+    };
     let title = format!(
-        " {} · {} on {} · tid {} · {} for {:.1} s{} ",
+        " {} · {} on {} · tid {} · {}{} ",
         t.name,
         t.role.name(),
         t.device,
         t.tid,
-        t.phase.name(),
-        t.phase_s,
+        now_in,
         if c.app.selected.is_none() {
             " · j/k selects"
         } else {
@@ -146,7 +153,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
 
     let buf = f.buffer_mut();
     for (name, w) in [("1s", &t.w1), ("10s", &t.w10), ("run", &t.run)] {
-        let line: String = window_line(name, w, t)
+        let line: String = window_line(name, w, t, off.as_deref())
             .chars()
             .take(inner.width as usize)
             .collect();

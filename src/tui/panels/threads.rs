@@ -24,6 +24,7 @@ pub fn height(c: &Ctx) -> u16 {
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     let t = c.theme;
     let show_groups = full;
+    let off = c.profiling_off().is_some();
     let mark = |s: Sort, name: &'static str| -> String {
         if c.app.sort == s {
             format!("{name}▼")
@@ -59,6 +60,27 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 ThreadState::Exited => t.dim(),
                 ThreadState::Working => t.ok(),
             };
+            // Profiling off: no phase is marked, so the state is the kernel's (still read) and
+            // a window with no phase time has no ms/step to show.
+            let (phase, state) = if off && th.state != ThreadState::Exited {
+                (
+                    Cell::from("off").style(t.dim()),
+                    Cell::from(match full {
+                        true => os_word(th.os_state),
+                        false => os_short(th.os_state),
+                    }),
+                )
+            } else {
+                (
+                    Cell::from(th.phase.name()).style(t.fg(t.phase_color(th.phase))),
+                    Cell::from(format!("{:?}", th.state).to_lowercase()).style(state_style),
+                )
+            };
+            let ms = if off && w.wall_ns == 0 {
+                "–".to_string()
+            } else {
+                format!("{:.1}", w.step_ms())
+            };
             Row::new(vec![
                 Cell::from(th.name.clone()),
                 Cell::from(th.role.name()),
@@ -68,11 +90,11 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                         .map(|x| format!("{x:.0}"))
                         .unwrap_or_else(|| "-".into()),
                 ),
-                Cell::from(th.phase.name()).style(t.fg(t.phase_color(th.phase))),
-                Cell::from(format!("{:?}", th.state).to_lowercase()).style(state_style),
+                phase,
+                state,
                 Cell::from(th.os_state.map(String::from).unwrap_or_else(|| "-".into())),
                 Cell::from(format!("{:.1}", w.steps_per_s())),
-                Cell::from(format!("{:.1}", w.step_ms())),
+                Cell::from(ms),
             ])
         });
         if show_groups {
@@ -121,6 +143,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     };
     if full {
         title.push_str(&format!("· sort {} (s) · j/k select ", c.app.sort.name()));
+        if let Some(off) = c.profiling_off() {
+            title.push_str(&format!("· {off}: state from the kernel "));
+        }
     }
     if let (Some(m), true) = (&c.snap.memory, full) {
         title.push_str(&format!(
@@ -174,6 +199,31 @@ fn group_row<'a>(g: &ThreadGroupView, t: Theme) -> Row<'a> {
         Cell::from(""),
     ])
     .style(t.dim())
+}
+
+/// A thread's state as the kernel reports it (profiling off: no phase says more).
+pub fn os_word(state: Option<char>) -> &'static str {
+    match state {
+        Some('R') => "running",
+        Some('S') => "asleep",
+        Some('D') => "io-wait",
+        Some('T') | Some('t') => "stopped",
+        Some('Z') | Some('X') => "exited",
+        Some('I') => "idle",
+        _ => "–",
+    }
+}
+
+/// `os_word` in at most four letters (the compact table beside the phase bars).
+pub fn os_short(state: Option<char>) -> &'static str {
+    match os_word(state) {
+        "running" => "run",
+        "asleep" => "slp",
+        "io-wait" => "io",
+        "stopped" => "stop",
+        "exited" => "gone",
+        w => w,
+    }
 }
 
 /// `R1S3`: how many threads of a group are in each kernel state.

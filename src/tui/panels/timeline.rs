@@ -189,6 +189,14 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             app.pan_ns as f64 / 1e9
         )
     };
+    // Profiling off: no phase arrives, the lanes stop where it went off.
+    let title = match c.profiling_off() {
+        Some(off) => format!(
+            " timeline · {off} ·{}",
+            title.trim_start_matches(" timeline ·")
+        ),
+        None => title,
+    };
     let block = Block::default().borders(Borders::ALL).title(title);
     let inner = block.inner(area);
     f.render_widget(block, area);
