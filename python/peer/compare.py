@@ -1,9 +1,10 @@
-"""dflash-top against the Python stack it replaces, side by side in one call on one GPU.
+"""dflash-top against the Python stacks, side by side in one call on one GPU.
 
 For each config (preset, batch) it runs `dflash-top bench engine` (1 target + 1 drafter worker
-sharing the GPU) and then dflash_peer.py (a target thread + queue + the drafter in the main
-thread) with the same shapes, anchors, mask and loss, each in a fresh process, and prints a
-markdown table: tokens per second, the ratio, MFU (model FLOPs per second over the bf16 matmul
+sharing the GPU), then dflash_peer.py (the stack a team writes: a target thread + queue + z-lab's
+drafter in the main thread) and sf_peer.py (SpecForge 0.2.0's drafter, loss, BF16Optimizer and
+train step, flex attention) with the same shapes and anchors, each in a fresh process, and prints
+a markdown table: tokens per second, the ratios, MFU (model FLOPs per second over the bf16 matmul
 peak measured at the start of the same call) and the peak GPU memory each allocated.
 
   python3 python/peer/compare.py --bin .gpu/dflash-top [--configs qwen3-0.6b:1,qwen3-8b:1]
@@ -123,6 +124,16 @@ def python(preset, batch, steps, device, warmup=5):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def specforge(preset, batch, steps, device, warmup=5):
+    out = run(
+        [sys.executable, os.path.join(HERE, "sf_peer.py"), "--preset", preset,
+         "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
+         "--device", device],
+        timeout=900,
+    )
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="target/release/dflash-top")
@@ -136,6 +147,8 @@ def main():
     ap.add_argument("--fit", help="preset whose largest batch each stack is asked to fit")
     ap.add_argument("--fit-ours", default="16,24,32,40", help="batches tried for dflash-top")
     ap.add_argument("--fit-python", default="2,3,4,5,6", help="batches tried for Python")
+    ap.add_argument("--peers", default="python,specforge",
+                    help="the Python peers to run: python (dflash_peer.py), specforge (sf_peer.py)")
     args = ap.parse_args()
 
     peak = matmul_peak_tflops(torch.device(args.device))
@@ -147,9 +160,12 @@ def main():
         flops = step_flops(preset, batch)
         tokens = batch * 3072
         row = {"preset": preset, "batch": batch, "tflop_per_step": flops / 1e12}
-        for name, fn in (("ours", lambda: ours(args.bin, preset, batch,
-                                                ours_steps(preset, batch, args.steps), args.device)),
-                         ("python", lambda: python(preset, batch, args.peer_steps, args.device))):
+        stacks = [("ours", lambda: ours(args.bin, preset, batch,
+                                        ours_steps(preset, batch, args.steps), args.device)),
+                  ("python", lambda: python(preset, batch, args.peer_steps, args.device)),
+                  ("specforge", lambda: specforge(preset, batch, args.peer_steps, args.device))]
+        peers = args.peers.split(",")
+        for name, fn in [(n, f) for n, f in stacks if n == "ours" or n in peers]:
             try:
                 r = fn()
                 r["mfu"] = r["tok_per_s"] / tokens * flops / (peak * 1e12)
@@ -161,21 +177,26 @@ def main():
         rows.append(row)
 
     print()
-    print("| shapes | batch | dflash-top tok/s | Python tok/s | ratio | MFU ours | MFU Python "
-          "| peak GiB ours | peak GiB Python |")
+    print("| shapes | batch | dflash-top tok/s | Python tok/s | SpecForge tok/s | vs Python "
+          "| vs SpecForge | MFU ours / Python / SpecForge | peak GiB ours / Python / SpecForge |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        o, p = r["ours"], r["python"]
+        o = r["ours"]
+        p, f = r.get("python", {}), r.get("specforge", {})
 
         def cell(x, key, fmt):
-            return fmt.format(x[key]) if key in x else "error"
+            return fmt.format(x[key]) if key in x else ("error" if "error" in x else "–")
 
-        ratio = (f"{o['tok_per_s'] / p['tok_per_s']:.2f}"
-                 if "tok_per_s" in o and "tok_per_s" in p else "-")
+        def ratio(x):
+            if "tok_per_s" in o and "tok_per_s" in x:
+                return f"{o['tok_per_s'] / x['tok_per_s']:.2f}x"
+            return "–"
+
+        three = lambda key, fmt: " / ".join(cell(x, key, fmt) for x in (o, p, f))  # noqa: E731
         print(f"| {r['preset']} | {r['batch']} | {cell(o, 'tok_per_s', '{:,.0f}')} "
-              f"| {cell(p, 'tok_per_s', '{:,.0f}')} | {ratio} | {cell(o, 'mfu', '{:.0%}')} "
-              f"| {cell(p, 'mfu', '{:.0%}')} | {cell(o, 'peak_allocated_gib', '{:.1f}')} "
-              f"| {cell(p, 'peak_allocated_gib', '{:.1f}')} |")
+              f"| {cell(p, 'tok_per_s', '{:,.0f}')} | {cell(f, 'tok_per_s', '{:,.0f}')} "
+              f"| {ratio(p)} | {ratio(f)} | {three('mfu', '{:.0%}')} "
+              f"| {three('peak_allocated_gib', '{:.1f}')} |")
     fit = None
     if args.fit:
         nums = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
