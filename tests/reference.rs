@@ -205,6 +205,47 @@ fn python_peer_trains_the_tiny_preset_on_the_cpu() {
     );
 }
 
+/// SpecForge's throughput peer (python/peer/sf_peer.py: its drafter, loss, BF16Optimizer and
+/// train step behind the same target thread) runs end to end on the CPU at the tiny shapes, and
+/// learns: every step finite, its last losses well below its first.
+#[test]
+fn specforge_peer_trains_the_tiny_preset_on_the_cpu() {
+    let out = std::process::Command::new(root().join(".venv/bin/python"))
+        .arg(root().join("python/peer/sf_peer.py"))
+        .args([
+            "--preset", "tiny", "--device", "cpu", "--steps", "12", "--warmup", "1",
+        ])
+        .args([
+            "--seq",
+            "128",
+            "--anchors",
+            "8",
+            "--drafter-layers",
+            "2",
+            "--lr",
+            "3e-3",
+        ])
+        .output()
+        .expect("the venv's python runs (make test installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the SpecForge peer failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(line["finite"], true, "{line}");
+    assert_eq!(line["stack"], "specforge", "{line}");
+    let losses: Vec<f64> = serde_json::from_value(line["losses"].clone()).unwrap();
+    assert_eq!(losses.len(), 13, "{line}");
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    let (first, last) = (mean(&losses[..3]), mean(&losses[10..]));
+    assert!(
+        last < 0.8 * first,
+        "SpecForge's loss falls: first steps {first:.2}, last {last:.2} ({losses:?})"
+    );
+}
+
 /// One training step's loss, labels and drafter gradients against a Python computation that
 /// follows SpecForge's DFlash mask and loss (built there from document ids, anchors and the
 /// block, not from ours), on two rows of two documents and padding each.

@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--drafter-layers", type=int, default=5)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=6e-4, help="SpecForge's recipe: 6e-4")
     args = ap.parse_args()
 
     from specforge.algorithms.common.dflash_family_data import (
@@ -107,7 +108,7 @@ def main():
 
     def optimizer_factory(module):
         return BF16Optimizer(
-            module, lr=6e-4, max_grad_norm=1.0, warmup_ratio=0.04, lr_scheduler="cosine",
+            module, lr=args.lr, max_grad_norm=1.0, warmup_ratio=0.04, lr_scheduler="cosine",
             total_steps=total,
         )  # fmt: skip
 
@@ -176,6 +177,7 @@ def main():
                 ),
                 "loss_first": losses[0],
                 "loss_last": losses[-1],
+                "losses": losses,
                 "finite": all(math.isfinite(x) for x in losses),
             }
         )
