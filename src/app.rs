@@ -53,7 +53,8 @@ pub struct Session {
 
 impl Session {
     pub fn start(cfg: &RunConfig) -> Result<Session> {
-        let telemetry = Telemetry::new();
+        let mut telemetry = Telemetry::new();
+        telemetry.warnings = cfg.warnings.clone();
         telemetry.switches().set_gpu_timing(cfg.gpu_timing);
         telemetry.switches().set_profiling(cfg.profiling);
         telemetry

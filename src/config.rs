@@ -9,6 +9,7 @@ use crate::engine::config::{
 use crate::engine::data::ChatOptions;
 use crate::engine::recipe::{mask_token_of, MaskToken};
 use crate::engine::schedule::Schedule;
+use crate::telemetry::warnings::WarnConfig;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -78,6 +79,8 @@ pub struct RunConfig {
     pub data_threads: Option<usize>,
     /// How chat data is rendered (the TOML's `[chat]`: `enable_thinking`, `system_prompt`).
     pub chat: ChatOptions,
+    /// The warning rules' settings (the TOML's `[warnings]`).
+    pub warnings: WarnConfig,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -132,6 +135,8 @@ pub struct FileConfig {
     /// `[chat]`: `enable_thinking` and `system_prompt` for chat data.
     pub chat: Option<ChatOptions>,
     pub max_viewers: Option<usize>,
+    /// `[warnings]`: the warning rules' thresholds, rules switched off, severities.
+    pub warnings: Option<WarnConfig>,
 }
 
 impl FileConfig {
@@ -139,13 +144,27 @@ impl FileConfig {
         let text = std::fs::read_to_string(path).with_context(|| {
             format!("cannot read config file {}: check --config", path.display())
         })?;
-        toml::from_str(&text).map_err(|e| {
+        let file: FileConfig = toml::from_str(&text).map_err(|e| {
+            // The line at fault, for messages that do not name the key ("invalid type").
+            let at = e
+                .span()
+                .map(|r| {
+                    let line = text[..r.start.min(text.len())].lines().count().max(1);
+                    let shown = text.lines().nth(line - 1).unwrap_or("").trim();
+                    format!(" (line {line}: `{shown}`)")
+                })
+                .unwrap_or_default();
             anyhow::anyhow!(
-                "config file {} is not valid: {}",
+                "config file {} is not valid: {}{at}",
                 path.display(),
                 e.message()
             )
-        })
+        })?;
+        if let Some(w) = &file.warnings {
+            w.check()
+                .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+        }
+        Ok(file)
     }
 }
 
@@ -388,6 +407,7 @@ impl RunConfig {
             max_nonfinite,
             data_threads,
             chat: file.chat.clone().unwrap_or_default(),
+            warnings: file.warnings.clone().unwrap_or_default(),
             gpu_timing,
             profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
                 None | Some("on") => true,
@@ -721,5 +741,40 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.data_threads, Some(3));
+    }
+
+    #[test]
+    fn warnings_come_from_the_toml_and_a_bad_key_or_value_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = dir.path().join("run.toml");
+        let with = |text: &str| {
+            std::fs::write(&toml, text).unwrap();
+            RunConfig::from_args(&TrainArgs {
+                config: Some(toml.clone()),
+                ..TrainArgs::default()
+            })
+        };
+        let c = with(
+            "[warnings]\nstarved_s = 3.5\noff = [\"blocked\"]\n\
+             [warnings.severity]\nstarved = \"error\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.warnings.starved_s, 3.5);
+        assert_eq!(c.warnings.off, ["blocked"]);
+        assert_eq!(c.warnings.gpu_idle_s, WarnConfig::default().gpu_idle_s);
+        assert_eq!(
+            with("").unwrap().warnings,
+            WarnConfig::default(),
+            "documented defaults without the table"
+        );
+        for (text, want) in [
+            ("[warnings]\nstarve_s = 3\n", "unknown field `starve_s`"),
+            ("[warnings]\nstarved_s = \"ten\"\n", "starved_s = \"ten\""),
+            ("[warnings]\nstarved_s = -2.0\n", "`warnings.starved_s` -2"),
+            ("[warnings]\noff = [\"idle\"]\n", "unknown rule `idle`"),
+        ] {
+            let e = format!("{:#}", with(text).unwrap_err());
+            assert!(e.contains(want) && e.contains("run.toml"), "{want}: {e}");
+        }
     }
 }

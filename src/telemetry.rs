@@ -16,6 +16,7 @@ pub mod stall;
 pub mod switches;
 pub mod trace;
 pub mod verdict;
+pub mod warnings;
 pub mod window;
 
 pub use hub::{HubCommand, Telemetry};

@@ -26,8 +26,8 @@ pub const KEYS: [(&str, &str); 18] = [
     ),
     ("tab l →", "next view (shift-tab, h, ←: previous)"),
     (
-        "1-6",
-        "overview, threads, phases, queues+GPUs, charts, timeline",
+        "1-7",
+        "overview, threads, phases, queues+GPUs, charts, timeline, warnings",
     ),
     ("t", "the timeline"),
     ("j k ↓ ↑", "select the next / previous thread"),
