@@ -115,6 +115,7 @@ impl Session {
 }
 
 fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
+    let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
     let cfg = RunConfig::from_args(args)?;
     println!("{}", cfg.recipe_line());
     let session = Session::start(&cfg)?;
@@ -131,14 +132,23 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     let interval = Duration::from_secs_f64(cfg.interval);
     let mut next = Instant::now() + interval;
     let mut last = None;
+    let mut tripped = None;
     while !session.pipeline.is_finished() && !crate::signals::requested() {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
             if Instant::now() >= next {
                 println!("{}", crate::headless::interval_line(&s));
                 next += interval;
             }
+            tripped = crate::fail_if::first_tripped(&mut gates, &s);
             last = Some(s);
+            if tripped.is_some() {
+                break;
+            }
         }
+    }
+    // A gate that held: its reason, then the run stops as on any stop (saving its step).
+    if let Some(why) = &tripped {
+        println!("{why}");
     }
     let result = session.finish();
     while let Ok(s) = snapshots.try_recv() {
@@ -149,6 +159,9 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
         println!("{}", Summary::of(&s, &run_info(&cfg, start_step)).line());
     }
     println!("data: {}", counts.line());
+    if tripped.is_some() {
+        return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
+    }
     Ok(signal_exit())
 }
 
@@ -167,6 +180,7 @@ pub(crate) fn signal_exit() -> ExitCode {
 
 fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     use crate::tui::{terminal, EngineControls};
+    crate::fail_if::headless_only(&args.fail_if, false)?;
     let cfg = RunConfig::from_args(args)?;
     // Before any worker starts: a panic in any thread, from now on, restores the terminal.
     terminal::install_panic_hook();

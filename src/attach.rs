@@ -27,6 +27,8 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     if let Some(s) = args.seconds.filter(|s| !(*s > 0.0 && s.is_finite())) {
         bail!("--seconds must be a positive number of seconds, not {s}");
     }
+    crate::fail_if::headless_only(&args.fail_if, args.headless)?;
+    let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
     let path = resolve(args.target.as_deref())?;
     let session = Attached::join(&path)?;
     let who = format!(
@@ -41,8 +43,9 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     let deadline = args
         .seconds
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let mut tripped = None;
     let result = if args.headless {
-        headless(&session, &who, args.interval, deadline);
+        tripped = headless(&session, &who, args.interval, deadline, &mut gates);
         Ok(())
     } else {
         tui(&session, deadline)
@@ -50,6 +53,11 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     let reason = session.end_reason();
     session.detach();
     result?;
+    if let Some(why) = tripped {
+        println!("{why}");
+        eprintln!("detached from {who}: a --fail-if gate held; the run goes on");
+        return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
+    }
     match reason {
         Some(why) => eprintln!("detached from {who}: {why}"),
         None => eprintln!("detached from {who}; it goes on"),
@@ -57,7 +65,14 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     Ok(crate::app::signal_exit())
 }
 
-fn headless(session: &Attached, who: &str, interval: f64, deadline: Option<Instant>) {
+/// The interval lines until the viewer leaves; the reason when a `--fail-if` gate held.
+fn headless(
+    session: &Attached,
+    who: &str,
+    interval: f64,
+    deadline: Option<Instant>,
+    gates: &mut [crate::fail_if::Gate],
+) -> Option<String> {
     println!("attached to {who}");
     let snapshots = session.telemetry.subscribe();
     let interval = Duration::from_secs_f64(interval);
@@ -71,8 +86,12 @@ fn headless(session: &Attached, who: &str, interval: f64, deadline: Option<Insta
                 println!("{}", crate::headless::interval_line(&s));
                 next += interval;
             }
+            if let Some(why) = crate::fail_if::first_tripped(gates, &s) {
+                return Some(why);
+            }
         }
     }
+    None
 }
 
 fn tui(session: &Attached, deadline: Option<Instant>) -> Result<()> {

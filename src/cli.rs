@@ -180,6 +180,11 @@ pub struct TrainArgs {
     /// The mask token id (default: the target tokenizer's, as SpecForge finds it).
     #[arg(long, value_name = "ID")]
     pub mask_token_id: Option<i64>,
+    /// With --headless, a CI gate: stop (saving as on a normal stop) and exit with status 3 when
+    /// EXPR holds: `tok/s<12000 after 60s`, `verdict=stalled for 30s`, `gpu_idle>20% after 60s`,
+    /// `warn>=error` (repeatable).
+    #[arg(long = "fail-if", value_name = "EXPR")]
+    pub fail_if: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -198,6 +203,10 @@ pub struct AttachArgs {
     /// Detach after this many seconds (the watched run goes on).
     #[arg(long, value_name = "SECONDS")]
     pub seconds: Option<f64>,
+    /// With --headless, a CI gate: detach and exit with status 3 when EXPR holds (the forms of
+    /// `train --fail-if`; repeatable).
+    #[arg(long = "fail-if", value_name = "EXPR")]
+    pub fail_if: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]

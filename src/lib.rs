@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod doctor;
 pub mod engine;
+pub mod fail_if;
 pub mod fault;
 pub mod generate;
 pub mod headless;

@@ -72,3 +72,149 @@ fn headless_lines_list_warnings_as_rule_subject_with_counts() {
     let quiet = dflash_top::headless::interval_line(&starved_snapshot());
     assert!(!quiet.contains("warn="), "{quiet}");
 }
+
+use super::runs::{assert_user_error, bin, run, stderr};
+use super::support::wait_until;
+use std::process::Stdio;
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The `fail-if:` line of a run's output.
+fn reason(o: &std::process::Output) -> String {
+    let out = stdout(o);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("fail-if:")).collect();
+    assert_eq!(lines.len(), 1, "one reason line: {out}\n{}", stderr(o));
+    lines[0].to_string()
+}
+
+#[test]
+fn fail_if_tok_s_stops_the_run_saves_and_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("ckpt");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--save-dir",
+        save.to_str().unwrap(),
+        "--fail-if",
+        "tok/s<1e12 after 2s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let why = reason(&o);
+    assert!(why.contains("`tok/s<1e12 after 2s` held at t="), "{why}");
+    // Stopped as on a normal stop: the summary, and the step it reached saved.
+    let out = stdout(&o);
+    let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
+    assert!(summary.contains("checkpoint="), "{summary}");
+    let saved: Vec<_> = std::fs::read_dir(&save)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("step-"))
+        .collect();
+    assert_eq!(saved.len(), 1, "one checkpoint saved on the way out");
+}
+
+#[test]
+fn gates_that_never_hold_let_the_run_finish_with_success() {
+    // `gpu_idle` has no number on the CPU: that gate stays silent; tok/s is never negative.
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "6",
+        "--fail-if",
+        "gpu_idle>20% after 1s",
+        "--fail-if",
+        "tok/s<0",
+        "--fail-if",
+        "verdict=stalled for 30s",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("fail-if:"));
+}
+
+#[test]
+fn fail_if_verdict_stalled_on_a_hung_target() {
+    // The target's first step takes 30 s: the pipeline stalls after 10 s of start-up.
+    let o = run(&[
+        "train",
+        "--headless",
+        "--slow",
+        "target=30s",
+        "--fail-if",
+        "verdict=stalled for 1s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let why = reason(&o);
+    assert!(
+        why.contains("verdict=stalled (target-0 in forward for"),
+        "{why}"
+    );
+}
+
+#[test]
+fn fail_if_warn_at_error_on_a_hung_target() {
+    let o = run(&[
+        "train",
+        "--headless",
+        "--slow",
+        "target=30s",
+        "--fail-if",
+        "warn>=error",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let why = reason(&o);
+    assert!(why.contains("warnings: stalled:target-0"), "{why}");
+}
+
+#[test]
+fn a_bad_gate_is_one_sentence_with_the_forms() {
+    for e in [
+        "tok/s=3",
+        "speed<3",
+        "verdict=sleepy",
+        "warn>=fatal",
+        "loss<1 after soon",
+    ] {
+        let o = run(&["train", "--headless", "--steps", "1", "--fail-if", e]);
+        assert_user_error(&o, &[&format!("--fail-if `{e}`"), "tok/s<12000 after 60s"]);
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        let o = run(&["attach", "--headless", "--fail-if", e]);
+        assert_user_error(&o, &[&format!("--fail-if `{e}`")]);
+    }
+    // A gate with the TUI: refused, naming --headless.
+    let o = run(&["train", "--fail-if", "tok/s<1"]);
+    assert_user_error(&o, &["--fail-if", "--headless"]);
+}
+
+#[test]
+fn attach_headless_fail_if_detaches_with_status_3_and_the_run_goes_on() {
+    let runtime = tempfile::tempdir().unwrap();
+    let mut train = bin()
+        .args(["train", "--headless", "--interval", "60"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", train.id()));
+    wait_until("the run's socket", || sock.exists());
+    let o = bin()
+        .args(["attach", "--headless", "--fail-if", "tok/s<1e12 after 1s"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(reason(&o).contains("tok/s<1e12 after 1s"));
+    assert!(
+        train.try_wait().unwrap().is_none(),
+        "the watched run goes on"
+    );
+    train.kill().unwrap();
+    train.wait().unwrap();
+}
