@@ -5,6 +5,7 @@ use crate::cli::{Command, TrainArgs};
 use crate::config::RunConfig;
 use crate::engine::pipeline::Pipeline;
 use crate::summary::{RunInfo, Summary};
+use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::Telemetry;
 use crate::tui::End;
 use crate::wire::fanout::Fanout;
@@ -47,6 +48,8 @@ pub struct Session {
     hub_cancel: CancelToken,
     hub: std::thread::JoinHandle<()>,
     recorder: Option<Recorder>,
+    /// The last minute, dumped when something goes wrong (None without a place for dumps).
+    pub flight: Option<FlightRecorder>,
     /// The socket viewers attach to (None when it could not be opened: the run goes on).
     pub server: Option<Server>,
 }
@@ -83,6 +86,11 @@ impl Session {
                 None
             }
         };
+        let flight = cfg
+            .flight
+            .as_deref()
+            .map(|dir| FlightRecorder::start(&telemetry, dir))
+            .transpose()?;
         let pipeline = Pipeline::start(cfg, &telemetry)?;
         let hub_cancel = CancelToken::new();
         let hub = telemetry.spawn_hub(hub_cancel.clone())?;
@@ -92,6 +100,7 @@ impl Session {
             hub_cancel,
             hub,
             recorder,
+            flight,
             server,
         })
     }
@@ -102,6 +111,9 @@ impl Session {
         let result = self.pipeline.stop();
         self.hub_cancel.cancel();
         let _ = self.hub.join();
+        if let Some(f) = self.flight {
+            f.stop();
+        }
         if let Some(server) = self.server {
             server.stop();
         }
@@ -141,14 +153,17 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
             }
             tripped = crate::fail_if::first_tripped(&mut gates, &s);
             last = Some(s);
+            print_dumps(session.flight.as_ref());
             if tripped.is_some() {
                 break;
             }
         }
     }
-    // A gate that held: its reason, then the run stops as on any stop (saving its step).
+    // A gate that held: its reason and the last minute, then the run stops as on any stop
+    // (saving its step).
     if let Some(why) = &tripped {
         println!("{why}");
+        dump_now(session.flight.as_ref(), why);
     }
     let result = session.finish();
     while let Ok(s) = snapshots.try_recv() {
@@ -163,6 +178,22 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
     }
     Ok(signal_exit())
+}
+
+/// Prints the flight recorder's new dumps, one `flight:` line each.
+pub(crate) fn print_dumps(flight: Option<&FlightRecorder>) {
+    for d in flight.map(FlightRecorder::take_new).unwrap_or_default() {
+        println!("{}", d.line());
+    }
+}
+
+/// A dump because a `--fail-if` gate held (unless one was written in the last minute).
+pub(crate) fn dump_now(flight: Option<&FlightRecorder>, why: &str) {
+    match flight.and_then(|f| f.dump_now(why)) {
+        Some(Ok(d)) => println!("{}", d.line()),
+        Some(Err(e)) => eprintln!("dflash-top: {e:#}"),
+        None => {}
+    }
 }
 
 /// After a graceful stop: success, or 130 (the shell's "interrupted") when a signal asked for

@@ -3,6 +3,7 @@
 //! --headless`). Leaving detaches: the watched run goes on.
 
 use crate::cli::AttachArgs;
+use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::HubCommand;
 use crate::wire::attach::{list_text, resolve, sessions, Attached};
 use crate::wire::serve::socket_dir;
@@ -40,21 +41,39 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     session
         .telemetry
         .command(HubCommand::Status(format!("attached to {who}")));
+    let flight = args
+        .flight
+        .as_deref()
+        .map(|dir| FlightRecorder::start(&session.telemetry, dir))
+        .transpose()?;
     let deadline = args
         .seconds
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut tripped = None;
     let result = if args.headless {
-        tripped = headless(&session, &who, args.interval, deadline, &mut gates);
+        tripped = headless(
+            &session,
+            &who,
+            args.interval,
+            deadline,
+            &mut gates,
+            flight.as_ref(),
+        );
+        if let Some(why) = &tripped {
+            println!("{why}");
+            crate::app::dump_now(flight.as_ref(), why);
+        }
         Ok(())
     } else {
         tui(&session, deadline)
     };
     let reason = session.end_reason();
+    if let Some(f) = flight {
+        f.stop();
+    }
     session.detach();
     result?;
-    if let Some(why) = tripped {
-        println!("{why}");
+    if tripped.is_some() {
         eprintln!("detached from {who}: a --fail-if gate held; the run goes on");
         return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
     }
@@ -72,6 +91,7 @@ fn headless(
     interval: f64,
     deadline: Option<Instant>,
     gates: &mut [crate::fail_if::Gate],
+    flight: Option<&FlightRecorder>,
 ) -> Option<String> {
     println!("attached to {who}");
     let snapshots = session.telemetry.subscribe();
@@ -86,6 +106,7 @@ fn headless(
                 println!("{}", crate::headless::interval_line(&s));
                 next += interval;
             }
+            crate::app::print_dumps(flight);
             if let Some(why) = crate::fail_if::first_tripped(gates, &s) {
                 return Some(why);
             }

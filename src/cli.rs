@@ -185,6 +185,10 @@ pub struct TrainArgs {
     /// `warn>=error` (repeatable).
     #[arg(long = "fail-if", value_name = "EXPR")]
     pub fail_if: Vec<String>,
+    /// Where the flight recorder writes the last minute (a recording `replay` opens, and its
+    /// Chrome trace) when something goes wrong (default: --save-dir/flight; `off`: never).
+    #[arg(long, value_name = "DIR|off")]
+    pub flight: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -207,6 +211,10 @@ pub struct AttachArgs {
     /// `train --fail-if`; repeatable).
     #[arg(long = "fail-if", value_name = "EXPR")]
     pub fail_if: Vec<String>,
+    /// Keep the last minute in memory and write it here when something goes wrong (as `train
+    /// --flight`; default: none).
+    #[arg(long, value_name = "DIR")]
+    pub flight: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

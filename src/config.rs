@@ -81,6 +81,8 @@ pub struct RunConfig {
     pub chat: ChatOptions,
     /// The warning rules' settings (the TOML's `[warnings]`).
     pub warnings: WarnConfig,
+    /// Where flight-recorder dumps go (`--flight`, else `--save-dir`/flight; None: no dumps).
+    pub flight: Option<PathBuf>,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -370,6 +372,11 @@ impl RunConfig {
             resume_state.as_ref(),
             args.resume.as_deref(),
         )?;
+        let flight = match &args.flight {
+            Some(p) if p.as_os_str() == "off" => None,
+            Some(p) => Some(p.clone()),
+            None => save_dir.as_ref().map(|d| d.join("flight")),
+        };
         let cfg = RunConfig {
             target,
             target_config,
@@ -408,6 +415,7 @@ impl RunConfig {
             data_threads,
             chat: file.chat.clone().unwrap_or_default(),
             warnings: file.warnings.clone().unwrap_or_default(),
+            flight,
             gpu_timing,
             profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
                 None | Some("on") => true,

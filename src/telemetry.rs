@@ -2,6 +2,7 @@
 
 pub mod assemble;
 pub mod clock;
+pub mod flight;
 pub mod host;
 pub mod hub;
 pub mod live;

@@ -218,3 +218,120 @@ fn attach_headless_fail_if_detaches_with_status_3_and_the_run_goes_on() {
     train.kill().unwrap();
     train.wait().unwrap();
 }
+
+/// The `flight:` lines of a run's output: (recording, trace).
+fn dumps(o: &std::process::Output) -> Vec<(std::path::PathBuf, Option<std::path::PathBuf>)> {
+    stdout(o)
+        .lines()
+        .filter_map(|l| l.strip_prefix("flight: "))
+        .map(|l| {
+            let (paths, _why) = l.split_once(": ").unwrap();
+            match paths.split_once(" (trace ") {
+                Some((rec, trace)) => (rec.into(), Some(trace.trim_end_matches(')').into())),
+                None => (paths.into(), None),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_stall_is_dumped_beside_the_save_dir_and_the_dump_replays() {
+    use dflash_top::telemetry::verdict::Verdict;
+    use dflash_top::wire::recording::{read, Recording};
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("ckpt");
+    // The target's first step takes 30 s: the pipeline stalls after 10 s of start-up; the gate
+    // ends the run a second into the stall.
+    let o = run(&[
+        "train",
+        "--headless",
+        "--slow",
+        "target=30s",
+        "--save-dir",
+        save.to_str().unwrap(),
+        "--fail-if",
+        "verdict=stalled for 1s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let found = dumps(&o);
+    // The stall dumped; the gate a second later did not dump again (one a minute).
+    assert_eq!(found.len(), 1, "{}", stdout(&o));
+    let (rec, trace) = &found[0];
+    assert!(rec.starts_with(save.join("flight")), "{}", rec.display());
+    let line = stdout(&o);
+    assert!(
+        line.contains(": verdict stalled: target-0 in forward")
+            || line.contains(": stalled:target-0"),
+        "{line}"
+    );
+    let Recording::Snapshots(snaps) = read(rec).unwrap() else {
+        panic!("a dump is one snapshot a line");
+    };
+    assert!(
+        snaps.len() >= 50,
+        "the seconds before the stall: {}",
+        snaps.len()
+    );
+    assert_eq!(snaps.last().unwrap().verdict, Verdict::Stalled);
+    assert!(snaps.windows(2).all(|w| w[0].seq < w[1].seq));
+    // The loader's steps before the stall are in its trace.
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(trace.as_ref().unwrap()).unwrap()).unwrap();
+    assert!(trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["args"]["name"] == "loader"));
+    // `replay` plays it in a real terminal to its end (the stall is its last snapshot).
+    let cmd = format!(
+        "{} replay {}; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        rec.display()
+    );
+    let tui = crate::tmux::Session::start_sized(
+        format!("dflash-flight-{}", std::process::id()),
+        (120, 30),
+        &cmd,
+    );
+    let screen = tui.wait_for("the dump replayed to its end", |x| {
+        x.contains("REPLAY") && x.contains("replay finished")
+    });
+    for m in ["target-0", "forward", "hs_wait", "drafters starve"] {
+        assert!(screen.contains(m), "no {m} in\n{screen}");
+    }
+}
+
+#[test]
+fn flight_off_writes_nothing_and_a_gate_dumps_where_flight_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("ckpt");
+    let flight = dir.path().join("dumps");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--save-dir",
+        save.to_str().unwrap(),
+        "--flight",
+        flight.to_str().unwrap(),
+        "--fail-if",
+        "tok/s<1e12 after 1s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let found = dumps(&o);
+    assert_eq!(found.len(), 1, "the gate dumped: {}", stdout(&o));
+    assert!(found[0].0.starts_with(&flight));
+    assert!(!save.join("flight").exists());
+    let o = run(&[
+        "train",
+        "--headless",
+        "--save-dir",
+        dir.path().join("ckpt2").to_str().unwrap(),
+        "--flight",
+        "off",
+        "--fail-if",
+        "tok/s<1e12 after 1s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(dumps(&o).is_empty(), "{}", stdout(&o));
+    assert!(!dir.path().join("ckpt2").join("flight").exists());
+}
