@@ -1,7 +1,9 @@
 //! Each rule on scripted snapshots: one sequence that triggers it, one that must not.
 
 use super::*;
-use crate::telemetry::snapshot::{GpuView, PhaseWindow, SelfCost, ThreadState};
+use crate::telemetry::snapshot::{
+    GpuPanel, GpuView, PhaseWindow, QueueView, SelfCost, ThreadState, ThreadView,
+};
 use crate::telemetry::{Phase, Role};
 
 fn thread(name: &str, role: Role, device: &str, phase: Phase) -> ThreadView {
@@ -261,6 +263,44 @@ fn dropped_records_warn_for_a_window_after_the_drop() {
     assert!(run(WarnConfig::default(), 16.0, drop_at_5).is_empty());
     // A steady zero never warns.
     assert!(run(WarnConfig::default(), 30.0, |s| s.self_cost.dropped = 0).is_empty());
+}
+
+#[test]
+fn host_syncs_over_their_share_where_the_producer_counts_them() {
+    // A producer that counts its syncs (here the drafter's grad_sync stands in for a Python
+    // pipeline's declared `sync` phase): 25% of its time in 12 syncs a step.
+    let syncing = |n: f64| {
+        move |s: &mut Snapshot| {
+            let w = &mut s.threads[2].w10;
+            w.wall_ns = 1_000_000_000;
+            w.phase_steps = 10.0;
+            w.phase_ns[Phase::GradSync.index()] = 250_000_000;
+            w.phase_n[Phase::GradSync.index()] = n;
+        }
+    };
+    let run_sync = |until: f64, edit: &dyn Fn(&mut Snapshot)| {
+        let mut w = Warnings::new(WarnConfig::default());
+        w.is_sync = |p| p == Phase::GradSync;
+        let mut last = Vec::new();
+        for k in 0..=(until * 2.0) as u64 {
+            let mut s = base(k as f64 * 0.5);
+            edit(&mut s);
+            last = w.check(&s);
+        }
+        last
+    };
+    let w = run_sync(11.0, &syncing(120.0));
+    assert_eq!(keys(&w), ["host_sync:drafter-0"]);
+    assert!(
+        w[0].evidence
+            .contains("25% of its time in host syncs, 12.0 a step"),
+        "{}",
+        w[0].evidence
+    );
+    // Not counted (our own workers, or a producer without the counts): silent.
+    assert!(run_sync(30.0, &syncing(0.0)).is_empty());
+    // The default: only a phase named `sync` counts.
+    assert!(run(WarnConfig::default(), 30.0, syncing(120.0)).is_empty());
 }
 
 #[test]
