@@ -335,3 +335,11 @@ fn flight_off_writes_nothing_and_a_gate_dumps_where_flight_says() {
     assert!(dumps(&o).is_empty(), "{}", stdout(&o));
     assert!(!dir.path().join("ckpt2").join("flight").exists());
 }
+
+#[test]
+fn bench_refuses_the_gates_and_the_flight_recorder_with_a_sentence() {
+    for extra in [["--fail-if", "tok/s<1"], ["--flight", "/tmp/x"]] {
+        let o = run(&[&["bench", "engine"][..], &extra[..]].concat());
+        assert_user_error(&o, &[extra[0], "not bench"]);
+    }
+}
