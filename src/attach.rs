@@ -30,8 +30,14 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     }
     crate::fail_if::headless_only(&args.fail_if, args.headless)?;
     let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
+    let warnings = match &args.config {
+        Some(p) => crate::config::FileConfig::read(p)?
+            .warnings
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
     let path = resolve(args.target.as_deref())?;
-    let session = Attached::join(&path)?;
+    let session = Attached::join_with(&path, warnings)?;
     let who = format!(
         "PID {} ({}, {})",
         session.hello.pid,

@@ -215,6 +215,10 @@ pub struct AttachArgs {
     /// --flight`; default: none).
     #[arg(long, value_name = "DIR")]
     pub flight: Option<PathBuf>,
+    /// A TOML run configuration whose `[warnings]` table sets this viewer's warning rules (the
+    /// rest of the file is the run's business and is only checked).
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

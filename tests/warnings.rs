@@ -343,3 +343,49 @@ fn bench_refuses_the_gates_and_the_flight_recorder_with_a_sentence() {
         assert_user_error(&o, &[extra[0], "not bench"]);
     }
 }
+
+#[test]
+fn attach_takes_its_warning_rules_from_config_and_refuses_a_bad_table() {
+    let runtime = tempfile::tempdir().unwrap();
+    let toml = runtime.path().join("viewer.toml");
+    // Any phase mark is over a zero budget, and that is an error here.
+    std::fs::write(
+        &toml,
+        "[warnings]\nprofiling_budget_pct = 0.0\nprofiling_s = 0\n\
+         [warnings.severity]\nprofiling_cost = \"error\"\n",
+    )
+    .unwrap();
+    let mut train = bin()
+        .args(["train", "--headless", "--interval", "60"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", train.id()));
+    wait_until("the run's socket", || sock.exists());
+    let attach = |config: &std::path::Path| {
+        bin()
+            .args(["attach", "--headless", "--fail-if", "warn>=error"])
+            .arg("--config")
+            .arg(config)
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .output()
+            .unwrap()
+    };
+    let o = attach(&toml);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        reason(&o).contains("warnings: profiling_cost:"),
+        "{}",
+        reason(&o)
+    );
+    std::fs::write(&toml, "[warnings]\nprofiling_budget = 1\n").unwrap();
+    let o = attach(&toml);
+    assert_user_error(&o, &["viewer.toml", "unknown field `profiling_budget`"]);
+    train.kill().unwrap();
+    train.wait().unwrap();
+}

@@ -205,8 +205,9 @@ impl Warnings {
         let workers = s.threads.len().max(1) as f64;
         // Mark time as a share of each worker's time; snapshot time as a share of the hub's
         // (one snapshot a tick of 100 ms).
-        let marks_pct = c.marks_per_s * c.ns_per_mark / 1e9 / workers * 100.0;
-        let hub_pct = c.snapshot_us / 1e5 * 100.0;
+        // (`abs`: a window with no step yet reads -0, which would print as "-0".)
+        let marks_pct = (c.marks_per_s * c.ns_per_mark / 1e9 / workers * 100.0).abs();
+        let hub_pct = (c.snapshot_us / 1e5 * 100.0).abs();
         let budget = self.config.profiling_budget_pct;
         if marks_pct <= budget && hub_pct <= budget {
             return;
@@ -217,7 +218,9 @@ impl Warnings {
             evidence: format!(
                 "phase marks take {marks_pct:.1}% of each worker's time ({:.0} ns x {:.0}/s), \
                  snapshots {hub_pct:.1}% of the hub's ({:.0} us each); budget {budget}%",
-                c.ns_per_mark, c.marks_per_s, c.snapshot_us
+                c.ns_per_mark,
+                c.marks_per_s.abs(),
+                c.snapshot_us
             ),
             fix: "press p (or --profiling off) to stop marking; step counts and tok/s stay".into(),
         });
