@@ -5,6 +5,7 @@ use crate::cli::{Command, TrainArgs};
 use crate::config::RunConfig;
 use crate::engine::pipeline::Pipeline;
 use crate::summary::{RunInfo, Summary};
+use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::Telemetry;
 use crate::tui::End;
 use crate::wire::fanout::Fanout;
@@ -47,13 +48,16 @@ pub struct Session {
     hub_cancel: CancelToken,
     hub: std::thread::JoinHandle<()>,
     recorder: Option<Recorder>,
+    /// The last minute, dumped when something goes wrong (None without a place for dumps).
+    pub flight: Option<FlightRecorder>,
     /// The socket viewers attach to (None when it could not be opened: the run goes on).
     pub server: Option<Server>,
 }
 
 impl Session {
     pub fn start(cfg: &RunConfig) -> Result<Session> {
-        let telemetry = Telemetry::new();
+        let mut telemetry = Telemetry::new();
+        telemetry.warnings = cfg.viewer.warnings.clone();
         telemetry.switches().set_gpu_timing(cfg.viewer.gpu_timing);
         telemetry.switches().set_profiling(cfg.viewer.profiling);
         telemetry
@@ -87,6 +91,12 @@ impl Session {
                 None
             }
         };
+        let flight = cfg
+            .viewer
+            .flight
+            .as_deref()
+            .map(|dir| FlightRecorder::start(&telemetry, dir))
+            .transpose()?;
         let pipeline = Pipeline::start(&cfg.pipeline, &telemetry)?;
         let hub_cancel = CancelToken::new();
         let hub = telemetry.spawn_hub(hub_cancel.clone())?;
@@ -96,6 +106,7 @@ impl Session {
             hub_cancel,
             hub,
             recorder,
+            flight,
             server,
         })
     }
@@ -106,6 +117,9 @@ impl Session {
         let result = self.pipeline.stop();
         self.hub_cancel.cancel();
         let _ = self.hub.join();
+        if let Some(f) = self.flight {
+            f.stop();
+        }
         if let Some(server) = self.server {
             server.stop();
         }
@@ -119,6 +133,7 @@ impl Session {
 }
 
 fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
+    let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
     let cfg = RunConfig::from_args(args)?;
     println!("{}", cfg.pipeline.recipe_line());
     let session = Session::start(&cfg)?;
@@ -135,14 +150,26 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
     let interval = Duration::from_secs_f64(cfg.viewer.interval);
     let mut next = Instant::now() + interval;
     let mut last = None;
+    let mut tripped = None;
     while !session.pipeline.is_finished() && !crate::signals::requested() {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
             if Instant::now() >= next {
                 println!("{}", crate::headless::interval_line(&s));
                 next += interval;
             }
+            tripped = crate::fail_if::first_tripped(&mut gates, &s);
             last = Some(s);
+            print_dumps(session.flight.as_ref());
+            if tripped.is_some() {
+                break;
+            }
         }
+    }
+    // A gate that held: its reason and the last minute, then the run stops as on any stop
+    // (saving its step).
+    if let Some(why) = &tripped {
+        println!("{why}");
+        dump_now(session.flight.as_ref(), why);
     }
     let result = session.finish();
     while let Ok(s) = snapshots.try_recv() {
@@ -153,7 +180,26 @@ fn train_headless(args: &TrainArgs) -> Result<ExitCode> {
         println!("{}", Summary::of(&s, &run_info(&cfg, start_step)).line());
     }
     println!("data: {}", counts.line());
+    if tripped.is_some() {
+        return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
+    }
     Ok(signal_exit())
+}
+
+/// Prints the flight recorder's new dumps, one `flight:` line each.
+pub(crate) fn print_dumps(flight: Option<&FlightRecorder>) {
+    for d in flight.map(FlightRecorder::take_new).unwrap_or_default() {
+        println!("{}", d.line());
+    }
+}
+
+/// A dump because a `--fail-if` gate held (unless one was written in the last minute).
+pub(crate) fn dump_now(flight: Option<&FlightRecorder>, why: &str) {
+    match flight.and_then(|f| f.dump_now(why)) {
+        Some(Ok(d)) => println!("{}", d.line()),
+        Some(Err(e)) => eprintln!("dflash-top: {e:#}"),
+        None => {}
+    }
 }
 
 /// After a graceful stop: success, or 130 (the shell's "interrupted") when a signal asked for
@@ -171,6 +217,7 @@ pub(crate) fn signal_exit() -> ExitCode {
 
 fn train_tui(args: &TrainArgs) -> Result<ExitCode> {
     use crate::tui::{terminal, EngineControls};
+    crate::fail_if::headless_only(&args.fail_if, false)?;
     // Keys typed while the run starts (the model loads) neither echo over the shell nor reach
     // the screen; the echo comes back on every way out.
     let _hushed = terminal::hush_input();

@@ -3,6 +3,7 @@
 //! --headless`). Leaving detaches: the watched run goes on.
 
 use crate::cli::AttachArgs;
+use crate::telemetry::flight::FlightRecorder;
 use crate::wire::attach::{list_text, local_hms, resolve, sessions, Attached};
 use crate::wire::serve::socket_dir;
 use anyhow::{bail, Result};
@@ -26,8 +27,16 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     if let Some(s) = args.seconds.filter(|s| !(*s > 0.0 && s.is_finite())) {
         bail!("--seconds must be a positive number of seconds, not {s}");
     }
+    crate::fail_if::headless_only(&args.fail_if, args.headless)?;
+    let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
+    let warnings = match &args.config {
+        Some(p) => crate::config::FileConfig::read(p)?
+            .warnings
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
     let path = resolve(args.target.as_deref())?;
-    let session = Attached::join(&path)?;
+    let session = Attached::join_with(&path, warnings)?;
     let who = format!(
         "PID {} ({}, {})",
         session.hello.pid,
@@ -43,18 +52,42 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         session.hello.program,
         local_hms(since)
     );
+    let flight = args
+        .flight
+        .as_deref()
+        .map(|dir| FlightRecorder::start(&session.telemetry, dir))
+        .transpose()?;
     let deadline = args
         .seconds
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let mut tripped = None;
     let result = if args.headless {
-        headless(&session, &who, args.interval, deadline);
+        tripped = headless(
+            &session,
+            &who,
+            args.interval,
+            deadline,
+            &mut gates,
+            flight.as_ref(),
+        );
+        if let Some(why) = &tripped {
+            println!("{why}");
+            crate::app::dump_now(flight.as_ref(), why);
+        }
         Ok(())
     } else {
         tui(&session, deadline, label)
     };
     let reason = session.end_reason();
+    if let Some(f) = flight {
+        f.stop();
+    }
     session.detach();
     result?;
+    if tripped.is_some() {
+        eprintln!("detached from {who}: a --fail-if gate held; the run goes on");
+        return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
+    }
     match reason {
         Some(why) => eprintln!("detached from {who}: {why}"),
         None => eprintln!("detached from {who}; it goes on"),
@@ -62,7 +95,15 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     Ok(crate::app::signal_exit())
 }
 
-fn headless(session: &Attached, who: &str, interval: f64, deadline: Option<Instant>) {
+/// The interval lines until the viewer leaves; the reason when a `--fail-if` gate held.
+fn headless(
+    session: &Attached,
+    who: &str,
+    interval: f64,
+    deadline: Option<Instant>,
+    gates: &mut [crate::fail_if::Gate],
+    flight: Option<&FlightRecorder>,
+) -> Option<String> {
     println!("attached to {who}");
     let snapshots = session.telemetry.subscribe();
     let interval = Duration::from_secs_f64(interval);
@@ -76,8 +117,13 @@ fn headless(session: &Attached, who: &str, interval: f64, deadline: Option<Insta
                 println!("{}", crate::headless::interval_line(&s));
                 next += interval;
             }
+            crate::app::print_dumps(flight);
+            if let Some(why) = crate::fail_if::first_tripped(gates, &s) {
+                return Some(why);
+            }
         }
     }
+    None
 }
 
 fn tui(session: &Attached, deadline: Option<Instant>, label: String) -> Result<()> {

@@ -14,6 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    if !args.train.fail_if.is_empty() || args.train.flight.is_some() {
+        bail!(
+            "--fail-if and --flight watch `train --headless` and `attach`, not bench: leave them out"
+        );
+    }
     match args.what.as_str() {
         "telemetry" => {
             let on = crate::telemetry::hub::measure_mark_cost();

@@ -189,6 +189,15 @@ pub struct TrainArgs {
     /// The mask token id (default: the target tokenizer's, as SpecForge finds it).
     #[arg(long, value_name = "ID")]
     pub mask_token_id: Option<i64>,
+    /// With --headless, a CI gate: stop (saving as on a normal stop) and exit with status 3 when
+    /// EXPR holds: `tok/s<12000 after 60s`, `verdict=stalled for 30s`, `gpu_idle>20% after 60s`,
+    /// `warn>=error` (repeatable).
+    #[arg(long = "fail-if", value_name = "EXPR")]
+    pub fail_if: Vec<String>,
+    /// Where the flight recorder writes the last minute (a recording `replay` opens, and its
+    /// Chrome trace) when something goes wrong (default: --save-dir/flight; `off`: never).
+    #[arg(long, value_name = "DIR|off")]
+    pub flight: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -207,6 +216,18 @@ pub struct AttachArgs {
     /// Detach after this many seconds (the watched run goes on).
     #[arg(long, value_name = "SECONDS")]
     pub seconds: Option<f64>,
+    /// With --headless, a CI gate: detach and exit with status 3 when EXPR holds (the forms of
+    /// `train --fail-if`; repeatable).
+    #[arg(long = "fail-if", value_name = "EXPR")]
+    pub fail_if: Vec<String>,
+    /// Keep the last minute in memory and write it here when something goes wrong (as `train
+    /// --flight`; default: none).
+    #[arg(long, value_name = "DIR")]
+    pub flight: Option<PathBuf>,
+    /// A TOML run configuration whose `[warnings]` table sets this viewer's warning rules (the
+    /// rest of the file is the run's business and is only checked).
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

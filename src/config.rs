@@ -12,6 +12,7 @@ use crate::engine::fast_paths::FastPaths;
 use crate::engine::recipe::{mask_token_of, MaskToken};
 use crate::engine::schedule::Schedule;
 pub use crate::engine::spec::{DataSpec, PipelineSpec, Slow};
+use crate::telemetry::warnings::WarnConfig;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,10 @@ pub struct ViewerSettings {
     pub gpu_timing: crate::telemetry::GpuTiming,
     /// Phase marks recorded from the start (`--profiling on|off`; `p` flips it live).
     pub profiling: bool,
+    /// The warning rules' settings (the TOML's `[warnings]`).
+    pub warnings: WarnConfig,
+    /// Where flight-recorder dumps go (`--flight`, else `--save-dir`/flight; None: no dumps).
+    pub flight: Option<PathBuf>,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -96,6 +101,8 @@ pub struct FileConfig {
     /// `[chat]`: `enable_thinking` and `system_prompt` for chat data.
     pub chat: Option<ChatOptions>,
     pub max_viewers: Option<usize>,
+    /// `[warnings]`: the warning rules' thresholds, rules switched off, severities.
+    pub warnings: Option<WarnConfig>,
     /// `[fast_paths]`: `disable` (names) and `window_groups`.
     pub fast_paths: Option<FastPathsFile>,
 }
@@ -135,13 +142,27 @@ impl FileConfig {
         let text = std::fs::read_to_string(path).with_context(|| {
             format!("cannot read config file {}: check --config", path.display())
         })?;
-        toml::from_str(&text).map_err(|e| {
+        let file: FileConfig = toml::from_str(&text).map_err(|e| {
+            // The line at fault, for messages that do not name the key ("invalid type").
+            let at = e
+                .span()
+                .map(|r| {
+                    let line = text[..r.start.min(text.len())].lines().count().max(1);
+                    let shown = text.lines().nth(line - 1).unwrap_or("").trim();
+                    format!(" (line {line}: `{shown}`)")
+                })
+                .unwrap_or_default();
             anyhow::anyhow!(
-                "config file {} is not valid: {}",
+                "config file {} is not valid: {}{at}",
                 path.display(),
                 e.message()
             )
-        })
+        })?;
+        if let Some(w) = &file.warnings {
+            w.check()
+                .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+        }
+        Ok(file)
     }
 }
 
@@ -352,6 +373,11 @@ impl RunConfig {
             resume_state.as_ref(),
             args.resume.as_deref(),
         )?;
+        let flight = match &args.flight {
+            Some(p) if p.as_os_str() == "off" => None,
+            Some(p) => Some(p.clone()),
+            None => save_dir.as_ref().map(|d| d.join("flight")),
+        };
         let pipeline = PipelineSpec {
             target,
             target_config,
@@ -394,6 +420,8 @@ impl RunConfig {
             record: args.record.clone(),
             max_viewers,
             interval,
+            warnings: file.warnings.clone().unwrap_or_default(),
+            flight,
             gpu_timing,
             profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
                 None | Some("on") => true,
@@ -725,6 +753,41 @@ mod tests {
         ] {
             let e = format!("{:#}", with(text, flag).unwrap_err());
             assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn warnings_come_from_the_toml_and_a_bad_key_or_value_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = dir.path().join("run.toml");
+        let with = |text: &str| {
+            std::fs::write(&toml, text).unwrap();
+            RunConfig::from_args(&TrainArgs {
+                config: Some(toml.clone()),
+                ..TrainArgs::default()
+            })
+        };
+        let c = with(
+            "[warnings]\nstarved_s = 3.5\noff = [\"blocked\"]\n\
+             [warnings.severity]\nstarved = \"error\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.viewer.warnings.starved_s, 3.5);
+        assert_eq!(c.viewer.warnings.off, ["blocked"]);
+        assert_eq!(c.viewer.warnings.gpu_idle_s, WarnConfig::default().gpu_idle_s);
+        assert_eq!(
+            with("").unwrap().viewer.warnings,
+            WarnConfig::default(),
+            "documented defaults without the table"
+        );
+        for (text, want) in [
+            ("[warnings]\nstarve_s = 3\n", "unknown field `starve_s`"),
+            ("[warnings]\nstarved_s = \"ten\"\n", "starved_s = \"ten\""),
+            ("[warnings]\nstarved_s = -2.0\n", "`warnings.starved_s` -2"),
+            ("[warnings]\noff = [\"idle\"]\n", "unknown rule `idle`"),
+        ] {
+            let e = format!("{:#}", with(text).unwrap_err());
+            assert!(e.contains(want) && e.contains("run.toml"), "{want}: {e}");
         }
     }
 }

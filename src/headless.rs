@@ -46,6 +46,7 @@ pub fn interval_line(s: &Snapshot) -> String {
         s.verdict.short(),
         s.self_cost.dropped
     );
+    out.push_str(&warning_fields(&s.warnings));
     if let Some(what) = &s.stall {
         let _ = write!(out, " stalled=\"{what}\"");
     }
@@ -59,6 +60,20 @@ pub fn interval_line(s: &Snapshot) -> String {
         let _ = write!(out, " alert={a:?}");
     }
     out
+}
+
+/// ` warn=stalled:target-0,starved:drafter warn.error=1 warn.warn=1 warn.info=0`: the warnings
+/// in force as `rule:subject`, most severe first, and their count by severity; nothing when none.
+pub fn warning_fields(w: &[crate::telemetry::warnings::Warning]) -> String {
+    if w.is_empty() {
+        return String::new();
+    }
+    let (e, wn, i) = crate::telemetry::warnings::counts(w);
+    let keys: Vec<String> = w.iter().map(|x| x.key()).collect();
+    format!(
+        " warn={} warn.error={e} warn.warn={wn} warn.info={i}",
+        keys.join(",")
+    )
 }
 
 /// ` | gpu0.util=97 gpu0.mem=81234` for each GPU this process sees as `cuda:N`: util is the SM

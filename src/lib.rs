@@ -9,6 +9,7 @@ pub mod config;
 pub mod cuda_shim;
 pub mod doctor;
 pub mod engine;
+pub mod fail_if;
 pub mod fault;
 pub mod generate;
 pub mod headless;

@@ -2,6 +2,7 @@
 
 pub mod assemble;
 pub mod clock;
+pub mod flight;
 pub mod host;
 pub mod hub;
 pub mod live;
@@ -18,6 +19,7 @@ pub mod stall;
 pub mod switches;
 pub mod trace;
 pub mod verdict;
+pub mod warnings;
 pub mod window;
 
 pub use hub::{HubCommand, Telemetry};

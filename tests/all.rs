@@ -23,6 +23,7 @@ mod telemetry_core;
 mod telemetry_live;
 mod tmux;
 mod tui;
+mod warnings;
 
 /// The first CUDA device, or `None` where there is none, saying that `what` is not run: the
 /// GPU-gated tests check on the GPU host and say so elsewhere.

@@ -24,7 +24,7 @@ const FLOORS: &[&[&str]] = &[
     &["signals"],
     &["probe"],
     &["telemetry"],
-    &["engine", "wire", "summary"],
+    &["engine", "wire", "summary", "fail_if"],
     // flags + TOML -> the engine's spec; the viewers
     &["config", "tui", "headless"],
     // the commands

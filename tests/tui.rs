@@ -173,6 +173,7 @@ pub fn starved_snapshot() -> Snapshot {
         status: None,
         alerts: Vec::new(),
         steps: Vec::new(),
+        warnings: Vec::new(),
     }
 }
 
@@ -293,7 +294,7 @@ fn actions_change_the_engine_switches_and_the_app() {
     assert_eq!(app.view, View::Threads);
     app.update(Action::PrevView, &ctl);
     app.update(Action::PrevView, &ctl);
-    assert_eq!(app.view, View::Timeline, "the views wrap around");
+    assert_eq!(app.view, View::Warnings, "the views wrap around");
     app.update(Action::ShowView(2), &ctl);
     assert_eq!(app.view, View::Phases);
     app.update(Action::ToggleHelp, &ctl);

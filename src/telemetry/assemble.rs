@@ -265,6 +265,7 @@ impl Assembler {
             status: self.status.clone(),
             alerts: Vec::new(),
             steps: self.spans(threads),
+            warnings: Vec::new(),
         }
     }
 

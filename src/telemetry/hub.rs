@@ -10,6 +10,7 @@ use super::recorder::{RecordSink, Registry, StepRecord};
 use super::snapshot::Snapshot;
 use super::switches::GpuTiming;
 use super::switches::Switches;
+use super::warnings::{WarnConfig, Warnings};
 use super::window::TICK_NS;
 use crate::cancel::CancelToken;
 use crate::probe::cpu::CpuProbe;
@@ -80,6 +81,8 @@ pub struct Telemetry {
     forward: Arc<Mutex<Option<Sender<HubCommand>>>>,
     /// Failures that stay on screen for the rest of the run (a recording that stopped).
     alerts: Arc<Mutex<Vec<String>>>,
+    /// The warning rules' settings (`[warnings]` in the run's TOML; defaults elsewhere).
+    pub warnings: WarnConfig,
 }
 
 impl Default for Telemetry {
@@ -114,6 +117,7 @@ impl Telemetry {
             taps: Arc::default(),
             forward: Arc::default(),
             alerts: Arc::default(),
+            warnings: WarnConfig::default(),
         }
     }
 
@@ -270,6 +274,7 @@ impl Telemetry {
         if let GpuProbe::Absent(why) = &gpu {
             asm.set_gpu_absent(why);
         }
+        let mut rules = Warnings::new(self.warnings.clone());
         let ticker = tick(Duration::from_nanos(TICK_NS));
         let mut n: u64 = 0;
         loop {
@@ -319,6 +324,7 @@ impl Telemetry {
                     taps.iter().for_each(|t| t.tick(&input));
                     let mut snap = asm.tick_read(&input);
                     snap.alerts = self.alerts();
+                    snap.warnings = rules.check(&snap);
                     self.publish(snap);
                     if stopping {
                         return;

@@ -302,6 +302,9 @@ pub struct Snapshot {
     /// The steps that ended since the previous snapshot (for traces); empty when not kept.
     #[serde(default)]
     pub steps: Vec<StepSpan>,
+    /// The warnings in force, most severe first (`telemetry::warnings`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<super::warnings::Warning>,
 }
 
 /// One ended iteration of one thread, for the Chrome trace.

@@ -9,16 +9,18 @@ pub enum View {
     Queues,
     Charts,
     Timeline,
+    Warnings,
 }
 
 impl View {
-    pub const ALL: [View; 6] = [
+    pub const ALL: [View; 7] = [
         View::Overview,
         View::Threads,
         View::Phases,
         View::Queues,
         View::Charts,
         View::Timeline,
+        View::Warnings,
     ];
 
     pub fn title(self) -> &'static str {
@@ -29,6 +31,7 @@ impl View {
             View::Queues => "4 queues+gpu",
             View::Charts => "5 charts",
             View::Timeline => "6 timeline",
+            View::Warnings => "7 warnings",
         }
     }
 

@@ -12,3 +12,4 @@ pub mod summary;
 pub mod thread_detail;
 pub mod threads;
 pub mod timeline;
+pub mod warnings;

@@ -122,6 +122,7 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
             panels::gpus::render(f, g, &c);
         }
         View::Charts => panels::charts::render(f, body, &c, true),
+        View::Warnings => panels::warnings::render(f, body, &c),
         View::Timeline => {
             // The timeline sized to its lanes; the phase bars of the same threads below it.
             let want = panels::timeline::height(&c);

@@ -6,6 +6,7 @@ use super::mirror::Mirror;
 use super::protocol::*;
 use super::serve::socket_dir;
 use crate::cancel::CancelToken;
+use crate::telemetry::warnings::WarnConfig;
 use crate::telemetry::{HubCommand, Telemetry};
 use anyhow::{anyhow, bail, Context, Result};
 use std::os::unix::net::UnixStream;
@@ -237,8 +238,14 @@ pub struct Attached {
 
 impl Attached {
     pub fn join(path: &Path) -> Result<Attached> {
+        Self::join_with(path, WarnConfig::default())
+    }
+
+    /// `join`, the warning rules set by `warnings` (the viewer's `[warnings]`).
+    pub fn join_with(path: &Path, warnings: WarnConfig) -> Result<Attached> {
         let (stream, hello) = connect(path)?;
         let mut telemetry = Telemetry::new();
+        telemetry.warnings = warnings;
         telemetry.watched_pid = Some(hello.pid);
         telemetry.ns_per_mark = Some(hello.ns_per_mark);
         let mut mirror = Mirror::new(&hello, &telemetry, 0)?;

@@ -129,6 +129,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         (v, _) => (v.text().to_string(), verdict_style),
     };
     line2.push(Span::styled(verdict, verdict_style));
+    line2.extend(super::warnings::count_span(c));
     let line2 = Line::from(line2);
     let mut spans = Vec::new();
     // A failure that stays (a recording that stopped) comes before any passing note.

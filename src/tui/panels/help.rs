@@ -29,8 +29,8 @@ pub const KEYS: [(&str, &str); 20] = [
     ),
     ("tab l →", "next view (shift-tab, h, ←: previous)"),
     (
-        "1-6",
-        "overview, threads, phases, queues+GPUs, charts, timeline",
+        "1-7",
+        "overview, threads, phases, queues+GPUs, charts, timeline, warnings",
     ),
     ("t", "the timeline"),
     ("j k ↓ ↑", "select the next / previous thread"),

@@ -1,0 +1,85 @@
+//! The warnings view: every warning in force, most severe first, with its evidence and its fix
+//! (`telemetry::warnings` finds them); the header counts them by severity.
+
+use super::super::view::Ctx;
+use crate::telemetry::warnings::{counts, Rule, Severity, Warning};
+use ratatui::layout::Rect;
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
+use ratatui::Frame;
+
+/// The header's count: `⚠ 1 error 2 warn` (nothing when no warning is in force).
+pub fn count_span(c: &Ctx) -> Option<Span<'static>> {
+    let w = &c.snap.warnings;
+    if w.is_empty() || c.app.summary.is_some() {
+        return None;
+    }
+    let (e, wn, i) = counts(w);
+    let mut parts = Vec::new();
+    for (n, name) in [(e, "error"), (wn, "warn"), (i, "info")] {
+        if n > 0 {
+            parts.push(format!("{n} {name}"));
+        }
+    }
+    let style = if e + wn > 0 {
+        c.theme.alert()
+    } else {
+        c.theme.dim()
+    };
+    Some(Span::styled(format!("  ⚠ {} (7)", parts.join(" ")), style))
+}
+
+fn severity_style(c: &Ctx, s: Severity) -> Style {
+    match s {
+        Severity::Error => c.theme.alert(),
+        Severity::Warn => c.theme.starved(),
+        Severity::Info => c.theme.dim(),
+    }
+}
+
+fn lines_of<'a>(c: &Ctx, w: &'a Warning) -> [Line<'a>; 3] {
+    [
+        Line::from(vec![
+            Span::styled(
+                format!("{:<5} ", w.severity.name().to_uppercase()),
+                severity_style(c, w.severity),
+            ),
+            Span::styled(w.key(), c.theme.bold()),
+            Span::styled(format!("  for {:.0} s", w.for_s), c.theme.dim()),
+        ]),
+        Line::from(format!("      {}", w.evidence)),
+        Line::from(vec![
+            Span::styled("      fix: ", c.theme.dim()),
+            Span::raw(w.fix.as_str()),
+        ]),
+    ]
+}
+
+pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
+    let w = &c.snap.warnings;
+    let (e, wn, i) = counts(w);
+    let title = format!(" warnings: {e} error · {wn} warn · {i} info ");
+    let mut lines: Vec<Line> = Vec::new();
+    if w.is_empty() {
+        let rules: Vec<&str> = Rule::ALL.iter().map(|r| r.name()).collect();
+        lines.push(Line::styled(
+            "no warning in force: every rule is quiet",
+            c.theme.ok(),
+        ));
+        lines.push(Line::styled(
+            format!(
+                "rules: {} ([warnings] in the TOML config sets them)",
+                rules.join(", ")
+            ),
+            c.theme.dim(),
+        ));
+    }
+    for x in w {
+        lines.extend(lines_of(c, x));
+    }
+    let p = Paragraph::new(lines)
+        .wrap(Wrap { trim: false })
+        .block(Block::default().borders(Borders::ALL).title(title));
+    f.render_widget(p, area);
+}

@@ -1,0 +1,391 @@
+//! Warnings as data: the TUI's count and view, the headless `warn=` fields; `--fail-if` gates and
+//! the flight recorder on the real binary.
+
+use super::tui::{controls, screen, starved_snapshot, LIVE};
+use dflash_top::telemetry::warnings::{Rule, Severity, Warning};
+use dflash_top::tui::app::{Action, App, View};
+use dflash_top::tui::theme::Theme;
+use std::sync::Arc;
+
+fn warned() -> dflash_top::telemetry::Snapshot {
+    let mut s = starved_snapshot();
+    s.warnings = vec![
+        Warning {
+            rule: Rule::Stalled,
+            subject: "target-0".into(),
+            severity: Severity::Error,
+            evidence: "no step has ended: target-0 in forward for 12.0 s".into(),
+            fix: "see where target-0 hangs".into(),
+            for_s: 2.0,
+        },
+        Warning {
+            rule: Rule::Starved,
+            subject: "drafter".into(),
+            severity: Severity::Warn,
+            evidence: "drafters wait on empty queue `hs` 92% of the time (depth 0/2)".into(),
+            fix: "the target side is the bottleneck".into(),
+            for_s: 14.0,
+        },
+    ];
+    s
+}
+
+#[test]
+fn the_header_counts_warnings_by_severity_and_view_7_lists_them() {
+    let (ctl, _t) = controls(false);
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(warned()));
+    let s = screen(&app, 120, 30, Theme::from_color(false), LIVE);
+    assert!(s.contains("⚠ 1 error 1 warn (7)"), "{s}");
+    app.update(Action::ShowView(6), &ctl);
+    assert_eq!(app.view, View::Warnings);
+    let s = screen(&app, 120, 30, Theme::from_color(false), LIVE);
+    for m in [
+        "warnings: 1 error · 1 warn · 0 info",
+        "ERROR stalled:target-0",
+        "WARN  starved:drafter",
+        "`hs` 92% of the time",
+        "fix: the target side is the bottleneck",
+    ] {
+        assert!(s.contains(m), "no {m} in\n{s}");
+    }
+    // Errors come first.
+    assert!(s.find("stalled:target-0") < s.find("starved:drafter"));
+    // None in force: no count, and the view says every rule is quiet.
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    app.update(Action::ShowView(6), &ctl);
+    let s = screen(&app, 120, 30, Theme::from_color(false), LIVE);
+    assert!(!s.contains('⚠'), "{s}");
+    assert!(s.contains("no warning in force"), "{s}");
+}
+
+#[test]
+fn headless_lines_list_warnings_as_rule_subject_with_counts() {
+    let line = dflash_top::headless::interval_line(&warned());
+    assert!(
+        line.contains(
+            " warn=stalled:target-0,starved:drafter warn.error=1 warn.warn=1 warn.info=0"
+        ),
+        "{line}"
+    );
+    let quiet = dflash_top::headless::interval_line(&starved_snapshot());
+    assert!(!quiet.contains("warn="), "{quiet}");
+}
+
+use super::runs::{assert_user_error, bin, run, stderr};
+use super::support::wait_until;
+use std::process::Stdio;
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The `fail-if:` line of a run's output.
+fn reason(o: &std::process::Output) -> String {
+    let out = stdout(o);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("fail-if:")).collect();
+    assert_eq!(lines.len(), 1, "one reason line: {out}\n{}", stderr(o));
+    lines[0].to_string()
+}
+
+#[test]
+fn fail_if_tok_s_stops_the_run_saves_and_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("ckpt");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--save-dir",
+        save.to_str().unwrap(),
+        "--fail-if",
+        "tok/s<1e12 after 2s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let why = reason(&o);
+    assert!(why.contains("`tok/s<1e12 after 2s` held at t="), "{why}");
+    // Stopped as on a normal stop: the summary, and the step it reached saved.
+    let out = stdout(&o);
+    let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
+    assert!(summary.contains("checkpoint="), "{summary}");
+    let saved: Vec<_> = std::fs::read_dir(&save)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("step-"))
+        .collect();
+    assert_eq!(saved.len(), 1, "one checkpoint saved on the way out");
+}
+
+#[test]
+fn gates_that_never_hold_let_the_run_finish_with_success() {
+    // `gpu_idle` has no number on the CPU: that gate stays silent; tok/s is never negative.
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "6",
+        "--fail-if",
+        "gpu_idle>20% after 1s",
+        "--fail-if",
+        "tok/s<0",
+        "--fail-if",
+        "verdict=stalled for 30s",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("fail-if:"));
+}
+
+#[test]
+fn fail_if_verdict_stalled_on_a_hung_target() {
+    // The target's first step takes 30 s: the pipeline stalls after 10 s of start-up.
+    let o = run(&[
+        "train",
+        "--headless",
+        "--slow",
+        "target=30s",
+        "--fail-if",
+        "verdict=stalled for 1s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let why = reason(&o);
+    assert!(
+        why.contains("verdict=stalled (target-0 in forward for"),
+        "{why}"
+    );
+}
+
+#[test]
+fn fail_if_warn_at_error_on_a_hung_target() {
+    let o = run(&[
+        "train",
+        "--headless",
+        "--slow",
+        "target=30s",
+        "--fail-if",
+        "warn>=error",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let why = reason(&o);
+    assert!(why.contains("warnings: stalled:target-0"), "{why}");
+}
+
+#[test]
+fn a_bad_gate_is_one_sentence_with_the_forms() {
+    for e in [
+        "tok/s=3",
+        "speed<3",
+        "verdict=sleepy",
+        "warn>=fatal",
+        "loss<1 after soon",
+    ] {
+        let o = run(&["train", "--headless", "--steps", "1", "--fail-if", e]);
+        assert_user_error(&o, &[&format!("--fail-if `{e}`"), "tok/s<12000 after 60s"]);
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+        let o = run(&["attach", "--headless", "--fail-if", e]);
+        assert_user_error(&o, &[&format!("--fail-if `{e}`")]);
+    }
+    // A gate with the TUI: refused, naming --headless.
+    let o = run(&["train", "--fail-if", "tok/s<1"]);
+    assert_user_error(&o, &["--fail-if", "--headless"]);
+}
+
+#[test]
+fn attach_headless_fail_if_detaches_with_status_3_and_the_run_goes_on() {
+    let runtime = tempfile::tempdir().unwrap();
+    let mut train = bin()
+        .args(["train", "--headless", "--interval", "60"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", train.id()));
+    wait_until("the run's socket", || sock.exists());
+    let o = bin()
+        .args(["attach", "--headless", "--fail-if", "tok/s<1e12 after 1s"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(reason(&o).contains("tok/s<1e12 after 1s"));
+    assert!(
+        train.try_wait().unwrap().is_none(),
+        "the watched run goes on"
+    );
+    train.kill().unwrap();
+    train.wait().unwrap();
+}
+
+/// The `flight:` lines of a run's output: (recording, trace).
+fn dumps(o: &std::process::Output) -> Vec<(std::path::PathBuf, Option<std::path::PathBuf>)> {
+    stdout(o)
+        .lines()
+        .filter_map(|l| l.strip_prefix("flight: "))
+        .map(|l| {
+            let (paths, _why) = l.split_once(": ").unwrap();
+            match paths.split_once(" (trace ") {
+                Some((rec, trace)) => (rec.into(), Some(trace.trim_end_matches(')').into())),
+                None => (paths.into(), None),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_stall_is_dumped_beside_the_save_dir_and_the_dump_replays() {
+    use dflash_top::telemetry::verdict::Verdict;
+    use dflash_top::wire::recording::{read, Recording};
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("ckpt");
+    // The target's first step takes 30 s: the pipeline stalls after 10 s of start-up; the gate
+    // ends the run a second into the stall.
+    let o = run(&[
+        "train",
+        "--headless",
+        "--slow",
+        "target=30s",
+        "--save-dir",
+        save.to_str().unwrap(),
+        "--fail-if",
+        "verdict=stalled for 1s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let found = dumps(&o);
+    // The stall dumped; the gate a second later did not dump again (one a minute).
+    assert_eq!(found.len(), 1, "{}", stdout(&o));
+    let (rec, trace) = &found[0];
+    assert!(rec.starts_with(save.join("flight")), "{}", rec.display());
+    let line = stdout(&o);
+    assert!(
+        line.contains(": verdict stalled: target-0 in forward")
+            || line.contains(": stalled:target-0"),
+        "{line}"
+    );
+    let Recording::Snapshots(snaps) = read(rec).unwrap() else {
+        panic!("a dump is one snapshot a line");
+    };
+    assert!(
+        snaps.len() >= 50,
+        "the seconds before the stall: {}",
+        snaps.len()
+    );
+    assert_eq!(snaps.last().unwrap().verdict, Verdict::Stalled);
+    assert!(snaps.windows(2).all(|w| w[0].seq < w[1].seq));
+    // The loader's steps before the stall are in its trace.
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(trace.as_ref().unwrap()).unwrap()).unwrap();
+    assert!(trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["args"]["name"] == "loader"));
+    // `replay` plays it in a real terminal to its end (the stall is its last snapshot).
+    let cmd = format!(
+        "{} replay {}; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        rec.display()
+    );
+    let tui = crate::tmux::Session::start_sized(
+        format!("dflash-flight-{}", std::process::id()),
+        (120, 30),
+        &cmd,
+    );
+    let screen = tui.wait_for("the dump replayed to its end", |x| {
+        x.contains("REPLAY") && x.contains("replay finished")
+    });
+    for m in ["target-0", "forward", "hs_wait", "drafters starve"] {
+        assert!(screen.contains(m), "no {m} in\n{screen}");
+    }
+}
+
+#[test]
+fn flight_off_writes_nothing_and_a_gate_dumps_where_flight_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let save = dir.path().join("ckpt");
+    let flight = dir.path().join("dumps");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--save-dir",
+        save.to_str().unwrap(),
+        "--flight",
+        flight.to_str().unwrap(),
+        "--fail-if",
+        "tok/s<1e12 after 1s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let found = dumps(&o);
+    assert_eq!(found.len(), 1, "the gate dumped: {}", stdout(&o));
+    assert!(found[0].0.starts_with(&flight));
+    assert!(!save.join("flight").exists());
+    let o = run(&[
+        "train",
+        "--headless",
+        "--save-dir",
+        dir.path().join("ckpt2").to_str().unwrap(),
+        "--flight",
+        "off",
+        "--fail-if",
+        "tok/s<1e12 after 1s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(dumps(&o).is_empty(), "{}", stdout(&o));
+    assert!(!dir.path().join("ckpt2").join("flight").exists());
+}
+
+#[test]
+fn bench_refuses_the_gates_and_the_flight_recorder_with_a_sentence() {
+    for extra in [["--fail-if", "tok/s<1"], ["--flight", "/tmp/x"]] {
+        let o = run(&[&["bench", "engine"][..], &extra[..]].concat());
+        assert_user_error(&o, &[extra[0], "not bench"]);
+    }
+}
+
+#[test]
+fn attach_takes_its_warning_rules_from_config_and_refuses_a_bad_table() {
+    let runtime = tempfile::tempdir().unwrap();
+    let toml = runtime.path().join("viewer.toml");
+    // Any phase mark is over a zero budget, and that is an error here.
+    std::fs::write(
+        &toml,
+        "[warnings]\nprofiling_budget_pct = 0.0\nprofiling_s = 0\n\
+         [warnings.severity]\nprofiling_cost = \"error\"\n",
+    )
+    .unwrap();
+    let mut train = bin()
+        .args(["train", "--headless", "--interval", "60"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", train.id()));
+    wait_until("the run's socket", || sock.exists());
+    let attach = |config: &std::path::Path| {
+        bin()
+            .args(["attach", "--headless", "--fail-if", "warn>=error"])
+            .arg("--config")
+            .arg(config)
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .output()
+            .unwrap()
+    };
+    let o = attach(&toml);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        reason(&o).contains("warnings: profiling_cost:"),
+        "{}",
+        reason(&o)
+    );
+    std::fs::write(&toml, "[warnings]\nprofiling_budget = 1\n").unwrap();
+    let o = attach(&toml);
+    assert_user_error(&o, &["viewer.toml", "unknown field `profiling_budget`"]);
+    train.kill().unwrap();
+    train.wait().unwrap();
+}
