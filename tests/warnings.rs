@@ -294,7 +294,7 @@ fn a_stall_is_dumped_beside_the_save_dir_and_the_dump_replays() {
         &cmd,
     );
     let screen = tui.wait_for("the dump replayed to its end", |x| {
-        x.contains("REPLAY") && x.contains("replay finished")
+        x.contains("REPLAY") && x.contains("end of recording")
     });
     for m in ["target-0", "forward", "hs_wait", "drafters starve"] {
         assert!(screen.contains(m), "no {m} in\n{screen}");
