@@ -26,6 +26,10 @@ pub struct App {
     pub view: View,
     pub window: Window,
     pub help: bool,
+    /// Rows the help overlay is scrolled down by (j/k while it is open).
+    pub help_scroll: u16,
+    /// How far the help could scroll in the last frame (set as it is drawn).
+    pub help_max: std::cell::Cell<u16>,
     pub quit: bool,
     /// What is on screen while frozen.
     pub frozen: Option<Frozen>,
@@ -75,6 +79,8 @@ impl App {
             view: View::Overview,
             window: Window::OneSecond,
             help: false,
+            help_scroll: 0,
+            help_max: std::cell::Cell::new(u16::MAX),
             quit: false,
             frozen: None,
             latest: None,
@@ -417,7 +423,17 @@ impl App {
                     self.view = *v;
                 }
             }
-            Action::ToggleHelp => self.help = !self.help,
+            Action::ToggleHelp => {
+                self.help = !self.help;
+                self.help_scroll = 0;
+            }
+            // With the help open, j/k scroll it (the overlay clamps to its length).
+            Action::SelectNext if self.help => {
+                self.help_scroll = (self.help_scroll + 1).min(self.help_max.get())
+            }
+            Action::SelectPrev if self.help => {
+                self.help_scroll = self.help_scroll.saturating_sub(1)
+            }
             Action::ExportTrace => {
                 // What the timeline shows: its width, where it is panned to.
                 let span = self.time_span();

@@ -4,9 +4,10 @@
 use super::super::view::Ctx;
 use crate::telemetry::queue_view::verdict_inputs;
 use crate::telemetry::verdict::Verdict;
-use crate::tui::app::fmt_clock;
+use crate::tui::app::{fmt_clock, View};
 use crate::wire::replay::ReplayPos;
 use ratatui::layout::Rect;
+use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 use ratatui::Frame;
@@ -130,7 +131,33 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     };
     line2.push(Span::styled(verdict, verdict_style));
     let line2 = Line::from(line2);
-    let mut spans = Vec::new();
+    let dropped = format!(
+        "{}{}",
+        s.self_cost.dropped,
+        drops_detail(s.self_cost.spans_dropped, c.app.missed_snapshots)
+    );
+    let (ns, per_s, snap) = (
+        s.self_cost.ns_per_mark,
+        s.self_cost.marks_per_s,
+        s.self_cost.snapshot_us,
+    );
+    let long =
+        format!("dropped {dropped} · prof {ns:.0} ns/mark x {per_s:.0}/s · snap {snap:.0}us");
+    let short = format!("drop {dropped} · prof {ns:.0}ns x{per_s:.0}/s · snap {snap:.0}us");
+    const HELP: &str = " · ? help";
+    // The views' names where they fit beside what the profiler costs, else the digits with
+    // the current one named; at the narrowest, the costs in short words.
+    let fits = |tabs: usize, cost: &str| {
+        tabs + 2 + cost.chars().count() + HELP.len() <= area.width as usize
+    };
+    let full = fits(tab_bar(c, true).1, &long);
+    let cost = if full || fits(tab_bar(c, false).1, &long) {
+        long
+    } else {
+        short
+    };
+    let (mut spans, _) = tab_bar(c, full);
+    spans.push(Span::raw("  "));
     // A failure that stays (a recording that stopped) comes before any passing note.
     for a in &s.alerts {
         spans.push(Span::styled(format!("! {a}  "), t.alert()));
@@ -138,18 +165,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     if let Some(note) = c.app.note.as_ref().or(s.status.as_ref()) {
         spans.push(Span::styled(format!("» {note}  "), t.bold()));
     }
-    spans.push(Span::styled(
-        format!(
-            "dropped {}{} · prof {:.0} ns/mark x {:.0}/s · snap {:.0}us · [{}] ? help q quit",
-            s.self_cost.dropped,
-            drops_detail(s.self_cost.spans_dropped, c.app.missed_snapshots),
-            s.self_cost.ns_per_mark,
-            s.self_cost.marks_per_s,
-            s.self_cost.snapshot_us,
-            c.app.view.title()
-        ),
-        t.dim(),
-    ));
+    spans.push(Span::styled(cost, t.dim()));
+    spans.push(Span::styled(HELP, t.dim()));
     let help = Line::from(spans);
     let mut lines = vec![line1, line2, help];
     if let Some(pos) = c.badges.replay {
@@ -170,6 +187,35 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         ]));
     }
     f.render_widget(Paragraph::new(lines), area);
+}
+
+/// The views as tabs, the current one highlighted: `1 overview  2 threads  …` (`full`), or
+/// `1 2 3 phases 4 5 6`. With the width it takes.
+pub fn tab_bar(c: &Ctx, full: bool) -> (Vec<Span<'static>>, usize) {
+    let t = c.theme;
+    let mut spans = Vec::new();
+    let mut width = 0;
+    for v in View::ALL {
+        let current = v == c.app.view;
+        let text = if full || current {
+            format!(" {} ", v.title())
+        } else {
+            format!(" {}", &v.title()[..1])
+        };
+        width += text.chars().count();
+        let style = if current {
+            if t.color {
+                t.accent(Color::Cyan)
+                    .add_modifier(Modifier::REVERSED | Modifier::BOLD)
+            } else {
+                Style::default().add_modifier(Modifier::REVERSED | Modifier::BOLD)
+            }
+        } else {
+            t.dim()
+        };
+        spans.push(Span::styled(text, style));
+    }
+    (spans, width)
 }
 
 /// A replay's position bar: `▶ 2x  t=1:12 / 5:00  ━━━━━●────  space pause · …`; at the end
