@@ -53,7 +53,8 @@ pub struct Session {
 
 impl Session {
     pub fn start(cfg: &RunConfig) -> Result<Session> {
-        let telemetry = Telemetry::new();
+        let mut telemetry = Telemetry::new();
+        telemetry.verdict_dwell_ns = cfg.viewer.verdict_dwell_ns;
         telemetry.switches().set_gpu_timing(cfg.viewer.gpu_timing);
         telemetry.switches().set_profiling(cfg.viewer.profiling);
         telemetry

@@ -42,6 +42,8 @@ pub struct ViewerSettings {
     pub gpu_timing: crate::telemetry::GpuTiming,
     /// Phase marks recorded from the start (`--profiling on|off`; `p` flips it live).
     pub profiling: bool,
+    /// How long a verdict change must hold before it is shown, ns (TOML `verdict_dwell`, s).
+    pub verdict_dwell_ns: u64,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -96,6 +98,8 @@ pub struct FileConfig {
     /// `[chat]`: `enable_thinking` and `system_prompt` for chat data.
     pub chat: Option<ChatOptions>,
     pub max_viewers: Option<usize>,
+    /// Seconds a verdict change must hold before it is shown (default 3).
+    pub verdict_dwell: Option<f64>,
     /// `[fast_paths]`: `disable` (names) and `window_groups`.
     pub fast_paths: Option<FastPathsFile>,
 }
@@ -399,6 +403,13 @@ impl RunConfig {
                 None | Some("on") => true,
                 Some("off") => false,
                 Some(other) => bail!("--profiling `{other}`: use on or off"),
+            },
+            verdict_dwell_ns: match file.verdict_dwell {
+                None => crate::telemetry::verdict::DWELL_NS,
+                Some(s) if (0.0..=600.0).contains(&s) => (s * 1e9) as u64,
+                Some(s) => bail!(
+                    "`verdict_dwell` {s} in the TOML: give seconds from 0 (change at once) to 600"
+                ),
             },
         };
         Ok(RunConfig { pipeline, viewer })

@@ -736,3 +736,105 @@ fn an_attached_viewer_says_whom_it_watches_and_that_q_detaches() {
     let s = screen(&app, 100, 30, Theme::from_color(false), LIVE);
     assert!(s.lines().nth(3).unwrap().ends_with("; q leaves"), "{s}");
 }
+
+/// The foreground of the first cell of `text` on the screen (and its row), as drawn.
+fn fg_of(
+    app: &App,
+    badges: Badges,
+    w: u16,
+    h: u16,
+    text: &str,
+    from_x: u16,
+) -> ratatui::style::Style {
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+    term.draw(|f| dflash_top::tui::view::draw(f, app, Theme::from_color(true), badges))
+        .unwrap();
+    let buf = term.backend().buffer().clone();
+    for y in 0..h {
+        let row: Vec<String> = (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect();
+        let line: String = row.concat();
+        if let Some(at) = line.find(text) {
+            let x = line[..at].chars().count() as u16;
+            if x < from_x {
+                continue;
+            }
+            return buf[(x, y)].style();
+        }
+    }
+    panic!("{text} not on screen");
+}
+
+/// Issue 27: colour means state. Red is for faults only: a stall (and the stalled thread's own
+/// label, wherever it shows), dropped records. A bound verdict is the pipeline's normal state
+/// (not red); waiting threads are yellow; PAUSED, FROZEN and REPLAY are not red.
+#[test]
+fn red_means_a_fault_and_nothing_else() {
+    use ratatui::style::Color;
+    let (ctl, _t) = controls(false);
+    // Drafter-bound, the default run's state: the verdict is not red, nor is a waiting thread.
+    let app = app_of(blocked());
+    let v = fg_of(&app, LIVE, 120, 36, "targets blocked on HS queue", 0);
+    assert_ne!(v.fg, Some(Color::Red), "{v:?}");
+    let waiting = fg_of(&app, LIVE, 200, 60, "waiting", 0);
+    assert_eq!(waiting.fg, Some(Color::Yellow), "{waiting:?}");
+    assert_eq!(
+        fg_of(&app, LIVE, 120, 36, "dropped 0", 0).fg,
+        Some(Color::DarkGray)
+    );
+    // PAUSED, FROZEN, REPLAY: states, not faults.
+    let paused = app_of(paused());
+    let p = Badges {
+        paused: true,
+        ..LIVE
+    };
+    assert_eq!(
+        fg_of(&paused, p, 120, 36, "PAUSED", 0).fg,
+        Some(Color::Yellow)
+    );
+    assert_eq!(
+        fg_of(&app, REPLAY, 120, 36, "REPLAY", 0).fg,
+        Some(Color::Cyan)
+    );
+    let mut frozen = app_of(blocked());
+    frozen.update(Action::ToggleFreeze, &ctl);
+    assert_eq!(
+        fg_of(&frozen, LIVE, 120, 36, "FROZEN", 0).fg,
+        Some(Color::Yellow)
+    );
+    // A stall: the verdict red, and the stalled thread's name red in every view that shows
+    // it; the thread waiting on it yellow.
+    let mut stuck = app_of(stalled());
+    assert_eq!(
+        fg_of(&stuck, LIVE, 120, 36, "stalled: target-0", 0).fg,
+        Some(Color::Red)
+    );
+    for view in [0, 1, 2, 5] {
+        stuck.update(Action::ShowView(view), &ctl);
+        let mut term = ratatui::Terminal::new(ratatui::backend::TestBackend::new(160, 45)).unwrap();
+        term.draw(|f| dflash_top::tui::view::draw(f, &stuck, Theme::from_color(true), LIVE))
+            .unwrap();
+        let buf = term.backend().buffer().clone();
+        // The first cell of each "target-0" / "drafter-0" label below the header.
+        let label = |who: &str| {
+            (4..45u16)
+                .find_map(|y| {
+                    let line: String = (0..160).map(|x| buf[(x, y)].symbol().to_string()).collect();
+                    line.find(who)
+                        .map(|at| buf[(line[..at].chars().count() as u16, y)].style())
+                })
+                .unwrap()
+        };
+        assert_eq!(label("target-0").fg, Some(Color::Red), "view {view}");
+        assert_ne!(label("drafter-0").fg, Some(Color::Red), "view {view}");
+    }
+    // Records dropped: red.
+    let mut lost = stalled();
+    lost[0].self_cost.dropped = 3;
+    let lost = app_of(lost);
+    assert_eq!(
+        fg_of(&lost, LIVE, 120, 36, "dropped 3", 0).fg,
+        Some(Color::Red)
+    );
+}

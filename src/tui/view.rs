@@ -41,6 +41,29 @@ impl Ctx<'_> {
         }
     }
 
+    /// The thread a stall names (`drafter-0 in other for 6.0 s`), while the verdict is
+    /// `stalled`: its label is drawn as the fault it is, wherever it shows.
+    pub fn stalled_thread(&self) -> Option<&str> {
+        if self.snap.verdict != crate::telemetry::verdict::Verdict::Stalled {
+            return None;
+        }
+        let first = self.snap.stall.as_deref()?.split_whitespace().next()?;
+        self.snap
+            .threads
+            .iter()
+            .find(|t| t.name == first)
+            .map(|t| t.name.as_str())
+    }
+
+    /// The style of a thread's name: red while it is the one a stall names, else `base`.
+    pub fn name_style(&self, name: &str, base: ratatui::style::Style) -> ratatui::style::Style {
+        if self.stalled_thread() == Some(name) {
+            base.patch(self.theme.alert())
+        } else {
+            base
+        }
+    }
+
     /// `profiling off since 00:01:12` (the run's clock, as the header's elapsed time) when the
     /// shown snapshot says profiling is off: phase times stop, steps and CPU go on.
     pub fn profiling_off(&self) -> Option<String> {

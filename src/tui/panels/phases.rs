@@ -85,7 +85,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         let phases = th.role.phases();
         let name: String = th.name.chars().take(name_w as usize - 1).collect();
         f.buffer_mut()
-            .set_string(inner.x, y, &name, Style::default());
+            .set_string(inner.x, y, &name, c.name_style(&th.name, Style::default()));
         if let (Some(off), 0) = (&off, w.wall_ns) {
             // No phase time in this window: say why, and what is still counted.
             let room = (inner.width - name_w) as usize;

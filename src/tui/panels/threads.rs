@@ -56,7 +56,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
         rows.push({
             let w = c.window_of(th);
             let state_style = match th.state {
-                ThreadState::Waiting => t.alert(),
+                ThreadState::Waiting => t.attention(),
                 ThreadState::Exited => t.dim(),
                 ThreadState::Working => t.ok(),
             };
@@ -82,7 +82,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 format!("{:.1}", w.step_ms())
             };
             Row::new(vec![
-                Cell::from(th.name.clone()),
+                Cell::from(th.name.clone()).style(c.name_style(&th.name, Style::default())),
                 Cell::from(th.role.name()),
                 Cell::from(th.device.clone()),
                 Cell::from(

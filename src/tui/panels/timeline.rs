@@ -228,7 +228,11 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         buf.set_string(x0, y, v, theme.dim());
     }
     for m in &row.marks {
-        let style = if m.alert { theme.alert() } else { theme.ok() };
+        let style = if m.fault {
+            theme.alert()
+        } else {
+            theme.verdict(m.verdict)
+        };
         let at = m.start as u16;
         buf.set_stringn(x0 + at, y, &m.text, (cols - at) as usize, style);
     }
@@ -258,13 +262,16 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             Style::default()
         };
         let name: String = t.name.chars().take(NAME_W as usize - 1).collect();
-        buf.set_string(inner.x, y, name, name_style);
+        buf.set_string(inner.x, y, name, c.name_style(&t.name, name_style));
         let mut hits = app.hits.borrow_mut();
         hits.extend((0..lane_h).map(|dy| (y + dy, t.name.clone())));
         drop(hits);
         if lane_h > 1 && t.state != crate::telemetry::snapshot::ThreadState::Exited {
-            let style = if t.phase.is_wait() {
+            // The stalled thread's phase is the fault; a wait is worth a look.
+            let style = if c.stalled_thread() == Some(t.name.as_str()) {
                 theme.alert()
+            } else if t.phase.is_wait() {
+                theme.attention()
             } else {
                 theme.dim()
             };
