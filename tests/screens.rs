@@ -838,3 +838,71 @@ fn red_means_a_fault_and_nothing_else() {
         Some(Color::Red)
     );
 }
+
+/// Issue 27: the queue gauge's label reads dark on its bright fill; the timeline's queue strips
+/// have a legend in their own colours; optim and clip are not the light kin of forward and
+/// backward.
+#[test]
+fn gauge_labels_read_on_their_fill_strips_have_a_legend_and_twin_colours_are_gone() {
+    use ratatui::backend::TestBackend;
+    use ratatui::style::Color;
+    use ratatui::Terminal;
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(blocked());
+    let draw = |app: &App| {
+        let mut term = Terminal::new(TestBackend::new(120, 36)).unwrap();
+        term.draw(|f| dflash_top::tui::view::draw(f, app, Theme::from_color(true), LIVE))
+            .unwrap();
+        term.backend().buffer().clone()
+    };
+    let find = |buf: &ratatui::buffer::Buffer, text: &str| {
+        (0..36u16)
+            .find_map(|y| {
+                let line: String = (0..120).map(|x| buf[(x, y)].symbol().to_string()).collect();
+                line.find(text)
+                    .map(|at| (line[..at].chars().count() as u16, y))
+            })
+            .unwrap_or_else(|| panic!("{text} not drawn"))
+    };
+    // A full queue: its label lies on the fill, dark on yellow.
+    app.update(Action::ShowView(3), &ctl);
+    let buf = draw(&app);
+    let (x, y) = find(&buf, "depth 4/4");
+    let cell = &buf[(x, y)];
+    assert_eq!(cell.fg, Color::Black, "{cell:?}");
+    assert_ne!(cell.bg, Color::Reset, "{cell:?}");
+    // The timeline's legend: the strips' glyphs in the strips' colours.
+    app.update(Action::ShowView(5), &ctl);
+    let buf = draw(&app);
+    let (x, y) = find(&buf, "queue ·empty ▄depth █full");
+    assert_eq!(buf[(x + 13, y)].fg, Color::Cyan, "the level");
+    assert_eq!(buf[(x + 20, y)].fg, Color::Yellow, "full");
+    // No twin colours among the drafter's working phases.
+    let t = Theme::from_color(true);
+    let working: Vec<Phase> = Role::Drafter
+        .phases()
+        .iter()
+        .copied()
+        .filter(|p| !p.is_wait())
+        .collect();
+    for p in &working {
+        for q in &working {
+            if p != q {
+                assert_ne!(t.phase_color(*p), t.phase_color(*q), "{p:?} {q:?}");
+            }
+        }
+    }
+    let kin = |c: Color| match c {
+        Color::LightBlue => Color::Blue,
+        Color::LightGreen => Color::Green,
+        c => c,
+    };
+    assert_ne!(
+        kin(t.phase_color(Phase::Optim)),
+        kin(t.phase_color(Phase::Forward))
+    );
+    assert_ne!(
+        kin(t.phase_color(Phase::Clip)),
+        kin(t.phase_color(Phase::Backward))
+    );
+}

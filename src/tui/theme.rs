@@ -67,6 +67,7 @@ impl Theme {
             Color::LightGreen => Color::Indexed(28),
             Color::LightMagenta => Color::Magenta,
             Color::DarkGray => Color::Indexed(245),
+            Color::Indexed(180) => Color::Indexed(137),
             c => c,
         }
     }
@@ -86,8 +87,10 @@ impl Theme {
             Phase::Anchors => Color::Yellow,
             Phase::Loss => Color::LightYellow,
             Phase::Backward => Color::Green,
-            Phase::Clip => Color::LightGreen,
-            Phase::Optim => Color::LightBlue,
+            // Not the light kin of backward's green and forward's blue: a tan and a violet,
+            // told apart from their neighbours in a bar at a glance.
+            Phase::Clip => Color::Indexed(180),
+            Phase::Optim => Color::Indexed(135),
             Phase::Metrics => Color::White,
             Phase::GradSync => Color::Indexed(208),
             // Declared phases (a client's own names): waits red, the rest a palette of their own.

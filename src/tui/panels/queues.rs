@@ -58,6 +58,25 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             t.accent(ratatui::style::Color::Cyan)
         });
     f.render_widget(gauge, rows[0]);
+    // The label where it lies on the filled part: dark text on the bright fill (the gauge
+    // swaps in the terminal's own foreground there, light on yellow or cyan), light on the
+    // light theme's darker fill.
+    let on_fill = if t.light {
+        ratatui::style::Color::Indexed(255)
+    } else {
+        ratatui::style::Color::Black
+    };
+    if t.color {
+        let g = rows[0];
+        let end = g.x + (g.width as f64 * ratio).floor() as u16;
+        let buf = f.buffer_mut();
+        for x in g.x..end.min(g.x + g.width) {
+            let cell = &mut buf[(x, g.y)];
+            if cell.symbol() != ratatui::symbols::block::FULL {
+                cell.set_fg(on_fill);
+            }
+        }
+    }
     // The alert first: it is what the panel is for when it is there.
     let mut spans = Vec::new();
     if let Some(a) = alert {

@@ -322,7 +322,17 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         legend.push(Span::styled(ch.to_string(), style));
         legend.push(Span::raw(format!("{} ", p.name())));
     }
-    legend.push(Span::styled("queue ·empty ▄depth █full", theme.dim()));
+    // The strips' own glyphs and colours: a cyan level while it holds some, yellow full.
+    let (dot, dot_style) = depth_cell(theme, 0.0);
+    let (level, level_style) = depth_cell(theme, 0.5);
+    let (full, full_style) = depth_cell(theme, 1.0);
+    legend.push(Span::styled("queue ", theme.dim()));
+    legend.push(Span::styled(dot.to_string(), dot_style));
+    legend.push(Span::raw("empty "));
+    legend.push(Span::styled(level.to_string(), level_style));
+    legend.push(Span::raw("depth "));
+    legend.push(Span::styled(full.to_string(), full_style));
+    legend.push(Span::raw("full"));
     let row = Rect {
         x: inner.x,
         y: inner.y + inner.height - 1,
