@@ -906,3 +906,60 @@ fn gauge_labels_read_on_their_fill_strips_have_a_legend_and_twin_colours_are_gon
         kin(t.phase_color(Phase::Backward))
     );
 }
+
+/// Rows of a screen with nothing in them: blank, or only borders and spaces.
+fn empty_rows(s: &str) -> usize {
+    s.lines()
+        .skip(3)
+        .filter(|l| l.chars().all(|c| matches!(c, ' ' | '│')))
+        .count()
+}
+
+/// Issue 27: every view uses its room at 120x36, 160x45 and 200x60 (no blank quarter beside
+/// the queues, no rows of nothing under the queues, the timeline or the shares); at 80x24 a
+/// view drops whole panels and columns rather than cut a label.
+#[test]
+fn every_view_uses_its_space_and_degrades_by_whole_panels() {
+    let (ctl, _t) = controls(false);
+    for (i, view) in View::ALL.iter().enumerate() {
+        // The queues view where both queues hold items (an empty queue's depth history is
+        // rightly blank), the others where every thread has steps to show.
+        let mut app = app_of(if *view == View::Queues {
+            blocked()
+        } else {
+            starved()
+        });
+        app.update(Action::ShowView(i), &ctl);
+        for (w, h) in [(120u16, 36u16), (160, 45), (200, 60)] {
+            let s = screen(&app, w, h, Theme::from_color(true), LIVE);
+            assert!(
+                empty_rows(&s) <= 3,
+                "{view:?} at {w}x{h}: {} empty rows\n{s}",
+                empty_rows(&s)
+            );
+        }
+        let s = screen(&app, 80, 24, Theme::from_color(true), LIVE);
+        // A table's header is whole words; the queue numbers end with the item age.
+        if let Some(head) = s.lines().find(|l| l.starts_with("│thread")) {
+            let words: Vec<&str> = head.split(['│', ' ']).filter(|w| !w.is_empty()).collect();
+            for word in words.iter().take_while(|w| **w != "loader") {
+                let known = [
+                    "thread", "role", "dev", "cpu%", "phase", "state", "os", "step/s", "ms/step",
+                ];
+                assert!(
+                    known.contains(&word.trim_end_matches('▼')),
+                    "{view:?}: cut header {word}: {head}"
+                );
+            }
+        }
+        if *view == View::Queues || *view == View::Overview {
+            assert!(s.matches(" age ").count() >= 2, "{view:?}: {s}");
+        }
+        if *view == View::Phases {
+            assert!(
+                s.contains("  hs_wait 45.0ms 56%"),
+                "the drafter's detail: {s}"
+            );
+        }
+    }
+}

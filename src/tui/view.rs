@@ -118,44 +118,54 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
             panels::thread_detail::render(f, d, &c);
         }
         View::Phases => {
-            // The bars sized to their threads, the critical path, the shares over time below.
-            let threads = c.snap.threads.len() as u16;
-            let bars_h = (2 * threads + 5).min(body.height / 2).max(6);
-            let [bars, crit, history] = Layout::vertical([
-                Constraint::Length(bars_h),
-                Constraint::Length(panels::shares::critical_height(body.width)),
-                Constraint::Min(0),
-            ])
-            .areas(body);
-            panels::phases::render(f, bars, &c, true);
-            panels::shares::render_critical(f, crit, &c);
-            panels::shares::render_history(f, history, &c);
+            // The bars sized to their threads with each one's detail line, the critical path,
+            // the shares over time in the rest; too little rest for a readable history: the
+            // history goes (a whole panel), never a bar's detail.
+            let bars_h = panels::phases::height(&c, body.width, true);
+            let crit_h = panels::shares::critical_height(body.width);
+            let rest = body.height.saturating_sub(bars_h + crit_h);
+            if rest >= 5 {
+                let [bars, crit, history] = Layout::vertical([
+                    Constraint::Length(bars_h),
+                    Constraint::Length(crit_h),
+                    Constraint::Min(0),
+                ])
+                .areas(body);
+                panels::phases::render(f, bars, &c, true);
+                panels::shares::render_critical(f, crit, &c);
+                panels::shares::render_history(f, history, &c);
+            } else {
+                let [bars, crit] =
+                    Layout::vertical([Constraint::Min(0), Constraint::Length(crit_h)]).areas(body);
+                panels::phases::render(f, bars, &c, true);
+                panels::shares::render_critical(f, crit, &c);
+            }
         }
         View::Queues => {
-            // Queues sized to their content at the top, the GPUs at the bottom.
-            let gpu_h = panels::gpus::height(&c.snap.gpus);
-            let q_h = panels::queues::height(&c).min(body.height.saturating_sub(gpu_h).max(8));
-            let [q, _, g] = Layout::vertical([
-                Constraint::Length(q_h),
-                Constraint::Min(0),
-                Constraint::Length(gpu_h),
-            ])
-            .areas(body);
+            // The queues share all the room above the GPUs (their depth histories grow).
+            let gpu_h = panels::gpus::height(&c.snap.gpus).min(body.height / 2);
+            let [q, g] =
+                Layout::vertical([Constraint::Min(0), Constraint::Length(gpu_h)]).areas(body);
             panels::queues::render(f, q, &c);
             panels::gpus::render(f, g, &c);
         }
         View::Charts => panels::charts::render(f, body, &c, true),
         View::Timeline => {
-            // The timeline sized to its lanes; the phase bars of the same threads below it.
+            // The phase bars of the same threads below, sized to their content (with the detail
+            // lines where there is room); the timeline takes the rest (its lanes grow).
             let want = panels::timeline::height(&c);
-            let threads = c.snap.threads.len() as u16;
-            // Borders and the legend's rows, one row a thread (two with the detail line).
-            let left = body.height.saturating_sub(want);
-            if left >= threads + 5 {
+            let detail = panels::phases::height(&c, body.width, true);
+            let plain = panels::phases::height(&c, body.width, false);
+            if body.height >= want + detail {
                 let [t, p] =
-                    Layout::vertical([Constraint::Length(want), Constraint::Min(0)]).areas(body);
+                    Layout::vertical([Constraint::Min(0), Constraint::Length(detail)]).areas(body);
                 panels::timeline::render(f, t, &c);
-                panels::phases::render(f, p, &c, left >= 2 * threads + 5);
+                panels::phases::render(f, p, &c, true);
+            } else if body.height >= want + plain {
+                let [t, p] =
+                    Layout::vertical([Constraint::Min(0), Constraint::Length(plain)]).areas(body);
+                panels::timeline::render(f, t, &c);
+                panels::phases::render(f, p, &c, false);
             } else {
                 panels::timeline::render(f, body, &c);
             }
@@ -167,9 +177,10 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
 }
 
 fn overview(f: &mut Frame, area: Rect, c: &Ctx) {
-    let threads = c.snap.threads.len() as u16;
-    // Borders, one row a thread, three legend rows.
-    let phase_h = (threads + 5).clamp(8, area.height / 2);
+    // The phase bars' rows (borders, a row a thread, the legend), at most half.
+    let phase_h = panels::phases::height(c, area.width * 58 / 100, false)
+        .max(panels::threads::height(c).saturating_sub(c.snap.groups.len() as u16))
+        .clamp(6, area.height / 2);
     let [top, bottom] =
         Layout::vertical([Constraint::Length(phase_h), Constraint::Min(0)]).areas(area);
     let [threads_area, phases_area] =

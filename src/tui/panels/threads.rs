@@ -3,7 +3,6 @@
 //! grouped by name at the end.
 
 use super::super::app::Sort;
-use super::super::theme::Theme;
 use super::super::view::Ctx;
 use crate::telemetry::owner::comm_of;
 use crate::telemetry::snapshot::{ThreadGroupView, ThreadState};
@@ -32,17 +31,37 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             name.to_string()
         }
     };
-    let header = Row::new([
-        mark(Sort::Name, "thread"),
-        "role".into(),
-        "dev".into(),
-        mark(Sort::Cpu, "cpu%"),
-        "phase".into(),
-        mark(Sort::State, "state"),
-        "os".into(),
-        "step/s".into(),
-        mark(Sort::MsPerStep, "ms/step"),
-    ])
+    // The columns shown: all of them in the threads view; beside the phase bars, those that
+    // fit whole.
+    let keep: Vec<(usize, Constraint)> = if full {
+        [16, 7, 7, 5, 12, 8, 5, 7, 8]
+            .into_iter()
+            .map(Constraint::Length)
+            .enumerate()
+            .collect()
+    } else {
+        compact_columns(area.width.saturating_sub(2))
+    };
+    let pick = |cells: Vec<Cell<'static>>| -> Vec<Cell<'static>> {
+        let mut cells: Vec<Option<Cell>> = cells.into_iter().map(Some).collect();
+        keep.iter().filter_map(|(i, _)| cells[*i].take()).collect()
+    };
+    let header = Row::new(pick(
+        vec![
+            mark(Sort::Name, "thread"),
+            "role".into(),
+            "dev".into(),
+            mark(Sort::Cpu, "cpu%"),
+            "phase".into(),
+            mark(Sort::State, "state"),
+            "os".into(),
+            "step/s".into(),
+            mark(Sort::MsPerStep, "ms/step"),
+        ]
+        .into_iter()
+        .map(Cell::from)
+        .collect(),
+    ))
     .style(t.bold());
     let mut rows: Vec<Row> = Vec::new();
     // The thread each row shows (None: a group of helper threads), for clicks.
@@ -81,7 +100,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             } else {
                 format!("{:.1}", w.step_ms())
             };
-            Row::new(vec![
+            Row::new(pick(vec![
                 Cell::from(th.name.clone()).style(c.name_style(&th.name, Style::default())),
                 Cell::from(th.role.name()),
                 Cell::from(th.device.clone()),
@@ -95,7 +114,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 Cell::from(th.os_state.map(String::from).unwrap_or_else(|| "-".into())),
                 Cell::from(format!("{:.1}", w.steps_per_s())),
                 Cell::from(ms),
-            ])
+            ]))
         });
         if show_groups {
             let helpers = c
@@ -103,40 +122,15 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 .groups
                 .iter()
                 .filter(|g| g.owner.as_ref() == Some(&th.name));
-            rows.extend(helpers.map(|g| group_row(g, t)));
+            rows.extend(helpers.map(|g| Row::new(pick(group_cells(g))).style(t.dim())));
         }
         names.resize(rows.len(), None);
     }
     if show_groups {
         let others = c.snap.groups.iter().filter(|g| g.owner.is_none());
-        rows.extend(others.map(|g| group_row(g, t)));
+        rows.extend(others.map(|g| Row::new(pick(group_cells(g))).style(t.dim())));
     }
-    let widths = if full {
-        vec![
-            Constraint::Length(16),
-            Constraint::Length(7),
-            Constraint::Length(7),
-            Constraint::Length(5),
-            Constraint::Length(12),
-            Constraint::Length(8),
-            Constraint::Length(5),
-            Constraint::Length(7),
-            Constraint::Length(8),
-        ]
-    } else {
-        // thread, cpu%, phase, state, os, ms/step
-        vec![
-            Constraint::Min(10),
-            Constraint::Length(0),
-            Constraint::Length(0),
-            Constraint::Length(4),
-            Constraint::Length(12),
-            Constraint::Length(7),
-            Constraint::Length(2),
-            Constraint::Length(0),
-            Constraint::Length(7),
-        ]
-    };
+    let widths: Vec<Constraint> = keep.iter().map(|k| k.1).collect();
     let mut title = match &c.snap.cpu_note {
         Some(n) => format!(" threads ({n}) "),
         None => " threads ".to_string(),
@@ -177,8 +171,27 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     }
 }
 
+/// The compact table's columns at `width`: the thread's name, then whole columns by how much
+/// they say beside the phase bars (ms/step, state, cpu%, os, phase); one that does not fit is
+/// left out (width 0), never cut.
+fn compact_columns(width: u16) -> Vec<(usize, Constraint)> {
+    // (column index, width) in the order they are given room.
+    const WANT: [(usize, u16); 5] = [(8, 7), (5, 7), (3, 4), (6, 2), (4, 12)];
+    let name = 10u16;
+    let mut keep = vec![(0, Constraint::Min(name))];
+    let mut used = name;
+    for (i, cw) in WANT {
+        if used + 1 + cw <= width {
+            keep.push((i, Constraint::Length(cw)));
+            used += 1 + cw;
+        }
+    }
+    keep.sort_by_key(|k| k.0);
+    keep
+}
+
 /// One row for a group of unregistered threads: under its worker (indented) or at the end.
-fn group_row<'a>(g: &ThreadGroupView, t: Theme) -> Row<'a> {
+fn group_cells(g: &ThreadGroupView) -> Vec<Cell<'static>> {
     let (name, role) = match &g.owner {
         Some(owner) if comm_of(owner) == g.name => (format!(" ↳ intra-op x{}", g.count), "pool"),
         Some(_) if g.name.starts_with("pt_autograd_") => {
@@ -187,7 +200,7 @@ fn group_row<'a>(g: &ThreadGroupView, t: Theme) -> Row<'a> {
         Some(_) => (format!(" ↳ {} x{}", g.name, g.count), "helper"),
         None => (format!("{} x{}", g.name, g.count), "other"),
     };
-    Row::new(vec![
+    vec![
         Cell::from(name),
         Cell::from(role),
         Cell::from(""),
@@ -197,8 +210,7 @@ fn group_row<'a>(g: &ThreadGroupView, t: Theme) -> Row<'a> {
         Cell::from(states(&g.states)),
         Cell::from(""),
         Cell::from(""),
-    ])
-    .style(t.dim())
+    ]
 }
 
 /// A thread's state as the kernel reports it (profiling off: no phase says more).
