@@ -217,6 +217,7 @@ fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
         start_step,
         save_dir: cfg.pipeline.save_dir.clone(),
         recording: cfg.viewer.record.clone(),
+        steps: cfg.pipeline.steps,
     }
 }
 
@@ -296,9 +297,9 @@ fn export(file: &std::path::Path, out: &std::path::Path, seconds: Option<f64>) -
     }
     trace::write_trace(out, &spans)?;
     println!(
-        "wrote {} ({} steps) — open it in https://ui.perfetto.dev",
+        "wrote {} ({}) — open it in https://ui.perfetto.dev",
         out.display(),
-        spans.len()
+        trace::describe(&spans)
     );
     Ok(ExitCode::SUCCESS)
 }

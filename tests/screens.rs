@@ -582,6 +582,7 @@ fn a_finished_run_says_so_and_stays_at_its_last_window() {
         start_step: 200,
         save_dir: None,
         recording: Some("runs/tiny.rec".into()),
+        steps: None,
     };
     app.finished = true;
     app.end_run();
@@ -962,4 +963,69 @@ fn every_view_uses_its_space_and_degrades_by_whole_panels() {
             );
         }
     }
+}
+
+/// Issue 27: numbers keep their width and one unit: a 20 s step fits where an 80 ms one does,
+/// the timeline's axis is in one unit, the tok/s axis has no decimals, lane labels are whole
+/// words, and a run with --steps shows `step 150/300` with its ETA.
+#[test]
+fn units_fit_their_columns_and_a_run_with_steps_shows_its_eta() {
+    use dflash_top::summary::RunInfo;
+    use dflash_top::tui::panels::phases::fmt_ms;
+    use dflash_top::tui::panels::timeline::fmt_offset;
+    for (ms, want) in [
+        (80.04, "80.0ms"),
+        (999.9, "999.9ms"),
+        (20391.5, "20.39s"),
+        (125_000.0, "2.1m"),
+    ] {
+        assert_eq!(fmt_ms(ms), want);
+        assert!(fmt_ms(ms).len() <= 7);
+    }
+    // Each zoom's axis marks in one unit, with the decimals its quarters need.
+    for (width, marks) in [
+        (0.25, ["-250ms", "-188ms", "-125ms", "-62ms"]),
+        (2.0, ["-2.0s", "-1.5s", "-1.0s", "-0.5s"]),
+        (5.0, ["-5.00s", "-3.75s", "-2.50s", "-1.25s"]),
+        (10.0, ["-10.0s", "-7.5s", "-5.0s", "-2.5s"]),
+    ] {
+        let got: Vec<String> = (0..4)
+            .map(|k| fmt_offset(width * (4 - k) as f64 / 4.0, width))
+            .collect();
+        assert_eq!(got, marks, "{width}");
+    }
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(starved());
+    app.update(Action::ShowView(4), &ctl);
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
+    assert!(s.contains("│6210│") || s.contains("│6210 "), "{s}");
+    assert!(!s.contains("6210.00"), "{s}");
+    // Lane labels whole at both widths.
+    app.update(Action::ShowView(5), &ctl);
+    for w in [80, 200] {
+        let s = screen(&app, w, 30, Theme::from_color(true), LIVE);
+        assert!(s.contains("│push_wait"), "{s}");
+        assert!(!s.contains("│push_ ") && !s.contains("│hs_w "), "{s}");
+    }
+    // --steps 300: 50 steps in the last 10 s leave 150 at 5 a second.
+    let mut app = App::new();
+    app.run_info = RunInfo {
+        steps: Some(300),
+        ..RunInfo::default()
+    };
+    for k in 0..=10u64 {
+        let mut s = starved_snapshot();
+        s.elapsed_s = 20.0 + k as f64;
+        s.train.step = 100 + 5 * k;
+        app.on_snapshot(Arc::new(s));
+    }
+    assert_eq!(app.progress(), Some((150, 300, Some(30.0))));
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
+    assert!(
+        s.starts_with("dflash-top step 150/300 ETA 0:30  tok/s"),
+        "{s}"
+    );
+    let s = screen(&app, 80, 24, Theme::from_color(true), LIVE);
+    assert!(s.starts_with("step 150/300 ETA 0:30  tok/s"), "{s}");
+    assert!(s.lines().next().unwrap().ends_with("00:00:30"), "{s}");
 }

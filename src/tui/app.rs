@@ -65,7 +65,13 @@ pub struct App {
     pub replay: bool,
     /// Watching another process: the header's fourth row says which, since when.
     pub attached: Option<String>,
+    /// (run clock s, step) of the last `RATE_WINDOW_S` of snapshots: the step rate an ETA
+    /// is reckoned from.
+    pub step_marks: VecDeque<(f64, u64)>,
 }
+
+/// Seconds of snapshots the step rate (and so the ETA) is measured over.
+pub const RATE_WINDOW_S: f64 = 10.0;
 
 impl Default for App {
     fn default() -> Self {
@@ -100,6 +106,7 @@ impl App {
             profiling_off_since: None,
             replay: false,
             attached: None,
+            step_marks: VecDeque::new(),
         }
     }
 
@@ -288,7 +295,38 @@ impl App {
             (false, since) => Some(since.unwrap_or(s.elapsed_s)),
         };
         self.history.record(&s);
+        self.mark_step(&s);
         self.latest = Some(s);
+    }
+
+    fn mark_step(&mut self, s: &Snapshot) {
+        // A replay sought back, or windows reset: start the rate over.
+        if self
+            .step_marks
+            .back()
+            .is_some_and(|(t, n)| s.elapsed_s < *t || s.train.step < *n)
+        {
+            self.step_marks.clear();
+        }
+        self.step_marks.push_back((s.elapsed_s, s.train.step));
+        while self
+            .step_marks
+            .front()
+            .is_some_and(|(t, _)| s.elapsed_s - t > RATE_WINDOW_S)
+        {
+            self.step_marks.pop_front();
+        }
+    }
+
+    /// `(step, of, seconds left)` when the run stops at `--steps`: the ETA at the rate of the
+    /// last `RATE_WINDOW_S` (None until two snapshots a second apart have steps between them).
+    pub fn progress(&self) -> Option<(u64, u64, Option<f64>)> {
+        let of = self.run_info.steps?;
+        let step = self.shown()?.train.step;
+        let (t0, n0) = *self.step_marks.front()?;
+        let (t1, n1) = *self.step_marks.back()?;
+        let rate = (t1 - t0 >= 1.0 && n1 > n0).then(|| (n1 - n0) as f64 / (t1 - t0));
+        Some((step, of, rate.map(|r| of.saturating_sub(step) as f64 / r)))
     }
 
     pub fn update(&mut self, action: Action, ctl: &dyn Controls) {

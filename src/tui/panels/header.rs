@@ -54,9 +54,23 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "–".into());
     let badge = |kind: Badge, text: String| Span::styled(format!(" {text} "), t.badge(kind));
     let on_off = |on: bool| if on { Badge::Normal } else { Badge::Attention };
+    // `step 163/300 ETA 0:42` when the run stops at --steps; the program's name gives way
+    // where the line would not fit.
+    let step = match c.app.progress() {
+        Some((step, of, eta)) if c.app.summary.is_none() => format!(
+            "step {step}/{of} {}  ",
+            eta.map_or("ETA –".to_string(), |e| format!("ETA {}", fmt_clock(e)))
+        ),
+        _ => format!("step {}  ", s.train.step),
+    };
+    let name = if c.app.run_info.steps.is_some() && area.width < 100 {
+        ""
+    } else {
+        "dflash-top "
+    };
     let mut line1 = vec![
-        Span::styled("dflash-top ", t.bold()),
-        Span::raw(format!("step {}  ", s.train.step)),
+        Span::styled(name, t.bold()),
+        Span::raw(step),
         Span::styled(
             format!("tok/s {}  ", fmt_rate(s.train.tok_per_s_1s)),
             t.bold(),
