@@ -155,7 +155,13 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         );
         y += 1;
         if detail && y < bottom && w.wall_ns > 0 {
-            let mut parts = phase_parts(&w, phases);
+            // Phases under 0.05 ms a step say nothing here ("read 0.0ms 0%").
+            let shown: Vec<Phase> = phases
+                .iter()
+                .copied()
+                .filter(|p| w.ms_per_step(*p) >= 0.05)
+                .collect();
+            let mut parts = phase_parts(&w, &shown);
             if w.gpu_idle_ns > 0 {
                 parts.push(format!(
                     "GPU idle {:.0}%",

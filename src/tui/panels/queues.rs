@@ -28,6 +28,23 @@ pub fn queue_alert(q: &QueueView) -> Option<String> {
     }
 }
 
+/// `items` in lines of at most `width` columns, two spaces apart, none cut.
+fn wrap_items(items: &[String], width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for it in items {
+        if !line.is_empty() && line.chars().count() + 2 + it.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push_str("  ");
+        }
+        line.push_str(it);
+    }
+    lines.push(line);
+    lines
+}
+
 fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     let t = c.theme;
     let alert = queue_alert(q);
@@ -45,25 +62,23 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     if let Some(a) = &alert {
         lines.push(Line::styled(a.clone(), alert_style));
     }
-    let items = [
+    let mut items = vec![
         format!("empty {:.0}%", q.empty_share * 100.0),
         format!("full {:.0}%", q.full_share * 100.0),
         format!("push {:.1}/s", q.push_per_s),
         format!("pop {:.1}/s", q.pop_per_s),
         format!("age {}", super::phases::fmt_ms(q.mean_age_ms)),
     ];
-    let mut line = String::new();
-    for it in items {
-        if !line.is_empty() && line.chars().count() + 2 + it.chars().count() > inner.width as usize
-        {
-            lines.push(Line::raw(std::mem::take(&mut line)));
+    // Fewer rows than the numbers need: the last of them go whole (age, pop, …).
+    let room = inner.height.saturating_sub(1) as usize;
+    loop {
+        let wrapped = wrap_items(&items, inner.width as usize);
+        if lines.len() + wrapped.len() <= room.max(lines.len() + 1) || items.len() <= 1 {
+            lines.extend(wrapped.into_iter().map(Line::raw));
+            break;
         }
-        if !line.is_empty() {
-            line.push_str("  ");
-        }
-        line.push_str(&it);
+        items.pop();
     }
-    lines.push(Line::raw(line));
     let text_h = (lines.len() as u16).min(inner.height.saturating_sub(1));
     let rows = Layout::vertical([
         Constraint::Length(1),

@@ -243,7 +243,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let order = app.ordered_threads(c.snap);
     let queues = &c.snap.queues;
     // Axis, verdict row, lanes, one row a queue, the legend: queues give way to lanes first.
-    let fixed = 3u16;
+    // The legend wraps onto a second row where the timeline is narrow.
+    let legend_rows = if inner.width < 120 { 2 } else { 1 };
+    let fixed = 2 + legend_rows;
     let room = inner.height.saturating_sub(fixed);
     let queue_rows = (queues.len() as u16).min(room.saturating_sub(order.len().min(3) as u16));
     let lane_rows = room - queue_rows;
@@ -370,9 +372,12 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     legend.push(Span::raw("full"));
     let row = Rect {
         x: inner.x,
-        y: inner.y + inner.height - 1,
+        y: inner.y + inner.height - legend_rows,
         width: inner.width,
-        height: 1,
+        height: legend_rows,
     };
-    f.render_widget(Paragraph::new(Line::from(legend)), row);
+    f.render_widget(
+        Paragraph::new(Line::from(legend)).wrap(ratatui::widgets::Wrap { trim: true }),
+        row,
+    );
 }
