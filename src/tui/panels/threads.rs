@@ -33,15 +33,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     };
     // The columns shown: all of them in the threads view; beside the phase bars, those that
     // fit whole.
-    let keep: Vec<(usize, Constraint)> = if full {
-        [16, 7, 7, 5, 12, 8, 5, 7, 8]
-            .into_iter()
-            .map(Constraint::Length)
-            .enumerate()
-            .collect()
-    } else {
-        compact_columns(area.width.saturating_sub(2))
-    };
+    let keep = columns(area.width.saturating_sub(2), full);
     let pick = |cells: Vec<Cell<'static>>| -> Vec<Cell<'static>> {
         let mut cells: Vec<Option<Cell>> = cells.into_iter().map(Some).collect();
         keep.iter().filter_map(|(i, _)| cells[*i].take()).collect()
@@ -171,26 +163,39 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     }
 }
 
-/// The compact table's columns at `width`: the thread's name, then whole columns by how much
-/// they say beside the phase bars (ms/step, state, cpu%, os, phase); one that does not fit is
-/// left out (width 0), never cut.
-fn compact_columns(width: u16) -> Vec<(usize, Constraint)> {
-    // (column index, width) in the order they are given room.
-    const WANT: [(usize, u16); 5] = [(8, 7), (5, 7), (3, 4), (6, 2), (4, 12)];
-    let name = 10u16;
+/// The table's columns at `width`: the thread's name, then whole columns by how much they say
+/// (beside the phase bars: ms/step, state, cpu%, os, phase; in the threads view: phase, state,
+/// ms/step, cpu%, os, step/s, role, dev); one that does not fit is left out, never cut.
+fn columns(width: u16, full: bool) -> Vec<(usize, Constraint)> {
+    // (column index, width) in the order they are given room: beside the phase bars what
+    // they do not say; in the threads view every column, the phase first.
+    const COMPACT: [(usize, u16); 5] = [(8, 7), (5, 7), (3, 4), (6, 2), (4, 12)];
+    const FULL: [(usize, u16); 8] = [
+        (4, 12),
+        (5, 8),
+        (8, 8),
+        (3, 5),
+        (6, 5),
+        (7, 7),
+        (1, 7),
+        (2, 7),
+    ];
+    let (name, want): (u16, &[(usize, u16)]) = if full { (16, &FULL) } else { (10, &COMPACT) };
     let mut keep = vec![(0, Constraint::Min(name))];
     let mut used = name;
-    for (i, cw) in WANT {
+    for &(i, cw) in want {
         if used + 1 + cw <= width {
             keep.push((i, Constraint::Length(cw)));
             used += 1 + cw;
         }
     }
     keep.sort_by_key(|k| k.0);
+    if full {
+        keep[0].1 = Constraint::Length(name);
+    }
     keep
 }
 
-/// One row for a group of unregistered threads: under its worker (indented) or at the end.
 fn group_cells(g: &ThreadGroupView) -> Vec<Cell<'static>> {
     let (name, role) = match &g.owner {
         Some(owner) if comm_of(owner) == g.name => (format!(" ↳ intra-op x{}", g.count), "pool"),
