@@ -147,6 +147,10 @@ pub const GLOSSARY: [(&str, &[(&str, &str)]); 7] = [
             ("metrics", "accuracy and tau of the step"),
             ("grad_sync", "gradients averaged between drafters"),
             ("other", "wall time not covered by a phase"),
+            (
+                "+2",
+                "two more phases than the line has room for (shown where it is wider)",
+            ),
         ],
     ),
     (
