@@ -58,6 +58,7 @@ impl Session {
     pub fn start(cfg: &RunConfig) -> Result<Session> {
         let mut telemetry = Telemetry::new();
         telemetry.warnings = cfg.viewer.warnings.clone();
+        telemetry.verdict_dwell_ns = cfg.viewer.verdict_dwell_ns;
         telemetry.switches().set_gpu_timing(cfg.viewer.gpu_timing);
         telemetry.switches().set_profiling(cfg.viewer.profiling);
         telemetry
@@ -263,6 +264,7 @@ fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
         start_step,
         save_dir: cfg.pipeline.save_dir.clone(),
         recording: cfg.viewer.record.clone(),
+        steps: cfg.pipeline.steps,
     }
 }
 
@@ -342,9 +344,9 @@ fn export(file: &std::path::Path, out: &std::path::Path, seconds: Option<f64>) -
     }
     trace::write_trace(out, &spans)?;
     println!(
-        "wrote {} ({} steps) — open it in https://ui.perfetto.dev",
+        "wrote {} ({}) — open it in https://ui.perfetto.dev",
         out.display(),
-        spans.len()
+        trace::describe(&spans)
     );
     Ok(ExitCode::SUCCESS)
 }

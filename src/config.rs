@@ -47,6 +47,8 @@ pub struct ViewerSettings {
     pub warnings: WarnConfig,
     /// Where flight-recorder dumps go (`--flight`, else `--save-dir`/flight; None: no dumps).
     pub flight: Option<PathBuf>,
+    /// How long a verdict change must hold before it is shown, ns (TOML `verdict_dwell`, s).
+    pub verdict_dwell_ns: u64,
 }
 
 /// `--gpu-timing` as given, else `events` when any worker is on CUDA (device time per phase
@@ -103,6 +105,8 @@ pub struct FileConfig {
     pub max_viewers: Option<usize>,
     /// `[warnings]`: the warning rules' thresholds, rules switched off, severities.
     pub warnings: Option<WarnConfig>,
+    /// Seconds a verdict change must hold before it is shown (default 3).
+    pub verdict_dwell: Option<f64>,
     /// `[fast_paths]`: `disable` (names) and `window_groups`.
     pub fast_paths: Option<FastPathsFile>,
 }
@@ -427,6 +431,13 @@ impl RunConfig {
                 None | Some("on") => true,
                 Some("off") => false,
                 Some(other) => bail!("--profiling `{other}`: use on or off"),
+            },
+            verdict_dwell_ns: match file.verdict_dwell {
+                None => crate::telemetry::verdict::DWELL_NS,
+                Some(s) if (0.0..=600.0).contains(&s) => (s * 1e9) as u64,
+                Some(s) => bail!(
+                    "`verdict_dwell` {s} in the TOML: give seconds from 0 (change at once) to 600"
+                ),
             },
         };
         Ok(RunConfig { pipeline, viewer })
@@ -774,7 +785,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.viewer.warnings.starved_s, 3.5);
         assert_eq!(c.viewer.warnings.off, ["blocked"]);
-        assert_eq!(c.viewer.warnings.gpu_idle_s, WarnConfig::default().gpu_idle_s);
+        assert_eq!(
+            c.viewer.warnings.gpu_idle_s,
+            WarnConfig::default().gpu_idle_s
+        );
         assert_eq!(
             with("").unwrap().viewer.warnings,
             WarnConfig::default(),

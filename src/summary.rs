@@ -13,6 +13,8 @@ pub struct RunInfo {
     pub save_dir: Option<PathBuf>,
     /// `--record`.
     pub recording: Option<PathBuf>,
+    /// `--steps`: where the run stops (the header shows `step 163/300` and an ETA).
+    pub steps: Option<u64>,
 }
 
 /// The numbers of a run's last snapshot and where its files are.
@@ -107,6 +109,7 @@ mod tests {
             start_step: 100,
             save_dir: None,
             recording: Some("run.rec".into()),
+            steps: None,
         };
         let line = Summary::of(&s, &info).line();
         assert!(line.starts_with("summary: step=300 from_step=100 steps=200 loss=2.5000 tau=- mean_tok/s=2000 elapsed=30.0s"), "{line}");

@@ -6,6 +6,7 @@ pub mod choices;
 pub mod config;
 pub mod controls;
 pub mod critical;
+pub mod glossary;
 pub mod history;
 pub mod keys;
 pub mod panels;

@@ -103,6 +103,7 @@ const TOML_KEYS: &[&str] = &[
     "max_nonfinite",
     "anchor_budget",
     "max_viewers",
+    "verdict_dwell",
     "data_threads",
     "typo_key",
 ];
@@ -186,6 +187,20 @@ proptest! {
                 prop_assert!(c.batch >= 1 && c.batch_queue >= 1 && c.hs_queue >= 1);
                 prop_assert!(c.data_threads.is_none_or(|n| n <= 64));
             }
+        }
+    }
+
+    #[test]
+    fn fuzz_verdict_dwell(v in prop_oneof![-5.0f64..700.0, Just(f64::NAN)]) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "run.toml", format!("verdict_dwell = {v:?}\n").replace("NaN", "nan").as_bytes());
+        let args = TrainArgs { config: Some(path), ..Default::default() };
+        match RunConfig::from_args(&args) {
+            Err(e) => {
+                prop_assert!(!(0.0..=600.0).contains(&v), "{v}: {e:#}");
+                prop_assert!(format!("{e:#}").contains("`verdict_dwell`"), "{e:#}");
+            }
+            Ok(c) => prop_assert_eq!(c.viewer.verdict_dwell_ns, (v * 1e9) as u64),
         }
     }
 

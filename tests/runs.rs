@@ -651,6 +651,8 @@ fn a_recorded_run_exports_a_chrome_trace_and_keeps_its_config_line() {
         said.lines().any(|l| l == format!("recorded run: {config}")),
         "{said}"
     );
+    // The steps it counts are the drafter's; every thread's steps are spans.
+    assert!(said.contains("(8 drafter steps, "), "{said}");
     let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
     let drafter_tid = events

@@ -464,7 +464,7 @@ fn the_ui_config_binds_keys_and_colours_and_names_the_file_when_wrong() {
     let mut app = app_of(starved());
     app.keys = ui.keys.clone();
     app.help = true;
-    let help = screen(&app, 100, 40, ui.theme, LIVE);
+    let help = screen(&app, 100, 48, ui.theme, LIVE);
     assert!(help.contains("x  quit (ui.toml)"), "{help}");
 
     for (text, says) in [
@@ -582,6 +582,7 @@ fn a_finished_run_says_so_and_stays_at_its_last_window() {
         start_step: 200,
         save_dir: None,
         recording: Some("runs/tiny.rec".into()),
+        steps: None,
     };
     app.finished = true;
     app.end_run();
@@ -735,4 +736,302 @@ fn an_attached_viewer_says_whom_it_watches_and_that_q_detaches() {
     app.finished = true;
     let s = screen(&app, 100, 30, Theme::from_color(false), LIVE);
     assert!(s.lines().nth(3).unwrap().ends_with("; q leaves"), "{s}");
+}
+
+/// The foreground of the first cell of `text` on the screen (and its row), as drawn.
+fn fg_of(
+    app: &App,
+    badges: Badges,
+    w: u16,
+    h: u16,
+    text: &str,
+    from_x: u16,
+) -> ratatui::style::Style {
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+    term.draw(|f| dflash_top::tui::view::draw(f, app, Theme::from_color(true), badges))
+        .unwrap();
+    let buf = term.backend().buffer().clone();
+    for y in 0..h {
+        let row: Vec<String> = (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect();
+        let line: String = row.concat();
+        if let Some(at) = line.find(text) {
+            let x = line[..at].chars().count() as u16;
+            if x < from_x {
+                continue;
+            }
+            return buf[(x, y)].style();
+        }
+    }
+    panic!("{text} not on screen");
+}
+
+/// Issue 27: colour means state. Red is for faults only: a stall (and the stalled thread's own
+/// label, wherever it shows), dropped records. A bound verdict is the pipeline's normal state
+/// (not red); waiting threads are yellow; PAUSED, FROZEN and REPLAY are not red.
+#[test]
+fn red_means_a_fault_and_nothing_else() {
+    use ratatui::style::Color;
+    let (ctl, _t) = controls(false);
+    // Drafter-bound, the default run's state: the verdict is not red, nor is a waiting thread.
+    let app = app_of(blocked());
+    let v = fg_of(&app, LIVE, 120, 36, "targets blocked on HS queue", 0);
+    assert_ne!(v.fg, Some(Color::Red), "{v:?}");
+    let waiting = fg_of(&app, LIVE, 200, 60, "waiting", 0);
+    assert_eq!(waiting.fg, Some(Color::Yellow), "{waiting:?}");
+    assert_eq!(
+        fg_of(&app, LIVE, 120, 36, "dropped 0", 0).fg,
+        Some(Color::DarkGray)
+    );
+    // PAUSED, FROZEN, REPLAY: states, not faults.
+    let paused = app_of(paused());
+    let p = Badges {
+        paused: true,
+        ..LIVE
+    };
+    assert_eq!(
+        fg_of(&paused, p, 120, 36, "PAUSED", 0).fg,
+        Some(Color::Yellow)
+    );
+    assert_eq!(
+        fg_of(&app, REPLAY, 120, 36, "REPLAY", 0).fg,
+        Some(Color::Cyan)
+    );
+    let mut frozen = app_of(blocked());
+    frozen.update(Action::ToggleFreeze, &ctl);
+    assert_eq!(
+        fg_of(&frozen, LIVE, 120, 36, "FROZEN", 0).fg,
+        Some(Color::Yellow)
+    );
+    // A stall: the verdict red, and the stalled thread's name red in every view that shows
+    // it; the thread waiting on it yellow.
+    let mut stuck = app_of(stalled());
+    assert_eq!(
+        fg_of(&stuck, LIVE, 120, 36, "stalled: target-0", 0).fg,
+        Some(Color::Red)
+    );
+    for view in [0, 1, 2, 5] {
+        stuck.update(Action::ShowView(view), &ctl);
+        let mut term = ratatui::Terminal::new(ratatui::backend::TestBackend::new(160, 45)).unwrap();
+        term.draw(|f| dflash_top::tui::view::draw(f, &stuck, Theme::from_color(true), LIVE))
+            .unwrap();
+        let buf = term.backend().buffer().clone();
+        // The first cell of each "target-0" / "drafter-0" label below the header.
+        let label = |who: &str| {
+            (4..45u16)
+                .find_map(|y| {
+                    let line: String = (0..160).map(|x| buf[(x, y)].symbol().to_string()).collect();
+                    line.find(who)
+                        .map(|at| buf[(line[..at].chars().count() as u16, y)].style())
+                })
+                .unwrap()
+        };
+        assert_eq!(label("target-0").fg, Some(Color::Red), "view {view}");
+        assert_ne!(label("drafter-0").fg, Some(Color::Red), "view {view}");
+    }
+    // Records dropped: red.
+    let mut lost = stalled();
+    lost[0].self_cost.dropped = 3;
+    let lost = app_of(lost);
+    assert_eq!(
+        fg_of(&lost, LIVE, 120, 36, "dropped 3", 0).fg,
+        Some(Color::Red)
+    );
+}
+
+/// Issue 27: the queue gauge's label reads dark on its bright fill; the timeline's queue strips
+/// have a legend in their own colours; optim and clip are not the light kin of forward and
+/// backward.
+#[test]
+fn gauge_labels_read_on_their_fill_strips_have_a_legend_and_twin_colours_are_gone() {
+    use ratatui::backend::TestBackend;
+    use ratatui::style::Color;
+    use ratatui::Terminal;
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(blocked());
+    let draw = |app: &App| {
+        let mut term = Terminal::new(TestBackend::new(120, 36)).unwrap();
+        term.draw(|f| dflash_top::tui::view::draw(f, app, Theme::from_color(true), LIVE))
+            .unwrap();
+        term.backend().buffer().clone()
+    };
+    let find = |buf: &ratatui::buffer::Buffer, text: &str| {
+        (0..36u16)
+            .find_map(|y| {
+                let line: String = (0..120).map(|x| buf[(x, y)].symbol().to_string()).collect();
+                line.find(text)
+                    .map(|at| (line[..at].chars().count() as u16, y))
+            })
+            .unwrap_or_else(|| panic!("{text} not drawn"))
+    };
+    // A full queue: its label lies on the fill, dark on yellow.
+    app.update(Action::ShowView(3), &ctl);
+    let buf = draw(&app);
+    let (x, y) = find(&buf, "depth 4/4");
+    let cell = &buf[(x, y)];
+    assert_eq!(cell.fg, Color::Black, "{cell:?}");
+    assert_ne!(cell.bg, Color::Reset, "{cell:?}");
+    // The timeline's legend: the strips' glyphs in the strips' colours.
+    app.update(Action::ShowView(5), &ctl);
+    let buf = draw(&app);
+    let (x, y) = find(&buf, "queue ·empty ▄depth █full");
+    assert_eq!(buf[(x + 13, y)].fg, Color::Cyan, "the level");
+    assert_eq!(buf[(x + 20, y)].fg, Color::Yellow, "full");
+    // No twin colours among the drafter's working phases.
+    let t = Theme::from_color(true);
+    let working: Vec<Phase> = Role::Drafter
+        .phases()
+        .iter()
+        .copied()
+        .filter(|p| !p.is_wait())
+        .collect();
+    for p in &working {
+        for q in &working {
+            if p != q {
+                assert_ne!(t.phase_color(*p), t.phase_color(*q), "{p:?} {q:?}");
+            }
+        }
+    }
+    let kin = |c: Color| match c {
+        Color::LightBlue => Color::Blue,
+        Color::LightGreen => Color::Green,
+        c => c,
+    };
+    assert_ne!(
+        kin(t.phase_color(Phase::Optim)),
+        kin(t.phase_color(Phase::Forward))
+    );
+    assert_ne!(
+        kin(t.phase_color(Phase::Clip)),
+        kin(t.phase_color(Phase::Backward))
+    );
+}
+
+/// Rows of a screen with nothing in them: blank, or only borders and spaces.
+fn empty_rows(s: &str) -> usize {
+    s.lines()
+        .skip(3)
+        .filter(|l| l.chars().all(|c| matches!(c, ' ' | '│')))
+        .count()
+}
+
+/// Issue 27: every view uses its room at 120x36, 160x45 and 200x60 (no blank quarter beside
+/// the queues, no rows of nothing under the queues, the timeline or the shares); at 80x24 a
+/// view drops whole panels and columns rather than cut a label.
+#[test]
+fn every_view_uses_its_space_and_degrades_by_whole_panels() {
+    let (ctl, _t) = controls(false);
+    for (i, view) in View::ALL.iter().enumerate() {
+        // The queues view where both queues hold items (an empty queue's depth history is
+        // rightly blank), the others where every thread has steps to show.
+        let mut app = app_of(if *view == View::Queues {
+            blocked()
+        } else {
+            starved()
+        });
+        app.update(Action::ShowView(i), &ctl);
+        for (w, h) in [(120u16, 36u16), (160, 45), (200, 60)] {
+            let s = screen(&app, w, h, Theme::from_color(true), LIVE);
+            // The warnings view is a list (the warnings in force, then the rules): its length
+            // is its content, as a log's is.
+            if *view == View::Warnings {
+                assert!(s.contains("queue_jitter") && s.contains("quiet"), "{s}");
+                continue;
+            }
+            assert!(
+                empty_rows(&s) <= 3,
+                "{view:?} at {w}x{h}: {} empty rows\n{s}",
+                empty_rows(&s)
+            );
+        }
+        let s = screen(&app, 80, 24, Theme::from_color(true), LIVE);
+        // A table's header is whole words; the queue numbers end with the item age.
+        if let Some(head) = s.lines().find(|l| l.starts_with("│thread")) {
+            let words: Vec<&str> = head.split(['│', ' ']).filter(|w| !w.is_empty()).collect();
+            for word in words.iter().take_while(|w| **w != "loader") {
+                let known = [
+                    "thread", "role", "dev", "cpu%", "phase", "state", "os", "step/s", "ms/step",
+                ];
+                assert!(
+                    known.contains(&word.trim_end_matches('▼')),
+                    "{view:?}: cut header {word}: {head}"
+                );
+            }
+        }
+        if *view == View::Queues || *view == View::Overview {
+            assert!(s.matches(" age ").count() >= 2, "{view:?}: {s}");
+        }
+        if *view == View::Phases {
+            assert!(
+                s.contains("  hs_wait 45.0ms 56%"),
+                "the drafter's detail: {s}"
+            );
+        }
+    }
+}
+
+/// Issue 27: numbers keep their width and one unit: a 20 s step fits where an 80 ms one does,
+/// the timeline's axis is in one unit, the tok/s axis has no decimals, lane labels are whole
+/// words, and a run with --steps shows `step 150/300` with its ETA.
+#[test]
+fn units_fit_their_columns_and_a_run_with_steps_shows_its_eta() {
+    use dflash_top::summary::RunInfo;
+    use dflash_top::tui::panels::phases::fmt_ms;
+    use dflash_top::tui::panels::timeline::fmt_offset;
+    for (ms, want) in [
+        (80.04, "80.0ms"),
+        (999.9, "999.9ms"),
+        (20391.5, "20.39s"),
+        (125_000.0, "2.1m"),
+    ] {
+        assert_eq!(fmt_ms(ms), want);
+        assert!(fmt_ms(ms).len() <= 7);
+    }
+    // Each zoom's axis marks in one unit, with the decimals its quarters need.
+    for (width, marks) in [
+        (0.25, ["-250ms", "-188ms", "-125ms", "-62ms"]),
+        (2.0, ["-2.0s", "-1.5s", "-1.0s", "-0.5s"]),
+        (5.0, ["-5.00s", "-3.75s", "-2.50s", "-1.25s"]),
+        (10.0, ["-10.0s", "-7.5s", "-5.0s", "-2.5s"]),
+    ] {
+        let got: Vec<String> = (0..4)
+            .map(|k| fmt_offset(width * (4 - k) as f64 / 4.0, width))
+            .collect();
+        assert_eq!(got, marks, "{width}");
+    }
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(starved());
+    app.update(Action::ShowView(4), &ctl);
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
+    assert!(s.contains("│6210│") || s.contains("│6210 "), "{s}");
+    assert!(!s.contains("6210.00"), "{s}");
+    // Lane labels whole at both widths.
+    app.update(Action::ShowView(5), &ctl);
+    for w in [80, 200] {
+        let s = screen(&app, w, 30, Theme::from_color(true), LIVE);
+        assert!(s.contains("│push_wait"), "{s}");
+        assert!(!s.contains("│push_ ") && !s.contains("│hs_w "), "{s}");
+    }
+    // --steps 300: 50 steps in the last 10 s leave 150 at 5 a second.
+    let mut app = App::new();
+    app.run_info = RunInfo {
+        steps: Some(300),
+        ..RunInfo::default()
+    };
+    for k in 0..=10u64 {
+        let mut s = starved_snapshot();
+        s.elapsed_s = 20.0 + k as f64;
+        s.train.step = 100 + 5 * k;
+        app.on_snapshot(Arc::new(s));
+    }
+    assert_eq!(app.progress(), Some((150, 300, Some(30.0))));
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
+    assert!(
+        s.starts_with("dflash-top step 150/300 ETA 0:30  tok/s"),
+        "{s}"
+    );
+    let s = screen(&app, 80, 24, Theme::from_color(true), LIVE);
+    assert!(s.starts_with("step 150/300 ETA 0:30  tok/s"), "{s}");
+    assert!(s.lines().next().unwrap().ends_with("00:00:30"), "{s}");
 }

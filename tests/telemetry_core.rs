@@ -7,7 +7,7 @@ use dflash_top::telemetry::queue::monitored_queue;
 use dflash_top::telemetry::queue_view::verdict_inputs;
 use dflash_top::telemetry::snapshot::QueueView;
 use dflash_top::telemetry::switches::Timing;
-use dflash_top::telemetry::verdict::{Verdict, VerdictTracker, WaitShares, HOLD_TICKS};
+use dflash_top::telemetry::verdict::{Verdict, VerdictTracker, WaitShares, DWELL_NS};
 use dflash_top::telemetry::window::{Windows, RING_TICKS, TICK_NS};
 use dflash_top::telemetry::{Phase, Role, StepRecord, Telemetry, N_PHASES};
 use std::time::Duration;
@@ -248,47 +248,99 @@ fn verdict_names_the_starving_stage() {
     ];
     for (s, want) in scenarios {
         let mut v = VerdictTracker::default();
-        for _ in 0..HOLD_TICKS + 1 {
-            v.update(&s);
+        for k in 0..40 {
+            v.update(&s, k * TICK_NS);
         }
         assert_eq!(v.shown(), want, "{s:?}");
     }
 }
 
+/// The shown verdict after feeding `script` ((shares, ticks of 100 ms), in order) from `t0`.
+fn feed(v: &mut VerdictTracker, t0: u64, script: &[(WaitShares, u64)]) -> (Vec<Verdict>, u64) {
+    let mut t = t0;
+    let mut shown = Vec::new();
+    for (s, ticks) in script {
+        for _ in 0..*ticks {
+            shown.push(v.update(s, t));
+            t += TICK_NS;
+        }
+    }
+    (shown, t)
+}
+
 #[test]
 fn verdict_has_hysteresis() {
     let mut v = VerdictTracker::default();
+    assert_eq!(v.dwell_ns(), DWELL_NS);
     assert_eq!(
-        v.update(&shares(0.0, 0.1, 0.0)),
+        v.update(&shares(0.0, 0.1, 0.0), 0),
         Verdict::Balanced,
         "first verdict is immediate"
     );
-    // A single spike does not flip it.
-    assert_eq!(v.update(&shares(0.0, 0.9, 0.0)), Verdict::Balanced);
-    assert_eq!(v.update(&shares(0.0, 0.1, 0.0)), Verdict::Balanced);
-    // A sustained one does, after HOLD_TICKS ticks.
-    for i in 0..HOLD_TICKS {
-        let shown = v.update(&shares(0.0, 0.9, 0.0));
-        let want = if i + 1 < HOLD_TICKS {
-            Verdict::Balanced
-        } else {
-            Verdict::TargetBound
-        };
-        assert_eq!(shown, want, "tick {i}");
-    }
+    // A sustained starvation shows once it has held for the dwell (3 s: 30 ticks), not before.
+    let (shown, t) = feed(&mut v, TICK_NS, &[(shares(0.0, 0.9, 0.0), 31)]);
+    let first = shown
+        .iter()
+        .position(|s| *s == Verdict::TargetBound)
+        .unwrap();
+    assert_eq!(first, 30, "{shown:?}");
     // Between EXIT and ENTER it stays starved: hovering does not flicker.
-    for _ in 0..10 {
-        assert_eq!(v.update(&shares(0.0, 0.2, 0.0)), Verdict::TargetBound);
-    }
-    // Below EXIT for long enough: back to balanced.
-    for _ in 0..HOLD_TICKS {
-        v.update(&shares(0.0, 0.05, 0.0));
-    }
-    assert_eq!(v.shown(), Verdict::Balanced);
+    let (shown, t) = feed(&mut v, t, &[(shares(0.0, 0.2, 0.0), 100)]);
+    assert!(shown.iter().all(|s| *s == Verdict::TargetBound));
+    // Below EXIT for the dwell: back to balanced.
+    let (shown, t) = feed(&mut v, t, &[(shares(0.0, 0.05, 0.0), 31)]);
+    assert_eq!(shown.last(), Some(&Verdict::Balanced));
     // And from balanced, 0.2 is not enough to enter.
-    for _ in 0..10 {
-        assert_eq!(v.update(&shares(0.0, 0.2, 0.0)), Verdict::Balanced);
-    }
+    let (shown, _) = feed(&mut v, t, &[(shares(0.0, 0.2, 0.0), 100)]);
+    assert!(shown.iter().all(|s| *s == Verdict::Balanced));
+}
+
+/// Issue 27: on a loaded host the waits wobble; the verdict holds for the dwell, so the header
+/// does not flip between target-bound and balanced. A shorter dwell (the TOML's
+/// `verdict_dwell`) follows the same evidence sooner; 0 follows every tick.
+#[test]
+fn a_wobbling_host_keeps_its_verdict_for_the_dwell() {
+    let starved = shares(0.0, 0.6, 0.0);
+    let calm = shares(0.0, 0.02, 0.0);
+    // 2 s starved, 1 s calm, over and over: neither lasts 3 s.
+    let wobble: Vec<(WaitShares, u64)> = (0..10)
+        .flat_map(|_| [(starved.clone(), 20), (calm.clone(), 10)])
+        .collect();
+    let mut v = VerdictTracker::default();
+    v.update(&calm, 0);
+    let (shown, t) = feed(&mut v, TICK_NS, &wobble);
+    assert!(
+        shown.iter().all(|s| *s == Verdict::Balanced),
+        "it flickered: {shown:?}"
+    );
+    // Starved for 3 s unbroken: now it changes, once.
+    let (shown, _) = feed(&mut v, t, &[(starved.clone(), 31)]);
+    assert_eq!(shown.last(), Some(&Verdict::TargetBound));
+    assert_eq!(
+        shown.windows(2).filter(|w| w[0] != w[1]).count(),
+        1,
+        "{shown:?}"
+    );
+
+    // A 1 s dwell: the same wobble shows target-bound within the first 2 s starved, and
+    // then balanced never lasts long enough (1 s calm is just under the 10 ticks needed).
+    let mut v = VerdictTracker::with_dwell(1_000_000_000);
+    v.update(&calm, 0);
+    let (shown, _) = feed(&mut v, TICK_NS, &wobble);
+    assert!(shown.contains(&Verdict::TargetBound), "{shown:?}");
+    // A 0 dwell follows every tick: it flips as often as the evidence does.
+    let mut v = VerdictTracker::with_dwell(0);
+    v.update(&calm, 0);
+    let (shown, _) = feed(&mut v, TICK_NS, &wobble);
+    let flips = shown.windows(2).filter(|w| w[0] != w[1]).count();
+    assert_eq!(flips, 19, "{shown:?}");
+    // A pause (or a stall) in between: evidence before it does not count after it.
+    let mut v = VerdictTracker::default();
+    v.update(&calm, 0);
+    let (_, t) = feed(&mut v, TICK_NS, &[(starved.clone(), 25)]);
+    v.interrupt();
+    let (shown, _) = feed(&mut v, t + 50 * TICK_NS, &[(starved.clone(), 10)]);
+    assert!(shown.iter().all(|s| *s == Verdict::Balanced), "{shown:?}");
 }
 
 #[test]

@@ -441,7 +441,12 @@ fn every_view_renders_at_the_minimum_size() {
         screen(&app, 80, 24, Theme::from_color(true), LIVE)
     );
     app.update(Action::ToggleHelp, &ctl);
-    let help = screen(&app, 80, 24, Theme::from_color(true), LIVE);
+    // One column at 80x24: j scrolls it.
+    let mut help = String::new();
+    for _ in 0..40 {
+        help.push_str(&screen(&app, 80, 24, Theme::from_color(true), LIVE));
+        app.update(Action::SelectNext, &ctl);
+    }
     for k in ["space", "ctrl-c", "checkpoint", "freeze", "GPU timing"] {
         assert!(help.contains(k), "help lists {k}: {help}");
     }
@@ -669,4 +674,106 @@ fn keys_say_what_they_did_and_nothing_more() {
         app.note.as_deref(),
         Some("replay: the windows are the recording's; r resets none")
     );
+}
+
+/// Issue 27: the help lists the views and explains every word on screen; where it does not fit
+/// (80x24) j/k scroll it to the end and no further.
+#[test]
+fn help_lists_the_views_and_a_glossary_of_every_word_on_screen() {
+    use dflash_top::tui::glossary::GLOSSARY;
+    let (ctl, _t) = controls(false);
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    let plain = screen(&app, 200, 60, Theme::from_color(false), LIVE);
+    // Words the screens show, each explained.
+    let terms: Vec<&str> = GLOSSARY
+        .iter()
+        .flat_map(|s| s.1.iter().map(|w| w.0))
+        .collect();
+    for w in [
+        "tau", "lr", "prof", "snap", "dropped", "os", "age", "h2d", "to gain",
+    ] {
+        assert!(
+            terms.iter().any(|t| t.contains(w)),
+            "{w} not in the glossary"
+        );
+    }
+    for w in ["tau", "lr", "prof", "snap", "dropped", " os ", "age"] {
+        assert!(plain.contains(w), "{w} is not on the overview: {plain}");
+    }
+    app.update(Action::ToggleHelp, &ctl);
+    let wide = screen(&app, 200, 60, Theme::from_color(false), LIVE);
+    for v in View::ALL {
+        assert!(wide.contains(v.title()), "{v:?}: {wide}");
+    }
+    // Two columns at 200x60, one at 80x24: scrolled through, every term shows.
+    let mut last = String::new();
+    for (w, h) in [(200, 60), (80, 24)] {
+        let mut seen = String::new();
+        for _ in 0..200 {
+            let s = screen(&app, w, h, Theme::from_color(false), LIVE);
+            if s == last {
+                break;
+            }
+            seen.push_str(&s);
+            last = s;
+            app.update(Action::SelectNext, &ctl);
+        }
+        for t in terms.iter().filter(|t| !t.is_empty()) {
+            assert!(seen.contains(t), "{t} at {w}x{h}");
+        }
+        if w == 200 {
+            app.update(Action::ToggleHelp, &ctl);
+            app.update(Action::ToggleHelp, &ctl);
+        }
+    }
+    assert!(app.help_scroll < 200, "the scroll stops at the end");
+    assert!(
+        last.contains("of --steps") || last.contains("placement"),
+        "{last}"
+    );
+    // One step back from the end shows a different screen at once.
+    app.update(Action::SelectPrev, &ctl);
+    assert_ne!(screen(&app, 80, 24, Theme::from_color(false), LIVE), last);
+    // Closing and opening starts at the top again.
+    app.update(Action::ToggleHelp, &ctl);
+    app.update(Action::ToggleHelp, &ctl);
+    assert!(screen(&app, 80, 24, Theme::from_color(false), LIVE).contains("views"));
+}
+
+/// Issue 27: a tab bar names the views with the current one highlighted; narrow, the others
+/// are their digits.
+#[test]
+fn the_tab_bar_shows_the_views_and_highlights_the_current_one() {
+    use ratatui::style::Modifier;
+    let (ctl, _t) = controls(false);
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(starved_snapshot()));
+    app.update(Action::ShowView(2), &ctl);
+    for (w, all) in [(200u16, true), (80, false)] {
+        let mut term = Terminal::new(TestBackend::new(w, 24)).unwrap();
+        term.draw(|f| draw(f, &app, Theme::from_color(true), LIVE))
+            .unwrap();
+        let buf = term.backend().buffer().clone();
+        let row: String = (0..w).map(|x| buf[(x, 2)].symbol().to_string()).collect();
+        assert!(row.starts_with(" 1"), "{row}");
+        for v in View::ALL {
+            assert_eq!(
+                row.contains(v.title()),
+                all || v == View::Phases,
+                "{w}: {row}"
+            );
+        }
+        assert!(!row.contains("[3 phases]"), "{row}");
+        // The current tab reversed, the others not.
+        let at = row.find("3 phases").unwrap();
+        let x = row[..at].chars().count() as u16;
+        assert!(buf[(x, 2)].modifier.contains(Modifier::REVERSED));
+        assert!(!buf[(1, 2)].modifier.contains(Modifier::REVERSED), "{row}");
+        assert!(
+            row.contains("prof 12"),
+            "the profiler's cost still shows: {row}"
+        );
+        assert!(row.trim_end().ends_with("? help"), "{row}");
+    }
 }

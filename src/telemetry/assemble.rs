@@ -126,6 +126,11 @@ impl Assembler {
         }
     }
 
+    /// How long a verdict change must hold before it is shown (`verdict_dwell` in the TOML).
+    pub fn set_verdict_dwell(&mut self, dwell_ns: u64) {
+        self.verdict = VerdictTracker::with_dwell(dwell_ns);
+    }
+
     pub fn reset_windows(&mut self) {
         self.windows.reset();
         self.verdict.reset();
@@ -234,7 +239,7 @@ impl Assembler {
             .queue_flags
             .views(&self.windows, W1, W10, threads, queues);
         let stall = self.recent.stall(now_ns, threads, &live, stall_ns);
-        let verdict = self.verdict(paused, stall.is_some(), &queue_views);
+        let verdict = self.verdict(now_ns, paused, stall.is_some(), &queue_views);
         let train = self.train_view(now_ns, threads, &lives);
         self.push_history(elapsed_s, train.tok_per_s_1s);
         let self_cost = self.self_cost(&thread_views, dropped);
@@ -317,16 +322,25 @@ impl Assembler {
 
     /// Paused or stalled first; otherwise the queues' verdict, judged once three ticks of
     /// running have closed since the first step (until then the one shown stays).
-    fn verdict(&mut self, paused: bool, stalled: bool, queues: &[QueueView]) -> Verdict {
+    fn verdict(
+        &mut self,
+        now_ns: u64,
+        paused: bool,
+        stalled: bool,
+        queues: &[QueueView],
+    ) -> Verdict {
+        let judged = self.windows.ticks_closed() >= 3
+            && self.recent.started()
+            && !self.windows.last_paused();
+        if paused || stalled || !judged {
+            self.verdict.interrupt();
+        }
         if paused {
             Verdict::Paused
         } else if stalled {
             Verdict::Stalled
-        } else if self.windows.ticks_closed() >= 3
-            && self.recent.started()
-            && !self.windows.last_paused()
-        {
-            self.verdict.update(&verdict_inputs(queues))
+        } else if judged {
+            self.verdict.update(&verdict_inputs(queues), now_ns)
         } else {
             self.verdict.shown()
         }

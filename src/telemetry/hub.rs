@@ -76,6 +76,8 @@ pub struct Telemetry {
     pub watched_pid: Option<u32>,
     /// A phase mark's cost measured by the watched process (else measured here at hub start).
     pub ns_per_mark: Option<f64>,
+    /// How long a verdict change must hold before it is shown (`verdict_dwell` in the TOML).
+    pub verdict_dwell_ns: u64,
     taps: Arc<Mutex<Vec<Arc<dyn RawTap>>>>,
     /// Where engine commands go when the engine is in another process (an attached viewer).
     forward: Arc<Mutex<Option<Sender<HubCommand>>>>,
@@ -114,6 +116,7 @@ impl Telemetry {
             probes: true,
             watched_pid: None,
             ns_per_mark: None,
+            verdict_dwell_ns: super::verdict::DWELL_NS,
             taps: Arc::default(),
             forward: Arc::default(),
             alerts: Arc::default(),
@@ -264,6 +267,7 @@ impl Telemetry {
     fn run_hub(&self, cancel: CancelToken) {
         let mut asm = Assembler::new(clock::now_ns());
         asm.ns_per_mark = self.ns_per_mark.unwrap_or_else(measure_mark_cost);
+        asm.set_verdict_dwell(self.verdict_dwell_ns);
         let mut cpu = self.probes.then(|| CpuProbe::of(self.watched_pid));
         let taps = self.taps();
         let gpu = if self.probes {

@@ -74,10 +74,58 @@ pub fn last_seconds(spans: &[StepSpan], seconds: f64) -> Vec<StepSpan> {
     spans.iter().filter(|s| s.end_ns >= from).cloned().collect()
 }
 
+/// What a trace holds, in words: every thread's steps are spans, so a 300-step run of a
+/// loader, a target and a drafter holds ~900 spans. `300 drafter steps, 909 step spans of 3
+/// threads`; without drafters (a client's own stages), the spans and threads alone.
+pub fn describe(spans: &[StepSpan]) -> String {
+    let threads: std::collections::BTreeSet<&str> =
+        spans.iter().map(|s| s.thread.as_str()).collect();
+    let drafters: Vec<&StepSpan> = spans
+        .iter()
+        .filter(|s| s.role == super::Role::Drafter)
+        .collect();
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    let of = format!(
+        "{} step span{} of {} thread{}",
+        spans.len(),
+        plural(spans.len()),
+        threads.len(),
+        plural(threads.len())
+    );
+    if drafters.is_empty() {
+        return of;
+    }
+    format!("{} drafter steps, {of}", drafters.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::telemetry::{Phase, Role};
+
+    #[test]
+    fn a_trace_counts_drafter_steps_apart_from_every_thread_s_spans() {
+        let span = |thread: &str, role: Role| StepSpan {
+            thread: thread.into(),
+            role,
+            end_ns: 1,
+            wall_ns: 1,
+            phases: vec![],
+        };
+        let mut spans = Vec::new();
+        for _ in 0..300 {
+            spans.push(span("loader", Role::Loader));
+            spans.push(span("target-0", Role::Target));
+            spans.push(span("drafter-0", Role::Drafter));
+        }
+        spans.extend((0..9).map(|_| span("loader", Role::Loader)));
+        assert_eq!(
+            describe(&spans),
+            "300 drafter steps, 909 step spans of 3 threads"
+        );
+        let stage = vec![span("decode", Role::Stage(1))];
+        assert_eq!(describe(&stage), "1 step span of 1 thread");
+    }
 
     #[test]
     fn the_trace_names_tracks_and_lays_phases_end_to_end() {

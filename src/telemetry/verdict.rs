@@ -1,13 +1,15 @@
 //! Which stage starves: a verdict from queue wait shares, with hysteresis so that it does not
-//! flicker. A state is entered above `ENTER`, left below `EXIT`, and a change must hold for
-//! `HOLD_TICKS` consecutive ticks before it is shown.
+//! flicker. A state is entered above `ENTER`, left below `EXIT`, and a change must hold for a
+//! dwell (`DWELL_NS`, 3 s unless the run's TOML sets `verdict_dwell`) before it is shown: a
+//! loaded host whose waits wobble around the thresholds keeps one verdict.
 
 use super::phase::Role;
 use serde::{Deserialize, Serialize};
 
 pub const ENTER: f64 = 0.30;
 pub const EXIT: f64 = 0.15;
-pub const HOLD_TICKS: u32 = 3;
+/// How long a new verdict's evidence must hold, unbroken, before it is shown.
+pub const DWELL_NS: u64 = 3_000_000_000;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verdict {
@@ -117,14 +119,36 @@ impl WaitShares {
     }
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct VerdictTracker {
     shown: Verdict,
     candidate: Verdict,
-    streak: u32,
+    /// When the candidate's evidence began (hub clock, ns).
+    since_ns: u64,
+    dwell_ns: u64,
+}
+
+impl Default for VerdictTracker {
+    fn default() -> Self {
+        VerdictTracker::with_dwell(DWELL_NS)
+    }
 }
 
 impl VerdictTracker {
+    /// A tracker whose changes must hold for `dwell_ns` (0: at once).
+    pub fn with_dwell(dwell_ns: u64) -> Self {
+        VerdictTracker {
+            shown: Verdict::Warmup,
+            candidate: Verdict::Warmup,
+            since_ns: 0,
+            dwell_ns,
+        }
+    }
+
+    pub fn dwell_ns(&self) -> u64 {
+        self.dwell_ns
+    }
+
     pub fn shown(&self) -> Verdict {
         self.shown
     }
@@ -148,29 +172,34 @@ impl VerdictTracker {
             .unwrap_or(Verdict::Balanced)
     }
 
-    /// Feeds one tick's shares; returns the verdict to show.
-    pub fn update(&mut self, s: &WaitShares) -> Verdict {
+    /// Feeds one tick's shares at `now_ns`; returns the verdict to show. The first verdict
+    /// after warming up is shown at once; a later change once its evidence has held for the
+    /// dwell, every tick in between.
+    pub fn update(&mut self, s: &WaitShares, now_ns: u64) -> Verdict {
         let raw = self.classify(s);
         if raw == self.shown {
-            self.streak = 0;
             self.candidate = raw;
             return self.shown;
         }
-        if raw == self.candidate {
-            self.streak += 1;
-        } else {
+        if raw != self.candidate {
             self.candidate = raw;
-            self.streak = 1;
+            self.since_ns = now_ns;
         }
-        if self.streak >= HOLD_TICKS || self.shown == Verdict::Warmup {
+        if now_ns.saturating_sub(self.since_ns) >= self.dwell_ns || self.shown == Verdict::Warmup {
             self.shown = raw;
-            self.streak = 0;
         }
         self.shown
     }
 
+    /// A tick that is not judged (paused, stalled): evidence gathered before it does not
+    /// count towards a change after it.
+    pub fn interrupt(&mut self) {
+        self.candidate = self.shown;
+    }
+
+    /// Starts over (warming up), keeping the dwell.
     pub fn reset(&mut self) {
-        *self = VerdictTracker::default();
+        *self = VerdictTracker::with_dwell(self.dwell_ns);
     }
 }
 
@@ -204,8 +233,8 @@ mod tests {
         ];
         for (s, want) in cases {
             let mut v = VerdictTracker::default();
-            for _ in 0..HOLD_TICKS + 1 {
-                v.update(&s);
+            for k in 0..40 {
+                v.update(&s, k * 100_000_000);
             }
             assert_eq!(v.shown(), want, "{s:?}");
         }

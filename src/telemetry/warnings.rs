@@ -84,6 +84,20 @@ impl Rule {
         }
     }
 
+    /// What the rule watches, in a few words (the warnings view's rule table).
+    pub fn watches(self) -> &'static str {
+        match self {
+            Rule::Starved => "a stage waiting on its empty input queue",
+            Rule::Blocked => "the producers of the last queue waiting on it full",
+            Rule::Stalled => "no step ending for several step times",
+            Rule::GpuIdle => "a GPU idle while work is queued for it",
+            Rule::QueueJitter => "a queue empty and full within a window",
+            Rule::ProfilingCost => "the profiler's own cost over its budget",
+            Rule::Dropped => "step records or trace spans dropped",
+            Rule::HostSync => "host syncs inside a step (where they are counted)",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Rule> {
         Rule::ALL.into_iter().find(|r| r.name() == s)
     }

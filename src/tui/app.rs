@@ -26,6 +26,10 @@ pub struct App {
     pub view: View,
     pub window: Window,
     pub help: bool,
+    /// Rows the help overlay is scrolled down by (j/k while it is open).
+    pub help_scroll: u16,
+    /// How far the help could scroll in the last frame (set as it is drawn).
+    pub help_max: std::cell::Cell<u16>,
     pub quit: bool,
     /// What is on screen while frozen.
     pub frozen: Option<Frozen>,
@@ -61,7 +65,13 @@ pub struct App {
     pub replay: bool,
     /// Watching another process: the header's fourth row says which, since when.
     pub attached: Option<String>,
+    /// (run clock s, step) of the last `RATE_WINDOW_S` of snapshots: the step rate an ETA
+    /// is reckoned from.
+    pub step_marks: VecDeque<(f64, u64)>,
 }
+
+/// Seconds of snapshots the step rate (and so the ETA) is measured over.
+pub const RATE_WINDOW_S: f64 = 10.0;
 
 impl Default for App {
     fn default() -> Self {
@@ -75,6 +85,8 @@ impl App {
             view: View::Overview,
             window: Window::OneSecond,
             help: false,
+            help_scroll: 0,
+            help_max: std::cell::Cell::new(u16::MAX),
             quit: false,
             frozen: None,
             latest: None,
@@ -94,6 +106,7 @@ impl App {
             profiling_off_since: None,
             replay: false,
             attached: None,
+            step_marks: VecDeque::new(),
         }
     }
 
@@ -282,7 +295,38 @@ impl App {
             (false, since) => Some(since.unwrap_or(s.elapsed_s)),
         };
         self.history.record(&s);
+        self.mark_step(&s);
         self.latest = Some(s);
+    }
+
+    fn mark_step(&mut self, s: &Snapshot) {
+        // A replay sought back, or windows reset: start the rate over.
+        if self
+            .step_marks
+            .back()
+            .is_some_and(|(t, n)| s.elapsed_s < *t || s.train.step < *n)
+        {
+            self.step_marks.clear();
+        }
+        self.step_marks.push_back((s.elapsed_s, s.train.step));
+        while self
+            .step_marks
+            .front()
+            .is_some_and(|(t, _)| s.elapsed_s - t > RATE_WINDOW_S)
+        {
+            self.step_marks.pop_front();
+        }
+    }
+
+    /// `(step, of, seconds left)` when the run stops at `--steps`: the ETA at the rate of the
+    /// last `RATE_WINDOW_S` (None until two snapshots a second apart have steps between them).
+    pub fn progress(&self) -> Option<(u64, u64, Option<f64>)> {
+        let of = self.run_info.steps?;
+        let step = self.shown()?.train.step;
+        let (t0, n0) = *self.step_marks.front()?;
+        let (t1, n1) = *self.step_marks.back()?;
+        let rate = (t1 - t0 >= 1.0 && n1 > n0).then(|| (n1 - n0) as f64 / (t1 - t0));
+        Some((step, of, rate.map(|r| of.saturating_sub(step) as f64 / r)))
     }
 
     pub fn update(&mut self, action: Action, ctl: &dyn Controls) {
@@ -417,7 +461,17 @@ impl App {
                     self.view = *v;
                 }
             }
-            Action::ToggleHelp => self.help = !self.help,
+            Action::ToggleHelp => {
+                self.help = !self.help;
+                self.help_scroll = 0;
+            }
+            // With the help open, j/k scroll it (the overlay clamps to its length).
+            Action::SelectNext if self.help => {
+                self.help_scroll = (self.help_scroll + 1).min(self.help_max.get())
+            }
+            Action::SelectPrev if self.help => {
+                self.help_scroll = self.help_scroll.saturating_sub(1)
+            }
             Action::ExportTrace => {
                 // What the timeline shows: its width, where it is panned to.
                 let span = self.time_span();

@@ -2,8 +2,17 @@
 //! apart by their fill glyph instead. A light palette for light terminals, and a colour per phase
 //! from the UI config (tui/config.rs).
 
+use crate::telemetry::verdict::Verdict;
 use crate::telemetry::{Phase, N_PHASES};
 use ratatui::style::{Color, Modifier, Style};
+
+/// What a header badge says about the run's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Badge {
+    Normal,
+    Attention,
+    Info,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Theme {
@@ -58,6 +67,7 @@ impl Theme {
             Color::LightGreen => Color::Indexed(28),
             Color::LightMagenta => Color::Magenta,
             Color::DarkGray => Color::Indexed(245),
+            Color::Indexed(180) => Color::Indexed(137),
             c => c,
         }
     }
@@ -77,8 +87,10 @@ impl Theme {
             Phase::Anchors => Color::Yellow,
             Phase::Loss => Color::LightYellow,
             Phase::Backward => Color::Green,
-            Phase::Clip => Color::LightGreen,
-            Phase::Optim => Color::LightBlue,
+            // Not the light kin of backward's green and forward's blue: a tan and a violet,
+            // told apart from their neighbours in a bar at a glance.
+            Phase::Clip => Color::Indexed(180),
+            Phase::Optim => Color::Indexed(135),
             Phase::Metrics => Color::White,
             Phase::GradSync => Color::Indexed(208),
             // Declared phases (a client's own names): waits red, the rest a palette of their own.
@@ -128,7 +140,8 @@ impl Theme {
         Style::default().add_modifier(Modifier::BOLD)
     }
 
-    /// Warning text: red, or reversed without colour.
+    /// A fault (a stall, dropped records, an error): red, or reversed without colour. Red
+    /// means this and nothing else.
     pub fn alert(self) -> Style {
         if self.color {
             Style::default().fg(Color::Red).add_modifier(Modifier::BOLD)
@@ -137,18 +150,48 @@ impl Theme {
         }
     }
 
-    /// A queue whose consumers starve (waiting on empty): red.
-    pub fn starved(self) -> Style {
-        self.alert()
-    }
-
-    /// A queue whose producers are blocked (waiting on full): yellow, or underlined without colour.
-    pub fn blocked(self) -> Style {
+    /// Worth a look, not a fault (a thread waiting, a queue that starves or blocks, a state
+    /// the user chose: paused, frozen, profiling off): yellow, or underlined without colour.
+    pub fn attention(self) -> Style {
         if self.color {
-            self.accent(Color::Yellow).add_modifier(Modifier::BOLD)
+            self.accent(Color::Yellow)
         } else {
             Style::default().add_modifier(Modifier::UNDERLINED)
         }
+    }
+
+    /// A queue whose consumers starve (waiting on empty): yellow and bold (the `▽` says which).
+    pub fn starved(self) -> Style {
+        self.attention().add_modifier(Modifier::BOLD)
+    }
+
+    /// A queue whose producers are blocked (waiting on full): yellow (the `△` says which).
+    pub fn blocked(self) -> Style {
+        self.attention()
+    }
+
+    /// A verdict: balanced green; a stage that is the slower one (loader-, target-,
+    /// drafter-bound) is the pipeline's normal state, in plain bold; paused yellow; stalled
+    /// red; warming up dim.
+    pub fn verdict(self, v: Verdict) -> Style {
+        match v {
+            Verdict::Balanced => self.ok(),
+            Verdict::Warmup => self.dim(),
+            Verdict::Paused => self.attention(),
+            Verdict::Stalled => self.alert(),
+            _ => self.bold(),
+        }
+    }
+
+    /// A state badge (`RUNNING`, `PAUSED`, …): reversed, in green (normal), yellow (a state
+    /// chosen or worth a look) or cyan (information: a replay).
+    pub fn badge(self, kind: Badge) -> Style {
+        let c = match kind {
+            Badge::Normal => Color::Green,
+            Badge::Attention => Color::Yellow,
+            Badge::Info => Color::Cyan,
+        };
+        self.accent(c).add_modifier(Modifier::REVERSED)
     }
 
     pub fn ok(self) -> Style {

@@ -15,6 +15,10 @@ pub struct Label {
     pub text: String,
     /// Some change it stands for is to a verdict other than `balanced`.
     pub alert: bool,
+    /// Some change it stands for is to `stalled` (a fault: red whatever came after).
+    pub fault: bool,
+    /// The verdict in force after it.
+    pub verdict: Verdict,
 }
 
 #[cfg(test)]
@@ -41,6 +45,7 @@ struct Run {
     changes: usize,
     verdict: Verdict,
     alert: bool,
+    fault: bool,
 }
 
 impl Run {
@@ -81,6 +86,8 @@ impl Run {
             start,
             text,
             alert: self.alert,
+            fault: self.fault,
+            verdict: self.verdict,
         }
     }
 
@@ -91,6 +98,7 @@ impl Run {
             changes: self.changes + later.changes,
             verdict: later.verdict,
             alert: self.alert || later.alert,
+            fault: self.fault || later.fault,
         }
     }
 }
@@ -127,6 +135,7 @@ pub fn verdict_row<'a>(
             changes: 1,
             verdict,
             alert: verdict != Verdict::Balanced,
+            fault: verdict == Verdict::Stalled,
         };
         while let Some(prev) = runs.last() {
             if run.extent(cols).0 > prev.extent(cols).1 {

@@ -41,6 +41,29 @@ impl Ctx<'_> {
         }
     }
 
+    /// The thread a stall names (`drafter-0 in other for 6.0 s`), while the verdict is
+    /// `stalled`: its label is drawn as the fault it is, wherever it shows.
+    pub fn stalled_thread(&self) -> Option<&str> {
+        if self.snap.verdict != crate::telemetry::verdict::Verdict::Stalled {
+            return None;
+        }
+        let first = self.snap.stall.as_deref()?.split_whitespace().next()?;
+        self.snap
+            .threads
+            .iter()
+            .find(|t| t.name == first)
+            .map(|t| t.name.as_str())
+    }
+
+    /// The style of a thread's name: red while it is the one a stall names, else `base`.
+    pub fn name_style(&self, name: &str, base: ratatui::style::Style) -> ratatui::style::Style {
+        if self.stalled_thread() == Some(name) {
+            base.patch(self.theme.alert())
+        } else {
+            base
+        }
+    }
+
     /// `profiling off since 00:01:12` (the run's clock, as the header's elapsed time) when the
     /// shown snapshot says profiling is off: phase times stop, steps and CPU go on.
     pub fn profiling_off(&self) -> Option<String> {
@@ -95,45 +118,55 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
             panels::thread_detail::render(f, d, &c);
         }
         View::Phases => {
-            // The bars sized to their threads, the critical path, the shares over time below.
-            let threads = c.snap.threads.len() as u16;
-            let bars_h = (2 * threads + 5).min(body.height / 2).max(6);
-            let [bars, crit, history] = Layout::vertical([
-                Constraint::Length(bars_h),
-                Constraint::Length(panels::shares::critical_height(body.width)),
-                Constraint::Min(0),
-            ])
-            .areas(body);
-            panels::phases::render(f, bars, &c, true);
-            panels::shares::render_critical(f, crit, &c);
-            panels::shares::render_history(f, history, &c);
+            // The bars sized to their threads with each one's detail line, the critical path,
+            // the shares over time in the rest; too little rest for a readable history: the
+            // history goes (a whole panel), never a bar's detail.
+            let bars_h = panels::phases::height(&c, body.width, true);
+            let crit_h = panels::shares::critical_height(body.width);
+            let rest = body.height.saturating_sub(bars_h + crit_h);
+            if rest >= 5 {
+                let [bars, crit, history] = Layout::vertical([
+                    Constraint::Length(bars_h),
+                    Constraint::Length(crit_h),
+                    Constraint::Min(0),
+                ])
+                .areas(body);
+                panels::phases::render(f, bars, &c, true);
+                panels::shares::render_critical(f, crit, &c);
+                panels::shares::render_history(f, history, &c);
+            } else {
+                let [bars, crit] =
+                    Layout::vertical([Constraint::Min(0), Constraint::Length(crit_h)]).areas(body);
+                panels::phases::render(f, bars, &c, true);
+                panels::shares::render_critical(f, crit, &c);
+            }
         }
         View::Queues => {
-            // Queues sized to their content at the top, the GPUs at the bottom.
-            let gpu_h = panels::gpus::height(&c.snap.gpus);
-            let q_h = panels::queues::height(&c).min(body.height.saturating_sub(gpu_h).max(8));
-            let [q, _, g] = Layout::vertical([
-                Constraint::Length(q_h),
-                Constraint::Min(0),
-                Constraint::Length(gpu_h),
-            ])
-            .areas(body);
+            // The queues share all the room above the GPUs (their depth histories grow).
+            let gpu_h = panels::gpus::height(&c.snap.gpus).min(body.height / 2);
+            let [q, g] =
+                Layout::vertical([Constraint::Min(0), Constraint::Length(gpu_h)]).areas(body);
             panels::queues::render(f, q, &c);
             panels::gpus::render(f, g, &c);
         }
         View::Charts => panels::charts::render(f, body, &c, true),
         View::Warnings => panels::warnings::render(f, body, &c),
         View::Timeline => {
-            // The timeline sized to its lanes; the phase bars of the same threads below it.
+            // The phase bars of the same threads below, sized to their content (with the detail
+            // lines where there is room); the timeline takes the rest (its lanes grow).
             let want = panels::timeline::height(&c);
-            let threads = c.snap.threads.len() as u16;
-            // Borders and the legend's rows, one row a thread (two with the detail line).
-            let left = body.height.saturating_sub(want);
-            if left >= threads + 5 {
+            let detail = panels::phases::height(&c, body.width, true);
+            let plain = panels::phases::height(&c, body.width, false);
+            if body.height >= want + detail {
                 let [t, p] =
-                    Layout::vertical([Constraint::Length(want), Constraint::Min(0)]).areas(body);
+                    Layout::vertical([Constraint::Min(0), Constraint::Length(detail)]).areas(body);
                 panels::timeline::render(f, t, &c);
-                panels::phases::render(f, p, &c, left >= 2 * threads + 5);
+                panels::phases::render(f, p, &c, true);
+            } else if body.height >= want + plain {
+                let [t, p] =
+                    Layout::vertical([Constraint::Min(0), Constraint::Length(plain)]).areas(body);
+                panels::timeline::render(f, t, &c);
+                panels::phases::render(f, p, &c, false);
             } else {
                 panels::timeline::render(f, body, &c);
             }
@@ -145,9 +178,10 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
 }
 
 fn overview(f: &mut Frame, area: Rect, c: &Ctx) {
-    let threads = c.snap.threads.len() as u16;
-    // Borders, one row a thread, three legend rows.
-    let phase_h = (threads + 5).clamp(8, area.height / 2);
+    // The phase bars' rows (borders, a row a thread, the legend), at most half.
+    let phase_h = panels::phases::height(c, area.width * 58 / 100, false)
+        .max(panels::threads::height(c).saturating_sub(c.snap.groups.len() as u16))
+        .clamp(6, area.height / 2);
     let [top, bottom] =
         Layout::vertical([Constraint::Length(phase_h), Constraint::Min(0)]).areas(area);
     let [threads_area, phases_area] =

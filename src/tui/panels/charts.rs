@@ -58,12 +58,21 @@ fn chart(f: &mut Frame, area: Rect, c: &Ctx, title: &str, points: &[(f64, f64)],
         .graph_type(GraphType::Line)
         .style(c.theme.accent(color))
         .data(points);
+    // Loss with its decimals; a rate as a whole number (or K, M): `6459`, `12.3K`.
     let label = |v: f64| {
-        Span::raw(if v.abs() >= 1e4 {
-            format!("{:.0}K", v / 1e3)
-        } else {
+        Span::raw(if title == "loss" {
             format!("{v:.2}")
+        } else {
+            super::header::fmt_rate(v)
         })
+    };
+    // The run's clock in one unit: seconds, or minutes past 10 of them.
+    let secs = |v: f64| {
+        if xb[1] >= 600.0 {
+            format!("{:.0}m", v / 60.0)
+        } else {
+            format!("{v:.0}s")
+        }
     };
     let chart = Chart::new(vec![ds])
         .block(
@@ -71,10 +80,11 @@ fn chart(f: &mut Frame, area: Rect, c: &Ctx, title: &str, points: &[(f64, f64)],
                 .borders(Borders::ALL)
                 .title(format!(" {title} ")),
         )
-        .x_axis(Axis::default().bounds(xb).labels(vec![
-            Span::raw(format!("{:.0}s", xb[0])),
-            Span::raw(format!("{:.0}s", xb[1])),
-        ]))
+        .x_axis(
+            Axis::default()
+                .bounds(xb)
+                .labels(vec![Span::raw(secs(xb[0])), Span::raw(secs(xb[1]))]),
+        )
         .y_axis(
             Axis::default()
                 .bounds(yb)

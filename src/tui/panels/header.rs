@@ -4,9 +4,11 @@
 use super::super::view::Ctx;
 use crate::telemetry::queue_view::verdict_inputs;
 use crate::telemetry::verdict::Verdict;
-use crate::tui::app::fmt_clock;
+use crate::tui::app::{fmt_clock, View};
+use crate::tui::theme::Badge;
 use crate::wire::replay::ReplayPos;
 use ratatui::layout::Rect;
+use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 use ratatui::Frame;
@@ -50,17 +52,25 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     // A number the pipeline never reported is absent, not a zero.
     let opt =
         |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "–".into());
-    let badge = |on: bool, text: String| {
-        let style = if on {
-            t.ok().add_modifier(ratatui::style::Modifier::REVERSED)
-        } else {
-            t.alert()
-        };
-        Span::styled(format!(" {text} "), style)
+    let badge = |kind: Badge, text: String| Span::styled(format!(" {text} "), t.badge(kind));
+    let on_off = |on: bool| if on { Badge::Normal } else { Badge::Attention };
+    // `step 163/300 ETA 0:42` when the run stops at --steps; the program's name gives way
+    // where the line would not fit.
+    let step = match c.app.progress() {
+        Some((step, of, eta)) if c.app.summary.is_none() => format!(
+            "step {step}/{of} {}  ",
+            eta.map_or("ETA –".to_string(), |e| format!("ETA {}", fmt_clock(e)))
+        ),
+        _ => format!("step {}  ", s.train.step),
+    };
+    let name = if c.app.run_info.steps.is_some() && area.width < 100 {
+        ""
+    } else {
+        "dflash-top "
     };
     let mut line1 = vec![
-        Span::styled("dflash-top ", t.bold()),
-        Span::raw(format!("step {}  ", s.train.step)),
+        Span::styled(name, t.bold()),
+        Span::raw(step),
         Span::styled(
             format!("tok/s {}  ", fmt_rate(s.train.tok_per_s_1s)),
             t.bold(),
@@ -83,30 +93,29 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         ));
     }
     let line1 = Line::from(line1);
-    let verdict_style = match s.verdict {
-        Verdict::Balanced => t.ok(),
-        Verdict::Warmup => t.dim(),
-        _ => t.alert(),
-    };
+    let verdict_style = t.verdict(s.verdict);
     let mut line2 = vec![
         badge(
-            c.badges.profiling,
+            on_off(c.badges.profiling),
             format!("PROF {}", if c.badges.profiling { "on" } else { "off" }),
         ),
         Span::raw(" "),
     ];
     // On the CPU the GPU timing modes mean nothing: no badge.
     if s.gpu_timing.is_some() {
-        line2.push(badge(true, format!("GPU {}", c.badges.gpu_timing.name())));
+        line2.push(badge(
+            Badge::Normal,
+            format!("GPU {}", c.badges.gpu_timing.name()),
+        ));
         line2.push(Span::raw(" "));
     }
     line2.push(
         match (c.badges.live, c.badges.paused, c.app.frozen.is_some()) {
-            (false, _, _) => badge(false, "REPLAY".into()),
-            _ if c.app.summary.is_some() => badge(true, "FINISHED".into()),
-            (_, _, true) => badge(false, "FROZEN".into()),
-            (_, true, _) => badge(false, "PAUSED".into()),
-            _ => badge(true, "RUNNING".into()),
+            (false, _, _) => badge(Badge::Info, "REPLAY".into()),
+            _ if c.app.summary.is_some() => badge(Badge::Normal, "FINISHED".into()),
+            (_, _, true) => badge(Badge::Attention, "FROZEN".into()),
+            (_, true, _) => badge(Badge::Attention, "PAUSED".into()),
+            _ => badge(Badge::Normal, "RUNNING".into()),
         },
     );
     line2.push(Span::raw("  "));
@@ -131,7 +140,41 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     line2.push(Span::styled(verdict, verdict_style));
     line2.extend(super::warnings::count_span(c));
     let line2 = Line::from(line2);
-    let mut spans = Vec::new();
+    let dropped = format!(
+        "{}{}",
+        s.self_cost.dropped,
+        drops_detail(s.self_cost.spans_dropped, c.app.missed_snapshots)
+    );
+    let (ns, per_s, snap) = (
+        s.self_cost.ns_per_mark,
+        s.self_cost.marks_per_s,
+        s.self_cost.snapshot_us,
+    );
+    let long = (
+        format!("dropped {dropped}"),
+        format!(" · prof {ns:.0} ns/mark x {per_s:.0}/s · snap {snap:.0}us"),
+    );
+    let short = (
+        format!("drop {dropped}"),
+        format!(" · prof {ns:.0}ns x{per_s:.0}/s · snap {snap:.0}us"),
+    );
+    // Records lost are a fault: red once there are any.
+    let lost = s.self_cost.dropped + s.self_cost.spans_dropped + c.app.missed_snapshots > 0;
+    const HELP: &str = " · ? help";
+    // The views' names where they fit beside what the profiler costs, else the digits with
+    // the current one named; at the narrowest, the costs in short words.
+    let fits = |tabs: usize, cost: &(String, String)| {
+        tabs + 2 + cost.0.chars().count() + cost.1.chars().count() + HELP.len()
+            <= area.width as usize
+    };
+    let full = fits(tab_bar(c, true).1, &long);
+    let cost = if full || fits(tab_bar(c, false).1, &long) {
+        long
+    } else {
+        short
+    };
+    let (mut spans, _) = tab_bar(c, full);
+    spans.push(Span::raw("  "));
     // A failure that stays (a recording that stopped) comes before any passing note.
     for a in &s.alerts {
         spans.push(Span::styled(format!("! {a}  "), t.alert()));
@@ -139,18 +182,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     if let Some(note) = c.app.note.as_ref().or(s.status.as_ref()) {
         spans.push(Span::styled(format!("» {note}  "), t.bold()));
     }
-    spans.push(Span::styled(
-        format!(
-            "dropped {}{} · prof {:.0} ns/mark x {:.0}/s · snap {:.0}us · [{}] ? help q quit",
-            s.self_cost.dropped,
-            drops_detail(s.self_cost.spans_dropped, c.app.missed_snapshots),
-            s.self_cost.ns_per_mark,
-            s.self_cost.marks_per_s,
-            s.self_cost.snapshot_us,
-            c.app.view.title()
-        ),
-        t.dim(),
-    ));
+    spans.push(Span::styled(cost.0, if lost { t.alert() } else { t.dim() }));
+    spans.push(Span::styled(cost.1, t.dim()));
+    spans.push(Span::styled(HELP, t.dim()));
     let help = Line::from(spans);
     let mut lines = vec![line1, line2, help];
     if let Some(pos) = c.badges.replay {
@@ -173,15 +207,44 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     f.render_widget(Paragraph::new(lines), area);
 }
 
+/// The views as tabs, the current one highlighted: `1 overview  2 threads  …` (`full`), or
+/// `1 2 3 phases 4 5 6`. With the width it takes.
+pub fn tab_bar(c: &Ctx, full: bool) -> (Vec<Span<'static>>, usize) {
+    let t = c.theme;
+    let mut spans = Vec::new();
+    let mut width = 0;
+    for v in View::ALL {
+        let current = v == c.app.view;
+        let text = if full || current {
+            format!(" {} ", v.title())
+        } else {
+            format!(" {}", &v.title()[..1])
+        };
+        width += text.chars().count();
+        let style = if current {
+            if t.color {
+                t.accent(Color::Cyan)
+                    .add_modifier(Modifier::REVERSED | Modifier::BOLD)
+            } else {
+                Style::default().add_modifier(Modifier::REVERSED | Modifier::BOLD)
+            }
+        } else {
+            t.dim()
+        };
+        spans.push(Span::styled(text, style));
+    }
+    (spans, width)
+}
+
 /// A replay's position bar: `▶ 2x  t=1:12 / 5:00  ━━━━━●────  space pause · …`; at the end
 /// of the recording, a mark that says so.
 pub fn position_line(pos: &ReplayPos, width: u16, c: &Ctx) -> Line<'static> {
     let t = c.theme;
     let ended = pos.at_end || c.app.summary.is_some();
     let (state, style) = if ended {
-        ("■ end of recording".to_string(), t.alert())
+        ("■ end of recording".to_string(), t.bold())
     } else if pos.paused {
-        (format!("‖ paused {}", pos.speed.name()), t.alert())
+        (format!("‖ paused {}", pos.speed.name()), t.attention())
     } else {
         (format!("▶ {}", pos.speed.name()), t.ok())
     };

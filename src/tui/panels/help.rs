@@ -1,10 +1,18 @@
-//! The help overlay: every key.
+//! The help overlay: the views, every key, and a glossary of every word on screen; two columns
+//! where they fit, else one that j/k scroll.
 
+use super::super::choices::View;
+use super::super::glossary::{view_text, GLOSSARY};
 use super::super::view::Ctx;
-use ratatui::layout::Rect;
+use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};
 use ratatui::Frame;
+
+/// Width of one column of help: the term, then its meaning.
+const COLUMN: u16 = 78;
+/// Columns the term takes, with its margins.
+const TERM: usize = 16;
 
 pub const KEYS: [(&str, &str); 20] = [
     (
@@ -56,30 +64,121 @@ pub const KEYS: [(&str, &str); 20] = [
     ("esc", "close this help or clear the selection; never quits"),
 ];
 
+/// The overlay's lines in one column: the views, the keys, then (`glossary`) the words on
+/// screen. Term and meaning in columns.
+fn lines<'a>(c: &Ctx, keys: bool, glossary: bool, width: u16) -> Vec<Line<'a>> {
+    let t = c.theme;
+    let mut out: Vec<Line> = Vec::new();
+    let room = (width as usize).saturating_sub(TERM).max(20);
+    let row = |k: &str, d: &str| -> Vec<Line<'a>> {
+        wrap(d, room)
+            .into_iter()
+            .enumerate()
+            .map(|(i, part)| {
+                let k = if i == 0 { k } else { "" };
+                Line::from(format!(" {k:>13}  {part}"))
+            })
+            .collect()
+    };
+    if keys {
+        out.push(Line::styled(
+            format!(" views (tab, 1-{})", View::ALL.len()),
+            t.bold(),
+        ));
+        for v in View::ALL {
+            out.extend(row(v.title(), view_text(v)));
+        }
+        out.push(Line::from(""));
+        out.push(Line::styled(" keys", t.bold()));
+        // No GPU worker: `g` does nothing there, so it is not listed.
+        let no_gpu = c.snap.gpu_timing.is_none();
+        for (k, d) in KEYS.iter().filter(|(k, _)| !(no_gpu && *k == "g")) {
+            out.extend(row(k, d));
+        }
+        for (k, action) in &c.app.keys.described {
+            out.extend(row(k, &format!("{action} (ui.toml)")));
+        }
+    }
+    if glossary {
+        for (section, words) in GLOSSARY {
+            if !out.is_empty() {
+                out.push(Line::from(""));
+            }
+            out.push(Line::styled(format!(" {section}"), t.bold()));
+            for (k, d) in words {
+                out.extend(row(k, d));
+            }
+        }
+    }
+    out
+}
+
+/// `text` in lines of at most `width` characters, broken between words.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut out = vec![String::new()];
+    for word in text.split(' ') {
+        let last = out.last_mut().expect("one line");
+        let len = last.chars().count();
+        if len == 0 {
+            last.push_str(word);
+        } else if len + 1 + word.chars().count() <= width {
+            last.push(' ');
+            last.push_str(word);
+        } else {
+            out.push(word.to_string());
+        }
+    }
+    out
+}
+
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
-    let w = 72.min(area.width);
-    let extra = c.app.keys.described.len() as u16;
-    let h = (KEYS.len() as u16 + extra + 4).min(area.height);
+    // Two columns where they fit (keys | words), else one that j/k scroll.
+    let two = area.width >= 2 * COLUMN + 4;
+    let col = if two {
+        ((area.width - 4) / 2).min(COLUMN + 24)
+    } else {
+        COLUMN.min(area.width.saturating_sub(2))
+    };
+    let w = if two { 2 * col + 3 } else { col + 2 };
+    let (left, right) = if two {
+        (lines(c, true, false, col), lines(c, false, true, col))
+    } else {
+        (lines(c, true, true, col), Vec::new())
+    };
+    let content = left.len().max(right.len()) as u16;
+    let h = (content + 2).min(area.height);
     let r = Rect {
         x: area.x + (area.width - w) / 2,
         y: area.y + (area.height - h) / 2,
         width: w,
         height: h,
     };
-    // No GPU worker: `g` does nothing there, so it is not listed.
-    let no_gpu = c.snap.gpu_timing.is_none();
-    let keys = KEYS.iter().filter(|(k, _)| !(no_gpu && *k == "g"));
-    let mut lines: Vec<Line> = keys
-        .map(|(k, d)| Line::from(format!(" {k:>7}  {d}")))
-        .collect();
-    for (k, action) in &c.app.keys.described {
-        lines.push(Line::from(format!(" {k:>7}  {action} (ui.toml)")));
-    }
-    lines.push(Line::from(""));
-    lines.push(Line::styled(" press ? or esc to close", c.theme.dim()));
+    let inner_h = h.saturating_sub(2);
+    let max = content.saturating_sub(inner_h);
+    c.app.help_max.set(max);
+    let scroll = c.app.help_scroll.min(max);
+    let more = content > inner_h;
+    let title = if more {
+        format!(
+            " help · j/k ↓ ↑ scroll ({}-{} of {}) · ? or esc closes ",
+            scroll + 1,
+            (scroll + inner_h).min(content),
+            content
+        )
+    } else {
+        " help · ? or esc closes ".to_string()
+    };
     f.render_widget(Clear, r);
-    f.render_widget(
-        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" keys ")),
-        r,
-    );
+    let block = Block::default().borders(Borders::ALL).title(title);
+    let inner = block.inner(r);
+    f.render_widget(block, r);
+    let [a, b] = if two {
+        Layout::horizontal([Constraint::Length(col + 1), Constraint::Min(0)]).areas(inner)
+    } else {
+        [inner, Rect::default()]
+    };
+    f.render_widget(Paragraph::new(left).scroll((scroll, 0)), a);
+    if two {
+        f.render_widget(Paragraph::new(right).scroll((scroll, 0)), b);
+    }
 }

@@ -34,6 +34,39 @@ fn draw_bar(buf: &mut Buffer, x: u16, y: u16, cells: &[(Phase, usize)], c: &Ctx)
     }
 }
 
+/// Rows the legend takes at `width` columns: its items (`█name `) wrapped whole.
+fn legend_rows(c: &Ctx, width: u16) -> u16 {
+    let mut rows = 1u16;
+    let mut used = 0usize;
+    for s in legend(c).spans.chunks(2) {
+        let w: usize = s.iter().map(|s| s.content.chars().count()).sum();
+        if used > 0 && used + w.saturating_sub(1) > width as usize {
+            rows += 1;
+            used = 0;
+        }
+        used += w;
+    }
+    rows
+}
+
+/// Rows the panel wants at `width`: borders, a row a thread (two with `detail`), the legend.
+pub fn height(c: &Ctx, width: u16, detail: bool) -> u16 {
+    let per = if detail { 2 } else { 1 };
+    2 + per * c.snap.threads.len().max(1) as u16 + legend_rows(c, width.saturating_sub(2))
+}
+
+/// A duration in ms in at most 7 columns: `80.0ms`, `999.9ms`, then seconds, then minutes —
+/// a 20 s step fits where an 80 ms one does.
+pub fn fmt_ms(ms: f64) -> String {
+    if ms < 999.95 {
+        format!("{ms:.1}ms")
+    } else if ms < 99_950.0 {
+        format!("{:.2}s", ms / 1e3)
+    } else {
+        format!("{:.1}m", ms / 60e3)
+    }
+}
+
 /// The legend: every phase that has time in any shown thread, in a fixed order.
 fn legend(c: &Ctx) -> Line<'static> {
     let mut spans = Vec::new();
@@ -75,7 +108,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
     let stats_w = 26u16;
     let bar_w = inner.width.saturating_sub(name_w + stats_w + 2) as usize;
     let mut y = inner.y;
-    let legend_rows = 3u16.min(inner.height.saturating_sub(1));
+    let legend_rows = legend_rows(c, inner.width).min(inner.height.saturating_sub(1));
     let bottom = inner.y + inner.height - legend_rows;
     for th in &c.snap.threads {
         if y >= bottom {
@@ -85,7 +118,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         let phases = th.role.phases();
         let name: String = th.name.chars().take(name_w as usize - 1).collect();
         f.buffer_mut()
-            .set_string(inner.x, y, &name, Style::default());
+            .set_string(inner.x, y, &name, c.name_style(&th.name, Style::default()));
         if let (Some(off), 0) = (&off, w.wall_ns) {
             // No phase time in this window: say why, and what is still counted.
             let room = (inner.width - name_w) as usize;
@@ -107,8 +140,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
             .max_by_key(|p| w.phase_ns[p.index()]);
         let stats = match top {
             Some(p) if w.wall_ns > 0 => format!(
-                "{:6.1}ms {:>12} {:3.0}%",
-                w.step_ms(),
+                "{:>8} {:>12} {:3.0}%",
+                fmt_ms(w.step_ms()),
                 truncate(p.name(), 12),
                 w.share(*p) * 100.0
             ),
@@ -122,7 +155,13 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         );
         y += 1;
         if detail && y < bottom && w.wall_ns > 0 {
-            let mut parts = phase_parts(&w, phases);
+            // Phases under 0.05 ms a step say nothing here ("read 0.0ms 0%").
+            let shown: Vec<Phase> = phases
+                .iter()
+                .copied()
+                .filter(|p| w.ms_per_step(*p) >= 0.05)
+                .collect();
+            let mut parts = phase_parts(&w, &shown);
             if w.gpu_idle_ns > 0 {
                 parts.push(format!(
                     "GPU idle {:.0}%",
@@ -132,7 +171,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
             f.buffer_mut().set_string(
                 inner.x + 2,
                 y,
-                truncate(&parts.join("  "), inner.width as usize - 2),
+                whole_parts(&parts, inner.width as usize - 2),
                 c.theme.dim(),
             );
             y += 1;
@@ -169,6 +208,38 @@ pub fn phase_parts(w: &PhaseWindow, phases: &[Phase]) -> Vec<String> {
             s
         })
         .collect()
+}
+
+/// As many whole parts as fit in `room` columns, two spaces apart; `+N` says how many more
+/// there are (a part is never cut).
+pub fn whole_parts(parts: &[String], room: usize) -> String {
+    let all = parts.join("  ");
+    if all.chars().count() <= room {
+        return all;
+    }
+    let mut out = String::new();
+    for (i, p) in parts.iter().enumerate() {
+        let rest = parts.len() - i - 1;
+        let more = if rest > 0 {
+            format!("  +{rest}").len()
+        } else {
+            0
+        };
+        let sep = if out.is_empty() { 0 } else { 2 };
+        if out.chars().count() + sep + p.chars().count() + more > room {
+            let left = parts.len() - i;
+            let tail = format!("  +{left}");
+            if out.chars().count() + tail.len() <= room {
+                out.push_str(&tail);
+            }
+            return out;
+        }
+        if sep > 0 {
+            out.push_str("  ");
+        }
+        out.push_str(p);
+    }
+    out
 }
 
 fn truncate(s: &str, n: usize) -> String {

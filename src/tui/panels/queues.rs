@@ -5,7 +5,7 @@
 use super::super::view::Ctx;
 use crate::telemetry::snapshot::QueueView;
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::text::{Line, Span};
+use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Gauge, Paragraph, Sparkline};
 use ratatui::Frame;
 
@@ -28,6 +28,23 @@ pub fn queue_alert(q: &QueueView) -> Option<String> {
     }
 }
 
+/// `items` in lines of at most `width` columns, two spaces apart, none cut.
+fn wrap_items(items: &[String], width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for it in items {
+        if !line.is_empty() && line.chars().count() + 2 + it.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push_str("  ");
+        }
+        line.push_str(it);
+    }
+    lines.push(line);
+    lines
+}
+
 fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     let t = c.theme;
     let alert = queue_alert(q);
@@ -39,9 +56,33 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     }
     let inner = block.inner(area);
     f.render_widget(block, area);
+    // The alert on a line of its own, then the numbers wrapped whole (never cut); the depth
+    // history gets the rows left.
+    let mut lines: Vec<Line> = Vec::new();
+    if let Some(a) = &alert {
+        lines.push(Line::styled(a.clone(), alert_style));
+    }
+    let mut items = vec![
+        format!("empty {:.0}%", q.empty_share * 100.0),
+        format!("full {:.0}%", q.full_share * 100.0),
+        format!("push {:.1}/s", q.push_per_s),
+        format!("pop {:.1}/s", q.pop_per_s),
+        format!("age {}", super::phases::fmt_ms(q.mean_age_ms)),
+    ];
+    // Fewer rows than the numbers need: the last of them go whole (age, pop, …).
+    let room = inner.height.saturating_sub(1) as usize;
+    loop {
+        let wrapped = wrap_items(&items, inner.width as usize);
+        if lines.len() + wrapped.len() <= room.max(lines.len() + 1) || items.len() <= 1 {
+            lines.extend(wrapped.into_iter().map(Line::raw));
+            break;
+        }
+        items.pop();
+    }
+    let text_h = (lines.len() as u16).min(inner.height.saturating_sub(1));
     let rows = Layout::vertical([
         Constraint::Length(1),
-        Constraint::Length(1),
+        Constraint::Length(text_h),
         Constraint::Min(0),
     ])
     .split(inner);
@@ -58,20 +99,26 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             t.accent(ratatui::style::Color::Cyan)
         });
     f.render_widget(gauge, rows[0]);
-    // The alert first: it is what the panel is for when it is there.
-    let mut spans = Vec::new();
-    if let Some(a) = alert {
-        spans.push(Span::styled(format!("{a}  "), alert_style));
+    // The label where it lies on the filled part: dark text on the bright fill (the gauge
+    // swaps in the terminal's own foreground there, light on yellow or cyan), light on the
+    // light theme's darker fill.
+    let on_fill = if t.light {
+        ratatui::style::Color::Indexed(255)
+    } else {
+        ratatui::style::Color::Black
+    };
+    if t.color {
+        let g = rows[0];
+        let end = g.x + (g.width as f64 * ratio).floor() as u16;
+        let buf = f.buffer_mut();
+        for x in g.x..end.min(g.x + g.width) {
+            let cell = &mut buf[(x, g.y)];
+            if cell.symbol() != ratatui::symbols::block::FULL {
+                cell.set_fg(on_fill);
+            }
+        }
     }
-    spans.push(Span::raw(format!(
-        "empty {:.0}% full {:.0}% push {:.1}/s pop {:.1}/s age {:.0}ms",
-        q.empty_share * 100.0,
-        q.full_share * 100.0,
-        q.push_per_s,
-        q.pop_per_s,
-        q.mean_age_ms
-    )));
-    f.render_widget(Paragraph::new(Line::from(spans)), rows[1]);
+    f.render_widget(Paragraph::new(lines), rows[1]);
     if rows[2].height > 0 {
         let width = rows[2].width as usize;
         let scale = 100.0 / q.capacity.max(1) as f64;
@@ -93,22 +140,10 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     }
 }
 
-/// Rows one queue wants: borders, the gauge, the numbers, three rows of depth history.
-pub const QUEUE_H: u16 = 7;
-
-/// Rows the queues want, stacked.
-pub fn height(c: &Ctx) -> u16 {
-    QUEUE_H * c.snap.queues.len().max(1) as u16
-}
-
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let n = c.snap.queues.len().max(1) as u32;
-    // Sized to their content where there is room; shared evenly where there is not.
-    let areas = if area.height >= height(c) {
-        Layout::vertical((0..n).map(|_| Constraint::Length(QUEUE_H))).split(area)
-    } else {
-        Layout::vertical((0..n).map(|_| Constraint::Ratio(1, n))).split(area)
-    };
+    // Shared evenly: with more room than the numbers need, the depth histories grow.
+    let areas = Layout::vertical((0..n).map(|_| Constraint::Ratio(1, n))).split(area);
     for (q, a) in c.snap.queues.iter().zip(areas.iter()) {
         one(f, *a, q, c);
     }

@@ -53,7 +53,7 @@ pub fn render_history(f: &mut Frame, area: Rect, c: &Ctx) {
     if inner.height == 0 || inner.width <= NAME_W + 4 || order.is_empty() {
         return;
     }
-    let band = (inner.height / order.len() as u16).clamp(1, 8);
+    let band = (inner.height / order.len() as u16).max(1);
     let shown = (inner.height / band) as usize;
     let cols = inner.width - NAME_W;
     let first = c

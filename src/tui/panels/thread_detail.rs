@@ -14,18 +14,23 @@ use ratatui::Frame;
 
 const LABEL_W: u16 = 9;
 
-fn window_line(name: &str, w: &PhaseWindow, t: &ThreadView, off: Option<&str>) -> String {
+/// One window's line in `width` columns: its phases whole, `+N` for those left out.
+fn window_line(
+    name: &str,
+    w: &PhaseWindow,
+    t: &ThreadView,
+    off: Option<&str>,
+    width: usize,
+) -> String {
     match (w.wall_ns, off) {
         (0, Some(off)) => return format!("{name:>4}: {:.1} step/s · {off}", w.steps_per_s()),
         (0, None) => return format!("{name:>4}: no steps"),
         _ => {}
     }
     let parts = super::phases::phase_parts(w, t.role.phases());
-    format!(
-        "{name:>4}: {:.1} ms/step · {}",
-        w.step_ms(),
-        parts.join("  ")
-    )
+    let head = format!("{name:>4}: {}/step · ", super::phases::fmt_ms(w.step_ms()));
+    let room = width.saturating_sub(head.chars().count());
+    format!("{head}{}", super::phases::whole_parts(&parts, room))
 }
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
@@ -153,7 +158,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
 
     let buf = f.buffer_mut();
     for (name, w) in [("1s", &t.w1), ("10s", &t.w10), ("run", &t.run)] {
-        let line: String = window_line(name, w, t, off.as_deref())
+        let line: String = window_line(name, w, t, off.as_deref(), inner.width as usize)
             .chars()
             .take(inner.width as usize)
             .collect();
@@ -206,12 +211,13 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
                 .iter()
                 .map(|(p, ns)| format!("{} {:.1}", p.name(), *ns as f64 / 1e6))
                 .collect();
-            let line = format!(
-                "{:>8.2}s {:>8.1} ms  {}",
+            let head = format!(
+                "{:>8.2}s {:>8}  ",
                 -((right - s.end_ns) as f64 / 1e9),
-                s.wall_ns as f64 / 1e6,
-                phases.join("  ")
+                super::phases::fmt_ms(s.wall_ns as f64 / 1e6),
             );
+            let room = (inner.width as usize).saturating_sub(head.chars().count());
+            let line = format!("{head}{}", super::phases::whole_parts(&phases, room));
             let line: String = line.chars().take(inner.width as usize).collect();
             buf.set_string(inner.x, y, line, Style::default());
             y += 1;

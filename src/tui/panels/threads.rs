@@ -3,7 +3,6 @@
 //! grouped by name at the end.
 
 use super::super::app::Sort;
-use super::super::theme::Theme;
 use super::super::view::Ctx;
 use crate::telemetry::owner::comm_of;
 use crate::telemetry::snapshot::{ThreadGroupView, ThreadState};
@@ -32,17 +31,29 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             name.to_string()
         }
     };
-    let header = Row::new([
-        mark(Sort::Name, "thread"),
-        "role".into(),
-        "dev".into(),
-        mark(Sort::Cpu, "cpu%"),
-        "phase".into(),
-        mark(Sort::State, "state"),
-        "os".into(),
-        "step/s".into(),
-        mark(Sort::MsPerStep, "ms/step"),
-    ])
+    // The columns shown: all of them in the threads view; beside the phase bars, those that
+    // fit whole.
+    let keep = columns(area.width.saturating_sub(2), full);
+    let pick = |cells: Vec<Cell<'static>>| -> Vec<Cell<'static>> {
+        let mut cells: Vec<Option<Cell>> = cells.into_iter().map(Some).collect();
+        keep.iter().filter_map(|(i, _)| cells[*i].take()).collect()
+    };
+    let header = Row::new(pick(
+        vec![
+            mark(Sort::Name, "thread"),
+            "role".into(),
+            "dev".into(),
+            mark(Sort::Cpu, "cpu%"),
+            "phase".into(),
+            mark(Sort::State, "state"),
+            "os".into(),
+            "step/s".into(),
+            mark(Sort::MsPerStep, "ms/step"),
+        ]
+        .into_iter()
+        .map(Cell::from)
+        .collect(),
+    ))
     .style(t.bold());
     let mut rows: Vec<Row> = Vec::new();
     // The thread each row shows (None: a group of helper threads), for clicks.
@@ -56,7 +67,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
         rows.push({
             let w = c.window_of(th);
             let state_style = match th.state {
-                ThreadState::Waiting => t.alert(),
+                ThreadState::Waiting => t.attention(),
                 ThreadState::Exited => t.dim(),
                 ThreadState::Working => t.ok(),
             };
@@ -81,8 +92,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             } else {
                 format!("{:.1}", w.step_ms())
             };
-            Row::new(vec![
-                Cell::from(th.name.clone()),
+            Row::new(pick(vec![
+                Cell::from(th.name.clone()).style(c.name_style(&th.name, Style::default())),
                 Cell::from(th.role.name()),
                 Cell::from(th.device.clone()),
                 Cell::from(
@@ -95,7 +106,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 Cell::from(th.os_state.map(String::from).unwrap_or_else(|| "-".into())),
                 Cell::from(format!("{:.1}", w.steps_per_s())),
                 Cell::from(ms),
-            ])
+            ]))
         });
         if show_groups {
             let helpers = c
@@ -103,40 +114,15 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 .groups
                 .iter()
                 .filter(|g| g.owner.as_ref() == Some(&th.name));
-            rows.extend(helpers.map(|g| group_row(g, t)));
+            rows.extend(helpers.map(|g| Row::new(pick(group_cells(g))).style(t.dim())));
         }
         names.resize(rows.len(), None);
     }
     if show_groups {
         let others = c.snap.groups.iter().filter(|g| g.owner.is_none());
-        rows.extend(others.map(|g| group_row(g, t)));
+        rows.extend(others.map(|g| Row::new(pick(group_cells(g))).style(t.dim())));
     }
-    let widths = if full {
-        vec![
-            Constraint::Length(16),
-            Constraint::Length(7),
-            Constraint::Length(7),
-            Constraint::Length(5),
-            Constraint::Length(12),
-            Constraint::Length(8),
-            Constraint::Length(5),
-            Constraint::Length(7),
-            Constraint::Length(8),
-        ]
-    } else {
-        // thread, cpu%, phase, state, os, ms/step
-        vec![
-            Constraint::Min(10),
-            Constraint::Length(0),
-            Constraint::Length(0),
-            Constraint::Length(4),
-            Constraint::Length(12),
-            Constraint::Length(7),
-            Constraint::Length(2),
-            Constraint::Length(0),
-            Constraint::Length(7),
-        ]
-    };
+    let widths: Vec<Constraint> = keep.iter().map(|k| k.1).collect();
     let mut title = match &c.snap.cpu_note {
         Some(n) => format!(" threads ({n}) "),
         None => " threads ".to_string(),
@@ -177,8 +163,40 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     }
 }
 
-/// One row for a group of unregistered threads: under its worker (indented) or at the end.
-fn group_row<'a>(g: &ThreadGroupView, t: Theme) -> Row<'a> {
+/// The table's columns at `width`: the thread's name, then whole columns by how much they say
+/// (beside the phase bars: ms/step, state, cpu%, os, phase; in the threads view: phase, state,
+/// ms/step, cpu%, os, step/s, role, dev); one that does not fit is left out, never cut.
+fn columns(width: u16, full: bool) -> Vec<(usize, Constraint)> {
+    // (column index, width) in the order they are given room: beside the phase bars what
+    // they do not say; in the threads view every column, the phase first.
+    const COMPACT: [(usize, u16); 5] = [(8, 7), (5, 7), (3, 4), (6, 2), (4, 12)];
+    const FULL: [(usize, u16); 8] = [
+        (4, 12),
+        (5, 8),
+        (8, 8),
+        (3, 5),
+        (6, 5),
+        (7, 7),
+        (1, 7),
+        (2, 7),
+    ];
+    let (name, want): (u16, &[(usize, u16)]) = if full { (16, &FULL) } else { (10, &COMPACT) };
+    let mut keep = vec![(0, Constraint::Min(name))];
+    let mut used = name;
+    for &(i, cw) in want {
+        if used + 1 + cw <= width {
+            keep.push((i, Constraint::Length(cw)));
+            used += 1 + cw;
+        }
+    }
+    keep.sort_by_key(|k| k.0);
+    if full {
+        keep[0].1 = Constraint::Length(name);
+    }
+    keep
+}
+
+fn group_cells(g: &ThreadGroupView) -> Vec<Cell<'static>> {
     let (name, role) = match &g.owner {
         Some(owner) if comm_of(owner) == g.name => (format!(" ↳ intra-op x{}", g.count), "pool"),
         Some(_) if g.name.starts_with("pt_autograd_") => {
@@ -187,7 +205,7 @@ fn group_row<'a>(g: &ThreadGroupView, t: Theme) -> Row<'a> {
         Some(_) => (format!(" ↳ {} x{}", g.name, g.count), "helper"),
         None => (format!("{} x{}", g.name, g.count), "other"),
     };
-    Row::new(vec![
+    vec![
         Cell::from(name),
         Cell::from(role),
         Cell::from(""),
@@ -197,8 +215,7 @@ fn group_row<'a>(g: &ThreadGroupView, t: Theme) -> Row<'a> {
         Cell::from(states(&g.states)),
         Cell::from(""),
         Cell::from(""),
-    ])
-    .style(t.dim())
+    ]
 }
 
 /// A thread's state as the kernel reports it (profiling off: no phase says more).

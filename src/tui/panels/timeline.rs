@@ -17,6 +17,8 @@ use ratatui::Frame;
 
 /// Width of the name column left of the lanes.
 const NAME_W: u16 = 11;
+/// The name column where the timeline is wide.
+const WIDE_NAME_W: u16 = 20;
 /// Rows a lane takes where there is room.
 const LANE_ROWS: u16 = 2;
 
@@ -26,8 +28,19 @@ pub fn height(c: &Ctx) -> u16 {
     5 + LANE_ROWS * c.snap.threads.len() as u16 + c.snap.queues.len() as u16
 }
 
-/// "forward 6.0s": the phase in progress and for how long, under a lane's name.
-fn in_progress(t: &crate::telemetry::snapshot::ThreadView) -> String {
+/// The lanes' name column at `width`: room for `hs_push_wait 12.0s` where the timeline is
+/// wide, else the narrow one (where `in_progress` leaves words out rather than cut them).
+fn name_width(width: u16) -> u16 {
+    if width >= 110 {
+        WIDE_NAME_W
+    } else {
+        NAME_W
+    }
+}
+
+/// "forward 6.0s": the phase in progress and for how long, under a lane's name, in `room`
+/// columns: the name alone, or the time alone, where both do not fit; never a cut word.
+fn in_progress(t: &crate::telemetry::snapshot::ThreadView, room: usize) -> String {
     let d = if t.phase_s >= 10.0 {
         format!("{:.0}s", t.phase_s)
     } else if t.phase_s >= 1.0 {
@@ -35,9 +48,15 @@ fn in_progress(t: &crate::telemetry::snapshot::ThreadView) -> String {
     } else {
         format!("{:.0}ms", t.phase_s * 1e3)
     };
-    let room = (NAME_W as usize - 2).saturating_sub(d.len());
-    let name: String = t.phase.name().chars().take(room).collect();
-    format!("{name} {d}")
+    let name = t.phase.name();
+    let both = format!("{name} {d}");
+    if both.chars().count() <= room {
+        both
+    } else if name.chars().count() <= room {
+        name.to_string()
+    } else {
+        d
+    }
 }
 
 /// The phases' colours and which of them are waits, looked up once a frame (a lane has
@@ -147,14 +166,25 @@ fn depth_cell(theme: Theme, share: f64) -> (char, Style) {
     }
 }
 
-fn fmt_offset(s: f64) -> String {
+/// An axis mark `s` seconds before now, in one unit for the whole axis (`width_s` wide): ms
+/// below a second, else seconds with the decimals its quarter steps need (`-7.5s`, `-1.25s`).
+pub fn fmt_offset(s: f64, width_s: f64) -> String {
     if s.abs() < 1e-9 {
-        "now".into()
-    } else if s.abs() < 1.0 {
-        format!("-{:.0}ms", s.abs() * 1e3)
-    } else {
-        format!("-{:.1}s", s.abs())
+        return "now".into();
     }
+    if width_s < 1.0 {
+        return format!("-{:.0}ms", s.abs() * 1e3);
+    }
+    let step = width_s / 4.0;
+    let whole = |x: f64| (x - x.round()).abs() < 1e-6;
+    let decimals = if whole(step) && whole(s) {
+        0
+    } else if whole(step * 10.0) && whole(s * 10.0) {
+        1
+    } else {
+        2
+    };
+    format!("-{:.*}s", decimals, s.abs())
 }
 
 /// Time labels under the title: five marks, the right one "now" when not panned.
@@ -163,7 +193,10 @@ fn axis(buf: &mut Buffer, x: u16, y: u16, cols: u16, span: TimeSpan, pan_ns: u64
     let pan_s = pan_ns as f64 / 1e9;
     for k in 0..=4u16 {
         let col = (cols.saturating_sub(1) as u32 * k as u32 / 4) as u16;
-        let label = format!("┆{}", fmt_offset(pan_s + width_s * (4 - k) as f64 / 4.0));
+        let label = format!(
+            "┆{}",
+            fmt_offset(pan_s + width_s * (4 - k) as f64 / 4.0, width_s)
+        );
         let len = label.chars().count() as u16;
         let at = if k == 4 {
             (col + 1).saturating_sub(len)
@@ -200,21 +233,25 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let block = Block::default().borders(Borders::ALL).title(title);
     let inner = block.inner(area);
     f.render_widget(block, area);
-    if inner.width <= NAME_W + 10 || inner.height < 4 {
+    let name_w = name_width(inner.width);
+    if inner.width <= name_w + 10 || inner.height < 4 {
         return;
     }
     let theme = c.theme;
-    let x0 = inner.x + NAME_W;
-    let cols = inner.width - NAME_W;
+    let x0 = inner.x + name_w;
+    let cols = inner.width - name_w;
     let order = app.ordered_threads(c.snap);
     let queues = &c.snap.queues;
     // Axis, verdict row, lanes, one row a queue, the legend: queues give way to lanes first.
-    let fixed = 3u16;
+    // The legend wraps onto a second row where the timeline is narrow.
+    let legend_rows = if inner.width < 120 { 2 } else { 1 };
+    let fixed = 2 + legend_rows;
     let room = inner.height.saturating_sub(fixed);
     let queue_rows = (queues.len() as u16).min(room.saturating_sub(order.len().min(3) as u16));
     let lane_rows = room - queue_rows;
     // Two rows a lane where there is room: the second names the phase in progress.
-    let lane_h = (lane_rows / order.len().max(1) as u16).clamp(1, LANE_ROWS);
+    // Taller lanes where the view has the room: a bigger target for the eye and the mouse.
+    let lane_h = (lane_rows / order.len().max(1) as u16).max(1);
     let lane_count = (lane_rows / lane_h) as usize;
     let buf = f.buffer_mut();
     let mut y = inner.y;
@@ -228,7 +265,11 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         buf.set_string(x0, y, v, theme.dim());
     }
     for m in &row.marks {
-        let style = if m.alert { theme.alert() } else { theme.ok() };
+        let style = if m.fault {
+            theme.alert()
+        } else {
+            theme.verdict(m.verdict)
+        };
         let at = m.start as u16;
         buf.set_stringn(x0 + at, y, &m.text, (cols - at) as usize, style);
     }
@@ -257,18 +298,21 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         } else {
             Style::default()
         };
-        let name: String = t.name.chars().take(NAME_W as usize - 1).collect();
-        buf.set_string(inner.x, y, name, name_style);
+        let name: String = t.name.chars().take(name_w as usize - 1).collect();
+        buf.set_string(inner.x, y, name, c.name_style(&t.name, name_style));
         let mut hits = app.hits.borrow_mut();
         hits.extend((0..lane_h).map(|dy| (y + dy, t.name.clone())));
         drop(hits);
         if lane_h > 1 && t.state != crate::telemetry::snapshot::ThreadState::Exited {
-            let style = if t.phase.is_wait() {
+            // The stalled thread's phase is the fault; a wait is worth a look.
+            let style = if c.stalled_thread() == Some(t.name.as_str()) {
                 theme.alert()
+            } else if t.phase.is_wait() {
+                theme.attention()
             } else {
                 theme.dim()
             };
-            buf.set_string(inner.x, y + 1, in_progress(t), style);
+            buf.set_string(inner.x, y + 1, in_progress(t, name_w as usize - 1), style);
         }
         for p in lane.cells.iter().flatten() {
             used[p.index()] = true;
@@ -294,7 +338,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         };
         let name: String = format!("q {}", q.name)
             .chars()
-            .take(NAME_W as usize - 1)
+            .take(name_w as usize - 1)
             .collect();
         buf.set_string(inner.x, y, name, style);
         for (i, d) in queue_strip(q, span, cols as usize, c.snap.now_ns)
@@ -315,12 +359,25 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         legend.push(Span::styled(ch.to_string(), style));
         legend.push(Span::raw(format!("{} ", p.name())));
     }
-    legend.push(Span::styled("queue ·empty ▄depth █full", theme.dim()));
+    // The strips' own glyphs and colours: a cyan level while it holds some, yellow full.
+    let (dot, dot_style) = depth_cell(theme, 0.0);
+    let (level, level_style) = depth_cell(theme, 0.5);
+    let (full, full_style) = depth_cell(theme, 1.0);
+    legend.push(Span::styled("queue ", theme.dim()));
+    legend.push(Span::styled(dot.to_string(), dot_style));
+    legend.push(Span::raw("empty "));
+    legend.push(Span::styled(level.to_string(), level_style));
+    legend.push(Span::raw("depth "));
+    legend.push(Span::styled(full.to_string(), full_style));
+    legend.push(Span::raw("full"));
     let row = Rect {
         x: inner.x,
-        y: inner.y + inner.height - 1,
+        y: inner.y + inner.height - legend_rows,
         width: inner.width,
-        height: 1,
+        height: legend_rows,
     };
-    f.render_widget(Paragraph::new(Line::from(legend)), row);
+    f.render_widget(
+        Paragraph::new(Line::from(legend)).wrap(ratatui::widgets::Wrap { trim: true }),
+        row,
+    );
 }

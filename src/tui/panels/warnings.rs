@@ -62,21 +62,32 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let title = format!(" warnings: {e} error · {wn} warn · {i} info ");
     let mut lines: Vec<Line> = Vec::new();
     if w.is_empty() {
-        let rules: Vec<&str> = Rule::ALL.iter().map(|r| r.name()).collect();
         lines.push(Line::styled(
             "no warning in force: every rule is quiet",
             c.theme.ok(),
         ));
-        lines.push(Line::styled(
-            format!(
-                "rules: {} ([warnings] in the TOML config sets them)",
-                rules.join(", ")
-            ),
-            c.theme.dim(),
-        ));
     }
     for x in w {
         lines.extend(lines_of(c, x));
+    }
+    // Every rule, whether it holds now, and what it watches ([warnings] in the TOML sets them).
+    lines.push(Line::raw(""));
+    lines.push(Line::styled(
+        "rules ([warnings] in the TOML sets thresholds, severities, rules off)",
+        c.theme.bold(),
+    ));
+    for r in Rule::ALL {
+        let n = w.iter().filter(|x| x.rule == r).count();
+        let (state, style) = if n > 0 {
+            (format!("holds ×{n}"), c.theme.starved())
+        } else {
+            ("quiet".to_string(), c.theme.dim())
+        };
+        lines.push(Line::from(vec![
+            Span::raw(format!("  {:<15}", r.name())),
+            Span::styled(format!("{state:<10}"), style),
+            Span::styled(r.watches(), c.theme.dim()),
+        ]));
     }
     let p = Paragraph::new(lines)
         .wrap(Wrap { trim: false })
