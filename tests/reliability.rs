@@ -975,7 +975,7 @@ fn without_nvml_a_run_shows_one_no_gpu_line_and_no_error() {
         "echo EXITED=$?; sleep 600",
     );
     s.keys("4");
-    let screen = s.wait_for("the queues+gpu view", |x| x.contains("[4 "));
+    let screen = s.wait_for("the queues+gpu view", |x| x.contains("4 queues+gpu"));
     let gpu_lines: Vec<&str> = screen.lines().filter(|l| l.contains("GPU")).collect();
     assert_eq!(gpu_lines.len(), 1, "one GPU line: {screen}");
     assert!(
