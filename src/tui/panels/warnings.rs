@@ -22,8 +22,11 @@ pub fn count_span(c: &Ctx) -> Option<Span<'static>> {
             parts.push(format!("{n} {name}"));
         }
     }
-    let style = if e + wn > 0 {
+    // Red for a fault (an error), yellow for what needs attention, dim for information.
+    let style = if e > 0 {
         c.theme.alert()
+    } else if wn > 0 {
+        c.theme.starved()
     } else {
         c.theme.dim()
     };
