@@ -45,6 +45,21 @@ fn generate(target: &Path, data: &Path, out: &Path, extra: &[&str]) -> std::proc
     run(&args)
 }
 
+/// A copy of the language target in `dir` whose generation_config names `stop_at` its end token.
+fn target_ending_at(lm: &Path, dir: &Path, stop_at: i64) -> PathBuf {
+    let target = dir.join("target");
+    std::fs::create_dir(&target).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(lm.join("target").join(f), target.join(f)).unwrap();
+    }
+    std::fs::write(
+        target.join("generation_config.json"),
+        format!(r#"{{"eos_token_id": [{stop_at}]}}"#),
+    )
+    .unwrap();
+    target
+}
+
 fn prompts(dir: &Path, lines: &[&str]) -> PathBuf {
     let p = dir.join("prompts.jsonl");
     std::fs::write(&p, lines.join("\n")).unwrap();
@@ -77,16 +92,7 @@ fn greedy_lines_hold_the_prompt_without_loss_and_stop_at_an_end_token() {
     // The same target whose generation_config names the 4th new token as an end token: the
     // continuation stops right after it (the end token is kept, with loss).
     let stop_at = first[6 + 3];
-    let target = tmp.path().join("target");
-    std::fs::create_dir(&target).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(lm.join("target").join(f), target.join(f)).unwrap();
-    }
-    std::fs::write(
-        target.join("generation_config.json"),
-        format!(r#"{{"eos_token_id": [{stop_at}]}}"#),
-    )
-    .unwrap();
+    let target = target_ending_at(&lm, tmp.path(), stop_at);
     let o = generate(&target, &data, &out, &["--max-new-tokens", "12"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let stopped = ids(&lines(&out)[0], "input_ids");
@@ -121,16 +127,7 @@ fn batched_greedy_output_is_each_prompt_decoded_alone() {
     assert!(o.status.success(), "{}", stderr(&o));
     let first = ids(&lines(&alone)[0], "input_ids");
     let stop_at = first[2 + 4];
-    let target = tmp.path().join("target");
-    std::fs::create_dir(&target).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(lm.join("target").join(f), target.join(f)).unwrap();
-    }
-    std::fs::write(
-        target.join("generation_config.json"),
-        format!(r#"{{"eos_token_id": [{stop_at}]}}"#),
-    )
-    .unwrap();
+    let target = target_ending_at(&lm, tmp.path(), stop_at);
     let decode = |batch: &str| {
         let out = tmp.path().join(format!("b{batch}.jsonl"));
         let o = generate(

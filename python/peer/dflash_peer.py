@@ -170,6 +170,55 @@ def target_worker(model, lm_layers, batches, out, device, stop, stream):
                     pass
 
 
+def start_target(target, layer_ids, batches, device):
+    """The target's thread (`target-0`, on a stream of its own on CUDA) over `batches`: its queue
+    of 2, its stop event and the thread."""
+    q = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    worker = threading.Thread(
+        target=target_worker,
+        args=(target, layer_ids, batches, q, device, stop, stream),
+        name="target-0",
+        daemon=True,
+    )
+    worker.start()
+    return q, stop, worker
+
+
+class Clock:
+    """Seconds from the end of the warm-up (the device synchronised, its peak memory reset)."""
+
+    def __init__(self, device):
+        self.device, self.t0 = device, None
+
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def start(self):
+        self.sync()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.t0 = time.perf_counter()
+
+    def elapsed(self):
+        self.sync()
+        return time.perf_counter() - self.t0
+
+
+def taken(q, device, warmup, total, clock):
+    """(step, hidden, ids, docs, pos, loss mask) off the target's queue, `total` of them, this
+    stream waiting on the target's; the clock starts at step `warmup`."""
+    for step in range(total):
+        if step == warmup:
+            clock.start()
+        hidden, ids, docs, pos, loss_mask, done = q.get()
+        if done is not None:
+            torch.cuda.current_stream(device).wait_event(done)
+        yield step, hidden, ids, docs, pos, loss_mask
+
+
 def drafter_inputs(rng, ids, docs, pos, loss, block, budget, mask_token, device):
     """Anchors, block ids, positions, the dense drafter mask, labels and their weights."""
     b, s = ids.shape
@@ -258,32 +307,15 @@ def main():
         drafter = DFlashDraftModel(dcfg).float().train()
     opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
-    q = queue.Queue(maxsize=2)
-    stop = threading.Event()
     batches = Batches(args.seed, args.batch, args.seq, vocab)
-    stream = torch.cuda.Stream(device) if cuda else None
-    worker = threading.Thread(
-        target=target_worker,
-        args=(target, layer_ids, batches, q, device, stop, stream),
-        name="target-0",
-        daemon=True,
-    )
-    worker.start()
+    q, stop, worker = start_target(target, layer_ids, batches, device)
     rng = random.Random(args.seed + 1)
     embed = target.embed_tokens.weight
     total = args.warmup + args.steps
-    t0 = None
+    clock = Clock(device)
     tokens = 0
     losses = []
-    for step in range(total):
-        if step == args.warmup:
-            if cuda:
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            t0 = time.perf_counter()
-        hidden, ids, docs, pos, loss_mask, done = q.get()
-        if done is not None:
-            torch.cuda.current_stream(device).wait_event(done)
+    for step, hidden, ids, docs, pos, loss_mask in taken(q, device, args.warmup, total, clock):
         block_ids, block_pos, mask, labels, weights = drafter_inputs(
             rng, ids, docs, pos, loss_mask, args.block, args.anchors, mask_token, device
         )
@@ -302,11 +334,9 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())  # the one host sync a step (logging)
-        if t0 is not None:
+        if clock.t0 is not None:
             tokens += ids.numel()
-    if cuda:
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock.elapsed()
     stop.set()
     # The target thread ends its forward and leaves before the interpreter does (a thread still
     # inside libtorch at exit aborts the process).

@@ -15,16 +15,21 @@ Run: python3 sf_peer.py --preset qwen3-0.6b --batch 4 --steps 20
 import argparse
 import json
 import math
-import queue
 import tempfile
-import threading
-import time
 
 import torch
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Model
 
 from dflash.model import DFlashDraftModel, build_target_layer_ids
-from dflash_peer import Batches, mask_token_of, target_config, target_worker, vocab_of
+from dflash_peer import (
+    Batches,
+    Clock,
+    mask_token_of,
+    start_target,
+    taken,
+    target_config,
+    vocab_of,
+)
 
 
 def main():
@@ -119,29 +124,12 @@ def main():
     core = TrainerCore(DFlashTrainStrategy(wrapped), backend)
     collate = build_collator()
 
-    q = queue.Queue(maxsize=2)
-    stop = threading.Event()
     batches = Batches(args.seed, args.batch, args.seq, vocab)
-    stream = torch.cuda.Stream(device) if cuda else None
-    worker = threading.Thread(
-        target=target_worker,
-        args=(target, layer_ids, batches, q, device, stop, stream),
-        name="target-0",
-        daemon=True,
-    )
-    worker.start()
-    t0 = None
+    q, stop, worker = start_target(target, layer_ids, batches, device)
+    clock = Clock(device)
     tokens = 0
     losses = []
-    for step in range(total):
-        if step == args.warmup:
-            if cuda:
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            t0 = time.perf_counter()
-        hidden, ids, _docs, _pos, loss_mask, done = q.get()
-        if done is not None:
-            torch.cuda.current_stream(device).wait_event(done)
+    for step, hidden, ids, _docs, _pos, loss_mask in taken(q, device, args.warmup, total, clock):
         features = [
             normalize_offline_sample(
                 {"input_ids": ids[r], "loss_mask": loss_mask[r].long(), "hidden_states": hidden[r]},
@@ -156,11 +144,9 @@ def main():
         )
         result = core.train_step(batch, StepContext(global_step=step, total_steps=total))
         losses.append(float(result.metrics.get("loss")))
-        if t0 is not None:
+        if clock.t0 is not None:
             tokens += ids.numel()
-    if cuda:
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock.elapsed()
     stop.set()
     worker.join()
     print(
