@@ -58,7 +58,7 @@ pub const ALL: [(FastPath, &str, &str); 7] = [
 ];
 
 /// Runs of tiles a layer in the drafter's tiled attention (1 is one window over all tiles).
-pub const DEFAULT_WINDOW_GROUPS: i64 = super::tiled::WINDOW_GROUPS;
+pub const DEFAULT_WINDOW_GROUPS: i64 = 4;
 
 /// The fast paths of a run: which are off, and the tiling knob.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

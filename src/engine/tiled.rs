@@ -3,9 +3,9 @@
 //! another block: with 512 blocks, 73% of the dense key range is other blocks' keys. Here the
 //! blocks are taken in tiles of `TILE_ANCHORS` anchors; each tile attends to its own tile's block
 //! keys and to a window of the context. Anchors are sorted, so consecutive tiles have close
-//! windows: the tiles are cut into `WINDOW_GROUPS` equal runs of consecutive tiles, each run with
-//! one window for all its tiles and rows (from the earliest document start of its anchors to its
-//! last anchor, rounded out to a coarse grid: few shapes). A run is one batched
+//! windows: the tiles are cut into `window_groups()` equal runs (4 unless `[fast_paths]` says)
+//! of consecutive tiles, each run with one window for all its tiles and rows (from the earliest
+//! document start of its anchors to its last anchor, rounded out to a coarse grid: few shapes). A run is one batched
 //! scaled-dot-product call over `[context window, own block keys]`, its keys a slice of the
 //! context (no gather, so nothing to scatter back in backward). The visible set is exactly the
 //! dense mask's, so the result is the same up to float rounding.
@@ -14,9 +14,6 @@ use tch::{Kind, Tensor};
 
 /// Anchors per tile (at most): 512 queries a tile at block 16.
 pub const TILE_ANCHORS: i64 = 32;
-
-/// Runs of consecutive tiles: attention calls a layer.
-pub const WINDOW_GROUPS: i64 = 4;
 
 /// An attention's mask: dense, the drafter's tiles, or the target's documents for a causal
 /// flash kernel (no mask tensor at all).
