@@ -12,6 +12,7 @@ pub mod decode;
 pub mod drafter;
 pub mod drafter_graph;
 pub mod drafter_step;
+pub mod drafter_worker;
 pub mod fast_paths;
 pub mod flops;
 pub mod handoff;

@@ -7,14 +7,13 @@ use super::config::{DrafterSpec, Qwen3Config};
 use super::data::{DocSource, JsonlOptions, JsonlSource, Synthetic};
 use super::drafter::Drafter;
 use super::drafter_step::DrafterStep;
+use super::drafter_worker::{run_drafter, DrafterJob};
 use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use super::replicas::{LocalGroup, Single};
 use super::spec::{DataSpec, PipelineSpec};
-use super::workers::{
-    run_drafter, run_loader, run_target, DataCounts, DrafterJob, LoaderJob, TargetJob,
-};
+use super::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::monitored_queue;
 use crate::telemetry::Telemetry;
