@@ -906,6 +906,26 @@ fn gauge_labels_read_on_their_fill_strips_have_a_legend_and_twin_colours_are_gon
         kin(t.phase_color(Phase::Clip)),
         kin(t.phase_color(Phase::Backward))
     );
+    // Red means a fault: no phase is drawn in it, waits included (they are orange), on either
+    // background; a wait on a full queue and one on an empty queue are told apart.
+    for light in [false, true] {
+        let th = Theme {
+            light,
+            ..Theme::from_color(true)
+        };
+        for p in Phase::ALL {
+            let c = th.phase_color(p);
+            assert!(!matches!(c, Color::Red | Color::LightRed), "{p:?} is {c:?}");
+        }
+        assert_ne!(
+            th.phase_color(Phase::HsWait),
+            th.phase_color(Phase::HsPushWait)
+        );
+        assert_ne!(
+            th.phase_color(Phase::GradSync),
+            th.phase_color(Phase::PushWait)
+        );
+    }
 }
 
 /// Rows of a screen with nothing in them: blank, or only borders and spaces.

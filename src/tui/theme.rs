@@ -68,6 +68,7 @@ impl Theme {
             Color::LightMagenta => Color::Magenta,
             Color::DarkGray => Color::Indexed(245),
             Color::Indexed(180) => Color::Indexed(137),
+            Color::Indexed(215) => Color::Indexed(166),
             c => c,
         }
     }
@@ -77,13 +78,14 @@ impl Theme {
             Phase::Other => Color::DarkGray,
             Phase::Read => Color::Cyan,
             Phase::Pack => Color::LightCyan,
-            Phase::PushWait => Color::Red,
-            Phase::BatchWait => Color::LightRed,
+            // Waits in orange (attention, not a fault): on a full queue, on an empty one.
+            Phase::PushWait => Color::Indexed(208),
+            Phase::BatchWait => Color::Indexed(215),
             Phase::H2d => Color::Magenta,
             Phase::Forward => Color::Blue,
             Phase::HsPack => Color::LightMagenta,
-            Phase::HsPushWait => Color::Red,
-            Phase::HsWait => Color::LightRed,
+            Phase::HsPushWait => Color::Indexed(208),
+            Phase::HsWait => Color::Indexed(215),
             Phase::Anchors => Color::Yellow,
             Phase::Loss => Color::LightYellow,
             Phase::Backward => Color::Green,
@@ -92,9 +94,9 @@ impl Theme {
             Phase::Clip => Color::Indexed(180),
             Phase::Optim => Color::Indexed(135),
             Phase::Metrics => Color::White,
-            Phase::GradSync => Color::Indexed(208),
-            // Declared phases (a client's own names): waits red, the rest a palette of their own.
-            p if p.is_wait() => Color::LightRed,
+            Phase::GradSync => Color::Indexed(100),
+            // Declared phases (a client's own names): waits orange, the rest a palette of their own.
+            p if p.is_wait() => Color::Indexed(215),
             p => {
                 let palette = [
                     Color::Blue,
