@@ -184,7 +184,7 @@ pub const GLOSSARY: [(&str, &[(&str, &str)]); 8] = [
             ),
             (
                 "▽ starve",
-                "consumers wait on it empty (red when it holds up the run)",
+                "consumers wait on it empty (yellow: it holds up the run)",
             ),
             (
                 "△ blocked",
