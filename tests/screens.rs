@@ -559,7 +559,8 @@ fn a_lane_cell_holds_both_half_columns_colours_in_each_theme() {
         ..Theme::from_color(true)
     };
     use ratatui::style::Color;
-    assert_eq!(light.phase_color(Loss), Color::Indexed(136));
+    assert_eq!(light.phase_color(Anchors), Color::Indexed(130));
+    assert_eq!(light.phase_color(HsWait), Color::Indexed(166));
     assert_eq!(light.phase_color(Metrics), Color::Black);
     // Without colour: one column a cell, the phase's glyph, no style.
     let mut buf = Buffer::empty(Rect::new(0, 0, 3, 1));
@@ -896,6 +897,7 @@ fn gauge_labels_read_on_their_fill_strips_have_a_legend_and_twin_colours_are_gon
     let kin = |c: Color| match c {
         Color::LightBlue => Color::Blue,
         Color::LightGreen => Color::Green,
+        Color::LightYellow => Color::Yellow,
         c => c,
     };
     assert_ne!(
@@ -905,6 +907,10 @@ fn gauge_labels_read_on_their_fill_strips_have_a_legend_and_twin_colours_are_gon
     assert_ne!(
         kin(t.phase_color(Phase::Clip)),
         kin(t.phase_color(Phase::Backward))
+    );
+    assert_ne!(
+        kin(t.phase_color(Phase::Loss)),
+        kin(t.phase_color(Phase::Anchors))
     );
     // Red means a fault: no phase is drawn in it, waits included (they are orange), on either
     // background; a wait on a full queue and one on an empty queue are told apart.

@@ -87,7 +87,8 @@ impl Theme {
             Phase::HsPushWait => Color::Indexed(208),
             Phase::HsWait => Color::Indexed(215),
             Phase::Anchors => Color::Yellow,
-            Phase::Loss => Color::LightYellow,
+            // Not anchors' yellow's light kin: a pink, told apart in the drafter's bar.
+            Phase::Loss => Color::Indexed(205),
             Phase::Backward => Color::Green,
             // Not the light kin of backward's green and forward's blue: a tan and a violet,
             // told apart from their neighbours in a bar at a glance.
