@@ -29,14 +29,18 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     }
     crate::fail_if::headless_only(&args.fail_if, args.headless)?;
     let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
-    let warnings = match &args.config {
-        Some(p) => crate::config::FileConfig::read(p)?
-            .warnings
-            .unwrap_or_default(),
-        None => Default::default(),
+    // The viewer's own settings from --config: its warning rules and its verdict dwell.
+    let (warnings, dwell_ns) = match &args.config {
+        Some(p) => {
+            let file = crate::config::FileConfig::read(p)?;
+            let dwell = crate::config::dwell_ns(file.verdict_dwell)
+                .map_err(|e| anyhow::anyhow!("--config {}: {e}", p.display()))?;
+            (file.warnings.unwrap_or_default(), dwell)
+        }
+        None => (Default::default(), crate::telemetry::verdict::DWELL_NS),
     };
     let path = resolve(args.target.as_deref())?;
-    let session = Attached::join_with(&path, warnings)?;
+    let session = Attached::join_with(&path, warnings, dwell_ns)?;
     let who = format!(
         "PID {} ({}, {})",
         session.hello.pid,

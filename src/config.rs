@@ -432,15 +432,20 @@ impl RunConfig {
                 Some("off") => false,
                 Some(other) => bail!("--profiling `{other}`: use on or off"),
             },
-            verdict_dwell_ns: match file.verdict_dwell {
-                None => crate::telemetry::verdict::DWELL_NS,
-                Some(s) if (0.0..=600.0).contains(&s) => (s * 1e9) as u64,
-                Some(s) => bail!(
-                    "`verdict_dwell` {s} in the TOML: give seconds from 0 (change at once) to 600"
-                ),
-            },
+            verdict_dwell_ns: dwell_ns(file.verdict_dwell)?,
         };
         Ok(RunConfig { pipeline, viewer })
+    }
+}
+
+/// The TOML's `verdict_dwell` (seconds) in ns, checked; the default where it is not set.
+pub fn dwell_ns(seconds: Option<f64>) -> Result<u64> {
+    match seconds {
+        None => Ok(crate::telemetry::verdict::DWELL_NS),
+        Some(s) if (0.0..=600.0).contains(&s) => Ok((s * 1e9) as u64),
+        Some(s) => {
+            bail!("`verdict_dwell` {s} in the TOML: give seconds from 0 (change at once) to 600")
+        }
     }
 }
 

@@ -386,6 +386,10 @@ fn attach_takes_its_warning_rules_from_config_and_refuses_a_bad_table() {
     std::fs::write(&toml, "[warnings]\nprofiling_budget = 1\n").unwrap();
     let o = attach(&toml);
     assert_user_error(&o, &["viewer.toml", "unknown field `profiling_budget`"]);
+    // The viewer's verdict dwell comes from the same file, checked as train checks it.
+    std::fs::write(&toml, "verdict_dwell = 900\n").unwrap();
+    let o = attach(&toml);
+    assert_user_error(&o, &["--config", "viewer.toml", "`verdict_dwell` 900"]);
     train.kill().unwrap();
     train.wait().unwrap();
 }

@@ -238,14 +238,20 @@ pub struct Attached {
 
 impl Attached {
     pub fn join(path: &Path) -> Result<Attached> {
-        Self::join_with(path, WarnConfig::default())
+        Self::join_with(
+            path,
+            WarnConfig::default(),
+            crate::telemetry::verdict::DWELL_NS,
+        )
     }
 
-    /// `join`, the warning rules set by `warnings` (the viewer's `[warnings]`).
-    pub fn join_with(path: &Path, warnings: WarnConfig) -> Result<Attached> {
+    /// `join`, the warning rules set by `warnings` (the viewer's `[warnings]`) and a verdict
+    /// change shown once it held `dwell_ns` (`verdict_dwell`).
+    pub fn join_with(path: &Path, warnings: WarnConfig, dwell_ns: u64) -> Result<Attached> {
         let (stream, hello) = connect(path)?;
         let mut telemetry = Telemetry::new();
         telemetry.warnings = warnings;
+        telemetry.verdict_dwell_ns = dwell_ns;
         telemetry.watched_pid = Some(hello.pid);
         telemetry.ns_per_mark = Some(hello.ns_per_mark);
         let mut mirror = Mirror::new(&hello, &telemetry, 0)?;
