@@ -346,12 +346,11 @@ fn a_recording_replays_through_a_hub() {
         _ => panic!("this version records the frame stream"),
     };
     assert!(msgs.iter().any(|m| matches!(m, Msg::Sample(_))));
-    let player = dflash_top::wire::recording::Player::start(msgs).unwrap();
-    let feed = player.telemetry.subscribe();
-    wait_until("the replay to reach the last step", || {
-        feed.try_iter().last().is_some_and(|s| s.train.step == 6)
-    });
-    player.stop();
+    // Played through the replay's hub to its end: the last snapshot is the run's last step.
+    let mut sim = dflash_top::wire::replay::Sim::new(msgs).unwrap();
+    let snaps = sim.play_to(sim.duration_s() + 1.0);
+    assert!(sim.at_end());
+    assert_eq!(snaps.last().map(|s| s.train.step), Some(6));
 }
 
 #[test]

@@ -3,9 +3,7 @@
 //! `export` reads its steps. Files of the older format (one JSON snapshot a line) still read.
 
 use super::fanout::{drain, pump, Fanout, Outlet, OutletRx};
-use super::mirror::Mirror;
 use super::protocol::*;
-use crate::cancel::CancelToken;
 use crate::telemetry::snapshot::{Snapshot, StepSpan};
 use crate::telemetry::stages::TableError;
 use crate::telemetry::{Phase, Telemetry};
@@ -17,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// Data frames the recorder may fall behind by (a stalled disk) before it loses any.
 const RECORDER_BACKLOG: usize = 200_000;
@@ -256,86 +253,4 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
         }
     }
     Ok(out)
-}
-
-/// Feeds a recording to a local hub at its recorded pace (a gap of more than a second plays
-/// as one second). Returns the hub's telemetry; `done` is set at the end.
-pub struct Player {
-    pub telemetry: Telemetry,
-    feeder: Option<JoinHandle<()>>,
-    stop: CancelToken,
-    hub_cancel: CancelToken,
-    hub: Option<JoinHandle<()>>,
-    pub done: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Player {
-    pub fn start(msgs: Vec<Msg>) -> Result<Player> {
-        let Some(Msg::Hello(hello)) = msgs.first().cloned() else {
-            bail!("the recording has no hello");
-        };
-        let mut telemetry = Telemetry::new();
-        telemetry.probes = false;
-        telemetry.ns_per_mark = Some(hello.ns_per_mark);
-        // Recorded times land at now: the first sample's time maps to the start of the replay.
-        let first = msgs
-            .iter()
-            .find_map(|m| match m {
-                Msg::Sample(s) => Some(s.now),
-                _ => None,
-            })
-            .unwrap_or(hello.now_ns);
-        let now = crate::telemetry::clock::to_monotonic(crate::telemetry::clock::now_ns());
-        let mut mirror = Mirror::new(&hello, &telemetry, now as i128 - first as i128)?;
-        // Switches follow the recording, not keys.
-        let (tx, _rx) = crossbeam_channel::unbounded();
-        telemetry.forward_commands(tx);
-        let stop = CancelToken::new();
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let feeder = {
-            let (stop, done) = (stop.clone(), done.clone());
-            std::thread::Builder::new()
-                .name("replay".into())
-                .spawn(move || {
-                    let mut prev: Option<u64> = None;
-                    for m in msgs {
-                        if stop.is_cancelled() {
-                            break;
-                        }
-                        if let Msg::Sample(s) = &m {
-                            if let Some(p) = prev {
-                                let gap = s.now.saturating_sub(p);
-                                let play = gap.min(1_000_000_000);
-                                mirror.shift(-((gap - play) as i128));
-                                std::thread::sleep(Duration::from_nanos(play));
-                            }
-                            prev = Some(s.now);
-                        }
-                        mirror.apply(m);
-                    }
-                    done.store(true, Relaxed);
-                })?
-        };
-        let hub_cancel = CancelToken::new();
-        let hub = telemetry.spawn_hub(hub_cancel.clone())?;
-        Ok(Player {
-            telemetry,
-            feeder: Some(feeder),
-            stop,
-            hub_cancel,
-            hub: Some(hub),
-            done,
-        })
-    }
-
-    pub fn stop(mut self) {
-        self.stop.cancel();
-        if let Some(h) = self.feeder.take() {
-            let _ = h.join();
-        }
-        self.hub_cancel.cancel();
-        if let Some(h) = self.hub.take() {
-            let _ = h.join();
-        }
-    }
 }
