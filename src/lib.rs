@@ -1,17 +1,13 @@
 //! dflash-top: train a DFlash drafter on libtorch and watch every thread of the pipeline live.
 
-pub mod app;
-pub mod attach;
-pub mod bench;
 pub mod cancel;
 pub mod cli;
+pub mod cmd;
 pub mod config;
 pub mod cuda_shim;
-pub mod doctor;
 pub mod engine;
 pub mod fail_if;
 pub mod fault;
-pub mod generate;
 pub mod headless;
 pub mod probe;
 pub mod progress;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::Train(Default::default()));
-    match dflash_top::app::run(command) {
+    match dflash_top::cmd::run(command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dflash-top: {e:#}");

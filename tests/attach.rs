@@ -452,13 +452,21 @@ fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
         .spawn()
         .unwrap();
     let pid = train.id().to_string();
+    // The listing that counted the viewer is the one read below: a short run may have ended
+    // by the time another is asked for.
+    let seen = std::cell::RefCell::new(String::new());
     wait_until("--list to count the viewer", || {
-        list().lines().any(|l| {
+        let t = list();
+        let counted = t.lines().any(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
             w.first() == Some(&pid.as_str()) && w.get(5) == Some(&"1")
-        })
+        });
+        if counted {
+            *seen.borrow_mut() = t;
+        }
+        counted
     });
-    let text = list();
+    let text = seen.into_inner();
     let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,

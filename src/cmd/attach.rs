@@ -76,7 +76,7 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         );
         if let Some(why) = &tripped {
             println!("{why}");
-            crate::app::dump_now(flight.as_ref(), why);
+            crate::cmd::session::dump_now(flight.as_ref(), why);
         }
         Ok(())
     } else {
@@ -96,7 +96,7 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         Some(why) => eprintln!("detached from {who}: {why}"),
         None => eprintln!("detached from {who}; it goes on"),
     }
-    Ok(crate::app::signal_exit())
+    Ok(crate::cmd::session::signal_exit())
 }
 
 /// The interval lines until the viewer leaves; the reason when a `--fail-if` gate held.
@@ -121,7 +121,7 @@ fn headless(
                 println!("{}", crate::headless::interval_line(&s));
                 next += interval;
             }
-            crate::app::print_dumps(flight);
+            crate::cmd::session::print_dumps(flight);
             if let Some(why) = crate::fail_if::first_tripped(gates, &s) {
                 return Some(why);
             }
@@ -150,5 +150,5 @@ fn tui(session: &Attached, deadline: Option<Instant>, label: String) -> Result<(
                 run_ended: false,
             })
     };
-    crate::app::run_front_end(&ctl, &snapshots, &finished, Default::default()).map(|_| ())
+    crate::cmd::session::run_front_end(&ctl, &snapshots, &finished, Default::default()).map(|_| ())
 }

@@ -2,8 +2,8 @@
 //! one run — GPU timing modes (`modes`) and profiling on vs off (`profiling`) — where the
 //! settings take turns on the same pipeline, so a shared machine's drift hits both alike.
 
-use crate::app::Session;
 use crate::cli::BenchArgs;
+use crate::cmd::session::Session;
 use crate::config::{PipelineSpec, RunConfig};
 use crate::telemetry::snapshot::ThreadView;
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Role, Snapshot};
@@ -48,7 +48,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             bail!("bench `{other}`: use engine, modes, profiling, replicas, generate or telemetry")
         }
     }
-    Ok(crate::app::signal_exit())
+    Ok(crate::cmd::session::signal_exit())
 }
 
 /// `bench generate`: the preset's target (random weights, every layer) decoding one batch of

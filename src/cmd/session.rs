@@ -1,0 +1,188 @@
+//! What the commands share: a training `Session` (hub + pipeline + socket + recording + flight
+//! recorder), the TUI's front-end loop, the flight recorder's lines, and the exit status after a
+//! signal.
+
+use crate::cancel::CancelToken;
+use crate::config::RunConfig;
+use crate::engine::pipeline::Pipeline;
+use crate::summary::RunInfo;
+use crate::telemetry::flight::FlightRecorder;
+use crate::telemetry::Telemetry;
+use crate::tui::End;
+use crate::wire::fanout::Fanout;
+use crate::wire::recording::Recorder;
+use crate::wire::serve::{ServeLimits, Server};
+use anyhow::Result;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// A running training session: hub + pipeline.
+pub struct Session {
+    pub telemetry: Telemetry,
+    pub pipeline: Pipeline,
+    hub_cancel: CancelToken,
+    hub: std::thread::JoinHandle<()>,
+    recorder: Option<Recorder>,
+    /// The last minute, dumped when something goes wrong (None without a place for dumps).
+    pub flight: Option<FlightRecorder>,
+    /// The socket viewers attach to (None when it could not be opened: the run goes on).
+    pub server: Option<Server>,
+}
+
+impl Session {
+    pub fn start(cfg: &RunConfig) -> Result<Session> {
+        let mut telemetry = Telemetry::new();
+        telemetry.warnings = cfg.viewer.warnings.clone();
+        telemetry.verdict_dwell_ns = cfg.viewer.verdict_dwell_ns;
+        telemetry.switches().set_gpu_timing(cfg.viewer.gpu_timing);
+        telemetry.switches().set_profiling(cfg.viewer.profiling);
+        telemetry
+            .switches()
+            .set_stage_ratio_flops(crate::engine::flops::flop_ratio(
+                &cfg.pipeline.target_config,
+                &cfg.pipeline.drafter_spec,
+                cfg.pipeline.seq_len,
+                cfg.pipeline.anchors,
+            ));
+        // Raw records and queue samples go out to viewers and the recording as they pass the hub.
+        let fanout = Fanout::tap(
+            &telemetry,
+            cfg.pipeline.save_dir.is_some(),
+            Some(cfg.pipeline.recipe_line()),
+        );
+        let recorder = cfg
+            .viewer
+            .record
+            .as_deref()
+            .map(|path| Recorder::start(&fanout, path, &telemetry))
+            .transpose()?;
+        let limits = ServeLimits {
+            max_viewers: cfg.viewer.max_viewers,
+            ..ServeLimits::default()
+        };
+        let server = match Server::start(&fanout, &telemetry, limits) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("dflash-top: no socket for `attach` ({e:#}); training goes on");
+                None
+            }
+        };
+        let flight = cfg
+            .viewer
+            .flight
+            .as_deref()
+            .map(|dir| FlightRecorder::start(&telemetry, dir))
+            .transpose()?;
+        let pipeline = Pipeline::start(&cfg.pipeline, &telemetry)?;
+        let hub_cancel = CancelToken::new();
+        let hub = telemetry.spawn_hub(hub_cancel.clone())?;
+        Ok(Session {
+            telemetry,
+            pipeline,
+            hub_cancel,
+            hub,
+            recorder,
+            flight,
+            server,
+        })
+    }
+
+    /// Stops the pipeline (saving as configured) and then the hub, which publishes a last
+    /// snapshot.
+    pub fn finish(self) -> Result<()> {
+        let result = self.pipeline.stop();
+        self.hub_cancel.cancel();
+        let _ = self.hub.join();
+        if let Some(f) = self.flight {
+            f.stop();
+        }
+        if let Some(server) = self.server {
+            server.stop();
+        }
+        // A recording that failed was reported when it did (the header, the headless lines)
+        // and training went on: said once more here, it does not fail the run.
+        if let Some(Err(e)) = self.recorder.map(Recorder::finish) {
+            eprintln!("dflash-top: {e:#}");
+        }
+        result
+    }
+}
+
+/// Prints the flight recorder's new dumps, one `flight:` line each.
+pub(crate) fn print_dumps(flight: Option<&FlightRecorder>) {
+    for d in flight.map(FlightRecorder::take_new).unwrap_or_default() {
+        println!("{}", d.line());
+    }
+}
+
+/// A dump because a `--fail-if` gate held (unless one was written in the last minute).
+pub(crate) fn dump_now(flight: Option<&FlightRecorder>, why: &str) {
+    match flight.and_then(|f| f.dump_now(why)) {
+        Some(Ok(d)) => println!("{}", d.line()),
+        Some(Err(e)) => eprintln!("dflash-top: {e:#}"),
+        None => {}
+    }
+}
+
+/// After a graceful stop: success, or 130 (the shell's "interrupted") when a signal asked for
+/// it, so that `train && next` does not go on after an interrupted run.
+pub(crate) fn signal_exit() -> ExitCode {
+    if crate::signals::requested() {
+        eprintln!(
+            "dflash-top: stopped by a signal (the last step was saved where --save-dir is set)"
+        );
+        ExitCode::from(crate::signals::FORCED_EXIT as u8)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Runs the TUI on `snapshots` until the user quits (or a thread panics); the terminal is
+/// restored before this returns, and a held-back panic message printed after it. Returns the
+/// last snapshot shown (for the exit summary).
+pub(crate) fn run_front_end(
+    ctl: &dyn crate::tui::app::Controls,
+    snapshots: &crossbeam_channel::Receiver<std::sync::Arc<crate::telemetry::Snapshot>>,
+    finished: &dyn Fn() -> Option<End>,
+    info: RunInfo,
+) -> Result<Option<std::sync::Arc<crate::telemetry::Snapshot>>> {
+    use crate::tui::{self, app::App, terminal};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    // A bad UI config is a sentence before the screen is taken.
+    let ui = tui::config::load()?;
+    let (mut term, guard) = terminal::init()?;
+    let stop_input = Arc::new(AtomicBool::new(false));
+    let (input, input_thread) = tui::spawn_input(stop_input.clone())?;
+    let mut app = App::new();
+    app.keys = ui.keys;
+    app.run_info = info;
+    app.replay = ctl.replay().is_some();
+    app.attached = ctl.attached();
+    let result = tui::run_loop(
+        &mut term, &mut app, ctl, snapshots, &input, finished, ui.theme,
+    );
+    stop_input.store(true, Ordering::Relaxed);
+    // After a hang-up (the terminal closed under us) crossterm's read can spin inside its poll
+    // and never see `stop`: wait a moment, then leave the thread to end with the process, so
+    // that the pipeline still stops and saves.
+    let waited = Instant::now();
+    while !input_thread.is_finished() && waited.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if input_thread.is_finished() {
+        let _ = input_thread.join();
+    }
+    // Not dropped: ratatui's Drop shows the cursor and, when that fails (the terminal hung
+    // up), eprintln!s — a panic with stderr gone, before the pipeline could save. The guard
+    // below shows the cursor and leaves raw mode itself.
+    std::mem::forget(term);
+    drop(guard);
+    if terminal::PANICKED.load(Ordering::SeqCst) {
+        if let Some(msg) = terminal::take_held_panic() {
+            eprintln!("{msg}");
+        }
+        anyhow::bail!("a thread panicked (the message is above); the terminal was restored");
+    }
+    result.map(|()| app.latest)
+}

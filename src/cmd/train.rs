@@ -1,0 +1,117 @@
+//! `dflash-top train`: a training run with the TUI or headless (interval lines, `--fail-if`
+//! gates, the summary line).
+
+use super::session::{dump_now, print_dumps, run_front_end, signal_exit, Session};
+use crate::cli::TrainArgs;
+use crate::config::RunConfig;
+use crate::summary::{RunInfo, Summary};
+use crate::tui::End;
+use anyhow::Result;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
+    let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
+    let cfg = RunConfig::from_args(args)?;
+    println!("{}", cfg.pipeline.recipe_line());
+    let session = Session::start(&cfg)?;
+    if let Some(s) = &session.server {
+        println!(
+            "attach: dflash-top attach {} (socket {})",
+            std::process::id(),
+            s.path.display()
+        );
+    }
+    let snapshots = session.telemetry.subscribe();
+    let start_step = session.pipeline.start_step;
+    let counts = session.pipeline.counts.clone();
+    let interval = Duration::from_secs_f64(cfg.viewer.interval);
+    let mut next = Instant::now() + interval;
+    let mut last = None;
+    let mut tripped = None;
+    while !session.pipeline.is_finished() && !crate::signals::requested() {
+        if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
+            if Instant::now() >= next {
+                println!("{}", crate::headless::interval_line(&s));
+                next += interval;
+            }
+            tripped = crate::fail_if::first_tripped(&mut gates, &s);
+            last = Some(s);
+            print_dumps(session.flight.as_ref());
+            if tripped.is_some() {
+                break;
+            }
+        }
+    }
+    // A gate that held: its reason and the last minute, then the run stops as on any stop
+    // (saving its step).
+    if let Some(why) = &tripped {
+        println!("{why}");
+        dump_now(session.flight.as_ref(), why);
+    }
+    let result = session.finish();
+    while let Ok(s) = snapshots.try_recv() {
+        last = Some(s);
+    }
+    result?;
+    if let Some(s) = last {
+        println!("{}", Summary::of(&s, &run_info(&cfg, start_step)).line());
+    }
+    println!("data: {}", counts.line());
+    if tripped.is_some() {
+        return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
+    }
+    Ok(signal_exit())
+}
+
+pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
+    use crate::tui::{terminal, EngineControls};
+    crate::fail_if::headless_only(&args.fail_if, false)?;
+    // Keys typed while the run starts (the model loads) neither echo over the shell nor reach
+    // the screen; the echo comes back on every way out.
+    let _hushed = terminal::hush_input();
+    let cfg = RunConfig::from_args(args)?;
+    // Before any worker starts: a panic in any thread, from now on, restores the terminal.
+    terminal::install_panic_hook();
+    if let Some(file) = crate::fault::arg("hold_start") {
+        while !std::path::Path::new(file).exists() && !crate::signals::requested() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // A bad UI config is a sentence before any worker starts (the front-end reads it again).
+    crate::tui::config::load()?;
+    let session = Session::start(&cfg)?;
+    let snapshots = session.telemetry.subscribe();
+    let ctl = EngineControls::new(&session.telemetry, cfg.pipeline.save_dir.is_some());
+    let pipeline = &session.pipeline;
+    let finished = || {
+        pipeline.is_finished().then(|| End {
+            note: match pipeline.first_error() {
+                Some(e) => format!("stopped: {e} (q to leave)"),
+                None => "run finished: press q to leave".to_string(),
+            },
+            run_ended: true,
+        })
+    };
+    let info = run_info(&cfg, pipeline.start_step);
+    let shown = run_front_end(&ctl, &snapshots, &finished, info.clone());
+    let finish = session.finish();
+    let last = shown?;
+    finish?;
+    // The same summary as the panel's, after the last save (a run stopped by `q` saves on
+    // the way out).
+    if let Some(s) = last {
+        println!("{}", Summary::of(&s, &info).line());
+    }
+    Ok(signal_exit())
+}
+
+/// Where a run's files go, for its summary.
+fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
+    RunInfo {
+        start_step,
+        save_dir: cfg.pipeline.save_dir.clone(),
+        recording: cfg.viewer.record.clone(),
+        steps: cfg.pipeline.steps,
+    }
+}
