@@ -188,7 +188,7 @@ fn render_frame(c: &mut Criterion) {
     let threads: Vec<_> = snap.threads.iter().collect();
     g.bench_function("timeline_lanes_64_threads_10s_378_columns", |b| {
         b.iter(|| {
-            black_box(dflash_top::tui::timeline::lanes(
+            black_box(dflash_top::tui::lanes::lanes(
                 &threads,
                 app.shown_segments(),
                 app.time_span(),

@@ -527,11 +527,13 @@ fn resolve_drafter(
             if recipe.drafter_layers < 1 {
                 bail!("`drafter_layers` must be at least 1");
             }
-            if !(2..=crate::telemetry::recorder::MAX_SLOTS as i64).contains(&recipe.block_size) {
+            if !(2..=crate::telemetry::phase_recorder::MAX_SLOTS as i64)
+                .contains(&recipe.block_size)
+            {
                 bail!(
                     "`block_size` {} is out of range: use 2..={}",
                     recipe.block_size,
-                    crate::telemetry::recorder::MAX_SLOTS
+                    crate::telemetry::phase_recorder::MAX_SLOTS
                 );
             }
             let mut spec = drafter_spec_for(

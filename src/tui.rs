@@ -9,11 +9,11 @@ pub mod critical;
 pub mod glossary;
 pub mod history;
 pub mod keys;
+pub mod lanes;
 pub mod panels;
 pub mod segments;
 pub mod terminal;
 pub mod theme;
-pub mod timeline;
 pub mod verdict_row;
 pub mod view;
 

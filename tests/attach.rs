@@ -5,8 +5,8 @@
 use crate::support::{bin, repo, wait_until};
 use dflash_top::cancel::CancelToken;
 use dflash_top::telemetry::{Phase, Role, Telemetry};
-use dflash_top::wire::attach::Attached;
 use dflash_top::wire::fanout::Fanout;
+use dflash_top::wire::join::Attached;
 use dflash_top::wire::protocol::*;
 use dflash_top::wire::serve::{fd_room, open_file_limit, peer_allowed, ServeLimits, Server};
 use std::os::unix::fs::PermissionsExt;

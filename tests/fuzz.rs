@@ -9,7 +9,7 @@ use dflash_top::engine::config::Qwen3Config;
 use dflash_top::engine::data::{DocSource, JsonlOptions, JsonlSource};
 use dflash_top::engine::optim::AdamW;
 use dflash_top::engine::weights::read_all;
-use dflash_top::telemetry::record::read_recording;
+use dflash_top::telemetry::snapshot_lines::read_recording;
 use proptest::prelude::*;
 use std::path::Path;
 

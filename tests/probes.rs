@@ -5,7 +5,7 @@ use super::tui::{screen, starved_snapshot, LIVE};
 use dflash_top::headless::{gpu_fields, interval_line};
 use dflash_top::probe::cpu::{CpuSample, MemorySample, ThreadCpu};
 use dflash_top::telemetry::assemble::Assembler;
-use dflash_top::telemetry::recorder::ThreadInfo;
+use dflash_top::telemetry::phase_recorder::ThreadInfo;
 use dflash_top::telemetry::snapshot::*;
 use dflash_top::telemetry::{Role, Switches};
 use dflash_top::tui::app::{Action, App};

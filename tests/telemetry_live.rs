@@ -6,8 +6,8 @@
 use super::telemetry_core::record;
 use dflash_top::cancel::CancelToken;
 use dflash_top::telemetry::assemble::Assembler;
+use dflash_top::telemetry::phase_recorder::{LiveStep, ThreadInfo};
 use dflash_top::telemetry::queue::monitored_queue;
-use dflash_top::telemetry::recorder::{LiveStep, ThreadInfo};
 use dflash_top::telemetry::switches::Timing;
 use dflash_top::telemetry::verdict::Verdict;
 use dflash_top::telemetry::window::{Windows, TICK_NS};

@@ -4,7 +4,7 @@
 
 use crate::cli::AttachArgs;
 use crate::telemetry::flight::FlightRecorder;
-use crate::wire::attach::{list_text, local_hms, resolve, sessions, Attached};
+use crate::wire::join::{list_text, local_hms, resolve, sessions, Attached};
 use crate::wire::serve::socket_dir;
 use anyhow::{bail, Result};
 use std::process::ExitCode;

@@ -147,7 +147,7 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
         .and_then(|x| x.as_i64())
         .with_context(|| format!("{} has no `dflash_config.mask_token_id`", path.display()))?;
     let block_size = pick("block_size").and_then(|x| x.as_i64()).unwrap_or(16);
-    let slots = crate::telemetry::recorder::MAX_SLOTS as i64;
+    let slots = crate::telemetry::phase_recorder::MAX_SLOTS as i64;
     if !(2..=slots).contains(&block_size) {
         bail!(
             "{}: `block_size` {block_size} is out of range: a drafter's block is 2 to {slots} \

@@ -6,7 +6,7 @@
 
 use super::cuda::{Event, Stream};
 use crate::cancel::CancelToken;
-use crate::telemetry::recorder::{PhaseRecorder, TrainMetrics};
+use crate::telemetry::phase_recorder::{PhaseRecorder, TrainMetrics};
 use crate::telemetry::switches::Timing;
 use crate::telemetry::{GpuTiming, Phase, Switches, N_PHASES};
 use anyhow::Result;

@@ -3,9 +3,9 @@
 
 use super::host;
 use super::live::LiveTime;
+use super::phase_recorder::{LiveRead, StepRecord, ThreadInfo, MAX_SLOTS};
 use super::queue::{QueueCounters, QueueProbe};
 use super::queue_view::{verdict_inputs, QueueFlags};
-use super::recorder::{LiveRead, StepRecord, ThreadInfo, MAX_SLOTS};
 use super::snapshot::*;
 use super::stall::RecentSteps;
 use super::switches::{GpuTiming, Switches, Timing};

@@ -2,7 +2,7 @@
 //! registered, grouped under the worker that drives them; the process's memory; and, while there
 //! is no sample, why.
 
-use super::recorder::ThreadInfo;
+use super::phase_recorder::ThreadInfo;
 use super::snapshot::{MemoryView, ThreadGroupView};
 use crate::probe::cpu::CpuSample;
 use crate::telemetry::owner::{owner, Worker};

@@ -4,9 +4,9 @@
 
 use super::assemble::{Assembler, TickInput};
 use super::clock;
+use super::phase_recorder::{RecordSink, Registry, StepRecord};
 use super::queue::QueueCounters;
 use super::queue::QueueProbe;
-use super::recorder::{RecordSink, Registry, StepRecord};
 use super::snapshot::Snapshot;
 use super::switches::GpuTiming;
 use super::switches::Switches;

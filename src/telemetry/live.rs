@@ -2,7 +2,7 @@
 //! a wait that has not ended shows while it lasts (the step's record replaces it once it ends).
 
 use super::phase::Phase;
-use super::recorder::LiveRead;
+use super::phase_recorder::LiveRead;
 use super::window::InFlight;
 
 /// A thread's step in progress, and what is needed to count it up to now.

@@ -1,8 +1,8 @@
 //! The queues as a snapshot shows them: depth, rates and waits over a window, the starving and
 //! blocking flags held with hysteresis, and the verdict's inputs taken from them.
 
+use super::phase_recorder::ThreadInfo;
 use super::queue::QueueProbe;
-use super::recorder::ThreadInfo;
 use super::snapshot::QueueView;
 use super::stages::role_named;
 use super::verdict::{QueueWait, WaitShares, ENTER, EXIT};

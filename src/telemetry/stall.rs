@@ -2,7 +2,7 @@
 //! ending before it counts as stalled, and which thread to name when it does. The recent steps
 //! also give live time its typical step time and token count.
 
-use super::recorder::{LiveRead, StepRecord, ThreadInfo};
+use super::phase_recorder::{LiveRead, StepRecord, ThreadInfo};
 use super::window::push_capped;
 use std::collections::VecDeque;
 

@@ -3,8 +3,8 @@
 //! that ring and the run window is a running total. Pure: time comes in as arguments, so tests
 //! can script it.
 
+use super::phase_recorder::{StepRecord, TrainMetrics};
 use super::queue::QueueCounters;
-use super::recorder::{StepRecord, TrainMetrics};
 use super::snapshot::PhaseWindow;
 use std::collections::VecDeque;
 

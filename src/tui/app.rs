@@ -3,8 +3,8 @@
 
 use super::history::History;
 pub use super::keys::Action;
+use super::lanes::{spans_in, TimeSpan};
 use super::segments::Segments;
-use super::timeline::{spans_in, TimeSpan};
 use crate::summary::{RunInfo, Summary};
 use crate::telemetry::snapshot::{StepSpan, ThreadState, ThreadView};
 use crate::telemetry::Snapshot;

@@ -3,7 +3,7 @@
 //! label apart become one mark, `▼×3 stalled`: three changes from that column on, the last one
 //! to `stalled` (the text after a mark is always what is in force from there).
 
-use super::timeline::TimeSpan;
+use super::lanes::TimeSpan;
 use crate::telemetry::verdict::Verdict;
 
 /// One mark's label on the row.

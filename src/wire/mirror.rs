@@ -5,8 +5,8 @@
 
 use super::protocol::*;
 use crate::telemetry::clock;
+use crate::telemetry::phase_recorder::{LiveStep, StepRecord, ThreadInfo};
 use crate::telemetry::queue::{QueueCounters, QueueProbe};
-use crate::telemetry::recorder::{LiveStep, StepRecord, ThreadInfo};
 use crate::telemetry::stages::{StageTable, TableError};
 use crate::telemetry::{HubCommand, Phase, Role, Telemetry, N_PHASES};
 use anyhow::{bail, Result};

@@ -185,7 +185,7 @@ pub fn read(path: &Path) -> Result<Recording> {
         }
         return Ok(Recording::Frames(msgs));
     }
-    crate::telemetry::record::read_recording(path).map(Recording::Snapshots)
+    crate::telemetry::snapshot_lines::read_recording(path).map(Recording::Snapshots)
 }
 
 /// The `config:` line the recorded run said in its hello (dflash-top's trainer says one).

@@ -104,7 +104,7 @@ fn a_dump_is_a_recording_with_its_charts_rebuilt_and_a_trace() {
     .unwrap();
     assert!(d.line().starts_with("flight: "), "{}", d.line());
     assert!(d.line().ends_with(": verdict turned target-bound"));
-    let back = crate::telemetry::record::read_recording(&d.recording).unwrap();
+    let back = crate::telemetry::snapshot_lines::read_recording(&d.recording).unwrap();
     assert_eq!(back.len(), 50);
     let last = back.last().unwrap();
     assert_eq!(

@@ -2,7 +2,7 @@
 //! thread a stacked history of its phase shares over the timeline's span.
 
 use super::super::critical::{stages, summary};
-use super::super::timeline::phase_columns;
+use super::super::lanes::phase_columns;
 use super::super::view::Ctx;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;

@@ -2,7 +2,7 @@
 //! the stacked shares of its phases over time, its CPU history, its phase times over each
 //! window, and the libtorch helper threads that work for it.
 
-use super::super::timeline::{lanes, phase_columns};
+use super::super::lanes::{lanes, phase_columns};
 use super::super::view::Ctx;
 use super::threads::states;
 use super::timeline::{draw_lane, Palette};

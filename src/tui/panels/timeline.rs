@@ -3,8 +3,8 @@
 //! above them. `+`/`-` zoom, `[`/`]` pan (freezing the display), `e` exports what is shown.
 
 use super::super::app::ZOOMS_S;
+use super::super::lanes::{lanes, queue_strip, TimeSpan};
 use super::super::theme::Theme;
-use super::super::timeline::{lanes, queue_strip, TimeSpan};
 use super::super::verdict_row::verdict_row;
 use super::super::view::Ctx;
 use crate::telemetry::{Phase, N_PHASES};

@@ -1,5 +1,6 @@
-//! Recordings of earlier versions: every snapshot as one JSON line, still read by `replay` and
-//! `export` (this version records the frame stream: see `wire::recording`).
+//! Files of snapshots, one JSON line each: the recordings of earlier versions and the flight
+//! recorder's dumps, read by `replay` and `export` (`train --record` writes the frame stream: see
+//! `wire::recording`).
 
 use super::snapshot::Snapshot;
 use anyhow::{bail, Context, Result};
