@@ -9,6 +9,7 @@ pub mod engine;
 pub mod fail_if;
 pub mod fault;
 pub mod headless;
+pub mod job;
 pub mod probe;
 pub mod progress;
 pub mod save_layout;

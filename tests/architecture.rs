@@ -19,6 +19,7 @@ const FLOORS: &[&[&str]] = &[
         "scratch",
         "save_layout",
         "cuda_shim",
+        "job",
     ],
     // the first signal stops like `q`, a second removes the scratch paths and exits
     &["signals"],
