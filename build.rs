@@ -11,6 +11,7 @@ fn main() {
     let lib = PathBuf::from(libtorch).join("lib");
     let lib = lib.canonicalize().unwrap_or(lib);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    build_c10d_shim(&lib);
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-search=native={}", lib.display());
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
@@ -50,6 +51,35 @@ fn shim_build(file: &str, includes: &[PathBuf]) -> cc::Build {
         b.include(i);
     }
     b
+}
+
+/// The store and the CPU process group of multi-process jobs (src/engine/cxx/c10d_shim.cpp) need
+/// only libtorch's own headers, which every wheel ships (Gloo's few names are declared in
+/// gloo_decls/): built whenever they are there, CUDA or not.
+fn build_c10d_shim(lib: &std::path::Path) {
+    let Some(torch) = lib.parent() else { return };
+    let includes = [
+        torch.join("include"),
+        torch.join("include/torch/csrc/api/include"),
+        PathBuf::from("src/engine/cxx/gloo_decls"),
+    ];
+    if !includes[0]
+        .join("torch/csrc/distributed/c10d/TCPStore.hpp")
+        .exists()
+    {
+        println!(
+            "cargo:warning=libtorch's c10d headers not found: building without multi-process jobs"
+        );
+        return;
+    }
+    println!("cargo:rerun-if-changed=src/engine/cxx/gloo_decls");
+    shim_build("src/engine/cxx/c10d_shim.cpp", &includes)
+        .define("USE_C10D_GLOO", None)
+        .compile("dflash_c10d_shim");
+    println!("cargo:rustc-cfg=c10d_shim");
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
 }
 
 /// The shims need libtorch's c10 / c10d headers, NCCL's and CUDA's (all in the PyTorch wheel's

@@ -2,6 +2,7 @@
 //! the loss, the optimizer, checkpoints, and the pipelined workers.
 
 pub mod blocks;
+pub mod c10d;
 pub mod chat;
 pub mod checkpoint;
 pub mod checksum;
