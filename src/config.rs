@@ -314,6 +314,7 @@ impl RunConfig {
             data_threads,
             chat: file.chat.clone().unwrap_or_default(),
             fast_paths: fast_paths_of(args.disable.as_deref(), file.fast_paths.as_ref())?,
+            job: crate::job::JobTag::from_env().map_err(|e| anyhow::anyhow!("{e}"))?,
             preset,
         };
         pipeline.validate()?;

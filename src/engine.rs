@@ -25,6 +25,7 @@ pub mod nccl;
 pub mod optim;
 pub mod pipeline;
 pub mod qwen3;
+pub mod ranks;
 pub mod recipe;
 pub mod replica_check;
 pub mod replicas;

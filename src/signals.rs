@@ -57,6 +57,17 @@ pub fn install() {
     });
 }
 
+/// Exits at once, as a second signal does (terminal restored, scratch removed), after writing
+/// `message` to stderr: for a run that cannot end by itself (a worker held in a collective by a
+/// rank that is gone).
+pub fn exit_now(code: i32, message: &str) -> ! {
+    if let Some(hook) = EXIT_HOOK.get() {
+        hook();
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{message}\n").as_bytes());
+    crate::scratch::remove_all_and_exit(code);
+}
+
 /// Whether a stop was asked for by a signal.
 pub fn requested() -> bool {
     SIGNALS.load(Ordering::SeqCst) > 0

@@ -263,6 +263,9 @@ fn replicas(args: &BenchArgs) -> Result<()> {
     }
     let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let steps = args.train.steps.unwrap_or(20);
+    if let Some(job) = &cfg.job {
+        return replicas_of_job(&cfg, job, steps, args.tolerance);
+    }
     let report = crate::engine::replica_check::run(&cfg, steps)?;
     println!(
         "bench: replicas preset={} drafters={:?} (each {} rows) vs one drafter on {:?} ({} rows) \
@@ -300,6 +303,47 @@ fn replicas(args: &BenchArgs) -> Result<()> {
         );
     }
     println!("bench: replica check passed");
+    Ok(())
+}
+
+/// `bench replicas` as one rank of a job: this rank's replica against rank 0's and against one
+/// drafter with every rank's rows.
+fn replicas_of_job(
+    cfg: &PipelineSpec,
+    job: &crate::job::JobTag,
+    steps: u64,
+    tolerance: f64,
+) -> Result<()> {
+    let report = crate::engine::replica_check::run_ranks(cfg, steps)?;
+    let r = job.rank;
+    println!(
+        "bench: replicas rank {r} of {} (each {} rows) vs one drafter with all {} rows steps={steps}",
+        job.world,
+        cfg.batch,
+        cfg.batch * job.world as i64
+    );
+    for (i, (m, s)) in report.losses.iter().enumerate() {
+        println!(
+            "bench: rank {r} step {} loss replicas={m:.4} single={s:.4} gap={:.3}%",
+            i + 1,
+            (m - s).abs() / s.abs().max(1e-6) * 100.0
+        );
+    }
+    let identical = report.replica_diff == 0.0;
+    let gap = report.step_gap();
+    println!(
+        "bench: rank {r} identical to rank 0 after {steps} steps: {} (max |w0 - w{r}| = {:e}); \
+         loss gap max {:.3}% (tolerance {:.1}%); max |w{r} - w_single| = {:.3e}",
+        if identical { "yes" } else { "no" },
+        report.replica_diff,
+        gap * 100.0,
+        tolerance * 100.0,
+        report.single_diff
+    );
+    if !identical || gap > tolerance {
+        bail!("the replica check failed on rank {r}: the replicas differ or their loss left the single drafter's");
+    }
+    println!("bench: replica check passed on rank {r}");
     Ok(())
 }
 

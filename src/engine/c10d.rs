@@ -56,6 +56,12 @@ mod ffi {
             err: *mut c_char,
             len: usize,
         ) -> c_int;
+        pub fn dflash_store_delete(
+            s: *mut c_void,
+            key: *const c_char,
+            err: *mut c_char,
+            len: usize,
+        ) -> c_int;
         pub fn dflash_gloo_new(
             s: *mut c_void,
             rank: c_int,
@@ -128,6 +134,14 @@ mod ffi {
         _: *const c_char,
         _: i64,
         _: *mut i64,
+        _: *mut c_char,
+        _: usize,
+    ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_store_delete(
+        _: *mut c_void,
+        _: *const c_char,
         _: *mut c_char,
         _: usize,
     ) -> c_int {
@@ -288,6 +302,15 @@ impl JobStore {
             ffi::dflash_store_add(self.ptr, k.as_ptr(), delta, &mut out, e, l)
         })?;
         Ok(out)
+    }
+}
+
+impl JobStore {
+    /// Removes `key` (a key that was never set is no error).
+    pub fn delete(&self, key: &str) -> Result<(), String> {
+        let k = c_text(key).map_err(|e| e.to_string())?;
+        // SAFETY: key lives for the call.
+        checked(|e, l| unsafe { ffi::dflash_store_delete(self.ptr, k.as_ptr(), e, l) })
     }
 }
 

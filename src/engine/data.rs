@@ -132,6 +132,44 @@ impl DocSource for Synthetic {
     }
 }
 
+/// Rank `rank`'s share of a source in a job of `world` processes: documents rank, rank + world,
+/// rank + 2 world, ... of the stream, so that no two ranks train on the same document.
+pub struct Sharded {
+    inner: Box<dyn DocSource>,
+    rank: u64,
+    world: u64,
+    started: bool,
+}
+
+impl Sharded {
+    pub fn new(inner: Box<dyn DocSource>, rank: u32, world: u32) -> Sharded {
+        Sharded {
+            inner,
+            rank: rank as u64,
+            world: world.max(1) as u64,
+            started: false,
+        }
+    }
+}
+
+impl DocSource for Sharded {
+    fn next_doc(&mut self) -> Result<Doc> {
+        let before = if self.started {
+            self.world - 1
+        } else {
+            self.rank
+        };
+        self.started = true;
+        self.inner.skip(before)?;
+        self.inner.next_doc()
+    }
+
+    /// The whole stream's position (a resumed rank skips the stream to it, then takes its share).
+    fn position(&self) -> u64 {
+        self.inner.position()
+    }
+}
+
 /// A packed batch on the host: `rows` rows of `seq` tokens.
 #[derive(Debug)]
 pub struct PackedBatch {
@@ -317,4 +355,28 @@ pub fn doc_ids_and_positions(lengths: &[i64]) -> (Tensor, Tensor) {
     let positions =
         Tensor::arange(seq, (Kind::Int64, tch::Device::Cpu)) - starts.index_select(0, &doc_ids);
     (doc_ids, positions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_of_a_stream_are_disjoint_and_together_the_whole_stream() {
+        let whole: Vec<Vec<i64>> = {
+            let mut s = Synthetic::new(5, 500, 64);
+            (0..12).map(|_| s.next_doc().unwrap().ids).collect()
+        };
+        let world = 3;
+        let shards: Vec<Vec<Vec<i64>>> = (0..world)
+            .map(|rank| {
+                let mut s = Sharded::new(Box::new(Synthetic::new(5, 500, 64)), rank, world);
+                (0..4).map(|_| s.next_doc().unwrap().ids).collect()
+            })
+            .collect();
+        for (i, doc) in whole.iter().enumerate() {
+            let (rank, k) = (i % world as usize, i / world as usize);
+            assert_eq!(&shards[rank][k], doc, "document {i} is rank {rank}'s {k}th");
+        }
+    }
 }

@@ -53,7 +53,7 @@ pub struct DrafterJob {
     /// step computes (on a GPU).
     pub prefetch: bool,
     /// With replicas: where they meet before each step.
-    pub gate: Option<std::sync::Arc<super::replicas::StepGate>>,
+    pub gate: Option<std::sync::Arc<dyn super::replicas::StepMeet>>,
 }
 
 /// The drafter worker's side of a step: phase marks, the next batch taken ahead (on a GPU), and
@@ -263,14 +263,19 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
                 );
             }
             let done = step.optimizer.step as u64;
-            if saves && done > last_saved {
-                let periodic = save_every.is_some_and(|n| done.is_multiple_of(n));
-                if periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst) {
-                    let saved = save(&step.optimizer, (done, data_docs, &rng, shape, last_loss));
-                    // Tried: a save that failed is not tried again at the exit (one message).
-                    last_saved = done;
-                    saved?;
-                }
+            let periodic = save_dir.is_some() && save_every.is_some_and(|n| done.is_multiple_of(n));
+            if saves
+                && done > last_saved
+                && (periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst))
+            {
+                let saved = save(&step.optimizer, (done, data_docs, &rng, shape, last_loss));
+                // Tried: a save that failed is not tried again at the exit (one message).
+                last_saved = done;
+                saved?;
+            }
+            if periodic {
+                // Replicas in other processes go on once the checkpoint is written.
+                step.replicas.checkpoint_written(done)?;
             }
             // --steps counts optimizer steps of the run, so a resumed run stops at the same step.
             if max_steps.is_some_and(|n| done >= n) {

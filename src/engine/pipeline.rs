@@ -11,14 +11,15 @@ use super::drafter_worker::{run_drafter, DrafterJob};
 use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
-use super::replicas::{LocalGroup, Single};
+use super::ranks::{JobGate, JobLink, JobMember};
+use super::replicas::{LocalGroup, Single, StepMeet};
 use super::spec::{DataSpec, PipelineSpec};
 use super::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::monitored_queue;
 use crate::telemetry::Telemetry;
 use anyhow::{bail, Context, Result};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use tch::{nn::VarStore, Device, Kind};
@@ -31,6 +32,8 @@ pub struct Pipeline {
     pub start_step: u64,
     /// Truncated documents and skipped batches so far.
     pub counts: Arc<DataCounts>,
+    /// The other ranks of a multi-process job.
+    link: Option<Arc<JobLink>>,
 }
 
 /// The target: shapes from --target's config.json or the preset, weights from the directory or
@@ -126,6 +129,9 @@ pub(crate) fn data_source(
     };
     // A resumed run continues where its data stood.
     source.skip(resumed_docs(cfg))?;
+    if let Some(job) = &cfg.job {
+        source = Box::new(super::data::Sharded::new(source, job.rank, job.world));
+    }
     Ok(source)
 }
 
@@ -133,18 +139,36 @@ fn resumed_docs(cfg: &PipelineSpec) -> u64 {
     cfg.resume_state.as_ref().map_or(0, |s| s.data_docs)
 }
 
+/// What every worker thread shares: the first errors, the stop, the count of those running.
+struct Crew {
+    errors: Arc<Mutex<Vec<String>>>,
+    cancel: CancelToken,
+    running: Arc<AtomicUsize>,
+}
+
+/// Decrements the running count however the worker's thread ends.
+struct Leaving(Arc<AtomicUsize>);
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
     name: String,
-    errors: &Arc<Mutex<Vec<String>>>,
-    cancel: &CancelToken,
+    crew: &Crew,
     f: F,
 ) -> Result<JoinHandle<()>> {
-    let errors = errors.clone();
-    let cancel = cancel.clone();
+    let errors = crew.errors.clone();
+    let cancel = crew.cancel.clone();
     let label = name.clone();
+    crew.running.fetch_add(1, Ordering::SeqCst);
+    let leaving = Leaving(crew.running.clone());
     std::thread::Builder::new()
         .name(name)
         .spawn(move || {
+            let _leaving = leaving;
             // Fault injection for the tests of the terminal's restore path: checked once, at start.
             if crate::fault::panic_at_start(&label) {
                 panic!("injected panic in {label} (DFLASH_TOP_FAULT=panic_at_start:{label})");
@@ -191,6 +215,8 @@ pub(crate) enum Replicas {
     Single,
     Local(Arc<LocalGroup>),
     Nccl(NcclGroup),
+    /// One replica per process of a multi-process job.
+    Job(Arc<JobLink>, CancelToken),
 }
 
 impl Replicas {
@@ -200,6 +226,7 @@ impl Replicas {
             Replicas::Local(g) => Box::new(g.member(i)),
             Replicas::Nccl(g) => Box::new(g.member(i)),
             Replicas::Single => Box::new(Single),
+            Replicas::Job(link, cancel) => Box::new(JobMember::new(link.clone(), cancel.clone())),
         }
     }
 }
@@ -234,10 +261,56 @@ pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<
     )))
 }
 
+/// How long a rank waits for the others to join its job.
+const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Joins the job of `cfg.job` (this process trains one replica of it): the others must agree on
+/// the recipe (its `config:` line), the data and the step it resumes from.
+pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<Arc<JobLink>> {
+    if cfg.drafter_devices.len() != 1 {
+        bail!(
+            "--drafter-devices lists {} devices, but in a job of several processes (WORLD_SIZE={}) \
+             each process trains one drafter replica: give it one device, and start more \
+             processes for more replicas",
+            cfg.drafter_devices.len(),
+            tag.world
+        );
+    }
+    if cfg.drafter_devices[0].is_cuda() {
+        bail!(
+            "drafters on GPUs in a job of several processes are not built yet (the CPU's Gloo \
+             group is): run the job's drafters on the CPU (--drafter-devices cpu), or one process \
+             with --drafter-devices cuda:0,cuda:1,... (NCCL)"
+        );
+    }
+    let mut fields = super::ranks::config_fields(&cfg.recipe_line());
+    fields.push(("world".into(), tag.world.to_string()));
+    fields.push((
+        "resume_step".into(),
+        cfg.resume_state
+            .as_ref()
+            .map_or("none".into(), |s| s.step.to_string()),
+    ));
+    if let DataSpec::Jsonl(p) = &cfg.data {
+        fields.push(("data_digest".into(), super::ranks::file_digest(p)?));
+    }
+    JobLink::join(tag, &fields, JOIN_WAIT)
+}
+
 impl Pipeline {
     pub fn start(cfg: &PipelineSpec, telemetry: &Telemetry) -> Result<Pipeline> {
         super::fast_paths::install(cfg.fast_paths);
         let cancel = CancelToken::new();
+        let crew = Crew {
+            errors: Arc::new(Mutex::new(Vec::new())),
+            cancel: cancel.clone(),
+            running: Arc::new(AtomicUsize::new(0)),
+        };
+        // The other ranks first: a job whose ranks disagree stops before anything is built.
+        let link = cfg.job.as_ref().map(|tag| join_job(cfg, tag)).transpose()?;
+        if let Some(l) = &link {
+            l.watch(cancel.clone(), crew.running.clone())?;
+        }
         let target_cfg = cfg.target_config.clone();
         let spec = cfg.drafter_spec.clone();
         let n_workers = (cfg.target_devices.len() + cfg.drafter_devices.len()) as i32;
@@ -273,9 +346,20 @@ impl Pipeline {
             let (embed, lm_head) = (frozen_on(&embed, dev), frozen_on(&lm_head, dev));
             drafters.push((vs, model, optimizer, embed, lm_head, dev));
         }
-        let group = replica_group(&cfg.drafter_devices, &cancel)?;
-        let gate = (cfg.drafter_devices.len() > 1)
-            .then(|| super::replicas::StepGate::new(cfg.drafter_devices.len(), cancel.clone()));
+        let (group, gate): (Replicas, Option<Arc<dyn StepMeet>>) = match &link {
+            Some(l) => (
+                Replicas::Job(l.clone(), cancel.clone()),
+                Some(JobGate::new(l.clone(), cancel.clone())),
+            ),
+            None => (
+                replica_group(&cfg.drafter_devices, &cancel)?,
+                (cfg.drafter_devices.len() > 1).then(|| {
+                    super::replicas::StepGate::new(cfg.drafter_devices.len(), cancel.clone())
+                        as Arc<dyn StepMeet>
+                }),
+            ),
+        };
+        let rank = cfg.job.as_ref().map_or(0, |j| j.rank as u64);
         if let Some(n) = cfg.steps {
             if start_step >= n {
                 bail!("--resume is at step {start_step}, already at or past --steps {n}: raise --steps");
@@ -289,7 +373,6 @@ impl Pipeline {
         telemetry.add_queue(batch_probe);
         telemetry.add_queue(hs_probe);
 
-        let errors = Arc::new(Mutex::new(Vec::new()));
         let counts = Arc::new(DataCounts::default());
         let mut handles = Vec::new();
 
@@ -303,7 +386,7 @@ impl Pipeline {
             docs_before: resumed_docs(cfg),
         };
         let (t, c) = (telemetry.clone(), cancel.clone());
-        handles.push(spawn("loader".into(), &errors, &cancel, move || {
+        handles.push(spawn("loader".into(), &crew, move || {
             run_loader(job, t, c)
         })?);
 
@@ -317,7 +400,7 @@ impl Pipeline {
                 threads,
             };
             let (t, c) = (telemetry.clone(), cancel.clone());
-            handles.push(spawn(format!("target-{i}"), &errors, &cancel, move || {
+            handles.push(spawn(format!("target-{i}"), &crew, move || {
                 let _keep = _vs;
                 run_target(job, t, c)
             })?);
@@ -347,7 +430,7 @@ impl Pipeline {
                 max_steps: cfg.steps,
                 save_dir: cfg.save_dir.clone(),
                 save_every: cfg.save_every,
-                seed: cfg.seed + i as u64,
+                seed: cfg.seed + i as u64 + rank,
                 // Replica 0's sampler saved its state; the others start theirs afresh.
                 rng_state: cfg
                     .resume_state
@@ -357,7 +440,8 @@ impl Pipeline {
                 data_docs: resumed_docs(cfg),
                 slow: cfg.slow.drafter,
                 threads,
-                saves: i == 0,
+                // Replica 0 of rank 0 writes the checkpoints.
+                saves: i == 0 && rank == 0,
                 counts: counts.clone(),
                 keep: cfg.keep,
                 max_nonfinite: cfg.max_nonfinite,
@@ -365,24 +449,26 @@ impl Pipeline {
                 gate: gate.clone(),
             };
             let (t, c) = (telemetry.clone(), cancel.clone());
-            handles.push(spawn(
-                format!("drafter-{i}"),
-                &errors,
-                &cancel,
-                move || run_drafter(job, t, c),
-            )?);
+            handles.push(spawn(format!("drafter-{i}"), &crew, move || {
+                run_drafter(job, t, c)
+            })?);
         }
         Ok(Pipeline {
             cancel,
             handles,
-            errors,
+            errors: crew.errors,
             start_step,
             counts,
+            link,
         })
     }
 
-    /// The first error a worker reported, if any (the run stops on it).
+    /// The first error a worker reported, if any (the run stops on it); in a job, the fault of
+    /// another rank that stopped this one comes first.
     pub fn first_error(&self) -> Option<String> {
+        if let Some(why) = self.link.as_ref().and_then(|l| l.fault()) {
+            return Some(why);
+        }
         self.errors
             .lock()
             .expect("errors poisoned")
@@ -401,8 +487,8 @@ impl Pipeline {
     }
 
     /// Joins every worker (after the run ended by itself or was cancelled).
-    pub fn join(self) -> Result<()> {
-        for h in self.handles {
+    pub fn join(mut self) -> Result<()> {
+        for h in std::mem::take(&mut self.handles) {
             if h.join().is_err() {
                 self.errors
                     .lock()
@@ -410,10 +496,14 @@ impl Pipeline {
                     .push("a worker thread panicked".into());
             }
         }
-        let errors = self.errors.lock().expect("errors poisoned");
-        match errors.first() {
-            Some(e) => bail!("{e}"),
+        let first = self.first_error();
+        let outcome = match first {
+            Some(e) => Err(anyhow::anyhow!("{e}")),
             None => Ok(()),
+        };
+        if let Some(l) = &self.link {
+            l.finish(&outcome);
         }
+        outcome
     }
 }

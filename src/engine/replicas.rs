@@ -26,6 +26,23 @@ pub trait GradMean: Send {
     fn syncs(&self) -> bool {
         self.world() > 1
     }
+    /// At a periodic checkpoint of step `step`, after the saving replica wrote it: replicas of
+    /// other processes wait here until it is written.
+    fn checkpoint_written(&mut self, _step: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Where replicas meet before each step: they take it together, skip it together or all stop.
+pub trait StepMeet: Send + Sync {
+    /// Arrives with `arrival`; the round's outcome, the most severe arrival.
+    fn pass(&self, arrival: Arrival) -> Arrival;
+}
+
+impl StepMeet for StepGate {
+    fn pass(&self, arrival: Arrival) -> Arrival {
+        StepGate::pass(self, arrival)
+    }
 }
 
 /// One replica: nothing to average.

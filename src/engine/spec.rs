@@ -76,6 +76,8 @@ pub struct PipelineSpec {
     pub chat: ChatOptions,
     /// The fast paths turned off for a side-by-side run (`--disable`, `[fast_paths]`).
     pub fast_paths: FastPaths,
+    /// This process's place in a multi-process job (torchrun's variables), None for a plain run.
+    pub job: Option<crate::job::JobTag>,
 }
 
 impl PipelineSpec {

@@ -97,6 +97,16 @@ int dflash_store_add(void* s, const char* key, int64_t delta, int64_t* out, char
   }
 }
 
+int dflash_store_delete(void* s, const char* key, char* err, size_t len) {
+  try {
+    store_of(s)->deleteKey(key);
+    return 0;
+  } catch (const std::exception& e) {
+    fail(err, len, e.what());
+    return 1;
+  }
+}
+
 // Rank `rank` of `size` on the CPU; a collective that waits longer than timeout_ms for a peer
 // fails instead of hanging.
 void* dflash_gloo_new(void* s, int rank, int size, int timeout_ms, char* err, size_t len) {

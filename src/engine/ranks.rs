@@ -1,0 +1,576 @@
+//! One process of a torchrun-style job (`RANK`, `WORLD_SIZE`, ... in src/job.rs): each process
+//! trains one drafter replica, and the replicas of all processes average their gradients.
+//!
+//! - The rendezvous: every rank joins libtorch's `c10d::TCPStore` at MASTER_ADDR:MASTER_PORT
+//!   (rank 0 hosts it, or torchrun's agent does) and writes what its run is — the fields of its
+//!   `config:` line and a hash of its data. Before any collective, each rank compares every
+//!   rank's fields with rank 0's; a difference is one sentence naming the rank and the field, on
+//!   every rank.
+//! - The step gate (`JobGate`): replicas take a step together, skip it together or all stop,
+//!   meeting on counters in the store (a paused rank holds the others here, not in a collective).
+//! - The gradients (`JobMember`): libtorch's `ProcessGroupGloo` on the CPU (sum, then divide: the
+//!   same bits on every rank); replica 0's weights are broadcast at start.
+//! - The watch: a heartbeat per rank in the store, twice a second. A rank that reports a failure,
+//!   or whose heartbeat stops for `LOST_AFTER`, stops every other rank with a sentence naming
+//!   it; if this process has not ended `EXIT_GRACE` later (a worker held in a collective), it
+//!   exits as after a second signal.
+
+use super::c10d::{GlooGroup, JobStore};
+use super::optim::AdamW;
+use super::replicas::{Arrival, GradMean, StepMeet};
+use crate::cancel::CancelToken;
+use crate::job::JobTag;
+use anyhow::{anyhow, bail, Result};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A rank whose heartbeat has not moved for this long is taken as gone.
+pub const LOST_AFTER: Duration = Duration::from_secs(5);
+/// How often each rank beats and looks at the others.
+const BEAT: Duration = Duration::from_millis(250);
+/// After a fault, how long the process may take to end by itself before it exits.
+pub const EXIT_GRACE: Duration = Duration::from_secs(10);
+/// A collective that waits longer than this for a peer fails (the watch names the peer first).
+const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// This process's link to the other ranks of its job.
+pub struct JobLink {
+    pub tag: JobTag,
+    store: JobStore,
+    /// The first fault seen: a rank that failed or went silent.
+    fault: Mutex<Option<String>>,
+    /// Set when this process ends: the watch stops, silence of others is no longer a fault.
+    ending: AtomicBool,
+}
+
+/// The fields of a `config: k=v k=v ...` line, in order (a value with spaces keeps them).
+pub fn config_fields(line: &str) -> Vec<(String, String)> {
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for token in line.trim_start_matches("config:").split_whitespace() {
+        match token.split_once('=') {
+            Some((k, v)) => fields.push((k.to_string(), v.to_string())),
+            None => {
+                if let Some((_, v)) = fields.last_mut() {
+                    v.push(' ');
+                    v.push_str(token);
+                }
+            }
+        }
+    }
+    fields
+}
+
+/// The first field in which `theirs` (rank `rank`'s) differs from rank 0's, as the sentence.
+pub fn first_mismatch(
+    rank: u32,
+    rank0: &BTreeMap<String, String>,
+    theirs: &BTreeMap<String, String>,
+) -> Option<String> {
+    let keys: std::collections::BTreeSet<&String> = rank0.keys().chain(theirs.keys()).collect();
+    keys.into_iter().find_map(|k| {
+        let (a, b) = (rank0.get(k), theirs.get(k));
+        (a != b).then(|| {
+            let show = |v: Option<&String>| v.map_or("(none)".to_string(), |s| s.clone());
+            format!(
+                "rank {rank} was started with {k}={} but rank 0 with {k}={}: every rank of a job \
+                 must run the same drafter, recipe and data; start them with the same flags and files",
+                show(b),
+                show(a)
+            )
+        })
+    })
+}
+
+/// A data file's identity for the rendezvous: its length and the CRC32 of its first and last
+/// 4 MiB (cheap on a large file; two different files of one job differ there).
+pub fn file_digest(path: &std::path::Path) -> Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    const PART: u64 = 4 << 20;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| anyhow!("--data {}: {e}: give a readable JSONL file", path.display()))?;
+    let len = f.metadata()?.len();
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = Vec::new();
+    (&mut f).take(PART).read_to_end(&mut buf)?;
+    crc.update(&buf);
+    if len > PART {
+        buf.clear();
+        f.seek(SeekFrom::Start(len.saturating_sub(PART).max(PART)))?;
+        f.read_to_end(&mut buf)?;
+        crc.update(&buf);
+    }
+    Ok(format!("{len}:{:08x}", crc.finalize()))
+}
+
+fn store_err(tag: &JobTag, what: &str, e: String) -> anyhow::Error {
+    anyhow!(
+        "rank {} of the job at {}:{}: {what}: {e}",
+        tag.rank,
+        tag.master_addr,
+        tag.master_port
+    )
+}
+
+impl JobLink {
+    /// Joins the job: connects to its store, publishes `fields`, waits up to `wait` for every
+    /// rank to do the same, and checks that they all agree with rank 0.
+    pub fn join(tag: &JobTag, fields: &[(String, String)], wait: Duration) -> Result<Arc<JobLink>> {
+        let host_it = tag.rank == 0 && !tag.agent_store;
+        let prefix = format!("dflash-top/{}/", tag.id);
+        let store = JobStore::connect(
+            &tag.master_addr,
+            tag.master_port,
+            host_it,
+            tag.world,
+            wait,
+            &prefix,
+        )
+        .map_err(|e| match host_it {
+            true => anyhow!(
+                "rank 0 cannot host the job's rendezvous on port {} (MASTER_PORT): {e}: choose a free port",
+                tag.master_port
+            ),
+            false => anyhow!(
+                "rank {} cannot reach the job's rendezvous at {}:{} (MASTER_ADDR:MASTER_PORT) within {} s: {e}: start rank 0 with the same MASTER_ADDR and MASTER_PORT",
+                tag.rank,
+                tag.master_addr,
+                tag.master_port,
+                wait.as_secs()
+            ),
+        })?;
+        let link = Arc::new(JobLink {
+            tag: tag.clone(),
+            store,
+            fault: Mutex::new(None),
+            ending: AtomicBool::new(false),
+        });
+        let mine: BTreeMap<String, String> = fields.iter().cloned().collect();
+        let text = serde_json::to_vec(&mine)?;
+        link.store
+            .set(&format!("check/{}", tag.rank), &text)
+            .map_err(|e| store_err(tag, "publishing its config", e))?;
+        let all = link.gather_checks(wait)?;
+        let verdict = all
+            .iter()
+            .enumerate()
+            .skip(1)
+            .find_map(|(rank, theirs)| first_mismatch(rank as u32, &all[0], theirs));
+        // Rank 0 hosts the store: it stays until every rank has read the others' config.
+        let _ = link.exchange("checked", b"", &CancelToken::new(), Duration::from_secs(5));
+        match verdict {
+            Some(why) => bail!("{why}"),
+            None => Ok(link),
+        }
+    }
+
+    /// Every rank's `value` under `name` (an all-gather through the store), in rank order;
+    /// waits up to `wait` for the last rank, or until the run stops.
+    pub fn exchange(
+        &self,
+        name: &str,
+        value: &[u8],
+        cancel: &CancelToken,
+        wait: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        let tag = &self.tag;
+        self.store
+            .set(&format!("{name}/{}", tag.rank), value)
+            .map_err(|e| store_err(tag, "publishing to the others", e))?;
+        let deadline = Instant::now() + wait;
+        let mut got: Vec<Option<Vec<u8>>> = vec![None; tag.world as usize];
+        let all = self.poll(cancel, || {
+            for (r, slot) in got.iter_mut().enumerate().filter(|(_, s)| s.is_none()) {
+                *slot = self.store.try_get(&format!("{name}/{r}"))?;
+            }
+            if got.iter().all(Option::is_some) {
+                return Ok(Some(got.iter().flatten().cloned().collect::<Vec<_>>()));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "not every rank published `{name}` within {} s",
+                    wait.as_secs()
+                ));
+            }
+            Ok(None)
+        })?;
+        all.ok_or_else(|| anyhow!("stopped while waiting for the other ranks"))
+    }
+
+    /// Every rank's published fields, waiting up to `wait` for the last.
+    fn gather_checks(&self, wait: Duration) -> Result<Vec<BTreeMap<String, String>>> {
+        let tag = &self.tag;
+        let deadline = Instant::now() + wait;
+        let mut got: Vec<Option<BTreeMap<String, String>>> = vec![None; tag.world as usize];
+        loop {
+            for (r, slot) in got.iter_mut().enumerate().filter(|(_, s)| s.is_none()) {
+                if let Some(v) = self
+                    .store
+                    .try_get(&format!("check/{r}"))
+                    .map_err(|e| store_err(tag, "reading the others' config", e))?
+                {
+                    *slot = Some(serde_json::from_slice(&v)?);
+                }
+            }
+            if got.iter().all(Option::is_some) {
+                return Ok(got.into_iter().flatten().collect());
+            }
+            if Instant::now() >= deadline || crate::signals::requested() {
+                let missing: Vec<String> = got
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.is_none())
+                    .map(|(r, _)| r.to_string())
+                    .collect();
+                bail!(
+                    "rank(s) {} of WORLD_SIZE={} did not join the job at {}:{} within {} s: start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE",
+                    missing.join(", "),
+                    tag.world,
+                    tag.master_addr,
+                    tag.master_port,
+                    wait.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The fault that stopped this rank, if one did.
+    pub fn fault(&self) -> Option<String> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_fault(&self, why: String) {
+        let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some(why);
+        }
+    }
+
+    /// The heartbeat and the watch over the others, on a thread of its own until `finish`.
+    /// `running` counts this process's workers: after a fault, if some are still running
+    /// `EXIT_GRACE` later, the process exits.
+    pub fn watch(
+        self: &Arc<Self>,
+        cancel: CancelToken,
+        running: Arc<AtomicUsize>,
+    ) -> Result<JoinHandle<()>> {
+        let link = self.clone();
+        std::thread::Builder::new()
+            .name("job-watch".into())
+            .spawn(move || link.watch_loop(cancel, running))
+            .map_err(|e| anyhow!("cannot start the job's watch thread: {e}"))
+    }
+
+    fn watch_loop(&self, cancel: CancelToken, running: Arc<AtomicUsize>) {
+        let me = self.tag.rank;
+        let others: Vec<u32> = (0..self.tag.world).filter(|r| *r != me).collect();
+        let mut last: BTreeMap<u32, (i64, Instant)> = BTreeMap::new();
+        let mut faulted_at: Option<Instant> = None;
+        while !self.ending.load(Ordering::SeqCst) {
+            if let Some(at) = faulted_at {
+                if running.load(Ordering::SeqCst) == 0 {
+                    return; // every worker ended: the session reports the fault
+                }
+                if at.elapsed() >= EXIT_GRACE {
+                    let why = self.fault().unwrap_or_default();
+                    crate::signals::exit_now(
+                        1,
+                        &format!(
+                            "dflash-top: {why} (this rank did not stop within {} s: exiting)",
+                            EXIT_GRACE.as_secs()
+                        ),
+                    );
+                }
+            } else if let Some(why) = self.look(me, &others, &mut last) {
+                self.set_fault(why);
+                cancel.cancel();
+                faulted_at = Some(Instant::now());
+            }
+            std::thread::sleep(BEAT);
+        }
+    }
+
+    /// One beat: ours, then the others' (None while all is well).
+    fn look(
+        &self,
+        me: u32,
+        others: &[u32],
+        last: &mut BTreeMap<u32, (i64, Instant)>,
+    ) -> Option<String> {
+        let lost_store = |e: String| {
+            format!(
+                "rank 0, which hosts the job's rendezvous at {}:{}, is gone ({e}): rank {me} stops",
+                self.tag.master_addr, self.tag.master_port
+            )
+        };
+        if let Err(e) = self.store.add(&format!("alive/{me}"), 1) {
+            return Some(lost_store(e));
+        }
+        for &r in others {
+            match self.store.try_get(&format!("end/{r}")) {
+                Err(e) => return Some(lost_store(e)),
+                Ok(Some(v)) if v.is_empty() => continue, // ended well
+                Ok(Some(v)) => {
+                    return Some(format!(
+                        "rank {r} failed: {}; rank {me} stops",
+                        String::from_utf8_lossy(&v)
+                    ))
+                }
+                Ok(None) => {}
+            }
+            let beats = match self.store.add(&format!("alive/{r}"), 0) {
+                Ok(n) => n,
+                Err(e) => return Some(lost_store(e)),
+            };
+            let now = Instant::now();
+            let seen = last.entry(r).or_insert((beats, now));
+            if seen.0 != beats {
+                *seen = (beats, now);
+            } else if now.duration_since(seen.1) >= LOST_AFTER {
+                return Some(format!(
+                    "rank {r} stopped answering (no heartbeat for {} s: it died or hangs); rank {me} stops",
+                    LOST_AFTER.as_secs()
+                ));
+            }
+        }
+        None
+    }
+
+    /// Says how this rank ended (`Err`: its failure, for the others to name) and stops the
+    /// watch. Rank 0 hosts the store: it stays until every other rank has said how it ended,
+    /// or is known gone (at most `LOST_AFTER` plus a little).
+    pub fn finish(&self, outcome: &Result<()>) {
+        self.ending.store(true, Ordering::SeqCst);
+        let said = match outcome {
+            Ok(()) => Vec::new(),
+            Err(e) => format!("{e:#}").into_bytes(),
+        };
+        let _ = self.store.set(&format!("end/{}", self.tag.rank), &said);
+        if self.tag.rank != 0 {
+            return;
+        }
+        // After a fault some rank may never say: wait less for it.
+        let wait = match self.fault() {
+            Some(_) => Duration::from_secs(2),
+            None => LOST_AFTER + Duration::from_secs(2),
+        };
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            let ended = (1..self.tag.world)
+                .all(|r| matches!(self.store.try_get(&format!("end/{r}")), Ok(Some(_))));
+            if ended {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Polls `done` until it says the round is over; None if the run stopped or a rank is lost
+    /// first.
+    fn poll<T>(
+        &self,
+        cancel: &CancelToken,
+        mut done: impl FnMut() -> Result<Option<T>, String>,
+    ) -> Result<Option<T>> {
+        let mut pause = Duration::from_micros(100);
+        loop {
+            if let Some(v) = done().map_err(|e| store_err(&self.tag, "meeting the others", e))? {
+                return Ok(Some(v));
+            }
+            if cancel.is_cancelled() || self.fault().is_some() {
+                return Ok(None);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Where the ranks meet before each step (the processes' `StepGate`): one counter per round
+/// in the store, each rank adding 1 + STOP if it has no batch + SKIP if it has nothing to train.
+pub struct JobGate {
+    link: Arc<JobLink>,
+    round: AtomicU64,
+    cancel: CancelToken,
+}
+
+const STOP: i64 = 1 << 20;
+const SKIP: i64 = 1 << 40;
+
+impl JobGate {
+    pub fn new(link: Arc<JobLink>, cancel: CancelToken) -> Arc<JobGate> {
+        Arc::new(JobGate {
+            link,
+            round: AtomicU64::new(0),
+            cancel,
+        })
+    }
+
+    fn try_pass(&self, arrival: Arrival) -> Result<Arrival> {
+        let g = self.round.fetch_add(1, Ordering::SeqCst);
+        let key = format!("gate/{g}");
+        let store = &self.link.store;
+        let mine = 1 + match arrival {
+            Arrival::Go => 0,
+            Arrival::Skip => SKIP,
+            Arrival::Stop => STOP,
+        };
+        store
+            .add(&key, mine)
+            .map_err(|e| store_err(&self.link.tag, "at the step gate", e))?;
+        let world = self.link.tag.world as i64;
+        let total = self.link.poll(&self.cancel, || {
+            let v = store.add(&key, 0)?;
+            Ok(((v % STOP) >= world).then_some(v))
+        })?;
+        let Some(total) = total else {
+            return Ok(Arrival::Stop);
+        };
+        // Every rank has passed the previous round: its counter can go.
+        if self.link.tag.rank == 0 && g > 0 {
+            let _ = store.delete(&format!("gate/{}", g - 1));
+        }
+        Ok(if (total / STOP) % (SKIP / STOP) > 0 {
+            Arrival::Stop
+        } else if total / SKIP > 0 {
+            Arrival::Skip
+        } else {
+            Arrival::Go
+        })
+    }
+}
+
+impl StepMeet for JobGate {
+    fn pass(&self, arrival: Arrival) -> Arrival {
+        match self.try_pass(arrival) {
+            Ok(a) => a,
+            Err(e) => {
+                self.link.set_fault(format!("{e:#}"));
+                self.cancel.cancel();
+                Arrival::Stop
+            }
+        }
+    }
+}
+
+/// This process's replica in the job: Gloo on the CPU.
+pub struct JobMember {
+    link: Arc<JobLink>,
+    group: Option<GlooGroup>,
+    cancel: CancelToken,
+}
+
+impl JobMember {
+    pub fn new(link: Arc<JobLink>, cancel: CancelToken) -> JobMember {
+        JobMember {
+            link,
+            group: None,
+            cancel,
+        }
+    }
+
+    fn group(&mut self) -> Result<&mut GlooGroup> {
+        if self.group.is_none() {
+            let tag = &self.link.tag;
+            self.group = Some(GlooGroup::new(
+                &self.link.store,
+                tag.rank,
+                tag.world,
+                COLLECTIVE_TIMEOUT,
+            )?);
+        }
+        Ok(self.group.as_mut().expect("made above"))
+    }
+
+    /// A collective's error, with the fault that explains it when the watch has one (a rank
+    /// that died shows first as a closed connection).
+    fn explain(&self, e: anyhow::Error) -> anyhow::Error {
+        let deadline = Instant::now() + LOST_AFTER + Duration::from_secs(1);
+        while self.link.fault().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        match self.link.fault() {
+            Some(why) => anyhow!("{why} ({e:#})"),
+            None => e,
+        }
+    }
+}
+
+impl GradMean for JobMember {
+    /// Every rank starts from rank 0's weights.
+    fn prepare(&mut self, optimizer: &mut AdamW) -> Result<()> {
+        let r = self
+            .group()
+            .and_then(|g| g.broadcast(optimizer.flat_params(), 0));
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn mean(&mut self, optimizer: &mut AdamW) -> Result<()> {
+        let world = self.link.tag.world as f64;
+        let r = self.group().and_then(|g| {
+            let grads = optimizer.gathered_grads();
+            g.all_reduce_sum(grads)?;
+            let _ = grads.g_div_scalar_(world);
+            Ok(())
+        });
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn world(&self) -> usize {
+        self.link.tag.world as usize
+    }
+
+    /// A periodic checkpoint: rank 0 writes it, the others wait until it is written.
+    fn checkpoint_written(&mut self, step: u64) -> Result<()> {
+        let key = format!("saved/{step}");
+        if self.link.tag.rank == 0 {
+            return self
+                .link
+                .store
+                .set(&key, b"")
+                .map_err(|e| store_err(&self.link.tag, "saying the checkpoint is written", e));
+        }
+        let store = &self.link.store;
+        let found = self
+            .link
+            .poll(&self.cancel, || Ok(store.try_get(&key)?.map(|_| ())))?;
+        if found.is_none() && !self.cancel.is_cancelled() {
+            bail!("stopped while waiting for rank 0's checkpoint of step {step}");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_lines_split_into_fields_and_a_difference_names_rank_and_field() {
+        let f = config_fields("config: recipe=preset:tiny lr=6e-4 data=/a b/c.jsonl seed=1");
+        assert_eq!(
+            f,
+            vec![
+                ("recipe".into(), "preset:tiny".into()),
+                ("lr".into(), "6e-4".into()),
+                ("data".into(), "/a b/c.jsonl".into()),
+                ("seed".into(), "1".into())
+            ]
+        );
+        let a: BTreeMap<String, String> = f.iter().cloned().collect();
+        assert_eq!(first_mismatch(1, &a, &a), None);
+        let mut b = a.clone();
+        b.insert("lr".into(), "1e-3".into());
+        let why = first_mismatch(2, &a, &b).unwrap();
+        assert!(
+            why.starts_with("rank 2 was started with lr=1e-3 but rank 0 with lr=6e-4"),
+            "{why}"
+        );
+        let mut b = a.clone();
+        b.remove("seed");
+        assert!(first_mismatch(1, &a, &b).unwrap().contains("seed=(none)"));
+    }
+}
