@@ -9,6 +9,7 @@ mod e2e;
 mod engine;
 mod fuzz;
 mod generate;
+mod job;
 mod names;
 mod parity;
 mod probes;

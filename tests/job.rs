@@ -1,0 +1,345 @@
+//! Jobs of several processes on the CPU (libtorch's TCPStore and Gloo): real `dflash-top`
+//! processes given torchrun's variables (and torchrun itself), as a user launches them.
+
+use crate::support::{bin, repo, wait_until};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Rank `rank` of `world` with `args`, its output into `dir/rR.out` and `dir/rR.err`.
+fn rank(dir: &Path, port: u16, world: u32, rank: u32, args: &[&str]) -> Child {
+    let out = std::fs::File::create(dir.join(format!("r{rank}.out"))).unwrap();
+    let err = std::fs::File::create(dir.join(format!("r{rank}.err"))).unwrap();
+    bin()
+        .args(args)
+        .current_dir(dir)
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env_remove("TORCHELASTIC_RUN_ID")
+        .env_remove("TORCHELASTIC_USE_AGENT_STORE")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap()
+}
+
+fn read(dir: &Path, rank: u32, which: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("r{rank}.{which}"))).unwrap_or_default()
+}
+
+/// Waits up to `limit` for `child`; kills it and fails past that (no test hangs on a job).
+fn wait_within(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{what} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every rank of a job with the same `args`; each one's exit status.
+fn run_job(dir: &Path, world: u32, args: &[&str]) -> Vec<std::process::ExitStatus> {
+    let port = free_port();
+    let mut children: Vec<Child> = (0..world)
+        .map(|r| rank(dir, port, world, r, args))
+        .collect();
+    children
+        .iter_mut()
+        .enumerate()
+        .map(|(r, c)| wait_within(c, Duration::from_secs(600), &format!("rank {r}")))
+        .collect()
+}
+
+/// `bench replicas`' per-step lines: (replicas' mean loss, single drafter's loss) as printed.
+fn loss_lines(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter(|l| l.contains(" loss replicas="))
+        .map(|l| {
+            let value = |key: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(key))
+                    .unwrap()
+                    .to_string()
+            };
+            (value("replicas="), value("single="))
+        })
+        .collect()
+}
+
+fn in_process_replicas(devices: &str, steps: &str) -> Output {
+    bin()
+        .args([
+            "bench",
+            "replicas",
+            "--steps",
+            steps,
+            "--drafter-devices",
+            devices,
+        ])
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .output()
+        .unwrap()
+}
+
+/// Replicas in 2 and in 4 processes end bitwise equal, and take the same steps as the replicas
+/// of one process (`bench replicas` with D CPU drafters), which follow one drafter with all the
+/// rows: the same losses to the printed digit, the same distance to that drafter.
+#[test]
+fn ranks_stay_bitwise_equal_and_match_one_process_with_all_the_rows() {
+    for (world, devices) in [(2u32, "cpu,cpu"), (4, "cpu,cpu,cpu,cpu")] {
+        let dir = tempfile::tempdir().unwrap();
+        let status = run_job(dir.path(), world, &["bench", "replicas", "--steps", "2"]);
+        let one = in_process_replicas(devices, "2");
+        assert!(
+            one.status.success(),
+            "{}",
+            String::from_utf8_lossy(&one.stderr)
+        );
+        let want = loss_lines(&String::from_utf8_lossy(&one.stdout));
+        assert_eq!(want.len(), 2);
+        for r in 0..world {
+            let out = read(dir.path(), r, "out");
+            assert!(
+                status[r as usize].success(),
+                "rank {r} of {world}: {out}{}",
+                read(dir.path(), r, "err")
+            );
+            assert!(
+                out.contains(&format!(
+                    "identical to rank 0 after 2 steps: yes (max |w0 - w{r}| = 0e0)"
+                )),
+                "rank {r} of {world} is bitwise rank 0's: {out}"
+            );
+            assert_eq!(
+                loss_lines(&out),
+                want,
+                "rank {r} of {world}: the job's steps are one process's"
+            );
+        }
+    }
+}
+
+/// Two ranks train, on different shards of the data; only rank 0 writes checkpoints (each rank
+/// is given a directory of its own here), and a resumed job continues from rank 0's step on
+/// every rank.
+#[test]
+fn two_ranks_train_rank_0_writes_the_checkpoints_and_the_job_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut children: Vec<Child> = (0..2)
+        .map(|r| {
+            let save = format!("ckpt{r}");
+            let args = [
+                "train",
+                "--headless",
+                "--steps",
+                "6",
+                "--save-every",
+                "2",
+                "--save-dir",
+                &save,
+            ];
+            rank(dir.path(), port, 2, r, &args)
+        })
+        .collect();
+    for (r, c) in children.iter_mut().enumerate() {
+        let status = wait_within(c, Duration::from_secs(300), "a training rank");
+        assert!(
+            status.success(),
+            "rank {r}: {}",
+            read(dir.path(), r as u32, "err")
+        );
+    }
+    let steps_in = |d: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path().join(d))
+            .map(|it| {
+                it.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("step-"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        steps_in("ckpt0"),
+        vec!["step-000002", "step-000004", "step-000006"],
+        "rank 0 saved each"
+    );
+    assert!(steps_in("ckpt1").is_empty(), "rank 1 writes none");
+    let loss = |r| {
+        read(dir.path(), r, "out")
+            .lines()
+            .find(|l| l.starts_with("summary:"))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with("loss="))
+                    .map(String::from)
+            })
+            .unwrap()
+    };
+    assert_ne!(loss(0), loss(1), "the ranks train on different documents");
+
+    let status = run_job(
+        dir.path(),
+        2,
+        &[
+            "train",
+            "--headless",
+            "--steps",
+            "6",
+            "--resume",
+            "ckpt0/step-000004",
+        ],
+    );
+    for r in 0..2 {
+        let out = read(dir.path(), r, "out");
+        assert!(
+            status[r as usize].success(),
+            "rank {r}: {}",
+            read(dir.path(), r, "err")
+        );
+        assert!(
+            out.contains("step=6 from_step=4"),
+            "rank {r} resumed at 4: {out}"
+        );
+    }
+}
+
+/// Kills one rank of a running job: the other stops with a sentence naming it, within the
+/// watch's bound (5 s of missed heartbeats; 10 s more at most for a worker held in a collective).
+#[test]
+fn a_killed_rank_stops_the_others_naming_it() {
+    for victim in [1u32, 0] {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let args = ["train", "--headless", "--steps", "100000"];
+        let mut children: Vec<Child> = (0..2)
+            .map(|r| rank(dir.path(), port, 2, r, &args))
+            .collect();
+        wait_until("both ranks train", || {
+            (0..2).all(|r| {
+                read(dir.path(), r, "out")
+                    .lines()
+                    .any(|l| l.starts_with("t="))
+            })
+        });
+        children[victim as usize].kill().unwrap();
+        let killed = Instant::now();
+        let survivor = 1 - victim as usize;
+        let status = wait_within(
+            &mut children[survivor],
+            Duration::from_secs(60),
+            "the surviving rank",
+        );
+        let took = killed.elapsed();
+        let _ = children[victim as usize].wait();
+        let err = read(dir.path(), survivor as u32, "err");
+        assert!(!status.success(), "the survivor fails: {err}");
+        assert!(
+            err.contains(&format!("rank {victim}")),
+            "it names rank {victim}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            took < Duration::from_secs(30),
+            "it stopped {took:?} after the kill"
+        );
+    }
+}
+
+/// A rank started with another recipe is refused at the rendezvous, on every rank, before any
+/// collective; a malformed launcher variable is a sentence naming it.
+#[test]
+fn a_rank_with_a_different_config_is_refused_and_bad_variables_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = ["train", "--headless", "--steps", "3"];
+    let mut r0 = rank(dir.path(), port, 2, 0, &base);
+    let mut r1 = rank(
+        dir.path(),
+        port,
+        2,
+        1,
+        &[&base[..], &["--seed", "3"]].concat(),
+    );
+    for (r, c) in [(0, &mut r0), (1, &mut r1)] {
+        let status = wait_within(c, Duration::from_secs(120), "a refused rank");
+        let err = read(dir.path(), r, "err");
+        assert!(!status.success(), "rank {r} is refused");
+        assert!(
+            err.contains("rank 1 was started with seed=3 but rank 0 with seed=0"),
+            "rank {r}: {err}"
+        );
+    }
+
+    let out = bin()
+        .args(["train", "--headless", "--steps", "1"])
+        .env("RANK", "2")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_PORT", "29500")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("RANK=2 is not below WORLD_SIZE=2"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `torchrun --no-python dflash-top train ...` just works: torchrun's agent hosts the store.
+#[test]
+fn torchrun_launches_a_job() {
+    let torchrun: PathBuf = repo().join(".venv/bin/torchrun");
+    if !torchrun.exists() {
+        panic!(
+            "{} is missing: `make test` installs torch into .venv",
+            torchrun.display()
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(&torchrun)
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            &free_port().to_string(),
+            "--no-python",
+            env!("CARGO_BIN_EXE_dflash-top"),
+            "train",
+            "--headless",
+            "--steps",
+            "3",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.matches("summary: step=3").count(),
+        2,
+        "both ranks trained 3 steps: {text}"
+    );
+}
