@@ -53,13 +53,15 @@ pub(super) fn placed_devices(
     })
 }
 
-/// Parses `cpu`, `cuda`, `cuda:N`, comma-separated; checks that each device exists.
+/// Parses `cpu`, `cuda`, `cuda:N`, `cuda:local` (the GPU of this process's LOCAL_RANK, as
+/// torchrun sets it), comma-separated; checks that each device exists.
 pub fn parse_devices(list: &str, flag: &str) -> Result<Vec<Device>> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let dev = match item {
             "cpu" => Device::Cpu,
             "cuda" => Device::Cuda(0),
+            "cuda:local" => Device::Cuda(local_rank(flag)?),
             s if s.starts_with("cuda:") => {
                 let n: usize = s[5..]
                     .parse()
@@ -88,6 +90,18 @@ pub fn parse_devices(list: &str, flag: &str) -> Result<Vec<Device>> {
         bail!("{flag} is empty: give at least one device, e.g. cpu or cuda:0");
     }
     Ok(out)
+}
+
+/// LOCAL_RANK (0 when unset): which GPU of the host `cuda:local` is.
+fn local_rank(flag: &str) -> Result<usize> {
+    match std::env::var("LOCAL_RANK") {
+        Err(_) => Ok(0),
+        Ok(v) => v.trim().parse().map_err(|_| {
+            anyhow::anyhow!(
+                "{flag}: cuda:local reads LOCAL_RANK, which is {v:?}, not a whole number: set it as torchrun does"
+            )
+        }),
+    }
 }
 
 /// Parses `stage=duration` (`target=20ms`, `drafter=0.5s`).

@@ -123,15 +123,32 @@ mod ffi {
     pub unsafe fn dflash_reducer_free(_: *mut c_void) {}
 }
 
-struct Store(*mut c_void);
-// SAFETY: the store is a c10d::HashStore, which is thread-safe; we only pass the pointer around.
+/// Where the ranks meet: an in-process HashStore of ours, or a job's TCPStore, kept alive by
+/// its owner.
+enum Store {
+    Own(*mut c_void),
+    Job(Arc<super::c10d::JobStore>),
+}
+
+impl Store {
+    fn ptr(&self) -> *mut c_void {
+        match self {
+            Store::Own(p) => *p,
+            Store::Job(s) => s.raw(),
+        }
+    }
+}
+
+// SAFETY: both stores are c10d stores, which are thread-safe; we only pass the pointer around.
 unsafe impl Send for Store {}
 unsafe impl Sync for Store {}
 
 impl Drop for Store {
     fn drop(&mut self) {
-        // SAFETY: made by dflash_store_new, freed once.
-        unsafe { ffi::dflash_store_free(self.0) }
+        if let Store::Own(p) = self {
+            // SAFETY: made by dflash_store_new, freed once.
+            unsafe { ffi::dflash_store_free(*p) }
+        }
     }
 }
 
@@ -153,7 +170,20 @@ impl NcclGroup {
         // SAFETY: no preconditions.
         let store = unsafe { ffi::dflash_store_new() };
         Ok(NcclGroup {
-            store: Arc::new(Store(store)),
+            store: Arc::new(Store::Own(store)),
+            size,
+            made: Registry::default(),
+        })
+    }
+
+    /// The group of a job's `size` processes, meeting in the job's store (each process makes
+    /// its own member, with its global rank).
+    pub fn over(store: Arc<super::c10d::JobStore>, size: usize) -> Result<NcclGroup> {
+        if !AVAILABLE {
+            bail!("this build has no NCCL shim (the wheel's NCCL/CUDA headers were missing at build time)");
+        }
+        Ok(NcclGroup {
+            store: Arc::new(Store::Job(store)),
             size,
             made: Registry::default(),
         })
@@ -251,7 +281,7 @@ impl NcclMember {
             // SAFETY: the store outlives the member (Arc); err is a writable buffer of its length.
             self.pg = unsafe {
                 ffi::dflash_nccl_new(
-                    self.store.0,
+                    self.store.ptr(),
                     self.rank as c_int,
                     self.size as c_int,
                     err.as_mut_ptr() as *mut c_char,

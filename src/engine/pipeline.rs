@@ -215,19 +215,21 @@ pub(crate) enum Replicas {
     Single,
     Local(Arc<LocalGroup>),
     Nccl(NcclGroup),
-    /// One replica per process of a multi-process job.
-    Job(Arc<JobLink>, CancelToken),
+    /// One replica per process of a multi-process job (on a GPU: NCCL).
+    Job(Arc<JobLink>, CancelToken, bool),
 }
 
 impl Replicas {
     /// Replica `i`'s handle on the group.
-    pub(crate) fn member(&self, i: usize) -> Box<dyn super::replicas::GradMean> {
-        match self {
+    pub(crate) fn member(&self, i: usize) -> Result<Box<dyn super::replicas::GradMean>> {
+        Ok(match self {
             Replicas::Local(g) => Box::new(g.member(i)),
             Replicas::Nccl(g) => Box::new(g.member(i)),
             Replicas::Single => Box::new(Single),
-            Replicas::Job(link, cancel) => Box::new(JobMember::new(link.clone(), cancel.clone())),
-        }
+            Replicas::Job(link, cancel, gpu) => {
+                Box::new(JobMember::new(link.clone(), cancel.clone(), *gpu)?)
+            }
+        })
     }
 }
 
@@ -274,13 +276,6 @@ pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<A
              processes for more replicas",
             cfg.drafter_devices.len(),
             tag.world
-        );
-    }
-    if cfg.drafter_devices[0].is_cuda() {
-        bail!(
-            "drafters on GPUs in a job of several processes are not built yet (the CPU's Gloo \
-             group is): run the job's drafters on the CPU (--drafter-devices cpu), or one process \
-             with --drafter-devices cuda:0,cuda:1,... (NCCL)"
         );
     }
     let mut fields = super::ranks::config_fields(&cfg.recipe_line());
@@ -348,7 +343,7 @@ impl Pipeline {
         }
         let (group, gate): (Replicas, Option<Arc<dyn StepMeet>>) = match &link {
             Some(l) => (
-                Replicas::Job(l.clone(), cancel.clone()),
+                Replicas::Job(l.clone(), cancel.clone(), cfg.drafter_devices[0].is_cuda()),
                 Some(JobGate::new(l.clone(), cancel.clone())),
             ),
             None => (
@@ -417,7 +412,7 @@ impl Pipeline {
                     embed,
                     lm_head,
                     device: dev,
-                    replicas: group.member(i),
+                    replicas: group.member(i)?,
                     loss_chunk_mib: cfg.loss_chunk_mib,
                     graphs: super::drafter_graph::StepGraphs::as_installed(),
                 },

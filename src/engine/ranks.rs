@@ -9,7 +9,8 @@
 //! - The step gate (`JobGate`): replicas take a step together, skip it together or all stop,
 //!   meeting on counters in the store (a paused rank holds the others here, not in a collective).
 //! - The gradients (`JobMember`): libtorch's `ProcessGroupGloo` on the CPU (sum, then divide: the
-//!   same bits on every rank); replica 0's weights are broadcast at start.
+//!   same bits on every rank), its `ProcessGroupNCCL` on GPUs (src/engine/nccl.rs, in the job's
+//!   store, one GPU per process); replica 0's weights are broadcast at start.
 //! - The watch: a heartbeat per rank in the store, twice a second. A rank that reports a failure,
 //!   or whose heartbeat stops for `LOST_AFTER`, stops every other rank with a sentence naming
 //!   it; if this process has not ended `EXIT_GRACE` later (a worker held in a collective), it
@@ -39,7 +40,7 @@ const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
 /// This process's link to the other ranks of its job.
 pub struct JobLink {
     pub tag: JobTag,
-    store: JobStore,
+    store: Arc<JobStore>,
     /// The first fault seen: a rank that failed or went silent.
     fault: Mutex<Option<String>>,
     /// Set when this process ends: the watch stops, silence of others is no longer a fault.
@@ -143,7 +144,7 @@ impl JobLink {
         })?;
         let link = Arc::new(JobLink {
             tag: tag.clone(),
-            store,
+            store: Arc::new(store),
             fault: Mutex::new(None),
             ending: AtomicBool::new(false),
         });
@@ -456,33 +457,51 @@ impl StepMeet for JobGate {
     }
 }
 
-/// This process's replica in the job: Gloo on the CPU.
+/// How this process's replica averages with the others.
+enum Backend {
+    /// Made on first use, on the drafter's thread.
+    Gloo(Option<GlooGroup>),
+    Nccl(super::nccl::NcclMember),
+}
+
+/// This process's replica in the job: Gloo on the CPU, NCCL on a GPU.
 pub struct JobMember {
     link: Arc<JobLink>,
-    group: Option<GlooGroup>,
+    backend: Backend,
     cancel: CancelToken,
 }
 
 impl JobMember {
-    pub fn new(link: Arc<JobLink>, cancel: CancelToken) -> JobMember {
-        JobMember {
+    pub fn new(link: Arc<JobLink>, cancel: CancelToken, on_gpu: bool) -> Result<JobMember> {
+        let backend = match on_gpu {
+            true => {
+                let group =
+                    super::nccl::NcclGroup::over(link.store.clone(), link.tag.world as usize)?;
+                Backend::Nccl(group.member(link.tag.rank as usize))
+            }
+            false => Backend::Gloo(None),
+        };
+        Ok(JobMember {
             link,
-            group: None,
+            backend,
             cancel,
-        }
+        })
     }
 
-    fn group(&mut self) -> Result<&mut GlooGroup> {
-        if self.group.is_none() {
+    fn gloo(&mut self) -> Result<&mut GlooGroup> {
+        let Backend::Gloo(group) = &mut self.backend else {
+            bail!("not a CPU replica");
+        };
+        if group.is_none() {
             let tag = &self.link.tag;
-            self.group = Some(GlooGroup::new(
+            *group = Some(GlooGroup::new(
                 &self.link.store,
                 tag.rank,
                 tag.world,
                 COLLECTIVE_TIMEOUT,
             )?);
         }
-        Ok(self.group.as_mut().expect("made above"))
+        Ok(group.as_mut().expect("made above"))
     }
 
     /// A collective's error, with the fault that explains it when the watch has one (a rank
@@ -502,21 +521,33 @@ impl JobMember {
 impl GradMean for JobMember {
     /// Every rank starts from rank 0's weights.
     fn prepare(&mut self, optimizer: &mut AdamW) -> Result<()> {
-        let r = self
-            .group()
-            .and_then(|g| g.broadcast(optimizer.flat_params(), 0));
+        let r = match &mut self.backend {
+            Backend::Nccl(m) => m.prepare(optimizer),
+            Backend::Gloo(_) => self
+                .gloo()
+                .and_then(|g| g.broadcast(optimizer.flat_params(), 0)),
+        };
         r.map_err(|e| self.explain(e))
     }
 
     fn mean(&mut self, optimizer: &mut AdamW) -> Result<()> {
         let world = self.link.tag.world as f64;
-        let r = self.group().and_then(|g| {
-            let grads = optimizer.gathered_grads();
-            g.all_reduce_sum(grads)?;
-            let _ = grads.g_div_scalar_(world);
-            Ok(())
-        });
+        let r = match &mut self.backend {
+            Backend::Nccl(m) => m.mean(optimizer),
+            Backend::Gloo(_) => self.gloo().and_then(|g| {
+                let grads = optimizer.gathered_grads();
+                g.all_reduce_sum(grads)?;
+                let _ = grads.g_div_scalar_(world);
+                Ok(())
+            }),
+        };
         r.map_err(|e| self.explain(e))
+    }
+
+    fn abort(&mut self) {
+        if let Backend::Nccl(m) = &mut self.backend {
+            m.abort();
+        }
     }
 
     fn world(&self) -> usize {

@@ -176,10 +176,10 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
             .drain(..)
             .enumerate()
             .map(|(i, (vs, model, dev))| {
-                let step = step_for(model, &vs, dev, group.member(i));
-                (vs, step)
+                let step = step_for(model, &vs, dev, group.member(i)?);
+                Ok((vs, step))
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         // What this thread queued on the devices' default streams (weights, optimizer state) is
         // done before the replicas read it on streams of their own.
         synchronize(&devices);
@@ -321,7 +321,8 @@ pub fn run_ranks(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
     let mut replica = step_for(Box::new(super::ranks::JobMember::new(
         link.clone(),
         cancel.clone(),
-    )))?;
+        dev.is_cuda(),
+    )?))?;
     let mut single = step_for(Box::new(Single))?;
     let mut forward = TargetForward::new(&target, target_device);
     let rows = cfg.batch;
