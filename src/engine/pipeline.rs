@@ -144,6 +144,8 @@ struct Crew {
     errors: Arc<Mutex<Vec<String>>>,
     cancel: CancelToken,
     running: Arc<AtomicUsize>,
+    /// In a job: the other ranks, told at once when a worker here fails.
+    link: Option<Arc<JobLink>>,
 }
 
 /// Decrements the running count however the worker's thread ends.
@@ -162,6 +164,7 @@ fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
 ) -> Result<JoinHandle<()>> {
     let errors = crew.errors.clone();
     let cancel = crew.cancel.clone();
+    let link = crew.link.clone();
     let label = name.clone();
     crew.running.fetch_add(1, Ordering::SeqCst);
     let leaving = Leaving(crew.running.clone());
@@ -181,10 +184,15 @@ fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
                 Ok(Err(e)) => format!("{e:#}"),
                 Err(p) => format!("panicked: {}", panic_text(p.as_ref())),
             };
+            let sentence = worker_failure(&label, super::marks::phase_now(), &failure);
+            // The other ranks of a job learn it now, unless this failure follows theirs.
+            if let Some(l) = link.as_ref().filter(|l| l.fault().is_none()) {
+                l.say_failed(&sentence);
+            }
             errors
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(worker_failure(&label, super::marks::phase_now(), &failure));
+                .push(sentence);
             cancel.cancel();
         })
         .context("cannot start a worker thread")
@@ -295,14 +303,28 @@ pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<A
 impl Pipeline {
     pub fn start(cfg: &PipelineSpec, telemetry: &Telemetry) -> Result<Pipeline> {
         super::fast_paths::install(cfg.fast_paths);
+        // The other ranks first: a job whose ranks disagree stops before anything is built.
+        let link = cfg.job.as_ref().map(|tag| join_job(cfg, tag)).transpose()?;
+        let started = Self::start_joined(cfg, telemetry, link.clone());
+        if let (Err(e), Some(l)) = (&started, &link) {
+            // The others hear why this rank could not start.
+            l.finish(&Err(anyhow::anyhow!("{e:#}")));
+        }
+        started
+    }
+
+    fn start_joined(
+        cfg: &PipelineSpec,
+        telemetry: &Telemetry,
+        link: Option<Arc<JobLink>>,
+    ) -> Result<Pipeline> {
         let cancel = CancelToken::new();
         let crew = Crew {
             errors: Arc::new(Mutex::new(Vec::new())),
             cancel: cancel.clone(),
             running: Arc::new(AtomicUsize::new(0)),
+            link: link.clone(),
         };
-        // The other ranks first: a job whose ranks disagree stops before anything is built.
-        let link = cfg.job.as_ref().map(|tag| join_job(cfg, tag)).transpose()?;
         if let Some(l) = &link {
             l.watch(cancel.clone(), crew.running.clone())?;
         }

@@ -285,7 +285,7 @@ impl JobLink {
                         ),
                     );
                 }
-            } else if let Some(why) = self.look(me, &others, &mut last) {
+            } else if let Some(why) = self.look(&cancel, me, &others, &mut last) {
                 self.set_fault(why);
                 cancel.cancel();
                 faulted_at = Some(Instant::now());
@@ -297,6 +297,7 @@ impl JobLink {
     /// One beat: ours, then the others' (None while all is well).
     fn look(
         &self,
+        cancel: &CancelToken,
         me: u32,
         others: &[u32],
         last: &mut BTreeMap<u32, (i64, Instant)>,
@@ -313,7 +314,11 @@ impl JobLink {
         for &r in others {
             match self.store.try_get(&format!("end/{r}")) {
                 Err(e) => return Some(lost_store(e)),
-                Ok(Some(v)) if v.is_empty() => continue, // ended well
+                Ok(Some(v)) if v.is_empty() => {
+                    // It ended well (its steps done, or its user stopped it): so does this one.
+                    cancel.cancel();
+                    continue;
+                }
                 Ok(Some(v)) => {
                     return Some(format!(
                         "rank {r} failed: {}; rank {me} stops",
@@ -338,6 +343,13 @@ impl JobLink {
             }
         }
         None
+    }
+
+    /// Tells the others at once that this rank failed (`finish` says it again at the end).
+    pub fn say_failed(&self, why: &str) {
+        let _ = self
+            .store
+            .set(&format!("end/{}", self.tag.rank), why.as_bytes());
     }
 
     /// Says how this rank ended (`Err`: its failure, for the others to name) and stops the
