@@ -1,18 +1,24 @@
 //! CUDA streams and events through the C++ shim (src/engine/cxx/cuda_shim.cpp), which build.rs
 //! compiles against the wheel's headers: a stream from libtorch's pool per worker, events at phase
 //! marks, and the cross-stream hand-off. Where the shim is not built, every call says so.
+//!
+//! The shim's other calls live in rooms of their own: CUDA graphs (`graph`), our kernels for the
+//! target (`target_kernels`), varlen flash attention (`flash_attention`), and the optimizer's
+//! flat gradients and fused AdamW (`optimizer`).
 
 use crate::cuda_shim::{check, ffi};
 pub use crate::cuda_shim::{device_pci, memory_peak, memory_total, AVAILABLE};
 use anyhow::Result;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
 use tch::Tensor;
 
+mod flash_attention;
 mod graph;
+mod optimizer;
 mod target_kernels;
+pub use flash_attention::flash_varlen;
 pub use graph::{graphs_wanted, Graph};
+pub use optimizer::{fused_adamw, set_grad, AdamWHyper, AdamWState};
 pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};
 
 /// A host tensor on `device` without the host waiting for the device. A plain copy from pageable
@@ -201,52 +207,6 @@ impl Drop for Event {
     }
 }
 
-/// Causal flash attention over packed sequences (libtorch's `_flash_attention_forward`, varlen):
-/// q [total, hq, d], k/v [total, hkv, d], `cu_seqlens` int32 [n + 1] on the same device, `window`
-/// (sliding layers) the number of keys up to and including the query's own. -> [total, hq, d]
-pub fn flash_varlen(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    cu_seqlens: &Tensor,
-    max_len: i64,
-    window: Option<i64>,
-) -> Result<Tensor> {
-    let mut out = std::ptr::null_mut();
-    // SAFETY: tch's tensor pointers are `at::Tensor*` and live for the call; on success the shim
-    // hands over a heap-allocated `at::Tensor`, which `from_ptr` takes ownership of.
-    check(
-        unsafe {
-            ffi::dflash_flash_varlen(
-                q.as_ptr() as *mut c_void,
-                k.as_ptr() as *mut c_void,
-                v.as_ptr() as *mut c_void,
-                cu_seqlens.as_ptr() as *mut c_void,
-                max_len,
-                window.unwrap_or(-1),
-                &mut out,
-            )
-        },
-        "flash attention",
-    )?;
-    // SAFETY: see above.
-    Ok(unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
-}
-
-/// Peak bytes the caching allocator has handed out on `device` since the last reset (`reset`
-/// starts a new window).
-/// Makes `grad` (shaped like `param`) the `.grad` of `param`, so that backward accumulates into
-/// it in place (a view into a flat gradient buffer).
-pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<()> {
-    // SAFETY: tch's tensor pointers are `at::Tensor*`, live for this call.
-    check(
-        unsafe {
-            ffi::dflash_set_grad(param.as_ptr() as *mut c_void, grad.as_ptr() as *mut c_void)
-        },
-        "setting a parameter's gradient buffer",
-    )
-}
-
 /// For the library's GPU tests: cuda:0 where there is a GPU and this build has the shim, else
 /// `None` with a line saying that `what` was skipped.
 #[cfg(test)]
@@ -257,105 +217,4 @@ pub(crate) fn cuda_or_skip(what: &str) -> Option<tch::Device> {
         eprintln!("skipped: {what} needs a GPU and the CUDA shim");
         None
     }
-}
-
-/// Whether a fast path (graphs, kernels) ran in this process: untried, ran, or failed, with the
-/// first failure's reason (for `bench` and `doctor`).
-pub struct PathState {
-    state: AtomicU8,
-    reason: OnceLock<String>,
-}
-
-impl PathState {
-    pub const fn untried() -> PathState {
-        PathState {
-            state: AtomicU8::new(0),
-            reason: OnceLock::new(),
-        }
-    }
-
-    pub fn ran(&self) {
-        self.state.store(1, Ordering::Relaxed);
-    }
-
-    /// The path failed and is left from now on.
-    pub fn failed(&self, why: &anyhow::Error) {
-        let _ = self.reason.set(format!("{why:#}"));
-        self.state.store(2, Ordering::Relaxed);
-    }
-
-    /// One attempt failed while others ran and keep running (a graph kept per shape).
-    pub fn failed_once(&self, why: &anyhow::Error) {
-        let _ = self.reason.set(format!("{why:#}"));
-        let _ = self
-            .state
-            .compare_exchange(0, 2, Ordering::Relaxed, Ordering::Relaxed);
-    }
-
-    pub fn has_failed(&self) -> bool {
-        self.state.load(Ordering::Relaxed) == 2
-    }
-
-    /// `on` once it ran (with the reason where an attempt failed), `off (failed: …)` after a
-    /// failure, else `off`.
-    pub fn describe(&self, on: &str, off: &str) -> String {
-        let reason = self.reason.get();
-        match (self.state.load(Ordering::Relaxed), reason) {
-            (1, Some(why)) => format!("{on} (one attempt failed: {why})"),
-            (1, None) => on.into(),
-            (2, why) => format!("{off} (failed: {})", why.map_or("?", String::as_str)),
-            _ => off.into(),
-        }
-    }
-}
-
-/// The tensors of one fused AdamW step (see `fused_adamw`).
-pub struct AdamWState<'a> {
-    pub param: &'a Tensor,
-    pub grad: &'a Tensor,
-    pub m: &'a Tensor,
-    pub v: &'a Tensor,
-    /// f32 scalar: the step count after this step.
-    pub step: &'a Tensor,
-}
-
-/// The hyper-parameters of one AdamW step.
-pub struct AdamWHyper {
-    pub lr: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub weight_decay: f64,
-    pub eps: f64,
-}
-
-/// One AdamW step through libtorch's fused CUDA kernel: grads divided by `grad_scale` when
-/// given, nothing changed where `found_inf` (f32 scalar) is non-zero.
-pub fn fused_adamw(
-    s: &AdamWState,
-    h: &AdamWHyper,
-    grad_scale: Option<&Tensor>,
-    found_inf: Option<&Tensor>,
-) -> Result<()> {
-    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
-    let opt = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), p);
-    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call.
-    check(
-        unsafe {
-            ffi::dflash_fused_adamw(
-                p(s.param),
-                p(s.grad),
-                p(s.m),
-                p(s.v),
-                p(s.step),
-                h.lr,
-                h.beta1,
-                h.beta2,
-                h.weight_decay,
-                h.eps,
-                opt(grad_scale),
-                opt(found_inf),
-            )
-        },
-        "fused AdamW",
-    )
 }

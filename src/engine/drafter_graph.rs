@@ -16,7 +16,8 @@
 //! runs eagerly. The first steps run eagerly (kernels loaded, allocator warm).
 
 use super::blocks::Anchors;
-use super::cuda::{Graph, PathState};
+use super::cuda::Graph;
+use super::fast_paths::PathState;
 use super::tiled::WindowPlan;
 use anyhow::Result;
 use std::sync::atomic::{AtomicU64, Ordering};

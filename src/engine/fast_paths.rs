@@ -1,10 +1,14 @@
 //! The engine's fast paths as one typed setting: each can be turned off for a side-by-side run
 //! (`--disable graphs,fused-adamw`, or `[fast_paths] disable = [...]` in the TOML) and the
 //! choice shows in the `config:` line and in recordings. A pipeline installs its setting when it
-//! starts; the places that take a path ask `fast_paths::on`.
+//! starts; the places that take a path ask `fast_paths::on`, and keep a `PathState` of whether
+//! it ran.
 
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering::Relaxed};
+
+mod path_state;
+pub use path_state::PathState;
 
 /// A path the engine takes where it can, with a plainer one beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

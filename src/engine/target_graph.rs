@@ -11,8 +11,9 @@
 //! and builds or devices without the CUDA shim, run eagerly. `TargetForward` is the choice a
 //! target worker makes per batch.
 
-use super::cuda::{upload, Graph, PathState};
+use super::cuda::{upload, Graph};
 use super::data::PackedBatch;
+use super::fast_paths::PathState;
 use super::qwen3::Qwen3Target;
 use super::varlen::{cu_seqlens, Varlen};
 use anyhow::{Context, Result};

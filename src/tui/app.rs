@@ -1,9 +1,10 @@
-//! Front-end state and the one `update` that changes it by an `Action` (keys.rs says which key
-//! is which action). No terminal here: tests drive it directly.
+//! Front-end state, what the snapshots feed into it, and what the panels ask of it; the one
+//! `update` that changes it by an `Action` is in app/update.rs (keys.rs says which key is which
+//! action). No terminal here: tests drive it directly.
 
 use super::history::History;
 pub use super::keys::Action;
-use super::lanes::{spans_in, TimeSpan};
+use super::lanes::TimeSpan;
 use super::segments::Segments;
 use crate::summary::{RunInfo, Summary};
 use crate::telemetry::snapshot::{StepSpan, ThreadState, ThreadView};
@@ -13,6 +14,8 @@ use std::sync::Arc;
 
 pub use super::choices::{Sort, View, Window, ZOOMS_S};
 pub use super::controls::Controls;
+
+mod update;
 
 /// The display as it was when it froze: the snapshot and the history behind it (the timeline
 /// pans over it; the CPU history and the verdict marks stand still with it).
@@ -229,40 +232,6 @@ impl App {
         order.iter().position(|t| &t.name == name)
     }
 
-    fn select_step(&mut self, down: bool) {
-        let Some(snap) = self.shown().cloned() else {
-            return;
-        };
-        let order = self.ordered_threads(&snap);
-        if order.is_empty() {
-            return;
-        }
-        let i = match (self.selected_index(&order), down) {
-            (None, true) => 0,
-            (None, false) => order.len() - 1,
-            (Some(i), true) => (i + 1).min(order.len() - 1),
-            (Some(i), false) => i.saturating_sub(1),
-        };
-        self.selected = Some(order[i].name.clone());
-    }
-
-    /// How far back the timeline can pan: to the oldest span kept.
-    fn max_pan_ns(&self) -> u64 {
-        let span = self.time_span();
-        let right = span.right_ns + self.pan_ns;
-        let oldest = self.shown_segments().oldest_ns().unwrap_or(right);
-        right.saturating_sub(oldest).saturating_sub(span.width_ns)
-    }
-
-    fn freeze(&mut self) {
-        if self.frozen.is_none() {
-            self.frozen = self.latest.clone().map(|snap| Frozen {
-                snap,
-                history: self.history.clone(),
-            });
-        }
-    }
-
     pub fn on_snapshot(&mut self, s: Arc<Snapshot>) {
         if self.summary.is_some() {
             // Ended: the bars stay at the run's last window; only a later step (one the hub
@@ -327,224 +296,6 @@ impl App {
         let (t1, n1) = *self.step_marks.back()?;
         let rate = (t1 - t0 >= 1.0 && n1 > n0).then(|| (n1 - n0) as f64 / (t1 - t0));
         Some((step, of, rate.map(|r| of.saturating_sub(step) as f64 / r)))
-    }
-
-    pub fn update(&mut self, action: Action, ctl: &dyn Controls) {
-        let engine_only = |app: &mut App| {
-            if !ctl.live() {
-                app.note = Some("replay: the engine cannot be changed".into());
-                return false;
-            }
-            true
-        };
-        let armed = std::mem::take(&mut self.quit_armed);
-        match action {
-            Action::Quit if armed || !ctl.quit_stops_run() || self.finished => self.quit = true,
-            Action::Quit => {
-                self.quit_armed = true;
-                self.note = Some("q again to stop training (the run saves as configured)".into());
-            }
-            Action::QuitNow => self.quit = true,
-            Action::Back => {
-                if self.help {
-                    self.help = false;
-                } else if self.selected.is_some() {
-                    self.selected = None;
-                } else {
-                    self.note = Some("nothing to close (q quits)".into());
-                }
-            }
-            Action::ToggleProfiling => {
-                if engine_only(self) {
-                    let on = !ctl.profiling();
-                    ctl.set_profiling(on);
-                    self.note = Some(format!("profiling {}", if on { "on" } else { "off" }));
-                }
-            }
-            // No GPU worker: the modes mean nothing (the badge and the help leave `g` out).
-            Action::CycleGpuTiming if self.shown().is_some_and(|s| s.gpu_timing.is_none()) => {
-                self.note = Some("no GPU worker here: GPU timing modes do not apply".into());
-            }
-            Action::CycleGpuTiming => {
-                if engine_only(self) {
-                    let mode = ctl.gpu_timing().next();
-                    ctl.set_gpu_timing(mode);
-                    self.note = Some(format!("GPU timing: {}", mode.name()));
-                }
-            }
-            Action::TogglePause if ctl.replay().is_some() => {
-                let p = !ctl.paused();
-                ctl.set_paused(p);
-                self.note = Some(if p { "replay paused" } else { "replay playing" }.into());
-            }
-            Action::SeekBack | Action::SeekForward => {
-                let delta = match action {
-                    Action::SeekBack => -crate::wire::replay::SEEK_STEP_S,
-                    _ => crate::wire::replay::SEEK_STEP_S,
-                };
-                match ctl.seek(delta) {
-                    Some(to) => {
-                        // A seek leaves the end (if it was there): the run is not over on screen.
-                        self.summary = None;
-                        self.finished = false;
-                        self.frozen = None;
-                        self.pan_ns = 0;
-                        self.note = Some(format!("seeking to t={}", fmt_clock(to)));
-                    }
-                    None => {
-                        self.note = Some("seeking is for replays: a live run has no later".into())
-                    }
-                }
-            }
-            Action::Slower | Action::Faster => match ctl.replay() {
-                Some(pos) => {
-                    let speed = pos.speed.step(action == Action::Faster);
-                    ctl.set_speed(speed);
-                    self.note = Some(format!("replay speed {}", speed.name()));
-                }
-                None => self.note = Some("speed is for replays: a live run goes at its own".into()),
-            },
-            Action::TogglePause => {
-                if engine_only(self) {
-                    let p = !ctl.paused();
-                    ctl.set_paused(p);
-                    self.note = Some(
-                        if p {
-                            "training paused"
-                        } else {
-                            "training resumed"
-                        }
-                        .into(),
-                    );
-                }
-            }
-            Action::ToggleFreeze => {
-                if self.frozen.take().is_some() {
-                    self.pan_ns = 0;
-                } else {
-                    self.freeze();
-                }
-                self.note = Some(
-                    if self.frozen.is_some() {
-                        "display frozen"
-                    } else {
-                        "display live"
-                    }
-                    .into(),
-                );
-            }
-            Action::ResetWindows if ctl.live() => {
-                ctl.reset_windows();
-                self.note = Some(
-                    "reset: the 1s and 10s windows, the run window's phase times, the verdict \
-                     (the run's steps and tokens kept)"
-                        .into(),
-                );
-            }
-            Action::ResetWindows => {
-                self.note = Some("replay: the windows are the recording's; r resets none".into());
-            }
-            Action::Checkpoint => {
-                if engine_only(self) {
-                    self.note = Some(match ctl.checkpoint() {
-                        Ok(()) => "checkpoint requested".into(),
-                        Err(why) => why,
-                    });
-                }
-            }
-            Action::NextView => self.view = View::ALL[(self.view.index() + 1) % View::ALL.len()],
-            Action::PrevView => {
-                self.view = View::ALL[(self.view.index() + View::ALL.len() - 1) % View::ALL.len()]
-            }
-            Action::ShowView(i) => {
-                if let Some(v) = View::ALL.get(i) {
-                    self.view = *v;
-                }
-            }
-            Action::ToggleHelp => {
-                self.help = !self.help;
-                self.help_scroll = 0;
-            }
-            // With the help open, j/k scroll it (the overlay clamps to its length).
-            Action::SelectNext if self.help => {
-                self.help_scroll = (self.help_scroll + 1).min(self.help_max.get())
-            }
-            Action::SelectPrev if self.help => {
-                self.help_scroll = self.help_scroll.saturating_sub(1)
-            }
-            Action::ExportTrace => {
-                // What the timeline shows: its width, where it is panned to.
-                let span = self.time_span();
-                let spans = spans_in(self.shown_spans().iter(), span);
-                let stamp = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
-                let path = std::path::PathBuf::from(format!("dflash-top-trace-{stamp}.json"));
-                self.note = Some(if spans.is_empty() {
-                    "no steps to trace yet".to_string()
-                } else {
-                    match crate::telemetry::trace::write_trace(&path, &spans) {
-                        Ok(()) if self.pan_ns == 0 => format!(
-                            "trace of the last {} s: {}",
-                            ZOOMS_S[self.zoom],
-                            path.display()
-                        ),
-                        Ok(()) => format!(
-                            "trace of {} s ending {:.1} s ago: {}",
-                            ZOOMS_S[self.zoom],
-                            self.pan_ns as f64 / 1e9,
-                            path.display()
-                        ),
-                        Err(e) => format!("{e:#}"),
-                    }
-                });
-            }
-            Action::SelectNext => self.select_step(true),
-            Action::SelectPrev => self.select_step(false),
-            Action::CycleSort => {
-                self.sort = self.sort.next();
-                self.note = Some(format!("threads sorted by {}", self.sort.name()));
-            }
-            Action::ZoomIn | Action::ZoomOut => {
-                self.zoom = if action == Action::ZoomIn {
-                    self.zoom.saturating_sub(1)
-                } else {
-                    (self.zoom + 1).min(ZOOMS_S.len() - 1)
-                };
-                self.pan_ns = self.pan_ns.min(self.max_pan_ns());
-                self.note = Some(format!("timeline: {} s", ZOOMS_S[self.zoom]));
-            }
-            Action::PanBack | Action::PanForward => {
-                self.freeze();
-                let step = self.time_span().width_ns / 4;
-                let was = self.pan_ns;
-                self.pan_ns = if action == Action::PanBack {
-                    (self.pan_ns + step).min(self.max_pan_ns())
-                } else {
-                    self.pan_ns.saturating_sub(step)
-                };
-                self.note = Some(match (action, self.pan_ns == was) {
-                    (Action::PanBack, true) => format!(
-                        "timeline: no earlier history (the last {} s of steps are kept)",
-                        super::history::TRACE_SECONDS
-                    ),
-                    (_, true) => "timeline: already at the frozen time (f: live)".to_string(),
-                    _ => format!(
-                        "timeline ends {:.2} s before the frozen time (f: live)",
-                        self.pan_ns as f64 / 1e9
-                    ),
-                });
-            }
-            Action::CycleWindow => {
-                self.window = match self.window {
-                    Window::OneSecond => Window::TenSeconds,
-                    Window::TenSeconds => Window::Run,
-                    Window::Run => Window::OneSecond,
-                };
-                self.note = Some(format!("phase window: {}", self.window.name()));
-            }
-        }
     }
 }
 

@@ -3,7 +3,8 @@
 //! add with the RMSNorm after it, each in one pass. Each returns `None` where it cannot run, and
 //! the caller runs the ops it replaces.
 
-use super::{check, ffi, PathState, AVAILABLE};
+use super::{check, ffi, AVAILABLE};
+use crate::engine::fast_paths::PathState;
 use std::ffi::{c_int, c_void};
 use tch::Tensor;
 

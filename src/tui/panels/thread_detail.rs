@@ -2,11 +2,12 @@
 //! the stacked shares of its phases over time, its CPU history, its phase times over each
 //! window, and the libtorch helper threads that work for it.
 
-use super::super::lanes::{lanes, phase_columns};
+use super::super::lanes::{lanes, phase_columns, TimeSpan};
 use super::super::view::Ctx;
 use super::threads::states;
 use super::timeline::{draw_lane, Palette};
 use crate::telemetry::snapshot::{PhaseWindow, ThreadView};
+use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
 use ratatui::widgets::{Block, Borders, Sparkline};
@@ -44,35 +45,24 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         return;
     };
     let off = c.profiling_off();
-    let now_in = match &off {
-        // No phase is marked: what the kernel says instead.
-        Some(off) => format!("{} ({off})", super::threads::os_word(t.os_state)),
-        None => format!("{} for {:.1} s", t.phase.name(), t.phase_s),
-    };
-    let title = format!(
-        " {} · {} on {} · tid {} · {}{} ",
-        t.name,
-        t.role.name(),
-        t.device,
-        t.tid,
-        now_in,
-        if c.app.selected.is_none() {
-            " · j/k selects"
-        } else {
-            " · esc clears"
-        }
-    );
-    let block = Block::default().borders(Borders::ALL).title(title);
+    let block = Block::default().borders(Borders::ALL).title(title(
+        t,
+        off.as_deref(),
+        c.app.selected.is_none(),
+    ));
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.height < 4 || inner.width <= LABEL_W + 10 {
         return;
     }
-    let theme = c.theme;
-    let x0 = inner.x + LABEL_W;
-    let cols = inner.width - LABEL_W;
-    let span = c.app.time_span();
-    let spans = c.app.shown_spans();
+    let pane = Pane {
+        c,
+        t,
+        inner,
+        x0: inner.x + LABEL_W,
+        cols: inner.width - LABEL_W,
+        span: c.app.time_span(),
+    };
     // Fixed rows: the lane, three windows, the helpers; CPU and shares share the rest up to
     // their caps; what is left lists the thread's last steps.
     let rest = inner.height.saturating_sub(5);
@@ -80,131 +70,206 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let shares_h = rest.saturating_sub(cpu_h).min(12);
     let steps_h = rest - cpu_h - shares_h;
     let mut y = inner.y;
-    let buf = f.buffer_mut();
-    let label = |buf: &mut ratatui::buffer::Buffer, y: u16, s: &str| {
-        buf.set_string(inner.x, y, s, theme.dim());
+    y = pane.phases(f.buffer_mut(), y);
+    y = pane.shares(f.buffer_mut(), y, shares_h);
+    y = pane.cpu(f, y, cpu_h);
+    y = pane.windows(f.buffer_mut(), y, off.as_deref());
+    y = pane.helpers(f.buffer_mut(), y);
+    pane.last_steps(f.buffer_mut(), y, steps_h);
+}
+
+/// The pane's title: the thread, its role and device, what it is in now, and the key that
+/// selects or clears.
+fn title(t: &ThreadView, off: Option<&str>, none_selected: bool) -> String {
+    let now_in = match off {
+        // No phase is marked: what the kernel says instead.
+        Some(off) => format!("{} ({off})", super::threads::os_word(t.os_state)),
+        None => format!("{} for {:.1} s", t.phase.name(), t.phase_s),
     };
+    format!(
+        " {} · {} on {} · tid {} · {}{} ",
+        t.name,
+        t.role.name(),
+        t.device,
+        t.tid,
+        now_in,
+        if none_selected {
+            " · j/k selects"
+        } else {
+            " · esc clears"
+        }
+    )
+}
 
-    label(buf, y, "phases");
-    let palette = Palette::new(theme);
-    let now = Some(c.snap.now_ns).filter(|n| *n > 0 && !c.app.finished);
-    let lane = lanes(
-        &[t],
-        c.app.shown_segments(),
-        span,
-        palette.halves() * cols as usize,
-        now,
-    );
-    draw_lane(buf, x0, y, 1, &lane[0].cells, &palette);
-    y += 1;
+/// The focused thread's pane inside its border: labels at the left, drawings from `x0` on,
+/// `cols` wide. Each row group draws from row `y` and returns the row after it.
+struct Pane<'a> {
+    c: &'a Ctx<'a>,
+    t: &'a ThreadView,
+    inner: Rect,
+    x0: u16,
+    cols: u16,
+    /// The timeline's span, which the lane, the shares and the last steps follow.
+    span: TimeSpan,
+}
 
-    if shares_h > 0 {
-        label(buf, y, "shares");
-        label(buf, y + 1, &format!("{} s", span.width_ns as f64 / 1e9));
+impl Pane<'_> {
+    fn label(&self, buf: &mut Buffer, y: u16, s: &str) {
+        buf.set_string(self.inner.x, y, s, self.c.theme.dim());
+    }
+
+    /// A line across the pane, cut to its width.
+    fn line(&self, buf: &mut Buffer, y: u16, line: &str, style: Style) {
+        let line: String = line.chars().take(self.inner.width as usize).collect();
+        buf.set_string(self.inner.x, y, line, style);
+    }
+
+    /// The thread's lane over the timeline's span.
+    fn phases(&self, buf: &mut Buffer, y: u16) -> u16 {
+        let (c, t) = (self.c, self.t);
+        self.label(buf, y, "phases");
+        let palette = Palette::new(c.theme);
+        let now = Some(c.snap.now_ns).filter(|n| *n > 0 && !c.app.finished);
+        let lane = lanes(
+            &[t],
+            c.app.shown_segments(),
+            self.span,
+            palette.halves() * self.cols as usize,
+            now,
+        );
+        draw_lane(buf, self.x0, y, 1, &lane[0].cells, &palette);
+        y + 1
+    }
+
+    /// The stacked shares of the thread's phases over the span, `height` rows (none at 0).
+    fn shares(&self, buf: &mut Buffer, y: u16, height: u16) -> u16 {
+        if height == 0 {
+            return y;
+        }
+        let (c, t) = (self.c, self.t);
+        let span = self.span;
+        self.label(buf, y, "shares");
+        self.label(buf, y + 1, &format!("{} s", span.width_ns as f64 / 1e9));
         let columns = phase_columns(
             &[t],
             c.app.shown_segments(),
             span,
-            super::stacked::slices(cols),
+            super::stacked::slices(self.cols),
         );
         let area = Rect {
-            x: x0,
+            x: self.x0,
             y,
-            width: cols,
-            height: shares_h,
+            width: self.cols,
+            height,
         };
-        super::stacked::draw(buf, area, &columns[0], t.role.phases(), theme);
-        y += shares_h;
+        super::stacked::draw(buf, area, &columns[0], t.role.phases(), c.theme);
+        y + height
     }
 
-    let cpu: Vec<u64> = c
-        .app
-        .shown_history()
-        .cpu
-        .get(&t.name)
-        .map(|h| {
-            h.iter()
-                .rev()
-                .take(cols as usize)
-                .rev()
-                .map(|v| *v as u64)
-                .collect()
-        })
-        .unwrap_or_default();
-    label(
-        buf,
-        y,
-        &t.cpu_pct
-            .map(|p| format!("cpu {p:.0}%"))
-            .unwrap_or_else(|| "cpu -".into()),
-    );
-    let max = cpu.iter().copied().max().unwrap_or(100).max(100);
-    if cpu_h > 1 {
-        label(buf, y + 1, &format!("max {max}"));
-    }
-    f.render_widget(
-        Sparkline::default()
-            .data(&cpu)
-            .max(max)
-            .style(theme.accent(ratatui::style::Color::Green)),
-        Rect {
-            x: x0,
+    /// The thread's CPU history as a sparkline, `height` rows.
+    fn cpu(&self, f: &mut Frame, y: u16, height: u16) -> u16 {
+        let (c, t) = (self.c, self.t);
+        let cpu: Vec<u64> = c
+            .app
+            .shown_history()
+            .cpu
+            .get(&t.name)
+            .map(|h| {
+                h.iter()
+                    .rev()
+                    .take(self.cols as usize)
+                    .rev()
+                    .map(|v| *v as u64)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let buf = f.buffer_mut();
+        self.label(
+            buf,
             y,
-            width: cols,
-            height: cpu_h,
-        },
-    );
-    y += cpu_h;
-
-    let buf = f.buffer_mut();
-    for (name, w) in [("1s", &t.w1), ("10s", &t.w10), ("run", &t.run)] {
-        let line: String = window_line(name, w, t, off.as_deref(), inner.width as usize)
-            .chars()
-            .take(inner.width as usize)
-            .collect();
-        buf.set_string(inner.x, y, line, Style::default());
-        y += 1;
+            &t.cpu_pct
+                .map(|p| format!("cpu {p:.0}%"))
+                .unwrap_or_else(|| "cpu -".into()),
+        );
+        let max = cpu.iter().copied().max().unwrap_or(100).max(100);
+        if height > 1 {
+            self.label(buf, y + 1, &format!("max {max}"));
+        }
+        f.render_widget(
+            Sparkline::default()
+                .data(&cpu)
+                .max(max)
+                .style(c.theme.accent(ratatui::style::Color::Green)),
+            Rect {
+                x: self.x0,
+                y,
+                width: self.cols,
+                height,
+            },
+        );
+        y + height
     }
 
-    let helpers: Vec<String> = c
-        .snap
-        .groups
-        .iter()
-        .filter(|g| g.owner.as_ref() == Some(&t.name))
-        .map(|g| {
-            format!(
-                "{} x{} {:.0}% {}",
-                g.name,
-                g.count,
-                g.cpu_pct,
-                states(&g.states)
-            )
-        })
-        .collect();
-    let line = if helpers.is_empty() {
-        "helpers: none seen (libtorch's pools show once they run)".to_string()
-    } else {
-        format!("helpers: {}", helpers.join(" · "))
-    };
-    let line: String = line.chars().take(inner.width as usize).collect();
-    buf.set_string(inner.x, y, line, theme.dim());
-    y += 1;
+    /// The thread's phase times over each window, one line each.
+    fn windows(&self, buf: &mut Buffer, mut y: u16, off: Option<&str>) -> u16 {
+        let t = self.t;
+        for (name, w) in [("1s", &t.w1), ("10s", &t.w10), ("run", &t.run)] {
+            let line = window_line(name, w, t, off, self.inner.width as usize);
+            self.line(buf, y, &line, Style::default());
+            y += 1;
+        }
+        y
+    }
 
-    // The last steps, newest first: when each ended, its wall time, its phases.
-    if steps_h > 1 {
+    /// The libtorch helper threads that work for this one.
+    fn helpers(&self, buf: &mut Buffer, y: u16) -> u16 {
+        let helpers: Vec<String> = self
+            .c
+            .snap
+            .groups
+            .iter()
+            .filter(|g| g.owner.as_ref() == Some(&self.t.name))
+            .map(|g| {
+                format!(
+                    "{} x{} {:.0}% {}",
+                    g.name,
+                    g.count,
+                    g.cpu_pct,
+                    states(&g.states)
+                )
+            })
+            .collect();
+        let line = if helpers.is_empty() {
+            "helpers: none seen (libtorch's pools show once they run)".to_string()
+        } else {
+            format!("helpers: {}", helpers.join(" · "))
+        };
+        self.line(buf, y, &line, self.c.theme.dim());
+        y + 1
+    }
+
+    /// The last steps, newest first: when each ended, its wall time, its phases (`height` rows
+    /// with the heading; none below 2).
+    fn last_steps(&self, buf: &mut Buffer, mut y: u16, height: u16) {
+        if height <= 1 {
+            return;
+        }
         buf.set_string(
-            inner.x,
+            self.inner.x,
             y,
             "last steps (ended, wall, phases in ms):",
-            theme.dim(),
+            self.c.theme.dim(),
         );
         y += 1;
-        let right = span.right_ns;
-        let mine = spans
+        let right = self.span.right_ns;
+        let mine = self
+            .c
+            .app
+            .shown_spans()
             .iter()
             .rev()
-            .filter(|s| s.thread == t.name && s.end_ns <= right)
-            .take(steps_h as usize - 1);
+            .filter(|s| s.thread == self.t.name && s.end_ns <= right)
+            .take(height as usize - 1);
         for s in mine {
             let phases: Vec<String> = s
                 .phases
@@ -216,10 +281,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
                 -((right - s.end_ns) as f64 / 1e9),
                 super::phases::fmt_ms(s.wall_ns as f64 / 1e6),
             );
-            let room = (inner.width as usize).saturating_sub(head.chars().count());
+            let room = (self.inner.width as usize).saturating_sub(head.chars().count());
             let line = format!("{head}{}", super::phases::whole_parts(&phases, room));
-            let line: String = line.chars().take(inner.width as usize).collect();
-            buf.set_string(inner.x, y, line, Style::default());
+            self.line(buf, y, &line, Style::default());
             y += 1;
         }
     }
