@@ -266,6 +266,41 @@ fn a_killed_rank_stops_the_others_naming_it() {
     }
 }
 
+/// A rank whose worker fails tells the others at once: they stop with its sentence.
+#[test]
+fn a_failing_rank_stops_the_others_with_its_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let args = ["train", "--headless", "--steps", "100000"];
+    let mut r0 = rank(dir.path(), port, 2, 0, &args);
+    let mut r1 = {
+        let out = std::fs::File::create(dir.path().join("r1.out")).unwrap();
+        let err = std::fs::File::create(dir.path().join("r1.err")).unwrap();
+        bin()
+            .args(args)
+            .current_dir(dir.path())
+            .env("RANK", "1")
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("DFLASH_TOP_FAULT", "error:drafter")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap()
+    };
+    let s1 = wait_within(&mut r1, Duration::from_secs(120), "the failing rank");
+    let s0 = wait_within(&mut r0, Duration::from_secs(60), "the other rank");
+    let err0 = read(dir.path(), 0, "err");
+    assert!(!s1.success() && !s0.success(), "both fail: {err0}");
+    assert!(
+        err0.contains("rank 1 failed: drafter-0 failed in phase")
+            && err0.contains("injected error"),
+        "rank 0 names rank 1 and its error: {err0}"
+    );
+}
+
 /// A rank started with another recipe is refused at the rendezvous, on every rank, before any
 /// collective; a malformed launcher variable is a sentence naming it.
 #[test]

@@ -40,7 +40,12 @@ const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
 /// This process's link to the other ranks of its job.
 pub struct JobLink {
     pub tag: JobTag,
+    /// The gate, the exchanges, the ends (quick requests only).
     store: Arc<JobStore>,
+    /// The watch's own connection: libtorch's client serializes requests, and a process
+    /// group's rendezvous blocks on its connection until the peer comes; the heartbeat must not
+    /// wait behind it.
+    beat: JobStore,
     /// The first fault seen: a rank that failed or went silent.
     fault: Mutex<Option<String>>,
     /// Set when this process ends: the watch stops, silence of others is no longer a fault.
@@ -106,6 +111,22 @@ pub fn file_digest(path: &std::path::Path) -> Result<String> {
     Ok(format!("{len}:{:08x}", crc.finalize()))
 }
 
+fn job_prefix(tag: &JobTag) -> String {
+    format!("dflash-top/{}/", tag.id)
+}
+
+/// Another connection to the job's store (rank 0 included: a client of its own server).
+fn connect_client(tag: &JobTag, timeout: Duration) -> Result<JobStore, String> {
+    JobStore::connect(
+        &tag.master_addr,
+        tag.master_port,
+        false,
+        tag.world,
+        timeout,
+        &job_prefix(tag),
+    )
+}
+
 fn store_err(tag: &JobTag, what: &str, e: String) -> anyhow::Error {
     anyhow!(
         "rank {} of the job at {}:{}: {what}: {e}",
@@ -120,7 +141,7 @@ impl JobLink {
     /// rank to do the same, and checks that they all agree with rank 0.
     pub fn join(tag: &JobTag, fields: &[(String, String)], wait: Duration) -> Result<Arc<JobLink>> {
         let host_it = tag.rank == 0 && !tag.agent_store;
-        let prefix = format!("dflash-top/{}/", tag.id);
+        let prefix = job_prefix(tag);
         let store = JobStore::connect(
             &tag.master_addr,
             tag.master_port,
@@ -142,9 +163,12 @@ impl JobLink {
                 wait.as_secs()
             ),
         })?;
+        let beat = connect_client(tag, wait)
+            .map_err(|e| store_err(tag, "opening the watch's connection", e))?;
         let link = Arc::new(JobLink {
             tag: tag.clone(),
             store: Arc::new(store),
+            beat,
             fault: Mutex::new(None),
             ending: AtomicBool::new(false),
         });
@@ -308,11 +332,11 @@ impl JobLink {
                 self.tag.master_addr, self.tag.master_port
             )
         };
-        if let Err(e) = self.store.add(&format!("alive/{me}"), 1) {
+        if let Err(e) = self.beat.add(&format!("alive/{me}"), 1) {
             return Some(lost_store(e));
         }
         for &r in others {
-            match self.store.try_get(&format!("end/{r}")) {
+            match self.beat.try_get(&format!("end/{r}")) {
                 Err(e) => return Some(lost_store(e)),
                 Ok(Some(v)) if v.is_empty() => {
                     // It ended well (its steps done, or its user stopped it): so does this one.
@@ -327,7 +351,7 @@ impl JobLink {
                 }
                 Ok(None) => {}
             }
-            let beats = match self.store.add(&format!("alive/{r}"), 0) {
+            let beats = match self.beat.add(&format!("alive/{r}"), 0) {
                 Ok(n) => n,
                 Err(e) => return Some(lost_store(e)),
             };
@@ -487,8 +511,9 @@ impl JobMember {
     pub fn new(link: Arc<JobLink>, cancel: CancelToken, on_gpu: bool) -> Result<JobMember> {
         let backend = match on_gpu {
             true => {
-                let group =
-                    super::nccl::NcclGroup::over(link.store.clone(), link.tag.world as usize)?;
+                let store = connect_client(&link.tag, COLLECTIVE_TIMEOUT)
+                    .map_err(|e| store_err(&link.tag, "opening NCCL's connection", e))?;
+                let group = super::nccl::NcclGroup::over(Arc::new(store), link.tag.world as usize)?;
                 Backend::Nccl(group.member(link.tag.rank as usize))
             }
             false => Backend::Gloo(None),
@@ -506,8 +531,10 @@ impl JobMember {
         };
         if group.is_none() {
             let tag = &self.link.tag;
+            let store = connect_client(tag, COLLECTIVE_TIMEOUT)
+                .map_err(|e| store_err(tag, "opening Gloo's connection", e))?;
             *group = Some(GlooGroup::new(
-                &self.link.store,
+                &store,
                 tag.rank,
                 tag.world,
                 COLLECTIVE_TIMEOUT,
