@@ -9,6 +9,7 @@ mod e2e;
 mod engine;
 mod fuzz;
 mod generate;
+mod job_view;
 mod names;
 mod parity;
 mod probes;

@@ -456,3 +456,48 @@ pub fn describe_sessions() -> Result<String> {
     }
     Ok(list_text(&found))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::JobTag;
+
+    fn tag(id: &str, rank: u32) -> JobTag {
+        JobTag {
+            id: id.into(),
+            rank,
+            world: 2,
+            local_rank: rank,
+            host: "h".into(),
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            agent_store: false,
+        }
+    }
+
+    #[test]
+    fn attach_job_picks_the_ranks_of_one_job_or_says_which_there_are() {
+        let dir = Path::new("/run/dflash-top");
+        let ranks = vec![
+            (tag("a", 1), PathBuf::from("a1.sock")),
+            (tag("a", 0), PathBuf::from("a0.sock")),
+        ];
+        let got = pick_job(ranks.clone(), None, dir).unwrap();
+        assert_eq!(got, [PathBuf::from("a0.sock"), PathBuf::from("a1.sock")]);
+        let mut two = ranks.clone();
+        two.push((tag("b", 0), PathBuf::from("b0.sock")));
+        let e = pick_job(two.clone(), None, dir).unwrap_err().to_string();
+        assert!(
+            e.contains("2 jobs") && e.contains("a, b") && e.contains("--job ID"),
+            "{e}"
+        );
+        assert_eq!(
+            pick_job(two, Some("b"), dir).unwrap(),
+            [PathBuf::from("b0.sock")]
+        );
+        let e = pick_job(ranks, Some("c"), dir).unwrap_err().to_string();
+        assert!(e.contains("job \"c\"") && e.contains("jobs here: a"), "{e}");
+        let e = pick_job(Vec::new(), None, dir).unwrap_err().to_string();
+        assert!(e.contains("no session of a multi-process job"), "{e}");
+    }
+}

@@ -205,3 +205,118 @@ fn self_cost(snaps: &[&Snapshot]) -> SelfCost {
         spans_dropped: snaps.iter().map(|s| s.self_cost.spans_dropped).sum(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::snapshot::{QueueView, ThreadState, ThreadView};
+    use crate::telemetry::verdict::Verdict;
+    use crate::telemetry::{Phase, Role};
+
+    fn rank(tok_per_s: f64, step: u64, verdict: Verdict) -> Snapshot {
+        let thread = |name: &str, role| ThreadView {
+            name: name.into(),
+            role,
+            device: "cpu".into(),
+            tid: 1,
+            cpu_pct: Some(10.0),
+            phase: Phase::Forward,
+            phase_s: 0.1,
+            state: ThreadState::Working,
+            os_state: Some('R'),
+            w1: Default::default(),
+            w10: Default::default(),
+            run: Default::default(),
+        };
+        Snapshot {
+            train: TrainView {
+                step,
+                loss: Some(2.0 + step as f32 / 100.0),
+                tok_per_s_1s: tok_per_s,
+                tokens_total: step * 100,
+                ..TrainView::default()
+            },
+            verdict,
+            threads: vec![
+                thread("target-0", Role::Target),
+                thread("drafter-0", Role::Drafter),
+            ],
+            queues: vec![QueueView {
+                name: "hs".into(),
+                capacity: 2,
+                ..QueueView::default()
+            }],
+            tok_history: vec![(1.0, tok_per_s), (2.0, tok_per_s)],
+            ..Snapshot::default()
+        }
+    }
+
+    fn parts<'a>(snaps: &'a [(&'a str, Snapshot, bool)]) -> Vec<Part<'a>> {
+        snaps
+            .iter()
+            .map(|(label, snap, ended)| Part {
+                label,
+                snap,
+                ended: *ended,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn threads_and_queues_are_named_by_rank_and_tokens_summed() {
+        let snaps = [
+            ("r0", rank(4000.0, 12, Verdict::Balanced), false),
+            ("r1", rank(3200.0, 11, Verdict::Balanced), false),
+        ];
+        let m = merge(&parts(&snaps), 7);
+        let names: Vec<&str> = m.threads.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["r0/target-0", "r0/drafter-0", "r1/target-0", "r1/drafter-0"]
+        );
+        let queues: Vec<&str> = m.queues.iter().map(|q| q.name.as_str()).collect();
+        assert_eq!(queues, ["r0/hs", "r1/hs"]);
+        assert_eq!(m.train.tok_per_s_1s, 7200.0);
+        assert_eq!(m.train.tokens_total, 2300);
+        assert_eq!(m.train.step, 11, "the step of the rank furthest behind");
+        assert_eq!(m.tok_history, vec![(1.0, 7200.0), (2.0, 7200.0)]);
+        assert_eq!(m.seq, 7);
+        let slow = m.slowest_rank().expect("two ranks running");
+        assert_eq!((slow.name.as_str(), slow.tok_per_s), ("r1", 3200.0));
+    }
+
+    #[test]
+    fn the_worst_verdict_wins_with_its_rank_and_an_ended_rank_stops_counting() {
+        let snaps = [
+            ("r0", rank(4000.0, 12, Verdict::Balanced), false),
+            ("r1", rank(3200.0, 11, Verdict::DrafterBound), false),
+            ("r2", rank(3900.0, 12, Verdict::Warmup), false),
+        ];
+        let m = merge(&parts(&snaps), 1);
+        assert_eq!(m.verdict, Verdict::DrafterBound);
+        assert_eq!(m.worst_rank().map(|r| r.name.as_str()), Some("r1"));
+        // A stall outranks a bottleneck, and its text names the rank.
+        let mut stalled = rank(0.0, 12, Verdict::Stalled);
+        stalled.stall = Some("target-0 in forward for 12.0 s".into());
+        let snaps = [
+            ("r0", stalled, false),
+            ("r1", rank(3200.0, 11, Verdict::DrafterBound), false),
+        ];
+        let m = merge(&parts(&snaps), 1);
+        assert_eq!(m.verdict, Verdict::Stalled);
+        assert_eq!(
+            m.stall.as_deref(),
+            Some("r0/target-0 in forward for 12.0 s")
+        );
+        // r1 ended: its threads leave the view, its tokens stop counting, it stays listed.
+        let snaps = [
+            ("r0", rank(4000.0, 12, Verdict::Balanced), false),
+            ("r1", rank(3200.0, 11, Verdict::DrafterBound), true),
+        ];
+        let m = merge(&parts(&snaps), 1);
+        assert_eq!(m.train.tok_per_s_1s, 4000.0);
+        assert!(m.threads.iter().all(|t| t.name.starts_with("r0/")));
+        assert_eq!(m.verdict, Verdict::Balanced);
+        assert!(m.ranks[1].ended && m.slowest_rank().is_none());
+    }
+}
