@@ -371,6 +371,9 @@ impl Attached {
         telemetry.probes = on_this_host(&hello);
         telemetry.ns_per_mark = Some(hello.ns_per_mark);
         let mut mirror = Mirror::new(&hello, &telemetry, 0)?;
+        if !telemetry.probes {
+            mirror.on_other_host();
+        }
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<HubCommand>();
         telemetry.forward_commands(cmd_tx);
         let ended = Arc::new(AtomicBool::new(false));
