@@ -202,8 +202,14 @@ pub struct TrainArgs {
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct AttachArgs {
-    /// A session's PID or socket path; with none, the only running session (or the list).
-    pub target: Option<String>,
+    /// Sessions' PIDs or socket paths (several: one merged view, threads named by rank or PID;
+    /// a socket forwarded from another host with `ssh -L` joins like a local one); with none,
+    /// the only running session (or the list).
+    pub targets: Vec<String>,
+    /// Join every local rank of job ID (the sessions carry their job); with no ID, the one job
+    /// running here.
+    #[arg(long, value_name = "ID", num_args = 0..=1, default_missing_value = "")]
+    pub job: Option<String>,
     /// List the running sessions and exit.
     #[arg(long)]
     pub list: bool,

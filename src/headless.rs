@@ -46,6 +46,7 @@ pub fn interval_line(s: &Snapshot) -> String {
         s.verdict.short(),
         s.self_cost.dropped
     );
+    out.push_str(&rank_fields(s));
     out.push_str(&warning_fields(&s.warnings));
     if let Some(what) = &s.stall {
         let _ = write!(out, " stalled=\"{what}\"");
@@ -58,6 +59,35 @@ pub fn interval_line(s: &Snapshot) -> String {
     }
     for a in &s.alerts {
         let _ = write!(out, " alert={a:?}");
+    }
+    out
+}
+
+/// A merged view's ranks (`attach --job`): ` | r0.tok/s=3300 r0.step=40 r0.verdict=balanced …
+/// slowest=r1 verdict.rank=r1`, `rN.ended=1` for a session that ended; nothing for one process.
+pub fn rank_fields(s: &Snapshot) -> String {
+    if s.ranks.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(" |");
+    for r in &s.ranks {
+        let _ = write!(
+            out,
+            " {n}.tok/s={:.0} {n}.step={} {n}.verdict={}",
+            r.tok_per_s,
+            r.step,
+            r.verdict.short(),
+            n = r.name
+        );
+        if r.ended {
+            let _ = write!(out, " {}.ended=1", r.name);
+        }
+    }
+    if let Some(slow) = s.slowest_rank() {
+        let _ = write!(out, " slowest={}", slow.name);
+    }
+    if let Some(worst) = s.worst_rank() {
+        let _ = write!(out, " verdict.rank={}", worst.name);
     }
     out
 }

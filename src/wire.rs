@@ -5,6 +5,8 @@
 
 pub mod fanout;
 pub mod join;
+pub mod join_many;
+pub mod merge;
 pub mod mirror;
 pub mod protocol;
 pub mod recording;

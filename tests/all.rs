@@ -10,6 +10,7 @@ mod engine;
 mod fuzz;
 mod generate;
 mod job;
+mod job_view;
 mod names;
 mod parity;
 mod probes;

@@ -384,6 +384,7 @@ mod frames {
             stages: StageTable::builtin(),
             can_save: false,
             config: Some("config: recipe=preset:tiny fast_paths=-graphs".into()),
+            job: None,
         }
     }
 

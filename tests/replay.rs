@@ -29,6 +29,7 @@ fn recording(secs: u64) -> Vec<Msg> {
             stages: StageTable::builtin(),
             can_save: false,
             config: None,
+            job: None,
         }),
         Msg::Thread(ThreadDecl {
             id: 0,

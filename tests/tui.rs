@@ -174,6 +174,7 @@ pub fn starved_snapshot() -> Snapshot {
         alerts: Vec::new(),
         steps: Vec::new(),
         warnings: Vec::new(),
+        ranks: Vec::new(),
     }
 }
 

@@ -4,12 +4,109 @@
 
 use crate::cli::AttachArgs;
 use crate::telemetry::flight::FlightRecorder;
-use crate::wire::join::{list_text, local_hms, resolve, sessions, Attached};
+use crate::telemetry::warnings::WarnConfig;
+use crate::telemetry::Telemetry;
+use crate::wire::join::{list_text, local_hms, resolve_all, resolve_job, sessions, Attached};
+use crate::wire::join_many::JoinedMany;
 use crate::wire::serve::socket_dir;
 use anyhow::{bail, Result};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+/// What the viewer watches: one session as it is, or several merged (their threads named by
+/// rank).
+enum Watched {
+    One(Attached),
+    Many(JoinedMany),
+}
+
+impl Watched {
+    fn join(paths: &[PathBuf], merged: bool, warnings: WarnConfig, dwell_ns: u64) -> Result<Self> {
+        match paths {
+            [one] if !merged => Ok(Watched::One(Attached::join_with(one, warnings, dwell_ns)?)),
+            many => Ok(Watched::Many(JoinedMany::join(many, warnings, dwell_ns)?)),
+        }
+    }
+
+    fn telemetry(&self) -> &Telemetry {
+        match self {
+            Watched::One(s) => &s.telemetry,
+            Watched::Many(m) => &m.telemetry,
+        }
+    }
+
+    fn can_save(&self) -> bool {
+        match self {
+            Watched::One(s) => s.hello.can_save,
+            Watched::Many(m) => m.can_save(),
+        }
+    }
+
+    fn ended(&self) -> bool {
+        match self {
+            Watched::One(s) => s.ended.load(Ordering::SeqCst),
+            Watched::Many(m) => m.ended.load(Ordering::SeqCst),
+        }
+    }
+
+    fn end_reason(&self) -> Option<String> {
+        match self {
+            Watched::One(s) => s.end_reason(),
+            Watched::Many(m) => m.end_reason(),
+        }
+    }
+
+    /// `PID 1234 (dflash-top, /run/…/1234.sock)`, or `2 sessions (r0 PID 1234, r1 PID 1235)`.
+    fn who(&self, paths: &[PathBuf]) -> String {
+        match self {
+            Watched::One(s) => format!(
+                "PID {} ({}, {})",
+                s.hello.pid,
+                s.hello.program,
+                paths[0].display()
+            ),
+            Watched::Many(m) => format!("{} sessions ({})", m.sessions.len(), m.who()),
+        }
+    }
+
+    /// The header's line: `attached to PID 1234 (python)`, `attached to job ID (r0 PID …)`.
+    fn label(&self) -> String {
+        match self {
+            Watched::One(s) => format!("attached to PID {} ({})", s.hello.pid, s.hello.program),
+            Watched::Many(m) => match m.sessions[0].hello.job.as_ref() {
+                Some(j)
+                    if m.sessions
+                        .iter()
+                        .all(|s| s.hello.job.as_ref().map(|k| &k.id) == Some(&j.id)) =>
+                {
+                    format!("attached to job {} ({})", j.id, m.who())
+                }
+                _ => format!("attached to {}", m.who()),
+            },
+        }
+    }
+
+    fn detach(self) {
+        match self {
+            Watched::One(s) => s.detach(),
+            Watched::Many(m) => m.detach(),
+        }
+    }
+}
+
+/// The sockets the arguments name: `--job [ID]`'s ranks, or the targets.
+fn sockets(args: &AttachArgs) -> Result<Vec<PathBuf>> {
+    match &args.job {
+        Some(_) if !args.targets.is_empty() => bail!(
+            "--job and sockets together: give `--job [ID]` to join a job's local ranks, or the \
+             sockets to join (`dflash-top attach A.sock B.sock`), not both"
+        ),
+        Some(id) => resolve_job(Some(id.as_str()).filter(|i| !i.is_empty())),
+        None => resolve_all(&args.targets),
+    }
+}
 
 pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     if args.list {
@@ -39,27 +136,17 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         }
         None => (Default::default(), crate::telemetry::verdict::DWELL_NS),
     };
-    let path = resolve(args.target.as_deref())?;
-    let session = Attached::join_with(&path, warnings, dwell_ns)?;
-    let who = format!(
-        "PID {} ({}, {})",
-        session.hello.pid,
-        session.hello.program,
-        path.display()
-    );
+    let paths = sockets(args)?;
+    let session = Watched::join(&paths, args.job.is_some(), warnings, dwell_ns)?;
+    let who = session.who(&paths);
     let since = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let label = format!(
-        "attached to PID {} ({}) since {}",
-        session.hello.pid,
-        session.hello.program,
-        local_hms(since)
-    );
+    let label = format!("{} since {}", session.label(), local_hms(since));
     let flight = args
         .flight
         .as_deref()
-        .map(|dir| FlightRecorder::start(&session.telemetry, dir))
+        .map(|dir| FlightRecorder::start(session.telemetry(), dir))
         .transpose()?;
     let deadline = args
         .seconds
@@ -101,7 +188,7 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
 
 /// The interval lines until the viewer leaves; the reason when a `--fail-if` gate held.
 fn headless(
-    session: &Attached,
+    session: &Watched,
     who: &str,
     interval: f64,
     deadline: Option<Instant>,
@@ -109,11 +196,11 @@ fn headless(
     flight: Option<&FlightRecorder>,
 ) -> Option<String> {
     println!("attached to {who}");
-    let snapshots = session.telemetry.subscribe();
+    let snapshots = session.telemetry().subscribe();
     let interval = Duration::from_secs_f64(interval);
     let mut next = Instant::now() + interval;
     while !crate::signals::requested()
-        && !session.ended.load(Ordering::SeqCst)
+        && !session.ended()
         && deadline.is_none_or(|d| Instant::now() < d)
     {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
@@ -130,15 +217,15 @@ fn headless(
     None
 }
 
-fn tui(session: &Attached, deadline: Option<Instant>, label: String) -> Result<()> {
+fn tui(session: &Watched, deadline: Option<Instant>, label: String) -> Result<()> {
     use crate::tui::{terminal, EngineControls};
     terminal::install_panic_hook();
-    let snapshots = session.telemetry.subscribe();
-    let mut ctl = EngineControls::new(&session.telemetry, session.hello.can_save);
+    let snapshots = session.telemetry().subscribe();
+    let mut ctl = EngineControls::new(session.telemetry(), session.can_save());
     ctl.attached = true;
     ctl.attached_label = Some(label);
     let finished = || {
-        if session.ended.load(Ordering::SeqCst) {
+        if session.ended() {
             let why = session.end_reason().unwrap_or_default();
             return crate::tui::End::run(format!("{why}: press q to leave"));
         }

@@ -271,6 +271,7 @@ impl Assembler {
             alerts: Vec::new(),
             steps: self.spans(threads),
             warnings: Vec::new(),
+            ranks: Vec::new(),
         }
     }
 

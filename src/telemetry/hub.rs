@@ -258,7 +258,9 @@ impl Telemetry {
         }
     }
 
-    fn publish(&self, snap: Snapshot) {
+    /// Sends `snap` to every subscriber, as the hub does each tick (a merged view of several
+    /// sessions publishes what it made of theirs).
+    pub fn publish(&self, snap: Snapshot) {
         let snap = Arc::new(snap);
         let mut subs = self.subscribers.lock().expect("subscribers poisoned");
         subs.retain(|s| !matches!(s.try_send(snap.clone()), Err(TrySendError::Disconnected(_))));

@@ -305,6 +305,23 @@ pub struct Snapshot {
     /// The warnings in force, most severe first (`telemetry::warnings`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<super::warnings::Warning>,
+    /// A merged view of several sessions (`attach --job`, `attach A B`): each one's own numbers,
+    /// in rank order; empty for one process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankView>,
+}
+
+/// One session of a merged view: what its own hub made of it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankView {
+    /// `r1` (a rank of a job) or `p1234` (a session with no job): its threads' and queues' prefix.
+    pub name: String,
+    pub step: u64,
+    pub tok_per_s: f64,
+    pub verdict: Verdict,
+    /// Its session ended (the others go on).
+    #[serde(default)]
+    pub ended: bool,
 }
 
 /// One ended iteration of one thread, for the Chrome trace.
@@ -320,6 +337,34 @@ pub struct StepSpan {
 }
 
 impl Snapshot {
+    /// Of a merged view's sessions still running, the one with the fewest tokens a second (None
+    /// with fewer than two).
+    pub fn slowest_rank(&self) -> Option<&RankView> {
+        let live: Vec<&RankView> = self.ranks.iter().filter(|r| !r.ended).collect();
+        if live.len() < 2 {
+            return None;
+        }
+        live.into_iter()
+            .min_by(|a, b| a.tok_per_s.total_cmp(&b.tok_per_s))
+    }
+
+    /// Of a merged view's sessions still running (all, once every one ended), the one whose
+    /// verdict is worst (`Verdict::severity`), the slower on a tie.
+    pub fn worst_rank(&self) -> Option<&RankView> {
+        let live = self.ranks.iter().filter(|r| !r.ended);
+        let pool: Vec<&RankView> = if live.clone().next().is_some() {
+            live.collect()
+        } else {
+            self.ranks.iter().collect()
+        };
+        pool.into_iter().max_by(|a, b| {
+            a.verdict
+                .severity()
+                .cmp(&b.verdict.severity())
+                .then(b.tok_per_s.total_cmp(&a.tok_per_s))
+        })
+    }
+
     pub fn queue(&self, name: &str) -> Option<&QueueView> {
         self.queues.iter().find(|q| q.name == name)
     }

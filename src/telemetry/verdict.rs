@@ -47,6 +47,22 @@ impl Verdict {
         }
     }
 
+    /// How much a verdict asks for attention, for the worst of several ranks: a stall first,
+    /// then a bottleneck, a pause, warming up, and balanced last.
+    pub fn severity(self) -> u8 {
+        match self {
+            Verdict::Balanced => 0,
+            Verdict::Warmup => 1,
+            Verdict::Paused => 2,
+            Verdict::Stalled => 4,
+            Verdict::LoaderBound
+            | Verdict::TargetBound
+            | Verdict::DrafterBound
+            | Verdict::Starved(_)
+            | Verdict::Blocked(_) => 3,
+        }
+    }
+
     pub fn short(self) -> &'static str {
         match self {
             Verdict::Warmup => "warmup",

@@ -101,6 +101,8 @@ struct State {
 /// The tap. Cheap when no outlet is attached: records are encoded only for someone.
 pub struct Fanout {
     telemetry: Telemetry,
+    /// The job the hello names (the stats file beside the socket says it too).
+    job: Option<crate::job::JobTag>,
     state: Mutex<State>,
 }
 
@@ -126,11 +128,22 @@ impl Fanout {
     /// `can_save`: whether the engine can save a checkpoint when a viewer asks; `config`: the
     /// run's `config:` line, said in the hello.
     pub fn tap(telemetry: &Telemetry, can_save: bool, config: Option<String>) -> Arc<Fanout> {
-        let f = Fanout::new(
+        Self::tap_job(telemetry, can_save, config, None)
+    }
+
+    /// `tap` for one rank of a multi-process job: the hello names `job`.
+    pub fn tap_job(
+        telemetry: &Telemetry,
+        can_save: bool,
+        config: Option<String>,
+        job: Option<crate::job::JobTag>,
+    ) -> Arc<Fanout> {
+        let f = Fanout::with_job(
             telemetry,
             crate::telemetry::hub::measure_mark_cost(),
             can_save,
             config,
+            job,
         );
         telemetry.add_tap(f.clone());
         f
@@ -142,6 +155,16 @@ impl Fanout {
         can_save: bool,
         config: Option<String>,
     ) -> Arc<Fanout> {
+        Self::with_job(telemetry, ns_per_mark, can_save, config, None)
+    }
+
+    fn with_job(
+        telemetry: &Telemetry,
+        ns_per_mark: f64,
+        can_save: bool,
+        config: Option<String>,
+        job: Option<crate::job::JobTag>,
+    ) -> Arc<Fanout> {
         let hello = Msg::Hello(Hello {
             pid: std::process::id(),
             program: "dflash-top".into(),
@@ -150,14 +173,21 @@ impl Fanout {
             stages: StageTable::builtin(),
             can_save,
             config,
+            job: job.clone(),
         });
         Arc::new(Fanout {
             telemetry: telemetry.clone(),
+            job,
             state: Mutex::new(State {
                 decls: vec![encode(&hello).into()],
                 ..State::default()
             }),
         })
+    }
+
+    /// The job the hello names.
+    pub fn job(&self) -> Option<&crate::job::JobTag> {
+        self.job.as_ref()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -155,6 +155,105 @@ pub fn resolve(target: Option<&str>) -> Result<PathBuf> {
     }
 }
 
+/// The sockets to join for `attach TARGET...`: each a PID or a socket path, in the order given;
+/// a path that is no socket is a sentence naming it.
+pub fn resolve_all(targets: &[String]) -> Result<Vec<PathBuf>> {
+    if targets.is_empty() {
+        return Ok(vec![resolve(None)?]);
+    }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for t in targets {
+        let path = resolve(Some(t))?;
+        if !is_socket(&path) {
+            bail!(
+                "{} is not a dflash-top session's socket ({}): give a PID or a socket of `dflash-top \
+                 attach --list`, or a socket forwarded with `ssh -L`",
+                path.display(),
+                if path.exists() {
+                    "it is no socket"
+                } else {
+                    "no such file"
+                }
+            );
+        }
+        if !out.contains(&path) {
+            out.push(path);
+        }
+    }
+    Ok(out)
+}
+
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// The job a session is one rank of: from its stats file, else from its hello (a session that
+/// has not written one yet).
+pub fn job_of(s: &SessionInfo) -> Option<crate::job::JobTag> {
+    if let Some(j) = s.stats.as_ref().and_then(|st| st.job.clone()) {
+        return Some(j);
+    }
+    if s.stats.is_some() {
+        return None;
+    }
+    let (stream, hello) = connect(&s.path).ok()?;
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    hello.job
+}
+
+/// The sockets of every local rank of job `id` (`attach --job ID`), lowest rank first; with no
+/// id, of the one job running here. None found, or several jobs when no id was given, is a
+/// sentence that lists what there is.
+pub fn resolve_job(id: Option<&str>) -> Result<Vec<PathBuf>> {
+    let ranks: Vec<(crate::job::JobTag, PathBuf)> = sessions()
+        .iter()
+        .filter_map(|s| Some((job_of(s)?, s.path.clone())))
+        .collect();
+    pick_job(ranks, id, &socket_dir())
+}
+
+/// `resolve_job` over sessions already read: (job, socket) pairs.
+pub fn pick_job(
+    mut ranks: Vec<(crate::job::JobTag, PathBuf)>,
+    id: Option<&str>,
+    dir: &Path,
+) -> Result<Vec<PathBuf>> {
+    let mut ids: Vec<String> = ranks.iter().map(|(j, _)| j.id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    let id = match (id, ids.as_slice()) {
+        (Some(id), _) => id.to_string(),
+        (None, [one]) => one.clone(),
+        (None, []) => bail!(
+            "no session of a multi-process job in {}: start the ranks with RANK, WORLD_SIZE, \
+             MASTER_ADDR and MASTER_PORT set (torchrun sets them), or give sockets: `dflash-top \
+             attach A.sock B.sock`",
+            dir.display()
+        ),
+        (None, many) => bail!(
+            "{} jobs are running here ({}); pick one with `dflash-top attach --job ID`",
+            many.len(),
+            many.join(", ")
+        ),
+    };
+    ranks.retain(|(j, _)| j.id == id);
+    if ranks.is_empty() {
+        bail!(
+            "no running session of job {id:?} in {}{}: `dflash-top attach --list` shows each \
+             session's job",
+            dir.display(),
+            if ids.is_empty() {
+                String::new()
+            } else {
+                format!(" (jobs here: {})", ids.join(", "))
+            }
+        );
+    }
+    ranks.sort_by_key(|(j, _)| (j.rank, j.local_rank));
+    Ok(ranks.into_iter().map(|(_, p)| p).collect())
+}
+
 /// `6144`, `12.3K`: tokens a second, as the header shows them.
 fn rate(v: f64) -> String {
     if v >= 1e4 {
@@ -180,8 +279,14 @@ pub fn list_text(found: &[SessionInfo]) -> String {
             ),
             None => ("–".into(), "–".into(), "–".into()),
         };
+        let job = s
+            .stats
+            .as_ref()
+            .and_then(|st| st.job.as_ref())
+            .map(|j| format!("  job {} rank {}/{}", j.id, j.rank, j.world))
+            .unwrap_or_default();
         lines.push(format!(
-            "  {:>8}  {:<16} {:<8}  {:>8}  {:>8}  {:>7}  {}",
+            "  {:>8}  {:<16} {:<8}  {:>8}  {:>8}  {:>7}  {}{job}",
             s.pid,
             s.comm,
             s.started.map(local_hms).unwrap_or_else(|| "–".into()),
@@ -222,6 +327,14 @@ pub fn connect(path: &Path) -> Result<(UnixStream, Hello)> {
     Ok((s, hello))
 }
 
+/// Whether the session's process runs on this host: its job says so, else its PID is alive here.
+pub fn on_this_host(hello: &Hello) -> bool {
+    match &hello.job {
+        Some(j) => j.host == crate::job::hostname(),
+        None => crate::probe::alive(hello.pid),
+    }
+}
+
 /// A joined session: a local hub fed by the socket.
 pub struct Attached {
     pub telemetry: Telemetry,
@@ -253,8 +366,14 @@ impl Attached {
         telemetry.warnings = warnings;
         telemetry.verdict_dwell_ns = dwell_ns;
         telemetry.watched_pid = Some(hello.pid);
+        // A socket forwarded from another host (`ssh -L`): its PID means nothing in this /proc
+        // and its GPUs are not this host's.
+        telemetry.probes = on_this_host(&hello);
         telemetry.ns_per_mark = Some(hello.ns_per_mark);
         let mut mirror = Mirror::new(&hello, &telemetry, 0)?;
+        if !telemetry.probes {
+            mirror.on_other_host();
+        }
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<HubCommand>();
         telemetry.forward_commands(cmd_tx);
         let ended = Arc::new(AtomicBool::new(false));
@@ -339,4 +458,49 @@ pub fn describe_sessions() -> Result<String> {
         ));
     }
     Ok(list_text(&found))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::JobTag;
+
+    fn tag(id: &str, rank: u32) -> JobTag {
+        JobTag {
+            id: id.into(),
+            rank,
+            world: 2,
+            local_rank: rank,
+            host: "h".into(),
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            agent_store: false,
+        }
+    }
+
+    #[test]
+    fn attach_job_picks_the_ranks_of_one_job_or_says_which_there_are() {
+        let dir = Path::new("/run/dflash-top");
+        let ranks = vec![
+            (tag("a", 1), PathBuf::from("a1.sock")),
+            (tag("a", 0), PathBuf::from("a0.sock")),
+        ];
+        let got = pick_job(ranks.clone(), None, dir).unwrap();
+        assert_eq!(got, [PathBuf::from("a0.sock"), PathBuf::from("a1.sock")]);
+        let mut two = ranks.clone();
+        two.push((tag("b", 0), PathBuf::from("b0.sock")));
+        let e = pick_job(two.clone(), None, dir).unwrap_err().to_string();
+        assert!(
+            e.contains("2 jobs") && e.contains("a, b") && e.contains("--job ID"),
+            "{e}"
+        );
+        assert_eq!(
+            pick_job(two, Some("b"), dir).unwrap(),
+            [PathBuf::from("b0.sock")]
+        );
+        let e = pick_job(ranks, Some("c"), dir).unwrap_err().to_string();
+        assert!(e.contains("job \"c\"") && e.contains("jobs here: a"), "{e}");
+        let e = pick_job(Vec::new(), None, dir).unwrap_err().to_string();
+        assert!(e.contains("no session of a multi-process job"), "{e}");
+    }
 }

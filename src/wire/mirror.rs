@@ -33,6 +33,9 @@ pub struct Mirror {
     remote_dropped: u64,
     wire_dropped: u64,
     seen_sample: bool,
+    /// The producer's clock is another host's (a socket forwarded with `ssh -L`): its first
+    /// sample sets the shift to this host's clock, and steps before it are let go.
+    other_host: bool,
 }
 
 fn leak(s: &str) -> &'static str {
@@ -87,7 +90,14 @@ impl Mirror {
             remote_dropped: 0,
             wire_dropped: 0,
             seen_sample: false,
+            other_host: false,
         })
+    }
+
+    /// The producer runs on another host: its CLOCK_MONOTONIC is not ours, so its times are
+    /// moved by the difference its first sample shows (the forwarding's latency included).
+    pub fn on_other_host(&mut self) {
+        self.other_host = true;
     }
 
     /// Moves later wire times by `delta_ns` (a replay skipping a long gap).
@@ -195,6 +205,9 @@ impl Mirror {
     }
 
     fn step(&mut self, s: WireStep) {
+        if self.other_host && !self.seen_sample {
+            return;
+        }
         let Some(t) = self.thread(s.th) else { return };
         let record = StepRecord {
             thread: t.local,
@@ -213,6 +226,9 @@ impl Mirror {
     }
 
     fn sample(&mut self, s: Sample) {
+        if self.other_host && !self.seen_sample {
+            self.shift_ns = clock::to_monotonic(clock::now_ns()) as i128 - s.now as i128;
+        }
         let sw = self.telemetry.switches();
         if !self.seen_sample || sw.profiling() != s.prof {
             sw.set_profiling(s.prof);
@@ -249,5 +265,50 @@ impl Mirror {
         self.remote_dropped = s.dropped;
         self.telemetry
             .set_dropped(self.remote_dropped + self.wire_dropped);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::switches::GpuTiming;
+
+    fn sample(now: u64) -> Msg {
+        Msg::Sample(Sample {
+            now,
+            prof: true,
+            timing: GpuTiming::Async,
+            paused: false,
+            dropped: 0,
+            live: Vec::new(),
+            q: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn another_hosts_clock_is_moved_onto_ours_by_its_first_sample() {
+        let hello = Hello {
+            pid: 1,
+            program: "dflash-top".into(),
+            now_ns: 5,
+            ns_per_mark: 10.0,
+            stages: StageTable::builtin(),
+            can_save: false,
+            config: None,
+            job: None,
+        };
+        let telemetry = Telemetry::new();
+        let mut m = Mirror::new(&hello, &telemetry, 0).unwrap();
+        m.on_other_host();
+        // That host booted long after this one: its clock reads one second now.
+        let theirs = 1_000_000_000u64;
+        m.apply(sample(theirs));
+        let here = clock::now_ns();
+        let moved = m.local(theirs + 500_000_000);
+        let ahead = moved as i128 - here as i128;
+        assert!(
+            (400_000_000..=600_000_000).contains(&ahead),
+            "half a second after their sample is about half a second from now here: {ahead} ns"
+        );
     }
 }

@@ -64,6 +64,10 @@ pub struct Hello {
     /// recordings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<String>,
+    /// The multi-process job this process is one rank of (src/job.rs); none for a plain run.
+    /// `attach --job` finds the ranks by it and the merged view names threads by its rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::job::JobTag>,
 }
 
 /// A thread of the producer, declared before any of its steps.
@@ -238,6 +242,11 @@ impl Msg {
         match self {
             Msg::Hello(h) => {
                 text("the program name", &h.program)?;
+                if let Some(j) = &h.job {
+                    text("the job id", &j.id)?;
+                    text("the job's host", &j.host)?;
+                    text("the job's master address", &j.master_addr)?;
+                }
                 bounded("the hello's clock", h.now_ns, MAX_TIME_NS)?;
                 if !(h.ns_per_mark.is_finite() && (0.0..=1e9).contains(&h.ns_per_mark)) {
                     return Err(format!("ns_per_mark {} is not a cost", h.ns_per_mark));

@@ -235,7 +235,11 @@ impl Server {
         });
         let accept = {
             let shared = shared.clone();
-            let info = (info_path(path), telemetry.subscribe());
+            let info = (
+                info_path(path),
+                telemetry.subscribe(),
+                fanout.job().cloned(),
+            );
             std::thread::Builder::new()
                 .name("wire-serve".into())
                 .spawn(move || accept_loop(listener, &shared, info))?
@@ -301,6 +305,9 @@ pub struct SessionStats {
     pub step: u64,
     pub tok_per_s: f64,
     pub viewers: usize,
+    /// The job the session is one rank of (`attach --job` finds its ranks by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::job::JobTag>,
 }
 
 /// `<pid>.info` beside `<pid>.sock`.
@@ -426,10 +433,11 @@ fn accept_loop(
     info: (
         PathBuf,
         crossbeam_channel::Receiver<Arc<crate::telemetry::Snapshot>>,
+        Option<crate::job::JobTag>,
     ),
 ) {
     let mut n = 0u64;
-    let (info_path, snapshots) = info;
+    let (info_path, snapshots, job) = info;
     let mut written: Option<Instant> = None;
     while !shared.cancel.is_cancelled() {
         // The stats file, about once a second, from the newest snapshot.
@@ -439,6 +447,7 @@ fn accept_loop(
                     step: s.train.step,
                     tok_per_s: s.train.tok_per_s_1s,
                     viewers: shared.connected(),
+                    job: job.clone(),
                 };
                 write_info(&info_path, &stats);
                 written = Some(Instant::now());

@@ -41,6 +41,13 @@ fn drops_detail(spans: u64, snapshots: u64) -> String {
     out
 }
 
+/// A merged view's slowest rank, `slowest r1 (3.2K tok/s)  ` (nothing for one process).
+pub fn slowest_text(s: &crate::telemetry::Snapshot) -> String {
+    s.slowest_rank()
+        .map(|r| format!("slowest {} ({} tok/s)  ", r.name, fmt_rate(r.tok_per_s)))
+        .unwrap_or_default()
+}
+
 /// A verdict judged from wait times (not a fact of the run: paused, stalled, warming up).
 fn is_judged(v: Verdict) -> bool {
     !matches!(v, Verdict::Paused | Verdict::Stalled | Verdict::Warmup)
@@ -75,6 +82,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             format!("tok/s {}  ", fmt_rate(s.train.tok_per_s_1s)),
             t.bold(),
         ),
+        Span::styled(slowest_text(s), t.attention()),
         Span::raw(format!(
             "loss {}  tau {}  lr {}  {}",
             opt(s.train.loss, 3),
@@ -136,6 +144,10 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             }
         }
         (v, _) => (v.text().to_string(), verdict_style),
+    };
+    let verdict = match s.worst_rank().filter(|_| s.ranks.len() > 1) {
+        Some(r) if c.app.summary.is_none() => format!("{}: {verdict}", r.name),
+        _ => verdict,
     };
     line2.push(Span::styled(verdict, verdict_style));
     line2.extend(super::warnings::count_span(c));

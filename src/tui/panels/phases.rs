@@ -104,7 +104,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
     if inner.height == 0 || inner.width < 30 {
         return;
     }
-    let name_w = 11u16;
+    // Room for the names, a little more for a merged view's (`r1/drafter-0`).
+    let longest = c.snap.threads.iter().map(|t| t.name.chars().count()).max();
+    let name_w = (longest.unwrap_or(0) as u16 + 1).clamp(11, 14);
     let stats_w = 26u16;
     let bar_w = inner.width.saturating_sub(name_w + stats_w + 2) as usize;
     let mut y = inner.y;

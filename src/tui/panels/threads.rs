@@ -33,7 +33,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
     };
     // The columns shown: all of them in the threads view; beside the phase bars, those that
     // fit whole.
-    let keep = columns(area.width.saturating_sub(2), full);
+    let longest = c.snap.threads.iter().map(|t| t.name.chars().count()).max();
+    let keep = columns(area.width.saturating_sub(2), full, longest.unwrap_or(0));
     let pick = |cells: Vec<Cell<'static>>| -> Vec<Cell<'static>> {
         let mut cells: Vec<Option<Cell>> = cells.into_iter().map(Some).collect();
         keep.iter().filter_map(|(i, _)| cells[*i].take()).collect()
@@ -165,8 +166,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
 
 /// The table's columns at `width`: the thread's name, then whole columns by how much they say
 /// (beside the phase bars: ms/step, state, cpu%, os, phase; in the threads view: phase, state,
-/// ms/step, cpu%, os, step/s, role, dev); one that does not fit is left out, never cut.
-fn columns(width: u16, full: bool) -> Vec<(usize, Constraint)> {
+/// ms/step, cpu%, os, step/s, role, dev); one that does not fit is left out, never cut. The
+/// name's column grows a little for longer names (a merged view's `r1/drafter-0`).
+fn columns(width: u16, full: bool, longest: usize) -> Vec<(usize, Constraint)> {
     // (column index, width) in the order they are given room: beside the phase bars what
     // they do not say; in the threads view every column, the phase first.
     const COMPACT: [(usize, u16); 5] = [(8, 7), (5, 7), (3, 4), (6, 2), (4, 12)];
@@ -190,9 +192,15 @@ fn columns(width: u16, full: bool) -> Vec<(usize, Constraint)> {
         }
     }
     keep.sort_by_key(|k| k.0);
-    if full {
-        keep[0].1 = Constraint::Length(name);
-    }
+    let name = name
+        + (longest as u16)
+            .saturating_sub(name)
+            .min(width.saturating_sub(used));
+    keep[0].1 = if full {
+        Constraint::Length(name)
+    } else {
+        Constraint::Min(name)
+    };
     keep
 }
 

@@ -1,0 +1,284 @@
+//! One view of a multi-process job (issue 30): two real `train --headless` ranks of one job
+//! (RANK 0 and 1, WORLD_SIZE 2), `attach --list` naming the job, `attach --job --headless` and
+//! `attach A B` merging them (threads and queues named by rank, tok/s summed), bad input as
+//! sentences, and the merged header on a screen.
+
+use super::tui::{screen, starved_snapshot, LIVE};
+use crate::support::{bin, wait_until};
+use dflash_top::telemetry::verdict::Verdict;
+use dflash_top::tui::app::App;
+use dflash_top::tui::theme::Theme;
+use dflash_top::wire::merge::{merge, Part};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::sync::Arc;
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Two ranks of one job, training on the CPU until dropped, their sockets in a runtime dir of
+/// their own.
+struct Job {
+    runtime: tempfile::TempDir,
+    ranks: Vec<Child>,
+    port: u16,
+}
+
+impl Job {
+    fn start() -> Job {
+        let runtime = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let ranks = (0..2)
+            .map(|rank| {
+                bin()
+                    .args([
+                        "train",
+                        "--headless",
+                        "--steps",
+                        "100000",
+                        "--interval",
+                        "60",
+                    ])
+                    .env("XDG_RUNTIME_DIR", runtime.path())
+                    .env("RANK", rank.to_string())
+                    .env("LOCAL_RANK", rank.to_string())
+                    .env("WORLD_SIZE", "2")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string())
+                    .env_remove("TORCHELASTIC_RUN_ID")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        Job {
+            runtime,
+            ranks,
+            port,
+        }
+    }
+
+    fn socket(&self, rank: usize) -> PathBuf {
+        self.runtime
+            .path()
+            .join("dflash-top")
+            .join(format!("{}.sock", self.ranks[rank].id()))
+    }
+
+    fn attach(&self, args: &[&str]) -> Output {
+        attach_in(self.runtime.path(), args)
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for r in &mut self.ranks {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
+    }
+}
+
+fn attach_in(runtime: &Path, args: &[&str]) -> Output {
+    bin()
+        .arg("attach")
+        .args(args)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The number after ` key=` in an interval line.
+fn field(line: &str, key: &str) -> f64 {
+    let at = line
+        .find(&format!(" {key}="))
+        .unwrap_or_else(|| panic!("no {key}= in {line}"));
+    let rest = &line[at + key.len() + 2..];
+    let end = rest.find(' ').unwrap_or(rest.len());
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("{key}: {line}"))
+}
+
+/// The last interval line of a headless viewer.
+fn last_line(o: &Output) -> String {
+    assert!(o.status.success(), "{}", stderr(o));
+    stdout(o)
+        .lines()
+        .rfind(|l| l.starts_with("t="))
+        .unwrap_or_else(|| panic!("no interval line: {}", stdout(o)))
+        .to_string()
+}
+
+/// Both ranks' threads and queues, named by rank, and the header's tok/s their sum.
+fn assert_both_ranks(line: &str) {
+    for part in [
+        "| r0/loader ",
+        "| r0/target-0 ",
+        "| r0/drafter-0 ",
+        "| r1/loader ",
+        "| r1/target-0 ",
+        "| r1/drafter-0 ",
+        "| q.r0/hs=",
+        "| q.r1/batch=",
+        " slowest=r",
+        " verdict.rank=r",
+    ] {
+        assert!(line.contains(part), "{part:?} missing: {line}");
+    }
+    let (sum, r0, r1) = (
+        field(line, "tok/s"),
+        field(line, "r0.tok/s"),
+        field(line, "r1.tok/s"),
+    );
+    assert!(r0 > 0.0 && r1 > 0.0, "both ranks train: {line}");
+    // Each printed rounded: the sum within one token a second of theirs.
+    assert!(
+        (sum - (r0 + r1)).abs() <= 1.0,
+        "{sum} != {r0} + {r1}: {line}"
+    );
+}
+
+#[test]
+fn attach_job_shows_both_ranks_and_attach_a_b_merges_them() {
+    let job = Job::start();
+    let id = format!("127.0.0.1:{}", job.port);
+    // The sessions carry their job: the listing names it once each rank wrote its stats.
+    let list = std::cell::RefCell::new(String::new());
+    wait_until("both ranks listed with their job", || {
+        let text = stdout(&job.attach(&["--list"]));
+        let both = (0..2).all(|r| text.contains(&format!("job {id} rank {r}/2")));
+        *list.borrow_mut() = text;
+        both
+    });
+    let list = list.into_inner();
+    for r in 0..2 {
+        let row = list
+            .lines()
+            .find(|l| l.contains(&job.socket(r).display().to_string()))
+            .unwrap_or_else(|| panic!("no row for rank {r}: {list}"));
+        assert!(row.ends_with(&format!("job {id} rank {r}/2")), "{row}");
+    }
+    // `--job` with no id: the one job here.
+    let o = job.attach(&["--job", "--headless", "--seconds", "4", "--interval", "1"]);
+    assert!(
+        stdout(&o).starts_with("attached to 2 sessions (r0 PID "),
+        "{}",
+        stdout(&o)
+    );
+    assert_both_ranks(&last_line(&o));
+    // The same by its id, and by the two sockets.
+    let o = job.attach(&["--job", &id, "--headless", "--seconds", "3"]);
+    assert_both_ranks(&last_line(&o));
+    let (a, b) = (job.socket(1), job.socket(0));
+    let o = job.attach(&[
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--headless",
+        "--seconds",
+        "3",
+    ]);
+    assert_both_ranks(&last_line(&o));
+    // A job that is not here is a sentence naming the one that is.
+    let o = job.attach(&["--job", "nosuch", "--headless", "--seconds", "1"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("no running session of job \"nosuch\"") && e.contains(&id),
+        "{e}"
+    );
+    assert!(!e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn a_path_that_is_no_session_and_a_job_that_is_not_there_are_sentences() {
+    let runtime = tempfile::tempdir().unwrap();
+    let missing = runtime.path().join("gone.sock");
+    let plain = runtime.path().join("notes.txt");
+    std::fs::write(&plain, "x").unwrap();
+    for (path, why) in [(&missing, "no such file"), (&plain, "it is no socket")] {
+        let o = attach_in(runtime.path(), &[path.to_str().unwrap(), "--headless"]);
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert!(
+            e.contains(&format!(
+                "{} is not a dflash-top session's socket ({why})",
+                path.display()
+            )),
+            "{e}"
+        );
+        assert!(!e.contains("panicked"), "{e}");
+    }
+    let o = attach_in(runtime.path(), &["--job", "--headless"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("no session of a multi-process job"),
+        "{}",
+        stderr(&o)
+    );
+    let o = attach_in(
+        runtime.path(),
+        &["--job", "j", missing.to_str().unwrap(), "--headless"],
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--job and sockets together"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn the_merged_header_sums_tokens_and_names_the_slowest_rank_and_the_worst_verdict() {
+    let fast = starved_snapshot();
+    let mut slow = starved_snapshot();
+    slow.train.tok_per_s_1s = 3200.0;
+    slow.verdict = Verdict::DrafterBound;
+    let parts = [
+        Part {
+            label: "r0",
+            snap: &fast,
+            ended: false,
+        },
+        Part {
+            label: "r1",
+            snap: &slow,
+            ended: false,
+        },
+    ];
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(merge(&parts, 1)));
+    let s = screen(&app, 120, 36, Theme::from_color(true), LIVE);
+    let first = s.lines().next().unwrap();
+    assert!(first.contains("tok/s 9344"), "6144 + 3200: {first}");
+    assert!(first.contains("slowest r1 (3200 tok/s)"), "{first}");
+    let second = s.lines().nth(1).unwrap();
+    assert!(
+        second.contains(&format!("r1: {}", Verdict::DrafterBound.text())),
+        "{second}"
+    );
+    for name in [
+        "r0/drafter-0",
+        "r1/drafter-0",
+        "r0/hs queue",
+        "r1/batch queue",
+    ] {
+        assert!(s.contains(name), "{name} missing:\n{s}");
+    }
+    insta::assert_snapshot!("job_merged_1_overview_120x36", s);
+}
