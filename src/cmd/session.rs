@@ -44,9 +44,8 @@ impl Session {
                 cfg.pipeline.seq_len,
                 cfg.pipeline.anchors,
             ));
-        // The job this process is one rank of, said in the hello and beside the socket (the
-        // engine's validated tag replaces this reading of the environment).
-        let job = crate::job::JobTag::from_env().ok().flatten();
+        // The job this process is one rank of, said in the hello and beside the socket.
+        let job = cfg.pipeline.job.clone();
         // Raw records and queue samples go out to viewers and the recording as they pass the hub.
         let fanout = Fanout::tap_job(
             &telemetry,
