@@ -191,6 +191,15 @@ fn columns(width: u16, full: bool, longest: usize) -> Vec<(usize, Constraint)> {
             used += 1 + cw;
         }
     }
+    // Beside the bars, a name that would be cut (a merged view's `r1/drafter-0`) takes the
+    // room of the `os` column rather than lose its last characters.
+    let short = (longest as u16).saturating_sub(name + width.saturating_sub(used));
+    if !full && short > 0 {
+        if let Some(at) = keep.iter().position(|k| k.0 == 6) {
+            keep.remove(at);
+            used -= 3;
+        }
+    }
     keep.sort_by_key(|k| k.0);
     let name = name
         + (longest as u16)
