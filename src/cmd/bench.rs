@@ -5,6 +5,7 @@
 use crate::cli::BenchArgs;
 use crate::cmd::session::Session;
 use crate::config::{PipelineSpec, RunConfig};
+use crate::engine::flops::DrafterFlops;
 use crate::telemetry::snapshot::ThreadView;
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Role, Snapshot};
 use anyhow::{bail, Context, Result};
@@ -185,6 +186,55 @@ fn target_rates(flops: f64, s: &Snapshot) -> Option<String> {
     })
 }
 
+/// The drafter's rate per phase in TFLOP/s-equivalent (`engine::flops::drafter_flops` over each
+/// phase's device time), per drafter worker.
+fn drafter_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
+    let f = crate::engine::flops::drafter_flops(&cfg.drafter_spec, cfg.seq_len, cfg.anchors);
+    drafter_rates(f, cfg.batch as f64, s)
+}
+
+/// `f` a row x `rows` over each drafter worker's forward, loss and backward milliseconds a step,
+/// and over the three together; only where phases are device time.
+fn drafter_rates(f: DrafterFlops, rows: f64, s: &Snapshot) -> Option<String> {
+    if !matches!(s.gpu_timing?, GpuTiming::Events | GpuTiming::Sync) {
+        return None;
+    }
+    let parts = [
+        ("forward", Phase::Forward, f.forward),
+        ("loss", Phase::Loss, f.loss),
+        ("backward", Phase::Backward, f.backward),
+    ];
+    let rate = |flops: f64, ms: f64| flops * rows / (ms / 1e3) / 1e12;
+    let rates: Vec<String> = s
+        .threads
+        .iter()
+        .filter(|t| t.role == Role::Drafter)
+        .filter_map(|t| {
+            let ms: Vec<f64> = parts.iter().map(|p| t.w10.ms_per_step(p.1)).collect();
+            if ms.iter().any(|m| *m <= 0.0) {
+                return None;
+            }
+            let each: Vec<String> = parts
+                .iter()
+                .zip(&ms)
+                .map(|(p, m)| format!("{}={:.0}", p.0, rate(p.2, *m)))
+                .collect();
+            let all = rate(f.step(), ms.iter().sum());
+            Some(format!("{} {} together={all:.0}", t.name, each.join(" ")))
+        })
+        .collect();
+    (!rates.is_empty()).then(|| {
+        format!(
+            "drafter TFLOP/s-equivalent by phase ({:.1} TFLOP a batch: forward {:.1}, loss {:.1}, backward {:.1}): {}",
+            f.step() * rows / 1e12,
+            f.forward * rows / 1e12,
+            f.loss * rows / 1e12,
+            f.backward * rows / 1e12,
+            rates.join("; ")
+        )
+    })
+}
+
 /// Trains for --steps (default 60) without printing; reports throughput over the last 10 s and
 /// per-thread phase times.
 fn engine(args: &BenchArgs) -> Result<()> {
@@ -229,6 +279,9 @@ fn engine(args: &BenchArgs) -> Result<()> {
         println!("bench: {}", phase_line(t));
     }
     if let Some(line) = target_rate_line(cfg, &s) {
+        println!("bench: {line}");
+    }
+    if let Some(line) = drafter_rate_line(cfg, &s) {
         println!("bench: {line}");
     }
     for line in memory_lines(cfg) {
@@ -516,5 +569,32 @@ mod tests {
         assert_eq!(target_rates(43e12, &s), None);
         s.gpu_timing = None;
         assert_eq!(target_rates(43e12, &s), None);
+    }
+
+    #[test]
+    fn the_drafter_rate_is_each_phases_flops_over_its_device_time() {
+        let mut d = worker("drafter-0", Role::Drafter, 20);
+        d.w10.phase_ns[Phase::Loss.index()] = 2 * 10_000_000;
+        d.w10.phase_ns[Phase::Backward.index()] = 2 * 40_000_000;
+        let mut s = Snapshot {
+            threads: vec![worker("target-0", Role::Target, 100), d],
+            gpu_timing: Some(GpuTiming::Events),
+            ..Default::default()
+        };
+        let f = DrafterFlops {
+            forward: 5e12,
+            loss: 3e12,
+            backward: 10e12,
+        };
+        // Two rows: 10 TFLOP in 20 ms, 6 in 10 ms, 20 in 40 ms; 36 in 70 ms together.
+        assert_eq!(
+            drafter_rates(f, 2.0, &s).as_deref(),
+            Some(
+                "drafter TFLOP/s-equivalent by phase (36.0 TFLOP a batch: forward 10.0, loss 6.0, \
+                 backward 20.0): drafter-0 forward=500 loss=600 backward=500 together=514"
+            )
+        );
+        s.gpu_timing = Some(GpuTiming::Async);
+        assert_eq!(drafter_rates(f, 2.0, &s), None);
     }
 }

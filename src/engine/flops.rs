@@ -22,20 +22,43 @@ pub fn target_flops(target: &Qwen3Config, spec: &DrafterSpec, seq: i64) -> f64 {
     layers * (2.0 * seq * layer_macs(target) + attention)
 }
 
-/// Drafter over target cost per batch, from FLOPs: the target's forward over `seq` tokens a row
-/// against the drafter's forward and backward over `anchors` blocks a row (its layers, the
-/// frozen lm head's forward and input gradient, the context projection).
-pub fn flop_ratio(target: &Qwen3Config, spec: &DrafterSpec, seq: i64, anchors: i64) -> f64 {
-    let target_flops = target_flops(target, spec, seq);
-    let seq = seq as f64;
+/// The matmul FLOPs of one drafter step over a row by phase (attention left out: its windows
+/// are small), for `anchors` blocks a row (a row with fewer anchors does less: an upper bound).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DrafterFlops {
+    /// Its layers over the blocks and the context projection over the row's `seq` tokens.
+    pub forward: f64,
+    /// The frozen lm head's forward and its input gradient (the loss phase computes both).
+    pub loss: f64,
+    /// The input and weight gradients of the forward's matmuls: twice the forward.
+    pub backward: f64,
+}
+
+impl DrafterFlops {
+    pub fn step(&self) -> f64 {
+        self.forward + self.loss + self.backward
+    }
+}
+
+pub fn drafter_flops(spec: &DrafterSpec, seq: i64, anchors: i64) -> DrafterFlops {
     let d = &spec.layers;
     let tokens = (anchors * spec.block_size) as f64;
     let layers = d.num_hidden_layers as f64;
     let context = spec.target_layer_ids.len() as f64 * (d.hidden_size * d.hidden_size) as f64;
-    let forward = 2.0 * tokens * layer_macs(d) * layers + 2.0 * seq * context;
+    let forward = 2.0 * tokens * layer_macs(d) * layers + 2.0 * seq as f64 * context;
     let head = 2.0 * tokens * (d.hidden_size * d.vocab_size) as f64;
-    let drafter_flops = 3.0 * forward + 2.0 * head;
-    drafter_flops / target_flops.max(1.0)
+    DrafterFlops {
+        forward,
+        loss: 2.0 * head,
+        backward: 2.0 * forward,
+    }
+}
+
+/// Drafter over target cost per batch, from FLOPs: the target's forward over `seq` tokens a row
+/// against the drafter's forward and backward over `anchors` blocks a row (its layers, the
+/// frozen lm head's forward and input gradient, the context projection).
+pub fn flop_ratio(target: &Qwen3Config, spec: &DrafterSpec, seq: i64, anchors: i64) -> f64 {
+    drafter_flops(spec, seq, anchors).step() / target_flops(target, spec, seq).max(1.0)
 }
 
 #[cfg(test)]
@@ -65,5 +88,23 @@ mod tests {
         let r = flop_ratio(&p.target, &p.drafter_spec(&p.target), 3072, 512);
         // Counted by hand: target forward ≈ 43 TFLOP a row, drafter step ≈ 70 TFLOP.
         assert!((1.0..2.5).contains(&r), "{r}");
+    }
+
+    #[test]
+    fn the_drafters_flops_split_by_phase_as_counted_by_hand() {
+        let p = Preset::by_name("qwen3-8b").unwrap();
+        let spec = p.drafter_spec(&p.target);
+        let f = drafter_flops(&spec, 3072, 512);
+        // 8192 block tokens through 5 layers of 4096 x (2 x 4096 + 2 x 1024) + 3 x 4096 x 12288
+        // multiply-adds, plus 3072 tokens through a 5 x 4096 -> 4096 projection: 16.32 TFLOP;
+        // the head 8192 x 4096 x 151936 twice (forward, input gradient): 20.39 TFLOP.
+        assert!(
+            (f.forward / 1e12 - 16.32).abs() < 0.05,
+            "{}",
+            f.forward / 1e12
+        );
+        assert!((f.loss / 1e12 - 20.39).abs() < 0.05, "{}", f.loss / 1e12);
+        assert_eq!(f.backward, 2.0 * f.forward);
+        assert_eq!(f.step(), f.forward + f.loss + f.backward);
     }
 }
