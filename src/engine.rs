@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod data;
 pub mod decode;
 pub mod drafter;
+pub mod drafter_bench;
 pub mod drafter_graph;
 pub mod drafter_step;
 pub mod drafter_worker;

@@ -583,6 +583,41 @@ fn two_cpu_drafter_replicas_train_in_step() {
     assert!(line.contains("grad_sync_ms="), "{line}");
 }
 
+/// `bench drafter` times the drafter alone: every phase of its step, the step the sum of them.
+#[test]
+fn bench_drafter_times_each_phase_of_the_drafter_alone() {
+    let o = run(&["bench", "drafter", "--steps", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let head = out
+        .lines()
+        .find(|l| l.starts_with("bench: drafter alone"))
+        .unwrap();
+    let phases = out
+        .lines()
+        .find(|l| l.starts_with("bench: drafter ms a step:"))
+        .unwrap();
+    let names: Vec<&str> = phases
+        .split_whitespace()
+        .filter_map(|w| w.split_once('=').map(|(k, _)| k))
+        .collect();
+    assert_eq!(
+        names,
+        ["forward", "loss", "backward", "clip", "optim", "metrics"],
+        "{phases}"
+    );
+    let sum: f64 = names.iter().map(|n| field(phases, n).unwrap()).sum();
+    let step = field(head, "step_ms").unwrap();
+    assert!(
+        names.iter().all(|n| field(phases, n).unwrap() > 0.0),
+        "{phases}"
+    );
+    assert!(
+        (sum - step).abs() < 0.2,
+        "the phases add up to the step: {sum} vs {step}"
+    );
+}
+
 #[test]
 fn cpu_replicas_end_identical_and_learn_like_one_drafter_with_all_their_rows() {
     let o = run(&[

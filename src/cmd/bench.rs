@@ -44,9 +44,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             alternate(args, &settings)?;
         }
         "replicas" => replicas(args)?,
+        "drafter" => drafter(args)?,
         "generate" => generate(args)?,
         other => {
-            bail!("bench `{other}`: use engine, modes, profiling, replicas, generate or telemetry")
+            bail!("bench `{other}`: use engine, drafter, modes, profiling, replicas, generate or telemetry")
         }
     }
     Ok(crate::cmd::session::signal_exit())
@@ -233,6 +234,49 @@ fn drafter_rates(f: DrafterFlops, rows: f64, s: &Snapshot) -> Option<String> {
             rates.join("; ")
         )
     })
+}
+
+/// `bench drafter`: the drafter alone for --steps (default 20) timed steps on hidden states its
+/// target computed first; each phase's device time and TFLOP/s-equivalent.
+fn drafter(args: &BenchArgs) -> Result<()> {
+    let cfg = RunConfig::from_args(&args.train)?.pipeline;
+    let steps = args.train.steps.unwrap_or(20);
+    let times = crate::engine::drafter_bench::run(&cfg, steps)?;
+    let f = crate::engine::flops::drafter_flops(&cfg.drafter_spec, cfg.seq_len, cfg.anchors);
+    let rows = cfg.batch as f64;
+    println!(
+        "bench: drafter alone preset={} batch={} seq_len={} anchors={} device={:?} steps={steps} \
+         step_ms={:.1} tok/s={:.0}",
+        cfg.preset.name,
+        cfg.batch,
+        cfg.seq_len,
+        cfg.anchors,
+        cfg.drafter_devices[0],
+        times.step_ms(),
+        rows * cfg.seq_len as f64 / (times.step_ms() / 1e3)
+    );
+    let phases: Vec<String> = times
+        .ms
+        .iter()
+        .map(|(p, _)| format!("{}={:.1}", p.name(), times.per_step(*p)))
+        .collect();
+    println!("bench: drafter ms a step: {}", phases.join(" "));
+    let rate = |flops: f64, ms: f64| flops * rows / (ms / 1e3) / 1e12;
+    let (fw, lo, bw) = (
+        times.per_step(Phase::Forward),
+        times.per_step(Phase::Loss),
+        times.per_step(Phase::Backward),
+    );
+    println!(
+        "bench: drafter TFLOP/s-equivalent alone ({:.1} TFLOP a batch): forward={:.0} loss={:.0} \
+         backward={:.0} together={:.0}",
+        f.step() * rows / 1e12,
+        rate(f.forward, fw),
+        rate(f.loss, lo),
+        rate(f.backward, bw),
+        rate(f.step(), fw + lo + bw)
+    );
+    Ok(())
 }
 
 /// Trains for --steps (default 60) without printing; reports throughput over the last 10 s and

@@ -62,7 +62,7 @@ fn slice_rows(b: &PackedBatch, rows: Range<i64>) -> PackedBatch {
 
 /// Anchors of every row of `b`, each row from a sampler seeded by the step and the row, so that
 /// a replica and the single drafter draw the same anchors for the same row.
-fn anchors_by_row(b: &PackedBatch, cfg: &PipelineSpec, step: u64) -> Vec<Vec<i64>> {
+pub(crate) fn anchors_by_row(b: &PackedBatch, cfg: &PipelineSpec, step: u64) -> Vec<Vec<i64>> {
     let seq = b.seq as usize;
     (0..b.rows as usize)
         .map(|r| {
