@@ -1,21 +1,25 @@
 //! Jobs of several processes on the CPU (libtorch's TCPStore and Gloo): real `dflash-top`
 //! processes given torchrun's variables (and torchrun itself), as a user launches them.
 
-use crate::support::{bin, repo, wait_until};
+use crate::support::{bin, free_port, repo, wait_until};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Rank `rank` of `world` with `args`, its output into `dir/rR.out` and `dir/rR.err`.
 fn rank(dir: &Path, port: u16, world: u32, rank: u32, args: &[&str]) -> Child {
+    rank_with(dir, port, world, rank, args, &[])
+}
+
+/// `rank` with more variables in its environment.
+fn rank_with(
+    dir: &Path,
+    port: u16,
+    world: u32,
+    rank: u32,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> Child {
     let out = std::fs::File::create(dir.join(format!("r{rank}.out"))).unwrap();
     let err = std::fs::File::create(dir.join(format!("r{rank}.err"))).unwrap();
     bin()
@@ -28,6 +32,7 @@ fn rank(dir: &Path, port: u16, world: u32, rank: u32, args: &[&str]) -> Child {
         .env("MASTER_PORT", port.to_string())
         .env_remove("TORCHELASTIC_RUN_ID")
         .env_remove("TORCHELASTIC_USE_AGENT_STORE")
+        .envs(vars.iter().copied())
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -273,23 +278,8 @@ fn a_failing_rank_stops_the_others_with_its_sentence() {
     let port = free_port();
     let args = ["train", "--headless", "--steps", "100000"];
     let mut r0 = rank(dir.path(), port, 2, 0, &args);
-    let mut r1 = {
-        let out = std::fs::File::create(dir.path().join("r1.out")).unwrap();
-        let err = std::fs::File::create(dir.path().join("r1.err")).unwrap();
-        bin()
-            .args(args)
-            .current_dir(dir.path())
-            .env("RANK", "1")
-            .env("WORLD_SIZE", "2")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("DFLASH_TOP_FAULT", "error:drafter")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap()
-    };
+    let fault = [("DFLASH_TOP_FAULT", "error:drafter")];
+    let mut r1 = rank_with(dir.path(), port, 2, 1, &args, &fault);
     let s1 = wait_within(&mut r1, Duration::from_secs(120), "the failing rank");
     let s0 = wait_within(&mut r0, Duration::from_secs(60), "the other rank");
     let err0 = read(dir.path(), 0, "err");

@@ -4,7 +4,7 @@
 //! sentences, and the merged header on a screen.
 
 use super::tui::{screen, starved_snapshot, LIVE};
-use crate::support::{bin, wait_until};
+use crate::support::{bin, free_port, wait_until};
 use dflash_top::telemetry::verdict::Verdict;
 use dflash_top::tui::app::App;
 use dflash_top::tui::theme::Theme;
@@ -14,14 +14,6 @@ use std::process::{Child, Output, Stdio};
 use std::sync::Arc;
 
 /// A port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Two ranks of one job, training on the CPU until dropped, their sockets in a runtime dir of
 /// their own.
 struct Job {

@@ -26,3 +26,13 @@ pub fn wait_until(what: &str, ok: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A TCP port of this host that was free a moment ago (bound, then let go): a job's
+/// MASTER_PORT.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -179,7 +179,7 @@ mod ffi {
 
 /// The message the shim wrote for a failed call: its first line (libtorch appends a C++
 /// backtrace after it).
-fn shim_error(buf: &[u8]) -> String {
+pub(crate) fn shim_error(buf: &[u8]) -> String {
     let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
     let text = String::from_utf8_lossy(&buf[..end]);
     text.lines().next().unwrap_or("").trim().to_string()

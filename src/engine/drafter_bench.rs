@@ -6,9 +6,8 @@
 //! the drafter's phases).
 
 use super::data::{PackedBatch, Packer};
-use super::drafter_step::{DrafterStep, StepProbe};
-use super::optim::AdamW;
-use super::pipeline::{build_drafters, build_target, data_source, frozen_on};
+use super::drafter_step::StepProbe;
+use super::pipeline::{build_drafters, build_target, data_source};
 use super::replicas::Single;
 use super::spec::PipelineSpec;
 use super::target_graph::TargetForward;
@@ -121,17 +120,13 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<PhaseTimes> {
         .pop()
         .context("a drafter was built")?;
     let _stream = super::cuda::Stream::own(dev)?; // as the worker has
-    let mut step = DrafterStep {
-        model,
-        optimizer: AdamW::new(vs.variables().into_iter().collect()),
-        spec: spec.clone(),
-        embed: frozen_on(&target.embed_tokens, dev),
-        lm_head: frozen_on(&target.lm_head, dev),
-        device: dev,
-        replicas: Box::new(Single),
-        loss_chunk_mib: cfg.loss_chunk_mib,
-        graphs: super::drafter_graph::StepGraphs::as_installed(),
-    };
+    let mut step = super::replica_check::bench_step(
+        cfg,
+        (&target.embed_tokens, &target.lm_head),
+        (model, &vs, dev),
+        Box::new(Single),
+        super::drafter_graph::StepGraphs::as_installed(),
+    );
     step.prepare()?;
     let mut probe = SyncedPhases {
         device: dev,

@@ -268,10 +268,7 @@ pub fn plan_buckets(layout: &[(&str, (i64, i64))]) -> Vec<Bucket> {
 // SAFETY: a member is used by the one drafter thread it is handed to.
 unsafe impl Send for NcclMember {}
 
-fn error_text(buf: &[u8]) -> String {
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
+use super::c10d::shim_error as error_text;
 
 impl NcclMember {
     /// The rank's process group, made on first use on the calling thread.

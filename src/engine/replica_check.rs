@@ -155,16 +155,10 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         let mut one = build_drafters(cfg, &devices[..1])?;
         one.pop().context("a drafter was built")?
     };
-    let step_for = |model, vs: &tch::nn::VarStore, dev: Device, replicas| DrafterStep {
-        model,
-        optimizer: AdamW::new(vs.variables().into_iter().collect()),
-        spec: cfg.drafter_spec.clone(),
-        embed: frozen_on(&embed, dev),
-        lm_head: frozen_on(&lm_head, dev),
-        device: dev,
-        replicas,
-        loss_chunk_mib: cfg.loss_chunk_mib,
-        graphs: super::drafter_graph::StepGraphs::off(),
+    let step_for = |model, vs: &tch::nn::VarStore, dev: Device, replicas| {
+        let frozen = (&embed, &lm_head);
+        let graphs = super::drafter_graph::StepGraphs::off();
+        bench_step(cfg, frozen, (model, vs, dev), replicas, graphs)
     };
     let mut single = step_for(single_model, &single_vs, single_dev, Box::new(Single));
     single.prepare()?;
@@ -302,17 +296,9 @@ pub fn run_ranks(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         let (vs, model, dev) = build_drafters(cfg, &[dev])?
             .pop()
             .context("a drafter was built")?;
-        let mut step = DrafterStep {
-            model,
-            optimizer: AdamW::new(vs.variables().into_iter().collect()),
-            spec: cfg.drafter_spec.clone(),
-            embed: frozen_on(&target.embed_tokens, dev),
-            lm_head: frozen_on(&target.lm_head, dev),
-            device: dev,
-            replicas,
-            loss_chunk_mib: cfg.loss_chunk_mib,
-            graphs: super::drafter_graph::StepGraphs::off(),
-        };
+        let frozen = (&target.embed_tokens, &target.lm_head);
+        let graphs = super::drafter_graph::StepGraphs::off();
+        let mut step = bench_step(cfg, frozen, (model, &vs, dev), replicas, graphs);
         step.prepare()?;
         // The optimizer holds the parameters; the var store may go.
         drop(vs);
@@ -369,6 +355,28 @@ pub fn run_ranks(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         replica_diff,
         single_diff,
     })
+}
+
+/// A drafter step of the checks and benches: `model` (with its var store and device) trained by
+/// a fresh AdamW, reading the target's frozen (embedding, lm head).
+pub(crate) fn bench_step(
+    cfg: &PipelineSpec,
+    frozen: (&Tensor, &Tensor),
+    (model, vs, dev): (super::drafter::Drafter, &tch::nn::VarStore, Device),
+    replicas: Box<dyn super::replicas::GradMean>,
+    graphs: super::drafter_graph::StepGraphs,
+) -> DrafterStep {
+    DrafterStep {
+        model,
+        optimizer: AdamW::new(vs.variables().into_iter().collect()),
+        spec: cfg.drafter_spec.clone(),
+        embed: frozen_on(frozen.0, dev),
+        lm_head: frozen_on(frozen.1, dev),
+        device: dev,
+        replicas,
+        loss_chunk_mib: cfg.loss_chunk_mib,
+        graphs,
+    }
 }
 
 /// A float tensor's values as little-endian bytes.
