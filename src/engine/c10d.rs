@@ -389,18 +389,19 @@ impl Drop for GlooGroup {
     }
 }
 
+/// A free TCP port of this host (bound, then let go): the tests' MASTER_PORT.
+#[cfg(test)]
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A free TCP port of this host (bound, then let go).
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
 
     #[test]
     fn ranks_meet_in_the_tcp_store_and_sum_and_broadcast_through_gloo() {

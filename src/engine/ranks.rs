@@ -618,6 +618,75 @@ impl GradMean for JobMember {
 mod tests {
     use super::*;
 
+    use crate::engine::c10d::free_port;
+
+    fn tag(rank: u32, world: u32, port: u16) -> JobTag {
+        JobTag {
+            id: format!("test-{port}"),
+            rank,
+            world,
+            local_rank: rank,
+            host: "here".into(),
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            agent_store: false,
+        }
+    }
+
+    /// `world` ranks as threads of this process, each joined to a real store, running `body`.
+    fn ranks<T: Send>(world: u32, body: impl Fn(Arc<JobLink>) -> T + Sync) -> Vec<T> {
+        let port = free_port();
+        let fields = vec![("seed".to_string(), "1".to_string())];
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..world)
+                .map(|r| {
+                    let (body, fields) = (&body, &fields);
+                    s.spawn(move || {
+                        let link =
+                            JobLink::join(&tag(r, world, port), fields, Duration::from_secs(30))
+                                .unwrap();
+                        let out = body(link.clone());
+                        link.finish(&Ok(()));
+                        out
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn ranks_pass_the_gate_together_skip_together_or_all_stop() {
+        use Arrival::*;
+        let rounds = [[Go, Go, Go], [Go, Skip, Go], [Skip, Stop, Go], [Go, Go, Go]];
+        let seen = ranks(3, |link| {
+            let gate = JobGate::new(link.clone(), CancelToken::new());
+            rounds
+                .iter()
+                .map(|r| gate.pass(r[link.tag.rank as usize]))
+                .collect::<Vec<_>>()
+        });
+        for (rank, outcomes) in seen.iter().enumerate() {
+            assert_eq!(
+                outcomes,
+                &vec![Go, Skip, Stop, Go],
+                "rank {rank}: the most severe arrival of each round"
+            );
+        }
+    }
+
+    #[test]
+    fn an_exchange_gives_every_rank_every_value_in_rank_order() {
+        let seen = ranks(3, |link| {
+            let mine = [link.tag.rank as u8 * 10];
+            link.exchange("x", &mine, &CancelToken::new(), Duration::from_secs(30))
+                .unwrap()
+        });
+        for got in seen {
+            assert_eq!(got, vec![vec![0u8], vec![10], vec![20]]);
+        }
+    }
+
     #[test]
     fn config_lines_split_into_fields_and_a_difference_names_rank_and_field() {
         let f = config_fields("config: recipe=preset:tiny lr=6e-4 data=/a b/c.jsonl seed=1");
