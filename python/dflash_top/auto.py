@@ -95,9 +95,11 @@ class Auto:
     """The process-wide instrumentation: hooks installed by `install`, a socket served like a
     `Profiler`'s. One per process (`auto()` makes it)."""
 
-    def __init__(self, serve: bool = True, path: Optional[str] = None) -> None:
+    def __init__(self, serve: bool = True, path: Optional[str] = None, gpu_timing: str = "Async") -> None:
+        if gpu_timing not in TIMING_OF:
+            raise ValueError("gpu_timing %r: use one of %s" % (gpu_timing, ", ".join(sorted(TIMING_OF))))
         self.on = True
-        self.gpu_timing = "Async"
+        self.gpu_timing = gpu_timing
         self.paused = False
         self.ns_per_mark = 0.0
         self._tls = threading.local()
@@ -455,11 +457,12 @@ _COUNTED_IDX = frozenset(BASE_PHASES.index(p) for p in COUNTED)
 _AUTO: Optional[Auto] = None
 
 
-def auto(serve: bool = True, path: Optional[str] = None) -> Auto:
+def auto(serve: bool = True, path: Optional[str] = None, gpu_timing: str = "Async") -> Auto:
     """Instruments this process (once; later calls return the same instance) and serves its
-    telemetry for `dflash-top attach`."""
+    telemetry for `dflash-top attach`. `gpu_timing` is how CUDA threads' phases are timed at
+    start (`Async`, `Sync` or `Events`; a viewer can switch it)."""
     global _AUTO
     if _AUTO is None:
-        _AUTO = Auto(serve=serve, path=path)
+        _AUTO = Auto(serve=serve, path=path, gpu_timing=gpu_timing)
         _AUTO.install()
     return _AUTO

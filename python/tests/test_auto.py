@@ -178,6 +178,25 @@ def test_python_m_dflash_top_run_runs_a_script_with_its_arguments(tmp_path):
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
+def test_run_starts_cuda_threads_in_the_timing_asked_for(tmp_path):
+    script = tmp_path / "timing.py"
+    script.write_text("import dflash_top\nprint('timing', dflash_top.auto().gpu_timing)\n")
+    runtime = tmp_path / "rt"
+    runtime.mkdir()
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, XDG_RUNTIME_DIR=str(runtime))
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "dflash_top", "run", *a], env=env, capture_output=True, text=True,
+        timeout=120,
+    )
+    for flag in (["--gpu-timing", "events"], ["--gpu-timing=events"]):
+        out = run(*flag, str(script))
+        assert out.returncode == 0, out.stderr
+        assert "timing Events" in out.stdout
+    assert "timing Async" in run(str(script)).stdout, "async unless asked"
+    bad = run("--gpu-timing", "fast", str(script))
+    assert bad.returncode == 2 and "--gpu-timing 'fast': use async, sync or events" in bad.stderr
+
+
 def test_after_settling_only_the_top_level_modules_keep_hooks(auto, monkeypatch):
     a, c = auto
     mod = sys.modules["dflash_top.auto"]
