@@ -68,6 +68,7 @@ fn recording(secs: u64) -> Vec<Msg> {
                     ..Default::default()
                 }),
                 n: Vec::new(),
+                sy: Vec::new(),
             }));
         }
     }

@@ -469,6 +469,22 @@ fn a_counted_phase_shows_its_entries_per_step() {
     );
 }
 
+/// Issue 28: a phase where our engine read the device back shows its host syncs per step.
+#[test]
+fn a_phase_with_counted_host_syncs_shows_them_per_step() {
+    let mut w = window(&[(Phase::Forward, 10), (Phase::Metrics, 2)], 4);
+    w.host_syncs[Phase::Metrics.index()] = 4;
+    let parts = phase_parts(&w, Role::Drafter.phases());
+    assert!(
+        parts.contains(&"metrics 2.0ms 17% 1.0 sync".to_string()),
+        "{parts:?}"
+    );
+    assert!(
+        parts.contains(&"forward 10.0ms 83%".to_string()),
+        "{parts:?}"
+    );
+}
+
 /// Issue 26: numbers a pipeline never reported are shown as absent, never as zeros.
 #[test]
 fn training_numbers_never_reported_are_shown_as_absent() {

@@ -30,6 +30,11 @@ pub struct PhaseWindow {
     /// syncs); fractional at the window's edges like `phase_steps`.
     #[serde(default)]
     pub phase_n: [f64; N_PHASES],
+    /// Host syncs (reads of the device back to the host) of the steps that ended in the window,
+    /// by phase, where the producer counts them (our engine); counted where `steps` is, with or
+    /// without profiling.
+    #[serde(default)]
+    pub host_syncs: [u64; N_PHASES],
 }
 
 impl PhaseWindow {
@@ -44,6 +49,7 @@ impl PhaseWindow {
         for i in 0..N_PHASES {
             self.phase_ns[i] += other.phase_ns[i];
             self.phase_n[i] += other.phase_n[i];
+            self.host_syncs[i] += other.host_syncs[i];
         }
     }
 
@@ -94,6 +100,22 @@ impl PhaseWindow {
             return 0.0;
         }
         self.phase_n[phase.index()] / d
+    }
+
+    /// Mean host syncs per ended step in `phase` (0 where the producer does not count them).
+    pub fn host_syncs_per_step(&self, phase: Phase) -> f64 {
+        if self.steps == 0 {
+            return 0.0;
+        }
+        self.host_syncs[phase.index()] as f64 / self.steps as f64
+    }
+
+    /// Mean host syncs per ended step, all phases.
+    pub fn host_syncs_per_step_all(&self) -> f64 {
+        if self.steps == 0 {
+            return 0.0;
+        }
+        self.host_syncs.iter().sum::<u64>() as f64 / self.steps as f64
     }
 
     /// Mean wall milliseconds per step.

@@ -54,8 +54,9 @@ pub enum Rule {
     ProfilingCost,
     /// Step records (or trace spans) dropped.
     Dropped,
-    /// A thread spends a share of its time in host syncs (where the producer counts them: a
-    /// Python pipeline's `sync` phase).
+    /// A thread spends a share of its time in host syncs (where the producer times them: a
+    /// Python pipeline's `sync` phase), or a thread on a GPU reads the device back more times a
+    /// step than its budget (where the producer counts them: our engine).
     HostSync,
 }
 

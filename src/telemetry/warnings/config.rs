@@ -34,6 +34,9 @@ pub struct WarnConfig {
     /// `host_sync`: a thread's share of time in counted host syncs (10 s window), 0..1.
     pub host_sync_share: f64,
     pub host_sync_s: f64,
+    /// `host_sync`: host syncs a step (10 s window) a thread on a GPU may make where the producer
+    /// counts them (our engine reads its step's figures back once, in `metrics`).
+    pub host_syncs_per_step: f64,
     /// Rules switched off, by name.
     pub off: Vec<String>,
     /// Severities that replace the rules' own: `starved = "error"`.
@@ -57,6 +60,7 @@ impl Default for WarnConfig {
             dropped_window_s: 10.0,
             host_sync_share: 0.10,
             host_sync_s: 10.0,
+            host_syncs_per_step: 2.0,
             off: Vec::new(),
             severity: BTreeMap::new(),
         }
@@ -91,6 +95,14 @@ impl WarnConfig {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(format!(
                     "`warnings.{k}` {v} is not a duration: give seconds, 0 or more"
+                ));
+            }
+        }
+        let counts = [("host_syncs_per_step", self.host_syncs_per_step)];
+        for (k, v) in counts {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(format!(
+                    "`warnings.{k}` {v} is not a count: give a number, 0 or more"
                 ));
             }
         }

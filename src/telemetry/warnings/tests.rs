@@ -303,6 +303,43 @@ fn host_syncs_over_their_share_where_the_producer_counts_them() {
     assert!(run(WarnConfig::default(), 30.0, syncing(120.0)).is_empty());
 }
 
+/// Issue 28: our engine counts its reads of the device back per phase; a thread on a GPU over
+/// the budget a step is warned about, naming the phases, most first.
+#[test]
+fn counted_host_syncs_over_the_budget_a_step_on_a_gpu() {
+    // Ten steps in the 10 s window, `loss` and `metrics` reads in all; on `device`.
+    let reads = |device: &'static str, loss: u64, metrics: u64| {
+        move |s: &mut Snapshot| {
+            let t = &mut s.threads[2];
+            t.device = device.into();
+            t.w10.steps = 10;
+            t.w10.host_syncs[Phase::Loss.index()] = loss;
+            t.w10.host_syncs[Phase::Metrics.index()] = metrics;
+        }
+    };
+    let w = run(WarnConfig::default(), 11.0, reads("cuda:0", 50, 10));
+    assert_eq!(keys(&w), ["host_sync:drafter-0"]);
+    for m in [
+        "6.0 times a step",
+        "5.0 in loss, 1.0 in metrics",
+        "budget of 2",
+    ] {
+        assert!(w[0].evidence.contains(m), "no {m} in {}", w[0].evidence);
+    }
+    assert!(w[0].fix.starts_with("keep loss's numbers"), "{}", w[0].fix);
+    // Held for its time first.
+    assert!(run(WarnConfig::default(), 9.0, reads("cuda:0", 50, 10)).is_empty());
+    // Our engine's one read a step: silent; so is the same code on the CPU (nothing to wait for).
+    assert!(run(WarnConfig::default(), 30.0, reads("cuda:0", 0, 10)).is_empty());
+    assert!(run(WarnConfig::default(), 30.0, reads("cpu", 50, 10)).is_empty());
+    // The budget is the TOML's.
+    let cfg = WarnConfig {
+        host_syncs_per_step: 8.0,
+        ..WarnConfig::default()
+    };
+    assert!(run(cfg, 30.0, reads("cuda:0", 50, 10)).is_empty());
+}
+
 #[test]
 fn rules_can_be_switched_off_and_their_severity_replaced() {
     let starve = |s: &mut Snapshot| s.queues[1].consumer_wait_share = 0.8;
@@ -334,6 +371,13 @@ fn bad_settings_are_sentences_naming_the_key() {
                 ..WarnConfig::default()
             },
             "`warnings.gpu_idle_s`",
+        ),
+        (
+            WarnConfig {
+                host_syncs_per_step: -1.0,
+                ..WarnConfig::default()
+            },
+            "`warnings.host_syncs_per_step` -1 is not a count",
         ),
         (
             WarnConfig {
