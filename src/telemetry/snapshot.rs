@@ -243,6 +243,25 @@ pub struct GpuView {
     pub throttle: Vec<String>,
 }
 
+/// libtorch's caching allocator on one CUDA device of this process (`getDeviceStats`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorView {
+    /// The device, `cuda:N`.
+    pub cuda: u32,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    /// Segments held now.
+    pub segments: u64,
+    /// Device allocations (cudaMalloc or mapped), frees (cudaFree or unmapped) and allocation
+    /// retries since the process started.
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    pub alloc_retries: u64,
+    /// Device allocations plus frees a second, and retries a second, since the last sample.
+    pub churn_per_s: f64,
+    pub retries_per_s: f64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum GpuPanel {
     Absent(String),
@@ -308,6 +327,10 @@ pub struct Snapshot {
     pub memory: Option<MemoryView>,
     pub queues: Vec<QueueView>,
     pub gpus: GpuPanel,
+    /// The caching allocator on each CUDA device this process trains on; empty on the CPU,
+    /// without the CUDA shim, or when watching another process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocator: Vec<AllocatorView>,
     /// The drafter's cost per batch over the target's, estimated from the models' FLOPs (for the
     /// placement advice where the stages share GPUs and their times cannot be told apart).
     #[serde(default)]
@@ -344,5 +367,10 @@ pub struct StepSpan {
 impl Snapshot {
     pub fn queue(&self, name: &str) -> Option<&QueueView> {
         self.queues.iter().find(|q| q.name == name)
+    }
+
+    /// The caching allocator's figures of `cuda:N`, where they are read.
+    pub fn allocator_of(&self, cuda: u32) -> Option<&AllocatorView> {
+        self.allocator.iter().find(|a| a.cuda == cuda)
     }
 }

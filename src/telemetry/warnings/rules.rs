@@ -21,6 +21,7 @@ impl Warnings {
         self.profiling_cost(s, &mut out);
         self.dropped(s, &mut out);
         self.host_sync(s, &mut out);
+        self.alloc_churn(s, &mut out);
         out
     }
 
