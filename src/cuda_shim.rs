@@ -47,6 +47,7 @@ pub(crate) mod ffi {
         ) -> c_int;
         pub fn dflash_memory_peak(device: c_int, reset: c_int, peak: *mut u64) -> c_int;
         pub fn dflash_memory_total(device: c_int, total: *mut u64) -> c_int;
+        pub fn dflash_allocator_stats(device: c_int, out: *mut i64) -> c_int;
         pub fn dflash_fused_adamw(
             param: *mut c_void,
             grad: *mut c_void,
@@ -156,6 +157,9 @@ pub(crate) mod ffi {
         1
     }
     pub unsafe fn dflash_memory_total(_: c_int, _: *mut u64) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_allocator_stats(_: c_int, _: *mut i64) -> c_int {
         1
     }
     #[allow(clippy::too_many_arguments)]
@@ -272,4 +276,42 @@ pub fn memory_total(device: usize) -> Result<u64> {
         "CUDA device properties",
     )?;
     Ok(total)
+}
+
+/// libtorch's caching allocator on one CUDA device (`getDeviceStats`): what it holds now, and
+/// its counts since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorStats {
+    /// Bytes reserved from the device (cached, used or not).
+    pub reserved_bytes: u64,
+    /// Bytes in tensors now.
+    pub allocated_bytes: u64,
+    /// Segments (device allocations) held now.
+    pub segments: u64,
+    /// Device allocations made (cudaMalloc, or mapped with expandable segments), in all.
+    pub device_allocs: u64,
+    /// Device frees made (cudaFree, or unmapped), in all.
+    pub device_frees: u64,
+    /// Failed device allocations that freed the cache and retried, in all.
+    pub alloc_retries: u64,
+}
+
+/// The caching allocator's statistics on CUDA device `device`; an error without the shim, or
+/// before this process allocated there.
+pub fn allocator_stats(device: usize) -> Result<AllocatorStats> {
+    let mut out = [0i64; 6];
+    // SAFETY: the shim writes six values into `out`.
+    check(
+        unsafe { ffi::dflash_allocator_stats(device as c_int, out.as_mut_ptr()) },
+        "CUDA allocator statistics",
+    )?;
+    let n = |i: usize| out[i].max(0) as u64;
+    Ok(AllocatorStats {
+        reserved_bytes: n(0),
+        allocated_bytes: n(1),
+        segments: n(2),
+        device_allocs: n(3),
+        device_frees: n(4),
+        alloc_retries: n(5),
+    })
 }

@@ -18,6 +18,7 @@ pub mod drafter_worker;
 pub mod fast_paths;
 pub mod flops;
 pub mod handoff;
+pub mod host_sync;
 pub mod jsonl;
 pub mod layers;
 pub mod loss;

@@ -135,6 +135,10 @@ fn phase_fields(w: &PhaseWindow, phases: &[Phase]) -> String {
         if w.phase_n[p.index()] > 0.0 {
             let _ = write!(out, " {}_n={:.1}", p.name(), w.count_per_step(*p));
         }
+        // Host syncs per step, where the producer counts them (our engine's device reads).
+        if w.host_syncs[p.index()] > 0 {
+            let _ = write!(out, " {}_syncs={:.1}", p.name(), w.host_syncs_per_step(*p));
+        }
     }
     if w.gpu_idle_ns > 0 && w.wall_ns > 0 {
         let _ = write!(

@@ -1,7 +1,9 @@
 //! System probes of this process: per-thread CPU and OS state from its own /proc task list,
-//! memory (sysinfo, this pid only), and GPUs (NVML) matched to its `cuda:N`. All optional; the hub
+//! memory (sysinfo, this pid only), GPUs (NVML) matched to its `cuda:N`, and libtorch's caching
+//! allocator on them. All optional; the hub
 //! samples them at their own rates. And whether another process is still there (`alive`).
 
+pub mod allocator;
 pub mod cpu;
 pub mod gpu;
 pub mod visible;

@@ -1,5 +1,6 @@
 //! Telemetry: phases, per-thread recorders, monitored queues, the hub and its snapshots.
 
+pub mod allocator;
 pub mod assemble;
 pub mod clock;
 pub mod flight;

@@ -497,6 +497,15 @@ fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
     ] {
         assert!(last.contains(part), "{part} missing: {last}");
     }
+    // Issue 28: the drafter's host syncs cross the socket (one a step, in metrics).
+    let drafter_syncs = |l: &str| {
+        let d = l.split(" | ").find(|p| p.starts_with("drafter-0 "))?;
+        super::runs::field(d, "metrics_syncs")
+    };
+    assert!(
+        out.lines().any(|l| drafter_syncs(l) == Some(1.0)),
+        "no drafter-0 metrics_syncs=1.0: {out}"
+    );
     // Detached: the run goes on to its last step and removes its socket.
     let done = train.wait_with_output().unwrap();
     let out = String::from_utf8_lossy(&done.stdout);

@@ -420,6 +420,7 @@ mod frames {
                     tok,
                     m: None,
                     n: ph.iter().map(|(k, _)| (*k, 1)).collect(),
+                    sy: ph.iter().map(|(k, _)| (*k, 2)).collect(),
                 })
             ),
             (n64(), id(), n64(), phases(), count(), id(), n64(), n64()).prop_map(
@@ -638,6 +639,7 @@ mod frames {
                 tok: 0,
                 m: None,
                 n: Vec::new(),
+                sy: Vec::new(),
             })
         };
         let decl = Msg::Thread(ThreadDecl {

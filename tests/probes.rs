@@ -152,6 +152,18 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
         }
         .into();
     }
+    // The caching allocator read on cuda:1 only (cuda:0's figures unread: `n/a`, never zeros).
+    snap.allocator = vec![AllocatorView {
+        cuda: 1,
+        reserved_bytes: 60 << 30,
+        allocated_bytes: 52 << 30,
+        segments: 31,
+        device_allocs: 400,
+        device_frees: 380,
+        alloc_retries: 2,
+        churn_per_s: 12.0,
+        retries_per_s: 0.0,
+    }];
     app.on_snapshot(Arc::new(snap));
     let (ctl, _) = super::tui::controls(false);
     app.update(Action::ShowView(3), &ctl);
@@ -165,6 +177,18 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
         "{s}"
     );
     assert!(s.contains("nvml 1 (hidden)"), "{s}");
+    let row_after = |label: &str| {
+        let rows: Vec<&str> = s.lines().collect();
+        let i = rows.iter().position(|r| r.contains(label)).unwrap();
+        rows[i + 1].to_string()
+    };
+    assert!(
+        row_after("cuda:1 H200")
+            .contains("alloc 52.0/60.0 GiB  31 seg  12 malloc+free/s  2 retries"),
+        "{s}"
+    );
+    assert!(row_after("cuda:0 H200").contains("alloc n/a"), "{s}");
+    assert!(!row_after("nvml 1 (hidden)").contains("alloc"), "{s}");
     // Targets busy 80 ms a step, drafters 35 ms (waits left out), the 2 GPUs this process
     // sees (NVML's third is hidden from it).
     assert!(
@@ -241,4 +265,47 @@ fn recordings_made_before_the_probe_fields_still_load() {
         panic!("GPUs lost")
     };
     assert_eq!((g[0].cuda, g[0].mem_bw_pct, g[0].util_pct), (None, 0, 97));
+}
+
+/// Issue 28: libtorch's caching allocator read through the shim on cuda:0: tensors of growing
+/// shapes, all kept, make it go to the device again and again (device allocations, segments and
+/// reserved bytes grow, allocated bytes cover the tensors), and the hub's track turns that into a
+/// rate. Skipped without a GPU and the CUDA shim.
+#[test]
+#[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
+fn the_allocator_of_cuda_0_counts_device_allocations_for_tensors_of_changing_shapes() {
+    use dflash_top::probe::allocator::sample;
+    use dflash_top::telemetry::allocator::AllocatorTrack;
+    use dflash_top::telemetry::phase_recorder::LiveStep;
+    let Some(dev) = crate::cuda_shim_or_skip("the caching allocator's figures") else {
+        return;
+    };
+    let warm = tch::Tensor::zeros([1], (tch::Kind::Float, dev));
+    let cuda0 = ThreadInfo {
+        name: "drafter-0".into(),
+        role: Role::Drafter,
+        device: "cuda:0".into(),
+        tid: 0,
+        live: Arc::new(LiveStep::default()),
+    };
+    let mut track = AllocatorTrack::default();
+    track.sample(std::slice::from_ref(&cuda0), 0);
+    let before = sample(&[0])[0].stats;
+    // 24 tensors of 8 MiB + k MiB each (above the 1 MiB small pool, each a shape of its own).
+    let kept: Vec<tch::Tensor> = (0..24i64)
+        .map(|k| tch::Tensor::ones([(8 + k) << 18], (tch::Kind::Float, dev)))
+        .collect();
+    let after = sample(&[0])[0].stats;
+    let bytes: u64 = (0..24u64).map(|k| (8 + k) << 20).sum();
+    assert!(
+        after.device_allocs >= before.device_allocs + 8,
+        "{before:?} -> {after:?}"
+    );
+    assert!(after.segments > before.segments, "{before:?} -> {after:?}");
+    assert!(after.reserved_bytes >= before.reserved_bytes + bytes / 2);
+    assert!(after.allocated_bytes >= before.allocated_bytes + bytes);
+    let views = track.sample(std::slice::from_ref(&cuda0), 500_000_000);
+    assert_eq!(views.len(), 1, "{views:?}");
+    assert!(views[0].churn_per_s >= 16.0, "{views:?}");
+    drop((kept, warm));
 }

@@ -69,6 +69,7 @@ fn recording(secs: u64) -> Vec<Msg> {
                     ..Default::default()
                 }),
                 n: Vec::new(),
+                sy: Vec::new(),
             }));
         }
     }

@@ -68,6 +68,20 @@ fn headless_run_prints_interval_lines_and_its_loss_falls() {
             lines.last().unwrap()
         );
     }
+    // Issue 28: the drafter reads the device back once a step, in metrics; nothing else does.
+    let counted: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| {
+            let drafter = l.split(" | ").find(|p| p.starts_with("drafter-0 "))?;
+            field(drafter, "metrics_syncs")
+        })
+        .collect();
+    assert!(
+        !counted.is_empty() && counted.iter().all(|n| *n == 1.0),
+        "{out}"
+    );
+    let syncs = |l: &&str| l.matches("_syncs=").count();
+    assert!(lines.iter().all(|l| syncs(l) <= 1), "{out}");
     let first = lines
         .iter()
         .find_map(|l| field(l, "loss"))

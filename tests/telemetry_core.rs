@@ -184,6 +184,7 @@ pub fn record(thread: usize, end_ms: u64, wall_ms: u64, forward_ms: u64) -> Step
         tokens: 100,
         metrics: None,
         phase_n: [0; N_PHASES],
+        host_syncs: [0; N_PHASES],
     }
 }
 

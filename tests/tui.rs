@@ -158,6 +158,7 @@ pub fn starved_snapshot() -> Snapshot {
             },
         ],
         gpus: GpuPanel::Absent("no NVIDIA GPU (NVML not found)".into()),
+        allocator: Vec::new(),
         stage_ratio_flops: None,
         loss_history: (0..40).map(|i| (i as f64, 8.0 - i as f64 * 0.1)).collect(),
         tok_history: (0..40)
@@ -462,6 +463,22 @@ fn a_counted_phase_shows_its_entries_per_step() {
     let parts = phase_parts(&w, Role::Drafter.phases());
     assert!(
         parts.contains(&"metrics 2.0ms 17% x1.5".to_string()),
+        "{parts:?}"
+    );
+    assert!(
+        parts.contains(&"forward 10.0ms 83%".to_string()),
+        "{parts:?}"
+    );
+}
+
+/// Issue 28: a phase where our engine read the device back shows its host syncs per step.
+#[test]
+fn a_phase_with_counted_host_syncs_shows_them_per_step() {
+    let mut w = window(&[(Phase::Forward, 10), (Phase::Metrics, 2)], 4);
+    w.host_syncs[Phase::Metrics.index()] = 4;
+    let parts = phase_parts(&w, Role::Drafter.phases());
+    assert!(
+        parts.contains(&"metrics 2.0ms 17% 1.0 sync".to_string()),
         "{parts:?}"
     );
     assert!(

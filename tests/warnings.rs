@@ -393,3 +393,108 @@ fn attach_takes_its_warning_rules_from_config_and_refuses_a_bad_table() {
     train.kill().unwrap();
     train.wait().unwrap();
 }
+
+/// Issue 28: `attach --flight DIR` keeps the last minute in the viewer: a headless attach to a
+/// run whose target takes 5 s a step, with a gate that holds after 8 s, writes the dump into DIR
+/// (the watched run, `--flight off`, writes none) holding the steps it saw, and `replay` plays
+/// the dump to its end.
+#[test]
+fn attach_flight_dumps_what_the_viewer_saw_and_the_dump_replays() {
+    use dflash_top::wire::recording::{read, Recording};
+    let runtime = tempfile::tempdir().unwrap();
+    let flight = runtime.path().join("viewer-dumps");
+    let mut train = bin()
+        .args(["train", "--headless", "--slow", "target=5s"])
+        .args(["--interval", "60", "--flight", "off"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", train.id()));
+    wait_until("the run's socket", || sock.exists());
+    let o = bin()
+        .args(["attach", "--headless", "--seconds", "40", "--interval", "5"])
+        .args(["--flight", flight.to_str().unwrap()])
+        .args(["--fail-if", "tok/s<1e12 after 8s"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    train.kill().unwrap();
+    train.wait().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let found = dumps(&o);
+    assert_eq!(found.len(), 1, "{}", stdout(&o));
+    let (rec, trace) = &found[0];
+    assert!(rec.starts_with(&flight), "{}", rec.display());
+    assert!(
+        stdout(&o).contains(".json): fail-if: `tok/s<1e12 after 8s` held"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(trace.as_ref().is_some_and(|t| t.exists()));
+    let Recording::Snapshots(snaps) = read(rec).unwrap() else {
+        panic!("a dump is one snapshot a line");
+    };
+    assert!(snaps.len() >= 50, "the seconds before: {}", snaps.len());
+    let target_steps = |s: &dflash_top::telemetry::Snapshot| {
+        s.threads
+            .iter()
+            .find(|t| t.name == "target-0")
+            .map_or(0, |t| t.run.steps)
+    };
+    assert!(
+        target_steps(snaps.last().unwrap()) >= 1,
+        "the target's 5 s steps the viewer saw"
+    );
+    let cmd = format!(
+        "{} replay {}; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        rec.display()
+    );
+    let tui = crate::tmux::Session::start_sized(
+        format!("dflash-attach-flight-{}", std::process::id()),
+        (120, 30),
+        &cmd,
+    );
+    let screen = tui.wait_for("the viewer's dump replayed to its end", |x| {
+        x.contains("REPLAY") && x.contains("end of recording")
+    });
+    assert!(screen.contains("target-0"), "{screen}");
+}
+
+/// Issue 28: in the TUI the dump's path shows on the status line (the same `flight:` line the
+/// headless run prints), and the file is there.
+#[test]
+fn the_tui_shows_where_a_stall_was_dumped() {
+    let dir = tempfile::tempdir().unwrap();
+    let flight = dir.path().join("d");
+    let cmd = format!(
+        "{} train --slow target=30s --flight {}; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top"),
+        flight.display()
+    );
+    let tui = crate::tmux::Session::start_sized(
+        format!("dflash-tui-flight-{}", std::process::id()),
+        (240, 40),
+        &cmd,
+    );
+    let screen = tui.wait_for("the dump's path on screen", |x| x.contains("flight: "));
+    let line = screen
+        .lines()
+        .find_map(|l| Some(&l[l.find("flight: ")?..]))
+        .unwrap();
+    let path = line
+        .strip_prefix("flight: ")
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap();
+    assert!(
+        path.starts_with(flight.to_str().unwrap()) && path.ends_with(".jsonl"),
+        "{line}"
+    );
+    assert!(std::path::Path::new(path).exists(), "{line}");
+    tui.keys("q");
+}

@@ -176,7 +176,7 @@ impl DrafterStep {
             ],
             0,
         );
-        let host = Vec::<f32>::try_from(packed.to_device(Device::Cpu))?; // the one transfer
+        let host: Vec<f32> = super::host_sync::read(&packed)?; // the one transfer
         let finite = host[3] > 0.5;
         if !finite {
             self.optimizer.unstep();
@@ -357,5 +357,82 @@ mod tests {
             moved > 0.0 && gap <= 1e-2 * moved,
             "moved {moved}, apart {gap}"
         );
+    }
+
+    /// A probe that marks the phases through a worker's `Marks`, as the drafter worker's does.
+    struct Marking<'a>(&'a mut crate::engine::marks::Marks);
+
+    impl StepProbe for Marking<'_> {
+        fn mark(&mut self, phase: Phase) {
+            self.0.mark(phase);
+        }
+    }
+
+    /// Issue 28: a real drafter step on the CPU reads the device back exactly once, its figures
+    /// in `metrics`, and its step record carries that count (a read that skipped the helper, or
+    /// a new read on the hot path, changes it).
+    #[test]
+    fn a_drafter_step_reads_the_device_back_once_in_metrics_and_its_record_says_so() {
+        let args = TrainArgs {
+            preset: Some("tiny".into()),
+            ..Default::default()
+        };
+        let cfg = RunConfig::from_args(&args).unwrap().pipeline;
+        let dev = Device::Cpu;
+        let ids = &cfg.drafter_spec.target_layer_ids;
+        let (_tvs, target) = build_target(&cfg, &cfg.target_config, ids, dev).unwrap();
+        let (vs, model, device) = build_drafters(&cfg, &[dev]).unwrap().remove(0);
+        let mut step = DrafterStep {
+            model,
+            optimizer: AdamW::new(vs.variables().into_iter().collect()),
+            spec: cfg.drafter_spec.clone(),
+            embed: frozen_on(&target.embed_tokens, device),
+            lm_head: frozen_on(&target.lm_head, device),
+            device,
+            replicas: Box::new(Single),
+            loss_chunk_mib: 1,
+            graphs: StepGraphs::off(),
+        };
+        let telemetry = crate::telemetry::Telemetry::new();
+        let rec = telemetry
+            .sink()
+            .recorder(crate::telemetry::Role::Drafter, "cpu");
+        let switches = telemetry.switches().clone();
+        let mut marks = crate::engine::marks::Marks::new(rec, dev, switches).unwrap();
+        let counts = std::sync::Arc::new(DataCounts::default());
+        let mut source = data_source(&cfg, &cfg.target_config, &cfg.drafter_spec, &counts).unwrap();
+        let (mut packer, mut rng) = (Packer::new(), Rng::new(5));
+        for _ in 0..3 {
+            let b = packer
+                .pack(source.as_mut(), cfg.batch, cfg.seq_len)
+                .unwrap();
+            let seq = b.seq as usize;
+            let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
+                .map(|r| {
+                    let span = r * seq..(r + 1) * seq;
+                    let (docs, lmask) = (&b.host_doc_ids[span.clone()], &b.host_loss_mask[span]);
+                    sample_anchors(
+                        docs,
+                        lmask,
+                        cfg.anchors as usize,
+                        cfg.anchor_scope,
+                        &mut rng,
+                    )
+                })
+                .collect();
+            let hidden = tch::no_grad(|| target.forward(&b.input_ids, &b.positions, &b.doc_ids));
+            marks.mark(Phase::Anchors);
+            step.run(&hidden, &b, &per_row, 1e-3, &mut Marking(&mut marks))
+                .unwrap();
+            marks.end_step(b.tokens(), None);
+            let r = telemetry.records().try_recv().expect("a step record");
+            assert_eq!(
+                r.host_syncs[Phase::Metrics.index()],
+                1,
+                "{:?}",
+                r.host_syncs
+            );
+            assert_eq!(r.host_syncs.iter().sum::<u32>(), 1, "{:?}", r.host_syncs);
+        }
     }
 }

@@ -290,6 +290,7 @@ impl Marks {
     /// Ends the iteration. In `events` mode the host record carries steps, tokens and metrics,
     /// and the device times of earlier steps whose events are done follow as their own records.
     pub fn end_step(&mut self, tokens: u64, metrics: Option<TrainMetrics>) {
+        self.rec.add_host_syncs(&super::host_sync::take());
         let Some(g) = &mut self.gpu else {
             self.rec.end_step(tokens, metrics);
             return;
@@ -333,6 +334,7 @@ impl Marks {
         if let Some(t) = self.gpu.as_mut().and_then(|g| g.timer.as_mut()) {
             t.abandon_step();
         }
+        let _ = super::host_sync::take();
         self.rec.restart();
     }
 }

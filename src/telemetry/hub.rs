@@ -280,6 +280,9 @@ impl Telemetry {
         if let GpuProbe::Absent(why) = &gpu {
             asm.set_gpu_absent(why);
         }
+        // The caching allocator of this process only (a viewer's own would be a fake number).
+        let mut allocator = (self.probes && self.watched_pid.is_none())
+            .then(super::allocator::AllocatorTrack::default);
         let mut rules = Warnings::new(self.warnings.clone());
         let ticker = tick(Duration::from_nanos(TICK_NS));
         let mut n: u64 = 0;
@@ -330,6 +333,9 @@ impl Telemetry {
                     taps.iter().for_each(|t| t.tick(&input));
                     let mut snap = asm.tick_read(&input);
                     snap.alerts = self.alerts();
+                    if let Some(a) = allocator.as_mut() {
+                        snap.allocator = a.sample(&threads, now);
+                    }
                     snap.warnings = rules.check(&snap);
                     self.publish(snap);
                     if stopping {

@@ -61,6 +61,9 @@ pub struct StepRecord {
     /// Times each phase was entered in the iteration, where the producer counts them (a Python
     /// pipeline's host syncs); zeros otherwise.
     pub phase_n: [u32; N_PHASES],
+    /// Times the iteration read the device back to the host (waiting for it), by the phase it
+    /// was in, where the producer counts them (our engine); zeros otherwise.
+    pub host_syncs: [u32; N_PHASES],
 }
 
 impl StepRecord {
@@ -221,6 +224,7 @@ impl RecordSink {
             switches: self.switches.clone(),
             live,
             sink: self.clone(),
+            host_syncs: [0; N_PHASES],
             _not_send: PhantomData,
         }
     }
@@ -251,6 +255,8 @@ pub struct PhaseRecorder {
     switches: Arc<Switches>,
     live: Arc<LiveStep>,
     sink: RecordSink,
+    /// Host syncs of the iteration so far, by phase (`add_host_syncs`).
+    host_syncs: [u32; N_PHASES],
     _not_send: PhantomData<*const ()>,
 }
 
@@ -296,6 +302,13 @@ impl PhaseRecorder {
         self.current_phase
     }
 
+    /// Adds host syncs, by phase, to the iteration in progress (its record carries them).
+    pub fn add_host_syncs(&mut self, by_phase: &[u32; N_PHASES]) {
+        for (acc, n) in self.host_syncs.iter_mut().zip(by_phase) {
+            *acc = acc.saturating_add(*n);
+        }
+    }
+
     /// Ends the iteration with host-timed phases: sends one record (dropped if the channel is
     /// full) and starts the next.
     pub fn end_step(&mut self, tokens: u64, metrics: Option<TrainMetrics>) {
@@ -332,6 +345,7 @@ impl PhaseRecorder {
             tokens,
             metrics,
             phase_n: [0; N_PHASES],
+            host_syncs: std::mem::take(&mut self.host_syncs),
         });
         self.acc = [0; N_PHASES];
         self.iter_start = now;
@@ -363,6 +377,7 @@ impl PhaseRecorder {
             tokens: 0,
             metrics: None,
             phase_n: [0; N_PHASES],
+            host_syncs: [0; N_PHASES],
         });
     }
 
@@ -370,6 +385,7 @@ impl PhaseRecorder {
     pub fn restart(&mut self) {
         let now = clock::ticks();
         self.acc = [0; N_PHASES];
+        self.host_syncs = [0; N_PHASES];
         self.iter_start = now;
         self.last = now;
         self.current_phase = Phase::Other;

@@ -30,6 +30,11 @@ pub struct PhaseWindow {
     /// syncs); fractional at the window's edges like `phase_steps`.
     #[serde(default)]
     pub phase_n: [f64; N_PHASES],
+    /// Host syncs (reads of the device back to the host) of the steps that ended in the window,
+    /// by phase, where the producer counts them (our engine); counted where `steps` is, with or
+    /// without profiling.
+    #[serde(default)]
+    pub host_syncs: [u64; N_PHASES],
 }
 
 impl PhaseWindow {
@@ -44,6 +49,7 @@ impl PhaseWindow {
         for i in 0..N_PHASES {
             self.phase_ns[i] += other.phase_ns[i];
             self.phase_n[i] += other.phase_n[i];
+            self.host_syncs[i] += other.host_syncs[i];
         }
     }
 
@@ -94,6 +100,22 @@ impl PhaseWindow {
             return 0.0;
         }
         self.phase_n[phase.index()] / d
+    }
+
+    /// Mean host syncs per ended step in `phase` (0 where the producer does not count them).
+    pub fn host_syncs_per_step(&self, phase: Phase) -> f64 {
+        if self.steps == 0 {
+            return 0.0;
+        }
+        self.host_syncs[phase.index()] as f64 / self.steps as f64
+    }
+
+    /// Mean host syncs per ended step, all phases.
+    pub fn host_syncs_per_step_all(&self) -> f64 {
+        if self.steps == 0 {
+            return 0.0;
+        }
+        self.host_syncs.iter().sum::<u64>() as f64 / self.steps as f64
     }
 
     /// Mean wall milliseconds per step.
@@ -221,6 +243,25 @@ pub struct GpuView {
     pub throttle: Vec<String>,
 }
 
+/// libtorch's caching allocator on one CUDA device of this process (`getDeviceStats`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorView {
+    /// The device, `cuda:N`.
+    pub cuda: u32,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    /// Segments held now.
+    pub segments: u64,
+    /// Device allocations (cudaMalloc or mapped), frees (cudaFree or unmapped) and allocation
+    /// retries since the process started.
+    pub device_allocs: u64,
+    pub device_frees: u64,
+    pub alloc_retries: u64,
+    /// Device allocations plus frees a second, and retries a second, since the last sample.
+    pub churn_per_s: f64,
+    pub retries_per_s: f64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum GpuPanel {
     Absent(String),
@@ -286,6 +327,10 @@ pub struct Snapshot {
     pub memory: Option<MemoryView>,
     pub queues: Vec<QueueView>,
     pub gpus: GpuPanel,
+    /// The caching allocator on each CUDA device this process trains on; empty on the CPU,
+    /// without the CUDA shim, or when watching another process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocator: Vec<AllocatorView>,
     /// The drafter's cost per batch over the target's, estimated from the models' FLOPs (for the
     /// placement advice where the stages share GPUs and their times cannot be told apart).
     #[serde(default)]
@@ -367,5 +412,10 @@ impl Snapshot {
 
     pub fn queue(&self, name: &str) -> Option<&QueueView> {
         self.queues.iter().find(|q| q.name == name)
+    }
+
+    /// The caching allocator's figures of `cuda:N`, where they are read.
+    pub fn allocator_of(&self, cuda: u32) -> Option<&AllocatorView> {
+        self.allocator.iter().find(|a| a.cuda == cuda)
     }
 }

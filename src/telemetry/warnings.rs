@@ -1,8 +1,8 @@
 //! Warnings as data (tokio-console's lints): rules over the stream of snapshots, each warning
 //! with a severity, the evidence and the fix in one line. A rule whose data is absent (no GPU,
-//! profiling off, a producer that does not count host syncs) stays silent, so that rules for
-//! host syncs or allocator churn slot in beside these without touching them: a new `Rule`
-//! variant, its name, and one function in `Warnings::candidates`.
+//! profiling off, a producer that does not count host syncs, no allocator figures) stays silent,
+//! so that a new rule slots in beside these without touching them: a new `Rule` variant, its
+//! name, and one function in `Warnings::candidates`.
 //!
 //! A condition must hold for its rule's `*_s` seconds before it shows; it disappears the tick it
 //! stops holding. Thresholds, rules switched off and severities come from `[warnings]` in the
@@ -54,13 +54,16 @@ pub enum Rule {
     ProfilingCost,
     /// Step records (or trace spans) dropped.
     Dropped,
-    /// A thread spends a share of its time in host syncs (where the producer counts them: a
-    /// Python pipeline's `sync` phase).
+    /// A thread spends a share of its time in host syncs (where the producer times them: a
+    /// Python pipeline's `sync` phase), or a thread on a GPU reads the device back more times a
+    /// step than its budget (where the producer counts them: our engine).
     HostSync,
+    /// The caching allocator allocates and frees device memory every step, or retries.
+    AllocChurn,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 8] = [
+    pub const ALL: [Rule; 9] = [
         Rule::Starved,
         Rule::Blocked,
         Rule::Stalled,
@@ -69,6 +72,7 @@ impl Rule {
         Rule::ProfilingCost,
         Rule::Dropped,
         Rule::HostSync,
+        Rule::AllocChurn,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +85,7 @@ impl Rule {
             Rule::ProfilingCost => "profiling_cost",
             Rule::Dropped => "dropped",
             Rule::HostSync => "host_sync",
+            Rule::AllocChurn => "alloc_churn",
         }
     }
 
@@ -95,6 +100,7 @@ impl Rule {
             Rule::ProfilingCost => "the profiler's own cost over its budget",
             Rule::Dropped => "step records or trace spans dropped",
             Rule::HostSync => "host syncs inside a step (where they are counted)",
+            Rule::AllocChurn => "device allocations and frees every step, or retries",
         }
     }
 
@@ -157,6 +163,8 @@ pub struct Warnings {
     drops: Option<(u64, u64)>,
     /// Per count: when it last grew (elapsed s) and what it was when the window began.
     last_drop: [Option<(f64, u64)>; 2],
+    /// Per CUDA device: the allocator's counts over the `alloc_churn` window, oldest first.
+    alloc: HashMap<u32, std::collections::VecDeque<alloc::AllocPoint>>,
 }
 
 impl Warnings {
@@ -168,6 +176,7 @@ impl Warnings {
             jitter: HashMap::new(),
             drops: None,
             last_drop: [None; 2],
+            alloc: HashMap::new(),
         }
     }
 
@@ -207,6 +216,7 @@ pub fn counts(w: &[Warning]) -> (usize, usize, usize) {
     (n(Severity::Error), n(Severity::Warn), n(Severity::Info))
 }
 
+mod alloc;
 mod config;
 mod rules;
 pub use config::WarnConfig;

@@ -165,6 +165,12 @@ impl Windows {
         grow(&mut self.run, thread + 1);
         self.open.threads[thread].steps += r.steps as u64;
         self.run[thread].steps += r.steps as u64;
+        // Host syncs count with the steps, where the step ended (per step, not per time).
+        for w in [&mut self.open.threads[thread], &mut self.run[thread]] {
+            for (acc, n) in w.host_syncs.iter_mut().zip(r.host_syncs) {
+                *acc += n as u64;
+            }
+        }
         if let Some(m) = r.metrics {
             self.latest.metrics = Some(m);
             self.latest.drafter_steps += 1;
@@ -222,9 +228,11 @@ impl Windows {
                 // Steps still count; time in a paused tick is neither work nor wait.
                 let steps = w.steps;
                 let tokens = w.tokens;
+                let host_syncs = w.host_syncs;
                 *w = PhaseWindow {
                     steps,
                     tokens,
+                    host_syncs,
                     span_ns,
                     ..Default::default()
                 };

@@ -123,6 +123,17 @@ fn sparse(role: Role, ns: &[u64]) -> Vec<(u16, u64)> {
         .collect()
 }
 
+/// Non-zero counts by index in `role`'s list (`other` included: a count outside any phase).
+fn sparse_counts(role: Role, n: &[u32]) -> Vec<(u16, u32)> {
+    role.phases()
+        .iter()
+        .filter_map(|p| {
+            let v = n[p.index()];
+            (v > 0).then(|| (phase_index(role, *p).unwrap_or(0), v))
+        })
+        .collect()
+}
+
 impl Fanout {
     /// A fan-out of `telemetry`'s raw input, added as a tap of its hub (start the hub after);
     /// `can_save`: whether the engine can save a checkpoint when a viewer asks; `config`: the
@@ -304,6 +315,7 @@ impl RawTap for Fanout {
             tok: r.tokens,
             m: r.metrics,
             n: Vec::new(),
+            sy: sparse_counts(role, &r.host_syncs),
         });
         Self::broadcast(&st, &m);
     }

@@ -221,6 +221,7 @@ impl Mirror {
             tokens: s.tok,
             metrics: s.m,
             phase_n: counts(t.role, &s.n),
+            host_syncs: counts(t.role, &s.sy),
         };
         self.telemetry.sink().send(record);
     }

@@ -136,6 +136,10 @@ pub struct WireStep {
     /// phases a producer counts (zero-code mode's host syncs); none when it counts nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub n: Vec<(u16, u32)>,
+    /// Host syncs (reads of the device back to the host) in the iteration, by index in the
+    /// stage's list, where the producer counts them (our engine); none otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sy: Vec<(u16, u32)>,
 }
 
 /// The step a thread is in now.
@@ -275,6 +279,11 @@ impl Msg {
                 bounded(
                     "the step's phase counts",
                     s.n.len() as u64,
+                    MAX_PHASE_ENTRIES as u64,
+                )?;
+                bounded(
+                    "the step's host syncs",
+                    s.sy.len() as u64,
                     MAX_PHASE_ENTRIES as u64,
                 )?;
                 phase_list("the step's", &s.ph)
@@ -418,6 +427,7 @@ mod tests {
                 tok: 7,
                 m: None,
                 n: vec![(1, 3)],
+                sy: vec![(2, 1)],
             }),
         ];
         let mut buf = Vec::new();
@@ -483,6 +493,7 @@ mod tests {
                 tok: 0,
                 m: None,
                 n: Vec::new(),
+                sy: Vec::new(),
             })
         };
         assert!(step(MAX_SPAN_NS, MAX_PHASE_ENTRIES).check().is_ok());

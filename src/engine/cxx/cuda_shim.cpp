@@ -163,6 +163,23 @@ int dflash_memory_peak(int device, int reset, uint64_t* peak) {
   });
 }
 
+// The caching allocator's figures on `device` (libtorch's own statistics): reserved and
+// allocated bytes and segments now, and since the start the device allocations (cudaMalloc or
+// mapped), frees (cudaFree or unmapped) and allocation retries (a failed cudaMalloc that freed
+// the cache and tried again). `out` holds six: in that order.
+int dflash_allocator_stats(int device, int64_t* out) {
+  return guarded([&] {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    out[0] = stats.reserved_bytes[all].current;
+    out[1] = stats.allocated_bytes[all].current;
+    out[2] = stats.segment[all].current;
+    out[3] = stats.num_device_alloc;
+    out[4] = stats.num_device_free;
+    out[5] = stats.num_alloc_retries;
+  });
+}
+
 // The device's memory in bytes.
 int dflash_memory_total(int device, uint64_t* total) {
   return guarded([&] {

@@ -34,6 +34,15 @@ pub struct WarnConfig {
     /// `host_sync`: a thread's share of time in counted host syncs (10 s window), 0..1.
     pub host_sync_share: f64,
     pub host_sync_s: f64,
+    /// `host_sync`: host syncs a step (10 s window) a thread on a GPU may make where the producer
+    /// counts them (our engine reads its step's figures back once, in `metrics`).
+    pub host_syncs_per_step: f64,
+    /// `alloc_churn`: device allocations plus frees a step (over the window) that count as
+    /// churn.
+    pub alloc_churn_per_step: f64,
+    /// `alloc_churn`: the window the churn and the retries are counted over, seconds.
+    pub alloc_window_s: f64,
+    pub alloc_churn_s: f64,
     /// Rules switched off, by name.
     pub off: Vec<String>,
     /// Severities that replace the rules' own: `starved = "error"`.
@@ -57,6 +66,10 @@ impl Default for WarnConfig {
             dropped_window_s: 10.0,
             host_sync_share: 0.10,
             host_sync_s: 10.0,
+            host_syncs_per_step: 2.0,
+            alloc_churn_per_step: 1.0,
+            alloc_window_s: 10.0,
+            alloc_churn_s: 0.0,
             off: Vec::new(),
             severity: BTreeMap::new(),
         }
@@ -86,11 +99,24 @@ impl WarnConfig {
             ("profiling_s", self.profiling_s),
             ("dropped_window_s", self.dropped_window_s),
             ("host_sync_s", self.host_sync_s),
+            ("alloc_window_s", self.alloc_window_s),
+            ("alloc_churn_s", self.alloc_churn_s),
         ];
         for (k, v) in seconds {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(format!(
                     "`warnings.{k}` {v} is not a duration: give seconds, 0 or more"
+                ));
+            }
+        }
+        let counts = [
+            ("host_syncs_per_step", self.host_syncs_per_step),
+            ("alloc_churn_per_step", self.alloc_churn_per_step),
+        ];
+        for (k, v) in counts {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(format!(
+                    "`warnings.{k}` {v} is not a count: give a number, 0 or more"
                 ));
             }
         }
@@ -152,6 +178,7 @@ impl WarnConfig {
             Rule::GpuIdle => self.gpu_idle_s,
             Rule::ProfilingCost => self.profiling_s,
             Rule::HostSync => self.host_sync_s,
+            Rule::AllocChurn => self.alloc_churn_s,
             Rule::QueueJitter | Rule::Dropped => 0.0,
         }
     }

@@ -3,6 +3,7 @@
 
 use super::{Candidate, Rule, Warnings};
 use crate::telemetry::snapshot::{GpuPanel, QueueView, Snapshot, ThreadView};
+use crate::telemetry::Phase;
 
 impl Warnings {
     pub(super) fn candidates(&mut self, s: &Snapshot) -> Vec<Candidate> {
@@ -20,11 +21,17 @@ impl Warnings {
         self.profiling_cost(s, &mut out);
         self.dropped(s, &mut out);
         self.host_sync(s, &mut out);
+        self.alloc_churn(s, &mut out);
         out
     }
 
     fn host_sync(&self, s: &Snapshot, out: &mut Vec<Candidate>) {
         for t in &s.threads {
+            // One warning a thread: the counted syncs first, where the producer counts them.
+            if let Some(c) = self.counted_host_syncs(t) {
+                out.push(c);
+                continue;
+            }
             let w = &t.w10;
             // Only phases the producer counts: no count, no data, no warning.
             for p in t
@@ -54,6 +61,46 @@ impl Warnings {
                 });
             }
         }
+    }
+
+    /// A thread on a GPU that reads the device back more times a step (10 s window) than
+    /// `host_syncs_per_step`, naming the phases the reads are in, most first.
+    fn counted_host_syncs(&self, t: &ThreadView) -> Option<Candidate> {
+        let w = &t.w10;
+        let per_step = w.host_syncs_per_step_all();
+        if !t.device.starts_with("cuda") || per_step <= self.config.host_syncs_per_step {
+            return None;
+        }
+        let mut phases: Vec<(Phase, f64)> = t
+            .role
+            .phases()
+            .iter()
+            .map(|p| (*p, w.host_syncs_per_step(*p)))
+            .filter(|(_, n)| *n > 0.0)
+            .collect();
+        phases.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let (top, _) = *phases.first()?;
+        let by_phase: Vec<String> = phases
+            .iter()
+            .map(|(p, n)| format!("{n:.1} in {}", p.name()))
+            .collect();
+        Some(Candidate {
+            rule: Rule::HostSync,
+            subject: t.name.clone(),
+            evidence: format!(
+                "{} on {} reads the device back {per_step:.1} times a step ({}), over the budget \
+                 of {}; each read waits for the work queued before it",
+                t.name,
+                t.device,
+                by_phase.join(", "),
+                self.config.host_syncs_per_step
+            ),
+            fix: format!(
+                "keep {}'s numbers on the device and read the step's figures back in one \
+                 transfer at its end (cat them, one .to(cpu))",
+                top.name()
+            ),
+        })
     }
 
     fn starved(&self, s: &Snapshot, out: &mut Vec<Candidate>) {

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::telemetry::snapshot::{
-    GpuPanel, GpuView, PhaseWindow, QueueView, SelfCost, ThreadState, ThreadView,
+    AllocatorView, GpuPanel, GpuView, PhaseWindow, QueueView, SelfCost, ThreadState, ThreadView,
 };
 use crate::telemetry::{Phase, Role};
 
@@ -303,6 +303,131 @@ fn host_syncs_over_their_share_where_the_producer_counts_them() {
     assert!(run(WarnConfig::default(), 30.0, syncing(120.0)).is_empty());
 }
 
+/// Issue 28: our engine counts its reads of the device back per phase; a thread on a GPU over
+/// the budget a step is warned about, naming the phases, most first.
+#[test]
+fn counted_host_syncs_over_the_budget_a_step_on_a_gpu() {
+    // Ten steps in the 10 s window, `loss` and `metrics` reads in all; on `device`.
+    let reads = |device: &'static str, loss: u64, metrics: u64| {
+        move |s: &mut Snapshot| {
+            let t = &mut s.threads[2];
+            t.device = device.into();
+            t.w10.steps = 10;
+            t.w10.host_syncs[Phase::Loss.index()] = loss;
+            t.w10.host_syncs[Phase::Metrics.index()] = metrics;
+        }
+    };
+    let w = run(WarnConfig::default(), 11.0, reads("cuda:0", 50, 10));
+    assert_eq!(keys(&w), ["host_sync:drafter-0"]);
+    for m in [
+        "6.0 times a step",
+        "5.0 in loss, 1.0 in metrics",
+        "budget of 2",
+    ] {
+        assert!(w[0].evidence.contains(m), "no {m} in {}", w[0].evidence);
+    }
+    assert!(w[0].fix.starts_with("keep loss's numbers"), "{}", w[0].fix);
+    // Held for its time first.
+    assert!(run(WarnConfig::default(), 9.0, reads("cuda:0", 50, 10)).is_empty());
+    // Our engine's one read a step: silent; so is the same code on the CPU (nothing to wait for).
+    assert!(run(WarnConfig::default(), 30.0, reads("cuda:0", 0, 10)).is_empty());
+    assert!(run(WarnConfig::default(), 30.0, reads("cpu", 50, 10)).is_empty());
+    // The budget is the TOML's.
+    let cfg = WarnConfig {
+        host_syncs_per_step: 8.0,
+        ..WarnConfig::default()
+    };
+    assert!(run(cfg, 30.0, reads("cuda:0", 50, 10)).is_empty());
+}
+
+/// The drafter on cuda:0 ends two steps a second from t=0; the allocator on cuda:0 has made
+/// `allocs(step)` device allocations (and as many frees) and `retries(t)` retries by then.
+fn on_cuda(
+    allocs: impl Fn(u64) -> u64 + Copy,
+    retries: impl Fn(f64) -> u64 + Copy,
+) -> impl Fn(&mut Snapshot) {
+    move |s: &mut Snapshot| {
+        let step = (s.elapsed_s * 2.0) as u64;
+        for t in &mut s.threads[1..] {
+            t.device = "cuda:0".into();
+        }
+        s.threads[2].run.steps = step;
+        s.allocator = vec![AllocatorView {
+            cuda: 0,
+            reserved_bytes: 6 << 30,
+            allocated_bytes: 5 << 30,
+            segments: 40,
+            device_allocs: allocs(step),
+            device_frees: allocs(step),
+            alloc_retries: retries(s.elapsed_s),
+            ..AllocatorView::default()
+        }];
+    }
+}
+
+/// Issue 28: allocations and frees every step past warm-up warn, naming the device, the counts
+/// a step and the fix; the cache filling during warm-up and then holding does not.
+#[test]
+fn alloc_churn_every_step_past_warm_up_but_not_a_cache_that_filled() {
+    let churning = on_cuda(|step| 20 + 3 * step, |_| 0);
+    let w = run(WarnConfig::default(), 15.0, &churning);
+    assert_eq!(keys(&w), ["alloc_churn:cuda:0"]);
+    for m in [
+        "cuda:0: 120 device allocations and frees",
+        "over 20 steps (6.0 a step)",
+    ] {
+        assert!(w[0].evidence.contains(m), "no {m} in {}", w[0].evidence);
+    }
+    assert!(w[0]
+        .evidence
+        .contains("40 segments, 6.0 GiB reserved, 5.0 GiB allocated"));
+    assert!(
+        w[0].fix.starts_with("shapes vary every step"),
+        "{}",
+        w[0].fix
+    );
+    // Warm-up: 8 allocations a step for the first 6 steps, then none.
+    let filled = on_cuda(|step| 8 * step.min(6), |_| 0);
+    for t in [1.0, 3.0, 15.0, 60.0] {
+        assert!(
+            run(WarnConfig::default(), t, &filled).is_empty(),
+            "at {t} s"
+        );
+    }
+    // Below the threshold a step (the TOML's): silent.
+    let cfg = WarnConfig {
+        alloc_churn_per_step: 8.0,
+        ..WarnConfig::default()
+    };
+    assert!(run(cfg, 30.0, &churning).is_empty());
+}
+
+/// Issue 28: a retry warns at once, for the window, even in a cache that stopped growing; no
+/// allocator figures (the CPU, no shim): silent.
+#[test]
+fn alloc_churn_on_a_retry_for_its_window_and_silent_without_figures() {
+    let retry_at_20 = on_cuda(|step| 8 * step.min(6), |t| u64::from(t >= 20.0));
+    assert!(run(WarnConfig::default(), 19.5, &retry_at_20).is_empty());
+    let w = run(WarnConfig::default(), 20.0, &retry_at_20);
+    assert_eq!(keys(&w), ["alloc_churn:cuda:0"]);
+    assert!(
+        w[0].evidence.contains("1 allocation retry"),
+        "{}",
+        w[0].evidence
+    );
+    assert!(w[0].fix.starts_with("the cache ran out"), "{}", w[0].fix);
+    assert_eq!(
+        keys(&run(WarnConfig::default(), 29.5, &retry_at_20)).len(),
+        1
+    );
+    assert!(run(WarnConfig::default(), 31.0, &retry_at_20).is_empty());
+    let no_figures = |s: &mut Snapshot| {
+        on_cuda(|step| 20 + 3 * step, |t| t as u64)(s);
+        s.allocator.clear();
+    };
+    assert!(run(WarnConfig::default(), 30.0, no_figures).is_empty());
+}
+
 #[test]
 fn rules_can_be_switched_off_and_their_severity_replaced() {
     let starve = |s: &mut Snapshot| s.queues[1].consumer_wait_share = 0.8;
@@ -334,6 +459,27 @@ fn bad_settings_are_sentences_naming_the_key() {
                 ..WarnConfig::default()
             },
             "`warnings.gpu_idle_s`",
+        ),
+        (
+            WarnConfig {
+                host_syncs_per_step: -1.0,
+                ..WarnConfig::default()
+            },
+            "`warnings.host_syncs_per_step` -1 is not a count",
+        ),
+        (
+            WarnConfig {
+                alloc_window_s: f64::NAN,
+                ..WarnConfig::default()
+            },
+            "`warnings.alloc_window_s` NaN is not a duration",
+        ),
+        (
+            WarnConfig {
+                alloc_churn_per_step: -2.0,
+                ..WarnConfig::default()
+            },
+            "`warnings.alloc_churn_per_step` -2 is not a count",
         ),
         (
             WarnConfig {

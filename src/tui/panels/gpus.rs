@@ -1,10 +1,10 @@
 //! GPUs from NVML, each under the `cuda:N` it is in this process: SM and memory-bandwidth
 //! utilisation, device memory and this process's share of it, power, SM clock, temperature,
-//! throttle reasons, a util history; in the title, the placement advice from the measured stage
-//! times. No GPU: one plain line, not a panel.
+//! throttle reasons, libtorch's caching allocator there, a util history; in the title, the
+//! placement advice from the measured stage times. No GPU: one plain line, not a panel.
 
 use super::super::view::Ctx;
-use crate::telemetry::snapshot::{GpuPanel, GpuView};
+use crate::telemetry::snapshot::{AllocatorView, GpuPanel, GpuView};
 use ratatui::layout::Rect;
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Sparkline};
@@ -59,7 +59,10 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             width: inner.width,
             height: 1,
         };
-        let [first, second] = lines(g);
+        let [first, mut second] = lines(g);
+        if let Some(n) = g.cuda {
+            second.push_str(&allocator_part(c.snap.allocator_of(n)));
+        }
         f.render_widget(Paragraph::new(first).style(style), row(y));
         if y + 1 < bottom {
             f.render_widget(Paragraph::new(second).style(style), row(y + 1));
@@ -113,6 +116,24 @@ pub fn lines(g: &GpuView) -> [String; 2] {
         g.power_w, g.sm_clock_mhz, g.temp_c
     );
     [first, second]
+}
+
+/// libtorch's caching allocator on one of our devices: allocated / reserved, segments, device
+/// allocations + frees a second, retries in all; `n/a` where it is not read (no CUDA shim, or
+/// another process watched), never a made-up zero.
+pub fn allocator_part(a: Option<&AllocatorView>) -> String {
+    let Some(a) = a else {
+        return "  alloc n/a".into();
+    };
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    format!(
+        "  alloc {:.1}/{:.1} GiB  {} seg  {:.0} malloc+free/s  {} retries",
+        gib(a.allocated_bytes),
+        gib(a.reserved_bytes),
+        a.segments,
+        a.churn_per_s,
+        a.alloc_retries
+    )
 }
 
 /// "no NVIDIA GPU (NVML not found)" without the loader's long explanation.

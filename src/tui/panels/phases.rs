@@ -192,7 +192,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
 }
 
 /// "forward 12.0ms 15%" for each phase with time in `w`; "sync 0.4ms 1% x56.2" for a phase the
-/// producer counts (entries per step: a Python pipeline's host syncs).
+/// producer counts (entries per step: a Python pipeline's host syncs); "metrics 0.3ms 2% 1.0
+/// sync" for a phase with counted host syncs (per step: our engine's reads of the device).
 pub fn phase_parts(w: &PhaseWindow, phases: &[Phase]) -> Vec<String> {
     phases
         .iter()
@@ -206,6 +207,9 @@ pub fn phase_parts(w: &PhaseWindow, phases: &[Phase]) -> Vec<String> {
             );
             if w.phase_n[p.index()] > 0.0 {
                 s.push_str(&format!(" x{:.1}", w.count_per_step(*p)));
+            }
+            if w.host_syncs[p.index()] > 0 {
+                s.push_str(&format!(" {:.1} sync", w.host_syncs_per_step(*p)));
             }
             s
         })

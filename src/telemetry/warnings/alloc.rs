@@ -1,0 +1,104 @@
+//! `alloc_churn`: libtorch's caching allocator going back to the device every step (segments
+//! mapped and unmapped, `cudaMalloc` / `cudaFree`), or retrying allocations after flushing its
+//! cache. Judged per CUDA device over a sliding window, against the steps of the busiest thread
+//! on that device; steps before the window's start past warm-up are where the cache fills and
+//! do not count.
+
+use super::{Candidate, Rule, Warnings};
+use crate::telemetry::snapshot::{AllocatorView, Snapshot};
+
+/// Steps a device's busiest thread must have ended before the window's start: the first steps
+/// fill the cache, which is the allocator doing its job.
+pub const WARMUP_STEPS: u64 = 5;
+
+/// One device at one snapshot.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AllocPoint {
+    at_s: f64,
+    /// Device allocations plus frees so far.
+    churn: u64,
+    retries: u64,
+    /// Steps ended so far by the device's busiest thread.
+    steps: u64,
+}
+
+impl Warnings {
+    pub(super) fn alloc_churn(&mut self, s: &Snapshot, out: &mut Vec<Candidate>) {
+        let window = self.config.alloc_window_s;
+        for a in &s.allocator {
+            let now = AllocPoint {
+                at_s: s.elapsed_s,
+                churn: a.device_allocs + a.device_frees,
+                retries: a.alloc_retries,
+                steps: steps_on(s, a.cuda),
+            };
+            let seen = self.alloc.entry(a.cuda).or_default();
+            seen.push_back(now);
+            // Keep one point at or before the window's start: the baseline.
+            while seen.len() > 1 && seen[1].at_s <= now.at_s - window {
+                seen.pop_front();
+            }
+            let base = *seen.front().unwrap_or(&now);
+            if let Some(c) = self.alloc_candidate(a, base, now) {
+                out.push(c);
+            }
+        }
+    }
+
+    fn alloc_candidate(
+        &self,
+        a: &AllocatorView,
+        base: AllocPoint,
+        now: AllocPoint,
+    ) -> Option<Candidate> {
+        let steps = now.steps.saturating_sub(base.steps);
+        let churn = now.churn.saturating_sub(base.churn);
+        let retries = now.retries.saturating_sub(base.retries);
+        let per_step = churn as f64 / steps.max(1) as f64;
+        let churning = base.steps >= WARMUP_STEPS
+            && steps >= 2
+            && per_step >= self.config.alloc_churn_per_step;
+        if !churning && retries == 0 {
+            return None;
+        }
+        let span = now.at_s - base.at_s;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let retried = match retries {
+            0 => String::new(),
+            1 => "; 1 allocation retry (a cache flush)".into(),
+            n => format!("; {n} allocation retries (cache flushes)"),
+        };
+        let fix = if churning {
+            "shapes vary every step: pad to a few fixed sizes, or set \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        } else {
+            "the cache ran out and was flushed: a smaller batch or seq_len, or \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation"
+        };
+        Some(Candidate {
+            rule: Rule::AllocChurn,
+            subject: format!("cuda:{}", a.cuda),
+            evidence: format!(
+                "cuda:{}: {churn} device allocations and frees in the last {span:.0} s over \
+                 {steps} steps ({per_step:.1} a step){retried}; {} segments, {:.1} GiB \
+                 reserved, {:.1} GiB allocated",
+                a.cuda,
+                a.segments,
+                gib(a.reserved_bytes),
+                gib(a.allocated_bytes)
+            ),
+            fix: fix.into(),
+        })
+    }
+}
+
+/// Steps ended so far by the busiest thread on `cuda:N`.
+fn steps_on(s: &Snapshot, cuda: u32) -> u64 {
+    let device = format!("cuda:{cuda}");
+    s.threads
+        .iter()
+        .filter(|t| t.device == device)
+        .map(|t| t.run.steps)
+        .max()
+        .unwrap_or(0)
+}
