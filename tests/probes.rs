@@ -189,6 +189,20 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
     );
     assert!(row_after("cuda:0 H200").contains("alloc n/a"), "{s}");
     assert!(!row_after("nvml 1 (hidden)").contains("alloc"), "{s}");
+    // The overview's narrower panel: the allocator's figures on a line of their own.
+    app.update(Action::ShowView(0), &ctl);
+    let narrow = screen(&app, 100, 40, Theme::from_color(true), LIVE);
+    let rows: Vec<&str> = narrow.lines().collect();
+    let at = rows
+        .iter()
+        .position(|r| r.contains("cuda:1 H200"))
+        .expect(&narrow);
+    assert!(
+        rows[at + 2].contains("alloc 52.0/60.0 GiB  31 seg  12 malloc+free/s"),
+        "{narrow}"
+    );
+    assert!(!rows[at + 1].contains("alloc"), "{narrow}");
+    app.update(Action::ShowView(3), &ctl);
     // Targets busy 80 ms a step, drafters 35 ms (waits left out), the 2 GPUs this process
     // sees (NVML's third is hidden from it).
     assert!(

@@ -60,12 +60,26 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             height: 1,
         };
         let [first, mut second] = lines(g);
+        // The allocator's figures after the power line, or on a line of their own when the
+        // two do not fit side by side (a narrow panel).
+        let mut own_line = None;
         if let Some(n) = g.cuda {
-            second.push_str(&allocator_part(c.snap.allocator_of(n)));
+            let alloc = allocator_part(c.snap.allocator_of(n));
+            if second.chars().count() + alloc.chars().count() <= inner.width as usize {
+                second.push_str(&alloc);
+            } else {
+                own_line = Some(alloc);
+            }
         }
         f.render_widget(Paragraph::new(first).style(style), row(y));
         if y + 1 < bottom {
             f.render_widget(Paragraph::new(second).style(style), row(y + 1));
+        }
+        if let Some(alloc) = own_line {
+            y += 1;
+            if y + 1 < bottom {
+                f.render_widget(Paragraph::new(alloc).style(style), row(y + 1));
+            }
         }
         if y + 2 < bottom {
             let data: Vec<u64> = g
