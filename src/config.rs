@@ -3,25 +3,22 @@
 //! the flag or file and the fix.
 
 use crate::cli::TrainArgs;
-use crate::engine::checkpoint;
-use crate::engine::config::{
-    drafter_spec_for, AnchorScope, DrafterSpec, Preset, Qwen3Config, Recipe,
-};
-use crate::engine::recipe::{mask_token_of, MaskToken};
 use crate::engine::schedule::Schedule;
 pub use crate::engine::spec::{DataSpec, PipelineSpec, Slow};
 use crate::telemetry::warnings::WarnConfig;
 use anyhow::{bail, Context, Result};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tch::Device;
 
 mod file;
 mod flags;
+mod model;
 mod resume;
 use file::fast_paths_of;
 pub use file::{dwell_ns, FastPathsFile, FileConfig};
 use flags::placed_devices;
 pub use flags::{cuda_count, parse_devices, parse_slow};
+use model::Model;
 use resume::{check_data_position, resumed_schedule, run_seed};
 
 /// A run as the command line and the TOML file give it: what the engine runs, and what its
@@ -74,112 +71,82 @@ impl RunConfig {
             Some(p) => FileConfig::read(p)?,
             None => FileConfig::default(),
         };
-        let preset_name = args
-            .preset
-            .clone()
-            .or(file.preset.clone())
-            .unwrap_or_else(|| "tiny".into());
-        let preset = Preset::by_name(&preset_name)?;
-        let target = args.target.clone().or(file.target.clone());
-        if let Some(d) = &target {
-            if !d.is_dir() {
-                bail!(
-                    "--target {}: no such directory; give a Hugging Face Qwen3 directory",
-                    d.display()
-                );
-            }
+        let model = Model::of(args, &file)?;
+        let data = data_of(args, &file)?;
+        let limits = Limits::of(args, &file)?;
+        if let (Some(s), DataSpec::Synthetic) = (&model.resume_state, &data) {
+            check_data_position(s, args.resume.as_deref())?;
         }
-        let target_config = match &target {
-            Some(dir) => Qwen3Config::from_dir(dir)?,
-            None => preset.target.clone(),
-        };
-        // A --target run: SpecForge's recipe; a preset run: the preset's. Then TOML, then flags.
-        let (base, recipe_from) = match &target {
-            Some(_) => (Recipe::specforge(), "specforge".to_string()),
-            None => (preset.recipe.clone(), format!("preset:{}", preset.name)),
-        };
-        // A resumed run is the same run: its data recipe and schedule come from its checkpoint.
-        // A checkpoint is checked whole before any of it is read.
-        for dir in [&args.resume, &args.drafter.clone().or(file.drafter.clone())]
-            .into_iter()
-            .flatten()
-            .filter(|d| d.is_dir())
-        {
-            crate::engine::checksum::verify(dir)?;
+        let devices = devices_of(args, &file, || {
+            crate::engine::flops::flop_ratio(
+                &model.target_config,
+                &model.drafter_spec,
+                model.recipe.seq_len,
+                model.recipe.anchors,
+            )
+        })?;
+        let interval = args.interval.or(file.interval).unwrap_or(1.0);
+        if !(interval > 0.0 && interval.is_finite()) {
+            bail!("--interval must be a positive number of seconds");
         }
-        let resume_state = match &args.resume {
-            Some(dir) if dir.is_dir() => Some(checkpoint::read_trainer_state(dir)?),
-            _ => None,
-        };
-        let saved =
-            |f: fn(&checkpoint::TrainerState) -> Option<i64>| resume_state.as_ref().and_then(f);
-        let lr_given = args.lr.or(file.lr);
-        let recipe = Recipe {
-            drafter_layers: args
-                .drafter_layers
-                .or(file.drafter_layers)
-                .unwrap_or(base.drafter_layers),
-            block_size: args
-                .block_size
-                .or(file.block_size)
-                .unwrap_or(base.block_size),
-            seq_len: args
-                .seq_len
-                .or(file.seq_len)
-                .or(saved(|s| s.seq_len))
-                .unwrap_or(base.seq_len),
-            batch: args
-                .batch
-                .or(file.batch)
-                .or(saved(|s| s.batch))
-                .unwrap_or(base.batch),
-            anchors: args
-                .anchors
-                .or(file.anchors)
-                .or(saved(|s| s.anchors))
-                .unwrap_or(base.anchors),
-            anchor_scope: match args
-                .anchor_budget
-                .as_deref()
-                .or(file.anchor_budget.as_deref())
-            {
-                Some(name) => AnchorScope::parse(name)
-                    .with_context(|| format!("--anchor-budget `{name}`: use per-doc or per-row"))?,
-                // A resumed run keeps its budget; checkpoints without one budgeted per row.
-                None => match &resume_state {
-                    Some(s) => s.anchor_scope.unwrap_or(AnchorScope::PerRow),
-                    None => base.anchor_scope,
-                },
-            },
-            lr: lr_given
-                .or(resume_state.as_ref().map(|s| s.lr))
-                .unwrap_or(base.lr),
-        };
-        let drafter = args.drafter.clone().or(file.drafter.clone());
-        let explicit = Explicit {
-            drafter_layers: args.drafter_layers.or(file.drafter_layers),
-            block_size: args.block_size.or(file.block_size),
-            mask_token_id: args.mask_token_id.or(file.mask_token_id),
-        };
-        let from = args.resume.as_ref().or(drafter.as_ref());
-        let (spec, mask_from) = resolve_drafter(
-            from.map(PathBuf::as_path),
-            target.as_deref(),
-            &target_config,
-            &preset,
-            &recipe,
-            &explicit,
+        let gpu_timing = gpu_timing_at_start(
+            args.gpu_timing.as_deref().or(file.gpu_timing.as_deref()),
+            &devices.0,
+            &devices.1,
         )?;
-        let data = match args.data.clone().or(file.data.clone()).as_deref() {
-            None | Some("synthetic") => DataSpec::Synthetic,
-            Some(p) => {
-                let path = PathBuf::from(p);
-                if !path.is_file() {
-                    bail!("--data {p}: no such file; give `synthetic` or a JSONL file");
-                }
-                DataSpec::Jsonl(path)
-            }
+        let flight = match &args.flight {
+            Some(p) if p.as_os_str() == "off" => None,
+            Some(p) => Some(p.clone()),
+            None => limits.save_dir.as_ref().map(|d| d.join("flight")),
         };
+        let max_viewers = limits.max_viewers;
+        let pipeline = pipeline_spec(args, &file, model, data, limits, devices)?;
+        pipeline.validate()?;
+        let viewer = ViewerSettings {
+            record: args.record.clone(),
+            max_viewers,
+            interval,
+            warnings: file.warnings.clone().unwrap_or_default(),
+            flight,
+            gpu_timing,
+            profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
+                None | Some("on") => true,
+                Some("off") => false,
+                Some(other) => bail!("--profiling `{other}`: use on or off"),
+            },
+            verdict_dwell_ns: dwell_ns(file.verdict_dwell)?,
+        };
+        Ok(RunConfig { pipeline, viewer })
+    }
+}
+
+/// `--data`: `synthetic` (the default) or a JSONL file that exists.
+fn data_of(args: &TrainArgs, file: &FileConfig) -> Result<DataSpec> {
+    Ok(match args.data.clone().or(file.data.clone()).as_deref() {
+        None | Some("synthetic") => DataSpec::Synthetic,
+        Some(p) => {
+            let path = PathBuf::from(p);
+            if !path.is_file() {
+                bail!("--data {p}: no such file; give `synthetic` or a JSONL file");
+            }
+            DataSpec::Jsonl(path)
+        }
+    })
+}
+
+/// The run's counts and periods, each checked, and the save directory (prepared).
+struct Limits {
+    steps: Option<u64>,
+    save_every: Option<u64>,
+    save_dir: Option<PathBuf>,
+    keep: Option<usize>,
+    data_threads: Option<usize>,
+    max_viewers: usize,
+    max_nonfinite: u32,
+}
+
+impl Limits {
+    fn of(args: &TrainArgs, file: &FileConfig) -> Result<Limits> {
         let steps = args.steps.or(file.steps);
         if steps == Some(0) {
             bail!("--steps 0 would train nothing: give a positive number or leave it out");
@@ -230,218 +197,106 @@ impl RunConfig {
         {
             bail!("`threads_per_worker` must be 1 to 256 (libtorch threads per worker on the CPU)");
         }
-        if let (Some(s), DataSpec::Synthetic) = (&resume_state, &data) {
-            check_data_position(s, args.resume.as_deref())?;
-        }
-        let targets = args
-            .target_devices
-            .as_deref()
-            .or(file.target_devices.as_deref());
-        let drafters = args
-            .drafter_devices
-            .as_deref()
-            .or(file.drafter_devices.as_deref());
-        // `all` for one role with the other left out: both spread by the advice.
-        let (targets, drafters) = match (targets, drafters) {
-            (Some("all"), None) | (None, Some("all")) => (Some("all"), Some("all")),
-            other => other,
-        };
-        let (target_devices, drafter_devices) =
-            placed_devices(targets.unwrap_or("cpu"), drafters.unwrap_or("cpu"), || {
-                crate::engine::flops::flop_ratio(
-                    &target_config,
-                    &spec,
-                    recipe.seq_len,
-                    recipe.anchors,
-                )
-            })?;
-        let slow_items: Vec<String> = if args.slow.is_empty() {
-            file.slow.clone().unwrap_or_default()
-        } else {
-            args.slow.clone()
-        };
-        let interval = args.interval.or(file.interval).unwrap_or(1.0);
-        if !(interval > 0.0 && interval.is_finite()) {
-            bail!("--interval must be a positive number of seconds");
-        }
-        let gpu_timing = gpu_timing_at_start(
-            args.gpu_timing.as_deref().or(file.gpu_timing.as_deref()),
-            &target_devices,
-            &drafter_devices,
-        )?;
-        let seed = run_seed(
-            args.seed.or(file.seed),
-            resume_state.as_ref(),
-            args.resume.as_deref(),
-        )?;
-        let flight = match &args.flight {
-            Some(p) if p.as_os_str() == "off" => None,
-            Some(p) => Some(p.clone()),
-            None => save_dir.as_ref().map(|d| d.join("flight")),
-        };
-        let pipeline = PipelineSpec {
-            target,
-            target_config,
-            drafter_spec: spec,
-            recipe_from,
-            mask_from,
-            drafter,
-            data,
+        Ok(Limits {
             steps,
-            schedule: match &resume_state {
-                Some(s) => resumed_schedule(s, steps, lr_given, args.resume.as_deref())?,
-                None => Schedule::for_steps(steps),
-            },
-            resume_state,
-            save_dir,
             save_every,
-            resume: args.resume.clone(),
-            target_devices,
-            drafter_devices,
-            seed,
-            slow: parse_slow(&slow_items)?,
-            batch: recipe.batch,
-            seq_len: recipe.seq_len,
-            anchors: recipe.anchors,
-            anchor_scope: recipe.anchor_scope,
-            lr: recipe.lr,
-            batch_queue: file.batch_queue.unwrap_or(4),
-            hs_queue: file.hs_queue.unwrap_or(2),
-            threads_per_worker: file.threads_per_worker,
-            loss_chunk_mib: file.loss_chunk_mib.unwrap_or(1024),
+            save_dir,
             keep,
-            max_nonfinite,
             data_threads,
-            chat: file.chat.clone().unwrap_or_default(),
-            fast_paths: fast_paths_of(args.disable.as_deref(), file.fast_paths.as_ref())?,
-            job: crate::job::JobTag::from_env().map_err(|e| anyhow::anyhow!("{e}"))?,
-            preset,
-        };
-        pipeline.validate()?;
-        let viewer = ViewerSettings {
-            record: args.record.clone(),
             max_viewers,
-            interval,
-            warnings: file.warnings.clone().unwrap_or_default(),
-            flight,
-            gpu_timing,
-            profiling: match args.profiling.as_deref().or(file.profiling.as_deref()) {
-                None | Some("on") => true,
-                Some("off") => false,
-                Some(other) => bail!("--profiling `{other}`: use on or off"),
-            },
-            verdict_dwell_ns: dwell_ns(file.verdict_dwell)?,
-        };
-        Ok(RunConfig { pipeline, viewer })
+            max_nonfinite,
+        })
     }
 }
 
-/// Recipe values the user gave (flag or TOML), as opposed to defaults.
-struct Explicit {
-    drafter_layers: Option<i64>,
-    block_size: Option<i64>,
-    mask_token_id: Option<i64>,
+/// The target and drafter devices: flags, else the TOML file, else the CPU; `all` for one role
+/// with the other left out spreads both by the placement advice (`ratio`, from FLOPs).
+fn devices_of(
+    args: &TrainArgs,
+    file: &FileConfig,
+    ratio: impl FnOnce() -> f64,
+) -> Result<(Vec<Device>, Vec<Device>)> {
+    let targets = args
+        .target_devices
+        .as_deref()
+        .or(file.target_devices.as_deref());
+    let drafters = args
+        .drafter_devices
+        .as_deref()
+        .or(file.drafter_devices.as_deref());
+    let (targets, drafters) = match (targets, drafters) {
+        (Some("all"), None) | (None, Some("all")) => (Some("all"), Some("all")),
+        other => other,
+    };
+    placed_devices(targets.unwrap_or("cpu"), drafters.unwrap_or("cpu"), ratio)
 }
 
-/// The drafter of the run and where its mask token came from: a checkpoint's (--resume,
-/// --drafter), or a fresh one of `recipe.drafter_layers` layers whose mask token is the one the
-/// user gave, else the target tokenizer's, else (no --target) the preset's.
-fn resolve_drafter(
-    from: Option<&Path>,
-    target: Option<&Path>,
-    target_config: &Qwen3Config,
-    preset: &Preset,
-    recipe: &Recipe,
-    explicit: &Explicit,
-) -> Result<(DrafterSpec, String)> {
-    let (spec, mask_from) = match from {
-        Some(dir) => {
-            if !dir.is_dir() {
-                bail!(
-                    "--resume/--drafter {}: no such directory; give a drafter checkpoint \
-                     directory",
-                    dir.display()
-                );
-            }
-            let spec = checkpoint::read_drafter_spec(dir)?;
-            let cfg = dir.join("config.json");
-            let clash = [
-                (
-                    "drafter_layers",
-                    explicit.drafter_layers,
-                    spec.layers.num_hidden_layers,
-                ),
-                ("block_size", explicit.block_size, spec.block_size),
-                ("mask_token_id", explicit.mask_token_id, spec.mask_token_id),
-            ];
-            for (key, given, has) in clash {
-                if let Some(g) = given.filter(|g| *g != has) {
-                    bail!(
-                        "`{key}` {g} contradicts the drafter in {} ({key} {has}): leave the flag \
-                         or TOML key out, or train a fresh drafter",
-                        cfg.display()
-                    );
-                }
-            }
-            (spec, format!("checkpoint:{}", cfg.display()))
-        }
-        None => {
-            let mask = match (explicit.mask_token_id, target) {
-                (Some(id), _) => MaskToken {
-                    id,
-                    source: "given".into(),
-                    content: None,
-                },
-                (None, Some(dir)) => {
-                    mask_token_of(dir, target_config.vocab_size)?.with_context(|| {
-                        format!(
-                            "--target {}: no mask token: neither tokenizer_config.json \
-                             (`added_tokens_decoder`) nor tokenizer.json (`added_tokens`) has a \
-                             `<|MASK|>`-like token, and tokenizer.json leaves no unused id below \
-                             vocab_size {}; give --mask-token-id ID (or `mask_token_id` in the \
-                             TOML file), e.g. an id the tokenizer does not use",
-                            dir.display(),
-                            target_config.vocab_size
-                        )
-                    })?
-                }
-                (None, None) => MaskToken {
-                    id: preset.mask_token_id,
-                    source: format!("preset:{}", preset.name),
-                    content: None,
-                },
-            };
-            if recipe.drafter_layers < 1 {
-                bail!("`drafter_layers` must be at least 1");
-            }
-            if !(2..=crate::telemetry::phase_recorder::MAX_SLOTS as i64)
-                .contains(&recipe.block_size)
-            {
-                bail!(
-                    "`block_size` {} is out of range: use 2..={}",
-                    recipe.block_size,
-                    crate::telemetry::phase_recorder::MAX_SLOTS
-                );
-            }
-            let mut spec = drafter_spec_for(
-                target_config,
-                recipe.drafter_layers,
-                mask.id,
-                recipe.block_size,
-            );
-            if let Some(text) = mask.content {
-                spec.mask_token = text;
-            }
-            (spec, mask.source)
-        }
+/// The engine's spec from the parts resolved above, and the rest of the flags and TOML keys:
+/// the seed, the schedule, deliberate slowness, fast paths, queues and the job tag.
+fn pipeline_spec(
+    args: &TrainArgs,
+    file: &FileConfig,
+    model: Model,
+    data: DataSpec,
+    limits: Limits,
+    (target_devices, drafter_devices): (Vec<Device>, Vec<Device>),
+) -> Result<PipelineSpec> {
+    let slow_items: Vec<String> = if args.slow.is_empty() {
+        file.slow.clone().unwrap_or_default()
+    } else {
+        args.slow.clone()
     };
-    crate::engine::recipe::check_pair(&spec, target_config)?;
-    Ok((spec, mask_from))
+    let seed = run_seed(
+        args.seed.or(file.seed),
+        model.resume_state.as_ref(),
+        args.resume.as_deref(),
+    )?;
+    let recipe = model.recipe;
+    Ok(PipelineSpec {
+        target: model.target,
+        target_config: model.target_config,
+        drafter_spec: model.drafter_spec,
+        recipe_from: model.recipe_from,
+        mask_from: model.mask_from,
+        drafter: model.drafter,
+        data,
+        steps: limits.steps,
+        schedule: match &model.resume_state {
+            Some(s) => resumed_schedule(s, limits.steps, model.lr_given, args.resume.as_deref())?,
+            None => Schedule::for_steps(limits.steps),
+        },
+        resume_state: model.resume_state,
+        save_dir: limits.save_dir,
+        save_every: limits.save_every,
+        resume: args.resume.clone(),
+        target_devices,
+        drafter_devices,
+        seed,
+        slow: parse_slow(&slow_items)?,
+        batch: recipe.batch,
+        seq_len: recipe.seq_len,
+        anchors: recipe.anchors,
+        anchor_scope: recipe.anchor_scope,
+        lr: recipe.lr,
+        batch_queue: file.batch_queue.unwrap_or(4),
+        hs_queue: file.hs_queue.unwrap_or(2),
+        threads_per_worker: file.threads_per_worker,
+        loss_chunk_mib: file.loss_chunk_mib.unwrap_or(1024),
+        keep: limits.keep,
+        max_nonfinite: limits.max_nonfinite,
+        data_threads: limits.data_threads,
+        chat: file.chat.clone().unwrap_or_default(),
+        fast_paths: fast_paths_of(args.disable.as_deref(), file.fast_paths.as_ref())?,
+        job: crate::job::JobTag::from_env().map_err(|e| anyhow::anyhow!("{e}"))?,
+        preset: model.preset,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::config::{AnchorScope, Preset};
+    use std::path::Path;
 
     fn target_dir(tokenizer_ids: Option<i64>) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();

@@ -1,9 +1,79 @@
 //! Headless front-end: one `key=value` line per interval (the training-log habit), then a
-//! summary line.
+//! summary line; the follow loop `train --headless` and `attach --headless` share.
 
+use crate::fail_if::Gate;
+use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::snapshot::{GpuPanel, PhaseWindow, Snapshot};
 use crate::telemetry::Phase;
+use crossbeam_channel::Receiver;
 use std::fmt::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one headless follow differs in: `train --headless` follows its own pipeline until it
+/// finishes; `attach --headless` a watched session until it ends or the viewer's time is up.
+pub struct Follow<'a> {
+    /// One interval line per this much time.
+    pub interval: Duration,
+    /// When the viewer leaves (`attach --seconds`), if ever.
+    pub deadline: Option<Instant>,
+    /// True once what is followed has ended.
+    pub ended: &'a dyn Fn() -> bool,
+    /// The flight recorder whose dumps are printed (and taken when a gate holds).
+    pub flight: Option<&'a FlightRecorder>,
+}
+
+/// How a follow ended: the last snapshot it saw, and the reason when a `--fail-if` gate held.
+pub struct Followed {
+    pub last: Option<Arc<Snapshot>>,
+    pub tripped: Option<String>,
+}
+
+/// The interval lines and flight dumps of `snapshots` until a signal, the end, the deadline or
+/// a `--fail-if` gate that holds; a gate that held prints its reason and dumps the last minute.
+pub fn follow(snapshots: &Receiver<Arc<Snapshot>>, gates: &mut [Gate], how: &Follow) -> Followed {
+    let mut next = Instant::now() + how.interval;
+    let mut last = None;
+    let mut tripped = None;
+    while !crate::signals::requested()
+        && !(how.ended)()
+        && how.deadline.is_none_or(|d| Instant::now() < d)
+    {
+        if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
+            if Instant::now() >= next {
+                println!("{}", interval_line(&s));
+                next += how.interval;
+            }
+            print_dumps(how.flight);
+            tripped = crate::fail_if::first_tripped(gates, &s);
+            last = Some(s);
+            if tripped.is_some() {
+                break;
+            }
+        }
+    }
+    if let Some(why) = &tripped {
+        println!("{why}");
+        dump_now(how.flight, why);
+    }
+    Followed { last, tripped }
+}
+
+/// Prints the flight recorder's new dumps, one `flight:` line each.
+fn print_dumps(flight: Option<&FlightRecorder>) {
+    for d in flight.map(FlightRecorder::take_new).unwrap_or_default() {
+        println!("{}", d.line());
+    }
+}
+
+/// A dump because a `--fail-if` gate held (unless one was written in the last minute).
+fn dump_now(flight: Option<&FlightRecorder>, why: &str) {
+    match flight.and_then(|f| f.dump_now(why)) {
+        Some(Ok(d)) => println!("{}", d.line()),
+        Some(Err(e)) => eprintln!("dflash-top: {e:#}"),
+        None => {}
+    }
+}
 
 /// One interval line from a snapshot.
 pub fn interval_line(s: &Snapshot) -> String {

@@ -3,6 +3,7 @@
 //! --headless`). Leaving detaches: the watched run goes on.
 
 use crate::cli::AttachArgs;
+use crate::headless::{follow, Follow};
 use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::warnings::WarnConfig;
 use crate::telemetry::Telemetry;
@@ -153,18 +154,14 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut tripped = None;
     let result = if args.headless {
-        tripped = headless(
-            &session,
-            &who,
-            args.interval,
+        println!("attached to {who}");
+        let how = Follow {
+            interval: Duration::from_secs_f64(args.interval),
             deadline,
-            &mut gates,
-            flight.as_ref(),
-        );
-        if let Some(why) = &tripped {
-            println!("{why}");
-            crate::cmd::session::dump_now(flight.as_ref(), why);
-        }
+            ended: &|| session.ended(),
+            flight: flight.as_ref(),
+        };
+        tripped = follow(&session.telemetry().subscribe(), &mut gates, &how).tripped;
         Ok(())
     } else {
         tui(&session, deadline, label)
@@ -184,37 +181,6 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         None => eprintln!("detached from {who}; it goes on"),
     }
     Ok(crate::cmd::session::signal_exit())
-}
-
-/// The interval lines until the viewer leaves; the reason when a `--fail-if` gate held.
-fn headless(
-    session: &Watched,
-    who: &str,
-    interval: f64,
-    deadline: Option<Instant>,
-    gates: &mut [crate::fail_if::Gate],
-    flight: Option<&FlightRecorder>,
-) -> Option<String> {
-    println!("attached to {who}");
-    let snapshots = session.telemetry().subscribe();
-    let interval = Duration::from_secs_f64(interval);
-    let mut next = Instant::now() + interval;
-    while !crate::signals::requested()
-        && !session.ended()
-        && deadline.is_none_or(|d| Instant::now() < d)
-    {
-        if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
-            if Instant::now() >= next {
-                println!("{}", crate::headless::interval_line(&s));
-                next += interval;
-            }
-            crate::cmd::session::print_dumps(flight);
-            if let Some(why) = crate::fail_if::first_tripped(gates, &s) {
-                return Some(why);
-            }
-        }
-    }
-    None
 }
 
 fn tui(session: &Watched, deadline: Option<Instant>, label: String) -> Result<()> {

@@ -1,6 +1,5 @@
 //! What the commands share: a training `Session` (hub + pipeline + socket + recording + flight
-//! recorder), the TUI's front-end loop, the flight recorder's lines, and the exit status after a
-//! signal.
+//! recorder), the TUI's front-end loop, and the exit status after a signal.
 
 use crate::cancel::CancelToken;
 use crate::config::RunConfig;
@@ -108,22 +107,6 @@ impl Session {
             eprintln!("dflash-top: {e:#}");
         }
         result
-    }
-}
-
-/// Prints the flight recorder's new dumps, one `flight:` line each.
-pub(crate) fn print_dumps(flight: Option<&FlightRecorder>) {
-    for d in flight.map(FlightRecorder::take_new).unwrap_or_default() {
-        println!("{}", d.line());
-    }
-}
-
-/// A dump because a `--fail-if` gate held (unless one was written in the last minute).
-pub(crate) fn dump_now(flight: Option<&FlightRecorder>, why: &str) {
-    match flight.and_then(|f| f.dump_now(why)) {
-        Some(Ok(d)) => println!("{}", d.line()),
-        Some(Err(e)) => eprintln!("dflash-top: {e:#}"),
-        None => {}
     }
 }
 

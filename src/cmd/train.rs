@@ -1,14 +1,15 @@
 //! `dflash-top train`: a training run with the TUI or headless (interval lines, `--fail-if`
 //! gates, the summary line).
 
-use super::session::{dump_now, print_dumps, run_front_end, signal_exit, Session};
+use super::session::{run_front_end, signal_exit, Session};
 use crate::cli::TrainArgs;
 use crate::config::RunConfig;
+use crate::headless::{follow, Follow, Followed};
 use crate::summary::{RunInfo, Summary};
 use crate::tui::End;
 use anyhow::Result;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
     let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
@@ -25,30 +26,15 @@ pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
     let snapshots = session.telemetry.subscribe();
     let start_step = session.pipeline.start_step;
     let counts = session.pipeline.counts.clone();
-    let interval = Duration::from_secs_f64(cfg.viewer.interval);
-    let mut next = Instant::now() + interval;
-    let mut last = None;
-    let mut tripped = None;
-    while !session.pipeline.is_finished() && !crate::signals::requested() {
-        if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
-            if Instant::now() >= next {
-                println!("{}", crate::headless::interval_line(&s));
-                next += interval;
-            }
-            tripped = crate::fail_if::first_tripped(&mut gates, &s);
-            last = Some(s);
-            print_dumps(session.flight.as_ref());
-            if tripped.is_some() {
-                break;
-            }
-        }
-    }
-    // A gate that held: its reason and the last minute, then the run stops as on any stop
-    // (saving its step).
-    if let Some(why) = &tripped {
-        println!("{why}");
-        dump_now(session.flight.as_ref(), why);
-    }
+    let pipeline = &session.pipeline;
+    let how = Follow {
+        interval: Duration::from_secs_f64(cfg.viewer.interval),
+        deadline: None,
+        ended: &|| pipeline.is_finished(),
+        flight: session.flight.as_ref(),
+    };
+    // A gate that held stops the run as on any stop (saving its step).
+    let Followed { mut last, tripped } = follow(&snapshots, &mut gates, &how);
     let result = session.finish();
     while let Ok(s) = snapshots.try_recv() {
         last = Some(s);

@@ -1,6 +1,8 @@
 //! What a resumed run takes from its checkpoint and what it refuses to change: the seed, the lr
 //! schedule, and a data position it could have reached.
 
+use super::FileConfig;
+use crate::cli::TrainArgs;
 use crate::engine::checkpoint;
 use crate::engine::schedule::Schedule;
 use anyhow::{bail, Result};
@@ -85,6 +87,26 @@ pub(super) fn resumed_schedule(
         }
     }
     Ok(schedule)
+}
+
+/// A resumed run's trainer state (`--resume`; None for a fresh run). A resumed run is the same
+/// run: its data recipe and schedule come from its checkpoint. A checkpoint (`--resume`,
+/// `--drafter`) is checked whole before any of it is read.
+pub(super) fn resume_state_of(
+    args: &TrainArgs,
+    file: &FileConfig,
+) -> Result<Option<checkpoint::TrainerState>> {
+    for dir in [&args.resume, &args.drafter.clone().or(file.drafter.clone())]
+        .into_iter()
+        .flatten()
+        .filter(|d| d.is_dir())
+    {
+        crate::engine::checksum::verify(dir)?;
+    }
+    match &args.resume {
+        Some(dir) if dir.is_dir() => Ok(Some(checkpoint::read_trainer_state(dir)?)),
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

@@ -6,10 +6,9 @@ use super::blocks::sample_anchors;
 use super::checkpoint::{self, TrainerState};
 use super::cuda::Stream;
 use super::data::{PackedBatch, Rng};
-use super::drafter_step::{DrafterStep, StepProbe};
+use super::drafter_step::{DrafterStep, StepOutcome, StepProbe};
 use super::handoff::{HiddenBatch, Prefetched};
 use super::marks::Marks;
-use super::optim::AdamW;
 use super::replicas::Arrival;
 use super::workers::{device_name, slow_down, thread_name, DataCounts};
 use crate::cancel::CancelToken;
@@ -17,6 +16,7 @@ use crate::telemetry::phase_recorder::{TrainMetrics, MAX_SLOTS};
 use crate::telemetry::queue::QueueRx;
 use crate::telemetry::{HubCommand, Phase, Telemetry};
 use anyhow::Result;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -102,254 +102,272 @@ impl StepProbe for WorkerProbe<'_> {
 }
 
 pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {
-    let DrafterJob {
-        mut step,
-        vs,
-        input,
-        anchors,
-        anchor_scope,
-        lr,
-        schedule,
-        max_steps,
-        save_dir,
-        save_every,
-        seed,
-        rng_state,
-        mut data_docs,
-        slow,
-        threads,
-        saves,
-        counts,
-        keep,
-        max_nonfinite,
-        prefetch,
-        gate,
-    } = job;
-    tch::set_num_threads(threads);
-    let device = step.device;
-    let rec = telemetry
-        .sink()
-        .recorder(crate::telemetry::Role::Drafter, &device_name(device));
-    let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
-    step.prepare()?;
-    // On a GPU: the stream the next batch is copied on while this step computes.
-    let copy_stream = match (device, m.stream()) {
-        (Device::Cuda(i), Some(_)) if prefetch => Some(Stream::from_pool(i)?),
-        _ => None,
-    };
-    let mut next: Option<Prefetched> = None;
-    let requests = telemetry.requests().clone();
-    let spec = step.spec.clone();
-    let block = spec.block_size;
-    let mut rng = match rng_state {
-        Some(s) => Rng::from_state(s),
-        None => Rng::new(
-            seed.wrapping_mul(31)
-                .wrapping_add(step.optimizer.step as u64),
-        ),
-    };
-    let mut last_saved = step.optimizer.step as u64;
-    let mut shape = (0, 0);
-    let mut last_loss = None;
-    let saver = Saver {
-        dir: save_dir.as_deref(),
-        schedule,
-        seed,
-        lr,
-        anchors,
-        anchor_scope,
-        keep,
-        spec: &spec,
-        vs: &vs,
-        telemetry: &telemetry,
-    };
-    let save = |optimizer: &AdamW, at: (u64, u64, &Rng, (i64, i64), Option<f32>)| {
-        let (step, data_docs, rng, shape, last_loss) = at;
-        saver.save(
-            optimizer,
-            Position {
-                step,
-                data_docs,
-                anchor_rng: rng.state(),
-                shape,
-                last_loss,
-            },
-        )
-    };
-    let thread = thread_name();
-    let mut iteration = 0;
-    // Steps skipped for a non-finite loss or gradient: in all, and in a row.
-    let (mut skipped_total, mut skipped_run) = (0u64, 0u32);
+    tch::set_num_threads(job.threads);
+    let mut w = Worker::start(job, &telemetry, &cancel)?;
     // The loop runs under catch_unwind so that the last good step is saved after a panic or an
     // error too (the panic then goes on to the thread's wrapper, which reports it).
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<()> {
         while !cancel.is_cancelled() {
-            m.hold_while_paused(&cancel);
-            m.mark(Phase::HsWait);
-            let taken = match next.take() {
-                Some(p) => Some(p),
-                None => input.pop().ok().map(Prefetched::Local),
-            };
-            let Some(taken) = taken else {
-                if let Some(g) = &gate {
-                    g.pass(Arrival::Stop); // the others stop too
-                }
+            if w.iteration()?.is_break() {
                 break;
-            };
-            m.mark(Phase::Anchors);
-            // The hand-off: hidden states and the batch move to this drafter's device and stream.
-            let (hidden, b) = taken.take(device, m.stream())?;
-            data_docs = b.docs_placed;
-            shape = (b.seq, b.rows);
-            counts
-                .truncated_docs
-                .fetch_add(b.truncated, Ordering::Relaxed);
-            let per_row = anchors_by_row(&b, anchors, anchor_scope, &mut rng);
-            // No label carries loss: no optimizer step, no schedule step; counted.
-            let arrival = if per_row.iter().all(Vec::is_empty) {
-                Arrival::Skip
-            } else {
-                Arrival::Go
-            };
-            // Replicas take the step together, skip it together or all stop (see `StepGate`);
-            // the wait for the others is replica sync.
-            let outcome = match &gate {
-                Some(g) => {
-                    m.mark(Phase::GradSync);
-                    g.pass(arrival)
-                }
-                None => arrival,
-            };
-            match outcome {
-                Arrival::Stop => break,
-                Arrival::Skip => {
-                    counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
-                    m.end_step(b.tokens(), None);
-                    continue;
-                }
-                Arrival::Go => {}
-            }
-            let lr_now = schedule.lr(lr, step.optimizer.step as u64);
-            let mut probe = WorkerProbe {
-                marks: &mut m,
-                thread: &thread,
-                iteration: &mut iteration,
-                slow,
-                cancel: &cancel,
-                ahead: copy_stream.as_ref().map(|c| (&input, c, &mut next)),
-                device,
-            };
-            let out = match step.run(&hidden, &b, &per_row, lr_now, &mut probe) {
-                Ok(out) => out,
-                // The run stopped while this replica waited for the others.
-                Err(_) if cancel.is_cancelled() => break,
-                Err(e) => return Err(e),
-            };
-            if out.finite {
-                skipped_run = 0;
-                last_loss = Some(out.loss);
-            } else {
-                skipped_total += 1;
-                skipped_run += 1;
-            }
-            let metrics = metrics_of(&out, lr_now, block, step.optimizer.step, skipped_total);
-            m.end_step(b.tokens(), Some(metrics));
-            if skipped_run >= max_nonfinite {
-                anyhow::bail!(
-                    "{skipped_run} steps in a row had a non-finite loss or gradient and were \
-                     skipped; the run stops at step {} (the last finite one, saved where \
-                     --save-dir is set): lower `lr`, check the data, or raise --max-nonfinite",
-                    step.optimizer.step
-                );
-            }
-            let done = step.optimizer.step as u64;
-            let periodic = save_dir.is_some() && save_every.is_some_and(|n| done.is_multiple_of(n));
-            if saves
-                && done > last_saved
-                && (periodic || requests.checkpoint_now.swap(false, Ordering::SeqCst))
-            {
-                let saved = save(&step.optimizer, (done, data_docs, &rng, shape, last_loss));
-                // Tried: a save that failed is not tried again at the exit (one message).
-                last_saved = done;
-                saved?;
-            }
-            if periodic {
-                // Replicas in other processes go on once the checkpoint is written.
-                step.replicas.checkpoint_written(done)?;
-            }
-            // --steps counts optimizer steps of the run, so a resumed run stops at the same step.
-            if max_steps.is_some_and(|n| done >= n) {
-                cancel.cancel();
             }
         }
         Ok(())
     }));
-    // The last good step is saved whatever ended the loop, unless it failed inside the update
-    // itself (then the weights may be half-written: the previous checkpoint stands).
-    let failed = !matches!(outcome, Ok(Ok(())));
-    if failed {
-        // The run stops (so the others end quietly), and no replica is left waiting in a
-        // collective for this one.
-        cancel.cancel();
-        step.replicas.abort();
-    }
-    let in_update = failed && super::marks::phase_now() == Some(Phase::Optim);
-    let saved = if saves && step.optimizer.step as u64 > last_saved && !in_update {
-        let done = step.optimizer.step as u64;
-        save(&step.optimizer, (done, data_docs, &rng, shape, last_loss))
-    } else {
-        Ok(())
-    };
+    let saved = w.exit(&outcome);
     ended(outcome, saved)
 }
 
-/// Where the run stands after the last batch a drafter took (exact with one drafter; with
-/// several, replica 0's view: up to D-1 batches of the others may be seen again or skipped).
-struct Position {
-    step: u64,
+/// A drafter worker: its job, its thread's marks and the next batch taken ahead, and where the
+/// run stands after the last batch it took (exact with one drafter; with several, replica 0's
+/// view: up to D-1 batches of the others may be seen again or skipped).
+///
+/// Fields drop in order, as the loop's locals did: the batch taken ahead, the copy stream and
+/// the marks before the job (its model, optimizer and queue).
+struct Worker<'a> {
+    next: Option<Prefetched>,
+    /// On a GPU: the stream the next batch is copied on while this step computes.
+    copy_stream: Option<Stream>,
+    m: Marks,
+    telemetry: &'a Telemetry,
+    cancel: &'a CancelToken,
+    device: Device,
+    requests: std::sync::Arc<crate::telemetry::hub::Requests>,
+    thread: String,
+    iteration: u64,
+    rng: Rng,
     data_docs: u64,
-    anchor_rng: u64,
     /// (seq_len, batch) of the last batch.
     shape: (i64, i64),
     last_loss: Option<f32>,
+    last_saved: u64,
+    /// Steps skipped for a non-finite loss or gradient: in all, and in a row.
+    skipped_total: u64,
+    skipped_run: u32,
+    job: DrafterJob,
 }
 
-/// What a drafter's checkpoints hold besides the weights: the run's recipe and schedule.
-struct Saver<'a> {
-    dir: Option<&'a std::path::Path>,
-    schedule: super::schedule::Schedule,
-    seed: u64,
-    lr: f64,
-    anchors: i64,
-    anchor_scope: super::blocks::AnchorScope,
-    keep: Option<usize>,
-    spec: &'a super::config::DrafterSpec,
-    vs: &'a VarStore,
-    telemetry: &'a Telemetry,
-}
+impl<'a> Worker<'a> {
+    fn start(
+        mut job: DrafterJob,
+        telemetry: &'a Telemetry,
+        cancel: &'a CancelToken,
+    ) -> Result<Worker<'a>> {
+        let device = job.step.device;
+        let rec = telemetry
+            .sink()
+            .recorder(crate::telemetry::Role::Drafter, &device_name(device));
+        let m = Marks::new(rec, device, telemetry.switches().clone())?;
+        job.step.prepare()?;
+        let copy_stream = match (device, m.stream()) {
+            (Device::Cuda(i), Some(_)) if job.prefetch => Some(Stream::from_pool(i)?),
+            _ => None,
+        };
+        let rng = match job.rng_state {
+            Some(s) => Rng::from_state(s),
+            None => Rng::new(
+                job.seed
+                    .wrapping_mul(31)
+                    .wrapping_add(job.step.optimizer.step as u64),
+            ),
+        };
+        Ok(Worker {
+            telemetry,
+            cancel,
+            m,
+            device,
+            copy_stream,
+            next: None,
+            requests: telemetry.requests().clone(),
+            thread: thread_name(),
+            iteration: 0,
+            rng,
+            data_docs: job.data_docs,
+            shape: (0, 0),
+            last_loss: None,
+            last_saved: job.step.optimizer.step as u64,
+            skipped_total: 0,
+            skipped_run: 0,
+            job,
+        })
+    }
 
-impl Saver<'_> {
-    /// Saves `step-N` (nothing without --save-dir), prunes to --keep, says so in the header.
-    fn save(&self, optimizer: &AdamW, at: Position) -> Result<()> {
-        let Some(dir) = self.dir else { return Ok(()) };
-        let path = dir.join(format!("step-{:06}", at.step));
-        let (seq_len, batch) = at.shape;
+    /// One batch: taken, its anchors drawn, met with the replicas, trained on, saved when due.
+    fn iteration(&mut self) -> Result<ControlFlow<()>> {
+        self.m.hold_while_paused(self.cancel);
+        let Some((hidden, b)) = self.take()? else {
+            return Ok(ControlFlow::Break(()));
+        };
+        let per_row = anchors_by_row(&b, self.job.anchors, self.job.anchor_scope, &mut self.rng);
+        match self.meet(&per_row) {
+            Arrival::Stop => return Ok(ControlFlow::Break(())),
+            Arrival::Skip => {
+                let counts = &self.job.counts;
+                counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
+                self.m.end_step(b.tokens(), None);
+                return Ok(ControlFlow::Continue(()));
+            }
+            Arrival::Go => {}
+        }
+        let lr_now = self
+            .job
+            .schedule
+            .lr(self.job.lr, self.job.step.optimizer.step as u64);
+        let mut probe = WorkerProbe {
+            marks: &mut self.m,
+            thread: &self.thread,
+            iteration: &mut self.iteration,
+            slow: self.job.slow,
+            cancel: self.cancel,
+            ahead: (self.copy_stream.as_ref()).map(|c| (&self.job.input, c, &mut self.next)),
+            device: self.device,
+        };
+        let out = match self.job.step.run(&hidden, &b, &per_row, lr_now, &mut probe) {
+            Ok(out) => out,
+            // The run stopped while this replica waited for the others.
+            Err(_) if self.cancel.is_cancelled() => return Ok(ControlFlow::Break(())),
+            Err(e) => return Err(e),
+        };
+        self.report(&out, lr_now, b.tokens())?;
+        self.after_step()?;
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// The hand-off: the next batch (taken ahead, else off the queue) with its hidden states on
+    /// this drafter's device and stream. None when the queue has closed: the replicas stop too.
+    fn take(&mut self) -> Result<Option<(Tensor, PackedBatch)>> {
+        self.m.mark(Phase::HsWait);
+        let taken = match self.next.take() {
+            Some(p) => Some(p),
+            None => self.job.input.pop().ok().map(Prefetched::Local),
+        };
+        let Some(taken) = taken else {
+            if let Some(g) = &self.job.gate {
+                g.pass(Arrival::Stop); // the others stop too
+            }
+            return Ok(None);
+        };
+        self.m.mark(Phase::Anchors);
+        let (hidden, b) = taken.take(self.device, self.m.stream())?;
+        self.data_docs = b.docs_placed;
+        self.shape = (b.seq, b.rows);
+        (self.job.counts.truncated_docs).fetch_add(b.truncated, Ordering::Relaxed);
+        Ok(Some((hidden, b)))
+    }
+
+    /// Whether the step is taken: no label carries loss is a skip (no optimizer step, no
+    /// schedule step; counted). Replicas take the step together, skip it together or all stop
+    /// (see `StepGate`); the wait for the others is replica sync.
+    fn meet(&mut self, per_row: &[Vec<i64>]) -> Arrival {
+        let arrival = if per_row.iter().all(Vec::is_empty) {
+            Arrival::Skip
+        } else {
+            Arrival::Go
+        };
+        match &self.job.gate {
+            Some(g) => {
+                self.m.mark(Phase::GradSync);
+                g.pass(arrival)
+            }
+            None => arrival,
+        }
+    }
+
+    /// The step's numbers to the front-end; too many non-finite steps in a row stop the run.
+    fn report(&mut self, out: &StepOutcome, lr_now: f64, tokens: u64) -> Result<()> {
+        if out.finite {
+            self.skipped_run = 0;
+            self.last_loss = Some(out.loss);
+        } else {
+            self.skipped_total += 1;
+            self.skipped_run += 1;
+        }
+        let step = self.job.step.optimizer.step;
+        let block = self.job.step.spec.block_size;
+        let metrics = metrics_of(out, lr_now, block, step, self.skipped_total);
+        self.m.end_step(tokens, Some(metrics));
+        if self.skipped_run >= self.job.max_nonfinite {
+            anyhow::bail!(
+                "{} steps in a row had a non-finite loss or gradient and were \
+                 skipped; the run stops at step {step} (the last finite one, saved where \
+                 --save-dir is set): lower `lr`, check the data, or raise --max-nonfinite",
+                self.skipped_run
+            );
+        }
+        Ok(())
+    }
+
+    /// After a step: a save when due (--save-every) or asked for, the replicas told once a
+    /// periodic checkpoint is written, and the stop at --steps.
+    fn after_step(&mut self) -> Result<()> {
+        let done = self.job.step.optimizer.step as u64;
+        let periodic = self.job.save_dir.is_some()
+            && self.job.save_every.is_some_and(|n| done.is_multiple_of(n));
+        if self.job.saves
+            && done > self.last_saved
+            && (periodic || self.requests.checkpoint_now.swap(false, Ordering::SeqCst))
+        {
+            let saved = self.save(done);
+            // Tried: a save that failed is not tried again at the exit (one message).
+            self.last_saved = done;
+            saved?;
+        }
+        if periodic {
+            // Replicas in other processes go on once the checkpoint is written.
+            self.job.step.replicas.checkpoint_written(done)?;
+        }
+        // --steps counts optimizer steps of the run, so a resumed run stops at the same step.
+        if self.job.max_steps.is_some_and(|n| done >= n) {
+            self.cancel.cancel();
+        }
+        Ok(())
+    }
+
+    /// The last good step is saved whatever ended the loop, unless it failed inside the update
+    /// itself (then the weights may be half-written: the previous checkpoint stands).
+    fn exit(&mut self, outcome: &std::thread::Result<Result<()>>) -> Result<()> {
+        let failed = !matches!(outcome, Ok(Ok(())));
+        if failed {
+            // The run stops (so the others end quietly), and no replica is left waiting in a
+            // collective for this one.
+            self.cancel.cancel();
+            self.job.step.replicas.abort();
+        }
+        let in_update = failed && super::marks::phase_now() == Some(Phase::Optim);
+        let done = self.job.step.optimizer.step as u64;
+        if self.job.saves && done > self.last_saved && !in_update {
+            self.save(done)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Saves `step-N` with the run's recipe and schedule and where it stands (nothing without
+    /// --save-dir), prunes to --keep, says so in the header.
+    fn save(&self, step: u64) -> Result<()> {
+        let job = &self.job;
+        let Some(dir) = job.save_dir.as_deref() else {
+            return Ok(());
+        };
+        let path = dir.join(format!("step-{step:06}"));
+        let (seq_len, batch) = self.shape;
         let state = TrainerState {
-            step: at.step,
-            total_steps: self.schedule.total_steps(),
-            seed: self.seed,
-            lr: self.lr,
-            schedule: Some(self.schedule),
-            data_docs: at.data_docs,
-            anchor_rng: Some(at.anchor_rng),
-            last_loss: at.last_loss,
+            step,
+            total_steps: job.schedule.total_steps(),
+            seed: job.seed,
+            lr: job.lr,
+            schedule: Some(job.schedule),
+            data_docs: self.data_docs,
+            anchor_rng: Some(self.rng.state()),
+            last_loss: self.last_loss,
             seq_len: Some(seq_len),
             batch: Some(batch),
-            anchors: Some(self.anchors),
-            anchor_scope: Some(self.anchor_scope),
+            anchors: Some(job.anchors),
+            anchor_scope: Some(job.anchor_scope),
         };
-        checkpoint::save(&path, self.spec, self.vs, optimizer, &state)?;
-        if let Some(n) = self.keep {
+        let (spec, optimizer) = (&job.step.spec, &job.step.optimizer);
+        checkpoint::save(&path, spec, &job.vs, optimizer, &state)?;
+        if let Some(n) = job.keep {
             checkpoint::prune(dir, n)?;
         }
         self.telemetry
@@ -381,13 +399,7 @@ fn anchors_by_row(
 }
 
 /// A step's numbers for the front-end.
-fn metrics_of(
-    out: &super::drafter_step::StepOutcome,
-    lr_now: f64,
-    block: i64,
-    step: i64,
-    skipped: u64,
-) -> TrainMetrics {
+fn metrics_of(out: &StepOutcome, lr_now: f64, block: i64, step: i64, skipped: u64) -> TrainMetrics {
     let mut slot_acc = [0f32; MAX_SLOTS];
     for (i, a) in out.slot_acc.iter().take(MAX_SLOTS).enumerate() {
         slot_acc[i] = *a;
