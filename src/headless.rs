@@ -141,10 +141,13 @@ pub fn rank_fields(s: &Snapshot) -> String {
     }
     let mut out = String::from(" |");
     for r in &s.ranks {
+        let tok_s = match r.counts_tokens {
+            true => format!("{:.0}", r.tok_per_s),
+            false => "-".into(),
+        };
         let _ = write!(
             out,
-            " {n}.tok/s={:.0} {n}.step={} {n}.verdict={}",
-            r.tok_per_s,
+            " {n}.tok/s={tok_s} {n}.step={} {n}.verdict={}",
             r.step,
             r.verdict.short(),
             n = r.name

@@ -246,7 +246,7 @@ fn a_viewer_of_another_protocol_version_is_refused_with_a_sentence() {
 }
 
 /// The example pipeline, serving in `runtime` (its XDG_RUNTIME_DIR).
-fn python_pipeline(runtime: &Path, slow: Option<&str>) -> Child {
+pub fn python_pipeline(runtime: &Path, slow: Option<&str>) -> Child {
     let mut c = Command::new(repo().join(".venv/bin/python"));
     c.arg(repo().join("python/examples/pipeline.py"))
         .args(["--no-torch", "--seconds", "120"])

@@ -235,6 +235,39 @@ fn a_path_that_is_no_session_and_a_job_that_is_not_there_are_sentences() {
     );
 }
 
+/// A Python pipeline beside a trainer: two pipelines, refused as one view, both named.
+#[test]
+fn sessions_of_different_pipelines_are_not_merged() {
+    let job = Job::start();
+    let mut python = super::attach::python_pipeline(job.runtime.path(), None);
+    let py_sock = job
+        .runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", python.id()));
+    wait_until("both sockets", || {
+        job.socket(0).exists() && py_sock.exists()
+    });
+    let o = job.attach(&[
+        job.socket(0).to_str().unwrap(),
+        py_sock.to_str().unwrap(),
+        "--headless",
+        "--seconds",
+        "2",
+    ]);
+    let _ = python.kill();
+    let _ = python.wait();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("these sessions run different pipelines")
+            && err.contains("loader → target → drafter")
+            && err.contains("producer → consumer"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn the_merged_header_sums_tokens_and_names_the_slowest_rank_and_the_worst_verdict() {
     let fast = starved_snapshot();

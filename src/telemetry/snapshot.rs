@@ -367,6 +367,9 @@ pub struct RankView {
     /// Its session ended (the others go on).
     #[serde(default)]
     pub ended: bool,
+    /// It has reported tokens (a pipeline that never does has no tok/s to compare).
+    #[serde(default)]
+    pub counts_tokens: bool,
 }
 
 /// One ended iteration of one thread, for the Chrome trace.
@@ -385,7 +388,11 @@ impl Snapshot {
     /// Of a merged view's sessions still running, the one with the fewest tokens a second (None
     /// with fewer than two).
     pub fn slowest_rank(&self) -> Option<&RankView> {
-        let live: Vec<&RankView> = self.ranks.iter().filter(|r| !r.ended).collect();
+        let live: Vec<&RankView> = self
+            .ranks
+            .iter()
+            .filter(|r| !r.ended && r.counts_tokens)
+            .collect();
         if live.len() < 2 {
             return None;
         }

@@ -68,6 +68,42 @@ pub fn labels(sessions: &[Attached]) -> Vec<String> {
         .collect()
 }
 
+/// The merged view names phases through one stage table: sessions that declare different
+/// stages (a Python pipeline beside a trainer) are refused with a sentence naming them.
+fn same_stages(sessions: &[Attached]) -> Result<()> {
+    let describe = |s: &Attached| {
+        let names: Vec<&str> = s
+            .hello
+            .stages
+            .stages
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        match names.is_empty() {
+            true => format!(
+                "PID {}: dflash-top's loader → target → drafter",
+                s.hello.pid
+            ),
+            false => format!("PID {}: {}", s.hello.pid, names.join(" → ")),
+        }
+    };
+    let Some(first) = sessions.first() else {
+        return Ok(());
+    };
+    if let Some(other) = sessions
+        .iter()
+        .find(|s| s.hello.stages != first.hello.stages)
+    {
+        anyhow::bail!(
+            "these sessions run different pipelines ({}; {}): one view shows sessions of one \
+             pipeline (the ranks of a job); attach them one at a time",
+            describe(first),
+            describe(other)
+        );
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -85,6 +121,10 @@ impl JoinedMany {
                     return Err(e);
                 }
             }
+        }
+        if let Err(e) = same_stages(&sessions) {
+            sessions.into_iter().for_each(Attached::detach);
+            return Err(e);
         }
         sessions.sort_by_key(|s| s.hello.job.as_ref().map_or(u32::MAX, |j| j.rank));
         let labels = labels(&sessions);

@@ -75,6 +75,7 @@ fn rank_view(p: &Part) -> RankView {
         tok_per_s: p.snap.train.tok_per_s_1s,
         verdict: p.snap.verdict,
         ended: p.ended,
+        counts_tokens: p.snap.train.tokens_total > 0,
     }
 }
 
@@ -318,5 +319,28 @@ mod tests {
         assert!(m.threads.iter().all(|t| t.name.starts_with("r0/")));
         assert_eq!(m.verdict, Verdict::Balanced);
         assert!(m.ranks[1].ended && m.slowest_rank().is_none());
+    }
+
+    #[test]
+    fn a_session_that_never_reports_tokens_is_not_the_slowest() {
+        let mut silent = rank(0.0, 40, Verdict::Balanced);
+        silent.train.tokens_total = 0;
+        let snaps = [
+            ("p1", silent, false),
+            ("r0", rank(4000.0, 12, Verdict::Balanced), false),
+            ("r1", rank(3200.0, 11, Verdict::Balanced), false),
+        ];
+        let m = merge(&parts(&snaps), 1);
+        assert_eq!(m.slowest_rank().map(|r| r.name.as_str()), Some("r1"));
+        let line = crate::headless::rank_fields(&m);
+        assert!(line.contains("p1.tok/s=- "), "{line}");
+        assert!(line.contains("r1.tok/s=3200 "), "{line}");
+        // A rank that counted tokens and now makes none is the slowest.
+        let snaps = [
+            ("r0", rank(4000.0, 12, Verdict::Balanced), false),
+            ("r1", rank(0.0, 11, Verdict::Stalled), false),
+        ];
+        let m = merge(&parts(&snaps), 1);
+        assert_eq!(m.slowest_rank().map(|r| r.name.as_str()), Some("r1"));
     }
 }
