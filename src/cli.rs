@@ -230,6 +230,10 @@ pub struct AttachArgs {
     /// --flight`; default: none).
     #[arg(long, value_name = "DIR")]
     pub flight: Option<PathBuf>,
+    /// Record the view (merged, for several sessions) to FILE, a snapshot every --interval
+    /// seconds, for `replay` and `export`.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
     /// A TOML run configuration whose `[warnings]` table sets this viewer's warning rules (the
     /// rest of the file is the run's business and is only checked).
     #[arg(long, value_name = "FILE.toml")]

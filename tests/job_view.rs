@@ -174,9 +174,52 @@ fn attach_job_shows_both_ranks_and_attach_a_b_merges_them() {
         stdout(&o)
     );
     assert_both_ranks(&last_line(&o));
-    // The same by its id, and by the two sockets.
-    let o = job.attach(&["--job", &id, "--headless", "--seconds", "3"]);
+    // The same by its id, recorded: the recording holds the merged view, names and all.
+    let rec = job.runtime.path().join("job.jsonl");
+    let o = job.attach(&[
+        "--job",
+        &id,
+        "--headless",
+        "--seconds",
+        "3",
+        "--record",
+        rec.to_str().unwrap(),
+    ]);
     assert_both_ranks(&last_line(&o));
+    assert!(stderr(&o).contains("recorded "), "{}", stderr(&o));
+    let trace = job.runtime.path().join("job.json");
+    let e = bin()
+        .args([
+            "export",
+            rec.to_str().unwrap(),
+            "--chrome",
+            trace.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(e.status.success(), "{}", stderr(&e));
+    let trace = std::fs::read_to_string(&trace).unwrap();
+    for name in ["r0/drafter-0", "r1/drafter-0"] {
+        assert!(
+            trace.contains(name),
+            "{name} in the merged recording's trace"
+        );
+    }
+    let o = job.attach(&[
+        "--job",
+        "--headless",
+        "--seconds",
+        "1",
+        "--record",
+        "/no/such/dir/x.jsonl",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--record /no/such/dir/x.jsonl: cannot create it"),
+        "{}",
+        stderr(&o)
+    );
+    // By the two sockets.
     let (a, b) = (job.socket(1), job.socket(0));
     let o = job.attach(&[
         a.to_str().unwrap(),

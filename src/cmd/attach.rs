@@ -5,6 +5,7 @@
 use crate::cli::AttachArgs;
 use crate::headless::{follow, Follow};
 use crate::telemetry::flight::FlightRecorder;
+use crate::telemetry::snapshot_lines::SnapshotRecorder;
 use crate::telemetry::warnings::WarnConfig;
 use crate::telemetry::Telemetry;
 use crate::wire::join::{list_text, local_hms, resolve_all, resolve_job, sessions, Attached};
@@ -149,6 +150,17 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         .as_deref()
         .map(|dir| FlightRecorder::start(session.telemetry(), dir))
         .transpose()?;
+    let recorder = args
+        .record
+        .as_deref()
+        .map(|p| {
+            SnapshotRecorder::start(
+                session.telemetry(),
+                p,
+                Duration::from_secs_f64(args.interval),
+            )
+        })
+        .transpose()?;
     let deadline = args
         .seconds
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
@@ -170,8 +182,16 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     if let Some(f) = flight {
         f.stop();
     }
+    let recorded = recorder.map(SnapshotRecorder::finish).transpose();
     session.detach();
     result?;
+    if let (Some(n), Some(p)) = (recorded?, &args.record) {
+        eprintln!(
+            "recorded {n} snapshots to {} (dflash-top replay {})",
+            p.display(),
+            p.display()
+        );
+    }
     if tripped.is_some() {
         eprintln!("detached from {who}: a --fail-if gate held; the run goes on");
         return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
