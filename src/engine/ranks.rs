@@ -127,12 +127,29 @@ fn connect_client(tag: &JobTag, timeout: Duration) -> Result<JobStore, String> {
     )
 }
 
+/// A request to the job's store failed: on a rank that is its client, the host is gone (the
+/// first of the rank's threads to notice says it, in the watch's words); on rank 0, its own
+/// store failed.
 fn store_err(tag: &JobTag, what: &str, e: String) -> anyhow::Error {
+    if tag.rank != 0 || tag.agent_store {
+        return anyhow!("{}", store_gone(tag, &format!("{what}: {e}")));
+    }
     anyhow!(
-        "rank {} of the job at {}:{}: {what}: {e}",
-        tag.rank,
+        "rank 0 of the job at {}:{}: {what}: {e}",
         tag.master_addr,
         tag.master_port
+    )
+}
+
+/// The sentence for a store that stopped answering.
+fn store_gone(tag: &JobTag, detail: &str) -> String {
+    let host = match tag.agent_store {
+        true => "torchrun's agent",
+        false => "rank 0",
+    };
+    format!(
+        "{host}, which hosts the job's rendezvous at {}:{}, is gone ({detail}): rank {} stops",
+        tag.master_addr, tag.master_port, tag.rank
     )
 }
 
@@ -326,12 +343,7 @@ impl JobLink {
         others: &[u32],
         last: &mut BTreeMap<u32, (i64, Instant)>,
     ) -> Option<String> {
-        let lost_store = |e: String| {
-            format!(
-                "rank 0, which hosts the job's rendezvous at {}:{}, is gone ({e}): rank {me} stops",
-                self.tag.master_addr, self.tag.master_port
-            )
-        };
+        let lost_store = |e: String| store_gone(&self.tag, &e);
         if let Err(e) = self.beat.add(&format!("alive/{me}"), 1) {
             return Some(lost_store(e));
         }
