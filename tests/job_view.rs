@@ -187,6 +187,7 @@ fn attach_job_shows_both_ranks_and_attach_a_b_merges_them() {
     ]);
     assert_both_ranks(&last_line(&o));
     assert!(stderr(&o).contains("recorded "), "{}", stderr(&o));
+    assert!(stderr(&o).contains("; they go on"), "{}", stderr(&o));
     let trace = job.runtime.path().join("job.json");
     let e = bin()
         .args([

@@ -192,13 +192,18 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
             p.display()
         );
     }
+    // One watched run goes on; several (a job's ranks) go on.
+    let (run, goes) = match paths.len() {
+        1 => ("the run goes on", "it goes on"),
+        _ => ("the runs go on", "they go on"),
+    };
     if tripped.is_some() {
-        eprintln!("detached from {who}: a --fail-if gate held; the run goes on");
+        eprintln!("detached from {who}: a --fail-if gate held; {run}");
         return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
     }
     match reason {
         Some(why) => eprintln!("detached from {who}: {why}"),
-        None => eprintln!("detached from {who}; it goes on"),
+        None => eprintln!("detached from {who}; {goes}"),
     }
     Ok(crate::cmd::session::signal_exit())
 }
