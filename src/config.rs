@@ -288,6 +288,10 @@ fn pipeline_spec(
         chat: file.chat.clone().unwrap_or_default(),
         fast_paths: fast_paths_of(args.disable.as_deref(), file.fast_paths.as_ref())?,
         job: crate::job::JobTag::from_env().map_err(|e| anyhow::anyhow!("{e}"))?,
+        hooks: crate::engine::spec::ProcessHooks {
+            stop_requested: crate::signals::requested,
+            exit_now: crate::signals::exit_now,
+        },
         preset: model.preset,
     })
 }

@@ -27,6 +27,7 @@ pub mod nccl;
 pub mod optim;
 pub mod pipeline;
 pub mod qwen3;
+pub mod rank_replica;
 pub mod ranks;
 pub mod recipe;
 pub mod replica_check;

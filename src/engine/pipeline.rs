@@ -11,7 +11,8 @@ use super::drafter_worker::{run_drafter, DrafterJob};
 use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
-use super::ranks::{JobGate, JobLink, JobMember};
+use super::rank_replica::{JobGate, JobMember};
+use super::ranks::{join_job, JobLink};
 use super::replicas::{LocalGroup, Single, StepMeet};
 use super::spec::{DataSpec, PipelineSpec};
 use super::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
@@ -269,35 +270,6 @@ pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<
         devices.len(),
         cancel.clone(),
     )))
-}
-
-/// How long a rank waits for the others to join its job.
-const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// Joins the job of `cfg.job` (this process trains one replica of it): the others must agree on
-/// the recipe (its `config:` line), the data and the step it resumes from.
-pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<Arc<JobLink>> {
-    if cfg.drafter_devices.len() != 1 {
-        bail!(
-            "--drafter-devices lists {} devices, but in a job of several processes (WORLD_SIZE={}) \
-             each process trains one drafter replica: give it one device, and start more \
-             processes for more replicas",
-            cfg.drafter_devices.len(),
-            tag.world
-        );
-    }
-    let mut fields = super::ranks::config_fields(&cfg.recipe_line());
-    fields.push(("world".into(), tag.world.to_string()));
-    fields.push((
-        "resume_step".into(),
-        cfg.resume_state
-            .as_ref()
-            .map_or("none".into(), |s| s.step.to_string()),
-    ));
-    if let DataSpec::Jsonl(p) = &cfg.data {
-        fields.push(("data_digest".into(), super::ranks::file_digest(p)?));
-    }
-    JobLink::join(tag, &fields, JOIN_WAIT)
 }
 
 impl Pipeline {

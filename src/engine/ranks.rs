@@ -6,24 +6,19 @@
 //!   `config:` line and a hash of its data. Before any collective, each rank compares every
 //!   rank's fields with rank 0's; a difference is one sentence naming the rank and the field, on
 //!   every rank.
-//! - The step gate (`JobGate`): replicas take a step together, skip it together or all stop,
-//!   meeting on counters in the store (a paused rank holds the others here, not in a collective).
-//! - The gradients (`JobMember`): libtorch's `ProcessGroupGloo` on the CPU (sum, then divide: the
-//!   same bits on every rank), its `ProcessGroupNCCL` on GPUs (src/engine/nccl.rs, in the job's
-//!   store, one GPU per process); replica 0's weights are broadcast at start.
+//! - The step gate and the gradients of this process's replica: src/engine/rank_replica.rs.
 //! - The watch: a heartbeat per rank in the store, twice a second. A rank that reports a failure,
 //!   or whose heartbeat stops for `LOST_AFTER`, stops every other rank with a sentence naming
 //!   it; if this process has not ended `EXIT_GRACE` later (a worker held in a collective), it
 //!   exits as after a second signal.
 
-use super::c10d::{GlooGroup, JobStore};
-use super::optim::AdamW;
-use super::replicas::{Arrival, GradMean, StepMeet};
+use super::c10d::JobStore;
+use super::spec::{DataSpec, PipelineSpec, ProcessHooks};
 use crate::cancel::CancelToken;
 use crate::job::JobTag;
 use anyhow::{anyhow, bail, Result};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,13 +30,44 @@ const BEAT: Duration = Duration::from_millis(250);
 /// After a fault, how long the process may take to end by itself before it exits.
 pub const EXIT_GRACE: Duration = Duration::from_secs(10);
 /// A collective that waits longer than this for a peer fails (the watch names the peer first).
-const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(super) const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long a rank waits for the others to join its job.
+const JOIN_WAIT: Duration = Duration::from_secs(300);
+
+/// Joins the job of `cfg.job` (this process trains one replica of it): the others must agree on
+/// the recipe (its `config:` line), the data and the step it resumes from.
+pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<Arc<JobLink>> {
+    if cfg.drafter_devices.len() != 1 {
+        bail!(
+            "--drafter-devices lists {} devices, but in a job of several processes (WORLD_SIZE={}) \
+             each process trains one drafter replica: give it one device, and start more \
+             processes for more replicas",
+            cfg.drafter_devices.len(),
+            tag.world
+        );
+    }
+    let mut fields = config_fields(&cfg.recipe_line());
+    fields.push(("world".into(), tag.world.to_string()));
+    fields.push((
+        "resume_step".into(),
+        cfg.resume_state
+            .as_ref()
+            .map_or("none".into(), |s| s.step.to_string()),
+    ));
+    if let DataSpec::Jsonl(p) = &cfg.data {
+        fields.push(("data_digest".into(), file_digest(p)?));
+    }
+    JobLink::join(tag, &fields, JOIN_WAIT, cfg.hooks)
+}
 
 /// This process's link to the other ranks of its job.
 pub struct JobLink {
     pub tag: JobTag,
+    /// The process's signals (a first one gives up the rendezvous; the forced exit).
+    hooks: ProcessHooks,
     /// The gate, the exchanges, the ends (quick requests only).
-    store: Arc<JobStore>,
+    pub(super) store: Arc<JobStore>,
     /// The watch's own connection: libtorch's client serializes requests, and a process
     /// group's rendezvous blocks on its connection until the peer comes; the heartbeat must not
     /// wait behind it.
@@ -116,7 +142,7 @@ fn job_prefix(tag: &JobTag) -> String {
 }
 
 /// Another connection to the job's store (rank 0 included: a client of its own server).
-fn connect_client(tag: &JobTag, timeout: Duration) -> Result<JobStore, String> {
+pub(super) fn connect_client(tag: &JobTag, timeout: Duration) -> Result<JobStore, String> {
     JobStore::connect(
         &tag.master_addr,
         tag.master_port,
@@ -130,7 +156,7 @@ fn connect_client(tag: &JobTag, timeout: Duration) -> Result<JobStore, String> {
 /// A request to the job's store failed: on a rank that is its client, the host is gone (the
 /// first of the rank's threads to notice says it, in the watch's words); on rank 0, its own
 /// store failed.
-fn store_err(tag: &JobTag, what: &str, e: String) -> anyhow::Error {
+pub(super) fn store_err(tag: &JobTag, what: &str, e: String) -> anyhow::Error {
     if tag.rank != 0 || tag.agent_store {
         return anyhow!("{}", store_gone(tag, &format!("{what}: {e}")));
     }
@@ -156,7 +182,12 @@ fn store_gone(tag: &JobTag, detail: &str) -> String {
 impl JobLink {
     /// Joins the job: connects to its store, publishes `fields`, waits up to `wait` for every
     /// rank to do the same, and checks that they all agree with rank 0.
-    pub fn join(tag: &JobTag, fields: &[(String, String)], wait: Duration) -> Result<Arc<JobLink>> {
+    pub fn join(
+        tag: &JobTag,
+        fields: &[(String, String)],
+        wait: Duration,
+        hooks: ProcessHooks,
+    ) -> Result<Arc<JobLink>> {
         let host_it = tag.rank == 0 && !tag.agent_store;
         let prefix = job_prefix(tag);
         let store = JobStore::connect(
@@ -184,6 +215,7 @@ impl JobLink {
             .map_err(|e| store_err(tag, "opening the watch's connection", e))?;
         let link = Arc::new(JobLink {
             tag: tag.clone(),
+            hooks,
             store: Arc::new(store),
             beat,
             fault: Mutex::new(None),
@@ -259,7 +291,7 @@ impl JobLink {
             if got.iter().all(Option::is_some) {
                 return Ok(got.into_iter().flatten().collect());
             }
-            if Instant::now() >= deadline || crate::signals::requested() {
+            if Instant::now() >= deadline || (self.hooks.stop_requested)() {
                 let missing: Vec<String> = got
                     .iter()
                     .enumerate()
@@ -284,7 +316,7 @@ impl JobLink {
         self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn set_fault(&self, why: String) {
+    pub(super) fn set_fault(&self, why: String) {
         let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
         if f.is_none() {
             *f = Some(why);
@@ -318,7 +350,7 @@ impl JobLink {
                 }
                 if at.elapsed() >= EXIT_GRACE {
                     let why = self.fault().unwrap_or_default();
-                    crate::signals::exit_now(
+                    (self.hooks.exit_now)(
                         1,
                         &format!(
                             "dflash-top: {why} (this rank did not stop within {} s: exiting)",
@@ -419,7 +451,7 @@ impl JobLink {
 
     /// Polls `done` until it says the round is over; None if the run stopped or a rank is lost
     /// first.
-    fn poll<T>(
+    pub(super) fn poll<T>(
         &self,
         cancel: &CancelToken,
         mut done: impl FnMut() -> Result<Option<T>, String>,
@@ -438,199 +470,13 @@ impl JobLink {
     }
 }
 
-/// Where the ranks meet before each step (the processes' `StepGate`): one counter per round
-/// in the store, each rank adding 1 + STOP if it has no batch + SKIP if it has nothing to train.
-pub struct JobGate {
-    link: Arc<JobLink>,
-    round: AtomicU64,
-    cancel: CancelToken,
-}
-
-const STOP: i64 = 1 << 20;
-const SKIP: i64 = 1 << 40;
-
-impl JobGate {
-    pub fn new(link: Arc<JobLink>, cancel: CancelToken) -> Arc<JobGate> {
-        Arc::new(JobGate {
-            link,
-            round: AtomicU64::new(0),
-            cancel,
-        })
-    }
-
-    fn try_pass(&self, arrival: Arrival) -> Result<Arrival> {
-        let g = self.round.fetch_add(1, Ordering::SeqCst);
-        let key = format!("gate/{g}");
-        let store = &self.link.store;
-        let mine = 1 + match arrival {
-            Arrival::Go => 0,
-            Arrival::Skip => SKIP,
-            Arrival::Stop => STOP,
-        };
-        store
-            .add(&key, mine)
-            .map_err(|e| store_err(&self.link.tag, "at the step gate", e))?;
-        let world = self.link.tag.world as i64;
-        let total = self.link.poll(&self.cancel, || {
-            let v = store.add(&key, 0)?;
-            Ok(((v % STOP) >= world).then_some(v))
-        })?;
-        let Some(total) = total else {
-            return Ok(Arrival::Stop);
-        };
-        // Every rank has passed the previous round: its counter can go.
-        if self.link.tag.rank == 0 && g > 0 {
-            let _ = store.delete(&format!("gate/{}", g - 1));
-        }
-        Ok(if (total / STOP) % (SKIP / STOP) > 0 {
-            Arrival::Stop
-        } else if total / SKIP > 0 {
-            Arrival::Skip
-        } else {
-            Arrival::Go
-        })
-    }
-}
-
-impl StepMeet for JobGate {
-    fn pass(&self, arrival: Arrival) -> Arrival {
-        match self.try_pass(arrival) {
-            Ok(a) => a,
-            Err(e) => {
-                self.link.set_fault(format!("{e:#}"));
-                self.cancel.cancel();
-                Arrival::Stop
-            }
-        }
-    }
-}
-
-/// How this process's replica averages with the others.
-enum Backend {
-    /// Made on first use, on the drafter's thread.
-    Gloo(Option<GlooGroup>),
-    Nccl(super::nccl::NcclMember),
-}
-
-/// This process's replica in the job: Gloo on the CPU, NCCL on a GPU.
-pub struct JobMember {
-    link: Arc<JobLink>,
-    backend: Backend,
-    cancel: CancelToken,
-}
-
-impl JobMember {
-    pub fn new(link: Arc<JobLink>, cancel: CancelToken, on_gpu: bool) -> Result<JobMember> {
-        let backend = match on_gpu {
-            true => {
-                let store = connect_client(&link.tag, COLLECTIVE_TIMEOUT)
-                    .map_err(|e| store_err(&link.tag, "opening NCCL's connection", e))?;
-                let group = super::nccl::NcclGroup::over(Arc::new(store), link.tag.world as usize)?;
-                Backend::Nccl(group.member(link.tag.rank as usize))
-            }
-            false => Backend::Gloo(None),
-        };
-        Ok(JobMember {
-            link,
-            backend,
-            cancel,
-        })
-    }
-
-    fn gloo(&mut self) -> Result<&mut GlooGroup> {
-        let Backend::Gloo(group) = &mut self.backend else {
-            bail!("not a CPU replica");
-        };
-        if group.is_none() {
-            let tag = &self.link.tag;
-            let store = connect_client(tag, COLLECTIVE_TIMEOUT)
-                .map_err(|e| store_err(tag, "opening Gloo's connection", e))?;
-            *group = Some(GlooGroup::new(
-                &store,
-                tag.rank,
-                tag.world,
-                COLLECTIVE_TIMEOUT,
-            )?);
-        }
-        Ok(group.as_mut().expect("made above"))
-    }
-
-    /// A collective's error, with the fault that explains it when the watch has one (a rank
-    /// that died shows first as a closed connection).
-    fn explain(&self, e: anyhow::Error) -> anyhow::Error {
-        let deadline = Instant::now() + LOST_AFTER + Duration::from_secs(1);
-        while self.link.fault().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        match self.link.fault() {
-            Some(why) => anyhow!("{why} ({e:#})"),
-            None => e,
-        }
-    }
-}
-
-impl GradMean for JobMember {
-    /// Every rank starts from rank 0's weights.
-    fn prepare(&mut self, optimizer: &mut AdamW) -> Result<()> {
-        let r = match &mut self.backend {
-            Backend::Nccl(m) => m.prepare(optimizer),
-            Backend::Gloo(_) => self
-                .gloo()
-                .and_then(|g| g.broadcast(optimizer.flat_params(), 0)),
-        };
-        r.map_err(|e| self.explain(e))
-    }
-
-    fn mean(&mut self, optimizer: &mut AdamW) -> Result<()> {
-        let world = self.link.tag.world as f64;
-        let r = match &mut self.backend {
-            Backend::Nccl(m) => m.mean(optimizer),
-            Backend::Gloo(_) => self.gloo().and_then(|g| {
-                let grads = optimizer.gathered_grads();
-                g.all_reduce_sum(grads)?;
-                let _ = grads.g_div_scalar_(world);
-                Ok(())
-            }),
-        };
-        r.map_err(|e| self.explain(e))
-    }
-
-    fn abort(&mut self) {
-        if let Backend::Nccl(m) = &mut self.backend {
-            m.abort();
-        }
-    }
-
-    fn world(&self) -> usize {
-        self.link.tag.world as usize
-    }
-
-    /// A periodic checkpoint: rank 0 writes it, the others wait until it is written.
-    fn checkpoint_written(&mut self, step: u64) -> Result<()> {
-        let key = format!("saved/{step}");
-        if self.link.tag.rank == 0 {
-            return self
-                .link
-                .store
-                .set(&key, b"")
-                .map_err(|e| store_err(&self.link.tag, "saying the checkpoint is written", e));
-        }
-        let store = &self.link.store;
-        let found = self
-            .link
-            .poll(&self.cancel, || Ok(store.try_get(&key)?.map(|_| ())))?;
-        if found.is_none() && !self.cancel.is_cancelled() {
-            bail!("stopped while waiting for rank 0's checkpoint of step {step}");
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use crate::engine::c10d::free_port;
+    use crate::engine::rank_replica::JobGate;
+    use crate::engine::replicas::{Arrival, StepMeet};
 
     fn tag(rank: u32, world: u32, port: u16) -> JobTag {
         JobTag {
@@ -654,9 +500,13 @@ mod tests {
                 .map(|r| {
                     let (body, fields) = (&body, &fields);
                     s.spawn(move || {
+                        let hooks = ProcessHooks {
+                            stop_requested: || false,
+                            exit_now: |_, why| panic!("{why}"),
+                        };
+                        let wait = Duration::from_secs(30);
                         let link =
-                            JobLink::join(&tag(r, world, port), fields, Duration::from_secs(30))
-                                .unwrap();
+                            JobLink::join(&tag(r, world, port), fields, wait, hooks).unwrap();
                         let out = body(link.clone());
                         link.finish(&Ok(()));
                         out

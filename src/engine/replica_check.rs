@@ -272,7 +272,7 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
 pub fn run_ranks(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
     super::fast_paths::install(cfg.fast_paths);
     let tag = cfg.job.as_ref().context("a job's rank")?;
-    let link = super::pipeline::join_job(cfg, tag)?;
+    let link = super::ranks::join_job(cfg, tag)?;
     let cancel = CancelToken::new();
     let (world, rank) = (tag.world as i64, tag.rank as i64);
     tch::manual_seed(cfg.seed as i64);
@@ -304,7 +304,7 @@ pub fn run_ranks(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         drop(vs);
         Ok(step)
     };
-    let mut replica = step_for(Box::new(super::ranks::JobMember::new(
+    let mut replica = step_for(Box::new(super::rank_replica::JobMember::new(
         link.clone(),
         cancel.clone(),
         dev.is_cuda(),

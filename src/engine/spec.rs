@@ -19,6 +19,17 @@ pub struct Slow {
     pub drafter: Duration,
 }
 
+/// What the engine may ask of the process it runs in, without reaching up to the signals or
+/// the screen: the config sets these from src/signals.rs.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessHooks {
+    /// Whether the user asked to stop (a first signal): a long wait gives up.
+    pub stop_requested: fn() -> bool,
+    /// Exits at once, as a second signal does (terminal restored, nothing half written), after
+    /// the message: for a run that cannot end by itself.
+    pub exit_now: fn(i32, &str) -> !,
+}
+
 /// Where the documents come from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DataSpec {
@@ -78,6 +89,8 @@ pub struct PipelineSpec {
     pub fast_paths: FastPaths,
     /// This process's place in a multi-process job (torchrun's variables), None for a plain run.
     pub job: Option<crate::job::JobTag>,
+    /// The process's signals, as the engine may use them (a job's waits and forced exit).
+    pub hooks: ProcessHooks,
 }
 
 impl PipelineSpec {
