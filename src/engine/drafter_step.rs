@@ -214,6 +214,22 @@ fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each row's anchors, sampled from `rng` as the worker does.
+    fn rows_anchors(
+        b: &PackedBatch,
+        cfg: &crate::engine::spec::PipelineSpec,
+        rng: &mut Rng,
+    ) -> Vec<Vec<i64>> {
+        let seq = b.seq as usize;
+        (0..b.rows as usize)
+            .map(|r| {
+                let span = r * seq..(r + 1) * seq;
+                let (docs, lmask) = (&b.host_doc_ids[span.clone()], &b.host_loss_mask[span]);
+                sample_anchors(docs, lmask, cfg.anchors as usize, cfg.anchor_scope, rng)
+            })
+            .collect()
+    }
     use crate::cli::TrainArgs;
     use crate::config::RunConfig;
     use crate::engine::blocks::sample_anchors;
@@ -300,20 +316,7 @@ mod tests {
             let mut b = packer
                 .pack(source.as_mut(), cfg.batch, cfg.seq_len)
                 .unwrap();
-            let seq = b.seq as usize;
-            let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
-                .map(|r| {
-                    let span = r * seq..(r + 1) * seq;
-                    let (docs, lmask) = (&b.host_doc_ids[span.clone()], &b.host_loss_mask[span]);
-                    sample_anchors(
-                        docs,
-                        lmask,
-                        cfg.anchors as usize,
-                        cfg.anchor_scope,
-                        &mut rng,
-                    )
-                })
-                .collect();
+            let per_row = rows_anchors(&b, &cfg, &mut rng);
             let last = i == 9;
             if last {
                 // Anchors kept, every label masked out.
@@ -406,20 +409,7 @@ mod tests {
             let b = packer
                 .pack(source.as_mut(), cfg.batch, cfg.seq_len)
                 .unwrap();
-            let seq = b.seq as usize;
-            let per_row: Vec<Vec<i64>> = (0..b.rows as usize)
-                .map(|r| {
-                    let span = r * seq..(r + 1) * seq;
-                    let (docs, lmask) = (&b.host_doc_ids[span.clone()], &b.host_loss_mask[span]);
-                    sample_anchors(
-                        docs,
-                        lmask,
-                        cfg.anchors as usize,
-                        cfg.anchor_scope,
-                        &mut rng,
-                    )
-                })
-                .collect();
+            let per_row = rows_anchors(&b, &cfg, &mut rng);
             let hidden = tch::no_grad(|| target.forward(&b.input_ids, &b.positions, &b.doc_ids));
             marks.mark(Phase::Anchors);
             step.run(&hidden, &b, &per_row, 1e-3, &mut Marking(&mut marks))
