@@ -16,6 +16,10 @@
 //!   its third iteration.
 //! - `panic_at_start:THREAD`: the worker thread of that name (`drafter-0`) panics as it starts
 //!   (the tests of the terminal's restore path).
+//! - `item_in_loss`: each drafter step reads its loss back to the host 4 times in its `loss`
+//!   phase (as code that logs `.item()` there does): the seeded case of the `host_sync` warning.
+//! - `vary_shapes`: the loader packs each batch to a different row length (between half and all
+//!   of `seq_len`, in steps of 64 tokens): the seeded case of the `alloc_churn` warning.
 //! - `hold_start:FILE`: `train`'s TUI waits before starting its run until FILE exists (keys typed
 //!   while a run starts, at a pace the test sets).
 
@@ -40,6 +44,39 @@ pub fn arg(name: &str) -> Option<&'static str> {
     faults()
         .iter()
         .find_map(|f| f.strip_prefix(name)?.strip_prefix(':'))
+}
+
+/// Reads of the loss back to the host that `item_in_loss` adds to each drafter step.
+pub fn item_reads_in_loss() -> usize {
+    if is("item_in_loss") {
+        4
+    } else {
+        0
+    }
+}
+
+/// The row length of the loader's batch `iteration` (0-based): `seq`, or under `vary_shapes` a
+/// length that differs from the last one, at least half of `seq` and at least 64 tokens.
+pub fn seq_len(seq: i64, iteration: u64) -> i64 {
+    if !is("vary_shapes") {
+        return seq;
+    }
+    varied_seq_len(seq, iteration)
+}
+
+fn varied_seq_len(seq: i64, iteration: u64) -> i64 {
+    let floor = (seq / 2).max(64.min(seq));
+    let choices = ((seq - floor) / 64 + 1) as u64;
+    if choices < 2 {
+        return seq;
+    }
+    // Scattered over the range (a step's neighbours differ), never the previous length.
+    let pick = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17) % choices;
+    let mut k = pick(iteration);
+    if iteration > 0 && k == pick(iteration - 1) {
+        k = (k + 1) % choices;
+    }
+    seq - 64 * k as i64
 }
 
 /// Whether `panic_at_start:THREAD` names `thread`.
@@ -78,4 +115,23 @@ pub fn worker(thread: &str, iteration: u64) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::varied_seq_len;
+
+    #[test]
+    fn varied_lengths_change_every_batch_and_stay_between_half_and_all_of_seq() {
+        let lengths: Vec<i64> = (0..200).map(|i| varied_seq_len(3072, i)).collect();
+        assert!(lengths
+            .iter()
+            .all(|&n| (1536..=3072).contains(&n) && n % 64 == 0));
+        assert!(lengths.windows(2).all(|w| w[0] != w[1]));
+        let mut distinct = lengths.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(distinct.len() > 10, "{distinct:?}");
+        assert_eq!(varied_seq_len(64, 3), 64, "too short to vary");
+    }
 }

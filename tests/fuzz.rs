@@ -537,9 +537,7 @@ mod frames {
         }
     }
 
-    fn bin() -> std::process::Command {
-        std::process::Command::new(env!("CARGO_BIN_EXE_dflash-top"))
-    }
+    use crate::support::bin;
 
     /// Runs the binary to its end; its output and its peak resident memory (KiB), from wait4's
     /// rusage of that child alone.

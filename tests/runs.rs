@@ -2,11 +2,9 @@
 //! that end in one sentence naming the file or flag, a non-zero exit and no panic.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
-}
+pub use super::support::bin;
 
 pub fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("binary runs")

@@ -5,9 +5,16 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The dflash-top binary this test build made.
+/// The dflash-top binary this test build made; on a GPU host, which has the test binaries but
+/// not the build tree (tests/tools/gpu_tests.sh), the release binary in `.gpu/` of the
+/// directory the tests run in.
 pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+    let built = std::path::Path::new(env!("CARGO_BIN_EXE_dflash-top"));
+    if built.exists() {
+        Command::new(built)
+    } else {
+        Command::new(".gpu/dflash-top")
+    }
 }
 
 /// The repository root.

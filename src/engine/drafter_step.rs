@@ -26,6 +26,10 @@ pub trait StepProbe {
     fn after_forward(&mut self, _out: &mut Tensor) -> Result<()> {
         Ok(())
     }
+    /// In the loss phase, with the step's loss on the device.
+    fn in_loss(&mut self, _loss: &Tensor) -> Result<()> {
+        Ok(())
+    }
     /// Whether the step runs on a CUDA stream of the thread's own (graphs need one).
     fn own_stream(&self) -> bool {
         false
@@ -142,6 +146,7 @@ impl DrafterStep {
             &slot_weights(block, gamma_for(block)),
             chunk_rows(self.spec.layers.vocab_size, self.loss_chunk_mib),
         );
+        probe.in_loss(&loss.loss)?;
         probe.mark(Phase::Backward);
         if graphed_step {
             self.graphs.backward(&grad)?;

@@ -99,6 +99,14 @@ impl StepProbe for WorkerProbe<'_> {
         }
         Ok(())
     }
+
+    fn in_loss(&mut self, loss: &Tensor) -> Result<()> {
+        // Test-only: the loss read back a few times, as a loop logging `.item()` would.
+        for _ in 0..crate::fault::item_reads_in_loss() {
+            let _: f32 = super::host_sync::read(loss)?;
+        }
+        Ok(())
+    }
 }
 
 pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -> Result<()> {

@@ -57,7 +57,7 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
         // Reading and packing interleave in the packer; `read` covers the deliberate delay.
         slow_down(slow, &cancel);
         m.mark(Phase::Pack);
-        let batch = packer.pack(source.as_mut(), rows, seq)?;
+        let batch = packer.pack(source.as_mut(), rows, crate::fault::seq_len(seq, iteration))?;
         m.mark(Phase::PushWait);
         if out.push(batch).is_err() {
             break;

@@ -165,6 +165,8 @@ pub struct Warnings {
     last_drop: [Option<(f64, u64)>; 2],
     /// Per CUDA device: the allocator's counts over the `alloc_churn` window, oldest first.
     alloc: HashMap<u32, std::collections::VecDeque<alloc::AllocPoint>>,
+    /// Per CUDA device: its utilisation over the `gpu_idle` window.
+    gpu_util: HashMap<u32, gpu_idle::UtilSamples>,
 }
 
 impl Warnings {
@@ -177,6 +179,7 @@ impl Warnings {
             drops: None,
             last_drop: [None; 2],
             alloc: HashMap::new(),
+            gpu_util: HashMap::new(),
         }
     }
 
@@ -218,6 +221,7 @@ pub fn counts(w: &[Warning]) -> (usize, usize, usize) {
 
 mod alloc;
 mod config;
+mod gpu_idle;
 mod rules;
 pub use config::WarnConfig;
 

@@ -19,7 +19,8 @@ pub struct WarnConfig {
     pub blocked_s: f64,
     /// `stalled`: seconds the stall must last beyond the hub's own stall threshold.
     pub stalled_s: f64,
-    /// `gpu_idle`: a GPU below this utilisation, percent, while work is queued for it.
+    /// `gpu_idle`: a GPU below this utilisation, percent, on average over `gpu_idle_s` seconds,
+    /// while work is queued for it.
     pub gpu_idle_pct: f64,
     pub gpu_idle_s: f64,
     /// `queue_jitter`: both sides must wait at least this share of time within the window.
@@ -175,7 +176,8 @@ impl WarnConfig {
             Rule::Starved => self.starved_s,
             Rule::Blocked => self.blocked_s,
             Rule::Stalled => self.stalled_s,
-            Rule::GpuIdle => self.gpu_idle_s,
+            // Judged over its window (warnings/gpu_idle.rs), held no longer.
+            Rule::GpuIdle => 0.0,
             Rule::ProfilingCost => self.profiling_s,
             Rule::HostSync => self.host_sync_s,
             Rule::AllocChurn => self.alloc_churn_s,

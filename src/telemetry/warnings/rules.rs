@@ -2,7 +2,7 @@
 //! holds them for their time and turns them into warnings.
 
 use super::{Candidate, Rule, Warnings};
-use crate::telemetry::snapshot::{GpuPanel, QueueView, Snapshot, ThreadView};
+use crate::telemetry::snapshot::{QueueView, Snapshot, ThreadView};
 use crate::telemetry::Phase;
 
 impl Warnings {
@@ -156,50 +156,6 @@ impl Warnings {
                 q.consumers, q.producers, q.producers, q.consumers
             ),
         });
-    }
-
-    fn gpu_idle(&self, s: &Snapshot, out: &mut Vec<Candidate>) {
-        let GpuPanel::Present(gpus) = &s.gpus else {
-            return;
-        };
-        for g in gpus {
-            let Some(n) = g.cuda else { continue };
-            if g.util_pct as f64 >= self.config.gpu_idle_pct {
-                continue;
-            }
-            let device = format!("cuda:{n}");
-            // A worker on this GPU with work waiting in its input queue.
-            let waiting = s
-                .threads
-                .iter()
-                .filter(|t| t.device == device)
-                .find_map(|t| {
-                    let q = s
-                        .queues
-                        .iter()
-                        .find(|q| q.consumers == t.role.name() && q.depth > 0)?;
-                    Some((t, q))
-                });
-            let Some((t, q)) = waiting else { continue };
-            out.push(Candidate {
-                rule: Rule::GpuIdle,
-                subject: device.clone(),
-                evidence: format!(
-                    "{device} at {}% utilisation while queue `{}` holds {}/{} for {} (in {})",
-                    g.util_pct,
-                    q.name,
-                    q.depth,
-                    q.capacity,
-                    t.name,
-                    t.phase.name()
-                ),
-                fix: format!(
-                    "{} is host-bound: look at its phases (view 2) for launch overhead or host \
-                     syncs; a larger batch or CUDA graphs keep the GPU fed",
-                    t.name
-                ),
-            });
-        }
     }
 
     fn queue_jitter(&mut self, s: &Snapshot, out: &mut Vec<Candidate>) {

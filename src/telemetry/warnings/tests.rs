@@ -187,6 +187,33 @@ fn gpu_idle_while_work_is_queued_but_not_without_gpus_or_work() {
     assert!(run(WarnConfig::default(), 30.0, |s| s.queues[1].depth = 2).is_empty());
 }
 
+/// Found on the H200: a drafter sleeping 0.5 s a step read 0, 0, 49, 0, 10 … percent, and the
+/// rule never fired, each spike starting its wait over. It judges the window's mean.
+#[test]
+fn gpu_idle_judges_the_mean_utilisation_so_that_spikes_do_not_hide_an_idle_gpu() {
+    // Every `every`-th tick (half a second apart) reads `peak`, the others 0.
+    let spiky = |peak: u32, every: u64| {
+        move |s: &mut Snapshot| {
+            s.threads[2].device = "cuda:0".into();
+            s.queues[1].depth = 2;
+            let tick = (s.elapsed_s * 2.0).round() as u64;
+            s.gpus = gpu(if tick.is_multiple_of(every) { peak } else { 0 });
+        }
+    };
+    // At 11 s the window holds the 21 samples from 1 s on, 4 of them at 49%.
+    let w = run(WarnConfig::default(), 11.0, spiky(49, 5));
+    assert_eq!(keys(&w), ["gpu_idle:cuda:0"]);
+    assert!(
+        w[0].evidence
+            .contains("9% utilisation on average over 10 s"),
+        "{}",
+        w[0].evidence
+    );
+    // Not before the window is covered, and not when the mean is above the threshold.
+    assert!(run(WarnConfig::default(), 9.5, spiky(49, 5)).is_empty());
+    assert!(run(WarnConfig::default(), 30.0, spiky(100, 2)).is_empty());
+}
+
 #[test]
 fn a_queue_that_runs_empty_and_full_within_the_window_is_too_small() {
     // The target bursts: hs runs empty (drafter waits) at one tick, full (target waits) at the
