@@ -110,6 +110,7 @@ pub fn interval_line(s: &Snapshot) -> String {
         );
     }
     out.push_str(&gpu_fields(s));
+    out.push_str(&alloc_fields(s));
     let _ = write!(
         out,
         " | verdict={} dropped={}",
@@ -195,6 +196,29 @@ pub fn gpu_fields(s: &Snapshot) -> String {
             out,
             "{sep} gpu{n}.util={} gpu{n}.mem={}",
             g.util_pct, g.mem_used_mib
+        );
+    }
+    out
+}
+
+/// ` | alloc0=2.9/13.0GiB alloc0.seg=42 alloc0.churn/s=60 alloc0.retries=2` for each CUDA device
+/// whose caching allocator is read (ours, or a watched process's): allocated / reserved GiB,
+/// segments held, device allocations plus frees a second, retries so far. Nothing where the
+/// figures are not read (the CPU, no CUDA shim, a producer that does not send them).
+pub fn alloc_fields(s: &Snapshot) -> String {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut out = String::new();
+    for a in &s.allocator {
+        let sep = if out.is_empty() { " |" } else { "" };
+        let _ = write!(
+            out,
+            "{sep} alloc{n}={:.1}/{:.1}GiB alloc{n}.seg={} alloc{n}.churn/s={:.0} alloc{n}.retries={}",
+            gib(a.allocated_bytes),
+            gib(a.reserved_bytes),
+            a.segments,
+            a.churn_per_s,
+            a.alloc_retries,
+            n = a.cuda
         );
     }
     out

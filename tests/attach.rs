@@ -330,6 +330,52 @@ fn a_python_pipeline_shows_its_stages_and_queue_and_the_verdict_follows_a_slowed
     );
 }
 
+/// Issue 28: a Python pipeline's `torch.cuda.memory_stats` figures (a stand-in torch: no GPU
+/// here) cross the socket in its samples, and `attach --headless` prints them with their rate.
+#[test]
+fn a_python_pipelines_allocator_figures_reach_attach() {
+    let runtime = tempfile::tempdir().unwrap();
+    let mut child = Command::new(repo().join(".venv/bin/python"))
+        .arg(repo().join("tests/fixtures/alloc_pipeline.py"))
+        .args(["--seconds", "60"])
+        .env("PYTHONPATH", repo().join("python"))
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect(".venv/bin/python runs (make venv)");
+    let sock = runtime
+        .path()
+        .join("dflash-top")
+        .join(format!("{}.sock", child.id()));
+    wait_until("the Python pipeline's socket", || sock.exists());
+    let o = bin()
+        .args(["attach", &child.id().to_string(), "--headless"])
+        .args(["--seconds", "4", "--interval", "1"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let last = out
+        .lines()
+        .rfind(|l| l.starts_with("t="))
+        .expect("interval lines");
+    assert!(
+        last.contains(" | alloc0=3.0/13.0GiB alloc0.seg=42 alloc0.churn/s="),
+        "{last}"
+    );
+    let churn: f64 = last
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("alloc0.churn/s="))
+        .and_then(|v| v.parse().ok())
+        .expect("a churn rate");
+    // 4 allocations and frees a sample, ten samples a second.
+    assert!((25.0..=55.0).contains(&churn), "{last}");
+}
+
 #[test]
 fn a_recording_replays_through_a_hub() {
     let dir = tempfile::tempdir().unwrap();

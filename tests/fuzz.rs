@@ -455,6 +455,19 @@ mod frames {
                         };
                         nq.min(300)
                     ],
+                    // Devices past the bound, counts at and past theirs, too many devices.
+                    alloc: vec![
+                        WireAlloc {
+                            cuda: qid % 80,
+                            reserved: counter,
+                            allocated: counter / 2,
+                            segments: depth,
+                            allocs: counter,
+                            frees: counter / 3,
+                            retries: depth,
+                        };
+                        nq % 70
+                    ],
                 })
             ),
             n64().prop_map(|frames| Msg::Dropped { frames }),
@@ -498,6 +511,7 @@ mod frames {
                     counters: &counters,
                     switches: telemetry.switches(),
                     dropped: telemetry.dropped(),
+                    allocator: &[],
                 });
             }
         }

@@ -2,7 +2,7 @@
 //! memory, GPUs in the headless line and on screen, and no GPU as one line.
 
 use super::tui::{screen, starved_snapshot, LIVE};
-use dflash_top::headless::{gpu_fields, interval_line};
+use dflash_top::headless::{alloc_fields, gpu_fields, interval_line};
 use dflash_top::probe::cpu::{CpuSample, MemorySample, ThreadCpu};
 use dflash_top::telemetry::assemble::Assembler;
 use dflash_top::telemetry::phase_recorder::ThreadInfo;
@@ -138,6 +138,37 @@ fn headless_lines_carry_each_visible_gpu_by_its_cuda_index() {
     let none = starved_snapshot();
     assert_eq!(gpu_fields(&none), "");
     assert!(!interval_line(&none).contains("gpu"));
+}
+
+/// Issue 28: the caching allocator's figures per CUDA device, ours or a watched process's; none
+/// where they are not read.
+#[test]
+fn headless_lines_carry_the_allocator_figures_of_each_device_read() {
+    let mut s = starved_snapshot();
+    assert_eq!(alloc_fields(&s), "");
+    assert!(!interval_line(&s).contains("alloc"));
+    s.allocator = vec![
+        AllocatorView {
+            cuda: 0,
+            reserved_bytes: 13 << 30,
+            allocated_bytes: 3 << 29,
+            segments: 42,
+            device_allocs: 130,
+            device_frees: 110,
+            alloc_retries: 2,
+            churn_per_s: 60.0,
+            retries_per_s: 2.0,
+        },
+        AllocatorView {
+            cuda: 1,
+            reserved_bytes: 1 << 30,
+            ..AllocatorView::default()
+        },
+    ];
+    let want = " | alloc0=1.5/13.0GiB alloc0.seg=42 alloc0.churn/s=60 alloc0.retries=2 \
+                alloc1=0.0/1.0GiB alloc1.seg=0 alloc1.churn/s=0 alloc1.retries=0";
+    assert_eq!(alloc_fields(&s), want);
+    assert!(interval_line(&s).contains(want));
 }
 
 #[test]

@@ -50,6 +50,7 @@ fn recording(secs: u64) -> Vec<Msg> {
                 dropped: 0,
                 live: Vec::new(),
                 q: Vec::new(),
+                alloc: Vec::new(),
             }));
         }
         if k > 0 {

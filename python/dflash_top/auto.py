@@ -18,6 +18,8 @@ ordered by the queues between them. Phases come from PyTorch's global hooks and 
 Tokens per step come from a top-level forward's `input_ids` (or first integer tensor argument)
 and travel with queue items to the stage that takes them; a thread that sees none reports steps
 only. The table grows as stages and phases appear: each change is a new `hello` to the viewers.
+Samples carry the caching allocator's figures of the CUDA devices the threads run on
+(`torch.cuda.memory_stats`).
 """
 
 import atexit
@@ -26,7 +28,7 @@ import re
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import auto_queue, auto_torch, protocol, wire
 from .auto_common import (
@@ -42,6 +44,7 @@ from .auto_common import (
     SYNC,
     _mono,
 )
+from .cuda import cuda_index, read_alloc
 from .protocol import TIMING_HOST, TIMING_OF
 from .serve import Server
 
@@ -116,6 +119,8 @@ class Auto:
         self._edges: List[Tuple[str, str]] = []
         self._order: List[str] = []
         self._threads: List[_Rec] = []
+        # The CUDA devices threads are on (their allocator's figures go in the samples).
+        self._cuda_devices: Set[int] = set()
         self._queues: List[auto_queue._QStats] = []
         self._epoch = 0
         self._closed = threading.Event()
@@ -209,6 +214,9 @@ class Auto:
             gpu = device.startswith("cuda") and self._torch is not None
             r = _Rec(len(self._threads), t.name, stage, _mono(), self._epoch, gpu)
             self._threads.append(r)
+            n = cuda_index(device)
+            if n is not None:
+                self._cuda_devices.add(n)
             if self._server:
                 self._server.declare(
                     {
@@ -382,7 +390,7 @@ class Auto:
             acc = [[k, v] for k, v in enumerate(r.acc) if v]
             cur = r.cur if r.cur >= 0 else other
             live.append({"th": r.id, "ph": cur, "ps": r.last, "ss": r.step_start, "acc": acc})
-        return {
+        msg: Dict[str, Any] = {
             "t": protocol.SAMPLE,
             "now": now,
             "prof": self.on,
@@ -392,6 +400,10 @@ class Auto:
             "live": live,
             "q": [q.read(now) for q in list(self._queues)],
         }
+        alloc = read_alloc(tuple(self._cuda_devices))
+        if alloc:
+            msg["alloc"] = alloc
+        return msg
 
     def _sample_loop(self) -> None:
         tick = 0.1

@@ -1,14 +1,19 @@
 """GPU timing of threads registered on a `cuda` device: a synchronize at each mark (`Sync`), or a
 CUDA event at each mark whose device times are read back once the step's events completed
 (`Events`), steps later, without stalling the thread. torch is imported only when a thread asks
-for a `cuda` device."""
+for a `cuda` device.
 
+And the caching allocator's figures of the devices the threads declared, for the samples
+(`read_alloc`): read only when the pipeline imported torch and initialised CUDA itself."""
+
+import sys
 import time
-from typing import Any, List, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from .protocol import MAX_COUNT, MAX_CUDA_DEVICES, MEMORY_STATS_KEYS
 from .threads import ThreadRecord
 
-__all__ = ["CudaTiming"]
+__all__ = ["CudaTiming", "cuda_index", "alloc_entry", "read_alloc"]
 
 _mono = time.monotonic_ns
 
@@ -56,3 +61,56 @@ class CudaTiming:
                 acc[k] += int(a.elapsed_time(b) * 1e6)
             done.append((end, acc))
         return done
+
+
+# -- the caching allocator ----------------------------------------------------------------------
+
+
+def cuda_index(device: str) -> Optional[int]:
+    """The N of a declared `cuda:N` (`cuda` alone: 0, torch's device unless the script set
+    another); None for any other device."""
+    if device == "cuda":
+        return 0
+    head, _, n = device.partition(":")
+    if head != "cuda" or not n.isdigit():
+        return None
+    return int(n)
+
+
+def alloc_entry(cuda: int, stats: Mapping[str, Any]) -> Optional[Dict[str, int]]:
+    """One entry of a sample's `alloc`: device `cuda`'s figures from `torch.cuda.memory_stats`
+    (`stats`), each within the protocol's bounds; None when `stats` lacks one (CUDA not
+    initialised: an empty dict)."""
+    out = {"cuda": cuda}
+    for field, key in MEMORY_STATS_KEYS.items():
+        v = stats.get(key)
+        if v is None:
+            return None
+        out[field] = min(max(int(v), 0), MAX_COUNT)
+    return out
+
+
+def read_alloc(devices: Iterable[int]) -> List[Dict[str, int]]:
+    """The `alloc` entries of `devices`, when torch is imported and CUDA initialised; none
+    otherwise. Never imports torch nor initialises CUDA, and never raises: a device that
+    cannot be read is left out."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    try:
+        cuda = torch.cuda
+        if not cuda.is_initialized():
+            return []
+    except Exception:  # noqa: BLE001 - a half-imported or unusual torch: no figures
+        return []
+    out: List[Dict[str, int]] = []
+    for d in sorted(set(devices)):
+        if d >= MAX_CUDA_DEVICES:
+            continue
+        try:
+            entry = alloc_entry(d, cuda.memory_stats(d))
+        except Exception:  # noqa: BLE001 - reading never breaks the pipeline
+            continue
+        if entry is not None:
+            out.append(entry)
+    return out

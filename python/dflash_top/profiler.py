@@ -2,7 +2,9 @@
 steps, wraps its queues, and serves all of it on this process's dflash-top socket.
 
 Standard library only; torch is used, when present, for CUDA-event device times of threads
-registered on a `cuda` device. Profiling off (`p` in the viewer) costs one attribute read a mark.
+registered on a `cuda` device, and, once the pipeline initialised CUDA, for the caching
+allocator's figures of those devices in the samples. Profiling off (`p` in the viewer) costs one
+attribute read a mark.
 """
 
 import atexit
@@ -11,10 +13,10 @@ import os
 import queue as queue_module
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import protocol, wire
-from .cuda import CudaTiming
+from .cuda import CudaTiming, cuda_index, read_alloc
 from .protocol import POP_WAIT, PUSH_WAIT, TIMING_HOST, TIMING_OF
 from .queues import ProfiledQueue
 from .serve import Server
@@ -83,6 +85,8 @@ class Profiler:
         self._steps = 0
         self._dropped = 0
         self._cuda = CudaTiming()
+        # The CUDA devices threads declared (their allocator's figures go in the samples).
+        self._cuda_devices: Set[int] = set()
         self._closed = threading.Event()
         self.ns_per_mark = 0.0
         self._server: Optional[Server] = None
@@ -129,6 +133,9 @@ class Profiler:
                 len(self._threads), k, self._stages[k]["phases"], _mono(), self._epoch, gpu
             )
             self._threads.append(r)
+            n = cuda_index(device)
+            if n is not None:
+                self._cuda_devices.add(n)
         self._tls.rec = r
         if self._server:
             self._server.declare(
@@ -359,7 +366,7 @@ class Profiler:
         for r in list(self._threads):
             acc = [[k, v] for k, v in enumerate(r.acc[:-1]) if v]
             live.append({"th": r.id, "ph": r.cur, "ps": r.last, "ss": r.step_start, "acc": acc})
-        return {
+        msg: Dict[str, Any] = {
             "t": protocol.SAMPLE,
             "now": now,
             "prof": self.on,
@@ -369,6 +376,10 @@ class Profiler:
             "live": live,
             "q": [q._read(i, now) for i, q in enumerate(list(self._queues))],
         }
+        alloc = read_alloc(tuple(self._cuda_devices))
+        if alloc:
+            msg["alloc"] = alloc
+        return msg
 
     def _sample_loop(self) -> None:
         tick = 0.1

@@ -82,6 +82,35 @@ METRICS: Tuple[str, ...] = (
 #: Block slots whose accuracy `slot_acc` holds, at most.
 MAX_SLOTS: int = 16
 
+# -- the caching allocator: a `sample`'s `alloc`, one entry per CUDA device -----------------------
+
+#: The fields of an entry, in protocol.rs's order (`WireAlloc`): the device `cuda:N`, bytes
+#: reserved and allocated now, segments held now, device allocations, device frees and
+#: allocation retries in all.
+ALLOC_FIELDS: Tuple[str, ...] = (
+    "cuda",
+    "reserved",
+    "allocated",
+    "segments",
+    "allocs",
+    "frees",
+    "retries",
+)
+#: Each field but `cuda`, as `torch.cuda.memory_stats(N)` names it (the figures libtorch's
+#: `getDeviceStats` gives our trainer).
+MEMORY_STATS_KEYS: Dict[str, str] = {
+    "reserved": "reserved_bytes.all.current",
+    "allocated": "allocated_bytes.all.current",
+    "segments": "segment.all.current",
+    "allocs": "num_device_alloc",
+    "frees": "num_device_free",
+    "retries": "num_alloc_retries",
+}
+#: Devices an `alloc` list may name: `cuda:0` to `cuda:63`.
+MAX_CUDA_DEVICES: int = 64
+#: The largest cumulative counter (or byte count) a viewer accepts.
+MAX_COUNT: int = 1 << 62
+
 # -- stage tables ---------------------------------------------------------------------------------
 
 #: The phase a stage's threads are in when they mark none; implied, never declared.

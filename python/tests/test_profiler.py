@@ -321,4 +321,6 @@ def check_fields(frames):
                     check("live", live)
                 for q in f["q"]:
                     check("q", q)
+                for a in f.get("alloc", []):
+                    check("alloc", a)
     assert seen == {"hello", "thread", "queue", "step", "sample"}

@@ -202,6 +202,17 @@ def test_training_numbers_are_the_fields_of_train_metrics():
     assert protocol.MAX_SLOTS == rust_int(m.group(1))
 
 
+def test_allocator_entries_and_bounds():
+    body, _ = block(SRC, r"pub struct WireAlloc\b[^{]*\{")
+    assert tuple(fields(body)) == protocol.ALLOC_FIELDS
+    _, value = rust_const(SRC, "MAX_CUDA_DEVICES")
+    assert protocol.MAX_CUDA_DEVICES == rust_int(value)
+    _, value = rust_const(SRC, "MAX_COUNT")
+    assert protocol.MAX_COUNT == rust_int(value)
+    body, _ = block(SRC, r"pub struct Sample\b[^{]*\{")
+    assert fields(body)["alloc"] == ("Vec<WireAlloc>", True)
+
+
 def test_package_version_is_tied_to_the_protocol():
     major, minor, _ = protocol.__version__.split(".")
     assert (int(major), int(minor)) == (0, protocol.VERSION)
@@ -236,4 +247,5 @@ def rust_message_fields():
     out = {k: fields(block(SRC, r"pub struct %s\b[^{]*\{" % s)[0]) for k, s in MESSAGE_STRUCTS.items()}
     out["live"] = fields(block(SRC, r"pub struct WireLive\b[^{]*\{")[0])
     out["q"] = fields(block(SRC, r"pub struct WireQueue\b[^{]*\{")[0])
+    out["alloc"] = fields(block(SRC, r"pub struct WireAlloc\b[^{]*\{")[0])
     return out

@@ -1,6 +1,6 @@
 //! The caching allocator's figures per CUDA device, as the snapshot carries them: read at each
-//! hub tick (`probe::allocator`), with the device allocations, frees and retries turned into
-//! rates over the last second of samples.
+//! hub tick (`probe::allocator`), or sent by a watched process in its samples, with the device
+//! allocations, frees and retries turned into rates over the last second of samples.
 
 use super::phase_recorder::ThreadInfo;
 use super::snapshot::AllocatorView;
@@ -20,11 +20,16 @@ impl AllocatorTrack {
     /// Reads the allocator on the CUDA devices of `threads` at `now_ns`: the views for the
     /// snapshot (empty where nothing can be read).
     pub fn sample(&mut self, threads: &[ThreadInfo], now_ns: u64) -> Vec<AllocatorView> {
-        let devices = cuda_indices(threads.iter().map(|t| t.device.as_str()));
-        if devices.is_empty() {
+        self.update(now_ns, read(threads))
+    }
+
+    /// `push`, where a moment with no samples (nothing read, or a producer that sent none) has
+    /// no views and leaves the kept samples as they are.
+    pub fn update(&mut self, now_ns: u64, samples: Vec<AllocatorSample>) -> Vec<AllocatorView> {
+        if samples.is_empty() {
             return Vec::new();
         }
-        self.push(now_ns, sample(&devices))
+        self.push(now_ns, samples)
     }
 
     /// Adds the samples read at `now_ns` and returns their views, rated against the oldest kept.
@@ -43,6 +48,16 @@ impl AllocatorTrack {
             })
             .collect()
     }
+}
+
+/// The allocator on the CUDA devices of `threads`, where it can be read (none on the CPU or
+/// without the shim).
+pub fn read(threads: &[ThreadInfo]) -> Vec<AllocatorSample> {
+    let devices = cuda_indices(threads.iter().map(|t| t.device.as_str()));
+    if devices.is_empty() {
+        return Vec::new();
+    }
+    sample(&devices)
 }
 
 /// One device's view; rates 0 until a second sample of it is kept.
@@ -109,6 +124,16 @@ mod tests {
         assert!((v.churn_per_s - 60.0).abs() < 1e-9, "{v:?}");
         assert!((v.retries_per_s - 10.0).abs() < 1e-9, "{v:?}");
         assert_eq!((v.device_allocs, v.device_frees), (160, 150));
+    }
+
+    #[test]
+    fn a_moment_without_samples_has_no_views_and_keeps_the_rates_going() {
+        let mut t = AllocatorTrack::default();
+        t.update(0, at(100, 90, 0));
+        assert!(t.update(100_000_000, Vec::new()).is_empty());
+        let v = t.update(1_000_000_000, at(110, 100, 1));
+        assert!((v[0].churn_per_s - 20.0).abs() < 1e-9, "{v:?}");
+        assert!((v[0].retries_per_s - 1.0).abs() < 1e-9, "{v:?}");
     }
 
     #[test]

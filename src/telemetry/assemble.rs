@@ -11,6 +11,7 @@ use super::stall::RecentSteps;
 use super::switches::{GpuTiming, Switches, Timing};
 use super::verdict::{Verdict, VerdictTracker};
 use super::window::{push_capped, Windows, RING_TICKS};
+use crate::probe::allocator::AllocatorSample;
 use crate::probe::cpu::CpuSample;
 use crate::probe::gpu::GpuSample;
 use std::collections::{BTreeMap, VecDeque};
@@ -22,7 +23,8 @@ const HISTORY: usize = 3000;
 const GPU_HISTORY: usize = 120;
 
 /// What a tick is closed with: the time, the threads, the queues and their counters as read
-/// now, the switches and the dropped-record count.
+/// now, the switches and the dropped-record count; and for the hub's taps, the caching
+/// allocator as read now (the assembler leaves it to the hub).
 #[derive(Clone, Copy)]
 pub struct TickInput<'a> {
     pub now_ns: u64,
@@ -31,6 +33,7 @@ pub struct TickInput<'a> {
     pub counters: &'a [QueueCounters],
     pub switches: &'a Switches,
     pub dropped: u64,
+    pub allocator: &'a [AllocatorSample],
 }
 
 pub struct Assembler {
@@ -197,6 +200,7 @@ impl Assembler {
             counters: &counters,
             switches,
             dropped,
+            allocator: &[],
         })
     }
 
@@ -209,6 +213,7 @@ impl Assembler {
             counters,
             switches,
             dropped,
+            allocator: _,
         } = *input;
         let t0 = std::time::Instant::now();
         // Read once: a snapshot agrees with itself even if space is pressed while it is built.

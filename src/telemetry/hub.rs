@@ -2,12 +2,13 @@
 //! reads queues, CPU and GPUs at their own rates, and publishes an immutable `Snapshot` to every
 //! subscribed front-end.
 
+use super::allocator::AllocatorTrack;
 use super::assemble::{Assembler, TickInput};
 use super::clock;
 use super::phase_recorder::{RecordSink, Registry, StepRecord};
 use super::queue::QueueCounters;
 use super::queue::QueueProbe;
-use super::snapshot::Snapshot;
+use super::snapshot::{AllocatorView, Snapshot};
 use super::switches::GpuTiming;
 use super::switches::Switches;
 use super::warnings::{WarnConfig, Warnings};
@@ -83,6 +84,9 @@ pub struct Telemetry {
     forward: Arc<Mutex<Option<Sender<HubCommand>>>>,
     /// Failures that stay on screen for the rest of the run (a recording that stopped).
     alerts: Arc<Mutex<Vec<String>>>,
+    /// The caching allocator's views of a watched process, as its samples bring them (this
+    /// process's own are read by the hub).
+    remote_allocator: Arc<Mutex<Vec<AllocatorView>>>,
     /// The warning rules' settings (`[warnings]` in the run's TOML; defaults elsewhere).
     pub warnings: WarnConfig,
 }
@@ -120,6 +124,7 @@ impl Telemetry {
             taps: Arc::default(),
             forward: Arc::default(),
             alerts: Arc::default(),
+            remote_allocator: Arc::default(),
             warnings: WarnConfig::default(),
         }
     }
@@ -211,6 +216,23 @@ impl Telemetry {
             .clone()
     }
 
+    /// Sets the caching allocator's views of the watched process (a mirror, at each of its
+    /// samples); later snapshots carry them where the hub reads no allocator of its own.
+    pub fn set_remote_allocator(&self, views: Vec<AllocatorView>) {
+        *self
+            .remote_allocator
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = views;
+    }
+
+    /// The watched process's allocator views, as last set.
+    pub fn remote_allocator(&self) -> Vec<AllocatorView> {
+        self.remote_allocator
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// What the engine is asked to do (set by the hub from commands).
     pub fn requests(&self) -> &Arc<Requests> {
         &self.requests
@@ -281,8 +303,8 @@ impl Telemetry {
             asm.set_gpu_absent(why);
         }
         // The caching allocator of this process only (a viewer's own would be a fake number).
-        let mut allocator = (self.probes && self.watched_pid.is_none())
-            .then(super::allocator::AllocatorTrack::default);
+        let mut allocator =
+            (self.probes && self.watched_pid.is_none()).then(AllocatorTrack::default);
         let mut rules = Warnings::new(self.warnings.clone());
         let ticker = tick(Duration::from_nanos(TICK_NS));
         let mut n: u64 = 0;
@@ -322,6 +344,10 @@ impl Telemetry {
                     let threads = self.sink.registry.threads();
                     let queues = self.queue_probes();
                     let counters: Vec<QueueCounters> = queues.iter().map(|q| q.read(now)).collect();
+                    let alloc = match allocator {
+                        Some(_) => super::allocator::read(&threads),
+                        None => Vec::new(),
+                    };
                     let input = TickInput {
                         now_ns: now,
                         threads: &threads,
@@ -329,13 +355,15 @@ impl Telemetry {
                         counters: &counters,
                         switches: &self.sink.switches,
                         dropped: self.dropped(),
+                        allocator: &alloc,
                     };
                     taps.iter().for_each(|t| t.tick(&input));
                     let mut snap = asm.tick_read(&input);
                     snap.alerts = self.alerts();
-                    if let Some(a) = allocator.as_mut() {
-                        snap.allocator = a.sample(&threads, now);
-                    }
+                    snap.allocator = match allocator.as_mut() {
+                        Some(a) => a.update(now, alloc),
+                        None => self.remote_allocator(),
+                    };
                     snap.warnings = rules.check(&snap);
                     self.publish(snap);
                     if stopping {

@@ -356,6 +356,7 @@ impl RawTap for Fanout {
                 .enumerate()
                 .map(|(i, c)| queue_sample(i, c))
                 .collect(),
+            alloc: input.allocator.iter().map(WireAlloc::from).collect(),
         });
         Self::broadcast(&st, &m);
     }

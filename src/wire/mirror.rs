@@ -1,9 +1,11 @@
 //! The viewer's side of the stream: messages become the input of a local hub — threads in its
 //! registry, records on its channel, live steps and queue counters where its probes read them,
-//! the switches as the producer reports them — so that the hub, and every front-end after it,
-//! works on a watched process exactly as on our own pipeline.
+//! the switches and the caching allocator's figures as the producer reports them — so that the
+//! hub, and every front-end after it, works on a watched process exactly as on our own pipeline.
 
 use super::protocol::*;
+use crate::probe::allocator::AllocatorSample;
+use crate::telemetry::allocator::AllocatorTrack;
 use crate::telemetry::clock;
 use crate::telemetry::phase_recorder::{LiveStep, StepRecord, ThreadInfo};
 use crate::telemetry::queue::{QueueCounters, QueueProbe};
@@ -36,6 +38,8 @@ pub struct Mirror {
     /// The producer's clock is another host's (a socket forwarded with `ssh -L`): its first
     /// sample sets the shift to this host's clock, and steps before it are let go.
     other_host: bool,
+    /// The producer's allocator figures, rated over its recent samples.
+    allocator: AllocatorTrack,
 }
 
 fn leak(s: &str) -> &'static str {
@@ -91,6 +95,7 @@ impl Mirror {
             wire_dropped: 0,
             seen_sample: false,
             other_host: false,
+            allocator: AllocatorTrack::default(),
         })
     }
 
@@ -263,6 +268,9 @@ impl Mirror {
                 max_depth: q.max,
             });
         }
+        let alloc = s.alloc.iter().map(AllocatorSample::from).collect();
+        let views = self.allocator.update(self.local(s.now), alloc);
+        self.telemetry.set_remote_allocator(views);
         self.remote_dropped = s.dropped;
         self.telemetry
             .set_dropped(self.remote_dropped + self.wire_dropped);
@@ -272,9 +280,17 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cancel::CancelToken;
     use crate::telemetry::switches::GpuTiming;
+    use crate::telemetry::Snapshot;
+    use crossbeam_channel::Receiver;
+    use std::time::{Duration, Instant};
 
     fn sample(now: u64) -> Msg {
+        sample_with(now, Vec::new())
+    }
+
+    fn sample_with(now: u64, alloc: Vec<WireAlloc>) -> Msg {
         Msg::Sample(Sample {
             now,
             prof: true,
@@ -283,12 +299,12 @@ mod tests {
             dropped: 0,
             live: Vec::new(),
             q: Vec::new(),
+            alloc,
         })
     }
 
-    #[test]
-    fn another_hosts_clock_is_moved_onto_ours_by_its_first_sample() {
-        let hello = Hello {
+    fn hello() -> Hello {
+        Hello {
             pid: 1,
             program: "dflash-top".into(),
             now_ns: 5,
@@ -297,7 +313,12 @@ mod tests {
             can_save: false,
             config: None,
             job: None,
-        };
+        }
+    }
+
+    #[test]
+    fn another_hosts_clock_is_moved_onto_ours_by_its_first_sample() {
+        let hello = hello();
         let telemetry = Telemetry::new();
         let mut m = Mirror::new(&hello, &telemetry, 0).unwrap();
         m.on_other_host();
@@ -311,5 +332,105 @@ mod tests {
             (400_000_000..=600_000_000).contains(&ahead),
             "half a second after their sample is about half a second from now here: {ahead} ns"
         );
+    }
+
+    /// A viewer's hub (no probes of its own) with a mirror of a producer whose drafter thread
+    /// is on cuda:0.
+    fn watched() -> (Telemetry, Mirror, Receiver<Arc<Snapshot>>, CancelToken) {
+        let mut telemetry = Telemetry::new();
+        telemetry.probes = false;
+        let snaps = telemetry.subscribe();
+        let mut m = Mirror::new(&hello(), &telemetry, 0).unwrap();
+        m.apply(Msg::Thread(ThreadDecl {
+            id: 0,
+            name: "drafter-0".into(),
+            stage: "drafter".into(),
+            device: "cuda:0".into(),
+            tid: 1,
+        }));
+        (telemetry, m, snaps, CancelToken::new())
+    }
+
+    /// The first snapshot of `snaps` that `want` holds for, within 5 s.
+    fn wait_for(
+        snaps: &Receiver<Arc<Snapshot>>,
+        want: impl Fn(&Snapshot) -> bool,
+    ) -> Arc<Snapshot> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(s) = snaps.recv_timeout(Duration::from_millis(200)) {
+                if want(&s) {
+                    return s;
+                }
+            }
+        }
+        panic!("no such snapshot within 5 s");
+    }
+
+    fn cuda0(allocs: u64, frees: u64, retries: u64) -> WireAlloc {
+        WireAlloc {
+            cuda: 0,
+            reserved: 13 << 30,
+            allocated: 3 << 30,
+            segments: 42,
+            allocs,
+            frees,
+            retries,
+        }
+    }
+
+    /// Issue 28: the allocator figures in a watched process's samples reach the attached view's
+    /// snapshots (rated over its samples' own times), and `alloc_churn` judges them.
+    #[test]
+    fn a_watched_processs_allocator_figures_reach_its_snapshots_and_warnings() {
+        let (telemetry, mut m, snaps, cancel) = watched();
+        let hub = telemetry.spawn_hub(cancel.clone()).unwrap();
+        let t0 = clock::to_monotonic(clock::now_ns());
+        m.apply(sample_with(t0, vec![cuda0(100, 90, 0)]));
+        let first = wait_for(&snaps, |s| !s.allocator.is_empty());
+        let a = &first.allocator[0];
+        assert_eq!(
+            (a.cuda, a.reserved_bytes, a.allocated_bytes, a.segments),
+            (0, 13 << 30, 3 << 30, 42)
+        );
+        assert_eq!(
+            (a.device_allocs, a.device_frees, a.alloc_retries),
+            (100, 90, 0)
+        );
+        assert_eq!((a.churn_per_s, a.retries_per_s), (0.0, 0.0));
+        // One second later by the producer's clock: 50 allocations and frees, 2 retries.
+        m.apply(sample_with(t0 + 1_000_000_000, vec![cuda0(130, 110, 2)]));
+        let second = wait_for(&snaps, |s| s.allocator.iter().any(|a| a.alloc_retries == 2));
+        let a = &second.allocator[0];
+        assert!((a.churn_per_s - 50.0).abs() < 1e-9, "{a:?}");
+        assert!((a.retries_per_s - 2.0).abs() < 1e-9, "{a:?}");
+        let warned = wait_for(&snaps, |s| {
+            s.warnings.iter().any(|w| w.key() == "alloc_churn:cuda:0")
+        });
+        assert!(!warned.allocator.is_empty());
+        // A sample without figures (the producer stopped reading them): none shown.
+        m.apply(sample(t0 + 2_000_000_000));
+        wait_for(&snaps, |s| s.allocator.is_empty());
+        cancel.cancel();
+        hub.join().unwrap();
+    }
+
+    /// A producer that sends no allocator figures (an older peer, the CPU) shows none: no
+    /// made-up zeros.
+    #[test]
+    fn a_producer_without_allocator_figures_shows_none() {
+        let (telemetry, mut m, snaps, cancel) = watched();
+        let t0 = clock::to_monotonic(clock::now_ns());
+        for k in 0..3 {
+            m.apply(sample(t0 + k * 100_000_000));
+        }
+        // Every snapshot comes after the samples: none has allocator views.
+        let hub = telemetry.spawn_hub(cancel.clone()).unwrap();
+        for _ in 0..3 {
+            let s = wait_for(&snaps, |s| !s.threads.is_empty());
+            assert!(s.allocator.is_empty(), "{:?}", s.allocator);
+        }
+        cancel.cancel();
+        hub.join().unwrap();
     }
 }

@@ -2,6 +2,8 @@
 //! frames of a 4-byte little-endian length and that many bytes of one JSON message. Timestamps
 //! are CLOCK_MONOTONIC nanoseconds, which every process on the host shares.
 
+use crate::cuda_shim::AllocatorStats;
+use crate::probe::allocator::AllocatorSample;
 use crate::telemetry::stages::StageTable;
 use crate::telemetry::switches::{GpuTiming, Timing};
 use crate::telemetry::{HubCommand, TrainMetrics};
@@ -29,6 +31,8 @@ pub const MAX_COUNT: u64 = 1 << 62;
 pub const MAX_TEXT: usize = 4096;
 /// A queue's capacity or depth.
 pub const MAX_DEPTH: usize = 1 << 32;
+/// CUDA devices a sample's allocator list may name (`cuda:0` to `cuda:63`).
+pub const MAX_CUDA_DEVICES: u32 = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -176,7 +180,56 @@ pub struct WireQueue {
     pub max: usize,
 }
 
-/// Ten times a second: the switches, the live steps, the queues.
+/// The caching allocator on one CUDA device of the producer, as it reads it (libtorch's
+/// `getDeviceStats`, Python's `torch.cuda.memory_stats`): what it holds now, and its counts
+/// since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireAlloc {
+    /// The device, `cuda:N` in the producer.
+    pub cuda: u32,
+    /// Bytes reserved from the device, and in tensors now.
+    pub reserved: u64,
+    pub allocated: u64,
+    /// Segments held now.
+    pub segments: u64,
+    /// Device allocations, device frees, and allocation retries (cache flushes), in all.
+    pub allocs: u64,
+    pub frees: u64,
+    pub retries: u64,
+}
+
+impl From<&AllocatorSample> for WireAlloc {
+    fn from(s: &AllocatorSample) -> Self {
+        let st = &s.stats;
+        WireAlloc {
+            cuda: s.cuda,
+            reserved: st.reserved_bytes,
+            allocated: st.allocated_bytes,
+            segments: st.segments,
+            allocs: st.device_allocs,
+            frees: st.device_frees,
+            retries: st.alloc_retries,
+        }
+    }
+}
+
+impl From<&WireAlloc> for AllocatorSample {
+    fn from(a: &WireAlloc) -> Self {
+        AllocatorSample {
+            cuda: a.cuda,
+            stats: AllocatorStats {
+                reserved_bytes: a.reserved,
+                allocated_bytes: a.allocated,
+                segments: a.segments,
+                device_allocs: a.allocs,
+                device_frees: a.frees,
+                alloc_retries: a.retries,
+            },
+        }
+    }
+}
+
+/// Ten times a second: the switches, the live steps, the queues, the caching allocator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
     pub now: u64,
@@ -187,6 +240,11 @@ pub struct Sample {
     pub dropped: u64,
     pub live: Vec<WireLive>,
     pub q: Vec<WireQueue>,
+    /// The caching allocator on each CUDA device the producer's threads declared, where it
+    /// reads it; none from a producer that does not (the CPU, CUDA not initialised, an older
+    /// peer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alloc: Vec<WireAlloc>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -319,6 +377,28 @@ impl Msg {
                         q.age_sum,
                     ] {
                         bounded("a queue counter", v, MAX_COUNT)?;
+                    }
+                }
+                bounded(
+                    "allocator samples",
+                    s.alloc.len() as u64,
+                    MAX_CUDA_DEVICES as u64,
+                )?;
+                for a in &s.alloc {
+                    bounded(
+                        "an allocator sample's device",
+                        a.cuda as u64,
+                        MAX_CUDA_DEVICES as u64 - 1,
+                    )?;
+                    for v in [
+                        a.reserved,
+                        a.allocated,
+                        a.segments,
+                        a.allocs,
+                        a.frees,
+                        a.retries,
+                    ] {
+                        bounded("an allocator counter", v, MAX_COUNT)?;
                     }
                 }
                 Ok(())
@@ -502,5 +582,72 @@ mod tests {
             .check()
             .unwrap_err()
             .contains("phase entries"));
+    }
+
+    fn sample_with(alloc: Vec<WireAlloc>) -> Msg {
+        Msg::Sample(Sample {
+            now: 100,
+            prof: true,
+            timing: GpuTiming::Async,
+            paused: false,
+            dropped: 0,
+            live: Vec::new(),
+            q: Vec::new(),
+            alloc,
+        })
+    }
+
+    #[test]
+    fn a_samples_allocator_figures_round_trip_and_are_bounded() {
+        let a = WireAlloc {
+            cuda: 1,
+            reserved: 13 << 30,
+            allocated: 3 << 30,
+            segments: 42,
+            allocs: 120,
+            frees: 80,
+            retries: 2,
+        };
+        let m = sample_with(vec![a]);
+        let back = read_msg(&mut &encode(&m)[..]).unwrap().unwrap();
+        assert_eq!(back, m);
+        assert!(back.check().is_ok());
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(
+            json.contains(r#""alloc":[{"cuda":1,"reserved":13958643712,"#),
+            "{json}"
+        );
+        // None: the field is left out, and a sample without it (an older peer) reads as none.
+        let none = serde_json::to_string(&sample_with(Vec::new())).unwrap();
+        assert!(!none.contains("alloc"), "{none}");
+        let old = r#"{"t":"sample","now":1,"prof":true,"timing":"Async","paused":false,"dropped":0,"live":[],"q":[]}"#;
+        let Msg::Sample(s) = serde_json::from_str(old).unwrap() else {
+            panic!("not a sample")
+        };
+        assert!(s.alloc.is_empty());
+        // The figures and the sample that carries them convert both ways.
+        assert_eq!(WireAlloc::from(&AllocatorSample::from(&a)), a);
+        // Out of bounds: a device, a count, too many devices.
+        let e = sample_with(vec![WireAlloc {
+            cuda: MAX_CUDA_DEVICES,
+            ..a
+        }])
+        .check()
+        .unwrap_err();
+        assert!(e.contains("allocator sample's device 64"), "{e}");
+        let e = sample_with(vec![WireAlloc {
+            allocs: u64::MAX,
+            ..a
+        }])
+        .check()
+        .unwrap_err();
+        assert!(e.contains("allocator counter"), "{e}");
+        let e = sample_with(vec![a; MAX_CUDA_DEVICES as usize + 1])
+            .check()
+            .unwrap_err();
+        assert!(e.contains("allocator samples 65"), "{e}");
+        assert!(sample_with(vec![a; MAX_CUDA_DEVICES as usize])
+            .check()
+            .is_ok());
     }
 }

@@ -254,3 +254,75 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda_shim::AllocatorStats;
+    use crate::probe::allocator::AllocatorSample;
+    use crate::telemetry::assemble::TickInput;
+    use crate::telemetry::clock;
+    use crate::telemetry::hub::RawTap;
+    use crate::telemetry::Role;
+
+    /// Issue 28: the allocator figures a trainer's hub reads go out in its samples (the socket's
+    /// and the recording's, which keeps one sample in five) and a replay of the recording shows
+    /// them, rated over the recorded samples.
+    #[test]
+    fn the_allocator_figures_of_recorded_samples_replay() {
+        let telemetry = Telemetry::new();
+        let fanout = Fanout::tap(&telemetry, false, None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.dftop");
+        let rec = Recorder::start(&fanout, &path, &telemetry).unwrap();
+        let _drafter = telemetry.sink().recorder(Role::Drafter, "cuda:0");
+        let threads = telemetry.registry().threads();
+        let t0 = clock::now_ns();
+        // Ten hub ticks, 100 ms apart: 4 device allocations and 4 frees a tick.
+        for k in 0..10u64 {
+            let alloc = [AllocatorSample {
+                cuda: 0,
+                stats: AllocatorStats {
+                    reserved_bytes: 13 << 30,
+                    allocated_bytes: 3 << 30,
+                    segments: 42,
+                    device_allocs: 100 + 4 * k,
+                    device_frees: 90 + 4 * k,
+                    alloc_retries: 0,
+                },
+            }];
+            fanout.tick(&TickInput {
+                now_ns: t0 + k * 100_000_000,
+                threads: &threads,
+                queues: &[],
+                counters: &[],
+                switches: telemetry.switches(),
+                dropped: 0,
+                allocator: &alloc,
+            });
+        }
+        rec.finish().unwrap();
+        let Recording::Frames(msgs) = read(&path).unwrap() else {
+            panic!("not a frame recording")
+        };
+        let kept: Vec<&WireAlloc> = msgs
+            .iter()
+            .filter_map(|m| match m {
+                Msg::Sample(s) => s.alloc.first(),
+                _ => None,
+            })
+            .collect();
+        // Ticks 0 and 5.
+        assert_eq!(
+            kept.iter().map(|a| a.allocs).collect::<Vec<_>>(),
+            [100, 120]
+        );
+        let mut sim = super::super::replay::Sim::new(msgs).unwrap();
+        let snaps = sim.seek(sim.duration_s()).unwrap();
+        let a = &snaps.last().unwrap().allocator[0];
+        assert_eq!((a.cuda, a.segments, a.reserved_bytes), (0, 42, 13 << 30));
+        assert_eq!((a.device_allocs, a.device_frees), (120, 110));
+        // 40 allocations and frees over the half second between the recorded samples.
+        assert!((a.churn_per_s - 80.0).abs() < 1e-6, "{a:?}");
+    }
+}

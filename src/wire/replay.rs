@@ -194,13 +194,14 @@ impl Sim {
                 }
             }
             let now = self.mirror.local(self.tick);
-            let snap = self.asm.tick(
+            let mut snap = self.asm.tick(
                 now,
                 &self.telemetry.registry().threads(),
                 &self.telemetry.queue_probes(),
                 self.telemetry.switches(),
                 self.telemetry.dropped(),
             );
+            snap.allocator = self.telemetry.remote_allocator();
             if self.tick > keep_from {
                 out.push(snap);
             }
