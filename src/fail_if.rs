@@ -9,6 +9,7 @@
 //! hold that long without a break). A metric the run does not have (no GPU, no loss yet) never
 //! holds.
 
+use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::{GpuPanel, Snapshot};
 use crate::telemetry::verdict::Verdict;
 use crate::telemetry::warnings::Severity;
@@ -147,14 +148,15 @@ fn verdict_known(name: &str) -> bool {
     ) || name.ends_with("-bound")
 }
 
-fn verdict_is(v: Verdict, name: &str) -> bool {
+/// Whether `v`, in the words of `names`, is the verdict called `name`.
+fn verdict_is(v: Verdict, names: &Names, name: &str) -> bool {
     match name {
         "starved" => matches!(
             v,
             Verdict::LoaderBound | Verdict::TargetBound | Verdict::Starved(_)
         ),
         "blocked" => matches!(v, Verdict::DrafterBound | Verdict::Blocked(_)),
-        _ => v.short() == name,
+        _ => names.verdict_short(v) == name,
     }
 }
 
@@ -238,11 +240,12 @@ impl Gate {
                 op.holds(now, *v).then(|| format!("{name}={now:.4}"))
             }
             Cond::Verdict { name, equal } => {
-                (verdict_is(s.verdict, name) == *equal).then(|| match &s.stall {
+                let short = s.names.verdict_short(s.verdict);
+                (verdict_is(s.verdict, &s.names, name) == *equal).then(|| match &s.stall {
                     Some(what) if s.verdict == Verdict::Stalled => {
-                        format!("verdict={} ({what})", s.verdict.short())
+                        format!("verdict={short} ({what})")
                     }
-                    _ => format!("verdict={}", s.verdict.short()),
+                    _ => format!("verdict={short}"),
                 })
             }
             Cond::Warn(level) => {

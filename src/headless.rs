@@ -3,8 +3,9 @@
 
 use crate::fail_if::Gate;
 use crate::telemetry::flight::FlightRecorder;
+use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::{GpuPanel, PhaseWindow, Snapshot};
-use crate::telemetry::Phase;
+use crate::telemetry::Role;
 use crossbeam_channel::Receiver;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -96,7 +97,7 @@ pub fn interval_line(s: &Snapshot) -> String {
     );
     for t in &s.threads {
         let _ = write!(out, " | {}", t.name);
-        let _ = write!(out, "{}", phase_fields(&t.w1, t.role.phases()));
+        let _ = write!(out, "{}", phase_fields(&t.w1, &s.names, t.role));
     }
     for q in &s.queues {
         let _ = write!(
@@ -114,7 +115,7 @@ pub fn interval_line(s: &Snapshot) -> String {
     let _ = write!(
         out,
         " | verdict={} dropped={}",
-        s.verdict.short(),
+        s.names.verdict_short(s.verdict),
         s.self_cost.dropped
     );
     out.push_str(&rank_fields(s));
@@ -150,7 +151,7 @@ pub fn rank_fields(s: &Snapshot) -> String {
             out,
             " {n}.tok/s={tok_s} {n}.step={} {n}.verdict={}",
             r.step,
-            r.verdict.short(),
+            s.names.verdict_short(r.verdict),
             n = r.name
         );
         if r.ended {
@@ -224,17 +225,19 @@ pub fn alloc_fields(s: &Snapshot) -> String {
     out
 }
 
-fn phase_fields(w: &PhaseWindow, phases: &[Phase]) -> String {
+/// A thread's step time and the phases its role marks, named by `names`.
+fn phase_fields(w: &PhaseWindow, names: &Names, role: Role) -> String {
     let mut out = format!(" step_ms={:.1}", w.step_ms());
-    for p in phases {
-        let _ = write!(out, " {}_ms={:.1}", p.name(), w.ms_per_step(*p));
+    for p in names.phases(role) {
+        let name = names.phase(*p);
+        let _ = write!(out, " {name}_ms={:.1}", w.ms_per_step(*p));
         // Entries per step, for the phases the producer counts (host syncs).
         if w.phase_n[p.index()] > 0.0 {
-            let _ = write!(out, " {}_n={:.1}", p.name(), w.count_per_step(*p));
+            let _ = write!(out, " {name}_n={:.1}", w.count_per_step(*p));
         }
         // Host syncs per step, where the producer counts them (our engine's device reads).
         if w.host_syncs[p.index()] > 0 {
-            let _ = write!(out, " {}_syncs={:.1}", p.name(), w.host_syncs_per_step(*p));
+            let _ = write!(out, " {name}_syncs={:.1}", w.host_syncs_per_step(*p));
         }
     }
     if w.gpu_idle_ns > 0 && w.wall_ns > 0 {

@@ -26,7 +26,7 @@ pub struct Summary {
     pub elapsed_s: f64,
     pub loss: Option<f32>,
     pub tau: Option<f32>,
-    pub verdict: &'static str,
+    pub verdict: String,
     pub dropped: u64,
     /// The newest `step-*` directory in the save dir, when there is one.
     pub checkpoint: Option<PathBuf>,
@@ -43,7 +43,7 @@ impl Summary {
             elapsed_s: s.elapsed_s,
             loss: s.train.loss,
             tau: s.train.tau,
-            verdict: s.verdict.short(),
+            verdict: s.names.verdict_short(s.verdict).to_string(),
             dropped: s.self_cost.dropped,
             checkpoint: info.save_dir.as_deref().and_then(last_checkpoint),
             recording: info.recording.clone(),

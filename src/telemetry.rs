@@ -7,6 +7,7 @@ pub mod flight;
 pub mod host;
 pub mod hub;
 pub mod live;
+pub mod names;
 pub mod owner;
 pub mod phase;
 pub mod phase_recorder;

@@ -123,6 +123,9 @@ impl Controls for EngineControls {
     fn attached(&self) -> Option<String> {
         self.attached_label.clone().filter(|_| self.attached)
     }
+    fn names(&self) -> Arc<crate::telemetry::names::Names> {
+        self.telemetry.names()
+    }
 }
 
 /// A replay's controls: nothing reaches an engine; the badges show what the recording says.
@@ -187,6 +190,9 @@ impl Controls for PlayerControls<'_> {
     }
     fn set_speed(&self, speed: crate::wire::replay::Speed) {
         self.player.set_speed(speed)
+    }
+    fn names(&self) -> Arc<crate::telemetry::names::Names> {
+        self.player.names.clone()
     }
 }
 

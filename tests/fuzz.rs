@@ -534,9 +534,9 @@ mod frames {
                 Ok(Recording::Frames(read)) => {
                     prop_assert!(all_in_range, "an out-of-range frame was taken");
                     prop_assert_eq!(read.len(), msgs.len() + 1);
-                    let spans = recording::spans(&read).unwrap();
-                    dflash_top::telemetry::trace::write_trace(&dir.path().join("t.json"), &spans)
-                        .unwrap();
+                    let (spans, names) = recording::spans(&read).unwrap();
+                    let path = dir.path().join("t.json");
+                    dflash_top::telemetry::trace::write_trace(&path, &spans, &names).unwrap();
                     replay(read);
                 }
                 Ok(Recording::Snapshots(_)) => prop_assert!(false, "a frame stream read as snapshots"),

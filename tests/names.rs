@@ -2,7 +2,8 @@
 //! `drafter`) with phase lists of its own is shown with its declared phases under its declared
 //! names — in headless lines, in a recording's Chrome export and in its replay — and the
 //! training numbers it never reports are shown as absent. Each view runs as a process of its
-//! own (the stage table a viewer installs is its process's).
+//! own, as a user runs it; the names travel with the snapshots, so two pipelines' snapshots
+//! render apart in one process too.
 
 use crate::support::{bin, repo, wait_until};
 use dflash_top::wire::protocol::*;
@@ -170,8 +171,8 @@ fn a_recording_keeps_the_declared_names_in_export_and_replay() {
         );
     }
 
-    // Replay in a real terminal (a process of its own: replay installs the recording's table
-    // for its process), on the phases view.
+    // Replay in a real terminal (a process of its own, with the recording's names), on the
+    // phases view.
     let cmd = format!(
         "{} replay {}; sleep 600",
         env!("CARGO_BIN_EXE_dflash-top"),
@@ -193,5 +194,100 @@ fn a_recording_keeps_the_declared_names_in_export_and_replay() {
     });
     for builtin in ["batch_wait", "grad_sync", "hs_pack", "h2d"] {
         assert!(!screen.contains(builtin), "{builtin} shown:\n{screen}");
+    }
+}
+
+/// Names are values: two pipelines' snapshots in one process each render with their own stage
+/// and phase names — headless lines, a snapshot file's lines read back, a Chrome trace — where a
+/// table installed for the process would have named both alike.
+#[test]
+fn two_pipelines_snapshots_in_one_process_keep_their_own_names() {
+    use dflash_top::telemetry::snapshot::{Snapshot, StepSpan, ThreadState, ThreadView};
+    use dflash_top::telemetry::stages::{StageDecl, StageTable};
+    use dflash_top::telemetry::trace::write_trace;
+    use dflash_top::telemetry::verdict::Verdict;
+    use dflash_top::telemetry::Role;
+    use std::sync::Arc;
+    let pipeline = |consumer: &str, work: &str| {
+        let table = StageTable {
+            stages: vec![
+                StageDecl {
+                    name: "source".into(),
+                    phases: vec!["push_wait".into()],
+                },
+                StageDecl {
+                    name: consumer.into(),
+                    phases: vec!["pop_wait".into(), work.into()],
+                },
+            ],
+        };
+        let (names, roles) = table.resolve().unwrap();
+        let work = names.phases(roles[1])[1];
+        let mut w = dflash_top::telemetry::snapshot::PhaseWindow {
+            steps: 4,
+            wall_ns: 40_000_000,
+            phase_steps: 4.0,
+            span_ns: 1_000_000_000,
+            ..Default::default()
+        };
+        w.phase_ns[work.index()] = 40_000_000;
+        Snapshot {
+            verdict: Verdict::Blocked(1),
+            threads: vec![ThreadView {
+                name: format!("{consumer}-0"),
+                role: roles[1],
+                device: "cpu".into(),
+                tid: 1,
+                cpu_pct: None,
+                phase: work,
+                phase_s: 0.5,
+                state: ThreadState::Working,
+                os_state: None,
+                w1: w,
+                w10: w,
+                run: w,
+            }],
+            steps: vec![StepSpan {
+                thread: format!("{consumer}-0"),
+                role: roles[1],
+                end_ns: 10_000_000,
+                wall_ns: 10_000_000,
+                phases: vec![(work, 10_000_000)],
+            }],
+            names: Arc::new(names),
+            ..Snapshot::default()
+        }
+    };
+    let decode = pipeline("decode", "parse");
+    let train = pipeline("train", "fit");
+    // The same role and phase slot in both, each named by its own pipeline.
+    assert_eq!(decode.threads[0].role, train.threads[0].role);
+    assert_eq!(decode.threads[0].phase, train.threads[0].phase);
+    let line = |s: &Snapshot| dflash_top::headless::interval_line(s);
+    assert!(line(&decode).contains(" | decode-0 step_ms=10.0 pop_wait_ms=0.0 parse_ms=10.0"));
+    assert!(
+        line(&decode).contains("verdict=decode-bound"),
+        "{}",
+        line(&decode)
+    );
+    assert!(line(&train).contains(" | train-0 step_ms=10.0 pop_wait_ms=0.0 fit_ms=10.0"));
+    assert!(
+        line(&train).contains("verdict=train-bound"),
+        "{}",
+        line(&train)
+    );
+    // A snapshot file keeps the names; our own pipeline's snapshots are written as before.
+    let back: Snapshot = serde_json::from_str(&serde_json::to_string(&train).unwrap()).unwrap();
+    assert_eq!(back.names, train.names);
+    let ours = serde_json::to_string(&Snapshot::default()).unwrap();
+    assert!(!ours.contains("\"names\""), "{ours}");
+    // Each trace names its slices by its own pipeline.
+    let dir = tempfile::tempdir().unwrap();
+    for (s, slice) in [(&decode, "\"parse\""), (&train, "\"fit\"")] {
+        let path = dir.path().join("t.json");
+        write_trace(&path, &s.steps, &s.names).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(slice), "{text}");
+        assert!(text.contains(&format!("\"cat\":\"{}\"", s.names.role(Role::Stage(1)))));
     }
 }

@@ -3,6 +3,7 @@
 
 use dflash_top::cancel::CancelToken;
 use dflash_top::telemetry::assemble::Assembler;
+use dflash_top::telemetry::names::Names;
 use dflash_top::telemetry::queue::monitored_queue;
 use dflash_top::telemetry::queue_view::verdict_inputs;
 use dflash_top::telemetry::snapshot::QueueView;
@@ -354,10 +355,13 @@ fn verdict_inputs_come_from_the_queue_between_each_pair() {
         producer_wait_share: pw,
         ..Default::default()
     };
-    let s = verdict_inputs(&[
-        q("loader", "target", 0.4, 0.0),
-        q("target", "drafter", 0.7, 0.2),
-    ]);
+    let s = verdict_inputs(
+        &[
+            q("loader", "target", 0.4, 0.0),
+            q("target", "drafter", 0.7, 0.2),
+        ],
+        &Names::builtin(),
+    );
     assert_eq!(s, shares(0.4, 0.7, 0.2));
 }
 

@@ -3,6 +3,7 @@
 
 use crossbeam_channel::unbounded;
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
+use dflash_top::telemetry::names::Names;
 use dflash_top::telemetry::snapshot::*;
 use dflash_top::telemetry::verdict::Verdict;
 use dflash_top::telemetry::{GpuTiming, Phase, Role, Telemetry, N_PHASES};
@@ -176,6 +177,7 @@ pub fn starved_snapshot() -> Snapshot {
         steps: Vec::new(),
         warnings: Vec::new(),
         ranks: Vec::new(),
+        names: Default::default(),
     }
 }
 
@@ -460,7 +462,7 @@ fn every_view_renders_at_the_minimum_size() {
 fn a_counted_phase_shows_its_entries_per_step() {
     let mut w = window(&[(Phase::Forward, 10), (Phase::Metrics, 2)], 4);
     w.phase_n[Phase::Metrics.index()] = 6.0;
-    let parts = phase_parts(&w, Role::Drafter.phases());
+    let parts = phase_parts(&w, Role::Drafter.phases(), &Names::builtin());
     assert!(
         parts.contains(&"metrics 2.0ms 17% x1.5".to_string()),
         "{parts:?}"
@@ -476,7 +478,7 @@ fn a_counted_phase_shows_its_entries_per_step() {
 fn a_phase_with_counted_host_syncs_shows_them_per_step() {
     let mut w = window(&[(Phase::Forward, 10), (Phase::Metrics, 2)], 4);
     w.host_syncs[Phase::Metrics.index()] = 4;
-    let parts = phase_parts(&w, Role::Drafter.phases());
+    let parts = phase_parts(&w, Role::Drafter.phases(), &Names::builtin());
     assert!(
         parts.contains(&"metrics 2.0ms 17% 1.0 sync".to_string()),
         "{parts:?}"

@@ -11,14 +11,18 @@ pub fn run(
     seconds: Option<f64>,
 ) -> Result<ExitCode> {
     use crate::telemetry::trace;
-    let mut spans: Vec<_> = match recording::read(file)? {
+    let (mut spans, names) = match recording::read(file)? {
         Recording::Frames(msgs) => {
             if let Some(line) = recording::config_line(&msgs) {
                 println!("recorded run: {line}");
             }
             recording::spans(&msgs)?
         }
-        Recording::Snapshots(snaps) => snaps.into_iter().flat_map(|s| s.steps).collect(),
+        Recording::Snapshots(snaps) => {
+            // The names of the pipeline as the last snapshot has them.
+            let names = snaps.last().map(|s| (*s.names).clone()).unwrap_or_default();
+            (snaps.into_iter().flat_map(|s| s.steps).collect(), names)
+        }
     };
     if spans.is_empty() {
         anyhow::bail!(
@@ -32,7 +36,7 @@ pub fn run(
         }
         spans = trace::last_seconds(&spans, s);
     }
-    trace::write_trace(out, &spans)?;
+    trace::write_trace(out, &spans, &names)?;
     println!(
         "wrote {} ({}) — open it in https://ui.perfetto.dev",
         out.display(),

@@ -3,6 +3,7 @@
 
 use super::host;
 use super::live::LiveTime;
+use super::names::Names;
 use super::phase_recorder::{LiveRead, StepRecord, ThreadInfo, MAX_SLOTS};
 use super::queue::{QueueCounters, QueueProbe};
 use super::queue_view::{verdict_inputs, QueueFlags};
@@ -15,6 +16,7 @@ use crate::probe::allocator::AllocatorSample;
 use crate::probe::cpu::CpuSample;
 use crate::probe::gpu::GpuSample;
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 const W1: usize = 10;
 const W10: usize = RING_TICKS;
@@ -62,6 +64,8 @@ pub struct Assembler {
     pub ns_per_mark: f64,
     /// Records since the last snapshot, handed out as `StepSpan`s.
     pending: Vec<StepRecord>,
+    /// The names of the pipeline the threads belong to (their roles and phases).
+    names: Arc<Names>,
 }
 
 /// Spans kept between two snapshots at most (a burst beyond it is not traced, and counted).
@@ -88,7 +92,14 @@ impl Assembler {
             seq: 0,
             ns_per_mark: 0.0,
             pending: Vec::new(),
+            names: Arc::default(),
         }
+    }
+
+    /// Names the pipeline the threads belong to (a watched one's declared stages); the next
+    /// snapshots carry them.
+    pub fn set_names(&mut self, names: Arc<Names>) {
+        self.names = names;
     }
 
     /// Takes a record. Its phases enter the windows only when it was profiled throughout and
@@ -240,10 +251,12 @@ impl Assembler {
         let stall_ns = self.recent.threshold_ns(threads.len());
         let lives = self.live_times(threads, &live, switches, paused, stall_ns);
         let thread_views = self.thread_views(threads, now_ns, &lives);
-        let queue_views = self
-            .queue_flags
-            .views(&self.windows, W1, W10, threads, queues);
-        let stall = self.recent.stall(now_ns, threads, &live, stall_ns);
+        let queue_views =
+            self.queue_flags
+                .views(&self.windows, W1, W10, threads, queues, &self.names);
+        let stall = self
+            .recent
+            .stall(now_ns, threads, &live, stall_ns, &self.names);
         let verdict = self.verdict(now_ns, paused, stall.is_some(), &queue_views);
         let train = self.train_view(now_ns, threads, &lives);
         self.push_history(elapsed_s, train.tok_per_s_1s);
@@ -278,6 +291,7 @@ impl Assembler {
             steps: self.spans(threads),
             warnings: Vec::new(),
             ranks: Vec::new(),
+            names: self.names.clone(),
         }
     }
 
@@ -298,11 +312,12 @@ impl Assembler {
                 (!paused).then(|| LiveTime {
                     live: *l,
                     expected_ns: self.recent.expected_ns(i),
-                    tokens: match t.role.counts_tokens() {
+                    tokens: match self.names.counts_tokens(t.role) {
                         true => self.recent.tokens(i),
                         false => 0,
                     },
                     phases: switches.profiling(),
+                    waiting: self.names.is_wait(l.phase),
                     device_timed: t.on_gpu() && switches.gpu_timing() == GpuTiming::Events,
                     stall_ns,
                 })
@@ -347,7 +362,8 @@ impl Assembler {
         } else if stalled {
             Verdict::Stalled
         } else if judged {
-            self.verdict.update(&verdict_inputs(queues), now_ns)
+            self.verdict
+                .update(&verdict_inputs(queues, &self.names), now_ns)
         } else {
             self.verdict.shown()
         }
@@ -367,7 +383,7 @@ impl Assembler {
             let tok: f64 = threads
                 .iter()
                 .enumerate()
-                .filter(|(_, t)| t.role.counts_tokens())
+                .filter(|(_, t)| self.names.counts_tokens(t.role))
                 .map(|(i, _)| {
                     let done = self.windows.thread(i, ticks).tokens;
                     let running = lives[i]
@@ -386,7 +402,7 @@ impl Assembler {
         let tokens_total: u64 = threads
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.role.counts_tokens())
+            .filter(|(_, t)| self.names.counts_tokens(t.role))
             .map(|(i, _)| self.windows.thread_run(i).tokens.round() as u64)
             .sum();
         let m = self.windows.latest.metrics;
@@ -420,7 +436,7 @@ impl Assembler {
     fn self_cost(&self, threads: &[ThreadView], dropped: u64) -> SelfCost {
         let marks_per_s: f64 = threads
             .iter()
-            .map(|t| t.w1.steps_per_s() * t.role.phases().len() as f64)
+            .map(|t| t.w1.steps_per_s() * self.names.phases(t.role).len() as f64)
             .sum();
         SelfCost {
             marks_per_s,
@@ -436,9 +452,9 @@ impl Assembler {
             .into_iter()
             .filter_map(|r| {
                 let t = threads.get(r.thread)?;
-                let phases = t
-                    .role
-                    .phases()
+                let phases = self
+                    .names
+                    .phases(t.role)
                     .iter()
                     .map(|p| (*p, r.phase_ns[p.index()]))
                     .filter(|(_, ns)| *ns > 0)
@@ -466,7 +482,7 @@ impl Assembler {
         let phase = t.live.phase();
         let state = if !alive {
             ThreadState::Exited
-        } else if phase.is_wait() {
+        } else if self.names.is_wait(phase) {
             ThreadState::Waiting
         } else {
             ThreadState::Working

@@ -168,7 +168,7 @@ impl Trigger {
             Some(w) => Some(format!("{} ({})", w.key(), w.evidence)),
             None => turned.then(|| match &s.stall {
                 Some(what) if now == Verdict::Stalled => format!("verdict stalled: {what}"),
-                _ => format!("verdict turned {}", now.short()),
+                _ => format!("verdict turned {}", s.names.verdict_short(now)),
             }),
         };
         self.errors = errors;
@@ -232,7 +232,9 @@ pub fn write_dump(dir: &Path, ring: &FlightRing, reason: &str) -> Result<Dump> {
         None
     } else {
         let path = dir.join(format!("{stem}.trace.json"));
-        super::trace::write_trace(&path, &spans)?;
+        // The names of the pipeline as the newest snapshot has them.
+        let names = snaps.last().map(|s| s.names.clone()).unwrap_or_default();
+        super::trace::write_trace(&path, &spans, &names)?;
         Some(path)
     };
     Ok(Dump {

@@ -5,6 +5,7 @@
 use super::allocator::AllocatorTrack;
 use super::assemble::{Assembler, TickInput};
 use super::clock;
+use super::names::Names;
 use super::phase_recorder::{RecordSink, Registry, StepRecord};
 use super::queue::QueueCounters;
 use super::queue::QueueProbe;
@@ -89,6 +90,9 @@ pub struct Telemetry {
     remote_allocator: Arc<Mutex<Vec<AllocatorView>>>,
     /// The warning rules' settings (`[warnings]` in the run's TOML; defaults elsewhere).
     pub warnings: WarnConfig,
+    /// The names of the pipeline whose threads the registry holds (a watched process's declared
+    /// stages; ours by default): its snapshots carry them.
+    names: Arc<Mutex<Arc<Names>>>,
 }
 
 impl Default for Telemetry {
@@ -126,7 +130,19 @@ impl Telemetry {
             alerts: Arc::default(),
             remote_allocator: Arc::default(),
             warnings: WarnConfig::default(),
+            names: Arc::default(),
         }
+    }
+
+    /// The names of the pipeline watched (see `set_names`).
+    pub fn names(&self) -> Arc<Names> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Names the pipeline watched: a mirror sets its producer's declared stages and phases
+    /// before it registers their threads.
+    pub fn set_names(&self, names: Arc<Names>) {
+        *self.names.lock().unwrap_or_else(|e| e.into_inner()) = names;
     }
 
     /// Adds a tap on the hub's raw input (see `RawTap`).
@@ -358,6 +374,7 @@ impl Telemetry {
                         allocator: &alloc,
                     };
                     taps.iter().for_each(|t| t.tick(&input));
+                    asm.set_names(self.names());
                     let mut snap = asm.tick_read(&input);
                     snap.alerts = self.alerts();
                     snap.allocator = match allocator.as_mut() {

@@ -17,6 +17,8 @@ pub struct LiveTime {
     /// The thread's phases are device-timed (`events`): live host time shows only for a wait or
     /// a phase running past the stall threshold; the device record covers the rest.
     pub device_timed: bool,
+    /// Its live phase is a wait on a queue (by its pipeline's names).
+    pub waiting: bool,
     pub stall_ns: u64,
 }
 
@@ -39,7 +41,7 @@ impl LiveTime {
         let current = now.saturating_sub(phase_start.max(from));
         if self.device_timed {
             let stuck = now - phase_start;
-            if l.phase.is_wait() || stuck > self.stall_ns {
+            if self.waiting || stuck > self.stall_ns {
                 out.phase_ns[l.phase.index()] = current;
                 out.step_share =
                     current as f64 / self.expected_ns.unwrap_or(stuck).max(stuck).max(1) as f64;

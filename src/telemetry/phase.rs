@@ -1,4 +1,5 @@
-//! Phases and roles: the names the TUI shows.
+//! Phases and roles, with the built-in pipeline's names. A declared stage's or phase's own name
+//! comes from the `Names` of its pipeline (src/telemetry/names.rs), which snapshots carry.
 
 use serde::{Deserialize, Serialize};
 
@@ -27,7 +28,7 @@ pub enum Phase {
     Metrics,
     /// Drafter replicas averaging their gradients (data parallel).
     GradSync,
-    /// Phases a client declared in its stage table (names from `stages`), beyond the names above.
+    /// Phases a client declared in its stage table (names from its `Names`), beyond the above.
     Custom0,
     Custom1,
     Custom2,
@@ -81,6 +82,8 @@ impl Phase {
         Phase::Custom11,
     ];
 
+    /// A built-in phase's name; a custom slot's neutral `phaseN` (its declared name is in the
+    /// pipeline's `Names`).
     pub fn name(self) -> &'static str {
         match self {
             Phase::Other => "other",
@@ -100,7 +103,7 @@ impl Phase {
             Phase::Optim => "optim",
             Phase::Metrics => "metrics",
             Phase::GradSync => "grad_sync",
-            custom => super::stages::custom_phase_name(custom.index() - N_BUILTIN),
+            custom => super::names::fallback_phase(custom.index() - N_BUILTIN),
         }
     }
 
@@ -125,17 +128,13 @@ impl Phase {
         Phase::ALL.get(i).copied()
     }
 
-    /// Phases spent blocked on a queue rather than working.
-    /// Declared phases are waits when their name ends in `_wait` (what the Python client's
-    /// queue wrapper marks).
+    /// Built-in phases spent blocked on a queue rather than working (whether a declared phase
+    /// is a wait depends on its name: `Names::is_wait`).
     pub fn is_wait(self) -> bool {
-        match self.custom_slot() {
-            Some(_) => self.name().ends_with("_wait"),
-            None => matches!(
-                self,
-                Phase::PushWait | Phase::BatchWait | Phase::HsPushWait | Phase::HsWait
-            ),
-        }
+        matches!(
+            self,
+            Phase::PushWait | Phase::BatchWait | Phase::HsPushWait | Phase::HsWait
+        )
     }
 }
 
@@ -147,18 +146,20 @@ pub enum Role {
     Drafter,
     /// The hub's own measurements (never shown as a worker).
     Hub,
-    /// Stage `k` of a chain a client declared (names and phases from `stages`).
+    /// Stage `k` of a chain a client declared (its name and phases in its pipeline's `Names`).
     Stage(u8),
 }
 
 impl Role {
+    /// A built-in role's name; a declared stage's neutral `stageN` (its declared name is in the
+    /// pipeline's `Names`).
     pub fn name(self) -> &'static str {
         match self {
             Role::Loader => "loader",
             Role::Target => "target",
             Role::Drafter => "drafter",
             Role::Hub => "hub",
-            Role::Stage(k) => super::stages::stage_name(k as usize),
+            Role::Stage(k) => super::names::fallback_stage(k as usize),
         }
     }
 
@@ -173,16 +174,14 @@ impl Role {
         }
     }
 
-    /// Whether this role's steps carry the pipeline's tokens (the last stage: drafters).
+    /// Whether this built-in role's steps carry the pipeline's tokens (drafters; a declared
+    /// stage's answer is in its `Names`).
     pub fn counts_tokens(self) -> bool {
-        match self {
-            Role::Drafter => true,
-            Role::Stage(k) => super::stages::is_last_stage(k as usize),
-            _ => false,
-        }
+        self == Role::Drafter
     }
 
-    /// The phases this role marks, in pipeline order, `other` last.
+    /// The phases this built-in role marks, in pipeline order, `other` last (a declared stage's
+    /// are in its `Names`).
     pub fn phases(self) -> &'static [Phase] {
         use Phase::*;
         match self {
@@ -191,8 +190,7 @@ impl Role {
             Role::Drafter => &[
                 HsWait, Anchors, Forward, Loss, Backward, GradSync, Clip, Optim, Metrics, Other,
             ],
-            Role::Hub => &[Other],
-            Role::Stage(k) => super::stages::stage_phases(k as usize),
+            Role::Hub | Role::Stage(_) => &[Other],
         }
     }
 }

@@ -1,10 +1,10 @@
 //! The queues as a snapshot shows them: depth, rates and waits over a window, the starving and
 //! blocking flags held with hysteresis, and the verdict's inputs taken from them.
 
+use super::names::Names;
 use super::phase_recorder::ThreadInfo;
 use super::queue::QueueProbe;
 use super::snapshot::QueueView;
-use super::stages::role_named;
 use super::verdict::{QueueWait, WaitShares, ENTER, EXIT};
 use super::window::{QueueTick, Windows};
 
@@ -14,7 +14,7 @@ pub struct QueueFlags(Vec<(bool, bool)>);
 
 impl QueueFlags {
     /// Each queue over the last `ticks` ticks, with its depth history over `history_ticks`; a
-    /// side's wait share is per thread of the role on that side.
+    /// side's wait share is per thread of the role on that side (by `names`).
     pub fn views(
         &mut self,
         windows: &Windows,
@@ -22,11 +22,12 @@ impl QueueFlags {
         history_ticks: usize,
         threads: &[ThreadInfo],
         queues: &[QueueProbe],
+        names: &Names,
     ) -> Vec<QueueView> {
         let count_role = |role: &str| {
             threads
                 .iter()
-                .filter(|t| t.role.name() == role)
+                .filter(|t| names.role(t.role) == role)
                 .count()
                 .max(1) as f64
         };
@@ -115,13 +116,13 @@ fn queue_view(
 }
 
 /// The verdict's inputs: the queues between stages, upstream first, found by who is on each
-/// side (a queue whose sides name no known stage is left out).
-pub fn verdict_inputs(queues: &[QueueView]) -> WaitShares {
+/// side (a queue whose sides name no stage of `names` is left out).
+pub fn verdict_inputs(queues: &[QueueView], names: &Names) -> WaitShares {
     let mut chain: Vec<(u8, QueueWait)> = queues
         .iter()
         .filter_map(|q| {
-            let producer = role_named(&q.producers)?;
-            let consumer = role_named(&q.consumers)?;
+            let producer = names.role_named(&q.producers)?;
+            let consumer = names.role_named(&q.consumers)?;
             Some((
                 producer.rank(),
                 QueueWait {

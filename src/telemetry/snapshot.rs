@@ -1,9 +1,11 @@
 //! The immutable picture the hub publishes ~10 times a second. Front-ends render only this.
 
+use super::names::Names;
 use super::phase::{Phase, Role, N_PHASES};
 use super::switches::GpuTiming;
 use super::verdict::Verdict;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Phase time of one thread over a window. Steps are counted where they end; time and tokens
 /// where they happened (a step that straddles the window's start counts in part).
@@ -354,6 +356,15 @@ pub struct Snapshot {
     /// in rank order; empty for one process.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<RankView>,
+    /// The names of the pipeline this snapshot shows (its declared stages and phases): what
+    /// every front-end names its roles, phases and verdict with. Built-in by default (and then
+    /// left out of a file).
+    #[serde(default, skip_serializing_if = "builtin")]
+    pub names: Arc<Names>,
+}
+
+fn builtin(names: &Arc<Names>) -> bool {
+    names.is_builtin()
 }
 
 /// One session of a merged view: what its own hub made of it.

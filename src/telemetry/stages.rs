@@ -3,15 +3,17 @@
 //! `producer → queue → consumer` — gets named threads, phase bars and a verdict.
 //!
 //! Our own pipeline is the built-in table (loader → target → drafter, the `Role` and `Phase`
-//! enums). A declared table is installed once per process (a viewer watches one pipeline): its
-//! stages become `Role::Stage(k)` and its phase names the built-in phase of that name or one of
-//! the `Phase::Custom*` slots. Declared names win: a client's stage called `target` is its own
+//! enums). A declared table is resolved into `Names`, a value the snapshots of its pipeline carry:
+//! its stages become `Role::Stage(k)` and its phase names the built-in phase of that name or one
+//! of the `Phase::Custom*` slots. Declared names win: a client's stage called `target` is its own
 //! stage with its own phases, never our built-in target (a stream resolves its threads' stage
 //! names against its own table: `StageTable::role_of`).
 
-use super::phase::{Phase, Role, N_BUILTIN, N_CUSTOM};
+use super::names::{custom_phase, StageNames};
+use super::phase::{Phase, Role, N_CUSTOM};
 use serde::{Deserialize, Serialize};
-use std::sync::RwLock;
+
+pub use super::names::Names;
 
 /// One stage as declared: its name and the phases its threads mark (in order; `other` implied).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,27 +46,6 @@ pub enum TableError {
     BadName,
 }
 
-/// What a declared table became: names leaked once, for the `&'static str` the views use.
-struct Installed {
-    stages: Vec<&'static str>,
-    phases: Vec<&'static [Phase]>,
-    custom: [&'static str; N_CUSTOM],
-    starved: Vec<&'static str>,
-    blocked: Vec<&'static str>,
-    starved_short: Vec<&'static str>,
-    blocked_short: Vec<&'static str>,
-}
-
-static INSTALLED: RwLock<Option<&'static Installed>> = RwLock::new(None);
-
-fn installed() -> Option<&'static Installed> {
-    *INSTALLED.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
-}
-
 impl StageTable {
     /// Our pipeline's table: loader → target → drafter with their phases.
     pub fn builtin() -> StageTable {
@@ -90,12 +71,16 @@ impl StageTable {
         *self == StageTable::builtin()
     }
 
-    /// Checks the table and makes it the one this process shows (the built-in table needs
-    /// nothing). Returns the role of each stage, in order.
-    pub fn install(&self) -> Result<Vec<Role>, TableError> {
+    /// Checks the table and makes its names: the declared stages become `Role::Stage(k)`, their
+    /// phase names the built-in phase of that name or one of the `Phase::Custom*` slots. The
+    /// built-in table's names are `Names::builtin()`. Returns the names and the role of each
+    /// stage, in order.
+    pub fn resolve(&self) -> Result<(Names, Vec<Role>), TableError> {
         if self.is_builtin() {
-            *INSTALLED.write().unwrap_or_else(|e| e.into_inner()) = None;
-            return Ok(vec![Role::Loader, Role::Target, Role::Drafter]);
+            return Ok((
+                Names::builtin(),
+                vec![Role::Loader, Role::Target, Role::Drafter],
+            ));
         }
         let n = self.stages.len();
         if n == 0 {
@@ -106,7 +91,7 @@ impl StageTable {
         }
         let ok = |s: &str| !s.is_empty() && s.len() <= 32;
         let mut custom: Vec<String> = Vec::new();
-        let mut phases = Vec::new();
+        let mut stages = Vec::new();
         for (i, st) in self.stages.iter().enumerate() {
             if !ok(&st.name) || !st.phases.iter().all(|p| ok(p)) {
                 return Err(TableError::BadName);
@@ -118,64 +103,25 @@ impl StageTable {
             for name in &st.phases {
                 let p = match Phase::builtin(name) {
                     Some(p) => p,
-                    None => {
-                        let slot = match custom.iter().position(|c| c == name) {
-                            Some(s) => s,
-                            None if custom.len() < N_CUSTOM => {
-                                custom.push(name.clone());
-                                custom.len() - 1
-                            }
-                            None => return Err(TableError::TooManyPhases(name.clone())),
-                        };
-                        Phase::ALL[N_BUILTIN + slot]
-                    }
+                    None => custom_slot(&mut custom, name)?,
                 };
                 if p != Phase::Other && !list.contains(&p) {
                     list.push(p);
                 }
             }
             list.push(Phase::Other);
-            phases.push(&*Box::leak(list.into_boxed_slice()));
+            stages.push(StageNames {
+                name: st.name.clone(),
+                phases: list,
+                counts_tokens: i + 1 == n,
+                upstream: self.stages[i.saturating_sub(1)].name.clone(),
+            });
         }
-        let mut names = [""; N_CUSTOM];
-        for (slot, name) in custom.into_iter().enumerate() {
-            names[slot] = leak(name);
-        }
-        let stages: Vec<&'static str> = self.stages.iter().map(|s| leak(s.name.clone())).collect();
-        // Texts by consumer stage k (the queue between k-1 and k).
-        let pair = |k: usize| (stages[k.saturating_sub(1)], stages[k]);
-        let starved = (0..n)
-            .map(|k| {
-                let (p, c) = pair(k);
-                leak(format!("{c} starved: {p}-bound"))
-            })
-            .collect();
-        let blocked = (0..n)
-            .map(|k| {
-                let (p, c) = pair(k);
-                leak(format!("{p} blocked: {c}-bound"))
-            })
-            .collect();
-        let starved_short = (0..n)
-            .map(|k| leak(format!("{}-bound", pair(k).0)))
-            .collect();
-        let blocked_short = (0..n)
-            .map(|k| leak(format!("{}-bound", pair(k).1)))
-            .collect();
-        let table = Installed {
-            stages,
-            phases,
-            custom: names,
-            starved,
-            blocked,
-            starved_short,
-            blocked_short,
-        };
-        *INSTALLED.write().unwrap_or_else(|e| e.into_inner()) = Some(Box::leak(Box::new(table)));
-        Ok((0..n).map(|k| Role::Stage(k as u8)).collect())
+        let roles = (0..n).map(|k| Role::Stage(k as u8)).collect();
+        Ok((Names::declared(stages, custom), roles))
     }
 
-    /// The role of the stage called `name` in this table, given the roles `install` returned
+    /// The role of the stage called `name` in this table, given the roles `resolve` returned
     /// for it (None for a name the table does not declare).
     pub fn role_of(&self, roles: &[Role], name: &str) -> Option<Role> {
         let k = self.stages.iter().position(|s| s.name == name)?;
@@ -183,75 +129,32 @@ impl StageTable {
     }
 }
 
-/// The name of declared slot `slot`, `phaseN` when no table names it.
-pub fn custom_phase_name(slot: usize) -> &'static str {
-    const FALLBACK: [&str; N_CUSTOM] = [
-        "phase0", "phase1", "phase2", "phase3", "phase4", "phase5", "phase6", "phase7", "phase8",
-        "phase9", "phase10", "phase11",
-    ];
-    installed()
-        .map(|t| t.custom[slot.min(N_CUSTOM - 1)])
-        .filter(|n| !n.is_empty())
-        .unwrap_or(FALLBACK[slot.min(N_CUSTOM - 1)])
-}
-
-pub fn stage_name(k: usize) -> &'static str {
-    installed()
-        .and_then(|t| t.stages.get(k).copied())
-        .unwrap_or("stage")
-}
-
-pub fn stage_phases(k: usize) -> &'static [Phase] {
-    installed()
-        .and_then(|t| t.phases.get(k).copied())
-        .unwrap_or(&[Phase::Other])
-}
-
-pub fn is_last_stage(k: usize) -> bool {
-    installed().is_some_and(|t| k + 1 == t.stages.len())
-}
-
-/// The stage of this name: a stage of the installed table first (declared names win, `target`
-/// included), else a built-in role.
-pub fn role_named(name: &str) -> Option<Role> {
-    if let Some(k) = installed().and_then(|t| t.stages.iter().position(|s| *s == name)) {
-        return Some(Role::Stage(k as u8));
-    }
-    match name {
-        "loader" => Some(Role::Loader),
-        "target" => Some(Role::Target),
-        "drafter" => Some(Role::Drafter),
-        _ => None,
-    }
-}
-
-/// Verdict texts for declared stage `k` (`starved`: k waits on its input queue; else k-1 waits
-/// on a full one): (long, short).
-pub fn verdict_text(k: usize, starved: bool) -> (&'static str, &'static str) {
-    let Some(t) = installed().filter(|t| k < t.stages.len()) else {
-        return if starved {
-            ("starved", "starved")
-        } else {
-            ("blocked", "blocked")
-        };
+/// The custom slot of a phase name not built in: the one it was given, else the next free one.
+fn custom_slot(custom: &mut Vec<String>, name: &str) -> Result<Phase, TableError> {
+    let slot = match custom.iter().position(|c| c == name) {
+        Some(s) => s,
+        None if custom.len() < N_CUSTOM => {
+            custom.push(name.to_string());
+            custom.len() - 1
+        }
+        None => return Err(TableError::TooManyPhases(name.to_string())),
     };
-    if starved {
-        (t.starved[k], t.starved_short[k])
-    } else {
-        (t.blocked[k], t.blocked_short[k])
-    }
+    Ok(custom_phase(slot))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::verdict::Verdict;
 
     #[test]
     fn a_declared_chain_gets_its_names_and_the_builtin_one_is_recognised() {
+        let (builtin_names, builtin_roles) = StageTable::builtin().resolve().unwrap();
         assert_eq!(
-            StageTable::builtin().install().unwrap(),
+            builtin_roles,
             vec![Role::Loader, Role::Target, Role::Drafter]
         );
+        assert!(builtin_names.is_builtin());
         let t = StageTable {
             stages: vec![
                 StageDecl {
@@ -264,26 +167,33 @@ mod tests {
                 },
             ],
         };
-        let roles = t.install().unwrap();
+        let (n, roles) = t.resolve().unwrap();
         assert_eq!(roles, vec![Role::Stage(0), Role::Stage(1)]);
-        assert_eq!(Role::Stage(1).name(), "consumer");
-        let names: Vec<_> = Role::Stage(1).phases().iter().map(|p| p.name()).collect();
+        assert_eq!(n.role(Role::Stage(1)), "consumer");
+        let names: Vec<_> = n
+            .phases(Role::Stage(1))
+            .iter()
+            .map(|p| n.phase(*p))
+            .collect();
         assert_eq!(names, ["pop_wait", "forward", "make", "other"]);
-        assert!(Role::Stage(1).phases()[0].is_wait());
-        assert!(!Role::Stage(1).phases()[2].is_wait());
+        assert!(n.is_wait(n.phases(Role::Stage(1))[0]));
+        assert!(!n.is_wait(n.phases(Role::Stage(1))[2]));
         assert_eq!(
-            Role::Stage(0).phases()[1],
+            n.phases(Role::Stage(0))[1],
             Phase::PushWait,
             "built-in names are reused"
         );
-        assert!(Role::Stage(1).counts_tokens() && !Role::Stage(0).counts_tokens());
-        assert_eq!(verdict_text(1, true).0, "consumer starved: producer-bound");
-        assert_eq!(role_named("producer"), Some(Role::Stage(0)));
+        assert!(n.counts_tokens(Role::Stage(1)) && !n.counts_tokens(Role::Stage(0)));
+        assert_eq!(
+            n.verdict(Verdict::Starved(1)),
+            "consumer starved: producer-bound"
+        );
+        assert_eq!(n.role_named("producer"), Some(Role::Stage(0)));
         let dup = StageTable {
             stages: vec![t.stages[0].clone(), t.stages[0].clone()],
         };
         assert_eq!(
-            dup.install(),
+            dup.resolve(),
             Err(TableError::DuplicateStage("producer".into()))
         );
 
@@ -302,23 +212,55 @@ mod tests {
                 ),
             ],
         };
-        let roles = dflash.install().unwrap();
+        let (n, roles) = dflash.resolve().unwrap();
         assert_eq!(roles, vec![Role::Stage(0), Role::Stage(1)]);
         assert_eq!(dflash.role_of(&roles, "target"), Some(Role::Stage(0)));
         assert_eq!(dflash.role_of(&roles, "loader"), None);
-        assert_eq!(role_named("drafter"), Some(Role::Stage(1)));
-        let names = |r: Role| -> Vec<&str> { r.phases().iter().map(|p| p.name()).collect() };
-        assert_eq!(Role::Stage(0).name(), "target");
+        assert_eq!(n.role_named("drafter"), Some(Role::Stage(1)));
+        let names = |r: Role| -> Vec<&str> { n.phases(r).iter().map(|p| n.phase(*p)).collect() };
+        assert_eq!(n.role(Role::Stage(0)), "target");
         assert_eq!(names(Role::Stage(0)), ["forward", "other"]);
-        assert_eq!(Role::Stage(1).name(), "drafter");
+        assert_eq!(n.role(Role::Stage(1)), "drafter");
         assert_eq!(
             names(Role::Stage(1)),
             ["anchors", "forward", "loss", "backward", "optim", "metrics", "other"]
         );
-        // The built-in table installed again is ours again.
+        // The built-in table's names are ours.
         let builtin = StageTable::builtin();
-        let roles = builtin.install().unwrap();
-        assert_eq!(role_named("target"), Some(Role::Target));
+        let (n, roles) = builtin.resolve().unwrap();
+        assert_eq!(n.role_named("target"), Some(Role::Target));
         assert_eq!(builtin.role_of(&roles, "drafter"), Some(Role::Drafter));
+    }
+
+    #[test]
+    fn two_pipelines_names_live_side_by_side() {
+        let one = |stage: &str, phase: &str| StageTable {
+            stages: vec![
+                StageDecl {
+                    name: "source".into(),
+                    phases: vec![phase.into()],
+                },
+                StageDecl {
+                    name: stage.into(),
+                    phases: vec!["pop_wait".into(), phase.into()],
+                },
+            ],
+        };
+        let (a, _) = one("decode", "parse").resolve().unwrap();
+        let (b, _) = one("train", "step").resolve().unwrap();
+        let builtin = Names::builtin();
+        // The same stage and slot, named by each pipeline's own names.
+        let slot = a.phases(Role::Stage(0))[0];
+        assert_eq!(slot, b.phases(Role::Stage(0))[0]);
+        assert_eq!((a.phase(slot), b.phase(slot)), ("parse", "step"));
+        assert_eq!(builtin.phase(slot), "phase0");
+        assert_eq!(a.role(Role::Stage(1)), "decode");
+        assert_eq!(b.role(Role::Stage(1)), "train");
+        assert_eq!(builtin.role(Role::Stage(1)), "stage1");
+        assert_eq!(a.verdict_short(Verdict::Blocked(1)), "decode-bound");
+        assert_eq!(b.verdict_short(Verdict::Blocked(1)), "train-bound");
+        assert_eq!(builtin.verdict_short(Verdict::Blocked(1)), "blocked");
+        assert_eq!(b.role_named("decode"), None);
+        assert_eq!(builtin.role_named("target"), Some(Role::Target));
     }
 }

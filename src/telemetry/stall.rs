@@ -2,6 +2,7 @@
 //! ending before it counts as stalled, and which thread to name when it does. The recent steps
 //! also give live time its typical step time and token count.
 
+use super::names::Names;
 use super::phase_recorder::{LiveRead, StepRecord, ThreadInfo};
 use super::window::push_capped;
 use std::collections::VecDeque;
@@ -92,13 +93,15 @@ impl RecentSteps {
     }
 
     /// "target-0 in forward for 12.0 s" once no step has ended for `threshold_ns`: the thread
-    /// that has been in one working phase longest (a waiting one only if none works).
+    /// that has been in one working phase longest (a waiting one only if none works), in the
+    /// words of `names`.
     pub fn stall(
         &self,
         now_ns: u64,
         threads: &[ThreadInfo],
         live: &[LiveRead],
         threshold_ns: u64,
+        names: &Names,
     ) -> Option<String> {
         let last_end = self.threads.iter().filter_map(|r| r.last_end_ns).max()?;
         if now_ns.saturating_sub(last_end) <= threshold_ns {
@@ -106,10 +109,14 @@ impl RecentSteps {
         }
         let (t, l) = threads.iter().zip(live).max_by_key(|(_, l)| {
             let stuck = now_ns.saturating_sub(l.phase_start_ns);
-            (!l.phase.is_wait(), stuck)
+            (!names.is_wait(l.phase), stuck)
         })?;
         let secs = now_ns.saturating_sub(l.phase_start_ns) as f64 / 1e9;
-        Some(format!("{} in {} for {secs:.1} s", t.name, l.phase.name()))
+        Some(format!(
+            "{} in {} for {secs:.1} s",
+            t.name,
+            names.phase(l.phase)
+        ))
     }
 }
 
@@ -195,6 +202,7 @@ mod tests {
     #[test]
     fn stalled_only_past_the_threshold_naming_the_longest_working_phase() {
         let r = steady(100, 100);
+        let names = Names::builtin();
         let threshold = r.threshold_ns(2);
         assert_eq!(threshold, STALL_MIN_NS);
         let threads = [
@@ -208,12 +216,18 @@ mod tests {
         ];
         let last_end = 10_000 * MS;
         assert_eq!(
-            r.stall(last_end + threshold, &threads, &live, threshold),
+            r.stall(last_end + threshold, &threads, &live, threshold, &names),
             None
         );
         assert_eq!(
-            r.stall(last_end + threshold + MS, &threads, &live, threshold)
-                .as_deref(),
+            r.stall(
+                last_end + threshold + MS,
+                &threads,
+                &live,
+                threshold,
+                &names
+            )
+            .as_deref(),
             Some("target-0 in forward for 1.5 s")
         );
         // All waiting: the longest wait is named.
@@ -222,7 +236,7 @@ mod tests {
             in_phase(Phase::HsWait, 9_000),
         ];
         assert_eq!(
-            r.stall(12_000 * MS, &threads, &waiting, threshold)
+            r.stall(12_000 * MS, &threads, &waiting, threshold, &names)
                 .as_deref(),
             Some("drafter-0 in hs_wait for 3.0 s")
         );

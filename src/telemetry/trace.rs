@@ -1,7 +1,9 @@
 //! Chrome trace (opens in Perfetto and chrome://tracing) from step spans: one track per thread,
 //! one slice per phase. A step's phases are laid out in the order its role marks them, ending at
-//! the step's end — the order the workers mark them in.
+//! the step's end — the order the workers mark them in. Phases and roles are named by the names
+//! of the pipeline the spans come from.
 
+use super::names::Names;
 use super::snapshot::StepSpan;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -10,13 +12,13 @@ use std::io::Write;
 use std::path::Path;
 
 /// The trace's events: a name for each thread's track, then a slice per phase of each step.
-fn events(spans: &[StepSpan]) -> impl Iterator<Item = Value> + '_ {
+fn events<'a>(spans: &'a [StepSpan], names: &'a Names) -> impl Iterator<Item = Value> + 'a {
     let mut tids: BTreeMap<&str, usize> = BTreeMap::new();
     for s in spans {
         let n = tids.len();
         tids.entry(s.thread.as_str()).or_insert(n + 1);
     }
-    let names: Vec<Value> = tids
+    let tracks: Vec<Value> = tids
         .iter()
         .map(|(name, tid)| json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}))
         .collect();
@@ -27,8 +29,8 @@ fn events(spans: &[StepSpan]) -> impl Iterator<Item = Value> + '_ {
             let at = t;
             t = t.saturating_add(*ns);
             json!({
-                "name": phase.name(),
-                "cat": s.role.name(),
+                "name": names.phase(*phase),
+                "cat": names.role(s.role),
                 "ph": "X",
                 "pid": 1,
                 "tid": tid,
@@ -37,14 +39,14 @@ fn events(spans: &[StepSpan]) -> impl Iterator<Item = Value> + '_ {
             })
         })
     });
-    names.into_iter().chain(slices)
+    tracks.into_iter().chain(slices)
 }
 
 /// The trace written one event at a time: memory stays that of the spans, not of a JSON tree
 /// many times their size.
-fn write_events(w: &mut impl Write, spans: &[StepSpan]) -> std::io::Result<()> {
+fn write_events(w: &mut impl Write, spans: &[StepSpan], names: &Names) -> std::io::Result<()> {
     w.write_all(b"{\"traceEvents\":[")?;
-    for (i, v) in events(spans).enumerate() {
+    for (i, v) in events(spans, names).enumerate() {
         if i > 0 {
             w.write_all(b",")?;
         }
@@ -54,12 +56,12 @@ fn write_events(w: &mut impl Write, spans: &[StepSpan]) -> std::io::Result<()> {
     w.flush()
 }
 
-/// Writes the trace atomically (temporary file + rename).
-pub fn write_trace(path: &Path, spans: &[StepSpan]) -> Result<()> {
+/// Writes the trace atomically (temporary file + rename), phases named by `names`.
+pub fn write_trace(path: &Path, spans: &[StepSpan], names: &Names) -> Result<()> {
     let tmp = path.with_extension("json.tmp");
     let written = std::fs::File::create(&tmp).and_then(|f| {
         let mut w = std::io::BufWriter::new(f);
-        write_events(&mut w, spans)?;
+        write_events(&mut w, spans, names)?;
         w.into_inner().map(drop).map_err(|e| e.into_error())
     });
     written.with_context(|| format!("cannot write {}: check the directory", tmp.display()))?;
@@ -147,7 +149,7 @@ mod tests {
         ];
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.json");
-        write_trace(&path, &spans).unwrap();
+        write_trace(&path, &spans, &Names::builtin()).unwrap();
         let read: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let ev = read["traceEvents"].as_array().unwrap();
         assert_eq!(ev.len(), 2 + 3);

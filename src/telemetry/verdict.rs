@@ -33,6 +33,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The verdict in words; a declared stage's verdict names its stages through the pipeline's
+    /// `Names` (`Names::verdict`), here only `starved` / `blocked`.
     pub fn text(self) -> &'static str {
         match self {
             Verdict::Warmup => "warming up",
@@ -42,8 +44,8 @@ impl Verdict {
             Verdict::DrafterBound => "targets blocked on HS queue: drafter-bound",
             Verdict::Paused => "paused",
             Verdict::Stalled => "stalled",
-            Verdict::Starved(k) => super::stages::verdict_text(k as usize, true).0,
-            Verdict::Blocked(k) => super::stages::verdict_text(k as usize, false).0,
+            Verdict::Starved(_) => "starved",
+            Verdict::Blocked(_) => "blocked",
         }
     }
 
@@ -63,6 +65,7 @@ impl Verdict {
         }
     }
 
+    /// The verdict in a word or two (`Names::verdict_short` for a declared stage's).
     pub fn short(self) -> &'static str {
         match self {
             Verdict::Warmup => "warmup",
@@ -72,8 +75,8 @@ impl Verdict {
             Verdict::DrafterBound => "drafter-bound",
             Verdict::Paused => "paused",
             Verdict::Stalled => "stalled",
-            Verdict::Starved(k) => super::stages::verdict_text(k as usize, true).1,
-            Verdict::Blocked(k) => super::stages::verdict_text(k as usize, false).1,
+            Verdict::Starved(_) => "starved",
+            Verdict::Blocked(_) => "blocked",
         }
     }
 

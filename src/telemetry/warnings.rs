@@ -151,8 +151,9 @@ struct Candidate {
 #[derive(Clone, Debug)]
 pub struct Warnings {
     pub config: WarnConfig,
-    /// Which phases are host syncs (`host_sync`): by default the one named `sync`, the phase the
-    /// Python client times `.item()`, `.cpu()`, `torch.cuda.synchronize` in.
+    /// Which phases are host syncs (`host_sync`) besides the one named `sync` in the snapshot's
+    /// names, the phase the Python client times `.item()`, `.cpu()`, `torch.cuda.synchronize`
+    /// in; none by default.
     pub is_sync: fn(Phase) -> bool,
     /// When each condition began holding (elapsed s).
     since: HashMap<(Rule, String), f64>,
@@ -173,7 +174,7 @@ impl Warnings {
     pub fn new(config: WarnConfig) -> Warnings {
         Warnings {
             config,
-            is_sync: |p| p.name() == "sync",
+            is_sync: |_| false,
             since: HashMap::new(),
             jitter: HashMap::new(),
             drops: None,

@@ -1,5 +1,6 @@
 //! The front-end's own settings, from a TOML file: key bindings on top of the defaults, the
-//! light or dark palette, and a colour per phase. Where: `$DFLASH_TOP_UI_CONFIG`, else
+//! light or dark palette, and a colour per phase (built in, or declared by the pipeline watched,
+//! by the names it has when the file is read). Where: `$DFLASH_TOP_UI_CONFIG`, else
 //! `$XDG_CONFIG_HOME/dflash-top/ui.toml`, else `~/.config/dflash-top/ui.toml`; no file is fine.
 //!
 //! ```toml
@@ -13,6 +14,7 @@
 
 use super::keys::{parse_key, Action, KeyMap};
 use super::theme::Theme;
+use crate::telemetry::names::Names;
 use crate::telemetry::Phase;
 use anyhow::{bail, Context, Result};
 use ratatui::style::Color;
@@ -71,7 +73,13 @@ pub struct UiConfig {
 }
 
 /// Reads the settings from `text` (the contents of `path`); `color` false (NO_COLOR) wins.
+/// Phases are our pipeline's.
 pub fn parse(text: &str, path: &Path, color: bool) -> Result<UiConfig> {
+    parse_for(text, path, color, &Names::builtin())
+}
+
+/// `parse` for a pipeline of `names`: a colour may name one of its declared phases.
+pub fn parse_for(text: &str, path: &Path, color: bool, names: &Names) -> Result<UiConfig> {
     let shown = path.display();
     let file: File = toml::from_str(text).map_err(|e| {
         let at = e.span().map_or(String::new(), |r| {
@@ -116,7 +124,7 @@ pub fn parse(text: &str, path: &Path, color: bool) -> Result<UiConfig> {
             };
             continue;
         }
-        let Some(phase) = Phase::ALL.iter().find(|p| p.name() == name) else {
+        let Some(phase) = Phase::ALL.iter().find(|p| names.phase(**p) == name) else {
             bail!("{shown}: [colors] has no phase '{name}' (theme, or a phase name: forward, hs_wait, …)");
         };
         let Ok(c) = value.parse::<Color>() else {
@@ -139,9 +147,9 @@ pub fn path() -> Option<PathBuf> {
     Some(base.join("dflash-top").join("ui.toml"))
 }
 
-/// The settings: the file if there is one (one named by DFLASH_TOP_UI_CONFIG must exist), else
-/// the defaults. NO_COLOR still turns colour off.
-pub fn load() -> Result<UiConfig> {
+/// The settings for a pipeline of `names`: the file if there is one (one named by
+/// DFLASH_TOP_UI_CONFIG must exist), else the defaults. NO_COLOR still turns colour off.
+pub fn load(names: &Names) -> Result<UiConfig> {
     let color = Theme::from_env().color;
     let named = std::env::var_os("DFLASH_TOP_UI_CONFIG").is_some_and(|v| !v.is_empty());
     let defaults = UiConfig {
@@ -152,7 +160,7 @@ pub fn load() -> Result<UiConfig> {
         return Ok(defaults);
     };
     match std::fs::read_to_string(&path) {
-        Ok(text) => parse(&text, &path, color),
+        Ok(text) => parse_for(&text, &path, color, names),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => Ok(defaults),
         Err(e) => Err(e).with_context(|| {
             format!(

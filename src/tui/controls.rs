@@ -1,8 +1,10 @@
 //! What the front-end can ask of the engine it watches (a live run, an attached one, or none in
 //! a replay).
 
+use crate::telemetry::names::Names;
 use crate::telemetry::GpuTiming;
 use crate::wire::replay::{ReplayPos, Speed};
+use std::sync::Arc;
 
 /// What the front-end can ask of the engine. Replays implement it as "not available".
 pub trait Controls {
@@ -33,5 +35,9 @@ pub trait Controls {
     /// Watching another process: `attached to PID 1234 (python) since 14:03:12`.
     fn attached(&self) -> Option<String> {
         None
+    }
+    /// The names of the pipeline watched (ours unless it declares its own).
+    fn names(&self) -> Arc<Names> {
+        Arc::default()
     }
 }

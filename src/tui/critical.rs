@@ -2,6 +2,7 @@
 //! one item per its busy time per thread; the slowest stage sets the step time, and the gap to
 //! the next one says how much speeding it up would buy.
 
+use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::PhaseWindow;
 use crate::telemetry::{Phase, Role};
 
@@ -18,8 +19,12 @@ pub struct Stage {
     pub top: Option<(Phase, f64)>,
 }
 
-/// Stages with steps in the window, slowest (the critical one) first.
-pub fn stages<'a>(threads: impl Iterator<Item = (Role, &'a PhaseWindow)>) -> Vec<Stage> {
+/// Stages with steps in the window, slowest (the critical one) first; roles' phases and waits
+/// as `names` has them.
+pub fn stages<'a>(
+    threads: impl Iterator<Item = (Role, &'a PhaseWindow)>,
+    names: &Names,
+) -> Vec<Stage> {
     let mut out: Vec<(Role, usize, f64, [f64; crate::telemetry::N_PHASES])> = Vec::new();
     for (role, w) in threads {
         if role == Role::Hub || w.step_ms() <= 0.0 {
@@ -34,8 +39,8 @@ pub fn stages<'a>(threads: impl Iterator<Item = (Role, &'a PhaseWindow)>) -> Vec
         };
         let s = &mut out[i];
         s.1 += 1;
-        for p in role.phases() {
-            if !p.is_wait() {
+        for p in names.phases(role) {
+            if !names.is_wait(*p) {
                 let ms = w.ms_per_step(*p);
                 s.2 += ms;
                 s.3[p.index()] += ms;
@@ -46,10 +51,10 @@ pub fn stages<'a>(threads: impl Iterator<Item = (Role, &'a PhaseWindow)>) -> Vec
         .into_iter()
         .map(|(role, n, busy, per_phase)| {
             let busy_ms = busy / n as f64;
-            let top = role
-                .phases()
+            let top = names
+                .phases(role)
                 .iter()
-                .filter(|p| !p.is_wait() && **p != Phase::Other)
+                .filter(|p| !names.is_wait(**p) && **p != Phase::Other)
                 .map(|p| (*p, per_phase[p.index()] / n as f64))
                 .max_by(|a, b| a.1.total_cmp(&b.1))
                 .filter(|t| t.1 > 0.0);
@@ -67,7 +72,7 @@ pub fn stages<'a>(threads: impl Iterator<Item = (Role, &'a PhaseWindow)>) -> Vec
 }
 
 /// The sentence under the phase bars: which stage sets the step time and by how much.
-pub fn summary(stages: &[Stage]) -> Option<String> {
+pub fn summary(stages: &[Stage], names: &Names) -> Option<String> {
     let crit = stages.first()?;
     let threads = if crit.threads == 1 {
         String::new()
@@ -76,11 +81,11 @@ pub fn summary(stages: &[Stage]) -> Option<String> {
     };
     let top = crit
         .top
-        .map(|(p, ms)| format!(", most of it {} {ms:.1} ms", p.name()))
+        .map(|(p, ms)| format!(", most of it {} {ms:.1} ms", names.phase(p)))
         .unwrap_or_default();
     let mut s = format!(
         "critical path: {} sets the step at {:.1} ms ({:.1} ms busy a step{threads}{top})",
-        crit.role.name(),
+        names.role(crit.role),
         crit.limit_ms,
         crit.busy_ms
     );
@@ -88,7 +93,7 @@ pub fn summary(stages: &[Stage]) -> Option<String> {
         let gain = crit.limit_ms - next.limit_ms;
         s.push_str(&format!(
             "; next is {} at {:.1} ms: {:.1} ms ({:.0}%) to gain before it limits",
-            next.role.name(),
+            names.role(next.role),
             next.limit_ms,
             gain,
             gain / crit.limit_ms.max(1e-9) * 100.0
@@ -130,16 +135,17 @@ mod tests {
                 (Role::Drafter, &slow_drafter),
             ]
             .into_iter(),
+            &Names::builtin(),
         );
         assert_eq!(s[0].role, Role::Target);
         assert_eq!(s[0].limit_ms, 80.0);
         assert_eq!(s[0].top, Some((Phase::Forward, 75.0)));
         assert_eq!(s[1].limit_ms, 35.0);
-        let text = summary(&s).unwrap();
+        let text = summary(&s, &Names::builtin()).unwrap();
         assert!(text.contains("target sets the step at 80.0 ms"), "{text}");
         assert!(text.contains("45.0 ms (56%) to gain"), "{text}");
         // Waits are not busy time.
-        let one = stages([(Role::Drafter, &drafter)].into_iter());
+        let one = stages([(Role::Drafter, &drafter)].into_iter(), &Names::builtin());
         assert_eq!(one[0].busy_ms, 35.0);
     }
 }

@@ -2,6 +2,7 @@
 //! apart by their fill glyph instead. A light palette for light terminals, and a colour per phase
 //! from the UI config (tui/config.rs).
 
+use crate::telemetry::names::Names;
 use crate::telemetry::verdict::Verdict;
 use crate::telemetry::{Phase, N_PHASES};
 use ratatui::style::{Color, Modifier, Style};
@@ -21,6 +22,9 @@ pub struct Theme {
     pub light: bool,
     /// Colours the UI config sets per phase.
     pub phase: [Option<Color>; N_PHASES],
+    /// The declared phases that are waits, a bit per custom slot, as the names of the pipeline
+    /// drawn say (`for_names`).
+    pub declared_waits: u16,
 }
 
 impl Default for Theme {
@@ -36,7 +40,30 @@ impl Theme {
             color,
             light: false,
             phase: [None; N_PHASES],
+            declared_waits: 0,
         }
+    }
+
+    /// This theme for drawing a pipeline of `names`: its declared waits drawn as waits.
+    pub fn for_names(self, names: &Names) -> Theme {
+        let declared_waits = Phase::ALL
+            .iter()
+            .filter_map(|p| p.custom_slot().filter(|_| names.is_wait(*p)))
+            .fold(0u16, |bits, slot| bits | 1 << slot);
+        Theme {
+            declared_waits,
+            ..self
+        }
+    }
+
+    /// Whether `p` is drawn as a wait: a built-in wait, or a declared one (`for_names`).
+    pub fn is_wait(self, p: Phase) -> bool {
+        p.is_wait() || self.is_declared_wait(p)
+    }
+
+    fn is_declared_wait(self, p: Phase) -> bool {
+        p.custom_slot()
+            .is_some_and(|slot| self.declared_waits >> slot & 1 == 1)
     }
 
     /// Colour unless NO_COLOR is set to a non-empty value (no-color.org).
@@ -97,7 +124,7 @@ impl Theme {
             Phase::Metrics => Color::White,
             Phase::GradSync => Color::Indexed(100),
             // Declared phases (a client's own names): waits orange, the rest a palette of their own.
-            p if p.is_wait() => Color::Indexed(215),
+            p if self.is_declared_wait(p) => Color::Indexed(215),
             p => {
                 let palette = [
                     Color::Blue,

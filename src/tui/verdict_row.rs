@@ -4,6 +4,7 @@
 //! to `stalled` (the text after a mark is always what is in force from there).
 
 use super::lanes::TimeSpan;
+use crate::telemetry::names::Names;
 use crate::telemetry::verdict::Verdict;
 
 /// One mark's label on the row.
@@ -31,9 +32,9 @@ impl Label {
 
 /// What the row shows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VerdictRow {
+pub struct VerdictRow<'a> {
     /// The verdict in force at the left edge, where the first mark leaves room for it.
-    pub at_left: Option<&'static str>,
+    pub at_left: Option<&'a str>,
     pub marks: Vec<Label>,
 }
 
@@ -52,12 +53,12 @@ impl Run {
     /// Columns its label takes on `cols` columns, `[start, end)`, without building the text:
     /// from its first change on, or ending at its last where the text would not fit before the
     /// right edge.
-    fn extent(&self, cols: usize) -> (usize, usize) {
+    fn extent(&self, cols: usize, names: &Names) -> (usize, usize) {
         let count = match self.changes {
             1 => 0,
             n => 2 + n.to_string().len(), // "×n "
         };
-        let len = 1 + count + self.verdict.short().chars().count();
+        let len = 1 + count + names.verdict_short(self.verdict).chars().count();
         if self.at_start(len, cols) {
             (self.first, self.first + len)
         } else {
@@ -71,12 +72,13 @@ impl Run {
     }
 
     /// Its label on `cols` columns (at `extent`).
-    fn label(&self, cols: usize) -> Label {
+    fn label(&self, cols: usize, names: &Names) -> Label {
+        let short = names.verdict_short(self.verdict);
         let what = match self.changes {
-            1 => self.verdict.short().to_string(),
-            n => format!("×{n} {}", self.verdict.short()),
+            1 => short.to_string(),
+            n => format!("×{n} {short}"),
         };
-        let (start, _) = self.extent(cols);
+        let (start, _) = self.extent(cols, names);
         let text = if self.at_start(what.chars().count() + 1, cols) {
             format!("▼{what}")
         } else {
@@ -105,19 +107,20 @@ impl Run {
 
 /// The row for `changes` ((hub clock ns, new verdict), oldest first) over `span` in `cols`
 /// columns. A mark whose label would touch the one before it (no blank column between) merges
-/// with it.
-pub fn verdict_row<'a>(
+/// with it. Verdicts are said in the words of `names`.
+pub fn verdict_row<'a, 'n>(
     changes: impl IntoIterator<Item = &'a (u64, Verdict)> + Clone,
     span: TimeSpan,
     cols: usize,
-) -> VerdictRow {
+    names: &'n Names,
+) -> VerdictRow<'n> {
     let left = span.left_ns();
     let at_left = changes
         .clone()
         .into_iter()
         .take_while(|(t, _)| *t <= left)
         .last()
-        .map(|(_, v)| v.short());
+        .map(|(_, v)| names.verdict_short(*v));
     let mut runs: Vec<Run> = Vec::new();
     for &(t, verdict) in changes {
         // A change in the newest snapshot is at the right edge itself.
@@ -138,7 +141,7 @@ pub fn verdict_row<'a>(
             fault: verdict == Verdict::Stalled,
         };
         while let Some(prev) = runs.last() {
-            if run.extent(cols).0 > prev.extent(cols).1 {
+            if run.extent(cols, names).0 > prev.extent(cols, names).1 {
                 break;
             }
             run = prev.then(run);
@@ -146,7 +149,7 @@ pub fn verdict_row<'a>(
         }
         runs.push(run);
     }
-    let marks: Vec<Label> = runs.iter().map(|r| r.label(cols)).collect();
+    let marks: Vec<Label> = runs.iter().map(|r| r.label(cols, names)).collect();
     let room = marks.first().map(|m| m.start).unwrap_or(cols);
     VerdictRow {
         at_left: at_left.filter(|v| v.chars().count() < room),
@@ -198,7 +201,8 @@ mod tests {
     #[test]
     fn marks_far_apart_each_name_their_verdict() {
         let changes = [at(8_000, Verdict::Balanced), at(3_000, Verdict::Stalled)];
-        let row = verdict_row(&changes, SPAN, 100);
+        let names = Names::builtin();
+        let row = verdict_row(&changes, SPAN, 100, &names);
         assert_eq!(row.marks.len(), 2);
         assert_eq!(row.marks[0].text, "▼balanced");
         assert_eq!(row.marks[0].start, 20);
@@ -217,7 +221,8 @@ mod tests {
             at(7_800, Verdict::Stalled),
             at(3_000, Verdict::Balanced),
         ];
-        let row = verdict_row(&changes, SPAN, 100);
+        let names = Names::builtin();
+        let row = verdict_row(&changes, SPAN, 100, &names);
         no_overlap(&row);
         assert_eq!(
             drawn(&row, 100).trim_start(),
@@ -229,7 +234,8 @@ mod tests {
         assert!(row.marks[0].alert);
         // Changes in one and the same column merge too.
         let same = [at(5_000, Verdict::Paused), at(4_999, Verdict::Balanced)];
-        let row = verdict_row(&same, SPAN, 100);
+        let names = Names::builtin();
+        let row = verdict_row(&same, SPAN, 100, &names);
         assert_eq!(row.marks.len(), 1);
         assert_eq!(row.marks[0].text, "▼×2 balanced");
     }
@@ -237,19 +243,22 @@ mod tests {
     #[test]
     fn near_the_right_edge_the_text_goes_before_the_mark_and_still_merges() {
         // Alone at the right edge: the text before the mark.
-        let row = verdict_row(&[at(0, Verdict::Stalled)], SPAN, 100);
+        let names = Names::builtin();
+        let row = verdict_row(&[at(0, Verdict::Stalled)], SPAN, 100, &names);
         assert_eq!(row.marks.len(), 1);
         assert_eq!(row.marks[0].text, "stalled▼");
         assert_eq!(row.marks[0].end(), 100);
         // Two changes in the last columns: one mark, its text ending at the last of them.
         let changes = [at(400, Verdict::Balanced), at(0, Verdict::TargetBound)];
-        let row = verdict_row(&changes, SPAN, 100);
+        let names = Names::builtin();
+        let row = verdict_row(&changes, SPAN, 100, &names);
         assert_eq!(row.marks.len(), 1, "{row:?}");
         assert_eq!(row.marks[0].text, "×2 target-bound▼");
         assert_eq!(row.marks[0].end(), 100);
         // One that would run into the mark before it merges with it, from the earlier column.
         let changes = [at(1_500, Verdict::DrafterBound), at(0, Verdict::Stalled)];
-        let row = verdict_row(&changes, SPAN, 100);
+        let names = Names::builtin();
+        let row = verdict_row(&changes, SPAN, 100, &names);
         assert_eq!(row.marks.len(), 1, "{row:?}");
         assert_eq!(
             (row.marks[0].start, row.marks[0].text.as_str()),
@@ -263,13 +272,15 @@ mod tests {
             at(12_000, Verdict::TargetBound),
             at(5_000, Verdict::Balanced),
         ];
-        let row = verdict_row(&changes, SPAN, 100);
+        let names = Names::builtin();
+        let row = verdict_row(&changes, SPAN, 100, &names);
         assert_eq!(row.at_left, Some("target-bound"));
         let changes = [
             at(12_000, Verdict::TargetBound),
             at(9_500, Verdict::Balanced),
         ];
-        let row = verdict_row(&changes, SPAN, 100);
+        let names = Names::builtin();
+        let row = verdict_row(&changes, SPAN, 100, &names);
         assert_eq!(row.at_left, None, "{}", drawn(&row, 100));
         assert_eq!(drawn(&row, 100).trim_start(), "▼balanced");
     }

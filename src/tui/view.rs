@@ -94,7 +94,7 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
     let c = Ctx {
         snap,
         app,
-        theme,
+        theme: theme.for_names(&snap.names),
         badges,
     };
     // A replay's header has a fourth row, the position bar; an attached viewer's, what it

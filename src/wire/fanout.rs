@@ -10,7 +10,7 @@ use crate::telemetry::clock;
 use crate::telemetry::hub::RawTap;
 use crate::telemetry::phase_recorder::{StepRecord, ThreadInfo};
 use crate::telemetry::queue::{QueueCounters, QueueProbe};
-use crate::telemetry::stages::StageTable;
+use crate::telemetry::stages::{Names, StageTable};
 use crate::telemetry::{Phase, Role, Telemetry};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -101,35 +101,44 @@ struct State {
 /// The tap. Cheap when no outlet is attached: records are encoded only for someone.
 pub struct Fanout {
     telemetry: Telemetry,
+    /// The names of the table the hello declares (our pipeline's): a phase goes on the wire as
+    /// its index in its role's list there.
+    names: Names,
     /// The job the hello names (the stats file beside the socket says it too).
     job: Option<crate::job::JobTag>,
     state: Mutex<State>,
 }
 
 /// A phase's index in a role's list (`other` is the list's last entry).
-fn phase_index(role: Role, p: Phase) -> Option<u16> {
-    role.phases().iter().position(|x| *x == p).map(|i| i as u16)
+fn phase_index(names: &Names, role: Role, p: Phase) -> Option<u16> {
+    names
+        .phases(role)
+        .iter()
+        .position(|x| *x == p)
+        .map(|i| i as u16)
 }
 
 /// Non-zero phases as (index in the role's list, ns), `other` left out (the rest of the wall).
-fn sparse(role: Role, ns: &[u64]) -> Vec<(u16, u64)> {
-    role.phases()
+fn sparse(names: &Names, role: Role, ns: &[u64]) -> Vec<(u16, u64)> {
+    names
+        .phases(role)
         .iter()
         .filter(|p| **p != Phase::Other)
         .filter_map(|p| {
             let v = ns[p.index()];
-            (v > 0).then(|| (phase_index(role, *p).unwrap_or(0), v))
+            (v > 0).then(|| (phase_index(names, role, *p).unwrap_or(0), v))
         })
         .collect()
 }
 
 /// Non-zero counts by index in `role`'s list (`other` included: a count outside any phase).
-fn sparse_counts(role: Role, n: &[u32]) -> Vec<(u16, u32)> {
-    role.phases()
+fn sparse_counts(names: &Names, role: Role, n: &[u32]) -> Vec<(u16, u32)> {
+    names
+        .phases(role)
         .iter()
         .filter_map(|p| {
             let v = n[p.index()];
-            (v > 0).then(|| (phase_index(role, *p).unwrap_or(0), v))
+            (v > 0).then(|| (phase_index(names, role, *p).unwrap_or(0), v))
         })
         .collect()
 }
@@ -176,18 +185,21 @@ impl Fanout {
         config: Option<String>,
         job: Option<crate::job::JobTag>,
     ) -> Arc<Fanout> {
+        let stages = StageTable::builtin();
+        let (names, _) = stages.resolve().expect("the built-in table resolves");
         let hello = Msg::Hello(Hello {
             pid: std::process::id(),
             program: "dflash-top".into(),
             now_ns: clock::to_monotonic(clock::now_ns()),
             ns_per_mark,
-            stages: StageTable::builtin(),
+            stages,
             can_save,
             config,
             job: job.clone(),
         });
         Arc::new(Fanout {
             telemetry: telemetry.clone(),
+            names,
             job,
             state: Mutex::new(State {
                 decls: vec![encode(&hello).into()],
@@ -228,7 +240,7 @@ impl Fanout {
         st.decls.push(f);
     }
 
-    fn declare_threads(st: &mut State, threads: &[ThreadInfo]) {
+    fn declare_threads(&self, st: &mut State, threads: &[ThreadInfo]) {
         for (i, t) in threads.iter().enumerate().skip(st.roles.len()) {
             st.roles.push(t.role);
             Self::declare(
@@ -236,7 +248,7 @@ impl Fanout {
                 &Msg::Thread(ThreadDecl {
                     id: i as u32,
                     name: t.name.clone(),
-                    stage: t.role.name().to_string(),
+                    stage: self.names.role(t.role).to_string(),
                     device: t.device.clone(),
                     tid: t.tid,
                 }),
@@ -298,7 +310,7 @@ impl RawTap for Fanout {
             return;
         }
         if r.thread >= st.roles.len() {
-            Self::declare_threads(&mut st, &self.telemetry.registry().threads());
+            self.declare_threads(&mut st, &self.telemetry.registry().threads());
         }
         let Some(&role) = st.roles.get(r.thread) else {
             return;
@@ -307,7 +319,7 @@ impl RawTap for Fanout {
             th: r.thread as u32,
             end: clock::to_monotonic(r.end_ns),
             wall: r.wall_ns,
-            ph: sparse(role, &r.phase_ns),
+            ph: sparse(&self.names, role, &r.phase_ns),
             prof: r.profiled,
             timing: r.timing,
             steps: r.steps,
@@ -315,7 +327,7 @@ impl RawTap for Fanout {
             tok: r.tokens,
             m: r.metrics,
             n: Vec::new(),
-            sy: sparse_counts(role, &r.host_syncs),
+            sy: sparse_counts(&self.names, role, &r.host_syncs),
         });
         Self::broadcast(&st, &m);
     }
@@ -323,7 +335,7 @@ impl RawTap for Fanout {
     fn tick(&self, input: &TickInput) {
         let (threads, switches) = (input.threads, input.switches);
         let mut st = self.lock();
-        Self::declare_threads(&mut st, threads);
+        self.declare_threads(&mut st, threads);
         Self::declare_queues(&mut st, input.queues);
         if !Self::live_outlets(&mut st) {
             return;
@@ -333,13 +345,13 @@ impl RawTap for Fanout {
             .enumerate()
             .map(|(i, t)| {
                 let l = t.live.read();
-                let len = t.role.phases().len() as u16 - 1;
+                let len = self.names.phases(t.role).len() as u16 - 1;
                 WireLive {
                     th: i as u32,
-                    ph: phase_index(t.role, l.phase).unwrap_or(len),
+                    ph: phase_index(&self.names, t.role, l.phase).unwrap_or(len),
                     ps: clock::to_monotonic(l.phase_start_ns),
                     ss: clock::to_monotonic(l.step_start_ns),
-                    acc: sparse(t.role, &l.acc_ns),
+                    acc: sparse(&self.names, t.role, &l.acc_ns),
                 }
             })
             .collect();

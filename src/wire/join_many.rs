@@ -130,6 +130,9 @@ impl JoinedMany {
         let labels = labels(&sessions);
         let mut telemetry = Telemetry::new();
         telemetry.probes = false;
+        if let Some(first) = sessions.first() {
+            telemetry.set_names(first.telemetry.names());
+        }
         let feeds: Vec<Feed> = sessions
             .iter()
             .zip(&labels)
@@ -276,8 +279,10 @@ fn forward(feeds: &[Feed], c: HubCommand) -> Option<String> {
     }
 }
 
-/// The view's switches as the merged snapshot reports them (what the TUI's badges read).
+/// The view's switches and names as the merged snapshot reports them (what the TUI's badges
+/// read).
 fn follow_switches(view: &Telemetry, snap: &Snapshot) {
+    view.set_names(snap.names.clone());
     let sw = view.switches();
     sw.set_profiling(snap.profiling);
     sw.set_paused(snap.paused);

@@ -53,6 +53,8 @@ pub fn merge(parts: &[Part], seq: u64) -> Snapshot {
         tok_history: summed_history(&snaps),
         self_cost: self_cost(&snaps),
         ranks: parts.iter().map(rank_view).collect(),
+        // The sessions run one pipeline (src/wire/join_many.rs refuses others): its names.
+        names: snaps.first().map(|s| s.names.clone()).unwrap_or_default(),
         ..Snapshot::default()
     };
     for p in &on {

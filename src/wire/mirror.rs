@@ -9,7 +9,7 @@ use crate::telemetry::allocator::AllocatorTrack;
 use crate::telemetry::clock;
 use crate::telemetry::phase_recorder::{LiveStep, StepRecord, ThreadInfo};
 use crate::telemetry::queue::{QueueCounters, QueueProbe};
-use crate::telemetry::stages::{StageTable, TableError};
+use crate::telemetry::stages::{Names, StageTable, TableError};
 use crate::telemetry::{HubCommand, Phase, Role, Telemetry, N_PHASES};
 use anyhow::{bail, Result};
 use std::sync::Arc;
@@ -24,9 +24,10 @@ struct RemoteThread {
 
 pub struct Mirror {
     telemetry: Telemetry,
-    /// The producer's stage table and the role of each of its stages: thread declarations name
-    /// their stage in it (declared names win over ours).
+    /// The producer's stage table, its names and the role of each of its stages: thread
+    /// declarations name their stage in it (declared names win over ours).
     stages: StageTable,
+    names: Arc<Names>,
     roles: Vec<Role>,
     threads: Vec<Option<RemoteThread>>,
     queues: Vec<Option<QueueProbe>>,
@@ -47,8 +48,8 @@ fn leak(s: &str) -> &'static str {
 }
 
 /// Entry counts by index in `role`'s list, into the per-phase array.
-fn counts(role: Role, n: &[(u16, u32)]) -> [u32; N_PHASES] {
-    let list = role.phases();
+fn counts(names: &Names, role: Role, n: &[(u16, u32)]) -> [u32; N_PHASES] {
+    let list = names.phases(role);
     let mut out = [0u32; N_PHASES];
     for (k, c) in n {
         if let Some(p) = list.get(*k as usize) {
@@ -59,8 +60,8 @@ fn counts(role: Role, n: &[(u16, u32)]) -> [u32; N_PHASES] {
 }
 
 /// Phase times by index in `role`'s list, into the per-phase array (`other` the rest of `wall`).
-fn phases(role: Role, ph: &[(u16, u64)], wall: u64) -> [u64; N_PHASES] {
-    let list = role.phases();
+fn phases(names: &Names, role: Role, ph: &[(u16, u64)], wall: u64) -> [u64; N_PHASES] {
+    let list = names.phases(role);
     let mut out = [0u64; N_PHASES];
     for (k, ns) in ph {
         if let Some(p) = list.get(*k as usize).filter(|p| **p != Phase::Other) {
@@ -73,20 +74,23 @@ fn phases(role: Role, ph: &[(u16, u64)], wall: u64) -> [u64; N_PHASES] {
 }
 
 impl Mirror {
-    /// Checks the hello (its stage table is installed for this process's views).
+    /// Checks the hello; its stage table's names become `telemetry`'s (its snapshots carry them).
     pub fn new(hello: &Hello, telemetry: &Telemetry, shift_ns: i128) -> Result<Mirror> {
-        let roles = match hello.stages.install() {
-            Ok(roles) => roles,
+        let (names, roles) = match hello.stages.resolve() {
+            Ok(resolved) => resolved,
             // A producer whose stages appear as it runs (zero-code mode) may start with none.
-            Err(TableError::Empty) => Vec::new(),
+            Err(TableError::Empty) => (Names::builtin(), Vec::new()),
             Err(e) => bail!(
                 "process {} declares stages this viewer cannot show: {e}",
                 hello.pid
             ),
         };
+        let names = Arc::new(names);
+        telemetry.set_names(names.clone());
         Ok(Mirror {
             telemetry: telemetry.clone(),
             stages: hello.stages.clone(),
+            names,
             roles,
             threads: Vec::new(),
             queues: Vec::new(),
@@ -141,8 +145,9 @@ impl Mirror {
     }
 
     /// A later hello: a producer whose stages and phases appear as it runs (zero-code mode)
-    /// declares its grown table. It is installed and every thread takes the role of its stage
-    /// in it; a table that cannot be shown, or one that drops a stage of a thread, is let go.
+    /// declares its grown table. Its names become the telemetry's and every thread takes the role
+    /// of its stage in it; a table that cannot be shown, or one that drops a stage of a thread,
+    /// is let go.
     fn restage(&mut self, h: Hello) {
         if h.stages == self.stages {
             return;
@@ -151,11 +156,13 @@ impl Mirror {
         if !self.threads.iter().flatten().all(known) {
             return;
         }
-        let Ok(roles) = h.stages.install() else {
+        let Ok((names, roles)) = h.stages.resolve() else {
             return;
         };
         self.stages = h.stages;
+        self.names = Arc::new(names);
         self.roles = roles;
+        self.telemetry.set_names(self.names.clone());
         let registry = self.telemetry.registry().clone();
         for t in self.threads.iter_mut().flatten() {
             if let Some(role) = self.stages.role_of(&self.roles, &t.stage) {
@@ -218,15 +225,15 @@ impl Mirror {
             thread: t.local,
             end_ns: self.local(s.end),
             wall_ns: s.wall,
-            phase_ns: phases(t.role, &s.ph, s.wall),
+            phase_ns: phases(&self.names, t.role, &s.ph, s.wall),
             profiled: s.prof,
             timing: s.timing,
             steps: s.steps,
             gpu_idle_ns: s.idle,
             tokens: s.tok,
             metrics: s.m,
-            phase_n: counts(t.role, &s.n),
-            host_syncs: counts(t.role, &s.sy),
+            phase_n: counts(&self.names, t.role, &s.n),
+            host_syncs: counts(&self.names, t.role, &s.sy),
         };
         self.telemetry.sink().send(record);
     }
@@ -244,9 +251,9 @@ impl Mirror {
         self.seen_sample = true;
         for l in &s.live {
             let Some(t) = self.thread(l.th) else { continue };
-            let list = t.role.phases();
+            let list = self.names.phases(t.role);
             let phase = list.get(l.ph as usize).copied().unwrap_or(Phase::Other);
-            let acc = phases(t.role, &l.acc, 0);
+            let acc = phases(&self.names, t.role, &l.acc, 0);
             t.live.set(phase, self.local(l.ss), self.local(l.ps), &acc);
         }
         for q in &s.q {

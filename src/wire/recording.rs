@@ -5,7 +5,7 @@
 use super::fanout::{drain, pump, Fanout, Outlet, OutletRx};
 use super::protocol::*;
 use crate::telemetry::snapshot::{Snapshot, StepSpan};
-use crate::telemetry::stages::TableError;
+use crate::telemetry::stages::{Names, TableError};
 use crate::telemetry::{Phase, Telemetry};
 use anyhow::{bail, Context, Result};
 use flate2::read::GzDecoder;
@@ -196,16 +196,17 @@ pub fn config_line(msgs: &[Msg]) -> Option<&str> {
     })
 }
 
-/// The step spans of a recording, for the Chrome trace (ns from the recording's start).
-pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
+/// The step spans of a recording, for the Chrome trace (ns from the recording's start), and the
+/// names of its pipeline (as its last stage table has them).
+pub fn spans(msgs: &[Msg]) -> Result<(Vec<StepSpan>, Names)> {
     let Some(Msg::Hello(hello)) = msgs.first() else {
         bail!("the recording has no hello");
     };
     let mut table = hello.stages.clone();
-    let mut roles = match table.install() {
-        Ok(roles) => roles,
+    let (mut names, mut roles) = match table.resolve() {
+        Ok(resolved) => resolved,
         // Zero-code mode's table starts empty and grows.
-        Err(TableError::Empty) => Vec::new(),
+        Err(TableError::Empty) => (Names::builtin(), Vec::new()),
         Err(e) => bail!("the recording's stage table: {e}"),
     };
     // (name, stage) by thread id; the role is the stage's in the table at the step.
@@ -215,8 +216,9 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
         match m {
             // A producer whose table grows (zero-code mode) declares it again.
             Msg::Hello(h) if h.stages != table => {
-                if let Ok(r) = h.stages.install() {
+                if let Ok((n, r)) = h.stages.resolve() {
                     table = h.stages.clone();
+                    names = n;
                     roles = r;
                 }
             }
@@ -235,7 +237,7 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
                 let Some(role) = table.role_of(&roles, stage) else {
                     continue;
                 };
-                let list = role.phases();
+                let list = names.phases(role);
                 let phases =
                     s.ph.iter()
                         .filter_map(|(k, ns)| Some((*list.get(*k as usize)?, *ns)))
@@ -252,7 +254,7 @@ pub fn spans(msgs: &[Msg]) -> Result<Vec<StepSpan>> {
             _ => {}
         }
     }
-    Ok(out)
+    Ok((out, names))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use super::mirror::Mirror;
 use super::protocol::{Hello, Msg};
 use crate::cancel::CancelToken;
 use crate::telemetry::assemble::Assembler;
+use crate::telemetry::names::Names;
 use crate::telemetry::window::TICK_NS;
 use crate::telemetry::{clock, HubCommand, Snapshot, Telemetry};
 use anyhow::{bail, Result};
@@ -194,6 +195,7 @@ impl Sim {
                 }
             }
             let now = self.mirror.local(self.tick);
+            self.asm.set_names(self.telemetry.names());
             let mut snap = self.asm.tick(
                 now,
                 &self.telemetry.registry().threads(),
@@ -245,6 +247,16 @@ impl Source {
             super::recording::Recording::Frames(msgs) => Source::Frames(Box::new(Sim::new(msgs)?)),
             super::recording::Recording::Snapshots(snaps) => Source::Snapshots { snaps, next: 0 },
         })
+    }
+
+    /// The names of the recorded pipeline as it starts.
+    pub fn names(&self) -> Arc<Names> {
+        match self {
+            Source::Frames(sim) => sim.telemetry.names(),
+            Source::Snapshots { snaps, .. } => {
+                snaps.first().map(|s| s.names.clone()).unwrap_or_default()
+            }
+        }
     }
 
     pub fn duration_s(&self) -> f64 {
@@ -307,6 +319,8 @@ struct Shared {
 pub struct Player {
     shared: Arc<Mutex<Shared>>,
     pub snapshots: Receiver<Arc<Snapshot>>,
+    /// The names of the recorded pipeline as it starts.
+    pub names: Arc<Names>,
     stop: CancelToken,
     thread: Option<JoinHandle<()>>,
 }
@@ -314,6 +328,7 @@ pub struct Player {
 impl Player {
     pub fn start(mut source: Source) -> Result<Player> {
         let duration_s = source.duration_s();
+        let names = source.names();
         let shared = Arc::new(Mutex::new(Shared {
             pos: ReplayPos {
                 position_s: 0.0,
@@ -335,6 +350,7 @@ impl Player {
         Ok(Player {
             shared,
             snapshots: rx,
+            names,
             stop,
             thread: Some(thread),
         })

@@ -39,7 +39,7 @@ impl Warnings {
                     let q = s
                         .queues
                         .iter()
-                        .find(|q| q.consumers == t.role.name() && q.depth > 0)?;
+                        .find(|q| q.consumers == s.names.role(t.role) && q.depth > 0)?;
                     Some((t, q))
                 });
             let Some((t, q)) = waiting else { continue };
@@ -53,7 +53,7 @@ impl Warnings {
                     q.depth,
                     q.capacity,
                     t.name,
-                    t.phase.name()
+                    s.names.phase(t.phase)
                 ),
                 fix: format!(
                     "{} is host-bound: look at its phases (view 2) for launch overhead or host \

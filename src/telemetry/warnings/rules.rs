@@ -28,20 +28,21 @@ impl Warnings {
     fn host_sync(&self, s: &Snapshot, out: &mut Vec<Candidate>) {
         for t in &s.threads {
             // One warning a thread: the counted syncs first, where the producer counts them.
-            if let Some(c) = self.counted_host_syncs(t) {
+            if let Some(c) = self.counted_host_syncs(s, t) {
                 out.push(c);
                 continue;
             }
             let w = &t.w10;
             // Only phases the producer counts: no count, no data, no warning.
-            for p in t
-                .role
-                .phases()
+            for p in s
+                .names
+                .phases(t.role)
                 .iter()
                 .filter(|p| w.phase_n[p.index()] > 0.0)
             {
                 let share = w.share(*p);
-                if !(self.is_sync)(*p) || share <= self.config.host_sync_share {
+                let sync = s.names.phase(*p) == "sync" || (self.is_sync)(*p);
+                if !sync || share <= self.config.host_sync_share {
                     continue;
                 }
                 out.push(Candidate {
@@ -65,15 +66,15 @@ impl Warnings {
 
     /// A thread on a GPU that reads the device back more times a step (10 s window) than
     /// `host_syncs_per_step`, naming the phases the reads are in, most first.
-    fn counted_host_syncs(&self, t: &ThreadView) -> Option<Candidate> {
+    fn counted_host_syncs(&self, s: &Snapshot, t: &ThreadView) -> Option<Candidate> {
         let w = &t.w10;
         let per_step = w.host_syncs_per_step_all();
         if !t.device.starts_with("cuda") || per_step <= self.config.host_syncs_per_step {
             return None;
         }
-        let mut phases: Vec<(Phase, f64)> = t
-            .role
-            .phases()
+        let mut phases: Vec<(Phase, f64)> = s
+            .names
+            .phases(t.role)
             .iter()
             .map(|p| (*p, w.host_syncs_per_step(*p)))
             .filter(|(_, n)| *n > 0.0)
@@ -82,7 +83,7 @@ impl Warnings {
         let (top, _) = *phases.first()?;
         let by_phase: Vec<String> = phases
             .iter()
-            .map(|(p, n)| format!("{n:.1} in {}", p.name()))
+            .map(|(p, n)| format!("{n:.1} in {}", s.names.phase(*p)))
             .collect();
         Some(Candidate {
             rule: Rule::HostSync,
@@ -98,7 +99,7 @@ impl Warnings {
             fix: format!(
                 "keep {}'s numbers on the device and read the step's figures back in one \
                  transfer at its end (cat them, one .to(cpu))",
-                top.name()
+                s.names.phase(top)
             ),
         })
     }
@@ -132,7 +133,7 @@ impl Warnings {
     fn blocked(&self, s: &Snapshot, out: &mut Vec<Candidate>) {
         // Upstream queues full is prefetching doing its job: only the last queue counts (as for
         // the verdict).
-        let Some(q) = last_queue(&s.queues) else {
+        let Some(q) = last_queue(s) else {
             return;
         };
         if q.producer_wait_share <= self.config.blocked_share || s.stall.is_some() {
@@ -293,9 +294,10 @@ fn stalled(s: &Snapshot, out: &mut Vec<Candidate>) {
 }
 
 /// The queue the verdict judges blocking on: the one whose producers rank last.
-fn last_queue(queues: &[QueueView]) -> Option<&QueueView> {
-    queues.iter().max_by_key(|q| {
-        crate::telemetry::stages::role_named(&q.producers)
+fn last_queue(s: &Snapshot) -> Option<&QueueView> {
+    s.queues.iter().max_by_key(|q| {
+        s.names
+            .role_named(&q.producers)
             .map(|r| r.rank())
             .unwrap_or(0)
     })
@@ -307,13 +309,24 @@ fn plural(role: &str) -> String {
 
 /// What the threads of a role are doing now: "target-0 in forward 1.2 s".
 fn side(s: &Snapshot, role: &str) -> String {
-    let threads: Vec<&ThreadView> = s.threads.iter().filter(|t| t.role.name() == role).collect();
+    let threads: Vec<&ThreadView> = s
+        .threads
+        .iter()
+        .filter(|t| s.names.role(t.role) == role)
+        .collect();
     if threads.is_empty() {
         return format!("no {role} thread seen");
     }
     threads
         .iter()
-        .map(|t| format!("{} in {} {:.1} s", t.name, t.phase.name(), t.phase_s))
+        .map(|t| {
+            format!(
+                "{} in {} {:.1} s",
+                t.name,
+                s.names.phase(t.phase),
+                t.phase_s
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -205,7 +205,8 @@ impl App {
         self.note = Some(if spans.is_empty() {
             "no steps to trace yet".to_string()
         } else {
-            match crate::telemetry::trace::write_trace(&path, &spans) {
+            let names = self.shown().map(|s| s.names.clone()).unwrap_or_default();
+            match crate::telemetry::trace::write_trace(&path, &spans, &names) {
                 Ok(()) if self.pan_ns == 0 => format!(
                     "trace of the last {} s: {}",
                     ZOOMS_S[self.zoom],

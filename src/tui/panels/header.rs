@@ -134,16 +134,19 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         // Profiling off: the queues' wait times still come in (they are the queues' own), the
         // threads' phases do not; with no queue between known stages there is nothing to judge.
         (v, _) if c.profiling_off().is_some() && is_judged(*v) => {
-            if verdict_inputs(&s.queues).chain.is_empty() {
+            if verdict_inputs(&s.queues, &s.names).chain.is_empty() {
                 (
                     "verdict unknown: profiling off, no queues to judge by".to_string(),
                     t.dim(),
                 )
             } else {
-                (format!("{} (queues only)", v.text()), verdict_style)
+                (
+                    format!("{} (queues only)", s.names.verdict(*v)),
+                    verdict_style,
+                )
             }
         }
-        (v, _) => (v.text().to_string(), verdict_style),
+        (v, _) => (s.names.verdict(*v).to_string(), verdict_style),
     };
     let verdict = match s.worst_rank().filter(|_| s.ranks.len() > 1) {
         Some(r) if c.app.summary.is_none() => format!("{}: {verdict}", r.name),

@@ -2,6 +2,7 @@
 //! ms per step with each phase's share.
 
 use super::super::view::Ctx;
+use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::PhaseWindow;
 use crate::telemetry::{GpuTiming, Phase};
 use ratatui::buffer::Buffer;
@@ -79,7 +80,7 @@ fn legend(c: &Ctx) -> Line<'static> {
         if used {
             let (ch, style) = c.theme.phase_cell(p);
             spans.push(Span::styled(format!("{ch}"), style));
-            spans.push(Span::raw(format!("{} ", p.name())));
+            spans.push(Span::raw(format!("{} ", c.snap.names.phase(p))));
         }
     }
     Line::from(spans)
@@ -117,7 +118,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
             break;
         }
         let w = c.window_of(th);
-        let phases = th.role.phases();
+        let phases = c.snap.names.phases(th.role);
         let name: String = th.name.chars().take(name_w as usize - 1).collect();
         f.buffer_mut()
             .set_string(inner.x, y, &name, c.name_style(&th.name, Style::default()));
@@ -144,7 +145,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
             Some(p) if w.wall_ns > 0 => format!(
                 "{:>8} {:>12} {:3.0}%",
                 fmt_ms(w.step_ms()),
-                truncate(p.name(), 12),
+                truncate(c.snap.names.phase(*p), 12),
                 w.share(*p) * 100.0
             ),
             _ => "   no steps".to_string(),
@@ -163,7 +164,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
                 .copied()
                 .filter(|p| w.ms_per_step(*p) >= 0.05)
                 .collect();
-            let mut parts = phase_parts(&w, &shown);
+            let mut parts = phase_parts(&w, &shown, &c.snap.names);
             if w.gpu_idle_ns > 0 {
                 parts.push(format!(
                     "GPU idle {:.0}%",
@@ -194,14 +195,15 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
 /// "forward 12.0ms 15%" for each phase with time in `w`; "sync 0.4ms 1% x56.2" for a phase the
 /// producer counts (entries per step: a Python pipeline's host syncs); "metrics 0.3ms 2% 1.0
 /// sync" for a phase with counted host syncs (per step: our engine's reads of the device).
-pub fn phase_parts(w: &PhaseWindow, phases: &[Phase]) -> Vec<String> {
+/// Phases are named by `names`.
+pub fn phase_parts(w: &PhaseWindow, phases: &[Phase], names: &Names) -> Vec<String> {
     phases
         .iter()
         .filter(|p| w.phase_ns[p.index()] > 0)
         .map(|p| {
             let mut s = format!(
                 "{} {:.1}ms {:.0}%",
-                p.name(),
+                names.phase(*p),
                 w.ms_per_step(*p),
                 w.share(*p) * 100.0
             );

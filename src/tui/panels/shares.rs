@@ -27,8 +27,9 @@ pub fn render_critical(f: &mut Frame, area: Rect, c: &Ctx) {
         .iter()
         .map(|t| (t.role, c.window_of(t)))
         .collect();
-    let s = stages(windows.iter().map(|(r, w)| (*r, w)));
-    let text = summary(&s).unwrap_or_else(|| match c.profiling_off() {
+    let names = &c.snap.names;
+    let s = stages(windows.iter().map(|(r, w)| (*r, w)), names);
+    let text = summary(&s, names).unwrap_or_else(|| match c.profiling_off() {
         Some(off) => format!("critical path: unknown, {off} (p turns it on)"),
         None => "critical path: no steps in the window yet".into(),
     });
@@ -79,6 +80,7 @@ pub fn render_history(f: &mut Frame, area: Rect, c: &Ctx) {
             width: cols,
             ..*row
         };
-        super::stacked::draw(f.buffer_mut(), area, col, t.role.phases(), c.theme);
+        let phases = c.snap.names.phases(t.role);
+        super::stacked::draw(f.buffer_mut(), area, col, phases, c.theme);
     }
 }

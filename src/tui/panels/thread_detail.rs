@@ -6,6 +6,7 @@ use super::super::lanes::{lanes, phase_columns, TimeSpan};
 use super::super::view::Ctx;
 use super::threads::states;
 use super::timeline::{draw_lane, Palette};
+use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::{PhaseWindow, ThreadView};
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -15,11 +16,12 @@ use ratatui::Frame;
 
 const LABEL_W: u16 = 9;
 
-/// One window's line in `width` columns: its phases whole, `+N` for those left out.
+/// One window's line in `width` columns: its phases whole (named by `names`), `+N` for those
+/// left out.
 fn window_line(
     name: &str,
     w: &PhaseWindow,
-    t: &ThreadView,
+    (t, names): (&ThreadView, &Names),
     off: Option<&str>,
     width: usize,
 ) -> String {
@@ -28,7 +30,7 @@ fn window_line(
         (0, None) => return format!("{name:>4}: no steps"),
         _ => {}
     }
-    let parts = super::phases::phase_parts(w, t.role.phases());
+    let parts = super::phases::phase_parts(w, names.phases(t.role), names);
     let head = format!("{name:>4}: {}/step · ", super::phases::fmt_ms(w.step_ms()));
     let room = width.saturating_sub(head.chars().count());
     format!("{head}{}", super::phases::whole_parts(&parts, room))
@@ -46,7 +48,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     };
     let off = c.profiling_off();
     let block = Block::default().borders(Borders::ALL).title(title(
-        t,
+        (t, &c.snap.names),
         off.as_deref(),
         c.app.selected.is_none(),
     ));
@@ -79,17 +81,17 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
 }
 
 /// The pane's title: the thread, its role and device, what it is in now, and the key that
-/// selects or clears.
-fn title(t: &ThreadView, off: Option<&str>, none_selected: bool) -> String {
+/// selects or clears, in the words of `names`.
+fn title((t, names): (&ThreadView, &Names), off: Option<&str>, none_selected: bool) -> String {
     let now_in = match off {
         // No phase is marked: what the kernel says instead.
         Some(off) => format!("{} ({off})", super::threads::os_word(t.os_state)),
-        None => format!("{} for {:.1} s", t.phase.name(), t.phase_s),
+        None => format!("{} for {:.1} s", names.phase(t.phase), t.phase_s),
     };
     format!(
         " {} · {} on {} · tid {} · {}{} ",
         t.name,
-        t.role.name(),
+        names.role(t.role),
         t.device,
         t.tid,
         now_in,
@@ -162,7 +164,8 @@ impl Pane<'_> {
             width: self.cols,
             height,
         };
-        super::stacked::draw(buf, area, &columns[0], t.role.phases(), c.theme);
+        let phases = c.snap.names.phases(t.role);
+        super::stacked::draw(buf, area, &columns[0], phases, c.theme);
         y + height
     }
 
@@ -214,7 +217,8 @@ impl Pane<'_> {
     fn windows(&self, buf: &mut Buffer, mut y: u16, off: Option<&str>) -> u16 {
         let t = self.t;
         for (name, w) in [("1s", &t.w1), ("10s", &t.w10), ("run", &t.run)] {
-            let line = window_line(name, w, t, off, self.inner.width as usize);
+            let of = (t, &*self.c.snap.names);
+            let line = window_line(name, w, of, off, self.inner.width as usize);
             self.line(buf, y, &line, Style::default());
             y += 1;
         }
@@ -274,7 +278,10 @@ impl Pane<'_> {
             let phases: Vec<String> = s
                 .phases
                 .iter()
-                .map(|(p, ns)| format!("{} {:.1}", p.name(), *ns as f64 / 1e6))
+                .map(|(p, ns)| {
+                    let name = self.c.snap.names.phase(*p);
+                    format!("{name} {:.1}", *ns as f64 / 1e6)
+                })
                 .collect();
             let head = format!(
                 "{:>8.2}s {:>8}  ",

@@ -84,7 +84,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
                 )
             } else {
                 (
-                    Cell::from(th.phase.name()).style(t.fg(t.phase_color(th.phase))),
+                    Cell::from(c.snap.names.phase(th.phase).to_string())
+                        .style(t.fg(t.phase_color(th.phase))),
                     Cell::from(format!("{:?}", th.state).to_lowercase()).style(state_style),
                 )
             };
@@ -95,7 +96,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             };
             Row::new(pick(vec![
                 Cell::from(th.name.clone()).style(c.name_style(&th.name, Style::default())),
-                Cell::from(th.role.name()),
+                Cell::from(c.snap.names.role(th.role).to_string()),
                 Cell::from(th.device.clone()),
                 Cell::from(
                     th.cpu_pct

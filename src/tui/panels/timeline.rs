@@ -7,6 +7,7 @@ use super::super::lanes::{lanes, queue_strip, TimeSpan};
 use super::super::theme::Theme;
 use super::super::verdict_row::verdict_row;
 use super::super::view::Ctx;
+use crate::telemetry::names::Names;
 use crate::telemetry::{Phase, N_PHASES};
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -40,7 +41,7 @@ fn name_width(width: u16) -> u16 {
 
 /// "forward 6.0s": the phase in progress and for how long, under a lane's name, in `room`
 /// columns: the name alone, or the time alone, where both do not fit; never a cut word.
-fn in_progress(t: &crate::telemetry::snapshot::ThreadView, room: usize) -> String {
+fn in_progress(t: &crate::telemetry::snapshot::ThreadView, names: &Names, room: usize) -> String {
     let d = if t.phase_s >= 10.0 {
         format!("{:.0}s", t.phase_s)
     } else if t.phase_s >= 1.0 {
@@ -48,7 +49,7 @@ fn in_progress(t: &crate::telemetry::snapshot::ThreadView, room: usize) -> Strin
     } else {
         format!("{:.0}ms", t.phase_s * 1e3)
     };
-    let name = t.phase.name();
+    let name = names.phase(t.phase);
     let both = format!("{name} {d}");
     if both.chars().count() <= room {
         both
@@ -68,11 +69,12 @@ pub struct Palette {
 }
 
 impl Palette {
+    /// The palette of `theme` (`Theme::for_names` says which declared phases are waits).
     pub fn new(theme: Theme) -> Palette {
         Palette {
             theme,
             colors: std::array::from_fn(|i| theme.phase_color(Phase::ALL[i])),
-            waits: std::array::from_fn(|i| Phase::ALL[i].is_wait()),
+            waits: std::array::from_fn(|i| theme.is_wait(Phase::ALL[i])),
         }
     }
 
@@ -260,7 +262,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
 
     // The verdict in force at the left edge, then a mark where it changed.
     buf.set_string(inner.x, y, "verdict", theme.dim());
-    let row = verdict_row(&app.shown_history().verdicts, span, cols as usize);
+    let names = &*c.snap.names;
+    let row = verdict_row(&app.shown_history().verdicts, span, cols as usize, names);
     if let Some(v) = row.at_left {
         buf.set_string(x0, y, v, theme.dim());
     }
@@ -307,12 +310,13 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             // The stalled thread's phase is the fault; a wait is worth a look.
             let style = if c.stalled_thread() == Some(t.name.as_str()) {
                 theme.alert()
-            } else if t.phase.is_wait() {
+            } else if names.is_wait(t.phase) {
                 theme.attention()
             } else {
                 theme.dim()
             };
-            buf.set_string(inner.x, y + 1, in_progress(t, name_w as usize - 1), style);
+            let now_in = in_progress(t, names, name_w as usize - 1);
+            buf.set_string(inner.x, y + 1, now_in, style);
         }
         for p in lane.cells.iter().flatten() {
             used[p.index()] = true;
@@ -357,7 +361,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     for p in Phase::ALL.iter().filter(|p| used[p.index()]) {
         let (ch, style) = swatch(&palette, *p);
         legend.push(Span::styled(ch.to_string(), style));
-        legend.push(Span::raw(format!("{} ", p.name())));
+        legend.push(Span::raw(format!("{} ", names.phase(*p))));
     }
     // The strips' own glyphs and colours: a cyan level while it holds some, yellow full.
     let (dot, dot_style) = depth_cell(theme, 0.0);
