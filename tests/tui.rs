@@ -158,6 +158,7 @@ pub fn starved_snapshot() -> Snapshot {
             },
         ],
         gpus: GpuPanel::Absent("no NVIDIA GPU (NVML not found)".into()),
+        cupti: None,
         allocator: Vec::new(),
         stage_ratio_flops: None,
         loss_history: (0..40).map(|i| (i as f64, 8.0 - i as f64 * 0.1)).collect(),

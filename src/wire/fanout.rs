@@ -185,6 +185,7 @@ impl Fanout {
             can_save,
             config,
             job: job.clone(),
+            cupti: telemetry.switches().cupti(),
         });
         Arc::new(Fanout {
             telemetry: telemetry.clone(),
@@ -316,6 +317,7 @@ impl RawTap for Fanout {
             m: r.metrics,
             n: Vec::new(),
             sy: sparse_counts(role, &r.host_syncs),
+            cu: r.cuda_calls,
         });
         Self::broadcast(&st, &m);
     }

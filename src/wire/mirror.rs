@@ -80,6 +80,7 @@ impl Mirror {
                 hello.pid
             ),
         };
+        telemetry.switches().set_cupti(hello.cupti.clone());
         Ok(Mirror {
             telemetry: telemetry.clone(),
             stages: hello.stages.clone(),
@@ -222,6 +223,7 @@ impl Mirror {
             metrics: s.m,
             phase_n: counts(t.role, &s.n),
             host_syncs: counts(t.role, &s.sy),
+            cuda_calls: s.cu,
         };
         self.telemetry.sink().send(record);
     }
@@ -297,6 +299,7 @@ mod tests {
             can_save: false,
             config: None,
             job: None,
+            cupti: None,
         };
         let telemetry = Telemetry::new();
         let mut m = Mirror::new(&hello, &telemetry, 0).unwrap();
