@@ -157,6 +157,11 @@ pub struct TrainArgs {
     /// `async` (host wall time) or `sync` (synchronize the worker's stream per phase).
     #[arg(long, value_name = "events|async|sync")]
     pub gpu_timing: Option<String>,
+    /// Count each CUDA worker's kernel launches and its CPU time in launch and sync calls with
+    /// CUPTI (libcupti, from the nvidia-cuda-cupti wheel): `auto` (the default) where a worker
+    /// is on CUDA and the library loads, `on` (an error where it cannot), or `off`.
+    #[arg(long, value_name = "auto|on|off")]
+    pub cupti: Option<String>,
     /// Record phase times from the start (`on`, the default) or not (`off`); `p` flips it.
     #[arg(long, value_name = "on|off")]
     pub profiling: Option<String>,

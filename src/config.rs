@@ -231,6 +231,22 @@ fn devices_of(
     placed_devices(targets.unwrap_or("cpu"), drafters.unwrap_or("cpu"), ratio)
 }
 
+/// `--cupti` (default `auto`), applied: CUPTI subscribed where it counts (src/engine/cupti.rs).
+fn cupti_of(
+    flag: Option<&str>,
+    targets: &[Device],
+    drafters: &[Device],
+) -> Result<crate::engine::cupti::CuptiState> {
+    use crate::engine::cupti::{install, Setting};
+    let setting = match flag {
+        None => Setting::Auto,
+        Some(s) => {
+            Setting::parse(s).with_context(|| format!("--cupti `{s}`: use auto, on or off"))?
+        }
+    };
+    install(setting, targets.iter().chain(drafters).any(|d| d.is_cuda()))
+}
+
 /// The engine's spec from the parts resolved above, and the rest of the flags and TOML keys:
 /// the seed, the schedule, deliberate slowness, fast paths, queues and the job tag.
 fn pipeline_spec(
@@ -252,6 +268,7 @@ fn pipeline_spec(
         args.resume.as_deref(),
     )?;
     let recipe = model.recipe;
+    let cupti = cupti_of(args.cupti.as_deref(), &target_devices, &drafter_devices)?;
     Ok(PipelineSpec {
         target: model.target,
         target_config: model.target_config,
@@ -292,6 +309,7 @@ fn pipeline_spec(
             stop_requested: crate::signals::requested,
             exit_now: crate::signals::exit_now,
         },
+        cupti,
         preset: model.preset,
     })
 }

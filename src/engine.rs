@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod checksum;
 pub mod config;
 pub mod cuda;
+pub mod cupti;
 pub mod data;
 pub mod decode;
 pub mod drafter;

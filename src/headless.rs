@@ -4,7 +4,7 @@
 use crate::fail_if::Gate;
 use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::names::Names;
-use crate::telemetry::snapshot::{GpuPanel, PhaseWindow, Snapshot};
+use crate::telemetry::snapshot::{GpuPanel, PhaseWindow, Snapshot, ThreadView};
 use crate::telemetry::Role;
 use crossbeam_channel::Receiver;
 use std::fmt::Write;
@@ -98,6 +98,7 @@ pub fn interval_line(s: &Snapshot) -> String {
     for t in &s.threads {
         let _ = write!(out, " | {}", t.name);
         let _ = write!(out, "{}", phase_fields(&t.w1, &s.names, t.role));
+        out.push_str(&cuda_call_fields(s, t, &t.w1));
     }
     for q in &s.queues {
         let _ = write!(
@@ -248,6 +249,18 @@ fn phase_fields(w: &PhaseWindow, names: &Names, role: Role) -> String {
         );
     }
     out
+}
+
+/// ` launches=412 launch_ms=3.1 cusync_ms=0.4`: the thread's CUDA kernel launches per step and
+/// its ms per step in launch and sync calls, where CUPTI counts them; ` launches=n/a` where not
+/// (the TUI and the `config:` line's `cupti=` say why).
+pub fn cuda_call_fields(s: &Snapshot, t: &ThreadView, w: &PhaseWindow) -> String {
+    match s.cuda_calls(t, w) {
+        Ok((launches, launch_ms, sync_ms)) => {
+            format!(" launches={launches:.0} launch_ms={launch_ms:.1} cusync_ms={sync_ms:.1}")
+        }
+        Err(_) => " launches=n/a".into(),
+    }
 }
 
 /// The last line of a run (`crate::summary` computes it).

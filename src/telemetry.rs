@@ -26,6 +26,6 @@ pub mod window;
 
 pub use hub::{HubCommand, Telemetry};
 pub use phase::{Phase, Role, N_PHASES};
-pub use phase_recorder::{PhaseRecorder, StepRecord, TrainMetrics};
+pub use phase_recorder::{CudaCalls, PhaseRecorder, StepRecord, TrainMetrics};
 pub use snapshot::Snapshot;
 pub use switches::{GpuTiming, Switches};

@@ -71,3 +71,26 @@ fn every_documented_train_flag_parses() {
         other => panic!("parsed as {other:?}"),
     }
 }
+
+/// Issue 28: `--cupti` is a flag of `train` and of `bench` (whose train flags are its own).
+#[test]
+fn cupti_parses_on_train_and_bench() {
+    use clap::Parser;
+    use dflash_top::cli::Command;
+    for (args, want) in [
+        (vec!["dflash-top", "train", "--cupti", "on"], Some("on")),
+        (
+            vec!["dflash-top", "bench", "engine", "--cupti", "off"],
+            Some("off"),
+        ),
+        (vec!["dflash-top", "train"], None),
+    ] {
+        let cli = Cli::try_parse_from(&args).expect("parses");
+        let got = match cli.command {
+            Some(Command::Train(a)) => a.cupti,
+            Some(Command::Bench(b)) => b.train.cupti,
+            other => panic!("parsed as {other:?}"),
+        };
+        assert_eq!(got.as_deref(), want, "{args:?}");
+    }
+}

@@ -385,6 +385,7 @@ mod frames {
             can_save: false,
             config: Some("config: recipe=preset:tiny fast_paths=-graphs".into()),
             job: None,
+            cupti: None,
         }
     }
 
@@ -421,6 +422,11 @@ mod frames {
                     m: None,
                     n: ph.iter().map(|(k, _)| (*k, 1)).collect(),
                     sy: ph.iter().map(|(k, _)| (*k, 2)).collect(),
+                    cu: prof.then_some(dflash_top::telemetry::CudaCalls {
+                        launches: tok,
+                        launch_ns: wall,
+                        sync_ns: end,
+                    }),
                 })
             ),
             (n64(), id(), n64(), phases(), count(), id(), n64(), n64()).prop_map(
@@ -652,6 +658,7 @@ mod frames {
                 m: None,
                 n: Vec::new(),
                 sy: Vec::new(),
+                cu: None,
             })
         };
         let decl = Msg::Thread(ThreadDecl {

@@ -30,6 +30,7 @@ fn recording(secs: u64) -> Vec<Msg> {
             can_save: false,
             config: None,
             job: None,
+            cupti: None,
         }),
         Msg::Thread(ThreadDecl {
             id: 0,
@@ -71,6 +72,7 @@ fn recording(secs: u64) -> Vec<Msg> {
                 }),
                 n: Vec::new(),
                 sy: Vec::new(),
+                cu: None,
             }));
         }
     }

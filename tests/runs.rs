@@ -80,6 +80,15 @@ fn headless_run_prints_interval_lines_and_its_loss_falls() {
     );
     let syncs = |l: &&str| l.matches("_syncs=").count();
     assert!(lines.iter().all(|l| syncs(l) <= 1), "{out}");
+    // Issue 28: on the CPU no thread's CUDA calls are counted; the config line says why.
+    for part in lines.last().unwrap().split(" | ").skip(1).take(3) {
+        assert!(part.ends_with(" launches=n/a"), "{part}");
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("config: ") && l.contains(" cupti=n/a (no CUDA device in use) ")),
+        "{out}"
+    );
     let first = lines
         .iter()
         .find_map(|l| field(l, "loss"))
@@ -828,4 +837,25 @@ fn bench_generate_decodes_each_batch_and_refuses_a_bad_list() {
     }
     let o = run(&["bench", "generate", "--gen-batches", "1,x"]);
     assert_user_error(&o, &["--gen-batches `1,x`", "positive numbers"]);
+}
+
+/// Issue 28: `--cupti` takes auto, on or off; `on` where nothing runs on CUDA is a sentence with
+/// the fix; `bench engine` says each thread's CUDA calls, or why there are none.
+#[test]
+fn cupti_is_a_flag_whose_on_needs_cuda_and_bench_engine_reports_it() {
+    let o = run(&["train", "--headless", "--steps", "1", "--cupti", "maybe"]);
+    assert_user_error(&o, &["--cupti `maybe`", "auto, on or off"]);
+    if crate::cuda_or_skip("--cupti on without a CUDA worker").is_none() {
+        let o = run(&["train", "--headless", "--steps", "1", "--cupti", "on"]);
+        assert_user_error(&o, &["--cupti on", "no worker runs on CUDA", "cuda:N"]);
+    }
+    let o = run(&["bench", "engine", "--steps", "3", "--cupti", "off"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("bench: cuda_calls "))
+        .unwrap_or_else(|| panic!("no cuda_calls line: {out}"));
+    assert!(line.starts_with("bench: cuda_calls cupti=off | "), "{line}");
+    assert!(line.contains(" | drafter-0 launches=n/a (cpu)"), "{line}");
 }

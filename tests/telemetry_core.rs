@@ -186,7 +186,77 @@ pub fn record(thread: usize, end_ms: u64, wall_ms: u64, forward_ms: u64) -> Step
         metrics: None,
         phase_n: [0; N_PHASES],
         host_syncs: [0; N_PHASES],
+        cuda_calls: None,
     }
+}
+
+/// Issue 28: CUDA calls count with the steps that carry them, per counted step; a thread with
+/// none says why (the CPU, the run's reason, no steps yet, or a producer that does not count).
+#[test]
+fn cuda_calls_average_over_the_steps_that_carry_them_or_say_why_not() {
+    use dflash_top::telemetry::snapshot::{PhaseWindow, ThreadView};
+    use dflash_top::telemetry::CudaCalls;
+    use dflash_top::telemetry::Snapshot;
+    let mut w = Windows::new(0);
+    for k in 0..4u64 {
+        let mut r = record(0, 20 + 10 * k, 10, 4);
+        // Three steps counted (400, 410, 420 launches), one not (CUPTI was not on for it).
+        r.cuda_calls = (k < 3).then_some(CudaCalls {
+            launches: 400 + 10 * k,
+            launch_ns: 3_000_000,
+            sync_ns: 500_000,
+        });
+        w.ingest(&r, true);
+    }
+    // A device record (steps 0) carries none and changes nothing.
+    let mut dev = record(0, 60, 10, 4);
+    dev.steps = 0;
+    w.ingest(&dev, true);
+    w.close_tick(TICK_NS, 2, &[], false);
+    let win = w.thread(0, 10);
+    assert_eq!((win.steps, win.cuda_steps), (4, 3));
+    let (launches, launch_ms, sync_ms) = win.cuda_calls_per_step().unwrap();
+    assert!((launches - 410.0).abs() < 1e-9, "{launches}");
+    assert!((launch_ms - 3.0).abs() < 1e-9 && (sync_ms - 0.5).abs() < 1e-9);
+    assert_eq!(w.thread_run(0).cuda_calls.launches, 1230);
+    assert_eq!(w.thread(1, 10).cuda_calls_per_step(), None);
+
+    let view = |device: &str, w: PhaseWindow| ThreadView {
+        name: "drafter-0".into(),
+        role: Role::Drafter,
+        device: device.into(),
+        tid: 1,
+        cpu_pct: None,
+        phase: Phase::Forward,
+        phase_s: 0.0,
+        state: dflash_top::telemetry::snapshot::ThreadState::Working,
+        os_state: None,
+        w1: w,
+        w10: w,
+        run: w,
+    };
+    let mut s = Snapshot::default();
+    let counted = view("cuda:0", win);
+    assert_eq!(s.cuda_calls(&counted, &counted.w10).unwrap().0, launches);
+    let none = PhaseWindow {
+        steps: 2,
+        ..PhaseWindow::default()
+    };
+    assert_eq!(s.cuda_calls(&view("cpu", none), &none), Err("cpu"));
+    assert_eq!(
+        s.cuda_calls(&view("cuda:0", none), &none),
+        Err("not counted")
+    );
+    let empty = PhaseWindow::default();
+    assert_eq!(
+        s.cuda_calls(&view("cuda:0", empty), &empty),
+        Err("no steps")
+    );
+    s.cupti = Some("no libcupti".into());
+    assert_eq!(
+        s.cuda_calls(&view("cuda:0", none), &none),
+        Err("no libcupti")
+    );
 }
 
 #[test]

@@ -159,6 +159,7 @@ pub fn starved_snapshot() -> Snapshot {
             },
         ],
         gpus: GpuPanel::Absent("no NVIDIA GPU (NVML not found)".into()),
+        cupti: None,
         allocator: Vec::new(),
         stage_ratio_flops: None,
         loss_history: (0..40).map(|i| (i as f64, 8.0 - i as f64 * 0.1)).collect(),
@@ -486,6 +487,44 @@ fn a_phase_with_counted_host_syncs_shows_them_per_step() {
     assert!(
         parts.contains(&"forward 10.0ms 83%".to_string()),
         "{parts:?}"
+    );
+}
+
+/// Issue 28: the thread pane shows the thread's CUDA launches and syncs per step where CUPTI
+/// counts them, and why not where it does not (the CPU, the run's reason).
+#[test]
+fn the_thread_pane_shows_cuda_calls_or_why_there_are_none() {
+    let line = |snap: Snapshot| {
+        let mut app = App::new();
+        app.on_snapshot(Arc::new(snap));
+        app.update(Action::ShowView(1), &ReplayControls);
+        let s = screen(&app, 120, 36, Theme::from_color(false), LIVE);
+        s.lines()
+            .map(|l| l.trim_matches(|c| c == '│' || c == ' '))
+            .find(|l| l.starts_with("cuda: ") || l.starts_with("cuda 10s: "))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no cuda line: {s}"))
+    };
+    let cpu = starved_snapshot();
+    assert_eq!(line(cpu.clone()), "cuda: n/a: cpu");
+    let mut gpu = cpu;
+    for t in &mut gpu.threads {
+        t.device = "cuda:0".into();
+    }
+    gpu.cupti = Some("libcupti not found".into());
+    assert_eq!(line(gpu.clone()), "cuda: n/a: libcupti not found");
+    gpu.cupti = None;
+    for t in &mut gpu.threads {
+        t.w10.cuda_steps = 10;
+        t.w10.cuda_calls = dflash_top::telemetry::CudaCalls {
+            launches: 4120,
+            launch_ns: 31_000_000,
+            sync_ns: 4_000_000,
+        };
+    }
+    assert_eq!(
+        line(gpu),
+        "cuda 10s: 412 launches/step · 3.1 ms launching · 0.4 ms in syncs"
     );
 }
 

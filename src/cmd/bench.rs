@@ -153,6 +153,23 @@ fn phase_line(t: &ThreadView) -> String {
     )
 }
 
+/// `cuda_calls cupti=on | target-0 launches=412.0 launch_ms=3.12 cusync_ms=0.40 | …`: each
+/// thread's CUDA kernel launches per step and ms per step in launch and sync calls over the last
+/// 10 s, where CUPTI counts them (`--cupti`); `launches=n/a (why)` where not.
+fn cuda_calls_line(cfg: &PipelineSpec, s: &Snapshot) -> String {
+    let mut out = format!("cuda_calls cupti={}", cfg.cupti.field());
+    for t in &s.threads {
+        out.push_str(&match s.cuda_calls(t, &t.w10) {
+            Ok((n, launch_ms, sync_ms)) => format!(
+                " | {} launches={n:.1} launch_ms={launch_ms:.2} cusync_ms={sync_ms:.2}",
+                t.name
+            ),
+            Err(why) => format!(" | {} launches=n/a ({why})", t.name),
+        });
+    }
+    out
+}
+
 /// The target forward's rate in TFLOP/s-equivalent (`engine::flops::target_flops` over the forward
 /// phase's device time), per target worker.
 fn target_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
@@ -322,6 +339,7 @@ fn engine(args: &BenchArgs) -> Result<()> {
     for t in &s.threads {
         println!("bench: {}", phase_line(t));
     }
+    println!("bench: {}", cuda_calls_line(cfg, &s));
     if let Some(line) = target_rate_line(cfg, &s) {
         println!("bench: {line}");
     }

@@ -43,6 +43,8 @@ impl Session {
                 cfg.pipeline.seq_len,
                 cfg.pipeline.anchors,
             ));
+        // Why CUPTI does not count (said in snapshots and, through the switches, the hello).
+        telemetry.switches().set_cupti(cfg.pipeline.cupti.why_not());
         // The job this process is one rank of, said in the hello and beside the socket.
         let job = cfg.pipeline.job.clone();
         // Raw records and queue samples go out to viewers and the recording as they pass the hub.

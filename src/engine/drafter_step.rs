@@ -376,17 +376,19 @@ mod tests {
         }
     }
 
-    /// Issue 28: a real drafter step on the CPU reads the device back exactly once, its figures
-    /// in `metrics`, and its step record carries that count (a read that skipped the helper, or
-    /// a new read on the hot path, changes it).
-    #[test]
-    fn a_drafter_step_reads_the_device_back_once_in_metrics_and_its_record_says_so() {
-        let args = TrainArgs {
+    /// `n` real drafter steps of the tiny preset on `dev`, marked through a worker's `Marks`
+    /// (`extra` sets more flags): their step records.
+    fn marked_steps(
+        dev: Device,
+        n: usize,
+        extra: impl FnOnce(&mut TrainArgs),
+    ) -> Vec<crate::telemetry::StepRecord> {
+        let mut args = TrainArgs {
             preset: Some("tiny".into()),
             ..Default::default()
         };
+        extra(&mut args);
         let cfg = RunConfig::from_args(&args).unwrap().pipeline;
-        let dev = Device::Cpu;
         let ids = &cfg.drafter_spec.target_layer_ids;
         let (_tvs, target) = build_target(&cfg, &cfg.target_config, ids, dev).unwrap();
         let (vs, model, device) = build_drafters(&cfg, &[dev]).unwrap().remove(0);
@@ -402,25 +404,40 @@ mod tests {
             graphs: StepGraphs::off(),
         };
         let telemetry = crate::telemetry::Telemetry::new();
-        let rec = telemetry
-            .sink()
-            .recorder(crate::telemetry::Role::Drafter, "cpu");
+        let rec = telemetry.sink().recorder(
+            crate::telemetry::Role::Drafter,
+            &crate::engine::workers::device_name(dev),
+        );
         let switches = telemetry.switches().clone();
         let mut marks = crate::engine::marks::Marks::new(rec, dev, switches).unwrap();
         let counts = std::sync::Arc::new(DataCounts::default());
         let mut source = data_source(&cfg, &cfg.target_config, &cfg.drafter_spec, &counts).unwrap();
         let (mut packer, mut rng) = (Packer::new(), Rng::new(5));
-        for _ in 0..3 {
+        let mut records = Vec::new();
+        for _ in 0..n {
             let b = packer
                 .pack(source.as_mut(), cfg.batch, cfg.seq_len)
                 .unwrap();
+            let b = b.to_device(dev);
             let per_row = rows_anchors(&b, &cfg, &mut rng);
             let hidden = tch::no_grad(|| target.forward(&b.input_ids, &b.positions, &b.doc_ids));
             marks.mark(Phase::Anchors);
             step.run(&hidden, &b, &per_row, 1e-3, &mut Marking(&mut marks))
                 .unwrap();
             marks.end_step(b.tokens(), None);
-            let r = telemetry.records().try_recv().expect("a step record");
+            records.extend(telemetry.records().try_iter().filter(|r| r.steps == 1));
+        }
+        records
+    }
+
+    /// Issue 28: a real drafter step on the CPU reads the device back exactly once, its figures
+    /// in `metrics`, and its step record carries that count (a read that skipped the helper, or
+    /// a new read on the hot path, changes it).
+    #[test]
+    fn a_drafter_step_reads_the_device_back_once_in_metrics_and_its_record_says_so() {
+        let records = marked_steps(Device::Cpu, 3, |_| {});
+        assert_eq!(records.len(), 3);
+        for r in records {
             assert_eq!(
                 r.host_syncs[Phase::Metrics.index()],
                 1,
@@ -428,6 +445,35 @@ mod tests {
                 r.host_syncs
             );
             assert_eq!(r.host_syncs.iter().sum::<u32>(), 1, "{:?}", r.host_syncs);
+            assert_eq!(
+                r.cuda_calls, None,
+                "a CPU step's CUDA calls are not counted"
+            );
+        }
+    }
+
+    /// Issue 28, on a GPU: with `--cupti on` every drafter step's record carries the kernel
+    /// launches CUPTI saw on the worker's thread (its forward, loss, clipping, optimizer and
+    /// metrics; backward runs on libtorch's autograd thread) and the time in its syncs.
+    #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
+    fn cupti_counts_each_drafter_steps_kernel_launches_on_cuda() {
+        let Some(dev) = crate::engine::cuda::cuda_or_skip("CUPTI's launch counts") else {
+            return;
+        };
+        let records = marked_steps(dev, 4, |a| {
+            a.target_devices = Some("cuda:0".into());
+            a.drafter_devices = Some("cuda:0".into());
+            a.cupti = Some("on".into());
+        });
+        assert_eq!(records.len(), 4);
+        for r in &records {
+            let c = r
+                .cuda_calls
+                .expect("counted on a CUDA worker with --cupti on");
+            eprintln!("drafter step: {c:?}");
+            assert!(c.launches > 0 && c.launch_ns > 0, "{c:?}");
+            assert!(c.sync_ns > 0, "the metrics read waits in a sync: {c:?}");
         }
     }
 }

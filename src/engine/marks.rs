@@ -292,9 +292,11 @@ impl Marks {
     pub fn end_step(&mut self, tokens: u64, metrics: Option<TrainMetrics>) {
         self.rec.add_host_syncs(&super::host_sync::take());
         let Some(g) = &mut self.gpu else {
+            // A CPU worker's CUDA calls are not counted (it makes none).
             self.rec.end_step(tokens, metrics);
             return;
         };
+        self.rec.set_cuda_calls(super::cupti::take());
         let mode = self.switches.gpu_timing();
         let events = mode == GpuTiming::Events
             && g.step_mode == Some(GpuTiming::Events)
@@ -335,6 +337,7 @@ impl Marks {
             t.abandon_step();
         }
         let _ = super::host_sync::take();
+        let _ = super::cupti::take();
         self.rec.restart();
     }
 }

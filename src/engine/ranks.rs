@@ -48,6 +48,8 @@ pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<A
         );
     }
     let mut fields = config_fields(&cfg.recipe_line());
+    // How a rank measures (CUPTI there or not) is its own business, not the recipe's.
+    fields.retain(|(k, _)| k != "cupti");
     fields.push(("world".into(), tag.world.to_string()));
     fields.push((
         "resume_step".into(),

@@ -91,6 +91,8 @@ pub struct PipelineSpec {
     pub job: Option<crate::job::JobTag>,
     /// The process's signals, as the engine may use them (a job's waits and forced exit).
     pub hooks: ProcessHooks,
+    /// Whether CUPTI counts the CUDA workers' launches and syncs (`--cupti`, resolved).
+    pub cupti: super::cupti::CuptiState,
 }
 
 impl PipelineSpec {
@@ -142,7 +144,7 @@ impl PipelineSpec {
             "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
              target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
              anchors={} anchor_budget={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
-             seed={} data={} fast_paths={}",
+             seed={} data={} cupti={} fast_paths={}",
             self.recipe_from,
             target,
             s.layers.hidden_size,
@@ -163,6 +165,7 @@ impl PipelineSpec {
                 .unwrap_or_else(|| "-".into()),
             self.seed,
             data,
+            self.cupti.field(),
             self.fast_paths.describe(),
         )
     }

@@ -282,6 +282,7 @@ impl Assembler {
             threads: thread_views,
             queues: queue_views,
             gpus: self.gpus.clone(),
+            cupti: switches.cupti(),
             allocator: Vec::new(),
             loss_history: self.loss_history.iter().copied().collect(),
             tok_history: self.tok_history.iter().copied().collect(),

@@ -38,6 +38,24 @@ pub struct TrainMetrics {
     pub skipped_nonfinite: u64,
 }
 
+/// The CUDA API calls a thread made in one iteration, where CUPTI counts them (our engine with
+/// `--cupti`, src/engine/cupti.rs): kernel launches, and the CPU time spent inside launch and
+/// synchronize calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CudaCalls {
+    pub launches: u64,
+    pub launch_ns: u64,
+    pub sync_ns: u64,
+}
+
+impl CudaCalls {
+    pub fn add(&mut self, other: &CudaCalls) {
+        self.launches = self.launches.saturating_add(other.launches);
+        self.launch_ns = self.launch_ns.saturating_add(other.launch_ns);
+        self.sync_ns = self.sync_ns.saturating_add(other.sync_ns);
+    }
+}
+
 /// One iteration of one thread (a host record), or the device times of an earlier one.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepRecord {
@@ -64,6 +82,9 @@ pub struct StepRecord {
     /// Times the iteration read the device back to the host (waiting for it), by the phase it
     /// was in, where the producer counts them (our engine); zeros otherwise.
     pub host_syncs: [u32; N_PHASES],
+    /// The iteration's CUDA launches and time in launch and sync calls, where CUPTI counted
+    /// them on this thread; None otherwise (a CPU thread, no libcupti, `--cupti off`).
+    pub cuda_calls: Option<CudaCalls>,
 }
 
 impl StepRecord {
@@ -225,6 +246,7 @@ impl RecordSink {
             live,
             sink: self.clone(),
             host_syncs: [0; N_PHASES],
+            cuda_calls: None,
             _not_send: PhantomData,
         }
     }
@@ -257,6 +279,8 @@ pub struct PhaseRecorder {
     sink: RecordSink,
     /// Host syncs of the iteration so far, by phase (`add_host_syncs`).
     host_syncs: [u32; N_PHASES],
+    /// CUDA calls of the iteration, where counted (`set_cuda_calls`).
+    cuda_calls: Option<CudaCalls>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -309,6 +333,11 @@ impl PhaseRecorder {
         }
     }
 
+    /// Sets the CUDA calls the iteration made (its record carries them; None: not counted).
+    pub fn set_cuda_calls(&mut self, calls: Option<CudaCalls>) {
+        self.cuda_calls = calls;
+    }
+
     /// Ends the iteration with host-timed phases: sends one record (dropped if the channel is
     /// full) and starts the next.
     pub fn end_step(&mut self, tokens: u64, metrics: Option<TrainMetrics>) {
@@ -346,6 +375,7 @@ impl PhaseRecorder {
             metrics,
             phase_n: [0; N_PHASES],
             host_syncs: std::mem::take(&mut self.host_syncs),
+            cuda_calls: self.cuda_calls.take(),
         });
         self.acc = [0; N_PHASES];
         self.iter_start = now;
@@ -378,6 +408,7 @@ impl PhaseRecorder {
             metrics: None,
             phase_n: [0; N_PHASES],
             host_syncs: [0; N_PHASES],
+            cuda_calls: None,
         });
     }
 
@@ -386,6 +417,7 @@ impl PhaseRecorder {
         let now = clock::ticks();
         self.acc = [0; N_PHASES];
         self.host_syncs = [0; N_PHASES];
+        self.cuda_calls = None;
         self.iter_start = now;
         self.last = now;
         self.current_phase = Phase::Other;

@@ -2,6 +2,7 @@
 
 use super::names::Names;
 use super::phase::{Phase, Role, N_PHASES};
+use super::phase_recorder::CudaCalls;
 use super::switches::GpuTiming;
 use super::verdict::Verdict;
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,12 @@ pub struct PhaseWindow {
     /// without profiling.
     #[serde(default)]
     pub host_syncs: [u64; N_PHASES],
+    /// Of `steps`, those whose CUDA calls CUPTI counted, and those calls summed (counted where
+    /// `steps` is, with or without profiling).
+    #[serde(default)]
+    pub cuda_steps: u64,
+    #[serde(default)]
+    pub cuda_calls: CudaCalls,
 }
 
 impl PhaseWindow {
@@ -48,6 +55,8 @@ impl PhaseWindow {
         self.phase_steps += other.phase_steps;
         self.live_ns += other.live_ns;
         self.gpu_idle_ns += other.gpu_idle_ns;
+        self.cuda_steps += other.cuda_steps;
+        self.cuda_calls.add(&other.cuda_calls);
         for i in 0..N_PHASES {
             self.phase_ns[i] += other.phase_ns[i];
             self.phase_n[i] += other.phase_n[i];
@@ -118,6 +127,21 @@ impl PhaseWindow {
             return 0.0;
         }
         self.host_syncs.iter().sum::<u64>() as f64 / self.steps as f64
+    }
+
+    /// Per counted step: kernel launches, ms in launch calls, ms in sync calls (None when no
+    /// step of the window had its CUDA calls counted).
+    pub fn cuda_calls_per_step(&self) -> Option<(f64, f64, f64)> {
+        if self.cuda_steps == 0 {
+            return None;
+        }
+        let n = self.cuda_steps as f64;
+        let c = &self.cuda_calls;
+        Some((
+            c.launches as f64 / n,
+            c.launch_ns as f64 / 1e6 / n,
+            c.sync_ns as f64 / 1e6 / n,
+        ))
     }
 
     /// Mean wall milliseconds per step.
@@ -329,6 +353,10 @@ pub struct Snapshot {
     pub memory: Option<MemoryView>,
     pub queues: Vec<QueueView>,
     pub gpus: GpuPanel,
+    /// Why the CUDA threads' launches and syncs are not counted (`no libcupti`, `off`, …): the
+    /// run's `--cupti` as resolved; None where CUPTI counts them or the producer never does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cupti: Option<String>,
     /// The caching allocator on each CUDA device this process trains on; empty on the CPU,
     /// without the CUDA shim, or when watching another process.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -396,6 +424,31 @@ pub struct StepSpan {
 }
 
 impl Snapshot {
+    /// Thread `t`'s CUDA calls per counted step in its window `w`: launches, ms in launch calls,
+    /// ms in sync calls. Err: why there are none — `cpu` (the thread drives no GPU), the run's
+    /// reason (`no libcupti`, `off`, …), `no steps` yet, or `not counted` (a producer that does
+    /// not count them).
+    pub fn cuda_calls<'a>(
+        &'a self,
+        t: &ThreadView,
+        w: &PhaseWindow,
+    ) -> Result<(f64, f64, f64), &'a str> {
+        if let Some(per_step) = w.cuda_calls_per_step() {
+            return Ok(per_step);
+        }
+        if !t.device.starts_with("cuda") {
+            return Err("cpu");
+        }
+        if let Some(why) = &self.cupti {
+            return Err(why);
+        }
+        Err(if w.steps == 0 {
+            "no steps"
+        } else {
+            "not counted"
+        })
+    }
+
     /// Of a merged view's sessions still running, the one with the fewest tokens a second (None
     /// with fewer than two).
     pub fn slowest_rank(&self) -> Option<&RankView> {

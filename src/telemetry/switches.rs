@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Mutex;
 
 /// How GPU work is attributed to phases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +76,9 @@ pub struct Switches {
     /// Not a toggle but a fact of the run the hub passes on: the stage cost ratio estimated from
     /// FLOPs (f64 bits; 0 when not set).
     stage_ratio_flops: AtomicU64,
+    /// Another fact of the run: why CUPTI does not count the CUDA threads' calls (None: it
+    /// does, or the producer never counts them). Read once a snapshot, never on a worker's path.
+    cupti: Mutex<Option<String>>,
 }
 
 impl Default for Switches {
@@ -85,6 +89,7 @@ impl Default for Switches {
             gpu_timing: AtomicU8::new(GpuTiming::Async as u8),
             paused: AtomicBool::new(false),
             stage_ratio_flops: AtomicU64::new(0),
+            cupti: Mutex::new(None),
         }
     }
 }
@@ -123,6 +128,15 @@ impl Switches {
     pub fn stage_ratio_flops(&self) -> Option<f64> {
         let r = f64::from_bits(self.stage_ratio_flops.load(Relaxed));
         (r.is_finite() && r > 0.0).then_some(r)
+    }
+
+    /// Why CUPTI does not count CUDA calls in this run (None: it does, or nothing says).
+    pub fn set_cupti(&self, why: Option<String>) {
+        *self.cupti.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    pub fn cupti(&self) -> Option<String> {
+        self.cupti.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn paused(&self) -> bool {

@@ -165,10 +165,15 @@ impl Windows {
         grow(&mut self.run, thread + 1);
         self.open.threads[thread].steps += r.steps as u64;
         self.run[thread].steps += r.steps as u64;
-        // Host syncs count with the steps, where the step ended (per step, not per time).
+        // Host syncs and CUDA calls count with the steps, where the step ended (per step, not
+        // per time).
         for w in [&mut self.open.threads[thread], &mut self.run[thread]] {
             for (acc, n) in w.host_syncs.iter_mut().zip(r.host_syncs) {
                 *acc += n as u64;
+            }
+            if let Some(c) = &r.cuda_calls {
+                w.cuda_steps += r.steps as u64;
+                w.cuda_calls.add(c);
             }
         }
         if let Some(m) = r.metrics {
@@ -229,10 +234,13 @@ impl Windows {
                 let steps = w.steps;
                 let tokens = w.tokens;
                 let host_syncs = w.host_syncs;
+                let (cuda_steps, cuda_calls) = (w.cuda_steps, w.cuda_calls);
                 *w = PhaseWindow {
                     steps,
                     tokens,
                     host_syncs,
+                    cuda_steps,
+                    cuda_calls,
                     span_ns,
                     ..Default::default()
                 };

@@ -120,6 +120,10 @@ pub const GLOSSARY: [(&str, &[(&str, &str)]); 8] = [
                 "rss, host",
                 "this process's resident memory; the host's used/total",
             ),
+            (
+                "cuda",
+                "a thread's kernel launches a step, ms in launch and sync calls (CUPTI)",
+            ),
         ],
     ),
     (

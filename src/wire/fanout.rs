@@ -196,6 +196,7 @@ impl Fanout {
             can_save,
             config,
             job: job.clone(),
+            cupti: telemetry.switches().cupti(),
         });
         Arc::new(Fanout {
             telemetry: telemetry.clone(),
@@ -328,6 +329,7 @@ impl RawTap for Fanout {
             m: r.metrics,
             n: Vec::new(),
             sy: sparse_counts(&self.names, role, &r.host_syncs),
+            cu: r.cuda_calls,
         });
         Self::broadcast(&st, &m);
     }

@@ -45,6 +45,7 @@ pub fn merge(parts: &[Part], seq: u64) -> Snapshot {
         cpu_note: snaps.iter().find_map(|s| s.cpu_note.clone()),
         memory: memory(&snaps),
         gpus: gpus(&snaps),
+        cupti: snaps.iter().find_map(|s| s.cupti.clone()),
         stage_ratio_flops: snaps.iter().find_map(|s| s.stage_ratio_flops),
         loss_history: snaps
             .first()

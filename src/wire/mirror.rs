@@ -87,6 +87,7 @@ impl Mirror {
         };
         let names = Arc::new(names);
         telemetry.set_names(names.clone());
+        telemetry.switches().set_cupti(hello.cupti.clone());
         Ok(Mirror {
             telemetry: telemetry.clone(),
             stages: hello.stages.clone(),
@@ -234,6 +235,7 @@ impl Mirror {
             metrics: s.m,
             phase_n: counts(&self.names, t.role, &s.n),
             host_syncs: counts(&self.names, t.role, &s.sy),
+            cuda_calls: s.cu,
         };
         self.telemetry.sink().send(record);
     }
@@ -320,6 +322,7 @@ mod tests {
             can_save: false,
             config: None,
             job: None,
+            cupti: None,
         }
     }
 

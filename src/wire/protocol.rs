@@ -6,7 +6,7 @@ use crate::cuda_shim::AllocatorStats;
 use crate::probe::allocator::AllocatorSample;
 use crate::telemetry::stages::StageTable;
 use crate::telemetry::switches::{GpuTiming, Timing};
-use crate::telemetry::{HubCommand, TrainMetrics};
+use crate::telemetry::{CudaCalls, HubCommand, TrainMetrics};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
@@ -72,6 +72,10 @@ pub struct Hello {
     /// `attach --job` finds the ranks by it and the merged view names threads by its rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<crate::job::JobTag>,
+    /// Why the producer's CUDA threads carry no launch counts (`off`, `libcupti not found`, …);
+    /// none where they do, or where the producer never counts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cupti: Option<String>,
 }
 
 /// A thread of the producer, declared before any of its steps.
@@ -144,6 +148,10 @@ pub struct WireStep {
     /// stage's list, where the producer counts them (our engine); none otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sy: Vec<(u16, u32)>,
+    /// The iteration's CUDA kernel launches and ns in launch and sync calls, where CUPTI
+    /// counted them on the thread (our engine with `--cupti`); none otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cu: Option<CudaCalls>,
 }
 
 /// The step a thread is in now.
@@ -304,6 +312,9 @@ impl Msg {
         match self {
             Msg::Hello(h) => {
                 text("the program name", &h.program)?;
+                if let Some(why) = &h.cupti {
+                    text("the cupti note", why)?;
+                }
                 if let Some(j) = &h.job {
                     text("the job id", &j.id)?;
                     text("the job's host", &j.host)?;
@@ -344,6 +355,11 @@ impl Msg {
                     s.sy.len() as u64,
                     MAX_PHASE_ENTRIES as u64,
                 )?;
+                if let Some(c) = &s.cu {
+                    bounded("the step's launches", c.launches, MAX_COUNT)?;
+                    bounded("the step's launch ns", c.launch_ns, MAX_SPAN_NS)?;
+                    bounded("the step's sync ns", c.sync_ns, MAX_SPAN_NS)?;
+                }
                 phase_list("the step's", &s.ph)
             }
             Msg::Sample(s) => {
@@ -508,6 +524,11 @@ mod tests {
                 m: None,
                 n: vec![(1, 3)],
                 sy: vec![(2, 1)],
+                cu: Some(CudaCalls {
+                    launches: 412,
+                    launch_ns: 3_100_000,
+                    sync_ns: 400_000,
+                }),
             }),
         ];
         let mut buf = Vec::new();
@@ -574,6 +595,7 @@ mod tests {
                 m: None,
                 n: Vec::new(),
                 sy: Vec::new(),
+                cu: None,
             })
         };
         assert!(step(MAX_SPAN_NS, MAX_PHASE_ENTRIES).check().is_ok());
@@ -582,6 +604,46 @@ mod tests {
             .check()
             .unwrap_err()
             .contains("phase entries"));
+        // Issue 28: a step's CUDA calls are bounded like its other counts and spans.
+        let calls = |launches, launch_ns, sync_ns| {
+            let Msg::Step(mut s) = step(1, 1) else {
+                unreachable!()
+            };
+            s.cu = Some(CudaCalls {
+                launches,
+                launch_ns,
+                sync_ns,
+            });
+            Msg::Step(s).check()
+        };
+        assert!(calls(MAX_COUNT, MAX_SPAN_NS, MAX_SPAN_NS).is_ok());
+        assert!(calls(MAX_COUNT + 1, 0, 0).unwrap_err().contains("launches"));
+        assert!(calls(1, 0, u64::MAX).unwrap_err().contains("sync ns"));
+    }
+
+    #[test]
+    fn cuda_calls_are_left_out_when_absent_and_old_frames_read_without_them() {
+        let old = r#"{"t":"step","th":0,"end":1,"wall":2}"#;
+        let Ok(Msg::Step(s)) = serde_json::from_str::<Msg>(old) else {
+            panic!("an old step frame reads")
+        };
+        assert_eq!(s.cu, None);
+        let back = serde_json::to_string(&Msg::Step(s.clone())).unwrap();
+        assert!(!back.contains("\"cu\""), "{back}");
+        let with = WireStep {
+            cu: Some(CudaCalls {
+                launches: 3,
+                launch_ns: 4,
+                sync_ns: 5,
+            }),
+            ..s
+        };
+        let text = serde_json::to_string(&Msg::Step(with.clone())).unwrap();
+        assert!(
+            text.contains(r#""cu":{"launches":3,"launch_ns":4,"sync_ns":5}"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Msg>(&text).unwrap(), Msg::Step(with));
     }
 
     fn sample_with(alloc: Vec<WireAlloc>) -> Msg {

@@ -1,6 +1,6 @@
 //! The selected thread (the first in order when none is): its phases over the timeline's span,
 //! the stacked shares of its phases over time, its CPU history, its phase times over each
-//! window, and the libtorch helper threads that work for it.
+//! window, its CUDA launches and syncs (CUPTI), and the libtorch helper threads that work for it.
 
 use super::super::lanes::{lanes, phase_columns, TimeSpan};
 use super::super::view::Ctx;
@@ -65,9 +65,9 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         cols: inner.width - LABEL_W,
         span: c.app.time_span(),
     };
-    // Fixed rows: the lane, three windows, the helpers; CPU and shares share the rest up to
-    // their caps; what is left lists the thread's last steps.
-    let rest = inner.height.saturating_sub(5);
+    // Fixed rows: the lane, three windows, the CUDA calls, the helpers; CPU and shares share
+    // the rest up to their caps; what is left lists the thread's last steps.
+    let rest = inner.height.saturating_sub(6);
     let cpu_h = (rest / 3).clamp(1, 6);
     let shares_h = rest.saturating_sub(cpu_h).min(12);
     let steps_h = rest - cpu_h - shares_h;
@@ -76,6 +76,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     y = pane.shares(f.buffer_mut(), y, shares_h);
     y = pane.cpu(f, y, cpu_h);
     y = pane.windows(f.buffer_mut(), y, off.as_deref());
+    y = pane.cuda_calls(f.buffer_mut(), y);
     y = pane.helpers(f.buffer_mut(), y);
     pane.last_steps(f.buffer_mut(), y, steps_h);
 }
@@ -223,6 +224,20 @@ impl Pane<'_> {
             y += 1;
         }
         y
+    }
+
+    /// The thread's CUDA calls per step over the 10 s window, where CUPTI counts them: kernel
+    /// launches, ms in launch calls, ms in sync calls; else why not (`n/a: cpu`).
+    fn cuda_calls(&self, buf: &mut Buffer, y: u16) -> u16 {
+        let line = match self.c.snap.cuda_calls(self.t, &self.t.w10) {
+            Ok((launches, launch_ms, sync_ms)) => format!(
+                "cuda 10s: {launches:.0} launches/step · {launch_ms:.1} ms launching · \
+                 {sync_ms:.1} ms in syncs"
+            ),
+            Err(why) => format!("cuda: n/a: {why}"),
+        };
+        self.line(buf, y, &line, self.c.theme.dim());
+        y + 1
     }
 
     /// The libtorch helper threads that work for this one.

@@ -1,0 +1,676 @@
+//! Kernel launches, and the CPU time spent in CUDA launch and sync calls, per worker thread and
+//! step, counted by CUPTI's callback API where libcupti is present (`--cupti auto|on|off`).
+//!
+//! The library is opened at run time (`dlopen`), never linked. Where: beside libtorch as the
+//! CUDA wheels lay it out — `<torch>/lib/../../nvidia/cu13/lib/libcupti.so.13` (CUDA 13, in the
+//! torch wheel's own `nvidia-cuda-cupti` dependency), `../../nvidia/cuda_cupti/lib/libcupti.so.12`
+//! (CUDA 12) — then by name: `libcupti.so.13`, `libcupti.so.12`, `libcupti.so`. libtorch's
+//! directory is the one /proc/self/maps shows libc10 or libtorch_cpu mapped from. CUPTI takes
+//! one subscriber a process: under nsys or ncu subscribing fails, and the run says so.
+//!
+//! What counts, by the called function's name, in CUPTI's runtime and driver domains (only these
+//! callbacks are enabled, looked up by name with `cuptiGetCallbackName`):
+//! - a launch: `cudaLaunchKernel*`, `cudaLaunchCooperativeKernel*`, `cudaGraphLaunch*` and the
+//!   driver's `cuLaunchKernel*`, `cuLaunchCooperativeKernel*`, `cuGraphLaunch*`. A CUDA graph's
+//!   replay is one launch; `cuLaunchHostFunc` runs no kernel and is not counted.
+//! - a sync: `cudaStreamSynchronize*`, `cudaDeviceSynchronize*`, `cudaEventSynchronize*` and the
+//!   driver's `cuStreamSynchronize*`, `cuCtxSynchronize*`, `cuEventSynchronize*`. A blocking
+//!   `cudaMemcpy` is not one (libtorch reads the device back with an async copy and a stream
+//!   sync, which is).
+//!
+//! A counted call made inside another (the runtime's launch calling the driver's) counts once,
+//! as the outer one; its time runs from its entry to its exit. The counts land in a thread-local
+//! of the thread that made the call, and `Marks::end_step` takes them into the step's record.
+//! Calls libtorch makes on its own threads (backward runs on the autograd engine's thread for
+//! the device) are that thread's and are not shown.
+
+use crate::telemetry::{clock, CudaCalls};
+use anyhow::{bail, Result};
+use std::cell::Cell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// `--cupti`: count when a worker is on CUDA and the library loads (`auto`), insist (`on`), or
+/// never subscribe (`off`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Setting {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Setting {
+    pub fn parse(s: &str) -> Option<Setting> {
+        match s {
+            "auto" => Some(Setting::Auto),
+            "on" => Some(Setting::On),
+            "off" => Some(Setting::Off),
+            _ => None,
+        }
+    }
+}
+
+/// What the run does about CUPTI, resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CuptiState {
+    /// CUPTI counts the CUDA threads' calls, through this library.
+    Counting(PathBuf),
+    /// It does not, for this reason (`off`, `no CUDA device in use`, `libcupti not found`, …).
+    NotCounting(String),
+}
+
+impl CuptiState {
+    /// The `cupti=` field of the run's `config:` line: `on`, `off`, or `n/a (why)`.
+    pub fn field(&self) -> String {
+        match self {
+            CuptiState::Counting(_) => "on".into(),
+            CuptiState::NotCounting(why) if why == OFF => "off".into(),
+            CuptiState::NotCounting(why) => format!("n/a ({why})"),
+        }
+    }
+
+    /// Why the CUDA threads' calls are not counted (None: they are).
+    pub fn why_not(&self) -> Option<String> {
+        match self {
+            CuptiState::Counting(_) => None,
+            CuptiState::NotCounting(why) => Some(why.clone()),
+        }
+    }
+}
+
+const OFF: &str = "off";
+const NO_CUDA: &str = "no CUDA device in use";
+const NOT_FOUND: &str = "libcupti not found";
+/// What `--cupti on` tells a user whose run cannot count.
+const FIX: &str = "install the nvidia-cuda-cupti wheel that matches your CUDA (a torch CUDA \
+                   wheel brings it), or use --cupti auto or off";
+
+// CUPTI's facts (cupti_callbacks.h, cupti_result.h): the callback sites, the domains, the
+// results this code tells apart, and the data a runtime or driver callback gets.
+const API_ENTER: u32 = 0;
+const API_EXIT: u32 = 1;
+const DOMAIN_DRIVER: u32 = 1;
+const DOMAIN_RUNTIME: u32 = 2;
+const SUCCESS: u32 = 0;
+const MULTIPLE_SUBSCRIBERS: u32 = 39;
+/// Callback ids looked up by name, per domain (CUDA 12.x has 782 driver and 487 runtime ids).
+const MAX_CBID: u32 = 4096;
+
+/// `CUpti_CallbackData`, as the header lays it out.
+#[repr(C)]
+pub struct CallbackData {
+    pub callback_site: u32,
+    pub function_name: *const c_char,
+    pub function_params: *const c_void,
+    pub function_return_value: *mut c_void,
+    pub symbol_name: *const c_char,
+    pub context: *mut c_void,
+    pub context_uid: u32,
+    pub correlation_data: *mut u64,
+    pub correlation_id: u32,
+}
+
+type Callback = unsafe extern "C" fn(*mut c_void, u32, u32, *const c_void);
+type Subscribe = unsafe extern "C" fn(*mut *mut c_void, Callback, *mut c_void) -> u32;
+type Unsubscribe = unsafe extern "C" fn(*mut c_void) -> u32;
+type EnableCallback = unsafe extern "C" fn(u32, *mut c_void, u32, u32) -> u32;
+type EnableDomain = unsafe extern "C" fn(u32, *mut c_void, u32) -> u32;
+type CallbackName = unsafe extern "C" fn(u32, u32, *mut *const c_char) -> u32;
+type ResultString = unsafe extern "C" fn(u32, *mut *const c_char) -> u32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Launch,
+    Sync,
+}
+
+const LAUNCHES: [&[u8]; 6] = [
+    b"cudaLaunchKernel",
+    b"cudaLaunchCooperativeKernel",
+    b"cudaGraphLaunch",
+    b"cuLaunchKernel",
+    b"cuLaunchCooperativeKernel",
+    b"cuGraphLaunch",
+];
+const SYNCS: [&[u8]; 6] = [
+    b"cudaStreamSynchronize",
+    b"cudaDeviceSynchronize",
+    b"cudaEventSynchronize",
+    b"cuStreamSynchronize",
+    b"cuCtxSynchronize",
+    b"cuEventSynchronize",
+];
+
+/// A launch or a sync by the function's name (a version suffix such as `_v7000` or `_ptsz`
+/// changes nothing); None for any other call.
+fn kind_of(name: &[u8]) -> Option<Kind> {
+    if LAUNCHES.iter().any(|p| name.starts_with(p)) {
+        Some(Kind::Launch)
+    } else if SYNCS.iter().any(|p| name.starts_with(p)) {
+        Some(Kind::Sync)
+    } else {
+        None
+    }
+}
+
+/// A thread's counts since its last take, and the counted call it is in.
+#[derive(Clone, Copy)]
+struct Calls {
+    launches: u64,
+    launch_ticks: u64,
+    sync_ticks: u64,
+    /// Counted calls entered and not yet left (a runtime call and the driver call inside it).
+    depth: u32,
+    outer: Kind,
+    start: u64,
+}
+
+const NONE: Calls = Calls {
+    launches: 0,
+    launch_ticks: 0,
+    sync_ticks: 0,
+    depth: 0,
+    outer: Kind::Launch,
+    start: 0,
+};
+
+thread_local! {
+    static CALLS: Cell<Calls> = const { Cell::new(NONE) };
+}
+
+/// Whether a subscription counts now (`take` gives None otherwise).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// CUPTI's callback: at a counted call's entry it notes the time, at its exit it adds the call
+/// to the calling thread's counts. No allocation, no lock, no panic.
+///
+/// # Safety
+/// `data` is null or points to a `CallbackData` whose `function_name` is null or a C string,
+/// as CUPTI passes for the runtime and driver domains.
+unsafe extern "C" fn on_api(_user: *mut c_void, domain: u32, _cbid: u32, data: *const c_void) {
+    if data.is_null() || !(domain == DOMAIN_DRIVER || domain == DOMAIN_RUNTIME) {
+        return;
+    }
+    // SAFETY: CUPTI passes a CUpti_CallbackData for these two domains (checked above).
+    let d = unsafe { &*(data as *const CallbackData) };
+    if d.function_name.is_null() {
+        return;
+    }
+    // SAFETY: a non-null function name is a NUL-terminated global constant (the header).
+    let name = unsafe { CStr::from_ptr(d.function_name) }.to_bytes();
+    let Some(kind) = kind_of(name) else { return };
+    let now = clock::ticks();
+    let _ = CALLS.try_with(|cell| {
+        let mut c = cell.get();
+        match d.callback_site {
+            API_ENTER => {
+                if c.depth == 0 {
+                    c.outer = kind;
+                    c.start = now;
+                }
+                c.depth += 1;
+            }
+            // An exit whose entry came before the subscription is let go.
+            API_EXIT if c.depth > 0 => {
+                c.depth -= 1;
+                if c.depth == 0 {
+                    let spent = clock::elapsed(c.start, now);
+                    match c.outer {
+                        Kind::Launch => {
+                            c.launches += 1;
+                            c.launch_ticks += spent;
+                        }
+                        Kind::Sync => c.sync_ticks += spent,
+                    }
+                }
+            }
+            _ => {}
+        }
+        cell.set(c);
+    });
+}
+
+/// The calling thread's counts since its last take; starts them over.
+fn take_counts() -> CudaCalls {
+    CALLS.with(|cell| {
+        let c = cell.get();
+        cell.set(Calls {
+            launches: 0,
+            launch_ticks: 0,
+            sync_ticks: 0,
+            ..c
+        });
+        CudaCalls {
+            launches: c.launches,
+            launch_ns: clock::ticks_to_ns(c.launch_ticks),
+            sync_ns: clock::ticks_to_ns(c.sync_ticks),
+        }
+    })
+}
+
+/// The calling thread's CUDA calls since its last take (None while CUPTI does not count);
+/// starts them over.
+pub fn take() -> Option<CudaCalls> {
+    let c = take_counts();
+    ACTIVE.load(Relaxed).then_some(c)
+}
+
+/// The functions this code calls, from an opened libcupti (kept open for the process's life).
+#[derive(Clone, Copy)]
+struct Api {
+    subscribe: Subscribe,
+    unsubscribe: Unsubscribe,
+    enable_callback: EnableCallback,
+    enable_domain: EnableDomain,
+    callback_name: Option<CallbackName>,
+    result_string: ResultString,
+}
+
+struct Library {
+    path: PathBuf,
+    api: Api,
+}
+
+impl Api {
+    fn say(&self, result: u32) -> String {
+        let mut s: *const c_char = std::ptr::null();
+        // SAFETY: cuptiGetResultString writes a pointer to a static string, or fails.
+        let ok = unsafe { (self.result_string)(result, &mut s) } == SUCCESS;
+        if ok && !s.is_null() {
+            // SAFETY: a static NUL-terminated string (cupti_result.h).
+            unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+        } else {
+            format!("CUPTI error {result}")
+        }
+    }
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated message owned by libc.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        // SAFETY: as above.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+/// A symbol of `handle`, as a function of type `F` (a pointer-sized fn type).
+///
+/// # Safety
+/// `F` must be the symbol's real signature.
+unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
+    // SAFETY: `handle` came from dlopen; the name is a C string.
+    let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    // SAFETY: F is a fn pointer of the symbol's signature (the caller's promise).
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
+/// Opens `path` (a file path, or a bare name the loader looks up) and finds CUPTI's functions.
+fn open(path: &Path) -> Result<Library, String> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{} is not a file name", path.display()))?;
+    // SAFETY: a C string; the handle is kept (never closed) while the process runs.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(dlerror());
+    }
+    let lacks = |name: &str| format!("{} has no {name}", path.display());
+    // SAFETY: the signatures are those of cupti_callbacks.h and cupti_result.h.
+    unsafe {
+        Ok(Library {
+            path: path.to_path_buf(),
+            api: Api {
+                subscribe: symbol(handle, c"cuptiSubscribe")
+                    .ok_or_else(|| lacks("cuptiSubscribe"))?,
+                unsubscribe: symbol(handle, c"cuptiUnsubscribe")
+                    .ok_or_else(|| lacks("cuptiUnsubscribe"))?,
+                enable_callback: symbol(handle, c"cuptiEnableCallback")
+                    .ok_or_else(|| lacks("cuptiEnableCallback"))?,
+                enable_domain: symbol(handle, c"cuptiEnableDomain")
+                    .ok_or_else(|| lacks("cuptiEnableDomain"))?,
+                callback_name: symbol(handle, c"cuptiGetCallbackName"),
+                result_string: symbol(handle, c"cuptiGetResultString")
+                    .ok_or_else(|| lacks("cuptiGetResultString"))?,
+            },
+        })
+    }
+}
+
+/// The directory libtorch was loaded from (None when it is not mapped, which a build of this
+/// program never is).
+pub fn torch_lib_dir() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libc10.so") || p.ends_with("/libtorch_cpu.so"))
+        .and_then(|p| Path::new(p).parent().map(Path::to_path_buf))
+}
+
+/// Where to look, in order: beside libtorch as the CUDA wheels lay it out, then by name.
+pub fn candidates(torch_lib: Option<&Path>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(lib) = torch_lib {
+        let site = lib.join("../..");
+        out.push(site.join("nvidia/cu13/lib/libcupti.so.13"));
+        out.push(site.join("nvidia/cuda_cupti/lib/libcupti.so.12"));
+    }
+    for name in ["libcupti.so.13", "libcupti.so.12", "libcupti.so"] {
+        out.push(PathBuf::from(name));
+    }
+    out
+}
+
+/// The first of `candidates` that opens: a path that is not there is passed over; one that is
+/// there but will not load is the reason given when none opens (else `libcupti not found`).
+fn open_first(candidates: &[PathBuf]) -> Result<Library, String> {
+    let mut failed = None;
+    for p in candidates {
+        let bare = p.components().count() == 1;
+        if !bare && !p.exists() {
+            continue;
+        }
+        match open(p) {
+            Ok(lib) => return Ok(lib),
+            Err(e) if !bare => failed = Some(format!("{} would not load: {e}", p.display())),
+            Err(_) => {}
+        }
+    }
+    Err(failed.unwrap_or_else(|| NOT_FOUND.into()))
+}
+
+/// A live subscription (CUPTI's handle is an opaque pointer it owns).
+struct Subscription {
+    path: PathBuf,
+    api: Api,
+    handle: *mut c_void,
+}
+
+// SAFETY: the handle is only passed back to CUPTI, whose calls are thread safe for it.
+unsafe impl Send for Subscription {}
+
+static SUBSCRIPTION: Mutex<Option<Subscription>> = Mutex::new(None);
+
+/// Subscribes `on_api` and enables the launch and sync callbacks of both domains (every
+/// callback of both where this CUPTI cannot name them; `on_api` picks by name then).
+fn subscribe(lib: &Library) -> Result<Subscription, String> {
+    let api = lib.api;
+    let mut handle: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `on_api` has CUpti_CallbackFunc's signature and lives as long as the process.
+    let r = unsafe { (api.subscribe)(&mut handle, on_api, std::ptr::null_mut()) };
+    if r != SUCCESS {
+        let mut why = format!("cuptiSubscribe failed: {}", api.say(r));
+        if r == MULTIPLE_SUBSCRIBERS {
+            why.push_str(" (CUPTI takes one subscriber a process: is nsys, ncu or another profiler attached?)");
+        }
+        return Err(why);
+    }
+    let mut enabled = 0;
+    for domain in [DOMAIN_RUNTIME, DOMAIN_DRIVER] {
+        let Some(name_of) = api.callback_name else {
+            // SAFETY: a live subscriber and a valid domain.
+            if unsafe { (api.enable_domain)(1, handle, domain) } == SUCCESS {
+                enabled += 1;
+            }
+            continue;
+        };
+        for cbid in 1..MAX_CBID {
+            let mut name: *const c_char = std::ptr::null();
+            // SAFETY: writes a pointer to a static name, or fails for an id it does not know.
+            if unsafe { name_of(domain, cbid, &mut name) } != SUCCESS || name.is_null() {
+                continue;
+            }
+            // SAFETY: a static NUL-terminated name.
+            if kind_of(unsafe { CStr::from_ptr(name) }.to_bytes()).is_some()
+                // SAFETY: a live subscriber, a domain and an id CUPTI named.
+                && unsafe { (api.enable_callback)(1, handle, domain, cbid) } == SUCCESS
+            {
+                enabled += 1;
+            }
+        }
+    }
+    if enabled == 0 {
+        // SAFETY: the handle this subscription got.
+        unsafe { (api.unsubscribe)(handle) };
+        return Err("CUPTI enabled none of the launch and sync callbacks".into());
+    }
+    Ok(Subscription {
+        path: lib.path.clone(),
+        api,
+        handle,
+    })
+}
+
+/// Ends a subscription (none left: CUPTI calls nothing of ours after this).
+fn stop(sub: &mut Option<Subscription>) {
+    ACTIVE.store(false, Relaxed);
+    if let Some(s) = sub.take() {
+        // SAFETY: the handle this subscription got, given back once.
+        unsafe { (s.api.unsubscribe)(s.handle) };
+    }
+}
+
+/// Applies `--cupti` for a run whose workers use CUDA or not (`uses_cuda`): subscribes (once a
+/// process; a later run reuses it) or ends any subscription, and says which. `on` that cannot
+/// count is an error naming the flag and the fix; `auto` gives the reason instead.
+pub fn install(setting: Setting, uses_cuda: bool) -> Result<CuptiState> {
+    install_from(setting, uses_cuda, || {
+        candidates(torch_lib_dir().as_deref())
+    })
+}
+
+fn install_from(
+    setting: Setting,
+    uses_cuda: bool,
+    candidates: impl FnOnce() -> Vec<PathBuf>,
+) -> Result<CuptiState> {
+    let mut sub = SUBSCRIPTION.lock().unwrap_or_else(|e| e.into_inner());
+    let why = match (setting, uses_cuda) {
+        (Setting::Off, _) => OFF.to_string(),
+        (Setting::On, false) => bail!(
+            "--cupti on: no worker runs on CUDA, so there are no kernel launches to count; put \
+             a worker on cuda:N (--target-devices, --drafter-devices) or use --cupti auto or off"
+        ),
+        (Setting::Auto, false) => NO_CUDA.to_string(),
+        (_, true) => {
+            if let Some(s) = sub.as_ref() {
+                ACTIVE.store(true, Relaxed);
+                return Ok(CuptiState::Counting(s.path.clone()));
+            }
+            clock::init();
+            match open_first(&candidates()).and_then(|lib| subscribe(&lib)) {
+                Ok(s) => {
+                    let path = s.path.clone();
+                    *sub = Some(s);
+                    ACTIVE.store(true, Relaxed);
+                    return Ok(CuptiState::Counting(path));
+                }
+                Err(why) if setting == Setting::On => bail!("--cupti on: {why}; {FIX}"),
+                Err(why) => why,
+            }
+        }
+    };
+    stop(&mut sub);
+    Ok(CuptiState::NotCounting(why))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Calls `on_api` as CUPTI would: `name`'s entry, `ms` of work, its exit.
+    fn call(name: &CStr, domain: u32, site: u32) {
+        let d = CallbackData {
+            callback_site: site,
+            function_name: name.as_ptr(),
+            function_params: std::ptr::null(),
+            function_return_value: std::ptr::null_mut(),
+            symbol_name: std::ptr::null(),
+            context: std::ptr::null_mut(),
+            context_uid: 1,
+            correlation_data: std::ptr::null_mut(),
+            correlation_id: 1,
+        };
+        // SAFETY: a CallbackData with a valid name, as CUPTI passes.
+        unsafe {
+            on_api(
+                std::ptr::null_mut(),
+                domain,
+                0,
+                &d as *const _ as *const c_void,
+            )
+        };
+    }
+
+    fn spin(ms: u64) {
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(ms) {
+            std::hint::spin_loop();
+        }
+    }
+
+    fn pair(name: &CStr, domain: u32, ms: u64) {
+        call(name, domain, API_ENTER);
+        spin(ms);
+        call(name, domain, API_EXIT);
+    }
+
+    #[test]
+    fn launches_and_syncs_count_on_the_calling_thread_once_each_and_take_starts_over() {
+        let _ = take_counts();
+        // A runtime launch with the driver's inside it: one launch, timed from the outer entry.
+        call(c"cudaLaunchKernel", DOMAIN_RUNTIME, API_ENTER);
+        pair(c"cuLaunchKernel", DOMAIN_DRIVER, 1);
+        spin(1);
+        call(c"cudaLaunchKernel", DOMAIN_RUNTIME, API_EXIT);
+        pair(c"cuLaunchKernelEx_ptsz", DOMAIN_DRIVER, 0);
+        pair(c"cuGraphLaunch", DOMAIN_DRIVER, 0);
+        pair(c"cudaStreamSynchronize", DOMAIN_RUNTIME, 3);
+        // Not counted: another call, a host function, another domain, an exit with no entry.
+        pair(c"cuMemcpyAsync", DOMAIN_DRIVER, 2);
+        pair(c"cuLaunchHostFunc", DOMAIN_DRIVER, 0);
+        pair(c"cuLaunchKernel", 3, 0);
+        call(c"cuStreamSynchronize", DOMAIN_DRIVER, API_EXIT);
+        // Another thread's calls are its own.
+        std::thread::Builder::new()
+            .name("other".into())
+            .spawn(|| pair(c"cuLaunchKernel", DOMAIN_DRIVER, 0))
+            .unwrap()
+            .join()
+            .unwrap();
+        let c = take_counts();
+        assert_eq!(c.launches, 3, "{c:?}");
+        assert!(
+            (2_000_000..100_000_000).contains(&c.launch_ns),
+            "the nested launch's 2 ms: {c:?}"
+        );
+        assert!(
+            (3_000_000..100_000_000).contains(&c.sync_ns),
+            "the sync's 3 ms, not the copy's: {c:?}"
+        );
+        assert_eq!(take_counts(), CudaCalls::default());
+        // Counts are only handed on while a subscription counts.
+        pair(c"cuLaunchKernel", DOMAIN_DRIVER, 0);
+        if !ACTIVE.load(Relaxed) {
+            assert_eq!(take(), None);
+        }
+    }
+
+    #[test]
+    fn names_sort_into_launches_syncs_and_the_rest() {
+        for n in [
+            "cudaLaunchKernel_v7000",
+            "cudaLaunchKernelExC_v11060",
+            "cudaGraphLaunch",
+        ] {
+            assert_eq!(kind_of(n.as_bytes()), Some(Kind::Launch), "{n}");
+        }
+        for n in ["cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch_ptsz"] {
+            assert_eq!(kind_of(n.as_bytes()), Some(Kind::Launch), "{n}");
+        }
+        for n in [
+            "cuCtxSynchronize",
+            "cuEventSynchronize",
+            "cuStreamSynchronize_ptsz",
+            "cudaDeviceSynchronize_v3020",
+        ] {
+            assert_eq!(kind_of(n.as_bytes()), Some(Kind::Sync), "{n}");
+        }
+        for n in [
+            "cuLaunchHostFunc",
+            "cuMemcpyDtoH_v2",
+            "cuStreamQuery",
+            "cuLaunch",
+        ] {
+            assert_eq!(kind_of(n.as_bytes()), None, "{n}");
+        }
+    }
+
+    #[test]
+    fn the_search_says_not_found_without_the_library_and_finds_the_wheels() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("torch/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        let beside: Vec<PathBuf> = candidates(Some(&lib)).into_iter().take(2).collect();
+        assert_eq!(
+            beside,
+            [
+                lib.join("../../nvidia/cu13/lib/libcupti.so.13"),
+                lib.join("../../nvidia/cuda_cupti/lib/libcupti.so.12"),
+            ]
+        );
+        assert_eq!(open_first(&beside).err().as_deref(), Some(NOT_FOUND));
+        // A file of that name that is not a library is named with the loader's reason.
+        let fake = dir.path().join("nvidia/cu13/lib");
+        std::fs::create_dir_all(&fake).unwrap();
+        std::fs::write(fake.join("libcupti.so.13"), b"not a library").unwrap();
+        let e = open_first(&beside).err().unwrap();
+        assert!(e.contains("libcupti.so.13 would not load"), "{e}");
+        // This build's libtorch is the torch wheel's: its CUDA 13 libcupti sits beside it.
+        let torch = torch_lib_dir().expect("libtorch is mapped");
+        let wheel = torch.join("../../nvidia/cu13/lib/libcupti.so.13");
+        if wheel.exists() {
+            let found = open_first(&candidates(Some(&torch))).unwrap();
+            assert_eq!(found.path, wheel);
+            assert!(found.api.callback_name.is_some());
+        } else {
+            eprintln!(
+                "no {}: the wheel's libcupti is not checked",
+                wheel.display()
+            );
+        }
+    }
+
+    #[test]
+    fn off_and_a_cpu_run_need_no_library_and_on_says_the_fix() {
+        let none = Vec::new;
+        assert_eq!(
+            install_from(Setting::Off, true, none).unwrap(),
+            CuptiState::NotCounting("off".into())
+        );
+        assert_eq!(
+            install_from(Setting::Auto, false, none).unwrap().field(),
+            "n/a (no CUDA device in use)"
+        );
+        let e = install_from(Setting::On, false, none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--cupti on: no worker runs on CUDA"), "{e}");
+        let missing = || vec![PathBuf::from("/nonexistent/libcupti.so.13")];
+        let auto = install_from(Setting::Auto, true, missing).unwrap();
+        assert_eq!(auto.why_not().as_deref(), Some("libcupti not found"));
+        let e = install_from(Setting::On, true, missing)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--cupti on: libcupti not found; install the nvidia-cuda-cupti"),
+            "{e}"
+        );
+        assert_eq!(Setting::parse("on"), Some(Setting::On));
+        assert_eq!(Setting::parse("yes"), None);
+    }
+}
