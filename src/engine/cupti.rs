@@ -21,15 +21,18 @@
 //! A counted call made inside another (the runtime's launch calling the driver's) counts once,
 //! as the outer one; its time runs from its entry to its exit. The counts land in a thread-local
 //! of the thread that made the call, and `Marks::end_step` takes them into the step's record.
-//! Calls libtorch makes on its own threads (backward runs on the autograd engine's thread for
-//! the device) are that thread's and are not shown.
+//! Calls of threads that are no worker's go to their CUDA context's account instead: on CUDA,
+//! libtorch's autograd engine runs backward on a thread of its own per device while the worker
+//! that called it waits, and a drafter's `Marks` adopts its context's account at each step's
+//! end, so that its count covers its backward (and the gradient all-reduce launched from it).
+//! Two drafters on one device in one process would split that account by who ends first.
 
 use crate::telemetry::{clock, CudaCalls};
 use anyhow::{bail, Result};
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 /// `--cupti`: count when a worker is on CUDA and the library loads (`auto`), insist (`on`), or
@@ -179,6 +182,69 @@ const NONE: Calls = Calls {
 
 thread_local! {
     static CALLS: Cell<Calls> = const { Cell::new(NONE) };
+    /// Whether this thread is a worker's (its counts are its own; else its context's account).
+    static WORKER: Cell<bool> = const { Cell::new(false) };
+    /// The CUDA context of this worker's last counted call (0: none yet).
+    static CONTEXT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The counted calls of threads that are no worker's, for one CUDA context.
+struct Account {
+    context: AtomicUsize,
+    launches: AtomicU64,
+    launch_ticks: AtomicU64,
+    sync_ticks: AtomicU64,
+}
+
+/// CUDA contexts accounted for: one per device (the primary context libtorch uses).
+const ACCOUNTS: usize = 16;
+
+#[allow(clippy::declare_interior_mutable_const)] // the initialiser of each array element
+const EMPTY: Account = Account {
+    context: AtomicUsize::new(0),
+    launches: AtomicU64::new(0),
+    launch_ticks: AtomicU64::new(0),
+    sync_ticks: AtomicU64::new(0),
+};
+
+static FOREIGN: [Account; ACCOUNTS] = [EMPTY; ACCOUNTS];
+
+/// The account of `context`, opened when `open` and there is none (None: a null context, or
+/// all accounts taken).
+fn account(context: usize, open: bool) -> Option<&'static Account> {
+    if context == 0 {
+        return None;
+    }
+    for a in &FOREIGN {
+        match a.context.load(Relaxed) {
+            c if c == context => return Some(a),
+            0 if open => match a.context.compare_exchange(0, context, Relaxed, Relaxed) {
+                Ok(_) => return Some(a),
+                Err(c) if c == context => return Some(a),
+                Err(_) => {}
+            },
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Makes the calling thread a worker's: its counted calls are its own from now on.
+pub fn claim_thread() {
+    WORKER.with(|w| w.set(true));
+}
+
+/// The calls of threads that are no worker's on the CUDA context of the calling worker's last
+/// counted call, since the last adoption; starts that account over.
+pub fn adopt_foreign() -> CudaCalls {
+    let Some(a) = account(CONTEXT.with(Cell::get), false) else {
+        return CudaCalls::default();
+    };
+    CudaCalls {
+        launches: a.launches.swap(0, Relaxed),
+        launch_ns: clock::ticks_to_ns(a.launch_ticks.swap(0, Relaxed)),
+        sync_ns: clock::ticks_to_ns(a.sync_ticks.swap(0, Relaxed)),
+    }
 }
 
 /// Whether a subscription counts now (`take` gives None otherwise).
@@ -203,6 +269,8 @@ unsafe extern "C" fn on_api(_user: *mut c_void, domain: u32, _cbid: u32, data: *
     let name = unsafe { CStr::from_ptr(d.function_name) }.to_bytes();
     let Some(kind) = kind_of(name) else { return };
     let now = clock::ticks();
+    let worker = WORKER.try_with(Cell::get).unwrap_or(false);
+    let context = d.context as usize;
     let _ = CALLS.try_with(|cell| {
         let mut c = cell.get();
         match d.callback_site {
@@ -218,12 +286,25 @@ unsafe extern "C" fn on_api(_user: *mut c_void, domain: u32, _cbid: u32, data: *
                 c.depth -= 1;
                 if c.depth == 0 {
                     let spent = clock::elapsed(c.start, now);
-                    match c.outer {
-                        Kind::Launch => {
-                            c.launches += 1;
-                            c.launch_ticks += spent;
+                    if worker {
+                        let _ = CONTEXT.try_with(|x| x.set(context));
+                        match c.outer {
+                            Kind::Launch => {
+                                c.launches += 1;
+                                c.launch_ticks += spent;
+                            }
+                            Kind::Sync => c.sync_ticks += spent,
                         }
-                        Kind::Sync => c.sync_ticks += spent,
+                    } else if let Some(a) = account(context, true) {
+                        match c.outer {
+                            Kind::Launch => {
+                                a.launches.fetch_add(1, Relaxed);
+                                a.launch_ticks.fetch_add(spent, Relaxed);
+                            }
+                            Kind::Sync => {
+                                a.sync_ticks.fetch_add(spent, Relaxed);
+                            }
+                        }
                     }
                 }
             }
@@ -502,15 +583,19 @@ fn install_from(
 mod tests {
     use super::*;
 
-    /// Calls `on_api` as CUPTI would: `name`'s entry, `ms` of work, its exit.
+    /// Calls `on_api` as CUPTI would, on context 0x10.
     fn call(name: &CStr, domain: u32, site: u32) {
+        call_on(name, domain, site, 0x10);
+    }
+
+    fn call_on(name: &CStr, domain: u32, site: u32, context: usize) {
         let d = CallbackData {
             callback_site: site,
             function_name: name.as_ptr(),
             function_params: std::ptr::null(),
             function_return_value: std::ptr::null_mut(),
             symbol_name: std::ptr::null(),
-            context: std::ptr::null_mut(),
+            context: context as *mut c_void,
             context_uid: 1,
             correlation_data: std::ptr::null_mut(),
             correlation_id: 1,
@@ -541,6 +626,7 @@ mod tests {
 
     #[test]
     fn launches_and_syncs_count_on_the_calling_thread_once_each_and_take_starts_over() {
+        claim_thread();
         let _ = take_counts();
         // A runtime launch with the driver's inside it: one launch, timed from the outer entry.
         call(c"cudaLaunchKernel", DOMAIN_RUNTIME, API_ENTER);
@@ -555,10 +641,13 @@ mod tests {
         pair(c"cuLaunchHostFunc", DOMAIN_DRIVER, 0);
         pair(c"cuLaunchKernel", 3, 0);
         call(c"cuStreamSynchronize", DOMAIN_DRIVER, API_EXIT);
-        // Another thread's calls are its own.
+        // Another worker's calls are its own.
         std::thread::Builder::new()
             .name("other".into())
-            .spawn(|| pair(c"cuLaunchKernel", DOMAIN_DRIVER, 0))
+            .spawn(|| {
+                claim_thread();
+                pair(c"cuLaunchKernel", DOMAIN_DRIVER, 0)
+            })
             .unwrap()
             .join()
             .unwrap();
@@ -578,6 +667,48 @@ mod tests {
         if !ACTIVE.load(Relaxed) {
             assert_eq!(take(), None);
         }
+    }
+
+    /// A thread that is no worker's (libtorch's autograd thread running a backward) counts into
+    /// its context's account, which the worker last on that context adopts; a worker on another
+    /// context gets none of it.
+    #[test]
+    fn calls_of_a_thread_that_is_no_workers_go_to_the_worker_on_its_context() {
+        fn named<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+            let t = std::thread::Builder::new().name(name.into());
+            t.spawn(f).unwrap().join().unwrap()
+        }
+        // The worker: one launch of its own on context 0x20.
+        let (own, adopted, again) = named("worker", || {
+            claim_thread();
+            call_on(c"cuLaunchKernel", DOMAIN_DRIVER, API_ENTER, 0x20);
+            call_on(c"cuLaunchKernel", DOMAIN_DRIVER, API_EXIT, 0x20);
+            let own = take_counts();
+            // The autograd thread: two launches and a sync on 0x20, one launch on 0x30.
+            named("autograd", || {
+                for _ in 0..2 {
+                    call_on(c"cudaLaunchKernel", DOMAIN_RUNTIME, API_ENTER, 0x20);
+                    call_on(c"cudaLaunchKernel", DOMAIN_RUNTIME, API_EXIT, 0x20);
+                }
+                call_on(c"cuStreamSynchronize", DOMAIN_DRIVER, API_ENTER, 0x20);
+                spin(2);
+                call_on(c"cuStreamSynchronize", DOMAIN_DRIVER, API_EXIT, 0x20);
+                call_on(c"cuLaunchKernel", DOMAIN_DRIVER, API_ENTER, 0x30);
+                call_on(c"cuLaunchKernel", DOMAIN_DRIVER, API_EXIT, 0x30);
+            });
+            (own, adopt_foreign(), adopt_foreign())
+        });
+        assert_eq!(own.launches, 1, "{own:?}");
+        assert_eq!(adopted.launches, 2, "{adopted:?}");
+        assert!(adopted.sync_ns >= 2_000_000, "{adopted:?}");
+        assert_eq!(
+            again,
+            CudaCalls::default(),
+            "adopting starts the account over"
+        );
+        // 0x30's launch waits for a worker on 0x30; a thread that is no worker adopts nothing.
+        assert_eq!(account(0x30, false).unwrap().launches.load(Relaxed), 1);
+        assert_eq!(named("other", adopt_foreign), CudaCalls::default());
     }
 
     #[test]

@@ -410,6 +410,7 @@ mod tests {
         );
         let switches = telemetry.switches().clone();
         let mut marks = crate::engine::marks::Marks::new(rec, dev, switches).unwrap();
+        marks.adopt_autograd_calls();
         let counts = std::sync::Arc::new(DataCounts::default());
         let mut source = data_source(&cfg, &cfg.target_config, &cfg.drafter_spec, &counts).unwrap();
         let (mut packer, mut rng) = (Packer::new(), Rng::new(5));
@@ -454,7 +455,8 @@ mod tests {
 
     /// Issue 28, on a GPU: with `--cupti on` every drafter step's record carries the kernel
     /// launches CUPTI saw on the worker's thread (its forward, loss, clipping, optimizer and
-    /// metrics; backward runs on libtorch's autograd thread) and the time in its syncs.
+    /// metrics) and on libtorch's autograd thread for its device (its backward), and the time in
+    /// its syncs.
     #[test]
     #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
     fn cupti_counts_each_drafter_steps_kernel_launches_on_cuda() {

@@ -165,7 +165,8 @@ impl<'a> Worker<'a> {
         let rec = telemetry
             .sink()
             .recorder(crate::telemetry::Role::Drafter, &device_name(device));
-        let m = Marks::new(rec, device, telemetry.switches().clone())?;
+        let mut m = Marks::new(rec, device, telemetry.switches().clone())?;
+        m.adopt_autograd_calls();
         job.step.prepare()?;
         let copy_stream = match (device, m.stream()) {
             (Device::Cuda(i), Some(_)) if job.prefetch => Some(Stream::from_pool(i)?),

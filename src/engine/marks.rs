@@ -222,6 +222,9 @@ struct GpuSide {
     timer: Option<EventTimer>,
     /// The mode the step in progress began in.
     step_mode: Option<GpuTiming>,
+    /// Whether each step's CUDA calls take in those of threads that are no worker's on its
+    /// context (a drafter's backward, run on libtorch's autograd thread; see cupti.rs).
+    adopts_foreign_calls: bool,
 }
 
 thread_local! {
@@ -250,8 +253,20 @@ impl Marks {
             stream,
             timer: None,
             step_mode: None,
+            adopts_foreign_calls: false,
         });
+        if gpu.is_some() {
+            super::cupti::claim_thread();
+        }
         Ok(Marks { rec, switches, gpu })
+    }
+
+    /// Counts, in each step's CUDA calls, those libtorch's own threads make on this worker's
+    /// device (the autograd engine runs a drafter's backward there while the drafter waits).
+    pub fn adopt_autograd_calls(&mut self) {
+        if let Some(g) = &mut self.gpu {
+            g.adopts_foreign_calls = true;
+        }
     }
 
     /// The worker's own stream, on a GPU.
@@ -296,7 +311,11 @@ impl Marks {
             self.rec.end_step(tokens, metrics);
             return;
         };
-        self.rec.set_cuda_calls(super::cupti::take());
+        let mut calls = super::cupti::take();
+        if let (Some(c), true) = (&mut calls, g.adopts_foreign_calls) {
+            c.add(&super::cupti::adopt_foreign());
+        }
+        self.rec.set_cuda_calls(calls);
         let mode = self.switches.gpu_timing();
         let events = mode == GpuTiming::Events
             && g.step_mode == Some(GpuTiming::Events)
@@ -338,6 +357,9 @@ impl Marks {
         }
         let _ = super::host_sync::take();
         let _ = super::cupti::take();
+        if self.gpu.as_ref().is_some_and(|g| g.adopts_foreign_calls) {
+            let _ = super::cupti::adopt_foreign();
+        }
         self.rec.restart();
     }
 }
