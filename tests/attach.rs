@@ -264,17 +264,9 @@ pub fn python_pipeline(runtime: &Path, slow: Option<&str>) -> Child {
 fn watch_python(slow: Option<&str>) -> Vec<String> {
     let runtime = tempfile::tempdir().unwrap();
     let mut child = python_pipeline(runtime.path(), slow);
-    let sock = runtime
-        .path()
-        .join("dflash-top")
-        .join(format!("{}.sock", child.id()));
-    wait_until("the Python pipeline's socket", || sock.exists());
-    let o = bin()
-        .args(["attach", &child.id().to_string(), "--headless"])
-        .args(["--seconds", "8", "--interval", "1"])
-        .env("XDG_RUNTIME_DIR", runtime.path())
-        .output()
-        .unwrap();
+    let sock =
+        crate::support::served_socket("the Python pipeline's socket", runtime.path(), child.id());
+    let o = crate::support::attach_headless(runtime.path(), child.id(), 8);
     // SAFETY: kill with a pid we spawned.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
@@ -344,17 +336,8 @@ fn a_python_pipelines_allocator_figures_reach_attach() {
         .stderr(Stdio::null())
         .spawn()
         .expect(".venv/bin/python runs (make venv)");
-    let sock = runtime
-        .path()
-        .join("dflash-top")
-        .join(format!("{}.sock", child.id()));
-    wait_until("the Python pipeline's socket", || sock.exists());
-    let o = bin()
-        .args(["attach", &child.id().to_string(), "--headless"])
-        .args(["--seconds", "4", "--interval", "1"])
-        .env("XDG_RUNTIME_DIR", runtime.path())
-        .output()
-        .unwrap();
+    crate::support::served_socket("the Python pipeline's socket", runtime.path(), child.id());
+    let o = crate::support::attach_headless(runtime.path(), child.id(), 4);
     let _ = child.kill();
     let _ = child.wait();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -405,11 +388,8 @@ fn the_tui_attaches_its_keys_reach_the_pipeline_and_q_detaches() {
     let runtime = tempfile::tempdir().unwrap();
     let mut child = python_pipeline(runtime.path(), None);
     let pid = child.id().to_string();
-    let sock = runtime
-        .path()
-        .join("dflash-top")
-        .join(format!("{pid}.sock"));
-    wait_until("the Python pipeline's socket", || sock.exists());
+    let sock =
+        crate::support::served_socket("the Python pipeline's socket", runtime.path(), child.id());
     let cmd = format!(
         "XDG_RUNTIME_DIR={} {} attach {pid}; echo EXITED=$?; sleep 600",
         runtime.path().display(),
@@ -468,11 +448,7 @@ fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let sock = runtime
-        .path()
-        .join("dflash-top")
-        .join(format!("{}.sock", train.id()));
-    wait_until("the run's socket", || sock.exists());
+    let sock = crate::support::served_socket("the run's socket", runtime.path(), train.id());
     // `attach --list`: a row per session under its columns, the viewers counted.
     let list = || {
         let o = bin()

@@ -25,9 +25,7 @@ fn run_script(runtime: &Path, script: &str, args: &[&str]) -> Child {
 /// Attaches headless as soon as the script serves (before its threads start: the table grows
 /// while the viewer watches) until `done` holds for a line, or a minute.
 fn watch(runtime: &Path, mut child: Child, done: impl Fn(&str) -> bool) -> String {
-    let sock = runtime
-        .join("dflash-top")
-        .join(format!("{}.sock", child.id()));
+    let sock = crate::support::socket_of(runtime, child.id());
     let start = Instant::now();
     while !sock.exists() {
         assert!(

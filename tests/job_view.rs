@@ -58,10 +58,7 @@ impl Job {
     }
 
     fn socket(&self, rank: usize) -> PathBuf {
-        self.runtime
-            .path()
-            .join("dflash-top")
-            .join(format!("{}.sock", self.ranks[rank].id()))
+        crate::support::socket_of(self.runtime.path(), self.ranks[rank].id())
     }
 
     fn attach(&self, args: &[&str]) -> Output {
@@ -284,11 +281,7 @@ fn a_path_that_is_no_session_and_a_job_that_is_not_there_are_sentences() {
 fn sessions_of_different_pipelines_are_not_merged() {
     let job = Job::start();
     let mut python = super::attach::python_pipeline(job.runtime.path(), None);
-    let py_sock = job
-        .runtime
-        .path()
-        .join("dflash-top")
-        .join(format!("{}.sock", python.id()));
+    let py_sock = crate::support::socket_of(job.runtime.path(), python.id());
     wait_until("both sockets", || {
         job.socket(0).exists() && py_sock.exists()
     });

@@ -5,7 +5,7 @@
 //! own, as a user runs it; the names travel with the snapshots, so two pipelines' snapshots
 //! render apart in one process too.
 
-use crate::support::{bin, repo, wait_until};
+use crate::support::{bin, repo};
 use dflash_top::wire::protocol::*;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -22,10 +22,7 @@ fn named_pipeline(runtime: &Path) -> (Child, PathBuf) {
         .stderr(Stdio::null())
         .spawn()
         .expect(".venv/bin/python runs (make venv)");
-    let sock = runtime
-        .join("dflash-top")
-        .join(format!("{}.sock", child.id()));
-    wait_until("the Python pipeline's socket", || sock.exists());
+    let sock = crate::support::served_socket("the Python pipeline's socket", runtime, child.id());
     (child, sock)
 }
 
@@ -65,12 +62,7 @@ const DRAFTER_PHASES: [&str; 8] = [
 fn attached_headless_the_declared_phases_show_under_their_names() {
     let runtime = tempfile::tempdir().unwrap();
     let (child, _) = named_pipeline(runtime.path());
-    let o = bin()
-        .args(["attach", &child.id().to_string(), "--headless"])
-        .args(["--seconds", "5", "--interval", "1"])
-        .env("XDG_RUNTIME_DIR", runtime.path())
-        .output()
-        .unwrap();
+    let o = crate::support::attach_headless(runtime.path(), child.id(), 5);
     stop(child);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);

@@ -1,7 +1,7 @@
 //! Helpers the integration test modules share: the binary under test, the repository root, and
 //! waiting for a condition on a loaded machine.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,30 @@ pub fn wait_until(what: &str, ok: impl Fn() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The socket process `pid` serves under the runtime directory `runtime` (its
+/// XDG_RUNTIME_DIR).
+pub fn socket_of(runtime: &Path, pid: u32) -> PathBuf {
+    runtime.join("dflash-top").join(format!("{pid}.sock"))
+}
+
+/// `socket_of`, once it exists (waiting as `wait_until` does, `what` in the failure).
+pub fn served_socket(what: &str, runtime: &Path, pid: u32) -> PathBuf {
+    let sock = socket_of(runtime, pid);
+    wait_until(what, || sock.exists());
+    sock
+}
+
+/// `attach PID --headless` for `seconds`, a line a second, under the runtime directory
+/// `runtime`: its output.
+pub fn attach_headless(runtime: &Path, pid: u32, seconds: u32) -> std::process::Output {
+    bin()
+        .args(["attach", &pid.to_string(), "--headless"])
+        .args(["--seconds", &seconds.to_string(), "--interval", "1"])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .output()
+        .unwrap()
 }
 
 /// A TCP port of this host that was free a moment ago (bound, then let go): a job's

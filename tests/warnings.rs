@@ -74,7 +74,6 @@ fn headless_lines_list_warnings_as_rule_subject_with_counts() {
 }
 
 use super::runs::{assert_user_error, bin, run, stderr};
-use super::support::wait_until;
 use std::process::Stdio;
 
 fn stdout(o: &std::process::Output) -> String {
@@ -199,11 +198,7 @@ fn attach_headless_fail_if_detaches_with_status_3_and_the_run_goes_on() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let sock = runtime
-        .path()
-        .join("dflash-top")
-        .join(format!("{}.sock", train.id()));
-    wait_until("the run's socket", || sock.exists());
+    crate::support::served_socket("the run's socket", runtime.path(), train.id());
     let o = bin()
         .args(["attach", "--headless", "--fail-if", "tok/s<1e12 after 1s"])
         .env("XDG_RUNTIME_DIR", runtime.path())
@@ -362,11 +357,7 @@ fn attach_takes_its_warning_rules_from_config_and_refuses_a_bad_table() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let sock = runtime
-        .path()
-        .join("dflash-top")
-        .join(format!("{}.sock", train.id()));
-    wait_until("the run's socket", || sock.exists());
+    crate::support::served_socket("the run's socket", runtime.path(), train.id());
     let attach = |config: &std::path::Path| {
         bin()
             .args(["attach", "--headless", "--fail-if", "warn>=error"])
@@ -411,11 +402,7 @@ fn attach_flight_dumps_what_the_viewer_saw_and_the_dump_replays() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let sock = runtime
-        .path()
-        .join("dflash-top")
-        .join(format!("{}.sock", train.id()));
-    wait_until("the run's socket", || sock.exists());
+    crate::support::served_socket("the run's socket", runtime.path(), train.id());
     let o = bin()
         .args(["attach", "--headless", "--seconds", "40", "--interval", "5"])
         .args(["--flight", flight.to_str().unwrap()])
