@@ -3,7 +3,9 @@
 //! second summed, the verdict the worst of the ranks' own, each rank's numbers kept in
 //! `Snapshot::ranks`. Pure: src/wire/join_many.rs feeds it the latest snapshot of each session.
 
-use crate::telemetry::snapshot::{GpuPanel, GpuView, MemoryView, RankView, SelfCost, TrainView};
+use crate::telemetry::snapshot::{
+    AllocatorView, GpuPanel, GpuView, MemoryView, RankView, SelfCost, TrainView,
+};
 use crate::telemetry::Snapshot;
 
 /// One session's latest snapshot and the name its threads take.
@@ -45,6 +47,7 @@ pub fn merge(parts: &[Part], seq: u64) -> Snapshot {
         cpu_note: snaps.iter().find_map(|s| s.cpu_note.clone()),
         memory: memory(&snaps),
         gpus: gpus(&snaps),
+        allocator: allocator(&snaps),
         cupti: snaps.iter().find_map(|s| s.cupti.clone()),
         stage_ratio_flops: snaps.iter().find_map(|s| s.stage_ratio_flops),
         loss_history: snaps
@@ -196,6 +199,28 @@ fn gpus(snaps: &[&Snapshot]) -> GpuPanel {
     GpuPanel::Present(out)
 }
 
+/// The caching allocators of the processes on each CUDA device, added up (`cuda:N` taken, like
+/// the GPUs above, as the same device in every local session).
+fn allocator(snaps: &[&Snapshot]) -> Vec<AllocatorView> {
+    let mut out: Vec<AllocatorView> = Vec::new();
+    for a in snaps.iter().flat_map(|s| &s.allocator) {
+        let Some(o) = out.iter_mut().find(|o| o.cuda == a.cuda) else {
+            out.push(a.clone());
+            continue;
+        };
+        o.reserved_bytes += a.reserved_bytes;
+        o.allocated_bytes += a.allocated_bytes;
+        o.segments += a.segments;
+        o.device_allocs += a.device_allocs;
+        o.device_frees += a.device_frees;
+        o.alloc_retries += a.alloc_retries;
+        o.churn_per_s += a.churn_per_s;
+        o.retries_per_s += a.retries_per_s;
+    }
+    out.sort_by_key(|a| a.cuda);
+    out
+}
+
 fn self_cost(snaps: &[&Snapshot]) -> SelfCost {
     let n = snaps.len().max(1) as f64;
     SelfCost {
@@ -345,5 +370,38 @@ mod tests {
         ];
         let m = merge(&parts(&snaps), 1);
         assert_eq!(m.slowest_rank().map(|r| r.name.as_str()), Some("r1"));
+    }
+
+    /// Each rank's caching allocator figures reach the merged view, added up on a device that
+    /// two processes share.
+    #[test]
+    fn the_ranks_allocators_are_kept_per_device_and_added_on_a_shared_one() {
+        let on = |cuda: u32, gib: u64, churn: f64| AllocatorView {
+            cuda,
+            reserved_bytes: gib << 30,
+            allocated_bytes: gib << 29,
+            segments: 10 * gib,
+            device_allocs: 5,
+            device_frees: 3,
+            alloc_retries: 1,
+            churn_per_s: churn,
+            retries_per_s: 0.0,
+        };
+        let mut r0 = rank(4000.0, 12, Verdict::Balanced);
+        r0.allocator = vec![on(0, 4, 2.0)];
+        let mut r1 = rank(3200.0, 11, Verdict::Balanced);
+        r1.allocator = vec![on(1, 8, 0.0), on(0, 2, 1.0)];
+        let snaps = [("r0", r0, false), ("r1", r1, false)];
+        let m = merge(&parts(&snaps), 1);
+        let devices: Vec<u32> = m.allocator.iter().map(|a| a.cuda).collect();
+        assert_eq!(devices, [0, 1]);
+        let shared = &m.allocator[0];
+        assert_eq!(shared.reserved_bytes, 6 << 30);
+        assert_eq!(
+            (shared.segments, shared.device_allocs, shared.alloc_retries),
+            (60, 10, 2)
+        );
+        assert_eq!(shared.churn_per_s, 3.0);
+        assert_eq!(m.allocator[1], on(1, 8, 0.0));
     }
 }
