@@ -1,7 +1,8 @@
 #!/bin/sh
 # The GPU-only tests (marked #[ignore] with a reason, so a machine without a GPU counts them as
 # skipped) for a GPU host with no Rust toolchain: builds the two test binaries that hold them and
-# strips them into .gpu/tests/ (about 55 MB together). On the GPU host, from the repository root:
+# strips them into .gpu/tests/ (about 60 MB together), and the release binary the seeded-warning
+# test drives into .gpu/dflash-top. On the GPU host, from the repository root:
 #   TL=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")')
 #   LD_LIBRARY_PATH=$TL .gpu/tests/lib --ignored && LD_LIBRARY_PATH=$TL .gpu/tests/all --ignored
 set -eu
@@ -17,3 +18,6 @@ for line in sys.stdin:
         subprocess.run(["strip", "-o", f".gpu/tests/{name}", exe], check=True)
         print(f".gpu/tests/{name} <- {exe}")
 '
+cargo build --release
+strip -o .gpu/dflash-top target/release/dflash-top
+echo ".gpu/dflash-top <- target/release/dflash-top"
