@@ -109,71 +109,76 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
     panels::header::render(f, header, &c);
     match app.view {
         View::Overview => overview(f, body, &c),
-        View::Threads => {
-            // The table sized to its rows (at most half), the selected thread's detail below.
-            let table_h = panels::threads::height(&c).clamp(5, body.height / 2);
-            let [t, d] =
-                Layout::vertical([Constraint::Length(table_h), Constraint::Min(0)]).areas(body);
-            panels::threads::render(f, t, &c, true);
-            panels::thread_detail::render(f, d, &c);
-        }
-        View::Phases => {
-            // The bars sized to their threads with each one's detail line, the critical path,
-            // the shares over time in the rest; too little rest for a readable history: the
-            // history goes (a whole panel), never a bar's detail.
-            let bars_h = panels::phases::height(&c, body.width, true);
-            let crit_h = panels::shares::critical_height(body.width);
-            let rest = body.height.saturating_sub(bars_h + crit_h);
-            if rest >= 5 {
-                let [bars, crit, history] = Layout::vertical([
-                    Constraint::Length(bars_h),
-                    Constraint::Length(crit_h),
-                    Constraint::Min(0),
-                ])
-                .areas(body);
-                panels::phases::render(f, bars, &c, true);
-                panels::shares::render_critical(f, crit, &c);
-                panels::shares::render_history(f, history, &c);
-            } else {
-                let [bars, crit] =
-                    Layout::vertical([Constraint::Min(0), Constraint::Length(crit_h)]).areas(body);
-                panels::phases::render(f, bars, &c, true);
-                panels::shares::render_critical(f, crit, &c);
-            }
-        }
-        View::Queues => {
-            // The queues share all the room above the GPUs (their depth histories grow).
-            let gpu_h = panels::gpus::height(&c.snap.gpus).min(body.height / 2);
-            let [q, g] =
-                Layout::vertical([Constraint::Min(0), Constraint::Length(gpu_h)]).areas(body);
-            panels::queues::render(f, q, &c);
-            panels::gpus::render(f, g, &c);
-        }
+        View::Threads => threads_view(f, body, &c),
+        View::Phases => phases_view(f, body, &c),
+        View::Queues => queues_view(f, body, &c),
         View::Charts => panels::charts::render(f, body, &c, true),
         View::Warnings => panels::warnings::render(f, body, &c),
-        View::Timeline => {
-            // The phase bars of the same threads below, sized to their content (with the detail
-            // lines where there is room); the timeline takes the rest (its lanes grow).
-            let want = panels::timeline::height(&c);
-            let detail = panels::phases::height(&c, body.width, true);
-            let plain = panels::phases::height(&c, body.width, false);
-            if body.height >= want + detail {
-                let [t, p] =
-                    Layout::vertical([Constraint::Min(0), Constraint::Length(detail)]).areas(body);
-                panels::timeline::render(f, t, &c);
-                panels::phases::render(f, p, &c, true);
-            } else if body.height >= want + plain {
-                let [t, p] =
-                    Layout::vertical([Constraint::Min(0), Constraint::Length(plain)]).areas(body);
-                panels::timeline::render(f, t, &c);
-                panels::phases::render(f, p, &c, false);
-            } else {
-                panels::timeline::render(f, body, &c);
-            }
-        }
+        View::Timeline => timeline_view(f, body, &c),
     }
     if app.help {
         panels::help::render(f, area, &c);
+    }
+}
+
+/// The threads view: the table sized to its rows (at most half), the selected thread's detail
+/// below.
+fn threads_view(f: &mut Frame, body: Rect, c: &Ctx) {
+    let table_h = panels::threads::height(c).clamp(5, body.height / 2);
+    let [t, d] = Layout::vertical([Constraint::Length(table_h), Constraint::Min(0)]).areas(body);
+    panels::threads::render(f, t, c, true);
+    panels::thread_detail::render(f, d, c);
+}
+
+/// The phases view: the bars sized to their threads with each one's detail line, the critical
+/// path, the shares over time in the rest; too little rest for a readable history: the
+/// history goes (a whole panel), never a bar's detail.
+fn phases_view(f: &mut Frame, body: Rect, c: &Ctx) {
+    let bars_h = panels::phases::height(c, body.width, true);
+    let crit_h = panels::shares::critical_height(body.width);
+    let rest = body.height.saturating_sub(bars_h + crit_h);
+    if rest >= 5 {
+        let [bars, crit, history] = Layout::vertical([
+            Constraint::Length(bars_h),
+            Constraint::Length(crit_h),
+            Constraint::Min(0),
+        ])
+        .areas(body);
+        panels::phases::render(f, bars, c, true);
+        panels::shares::render_critical(f, crit, c);
+        panels::shares::render_history(f, history, c);
+    } else {
+        let [bars, crit] =
+            Layout::vertical([Constraint::Min(0), Constraint::Length(crit_h)]).areas(body);
+        panels::phases::render(f, bars, c, true);
+        panels::shares::render_critical(f, crit, c);
+    }
+}
+
+/// The queues view: the queues share all the room above the GPUs (their depth histories grow).
+fn queues_view(f: &mut Frame, body: Rect, c: &Ctx) {
+    let gpu_h = panels::gpus::height(&c.snap.gpus).min(body.height / 2);
+    let [q, g] = Layout::vertical([Constraint::Min(0), Constraint::Length(gpu_h)]).areas(body);
+    panels::queues::render(f, q, c);
+    panels::gpus::render(f, g, c);
+}
+
+/// The timeline view: the phase bars of the same threads below, sized to their content (with
+/// the detail lines where there is room); the timeline takes the rest (its lanes grow).
+fn timeline_view(f: &mut Frame, body: Rect, c: &Ctx) {
+    let want = panels::timeline::height(c);
+    let detail = panels::phases::height(c, body.width, true);
+    let plain = panels::phases::height(c, body.width, false);
+    if body.height >= want + detail {
+        let [t, p] = Layout::vertical([Constraint::Min(0), Constraint::Length(detail)]).areas(body);
+        panels::timeline::render(f, t, c);
+        panels::phases::render(f, p, c, true);
+    } else if body.height >= want + plain {
+        let [t, p] = Layout::vertical([Constraint::Min(0), Constraint::Length(plain)]).areas(body);
+        panels::timeline::render(f, t, c);
+        panels::phases::render(f, p, c, false);
+    } else {
+        panels::timeline::render(f, body, c);
     }
 }
 

@@ -48,58 +48,65 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         if y >= bottom {
             break;
         }
-        let style = if g.cuda.is_some() {
-            ratatui::style::Style::default()
-        } else {
-            c.theme.dim()
-        };
-        let row = |y: u16| Rect {
-            x: inner.x,
-            y,
-            width: inner.width,
-            height: 1,
-        };
-        let [first, mut second] = lines(g);
-        // The allocator's figures after the power line, or on a line of their own when the
-        // two do not fit side by side (a narrow panel).
-        let mut own_line = None;
-        if let Some(n) = g.cuda {
-            let alloc = allocator_part(c.snap.allocator_of(n));
-            if second.chars().count() + alloc.chars().count() <= inner.width as usize {
-                second.push_str(&alloc);
-            } else {
-                own_line = Some(alloc);
-            }
-        }
-        f.render_widget(Paragraph::new(first).style(style), row(y));
-        if y + 1 < bottom {
-            f.render_widget(Paragraph::new(second).style(style), row(y + 1));
-        }
-        if let Some(alloc) = own_line {
-            y += 1;
-            if y + 1 < bottom {
-                f.render_widget(Paragraph::new(alloc).style(style), row(y + 1));
-            }
-        }
-        if y + 2 < bottom {
-            let data: Vec<u64> = g
-                .util_history
-                .iter()
-                .rev()
-                .take(inner.width as usize)
-                .rev()
-                .map(|u| *u as u64)
-                .collect();
-            f.render_widget(
-                Sparkline::default()
-                    .data(&data)
-                    .max(100)
-                    .style(c.theme.accent(ratatui::style::Color::Green)),
-                row(y + 2),
-            );
-        }
-        y += ROWS_PER_GPU;
+        y = one(f, c, inner, g, y);
     }
+}
+
+/// One GPU's rows in `inner` from `y`, as many as fit: its two lines of numbers (the
+/// allocator's on a third where they do not fit), its util history. Returns the next GPU's row.
+fn one(f: &mut Frame, c: &Ctx, inner: Rect, g: &GpuView, mut y: u16) -> u16 {
+    let bottom = inner.y + inner.height;
+    let style = if g.cuda.is_some() {
+        ratatui::style::Style::default()
+    } else {
+        c.theme.dim()
+    };
+    let row = |y: u16| Rect {
+        x: inner.x,
+        y,
+        width: inner.width,
+        height: 1,
+    };
+    let [first, mut second] = lines(g);
+    // The allocator's figures after the power line, or on a line of their own when the
+    // two do not fit side by side (a narrow panel).
+    let mut own_line = None;
+    if let Some(n) = g.cuda {
+        let alloc = allocator_part(c.snap.allocator_of(n));
+        if second.chars().count() + alloc.chars().count() <= inner.width as usize {
+            second.push_str(&alloc);
+        } else {
+            own_line = Some(alloc);
+        }
+    }
+    f.render_widget(Paragraph::new(first).style(style), row(y));
+    if y + 1 < bottom {
+        f.render_widget(Paragraph::new(second).style(style), row(y + 1));
+    }
+    if let Some(alloc) = own_line {
+        y += 1;
+        if y + 1 < bottom {
+            f.render_widget(Paragraph::new(alloc).style(style), row(y + 1));
+        }
+    }
+    if y + 2 < bottom {
+        let data: Vec<u64> = g
+            .util_history
+            .iter()
+            .rev()
+            .take(inner.width as usize)
+            .rev()
+            .map(|u| *u as u64)
+            .collect();
+        f.render_widget(
+            Sparkline::default()
+                .data(&data)
+                .max(100)
+                .style(c.theme.accent(ratatui::style::Color::Green)),
+            row(y + 2),
+        );
+    }
+    y + ROWS_PER_GPU
 }
 
 /// The two lines of numbers for one GPU.

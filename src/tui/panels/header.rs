@@ -54,13 +54,27 @@ fn is_judged(v: Verdict) -> bool {
 }
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
+    let mut lines = vec![
+        train_line(c, area.width),
+        status_line(c),
+        views_line(c, area.width),
+    ];
+    if let Some(pos) = c.badges.replay {
+        lines.push(position_line(&pos, area.width, c));
+    } else if let Some(line) = attached_line(c) {
+        lines.push(line);
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// The first line: the step (with its ETA), tok/s, the slowest rank, loss, tau, lr, elapsed,
+/// and the non-finite steps skipped, if any.
+fn train_line(c: &Ctx, width: u16) -> Line<'static> {
     let s = c.snap;
     let t = c.theme;
     // A number the pipeline never reported is absent, not a zero.
     let opt =
         |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "–".into());
-    let badge = |kind: Badge, text: String| Span::styled(format!(" {text} "), t.badge(kind));
-    let on_off = |on: bool| if on { Badge::Normal } else { Badge::Attention };
     // `step 163/300 ETA 0:42` when the run stops at --steps; the program's name gives way
     // where the line would not fit.
     let step = match c.app.progress() {
@@ -70,7 +84,7 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         ),
         _ => format!("step {}  ", s.train.step),
     };
-    let name = if c.app.run_info.steps.is_some() && area.width < 100 {
+    let name = if c.app.run_info.steps.is_some() && width < 100 {
         ""
     } else {
         "dflash-top "
@@ -100,8 +114,15 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             t.alert(),
         ));
     }
-    let line1 = Line::from(line1);
-    let verdict_style = t.verdict(s.verdict);
+    Line::from(line1)
+}
+
+/// The second line: the profiling, GPU-timing and run badges, the verdict, the warnings' count.
+fn status_line(c: &Ctx) -> Line<'static> {
+    let s = c.snap;
+    let t = c.theme;
+    let badge = |kind: Badge, text: String| Span::styled(format!(" {text} "), t.badge(kind));
+    let on_off = |on: bool| if on { Badge::Normal } else { Badge::Attention };
     let mut line2 = vec![
         badge(
             on_off(c.badges.profiling),
@@ -127,6 +148,18 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         },
     );
     line2.push(Span::raw("  "));
+    let (verdict, verdict_style) = verdict_text(c);
+    line2.push(Span::styled(verdict, verdict_style));
+    line2.extend(super::warnings::count_span(c));
+    Line::from(line2)
+}
+
+/// The verdict as the header words it, and its style: `finished` once the run is over, the
+/// stall's cause, what profiling off leaves of it, the worst rank's of a merged view.
+fn verdict_text(c: &Ctx) -> (String, Style) {
+    let s = c.snap;
+    let t = c.theme;
+    let verdict_style = t.verdict(s.verdict);
     let (verdict, verdict_style) = match (&s.verdict, &s.stall) {
         // The run is over: what was in force at its end no longer is.
         _ if c.app.summary.is_some() => ("finished".to_string(), t.ok()),
@@ -152,9 +185,12 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         Some(r) if c.app.summary.is_none() => format!("{}: {verdict}", r.name),
         _ => verdict,
     };
-    line2.push(Span::styled(verdict, verdict_style));
-    line2.extend(super::warnings::count_span(c));
-    let line2 = Line::from(line2);
+    (verdict, verdict_style)
+}
+
+/// What the profiler costs, `(dropped, the rest)`, in long words and in short ones.
+fn cost_texts(c: &Ctx) -> ((String, String), (String, String)) {
+    let s = c.snap;
     let dropped = format!(
         "{}{}",
         s.self_cost.dropped,
@@ -173,14 +209,21 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         format!("drop {dropped}"),
         format!(" · prof {ns:.0}ns x{per_s:.0}/s · snap {snap:.0}us"),
     );
+    (long, short)
+}
+
+/// The third line: the views' tabs, alerts, the note, what the profiler costs, `? help`.
+fn views_line(c: &Ctx, width: u16) -> Line<'static> {
+    let s = c.snap;
+    let t = c.theme;
+    let (long, short) = cost_texts(c);
     // Records lost are a fault: red once there are any.
     let lost = s.self_cost.dropped + s.self_cost.spans_dropped + c.app.missed_snapshots > 0;
     const HELP: &str = " · ? help";
     // The views' names where they fit beside what the profiler costs, else the digits with
     // the current one named; at the narrowest, the costs in short words.
     let fits = |tabs: usize, cost: &(String, String)| {
-        tabs + 2 + cost.0.chars().count() + cost.1.chars().count() + HELP.len()
-            <= area.width as usize
+        tabs + 2 + cost.0.chars().count() + cost.1.chars().count() + HELP.len() <= width as usize
     };
     let full = fits(tab_bar(c, true).1, &long);
     let cost = if full || fits(tab_bar(c, false).1, &long) {
@@ -200,26 +243,26 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     spans.push(Span::styled(cost.0, if lost { t.alert() } else { t.dim() }));
     spans.push(Span::styled(cost.1, t.dim()));
     spans.push(Span::styled(HELP, t.dim()));
-    let help = Line::from(spans);
-    let mut lines = vec![line1, line2, help];
-    if let Some(pos) = c.badges.replay {
-        lines.push(position_line(&pos, area.width, c));
-    } else if let Some(who) = &c.app.attached {
-        let ended = c.app.finished;
-        lines.push(Line::from(vec![
-            Span::styled("⇄ ", t.ok()),
-            Span::styled(who.clone(), t.bold()),
-            Span::styled(
-                if ended {
-                    "; q leaves".to_string()
-                } else {
-                    "; q detaches (the run goes on)".to_string()
-                },
-                t.dim(),
-            ),
-        ]));
-    }
-    f.render_widget(Paragraph::new(lines), area);
+    Line::from(spans)
+}
+
+/// Attached to a run: who to, and what `q` does (None where this front-end is not attached).
+fn attached_line(c: &Ctx) -> Option<Line<'static>> {
+    let t = c.theme;
+    let who = c.app.attached.as_ref()?;
+    let ended = c.app.finished;
+    Some(Line::from(vec![
+        Span::styled("⇄ ", t.ok()),
+        Span::styled(who.clone(), t.bold()),
+        Span::styled(
+            if ended {
+                "; q leaves".to_string()
+            } else {
+                "; q detaches (the run goes on)".to_string()
+            },
+            t.dim(),
+        ),
+    ]))
 }
 
 /// The views as tabs, the current one highlighted: `1 overview  2 threads  …` (`full`), or

@@ -86,25 +86,29 @@ fn legend(c: &Ctx) -> Line<'static> {
     Line::from(spans)
 }
 
-pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
+/// The panel's title: what the bars measure (by the GPU timing mode) and the window; with
+/// profiling off, since when (a window that still holds time from before shows it).
+fn title(c: &Ctx) -> String {
     let what = match c.snap.gpu_timing {
         Some(GpuTiming::Events) => "device time per step on GPUs (events)",
         Some(GpuTiming::Sync) => "wall time per step, GPU synced",
         Some(GpuTiming::Async) => "host wall time per step (GPU async)",
         None => "wall time per step",
     };
-    let off = c.profiling_off();
-    let mut title = format!(" phases: {what}, window {} ", c.app.window.name());
-    if let Some(off) = &off {
-        // A window that still holds time from before shows it: say what it is.
-        title = format!(" phases, {} · {off} ", c.app.window.name());
+    match c.profiling_off() {
+        Some(off) => format!(" phases, {} · {off} ", c.app.window.name()),
+        None => format!(" phases: {what}, window {} ", c.app.window.name()),
     }
-    let block = Block::default().borders(Borders::ALL).title(title);
+}
+
+pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
+    let block = Block::default().borders(Borders::ALL).title(title(c));
     let inner = block.inner(area);
     f.render_widget(block, area);
     if inner.height == 0 || inner.width < 30 {
         return;
     }
+    let off = c.profiling_off();
     // Room for the names, a little more for a merged view's (`r1/drafter-0`).
     let longest = c.snap.threads.iter().map(|t| t.name.chars().count()).max();
     let name_w = (longest.unwrap_or(0) as u16 + 1).clamp(11, 14);
@@ -113,70 +117,32 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
     let mut y = inner.y;
     let legend_rows = legend_rows(c, inner.width).min(inner.height.saturating_sub(1));
     let bottom = inner.y + inner.height - legend_rows;
+    let buf = f.buffer_mut();
     for th in &c.snap.threads {
         if y >= bottom {
             break;
         }
         let w = c.window_of(th);
-        let phases = c.snap.names.phases(th.role);
         let name: String = th.name.chars().take(name_w as usize - 1).collect();
-        f.buffer_mut()
-            .set_string(inner.x, y, &name, c.name_style(&th.name, Style::default()));
+        buf.set_string(inner.x, y, &name, c.name_style(&th.name, Style::default()));
+        let row = Rect {
+            x: inner.x + name_w,
+            y,
+            width: inner.width - name_w,
+            height: 1,
+        };
         if let (Some(off), 0) = (&off, w.wall_ns) {
-            // No phase time in this window: say why, and what is still counted.
-            let room = (inner.width - name_w) as usize;
-            let rate = format!("{:.1} step/s", w.steps_per_s());
-            let mut text = format!("{off} · {rate}");
-            if text.chars().count() > room {
-                text = format!("{} · {rate}", off.trim_start_matches("profiling "));
-            }
-            f.buffer_mut()
-                .set_string(inner.x + name_w, y, truncate(&text, room), c.theme.dim());
+            draw_off_note(buf, row, c, off, &w);
             y += 1;
             continue;
         }
-        let cells = bar_cells(&w, phases, bar_w);
-        draw_bar(f.buffer_mut(), inner.x + name_w, y, &cells, c);
-        let top = phases
-            .iter()
-            .filter(|p| **p != Phase::Other)
-            .max_by_key(|p| w.phase_ns[p.index()]);
-        let stats = match top {
-            Some(p) if w.wall_ns > 0 => format!(
-                "{:>8} {:>12} {:3.0}%",
-                fmt_ms(w.step_ms()),
-                truncate(c.snap.names.phase(*p), 12),
-                w.share(*p) * 100.0
-            ),
-            _ => "   no steps".to_string(),
-        };
-        f.buffer_mut().set_string(
-            inner.x + name_w + bar_w as u16 + 1,
-            y,
-            stats,
-            Style::default(),
-        );
+        let phases = c.snap.names.phases(th.role);
+        draw_bar_and_stats(buf, row, c, &w, phases, bar_w);
         y += 1;
         if detail && y < bottom && w.wall_ns > 0 {
-            // Phases under 0.05 ms a step say nothing here ("read 0.0ms 0%").
-            let shown: Vec<Phase> = phases
-                .iter()
-                .copied()
-                .filter(|p| w.ms_per_step(*p) >= 0.05)
-                .collect();
-            let mut parts = phase_parts(&w, &shown, &c.snap.names);
-            if w.gpu_idle_ns > 0 {
-                parts.push(format!(
-                    "GPU idle {:.0}%",
-                    w.gpu_idle_ns as f64 / w.wall_ns as f64 * 100.0
-                ));
-            }
-            f.buffer_mut().set_string(
-                inner.x + 2,
-                y,
-                whole_parts(&parts, inner.width as usize - 2),
-                c.theme.dim(),
-            );
+            let parts = detail_parts(c, &w, phases);
+            let text = whole_parts(&parts, inner.width as usize - 2);
+            buf.set_string(inner.x + 2, y, text, c.theme.dim());
             y += 1;
         }
     }
@@ -190,6 +156,63 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, detail: bool) {
         Paragraph::new(legend(c)).wrap(ratatui::widgets::Wrap { trim: true }),
         legend_area,
     );
+}
+
+/// A thread with no phase time in this window while profiling is `off`: says why, and what
+/// is still counted, in `row`.
+fn draw_off_note(buf: &mut Buffer, row: Rect, c: &Ctx, off: &str, w: &PhaseWindow) {
+    let room = row.width as usize;
+    let rate = format!("{:.1} step/s", w.steps_per_s());
+    let mut text = format!("{off} · {rate}");
+    if text.chars().count() > room {
+        text = format!("{} · {rate}", off.trim_start_matches("profiling "));
+    }
+    buf.set_string(row.x, row.y, truncate(&text, room), c.theme.dim());
+}
+
+/// A thread's bar, `bar_w` cells from `row`'s left, then ms per step and its largest phase.
+fn draw_bar_and_stats(
+    buf: &mut Buffer,
+    row: Rect,
+    c: &Ctx,
+    w: &PhaseWindow,
+    phases: &[Phase],
+    bar_w: usize,
+) {
+    let cells = bar_cells(w, phases, bar_w);
+    draw_bar(buf, row.x, row.y, &cells, c);
+    let top = phases
+        .iter()
+        .filter(|p| **p != Phase::Other)
+        .max_by_key(|p| w.phase_ns[p.index()]);
+    let stats = match top {
+        Some(p) if w.wall_ns > 0 => format!(
+            "{:>8} {:>12} {:3.0}%",
+            fmt_ms(w.step_ms()),
+            truncate(c.snap.names.phase(*p), 12),
+            w.share(*p) * 100.0
+        ),
+        _ => "   no steps".to_string(),
+    };
+    buf.set_string(row.x + bar_w as u16 + 1, row.y, stats, Style::default());
+}
+
+/// The detail row's parts: each phase's ms and share, then the GPU's idle share.
+fn detail_parts(c: &Ctx, w: &PhaseWindow, phases: &[Phase]) -> Vec<String> {
+    // Phases under 0.05 ms a step say nothing here ("read 0.0ms 0%").
+    let shown: Vec<Phase> = phases
+        .iter()
+        .copied()
+        .filter(|p| w.ms_per_step(*p) >= 0.05)
+        .collect();
+    let mut parts = phase_parts(w, &shown, &c.snap.names);
+    if w.gpu_idle_ns > 0 {
+        parts.push(format!(
+            "GPU idle {:.0}%",
+            w.gpu_idle_ns as f64 / w.wall_ns as f64 * 100.0
+        ));
+    }
+    parts
 }
 
 /// "forward 12.0ms 15%" for each phase with time in `w`; "sync 0.4ms 1% x56.2" for a phase the

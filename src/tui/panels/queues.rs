@@ -45,6 +45,7 @@ fn wrap_items(items: &[String], width: usize) -> Vec<String> {
     lines
 }
 
+/// A queue's panel: the depth gauge, the alert and the numbers, the depth history.
 fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     let t = c.theme;
     let alert = queue_alert(q);
@@ -56,11 +57,36 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     }
     let inner = block.inner(area);
     f.render_widget(block, area);
-    // The alert on a line of its own, then the numbers wrapped whole (never cut); the depth
-    // history gets the rows left.
+    let lines = text_lines(q, alert.as_ref().map(|a| (a, alert_style)), inner);
+    let text_h = (lines.len() as u16).min(inner.height.saturating_sub(1));
+    let rows = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(text_h),
+        Constraint::Min(0),
+    ])
+    .split(inner);
+    let gauge_style = if alert.is_some() {
+        alert_style
+    } else {
+        t.accent(ratatui::style::Color::Cyan)
+    };
+    draw_gauge(f, rows[0], q, c, gauge_style);
+    f.render_widget(Paragraph::new(lines), rows[1]);
+    if rows[2].height > 0 {
+        draw_history(f, rows[2], q, c);
+    }
+}
+
+/// The alert (with its style) on a line of its own, then the numbers wrapped whole (never
+/// cut) in `inner`'s width, leaving a row for the gauge.
+fn text_lines(
+    q: &QueueView,
+    alert: Option<(&String, ratatui::style::Style)>,
+    inner: Rect,
+) -> Vec<Line<'static>> {
     let mut lines: Vec<Line> = Vec::new();
-    if let Some(a) = &alert {
-        lines.push(Line::styled(a.clone(), alert_style));
+    if let Some((a, style)) = alert {
+        lines.push(Line::styled(a.clone(), style));
     }
     let mut items = vec![
         format!("empty {:.0}%", q.empty_share * 100.0),
@@ -79,13 +105,12 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
         }
         items.pop();
     }
-    let text_h = (lines.len() as u16).min(inner.height.saturating_sub(1));
-    let rows = Layout::vertical([
-        Constraint::Length(1),
-        Constraint::Length(text_h),
-        Constraint::Min(0),
-    ])
-    .split(inner);
+    lines
+}
+
+/// The depth against capacity as a gauge in `area` (one row), its label legible on the fill.
+fn draw_gauge(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx, style: ratatui::style::Style) {
+    let t = c.theme;
     let ratio = (q.depth as f64 / q.capacity.max(1) as f64).clamp(0.0, 1.0);
     let gauge = Gauge::default()
         .ratio(ratio)
@@ -93,12 +118,8 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             "depth {}/{} (min {} max {} mean {:.1})",
             q.depth, q.capacity, q.min_depth, q.max_depth, q.mean_depth
         ))
-        .gauge_style(if alert.is_some() {
-            alert_style
-        } else {
-            t.accent(ratatui::style::Color::Cyan)
-        });
-    f.render_widget(gauge, rows[0]);
+        .gauge_style(style);
+    f.render_widget(gauge, area);
     // The label where it lies on the filled part: dark text on the bright fill (the gauge
     // swaps in the terminal's own foreground there, light on yellow or cyan), light on the
     // light theme's darker fill.
@@ -108,7 +129,7 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
         ratatui::style::Color::Black
     };
     if t.color {
-        let g = rows[0];
+        let g = area;
         let end = g.x + (g.width as f64 * ratio).floor() as u16;
         let buf = f.buffer_mut();
         for x in g.x..end.min(g.x + g.width) {
@@ -118,26 +139,27 @@ fn one(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             }
         }
     }
-    f.render_widget(Paragraph::new(lines), rows[1]);
-    if rows[2].height > 0 {
-        let width = rows[2].width as usize;
-        let scale = 100.0 / q.capacity.max(1) as f64;
-        let data: Vec<u64> = q
-            .history
-            .iter()
-            .rev()
-            .take(width)
-            .rev()
-            .map(|d| (d * scale).round() as u64)
-            .collect();
-        f.render_widget(
-            Sparkline::default()
-                .data(&data)
-                .max(100)
-                .style(t.accent(ratatui::style::Color::Cyan)),
-            rows[2],
-        );
-    }
+}
+
+/// The depth history as a sparkline, the latest `area.width` samples, as a share of capacity.
+fn draw_history(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
+    let width = area.width as usize;
+    let scale = 100.0 / q.capacity.max(1) as f64;
+    let data: Vec<u64> = q
+        .history
+        .iter()
+        .rev()
+        .take(width)
+        .rev()
+        .map(|d| (d * scale).round() as u64)
+        .collect();
+    f.render_widget(
+        Sparkline::default()
+            .data(&data)
+            .max(100)
+            .style(c.theme.accent(ratatui::style::Color::Cyan)),
+        area,
+    );
 }
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {

@@ -5,7 +5,7 @@
 use super::super::app::Sort;
 use super::super::view::Ctx;
 use crate::telemetry::owner::comm_of;
-use crate::telemetry::snapshot::{ThreadGroupView, ThreadState};
+use crate::telemetry::snapshot::{ThreadGroupView, ThreadState, ThreadView};
 use ratatui::layout::{Constraint, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::widgets::{Block, Borders, Cell, Row, Table, TableState};
@@ -21,9 +21,30 @@ pub fn height(c: &Ctx) -> u16 {
 /// columns that fit beside the phase bars. Threads in the chosen order; the selected one
 /// highlighted and kept on screen.
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
-    let t = c.theme;
-    let show_groups = full;
-    let off = c.profiling_off().is_some();
+    // The columns shown: all of them in the threads view; beside the phase bars, those that
+    // fit whole.
+    let longest = c.snap.threads.iter().map(|t| t.name.chars().count()).max();
+    let keep = columns(area.width.saturating_sub(2), full, longest.unwrap_or(0));
+    let (rows, names, selected_row) = body(c, &keep, full);
+    let widths: Vec<Constraint> = keep.iter().map(|k| k.1).collect();
+    let table = Table::new(rows, widths)
+        .column_spacing(1)
+        .header(header(c, &keep))
+        .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+        .block(Block::default().borders(Borders::ALL).title(title(c, full)));
+    let mut state = TableState::default().with_selected(selected_row);
+    f.render_stateful_widget(table, area, &mut state);
+    record_hits(c, area, &names, state.offset());
+}
+
+/// The cells of the columns kept, in `keep`'s order.
+fn pick(keep: &[(usize, Constraint)], cells: Vec<Cell<'static>>) -> Vec<Cell<'static>> {
+    let mut cells: Vec<Option<Cell>> = cells.into_iter().map(Some).collect();
+    keep.iter().filter_map(|(i, _)| cells[*i].take()).collect()
+}
+
+/// The header row, the sort's column marked `▼`.
+fn header(c: &Ctx, keep: &[(usize, Constraint)]) -> Row<'static> {
     let mark = |s: Sort, name: &'static str| -> String {
         if c.app.sort == s {
             format!("{name}▼")
@@ -31,15 +52,8 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             name.to_string()
         }
     };
-    // The columns shown: all of them in the threads view; beside the phase bars, those that
-    // fit whole.
-    let longest = c.snap.threads.iter().map(|t| t.name.chars().count()).max();
-    let keep = columns(area.width.saturating_sub(2), full, longest.unwrap_or(0));
-    let pick = |cells: Vec<Cell<'static>>| -> Vec<Cell<'static>> {
-        let mut cells: Vec<Option<Cell>> = cells.into_iter().map(Some).collect();
-        keep.iter().filter_map(|(i, _)| cells[*i].take()).collect()
-    };
-    let header = Row::new(pick(
+    Row::new(pick(
+        keep,
         vec![
             mark(Sort::Name, "thread"),
             "role".into(),
@@ -55,9 +69,20 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
         .map(Cell::from)
         .collect(),
     ))
-    .style(t.bold());
+    .style(c.theme.bold())
+}
+
+/// The rows: a thread each in the chosen order, with (`full`) its helper threads' groups under
+/// it and the unowned groups at the end. With the thread each row shows (None: a group of
+/// helper threads), for clicks, and the selected thread's row.
+fn body(
+    c: &Ctx,
+    keep: &[(usize, Constraint)],
+    full: bool,
+) -> (Vec<Row<'static>>, Vec<Option<String>>, Option<usize>) {
+    let t = c.theme;
+    let show_groups = full;
     let mut rows: Vec<Row> = Vec::new();
-    // The thread each row shows (None: a group of helper threads), for clicks.
     let mut names: Vec<Option<String>> = Vec::new();
     let mut selected_row = None;
     for th in c.app.ordered_threads(c.snap) {
@@ -65,66 +90,76 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             selected_row = Some(rows.len());
         }
         names.push(Some(th.name.clone()));
-        rows.push({
-            let w = c.window_of(th);
-            let state_style = match th.state {
-                ThreadState::Waiting => t.attention(),
-                ThreadState::Exited => t.dim(),
-                ThreadState::Working => t.ok(),
-            };
-            // Profiling off: no phase is marked, so the state is the kernel's (still read) and
-            // a window with no phase time has no ms/step to show.
-            let (phase, state) = if off && th.state != ThreadState::Exited {
-                (
-                    Cell::from("off").style(t.dim()),
-                    Cell::from(match full {
-                        true => os_word(th.os_state),
-                        false => os_short(th.os_state),
-                    }),
-                )
-            } else {
-                (
-                    Cell::from(c.snap.names.phase(th.phase).to_string())
-                        .style(t.fg(t.phase_color(th.phase))),
-                    Cell::from(format!("{:?}", th.state).to_lowercase()).style(state_style),
-                )
-            };
-            let ms = if off && w.wall_ns == 0 {
-                "–".to_string()
-            } else {
-                format!("{:.1}", w.step_ms())
-            };
-            Row::new(pick(vec![
-                Cell::from(th.name.clone()).style(c.name_style(&th.name, Style::default())),
-                Cell::from(c.snap.names.role(th.role).to_string()),
-                Cell::from(th.device.clone()),
-                Cell::from(
-                    th.cpu_pct
-                        .map(|x| format!("{x:.0}"))
-                        .unwrap_or_else(|| "-".into()),
-                ),
-                phase,
-                state,
-                Cell::from(th.os_state.map(String::from).unwrap_or_else(|| "-".into())),
-                Cell::from(format!("{:.1}", w.steps_per_s())),
-                Cell::from(ms),
-            ]))
-        });
+        rows.push(Row::new(pick(keep, thread_cells(c, th, full))));
         if show_groups {
             let helpers = c
                 .snap
                 .groups
                 .iter()
                 .filter(|g| g.owner.as_ref() == Some(&th.name));
-            rows.extend(helpers.map(|g| Row::new(pick(group_cells(g))).style(t.dim())));
+            rows.extend(helpers.map(|g| Row::new(pick(keep, group_cells(g))).style(t.dim())));
         }
         names.resize(rows.len(), None);
     }
     if show_groups {
         let others = c.snap.groups.iter().filter(|g| g.owner.is_none());
-        rows.extend(others.map(|g| Row::new(pick(group_cells(g))).style(t.dim())));
+        rows.extend(others.map(|g| Row::new(pick(keep, group_cells(g))).style(t.dim())));
     }
-    let widths: Vec<Constraint> = keep.iter().map(|k| k.1).collect();
+    (rows, names, selected_row)
+}
+
+/// A thread's cells, every column.
+fn thread_cells(c: &Ctx, th: &ThreadView, full: bool) -> Vec<Cell<'static>> {
+    let t = c.theme;
+    let off = c.profiling_off().is_some();
+    let w = c.window_of(th);
+    let state_style = match th.state {
+        ThreadState::Waiting => t.attention(),
+        ThreadState::Exited => t.dim(),
+        ThreadState::Working => t.ok(),
+    };
+    // Profiling off: no phase is marked, so the state is the kernel's (still read) and
+    // a window with no phase time has no ms/step to show.
+    let (phase, state) = if off && th.state != ThreadState::Exited {
+        (
+            Cell::from("off").style(t.dim()),
+            Cell::from(match full {
+                true => os_word(th.os_state),
+                false => os_short(th.os_state),
+            }),
+        )
+    } else {
+        (
+            Cell::from(c.snap.names.phase(th.phase).to_string())
+                .style(t.fg(t.phase_color(th.phase))),
+            Cell::from(format!("{:?}", th.state).to_lowercase()).style(state_style),
+        )
+    };
+    let ms = if off && w.wall_ns == 0 {
+        "–".to_string()
+    } else {
+        format!("{:.1}", w.step_ms())
+    };
+    vec![
+        Cell::from(th.name.clone()).style(c.name_style(&th.name, Style::default())),
+        Cell::from(c.snap.names.role(th.role).to_string()),
+        Cell::from(th.device.clone()),
+        Cell::from(
+            th.cpu_pct
+                .map(|x| format!("{x:.0}"))
+                .unwrap_or_else(|| "-".into()),
+        ),
+        phase,
+        state,
+        Cell::from(th.os_state.map(String::from).unwrap_or_else(|| "-".into())),
+        Cell::from(format!("{:.1}", w.steps_per_s())),
+        Cell::from(ms),
+    ]
+}
+
+/// The table's title: the CPU note; in the threads view the sort, the keys, where the state
+/// comes from with profiling off, and the memory.
+fn title(c: &Ctx, full: bool) -> String {
     let mut title = match &c.snap.cpu_note {
         Some(n) => format!(" threads ({n}) "),
         None => " threads ".to_string(),
@@ -143,19 +178,17 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx, full: bool) {
             m.host_total_mib / 1024
         ));
     }
-    let table = Table::new(rows, widths)
-        .column_spacing(1)
-        .header(header)
-        .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
-        .block(Block::default().borders(Borders::ALL).title(title));
-    let mut state = TableState::default().with_selected(selected_row);
-    f.render_stateful_widget(table, area, &mut state);
+    title
+}
+
+/// Records the screen row of each thread shown, from the table's scroll `offset`, for clicks.
+fn record_hits(c: &Ctx, area: Rect, names: &[Option<String>], offset: usize) {
     // Borders and the header above the first row shown.
     let first_y = area.y + 2;
     let last_y = area.y + area.height.saturating_sub(1);
     let mut hits = c.app.hits.borrow_mut();
-    for (i, name) in names.iter().enumerate().skip(state.offset()) {
-        let y = first_y + (i - state.offset()) as u16;
+    for (i, name) in names.iter().enumerate().skip(offset) {
+        let y = first_y + (i - offset) as u16;
         if y >= last_y {
             break;
         }

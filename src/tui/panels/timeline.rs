@@ -209,9 +209,10 @@ fn axis(buf: &mut Buffer, x: u16, y: u16, cols: u16, span: TimeSpan, pan_ns: u64
     }
 }
 
-pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
+/// The panel's title: the window shown and its keys, or how far back a panned view stands;
+/// "profiling off" first where no phase arrives (the lanes stop where it went off).
+fn title(c: &Ctx) -> String {
     let app = c.app;
-    let span = app.time_span();
     let title = if app.pan_ns == 0 {
         format!(
             " timeline · last {} s · +/- zoom · [ ] pan · e exports it ",
@@ -224,46 +225,107 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
             app.pan_ns as f64 / 1e9
         )
     };
-    // Profiling off: no phase arrives, the lanes stop where it went off.
-    let title = match c.profiling_off() {
+    match c.profiling_off() {
         Some(off) => format!(
             " timeline · {off} ·{}",
             title.trim_start_matches(" timeline ·")
         ),
         None => title,
-    };
-    let block = Block::default().borders(Borders::ALL).title(title);
+    }
+}
+
+/// Where the panel's parts go inside its borders.
+struct Geometry {
+    inner: Rect,
+    /// The name column's width.
+    name_w: u16,
+    /// Where the lanes start, and how many columns they have.
+    x0: u16,
+    cols: u16,
+    legend_rows: u16,
+    queue_rows: u16,
+    /// Rows for all lanes, rows a lane, and how many lanes fit.
+    lane_rows: u16,
+    lane_h: u16,
+    lane_count: usize,
+}
+
+impl Geometry {
+    /// The layout of `inner` for `threads` lanes and `queues` strips; None where it is too small.
+    /// Axis, verdict row, lanes, one row a queue, the legend: queues give way to lanes first.
+    fn new(inner: Rect, threads: usize, queues: usize) -> Option<Geometry> {
+        let name_w = name_width(inner.width);
+        if inner.width <= name_w + 10 || inner.height < 4 {
+            return None;
+        }
+        // The legend wraps onto a second row where the timeline is narrow.
+        let legend_rows = if inner.width < 120 { 2 } else { 1 };
+        let fixed = 2 + legend_rows;
+        let room = inner.height.saturating_sub(fixed);
+        let queue_rows = (queues as u16).min(room.saturating_sub(threads.min(3) as u16));
+        let lane_rows = room - queue_rows;
+        // Two rows a lane where there is room: the second names the phase in progress.
+        // Taller lanes where the view has the room: a bigger target for the eye and the mouse.
+        let lane_h = (lane_rows / threads.max(1) as u16).max(1);
+        Some(Geometry {
+            inner,
+            name_w,
+            x0: inner.x + name_w,
+            cols: inner.width - name_w,
+            legend_rows,
+            queue_rows,
+            lane_rows,
+            lane_h,
+            lane_count: (lane_rows / lane_h) as usize,
+        })
+    }
+}
+
+pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
+    let block = Block::default().borders(Borders::ALL).title(title(c));
     let inner = block.inner(area);
     f.render_widget(block, area);
-    let name_w = name_width(inner.width);
-    if inner.width <= name_w + 10 || inner.height < 4 {
+    let order = c.app.ordered_threads(c.snap);
+    let Some(g) = Geometry::new(inner, order.len(), c.snap.queues.len()) else {
         return;
-    }
-    let theme = c.theme;
-    let x0 = inner.x + name_w;
-    let cols = inner.width - name_w;
-    let order = app.ordered_threads(c.snap);
-    let queues = &c.snap.queues;
-    // Axis, verdict row, lanes, one row a queue, the legend: queues give way to lanes first.
-    // The legend wraps onto a second row where the timeline is narrow.
-    let legend_rows = if inner.width < 120 { 2 } else { 1 };
-    let fixed = 2 + legend_rows;
-    let room = inner.height.saturating_sub(fixed);
-    let queue_rows = (queues.len() as u16).min(room.saturating_sub(order.len().min(3) as u16));
-    let lane_rows = room - queue_rows;
-    // Two rows a lane where there is room: the second names the phase in progress.
-    // Taller lanes where the view has the room: a bigger target for the eye and the mouse.
-    let lane_h = (lane_rows / order.len().max(1) as u16).max(1);
-    let lane_count = (lane_rows / lane_h) as usize;
+    };
+    let span = c.app.time_span();
+    let palette = Palette::new(c.theme);
     let buf = f.buffer_mut();
-    let mut y = inner.y;
-    axis(buf, x0, y, cols, span, app.pan_ns, theme.dim());
-    y += 1;
+    axis(
+        buf,
+        g.x0,
+        inner.y,
+        g.cols,
+        span,
+        c.app.pan_ns,
+        c.theme.dim(),
+    );
+    draw_verdicts(buf, c, &g, inner.y + 1, span);
+    let (shown, used) = draw_lanes(buf, c, &g, &order, span, &palette);
+    // The queues right under the lanes.
+    let y = inner.y + 2 + g.lane_h * shown as u16;
+    draw_queues(buf, c, &g, y, span);
+    let row = Rect {
+        x: inner.x,
+        y: inner.y + inner.height - g.legend_rows,
+        width: inner.width,
+        height: g.legend_rows,
+    };
+    f.render_widget(
+        Paragraph::new(Line::from(legend(c, &palette, &used)))
+            .wrap(ratatui::widgets::Wrap { trim: true }),
+        row,
+    );
+}
 
-    // The verdict in force at the left edge, then a mark where it changed.
-    buf.set_string(inner.x, y, "verdict", theme.dim());
+/// The verdict row at `y`: the verdict in force at the left edge, then a mark where it changed.
+fn draw_verdicts(buf: &mut Buffer, c: &Ctx, g: &Geometry, y: u16, span: TimeSpan) {
+    let theme = c.theme;
+    let (x0, cols) = (g.x0, g.cols);
+    buf.set_string(g.inner.x, y, "verdict", theme.dim());
     let names = &*c.snap.names;
-    let row = verdict_row(&app.shown_history().verdicts, span, cols as usize, names);
+    let row = verdict_row(&c.app.shown_history().verdicts, span, cols as usize, names);
     if let Some(v) = row.at_left {
         buf.set_string(x0, y, v, theme.dim());
     }
@@ -276,63 +338,92 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         let at = m.start as u16;
         buf.set_stringn(x0 + at, y, &m.text, (cols - at) as usize, style);
     }
-    y += 1;
+}
 
-    // Lanes, scrolled so that the selected thread is on screen.
-    let first = match app.selected_index(&order) {
-        Some(i) if i >= lane_count => i + 1 - lane_count,
+/// The lanes under the verdict row, scrolled so that the selected thread is on screen, each
+/// with its name (the mouse's target) and the phase in progress. Returns how many lanes it
+/// drew and which phases they show.
+fn draw_lanes(
+    buf: &mut Buffer,
+    c: &Ctx,
+    g: &Geometry,
+    order: &[&crate::telemetry::snapshot::ThreadView],
+    span: TimeSpan,
+    palette: &Palette,
+) -> (usize, [bool; N_PHASES]) {
+    let (app, theme) = (c.app, c.theme);
+    let (x, lane_h) = (g.inner.x, g.lane_h);
+    let first = match app.selected_index(order) {
+        Some(i) if i >= g.lane_count => i + 1 - g.lane_count,
         _ => 0,
     };
-    let shown: Vec<_> = order.iter().skip(first).take(lane_count).copied().collect();
+    let shown: Vec<_> = order
+        .iter()
+        .skip(first)
+        .take(g.lane_count)
+        .copied()
+        .collect();
     let now = Some(c.snap.now_ns).filter(|n| *n > 0 && !app.finished);
-    let palette = Palette::new(theme);
-    let rows = lanes(
-        &shown,
-        app.shown_segments(),
-        span,
-        palette.halves() * cols as usize,
-        now,
-    );
+    let cells = palette.halves() * g.cols as usize;
+    let rows = lanes(&shown, app.shown_segments(), span, cells, now);
     let mut used = [false; N_PHASES];
+    let mut y = g.inner.y + 2;
     for (t, lane) in shown.iter().zip(&rows) {
-        let selected = app.selected.as_ref() == Some(&t.name);
-        let name_style = if selected {
-            Style::default().add_modifier(Modifier::REVERSED)
-        } else {
-            Style::default()
-        };
-        let name: String = t.name.chars().take(name_w as usize - 1).collect();
-        buf.set_string(inner.x, y, name, c.name_style(&t.name, name_style));
-        let mut hits = app.hits.borrow_mut();
-        hits.extend((0..lane_h).map(|dy| (y + dy, t.name.clone())));
-        drop(hits);
-        if lane_h > 1 && t.state != crate::telemetry::snapshot::ThreadState::Exited {
-            // The stalled thread's phase is the fault; a wait is worth a look.
-            let style = if c.stalled_thread() == Some(t.name.as_str()) {
-                theme.alert()
-            } else if names.is_wait(t.phase) {
-                theme.attention()
-            } else {
-                theme.dim()
-            };
-            let now_in = in_progress(t, names, name_w as usize - 1);
-            buf.set_string(inner.x, y + 1, now_in, style);
-        }
+        draw_label(buf, c, g, t, y);
         for p in lane.cells.iter().flatten() {
             used[p.index()] = true;
         }
-        draw_lane(buf, x0, y, lane_h, &lane.cells, &palette);
+        draw_lane(buf, g.x0, y, lane_h, &lane.cells, palette);
         y += lane_h;
     }
     let hidden = order.len() - shown.len();
-    if hidden > 0 && lane_rows > 0 {
+    if hidden > 0 && g.lane_rows > 0 {
         let note = format!("+{hidden} (j/k)");
-        buf.set_string(inner.x, y - 1, format!("{note:<10}"), theme.dim());
+        buf.set_string(x, y - 1, format!("{note:<10}"), theme.dim());
     }
-    // The queues right under the lanes.
-    y = inner.y + 2 + lane_h * shown.len() as u16;
+    (shown.len(), used)
+}
 
-    for q in queues.iter().take(queue_rows as usize) {
+/// A lane's label in the name column at row `y`: the thread's name (reversed where selected,
+/// the mouse's target over the lane's rows), under it the phase in progress.
+fn draw_label(
+    buf: &mut Buffer,
+    c: &Ctx,
+    g: &Geometry,
+    t: &crate::telemetry::snapshot::ThreadView,
+    y: u16,
+) {
+    let (app, theme, names) = (c.app, c.theme, &*c.snap.names);
+    let (x, name_w, lane_h) = (g.inner.x, g.name_w, g.lane_h);
+    let selected = app.selected.as_ref() == Some(&t.name);
+    let name_style = if selected {
+        Style::default().add_modifier(Modifier::REVERSED)
+    } else {
+        Style::default()
+    };
+    let name: String = t.name.chars().take(name_w as usize - 1).collect();
+    buf.set_string(x, y, name, c.name_style(&t.name, name_style));
+    let mut hits = app.hits.borrow_mut();
+    hits.extend((0..lane_h).map(|dy| (y + dy, t.name.clone())));
+    drop(hits);
+    if lane_h > 1 && t.state != crate::telemetry::snapshot::ThreadState::Exited {
+        // The stalled thread's phase is the fault; a wait is worth a look.
+        let style = if c.stalled_thread() == Some(t.name.as_str()) {
+            theme.alert()
+        } else if names.is_wait(t.phase) {
+            theme.attention()
+        } else {
+            theme.dim()
+        };
+        let now_in = in_progress(t, names, name_w as usize - 1);
+        buf.set_string(x, y + 1, now_in, style);
+    }
+}
+
+/// A depth strip a queue from `y`, as many as the geometry has rows for.
+fn draw_queues(buf: &mut Buffer, c: &Ctx, g: &Geometry, mut y: u16, span: TimeSpan) {
+    let theme = c.theme;
+    for q in c.snap.queues.iter().take(g.queue_rows as usize) {
         let style = if q.starving {
             theme.starved()
         } else if q.blocking {
@@ -342,28 +433,32 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
         };
         let name: String = format!("q {}", q.name)
             .chars()
-            .take(name_w as usize - 1)
+            .take(g.name_w as usize - 1)
             .collect();
-        buf.set_string(inner.x, y, name, style);
-        for (i, d) in queue_strip(q, span, cols as usize, c.snap.now_ns)
+        buf.set_string(g.inner.x, y, name, style);
+        for (i, d) in queue_strip(q, span, g.cols as usize, c.snap.now_ns)
             .into_iter()
             .enumerate()
         {
             if let Some(d) = d {
                 let (ch, style) = depth_cell(theme, d);
-                buf[(x0 + i as u16, y)].set_char(ch).set_style(style);
+                buf[(g.x0 + i as u16, y)].set_char(ch).set_style(style);
             }
         }
         y += 1;
     }
+}
 
+/// The legend: a swatch for each phase the lanes show, then the strips' own glyphs and colours
+/// (a cyan level while it holds some, yellow full).
+fn legend(c: &Ctx, palette: &Palette, used: &[bool; N_PHASES]) -> Vec<Span<'static>> {
+    let (theme, names) = (c.theme, &*c.snap.names);
     let mut legend = vec![Span::styled("phases ", theme.dim())];
     for p in Phase::ALL.iter().filter(|p| used[p.index()]) {
-        let (ch, style) = swatch(&palette, *p);
+        let (ch, style) = swatch(palette, *p);
         legend.push(Span::styled(ch.to_string(), style));
         legend.push(Span::raw(format!("{} ", names.phase(*p))));
     }
-    // The strips' own glyphs and colours: a cyan level while it holds some, yellow full.
     let (dot, dot_style) = depth_cell(theme, 0.0);
     let (level, level_style) = depth_cell(theme, 0.5);
     let (full, full_style) = depth_cell(theme, 1.0);
@@ -374,14 +469,5 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     legend.push(Span::raw("depth "));
     legend.push(Span::styled(full.to_string(), full_style));
     legend.push(Span::raw("full"));
-    let row = Rect {
-        x: inner.x,
-        y: inner.y + inner.height - legend_rows,
-        width: inner.width,
-        height: legend_rows,
-    };
-    f.render_widget(
-        Paragraph::new(Line::from(legend)).wrap(ratatui::widgets::Wrap { trim: true }),
-        row,
-    );
+    legend
 }
