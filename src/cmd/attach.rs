@@ -112,32 +112,12 @@ fn sockets(args: &AttachArgs) -> Result<Vec<PathBuf>> {
 
 pub fn run(args: &AttachArgs) -> Result<ExitCode> {
     if args.list {
-        let found = sessions();
-        if found.is_empty() {
-            println!("no running session in {}", socket_dir().display());
-        } else {
-            println!("{}", list_text(&found));
-        }
+        list_sessions();
         return Ok(ExitCode::SUCCESS);
     }
-    if !(args.interval > 0.0 && args.interval.is_finite()) {
-        bail!("--interval must be a positive number of seconds");
-    }
-    if let Some(s) = args.seconds.filter(|s| !(*s > 0.0 && s.is_finite())) {
-        bail!("--seconds must be a positive number of seconds, not {s}");
-    }
-    crate::fail_if::headless_only(&args.fail_if, args.headless)?;
+    check_args(args)?;
     let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
-    // The viewer's own settings from --config: its warning rules and its verdict dwell.
-    let (warnings, dwell_ns) = match &args.config {
-        Some(p) => {
-            let file = crate::config::FileConfig::read(p)?;
-            let dwell = crate::config::dwell_ns(file.verdict_dwell)
-                .map_err(|e| anyhow::anyhow!("--config {}: {e}", p.display()))?;
-            (file.warnings.unwrap_or_default(), dwell)
-        }
-        None => (Default::default(), crate::telemetry::verdict::DWELL_NS),
-    };
+    let (warnings, dwell_ns) = viewer_settings(args)?;
     let paths = sockets(args)?;
     let session = Watched::join(&paths, args.job.is_some(), warnings, dwell_ns)?;
     let who = session.who(&paths);
@@ -192,20 +172,59 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
             p.display()
         );
     }
+    Ok(detached(&who, paths.len(), tripped.is_some(), reason))
+}
+
+/// `--list`: the running sessions, or that there are none.
+fn list_sessions() {
+    let found = sessions();
+    if found.is_empty() {
+        println!("no running session in {}", socket_dir().display());
+    } else {
+        println!("{}", list_text(&found));
+    }
+}
+
+fn check_args(args: &AttachArgs) -> Result<()> {
+    if !(args.interval > 0.0 && args.interval.is_finite()) {
+        bail!("--interval must be a positive number of seconds");
+    }
+    if let Some(s) = args.seconds.filter(|s| !(*s > 0.0 && s.is_finite())) {
+        bail!("--seconds must be a positive number of seconds, not {s}");
+    }
+    crate::fail_if::headless_only(&args.fail_if, args.headless)
+}
+
+/// The viewer's own settings from --config: its warning rules and its verdict dwell.
+fn viewer_settings(args: &AttachArgs) -> Result<(WarnConfig, u64)> {
+    Ok(match &args.config {
+        Some(p) => {
+            let file = crate::config::FileConfig::read(p)?;
+            let dwell = crate::config::dwell_ns(file.verdict_dwell)
+                .map_err(|e| anyhow::anyhow!("--config {}: {e}", p.display()))?;
+            (file.warnings.unwrap_or_default(), dwell)
+        }
+        None => (Default::default(), crate::telemetry::verdict::DWELL_NS),
+    })
+}
+
+/// The last line after detaching from `who` (`runs` watched runs), and the exit code: a held
+/// --fail-if gate's, else the signal's.
+fn detached(who: &str, runs: usize, tripped: bool, reason: Option<String>) -> ExitCode {
     // One watched run goes on; several (a job's ranks) go on.
-    let (run, goes) = match paths.len() {
+    let (run, goes) = match runs {
         1 => ("the run goes on", "it goes on"),
         _ => ("the runs go on", "they go on"),
     };
-    if tripped.is_some() {
+    if tripped {
         eprintln!("detached from {who}: a --fail-if gate held; {run}");
-        return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
+        return ExitCode::from(crate::fail_if::EXIT_CODE);
     }
     match reason {
         Some(why) => eprintln!("detached from {who}: {why}"),
         None => eprintln!("detached from {who}; {goes}"),
     }
-    Ok(crate::cmd::session::signal_exit())
+    crate::cmd::session::signal_exit()
 }
 
 fn tui(session: &Watched, deadline: Option<Instant>, label: String) -> Result<()> {

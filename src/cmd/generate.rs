@@ -15,6 +15,62 @@ use std::time::Instant;
 use tch::{nn::VarStore, Kind};
 
 pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
+    let device = checked_device(args)?;
+    let cfg = Qwen3Config::from_dir(&args.target).with_context(|| {
+        format!(
+            "--target {}: give a Hugging Face Qwen3 directory",
+            args.target.display()
+        )
+    })?;
+    let prompts = read_prompts(&args.data, &args.target, cfg.vocab_size)?;
+    let eos = eos_ids(&args.target)?;
+    if eos.is_empty() {
+        eprintln!(
+            "dflash-top: note: {} has no eos_token_id in config.json or generation_config.json: \
+             every continuation runs to --max-new-tokens",
+            args.target.display()
+        );
+    }
+    // The output file is opened before the model loads: an unwritable --out fails at once.
+    let mut out = PendingFile::create(&args.out)?;
+    let (_vs, model) = load_target(args, &cfg, device)?;
+    crate::engine::decode::set_threads_for(device, &cfg);
+    tch::manual_seed(args.seed as i64);
+    crate::signals::install();
+    let started = Instant::now();
+    let decoder = Decoder {
+        model: &model,
+        eos: &eos,
+        device,
+        batch: args.batch,
+        how: Decoding {
+            temperature: args.temperature,
+            max_new_tokens: args.max_new_tokens,
+        },
+    };
+    let Some((tokens, stopped_by_eos)) = decoder.write_all(&prompts, &mut out)? else {
+        drop(out);
+        eprintln!(
+            "dflash-top: stopped by a signal; nothing was written to {}",
+            args.out.display()
+        );
+        return Ok(ExitCode::from(crate::signals::FORCED_EXIT as u8));
+    };
+    out.finish()?;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "wrote {}: {} sequences, {} new tokens ({} ended at an end token), {:.0} tok/s",
+        args.out.display(),
+        prompts.len(),
+        tokens,
+        stopped_by_eos,
+        tokens as f64 / secs.max(1e-9)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The arguments checked, and the one device they name.
+fn checked_device(args: &GenerateArgs) -> Result<tch::Device> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         bail!(
             "--temperature {} is not a number >= 0: use 0 for greedy or e.g. 0.7",
@@ -34,26 +90,18 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     let [device] = device[..] else {
         bail!("--device takes one device, e.g. cpu or cuda:0");
     };
-    let cfg = Qwen3Config::from_dir(&args.target).with_context(|| {
-        format!(
-            "--target {}: give a Hugging Face Qwen3 directory",
-            args.target.display()
-        )
-    })?;
-    let prompts = read_prompts(&args.data, &args.target, cfg.vocab_size)?;
-    let eos = eos_ids(&args.target)?;
-    if eos.is_empty() {
-        eprintln!(
-            "dflash-top: note: {} has no eos_token_id in config.json or generation_config.json: \
-             every continuation runs to --max-new-tokens",
-            args.target.display()
-        );
-    }
-    // The output file is opened before the model loads: an unwritable --out fails at once.
-    let mut out = PendingFile::create(&args.out)?;
+    Ok(device)
+}
+
+/// The target with its weights from --target, frozen (bf16 on a GPU).
+fn load_target(
+    args: &GenerateArgs,
+    cfg: &Qwen3Config,
+    device: tch::Device,
+) -> Result<(VarStore, Qwen3Target)> {
     let loading = crate::progress::Ticker::new();
     let mut vs = VarStore::new(device);
-    let model = Qwen3Target::new_full(&vs.root(), &cfg, 0.02);
+    let model = Qwen3Target::new_full(&vs.root(), cfg, 0.02);
     let tensors = crate::engine::weights::read_all(&args.target)?;
     crate::engine::weights::copy_into(
         &vs,
@@ -72,48 +120,48 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
             loading.seconds()
         );
     }
-    crate::engine::decode::set_threads_for(device, &cfg);
-    tch::manual_seed(args.seed as i64);
-    crate::signals::install();
-    let how = Decoding {
-        temperature: args.temperature,
-        max_new_tokens: args.max_new_tokens,
-    };
-    let started = Instant::now();
-    let mut progress = Progress::new(prompts.len());
-    let mut stopped_by_eos = 0;
-    for (k, chunk) in prompts.chunks(args.batch).enumerate() {
-        let rows: Vec<&[i64]> = chunk.iter().map(Vec::as_slice).collect();
-        let done_before = k * args.batch;
-        let mut stop = |made: usize| {
-            progress.tick(done_before, made);
-            crate::signals::requested()
-        };
-        let Some(news) = continuations(&model, &rows, &eos, how, device, &mut stop) else {
-            drop(out);
-            eprintln!(
-                "dflash-top: stopped by a signal; nothing was written to {}",
-                args.out.display()
-            );
-            return Ok(ExitCode::from(crate::signals::FORCED_EXIT as u8));
-        };
-        for (prompt, new) in chunk.iter().zip(&news) {
-            stopped_by_eos += new.last().is_some_and(|t| eos.contains(t)) as usize;
-            progress.done(new.len());
-            out.line(&sample_line(prompt, new))?;
+    Ok((vs, model))
+}
+
+/// The target decoding prompts `batch` at a time.
+struct Decoder<'a> {
+    model: &'a Qwen3Target,
+    eos: &'a [i64],
+    device: tch::Device,
+    batch: usize,
+    how: Decoding,
+}
+
+impl Decoder<'_> {
+    /// Every prompt's continuation written to `out`, with progress on stderr. Returns the new
+    /// tokens and how many continuations ended at an end token; `None` when a signal stopped it.
+    fn write_all(
+        &self,
+        prompts: &[Vec<i64>],
+        out: &mut PendingFile,
+    ) -> Result<Option<(u64, usize)>> {
+        let mut progress = Progress::new(prompts.len());
+        let mut stopped_by_eos = 0;
+        for (k, chunk) in prompts.chunks(self.batch).enumerate() {
+            let rows: Vec<&[i64]> = chunk.iter().map(Vec::as_slice).collect();
+            let done_before = k * self.batch;
+            let mut stop = |made: usize| {
+                progress.tick(done_before, made);
+                crate::signals::requested()
+            };
+            let (model, eos) = (self.model, self.eos);
+            let Some(news) = continuations(model, &rows, eos, self.how, self.device, &mut stop)
+            else {
+                return Ok(None);
+            };
+            for (prompt, new) in chunk.iter().zip(&news) {
+                stopped_by_eos += new.last().is_some_and(|t| eos.contains(t)) as usize;
+                progress.done(new.len());
+                out.line(&sample_line(prompt, new))?;
+            }
         }
+        Ok(Some((progress.tokens, stopped_by_eos)))
     }
-    out.finish()?;
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "wrote {}: {} sequences, {} new tokens ({} ended at an end token), {:.0} tok/s",
-        args.out.display(),
-        prompts.len(),
-        progress.tokens,
-        stopped_by_eos,
-        progress.tokens as f64 / secs.max(1e-9)
-    );
-    Ok(ExitCode::SUCCESS)
 }
 
 /// One output line: the prompt (no loss) and the continuation (loss).

@@ -253,60 +253,72 @@ pub fn save(
     if crate::fault::is("save_slow") {
         std::thread::sleep(std::time::Duration::from_secs(10));
     }
-    let write = |tmp: &Path| -> Result<()> {
-        let cfg = serde_json::to_string_pretty(&drafter_config_json(spec))?;
-        std::fs::write(tmp.join("config.json"), cfg)?;
-        if crate::fault::is("save_write") {
-            bail!("injected write failure (DFLASH_TOP_FAULT=save_write)");
-        }
-        // Weights on the CPU in bf16, what a serving engine loads; the fp32 master weights go
-        // into the optimizer file, from which a resumed run continues exactly.
-        let mut named: Vec<(String, tch::Tensor)> = vs
-            .variables()
-            .into_iter()
-            .map(|(k, v)| {
-                let v = v.detach().to_device(tch::Device::Cpu);
-                (k, v.to_kind(tch::Kind::BFloat16).contiguous())
-            })
-            .collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        tch::Tensor::write_safetensors(&named, tmp.join(MODEL_FILE))?;
-        opt.save(&tmp.join(OPTIMIZER_FILE))?;
-        std::fs::write(tmp.join(TRAINER_FILE), serde_json::to_string_pretty(state)?)?;
-        let files = ["config.json", MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE];
-        super::checksum::write(tmp, &files)?;
-        for f in files.iter().chain([&super::checksum::CHECKSUM_FILE]) {
-            sync_path(&tmp.join(f))?;
-        }
-        sync_path(tmp)?;
-        Ok(())
-    };
-    if let Err(e) = write(scratch.path()) {
+    if let Err(e) = write_files(scratch.path(), spec, vs, opt, state) {
         let _ = std::fs::remove_dir_all(scratch.path());
         bail!("{}", failed(format!("{e:#}")));
     }
     // The renames run with a forced exit held off: the directory is the old one or the new one.
-    let placed = scratch.settle(|tmp| {
-        let placed = if dir.exists() {
-            let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-            std::fs::rename(dir, &old)
-                .and_then(|()| std::fs::rename(tmp, dir))
-                .map(|()| {
-                    let _ = std::fs::remove_dir_all(old);
-                })
-        } else {
-            std::fs::rename(tmp, dir)
-        };
-        let placed = placed.and_then(|()| sync_path(parent));
-        if placed.is_err() {
-            let _ = std::fs::remove_dir_all(tmp);
-        }
-        placed
-    });
+    let placed = scratch.settle(|tmp| place(tmp, dir, parent, name));
     if let Err(e) = placed {
         bail!("{}", failed(e.to_string()));
     }
     Ok(dir.to_path_buf())
+}
+
+/// The checkpoint's files written into `tmp`, each fsynced, then `tmp` itself.
+fn write_files(
+    tmp: &Path,
+    spec: &DrafterSpec,
+    vs: &VarStore,
+    opt: &AdamW,
+    state: &TrainerState,
+) -> Result<()> {
+    let cfg = serde_json::to_string_pretty(&drafter_config_json(spec))?;
+    std::fs::write(tmp.join("config.json"), cfg)?;
+    if crate::fault::is("save_write") {
+        bail!("injected write failure (DFLASH_TOP_FAULT=save_write)");
+    }
+    // Weights on the CPU in bf16, what a serving engine loads; the fp32 master weights go
+    // into the optimizer file, from which a resumed run continues exactly.
+    let mut named: Vec<(String, tch::Tensor)> = vs
+        .variables()
+        .into_iter()
+        .map(|(k, v)| {
+            let v = v.detach().to_device(tch::Device::Cpu);
+            (k, v.to_kind(tch::Kind::BFloat16).contiguous())
+        })
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    tch::Tensor::write_safetensors(&named, tmp.join(MODEL_FILE))?;
+    opt.save(&tmp.join(OPTIMIZER_FILE))?;
+    std::fs::write(tmp.join(TRAINER_FILE), serde_json::to_string_pretty(state)?)?;
+    let files = ["config.json", MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE];
+    super::checksum::write(tmp, &files)?;
+    for f in files.iter().chain([&super::checksum::CHECKSUM_FILE]) {
+        sync_path(&tmp.join(f))?;
+    }
+    sync_path(tmp)?;
+    Ok(())
+}
+
+/// `tmp` renamed to `dir` (an earlier `dir` moved aside, then removed) and `parent` fsynced; on
+/// failure `tmp` is removed.
+fn place(tmp: &Path, dir: &Path, parent: &Path, name: &str) -> std::io::Result<()> {
+    let placed = if dir.exists() {
+        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+        std::fs::rename(dir, &old)
+            .and_then(|()| std::fs::rename(tmp, dir))
+            .map(|()| {
+                let _ = std::fs::remove_dir_all(old);
+            })
+    } else {
+        std::fs::rename(tmp, dir)
+    };
+    let placed = placed.and_then(|()| sync_path(parent));
+    if placed.is_err() {
+        let _ = std::fs::remove_dir_all(tmp);
+    }
+    placed
 }
 
 /// fsync of a file or a directory (opened read-only; Linux allows fsync on both).

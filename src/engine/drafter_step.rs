@@ -11,7 +11,9 @@ use super::cuda::upload;
 use super::data::PackedBatch;
 use super::drafter::Drafter;
 use super::drafter_graph::{Forwarded, StepGraphs, StepInputs};
-use super::loss::{backward_from, block_metrics, chunked_loss_rows, gamma_for, slot_weights};
+use super::loss::{
+    backward_from, block_metrics, chunked_loss_rows, gamma_for, slot_weights, LossOut,
+};
 use super::optim::AdamW;
 use super::replicas::GradMean;
 use super::tiled::{AttnMask, WindowPlan};
@@ -94,6 +96,35 @@ impl DrafterStep {
         lr: f64,
         probe: &mut dyn StepProbe,
     ) -> Result<StepOutcome> {
+        let prepared = self.prepare_inputs(hidden, b, per_row, probe);
+        probe.mark(Phase::Forward);
+        let (fwd, graphed_step) = self.forward_step(&prepared);
+        // An alias without autograd history: what the probe does to it in place reaches the loss
+        // and never the graph that backward runs through.
+        probe.after_forward(&mut fwd.out.detach())?;
+        probe.mark(Phase::Loss);
+        let (loss, grad) = self.loss(&fwd, &prepared.keep);
+        probe.in_loss(&loss.loss)?;
+        probe.mark(Phase::Backward);
+        if graphed_step {
+            self.graphs.backward(&grad)?;
+        } else {
+            backward_from(&fwd.out, &grad)?;
+        }
+        let (grad_norm, finite) = self.update(&loss.loss, lr, probe)?;
+        probe.mark(Phase::Metrics);
+        self.read_back(&loss, &fwd, &prepared.inputs, &grad_norm, &finite)
+    }
+
+    /// The step's inputs on the device, the rows whose labels count, and the window plan; the
+    /// anchors padded to the width of a captured graph when one can run.
+    fn prepare_inputs(
+        &mut self,
+        hidden: &Tensor,
+        b: &PackedBatch,
+        per_row: &[Vec<i64>],
+        probe: &dyn StepProbe,
+    ) -> Prepared {
         let (device, block) = (self.device, self.spec.block_size);
         // Padded to a whole number of attention tiles: few distinct shapes, full tiles.
         let width = super::tiled::padded_width(per_row.iter().map(Vec::len).max().unwrap_or(0));
@@ -122,37 +153,55 @@ impl DrafterStep {
             device,
         );
         let plan = window_plan(per_row, width, &b.host_doc_ids, b.seq);
-        probe.mark(Phase::Forward);
+        Prepared {
+            inputs,
+            keep,
+            plan,
+            graphable: graph_width.is_some(),
+        }
+    }
+
+    /// The forward, through the CUDA graph where one can run, else eagerly; and whether it ran
+    /// through the graph.
+    fn forward_step(&mut self, p: &Prepared) -> (Forwarded, bool) {
         let planned = |x: &StepInputs, plan: &WindowPlan| {
             forward(&self.model, &self.embed, &self.spec, x, plan)
         };
         // A failed capture falls back to this eager forward (and says why in `bench`).
-        let graphed = graph_width.and_then(|_| {
-            let graphed = self.graphs.forward(&inputs, &plan, planned);
+        let graphed = if p.graphable {
+            let graphed = self.graphs.forward(&p.inputs, &p.plan, planned);
             graphed.ok().flatten()
-        });
+        } else {
+            None
+        };
         let graphed_step = graphed.is_some();
-        let fwd = graphed.unwrap_or_else(|| planned(&inputs, &plan));
-        // An alias without autograd history: what the probe does to it in place reaches the loss
-        // and never the graph that backward runs through.
-        probe.after_forward(&mut fwd.out.detach())?;
-        probe.mark(Phase::Loss);
-        let (loss, grad) = chunked_loss_rows(
+        let fwd = graphed.unwrap_or_else(|| planned(&p.inputs, &p.plan));
+        (fwd, graphed_step)
+    }
+
+    /// The loss on the rows of `keep`, and its gradient with respect to the drafter's output.
+    fn loss(&self, fwd: &Forwarded, keep: &Tensor) -> (LossOut, Tensor) {
+        let block = self.spec.block_size;
+        chunked_loss_rows(
             &fwd.out,
             &self.lm_head,
             &fwd.labels,
             &fwd.valid,
-            &keep,
+            keep,
             &slot_weights(block, gamma_for(block)),
             chunk_rows(self.spec.layers.vocab_size, self.loss_chunk_mib),
-        );
-        probe.in_loss(&loss.loss)?;
-        probe.mark(Phase::Backward);
-        if graphed_step {
-            self.graphs.backward(&grad)?;
-        } else {
-            backward_from(&fwd.out, &grad)?;
-        }
+        )
+    }
+
+    /// After backward: the gradients averaged over the replicas, clipped, and the update applied
+    /// where the loss and the gradients are finite. Returns the gradients' norm and whether they
+    /// were finite, both on the device.
+    fn update(
+        &mut self,
+        loss: &Tensor,
+        lr: f64,
+        probe: &mut dyn StepProbe,
+    ) -> Result<(Tensor, Tensor)> {
         if self.replicas.syncs() {
             probe.mark(Phase::GradSync);
             self.replicas.mean(&mut self.optimizer)?;
@@ -166,10 +215,21 @@ impl DrafterStep {
         let finite = if self.replicas.syncs() {
             grad_norm.isfinite()
         } else {
-            loss.loss.isfinite().logical_and(&grad_norm.isfinite())
+            loss.isfinite().logical_and(&grad_norm.isfinite())
         };
         self.optimizer.step_if(lr, &finite);
-        probe.mark(Phase::Metrics);
+        Ok((grad_norm, finite))
+    }
+
+    /// The step's figures read back in one transfer; a step found not finite is taken back.
+    fn read_back(
+        &mut self,
+        loss: &LossOut,
+        fwd: &Forwarded,
+        inputs: &StepInputs,
+        grad_norm: &Tensor,
+        finite: &Tensor,
+    ) -> Result<StepOutcome> {
         let (acc, tau) = block_metrics(&loss.correct, &fwd.valid, &inputs.anchors.valid);
         let packed = Tensor::cat(
             &[
@@ -194,6 +254,16 @@ impl DrafterStep {
             slot_acc: host[4..].to_vec(),
         })
     }
+}
+
+/// A step's inputs, ready for the forward.
+struct Prepared {
+    inputs: StepInputs,
+    /// The rows whose labels count in the loss.
+    keep: Tensor,
+    plan: WindowPlan,
+    /// Whether a captured graph can run the forward (its anchors padded to the graph's width).
+    graphable: bool,
 }
 
 /// The drafter's forward on `x`: block tokens, positions, labels and mask from the anchors, then

@@ -4,10 +4,11 @@
 
 use super::checkpoint;
 use super::config::{DrafterSpec, Qwen3Config};
-use super::data::{DocSource, JsonlOptions, JsonlSource, Synthetic};
+use super::data::{DocSource, JsonlOptions, JsonlSource, PackedBatch, Synthetic};
 use super::drafter::Drafter;
 use super::drafter_step::DrafterStep;
 use super::drafter_worker::{run_drafter, DrafterJob};
+use super::handoff::HiddenBatch;
 use super::nccl::NcclGroup;
 use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
@@ -17,7 +18,7 @@ use super::replicas::{LocalGroup, Single, StepMeet};
 use super::spec::{DataSpec, PipelineSpec};
 use super::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
 use crate::cancel::CancelToken;
-use crate::telemetry::queue::monitored_queue;
+use crate::telemetry::queue::{monitored_queue, QueueRx, QueueTx};
 use crate::telemetry::Telemetry;
 use anyhow::{bail, Context, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -149,6 +150,22 @@ struct Crew {
     link: Option<Arc<JobLink>>,
 }
 
+impl Crew {
+    /// A crew stopped by `cancel`; in a job, watched by the other ranks (a fault there stops it).
+    fn new(cancel: CancelToken, link: Option<Arc<JobLink>>) -> Result<Crew> {
+        let crew = Crew {
+            errors: Arc::new(Mutex::new(Vec::new())),
+            cancel,
+            running: Arc::new(AtomicUsize::new(0)),
+            link,
+        };
+        if let Some(l) = &crew.link {
+            l.watch(crew.cancel.clone(), crew.running.clone())?;
+        }
+        Ok(crew)
+    }
+}
+
 /// Decrements the running count however the worker's thread ends.
 struct Leaving(Arc<AtomicUsize>);
 
@@ -272,6 +289,232 @@ pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<
     )))
 }
 
+/// Threads for each worker's libtorch: --threads-per-worker, or the cores shared out.
+fn threads_per_worker(cfg: &PipelineSpec) -> i32 {
+    let n_workers = (cfg.target_devices.len() + cfg.drafter_devices.len()) as i32;
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as i32)
+        .unwrap_or(1);
+    cfg.threads_per_worker
+        .unwrap_or((cores / n_workers.max(1)).max(1))
+}
+
+/// The targets, one per target device (built one after another, so that seeded random weights
+/// are the same).
+fn build_targets(cfg: &PipelineSpec) -> Result<Vec<(VarStore, Qwen3Target)>> {
+    let spec = &cfg.drafter_spec;
+    let mut targets = Vec::new();
+    for &dev in &cfg.target_devices {
+        targets.push(build_target(
+            cfg,
+            &cfg.target_config,
+            &spec.target_layer_ids,
+            dev,
+        )?);
+    }
+    Ok(targets)
+}
+
+/// A drafter replica, ready for its worker.
+struct DrafterReplica {
+    vs: VarStore,
+    model: Drafter,
+    optimizer: AdamW,
+    /// The target's frozen embedding and lm head, on `device`.
+    embed: tch::Tensor,
+    lm_head: tch::Tensor,
+    device: Device,
+}
+
+/// The drafter replicas, each with its optimizer (resumed with --resume) and `target`'s frozen
+/// embedding and lm head; and the step the run starts from.
+fn drafter_replicas(
+    cfg: &PipelineSpec,
+    target: &Qwen3Target,
+) -> Result<(Vec<DrafterReplica>, u64)> {
+    let (embed, lm_head) = (
+        target.embed_tokens.shallow_clone(),
+        target.lm_head.shallow_clone(),
+    );
+    let built = build_drafters(cfg, &cfg.drafter_devices)?;
+    let mut start_step = 0;
+    let mut drafters = Vec::new();
+    for (vs, model, dev) in built {
+        let params: Vec<_> = vs.variables().into_iter().collect();
+        let mut optimizer = AdamW::new(params);
+        if let (Some(dir), Some(state)) = (&cfg.resume, &cfg.resume_state) {
+            optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+            optimizer.step = state.step as i64;
+            start_step = state.step;
+        }
+        drafters.push(DrafterReplica {
+            vs,
+            model,
+            optimizer,
+            embed: frozen_on(&embed, dev),
+            lm_head: frozen_on(&lm_head, dev),
+            device: dev,
+        });
+    }
+    Ok((drafters, start_step))
+}
+
+/// How the drafter replicas average their gradients, and what keeps their steps together (none
+/// for one replica of a single process).
+fn replica_sync(
+    cfg: &PipelineSpec,
+    link: Option<&Arc<JobLink>>,
+    cancel: &CancelToken,
+) -> Result<(Replicas, Option<Arc<dyn StepMeet>>)> {
+    Ok(match link {
+        Some(l) => (
+            Replicas::Job(l.clone(), cancel.clone(), cfg.drafter_devices[0].is_cuda()),
+            Some(JobGate::new(l.clone(), cancel.clone())),
+        ),
+        None => (
+            replica_group(&cfg.drafter_devices, cancel)?,
+            (cfg.drafter_devices.len() > 1).then(|| {
+                super::replicas::StepGate::new(cfg.drafter_devices.len(), cancel.clone())
+                    as Arc<dyn StepMeet>
+            }),
+        ),
+    })
+}
+
+/// What the workers' threads are started with.
+struct Workers<'a> {
+    cfg: &'a PipelineSpec,
+    crew: &'a Crew,
+    telemetry: &'a Telemetry,
+    /// Threads for each worker's libtorch.
+    threads: i32,
+}
+
+/// What every drafter replica of this process shares.
+struct DrafterShared {
+    group: Replicas,
+    gate: Option<Arc<dyn StepMeet>>,
+    input: QueueRx<HiddenBatch>,
+    counts: Arc<DataCounts>,
+    /// This process's rank in a job (0 otherwise).
+    rank: u64,
+}
+
+impl Workers<'_> {
+    /// The loader: documents from the data source, packed into batches sent to `out`.
+    fn spawn_loader(
+        &self,
+        counts: &Arc<DataCounts>,
+        out: QueueTx<PackedBatch>,
+    ) -> Result<JoinHandle<()>> {
+        let cfg = self.cfg;
+        let source = data_source(cfg, &cfg.target_config, &cfg.drafter_spec, counts)?;
+        let job = LoaderJob {
+            source,
+            rows: cfg.batch,
+            seq: cfg.seq_len,
+            out,
+            slow: cfg.slow.loader,
+            docs_before: resumed_docs(cfg),
+        };
+        let (t, c) = (self.telemetry.clone(), self.crew.cancel.clone());
+        spawn("loader".into(), self.crew, move || run_loader(job, t, c))
+    }
+
+    /// One target worker per target: batches from `input`, hidden states to `out`.
+    fn spawn_targets(
+        &self,
+        targets: Vec<(VarStore, Qwen3Target)>,
+        input: &QueueRx<PackedBatch>,
+        out: &QueueTx<HiddenBatch>,
+    ) -> Result<Vec<JoinHandle<()>>> {
+        let mut handles = Vec::new();
+        let devices = &self.cfg.target_devices;
+        for (i, ((_vs, model), &dev)) in targets.into_iter().zip(devices).enumerate() {
+            let job = TargetJob {
+                model,
+                device: dev,
+                input: input.clone(),
+                out: out.clone(),
+                slow: self.cfg.slow.target,
+                threads: self.threads,
+            };
+            let (t, c) = (self.telemetry.clone(), self.crew.cancel.clone());
+            handles.push(spawn(format!("target-{i}"), self.crew, move || {
+                let _keep = _vs;
+                run_target(job, t, c)
+            })?);
+        }
+        Ok(handles)
+    }
+
+    /// One drafter worker per replica.
+    fn spawn_drafters(
+        &self,
+        drafters: Vec<DrafterReplica>,
+        shared: &DrafterShared,
+    ) -> Result<Vec<JoinHandle<()>>> {
+        let mut handles = Vec::new();
+        for (i, replica) in drafters.into_iter().enumerate() {
+            let job = self.drafter_job(i, replica, shared)?;
+            let (t, c) = (self.telemetry.clone(), self.crew.cancel.clone());
+            handles.push(spawn(format!("drafter-{i}"), self.crew, move || {
+                run_drafter(job, t, c)
+            })?);
+        }
+        Ok(handles)
+    }
+
+    /// Replica `i`'s job.
+    fn drafter_job(
+        &self,
+        i: usize,
+        r: DrafterReplica,
+        shared: &DrafterShared,
+    ) -> Result<DrafterJob> {
+        let (cfg, dev) = (self.cfg, r.device);
+        Ok(DrafterJob {
+            step: DrafterStep {
+                model: r.model,
+                optimizer: r.optimizer,
+                spec: cfg.drafter_spec.clone(),
+                embed: r.embed,
+                lm_head: r.lm_head,
+                device: dev,
+                replicas: shared.group.member(i)?,
+                loss_chunk_mib: cfg.loss_chunk_mib,
+                graphs: super::drafter_graph::StepGraphs::as_installed(),
+            },
+            vs: r.vs,
+            input: shared.input.clone(),
+            anchors: cfg.anchors,
+            anchor_scope: cfg.anchor_scope,
+            lr: cfg.lr,
+            schedule: cfg.schedule,
+            max_steps: cfg.steps,
+            save_dir: cfg.save_dir.clone(),
+            save_every: cfg.save_every,
+            seed: cfg.seed + i as u64 + shared.rank,
+            // Replica 0's sampler saved its state; the others start theirs afresh.
+            rng_state: cfg
+                .resume_state
+                .as_ref()
+                .and_then(|s| s.anchor_rng)
+                .filter(|_| i == 0),
+            data_docs: resumed_docs(cfg),
+            slow: cfg.slow.drafter,
+            threads: self.threads,
+            // Replica 0 of rank 0 writes the checkpoints.
+            saves: i == 0 && shared.rank == 0,
+            counts: shared.counts.clone(),
+            keep: cfg.keep,
+            max_nonfinite: cfg.max_nonfinite,
+            prefetch: cfg.target_devices.iter().any(|&t| t != dev),
+            gate: shared.gate.clone(),
+        })
+    }
+}
+
 impl Pipeline {
     pub fn start(cfg: &PipelineSpec, telemetry: &Telemetry) -> Result<Pipeline> {
         super::fast_paths::install(cfg.fast_paths);
@@ -291,64 +534,12 @@ impl Pipeline {
         link: Option<Arc<JobLink>>,
     ) -> Result<Pipeline> {
         let cancel = CancelToken::new();
-        let crew = Crew {
-            errors: Arc::new(Mutex::new(Vec::new())),
-            cancel: cancel.clone(),
-            running: Arc::new(AtomicUsize::new(0)),
-            link: link.clone(),
-        };
-        if let Some(l) = &link {
-            l.watch(cancel.clone(), crew.running.clone())?;
-        }
-        let target_cfg = cfg.target_config.clone();
-        let spec = cfg.drafter_spec.clone();
-        let n_workers = (cfg.target_devices.len() + cfg.drafter_devices.len()) as i32;
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get() as i32)
-            .unwrap_or(1);
-        let threads = cfg
-            .threads_per_worker
-            .unwrap_or((cores / n_workers.max(1)).max(1));
+        let crew = Crew::new(cancel.clone(), link.clone())?;
+        let threads = threads_per_worker(cfg);
         tch::manual_seed(cfg.seed as i64);
-
-        // Targets (built here, one after another, so that seeded random weights are the same).
-        let mut targets = Vec::new();
-        for &dev in &cfg.target_devices {
-            targets.push(build_target(cfg, &target_cfg, &spec.target_layer_ids, dev)?);
-        }
-        let (embed, lm_head) = {
-            let t = &targets[0].1;
-            (t.embed_tokens.shallow_clone(), t.lm_head.shallow_clone())
-        };
-
-        let built = build_drafters(cfg, &cfg.drafter_devices)?;
-        let mut start_step = 0;
-        let mut drafters = Vec::new();
-        for (vs, model, dev) in built {
-            let params: Vec<_> = vs.variables().into_iter().collect();
-            let mut optimizer = AdamW::new(params);
-            if let (Some(dir), Some(state)) = (&cfg.resume, &cfg.resume_state) {
-                optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
-                optimizer.step = state.step as i64;
-                start_step = state.step;
-            }
-            let (embed, lm_head) = (frozen_on(&embed, dev), frozen_on(&lm_head, dev));
-            drafters.push((vs, model, optimizer, embed, lm_head, dev));
-        }
-        let (group, gate): (Replicas, Option<Arc<dyn StepMeet>>) = match &link {
-            Some(l) => (
-                Replicas::Job(l.clone(), cancel.clone(), cfg.drafter_devices[0].is_cuda()),
-                Some(JobGate::new(l.clone(), cancel.clone())),
-            ),
-            None => (
-                replica_group(&cfg.drafter_devices, &cancel)?,
-                (cfg.drafter_devices.len() > 1).then(|| {
-                    super::replicas::StepGate::new(cfg.drafter_devices.len(), cancel.clone())
-                        as Arc<dyn StepMeet>
-                }),
-            ),
-        };
-        let rank = cfg.job.as_ref().map_or(0, |j| j.rank as u64);
+        let targets = build_targets(cfg)?;
+        let (drafters, start_step) = drafter_replicas(cfg, &targets[0].1)?;
+        let (group, gate) = replica_sync(cfg, link.as_ref(), &cancel)?;
         if let Some(n) = cfg.steps {
             if start_step >= n {
                 bail!("--resume is at step {start_step}, already at or past --steps {n}: raise --steps");
@@ -363,85 +554,24 @@ impl Pipeline {
         telemetry.add_queue(hs_probe);
 
         let counts = Arc::new(DataCounts::default());
-        let mut handles = Vec::new();
-
-        let source = data_source(cfg, &target_cfg, &spec, &counts)?;
-        let job = LoaderJob {
-            source,
-            rows: cfg.batch,
-            seq: cfg.seq_len,
-            out: batch_tx,
-            slow: cfg.slow.loader,
-            docs_before: resumed_docs(cfg),
+        let workers = Workers {
+            cfg,
+            crew: &crew,
+            telemetry,
+            threads,
         };
-        let (t, c) = (telemetry.clone(), cancel.clone());
-        handles.push(spawn("loader".into(), &crew, move || {
-            run_loader(job, t, c)
-        })?);
-
-        for (i, ((_vs, model), &dev)) in targets.into_iter().zip(&cfg.target_devices).enumerate() {
-            let job = TargetJob {
-                model,
-                device: dev,
-                input: batch_rx.clone(),
-                out: hs_tx.clone(),
-                slow: cfg.slow.target,
-                threads,
-            };
-            let (t, c) = (telemetry.clone(), cancel.clone());
-            handles.push(spawn(format!("target-{i}"), &crew, move || {
-                let _keep = _vs;
-                run_target(job, t, c)
-            })?);
-        }
+        let mut handles = vec![workers.spawn_loader(&counts, batch_tx)?];
+        handles.extend(workers.spawn_targets(targets, &batch_rx, &hs_tx)?);
         drop(hs_tx);
         drop(batch_rx);
-
-        for (i, (vs, model, optimizer, embed, lm_head, dev)) in drafters.into_iter().enumerate() {
-            let job = DrafterJob {
-                step: DrafterStep {
-                    model,
-                    optimizer,
-                    spec: spec.clone(),
-                    embed,
-                    lm_head,
-                    device: dev,
-                    replicas: group.member(i)?,
-                    loss_chunk_mib: cfg.loss_chunk_mib,
-                    graphs: super::drafter_graph::StepGraphs::as_installed(),
-                },
-                vs,
-                input: hs_rx.clone(),
-                anchors: cfg.anchors,
-                anchor_scope: cfg.anchor_scope,
-                lr: cfg.lr,
-                schedule: cfg.schedule,
-                max_steps: cfg.steps,
-                save_dir: cfg.save_dir.clone(),
-                save_every: cfg.save_every,
-                seed: cfg.seed + i as u64 + rank,
-                // Replica 0's sampler saved its state; the others start theirs afresh.
-                rng_state: cfg
-                    .resume_state
-                    .as_ref()
-                    .and_then(|s| s.anchor_rng)
-                    .filter(|_| i == 0),
-                data_docs: resumed_docs(cfg),
-                slow: cfg.slow.drafter,
-                threads,
-                // Replica 0 of rank 0 writes the checkpoints.
-                saves: i == 0 && rank == 0,
-                counts: counts.clone(),
-                keep: cfg.keep,
-                max_nonfinite: cfg.max_nonfinite,
-                prefetch: cfg.target_devices.iter().any(|&t| t != dev),
-                gate: gate.clone(),
-            };
-            let (t, c) = (telemetry.clone(), cancel.clone());
-            handles.push(spawn(format!("drafter-{i}"), &crew, move || {
-                run_drafter(job, t, c)
-            })?);
-        }
+        let shared = DrafterShared {
+            group,
+            gate,
+            input: hs_rx,
+            counts: counts.clone(),
+            rank: cfg.job.as_ref().map_or(0, |j| j.rank as u64),
+        };
+        handles.extend(workers.spawn_drafters(drafters, &shared)?);
         Ok(Pipeline {
             cancel,
             handles,

@@ -140,121 +140,43 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         &cfg.drafter_spec.target_layer_ids,
         target_device,
     )?;
-    let (embed, lm_head) = (
+    let frozen = (
         target.embed_tokens.shallow_clone(),
         target.lm_head.shallow_clone(),
     );
     let counts = std::sync::Arc::new(DataCounts::default());
-    let mut source = data_source(cfg, &cfg.target_config, &cfg.drafter_spec, &counts)?;
-    let mut packer = Packer::new();
+    let source = data_source(cfg, &cfg.target_config, &cfg.drafter_spec, &counts)?;
+    let packer = Packer::new();
 
     let cancel = CancelToken::new();
     let group = replica_group(&devices, &cancel)?;
-    let mut models = build_drafters(cfg, &devices)?;
-    let (single_vs, single_model, single_dev) = {
-        let mut one = build_drafters(cfg, &devices[..1])?;
-        one.pop().context("a drafter was built")?
-    };
-    let step_for = |model, vs: &tch::nn::VarStore, dev: Device, replicas| {
-        let frozen = (&embed, &lm_head);
-        let graphs = super::drafter_graph::StepGraphs::off();
-        bench_step(cfg, frozen, (model, vs, dev), replicas, graphs)
-    };
-    let mut single = step_for(single_model, &single_vs, single_dev, Box::new(Single));
-    single.prepare()?;
+    let models = build_drafters(cfg, &devices)?;
+    let (_single_vs, mut single) = single_drafter(cfg, devices[0], &frozen)?;
     let (outcome_tx, outcome_rx) = bounded(devices.len());
     let report = std::thread::scope(|scope| -> Result<ReplicaReport> {
-        let mut feeds = Vec::new();
-        let mut handles = Vec::new();
-        let steps_of: Vec<_> = models
-            .drain(..)
-            .enumerate()
-            .map(|(i, (vs, model, dev))| {
-                let step = step_for(model, &vs, dev, group.member(i)?);
-                Ok((vs, step))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let steps_of = replica_steps(cfg, &frozen, models, &group)?;
         // What this thread queued on the devices' default streams (weights, optimizer state) is
         // done before the replicas read it on streams of their own.
         synchronize(&devices);
-        for (i, (vs, step)) in steps_of.into_iter().enumerate() {
-            let (tx, rx) = bounded::<Share>(1);
-            let out = outcome_tx.clone();
-            feeds.push(tx);
-            let handle = std::thread::Builder::new()
-                .name(format!("replica-{i}"))
-                .spawn_scoped(scope, move || {
-                    let _keep = vs;
-                    replica_loop(step, rx, out)
-                })
-                .context("cannot start a replica thread")?;
-            handles.push(handle);
-        }
-        drop(outcome_tx);
-        let mut forward = TargetForward::new(&target, target_device);
+        let (feeds, handles) = spawn_replicas(scope, steps_of, outcome_tx)?;
+        let mut lockstep = Lockstep {
+            cfg,
+            devices: &devices,
+            target: &target,
+            target_device,
+            forward: TargetForward::new(&target, target_device),
+            source,
+            packer,
+            feeds,
+            outcomes: outcome_rx,
+        };
         let mut losses = Vec::new();
-        let rows = cfg.batch;
         for s in 0..steps {
-            let batch = packer.pack(source.as_mut(), rows * devices.len() as i64, cfg.seq_len)?;
-            let batch = batch.to_device(target_device);
-            let hidden = {
-                let _g = tch::no_grad_guard();
-                forward.run(&target, &batch, false)?
-            };
-            let anchors = anchors_by_row(&batch, cfg, s);
-            let lr = cfg.schedule.lr(cfg.lr, s);
-            let shares: Vec<Share> = devices
-                .iter()
-                .enumerate()
-                .map(|(i, &dev)| {
-                    let range = i as i64 * rows..(i as i64 + 1) * rows;
-                    Share {
-                        hidden: hidden.narrow(0, range.start, rows).to_device(dev).copy(),
-                        batch: slice_rows(&batch, range.clone()).to_device(dev),
-                        anchors: anchors[range.start as usize..range.end as usize].to_vec(),
-                        lr,
-                    }
-                })
-                .collect();
-            // The forward and the copies ran on this thread's default streams; the replicas read
-            // them on streams of their own, which do not wait for those.
-            synchronize(&[target_device]);
-            synchronize(&devices);
-            for (feed, share) in feeds.iter().zip(shares) {
-                if feed.send(share).is_err() {
-                    break;
-                }
-            }
-            let whole = single.run(
-                &hidden.to_device(single_dev),
-                &batch.to_device(single_dev),
-                &anchors,
-                lr,
-                &mut Unprobed,
-            )?;
-            let mut sum = 0.0;
-            for _ in 0..devices.len() {
-                let r = outcome_rx
-                    .recv()
-                    .context("a replica stopped before the end of the check")??;
-                sum += r.loss;
-            }
-            losses.push((sum / devices.len() as f32, whole.loss));
+            losses.push(lockstep.step(s, &mut single)?);
         }
-        drop(feeds);
-        let mut optimizers = Vec::new();
-        for h in handles {
-            match h.join() {
-                Ok(r) => optimizers.push(r?),
-                Err(_) => bail!("a replica thread panicked"),
-            }
-        }
-        let (first, rest) = optimizers.split_first_mut().context("replicas ran")?;
-        let replica_diff = rest
-            .iter_mut()
-            .map(|o| max_diff(first, o))
-            .fold(0.0, f64::max);
-        let single_diff = max_diff(first, &mut single.optimizer);
+        // The replicas' channels close: each ends its loop.
+        lockstep.feeds.clear();
+        let (replica_diff, single_diff) = weight_diffs(handles, &mut single.optimizer)?;
         Ok(ReplicaReport {
             losses,
             replica_diff,
@@ -262,6 +184,172 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         })
     })?;
     Ok(report)
+}
+
+/// The single drafter, on `dev`, ready to step (its var store kept beside it).
+fn single_drafter(
+    cfg: &PipelineSpec,
+    dev: Device,
+    frozen: &(Tensor, Tensor),
+) -> Result<(tch::nn::VarStore, DrafterStep)> {
+    let (vs, model, dev) = {
+        let mut one = build_drafters(cfg, &[dev])?;
+        one.pop().context("a drafter was built")?
+    };
+    let graphs = super::drafter_graph::StepGraphs::off();
+    let frozen = (&frozen.0, &frozen.1);
+    let mut single = bench_step(cfg, frozen, (model, &vs, dev), Box::new(Single), graphs);
+    single.prepare()?;
+    Ok((vs, single))
+}
+
+/// The replicas' steps, each with its var store, member `i` of `group`.
+fn replica_steps(
+    cfg: &PipelineSpec,
+    frozen: &(Tensor, Tensor),
+    models: Vec<(tch::nn::VarStore, super::drafter::Drafter, Device)>,
+    group: &super::pipeline::Replicas,
+) -> Result<Vec<(tch::nn::VarStore, DrafterStep)>> {
+    models
+        .into_iter()
+        .enumerate()
+        .map(|(i, (vs, model, dev))| {
+            let graphs = super::drafter_graph::StepGraphs::off();
+            let frozen = (&frozen.0, &frozen.1);
+            let step = bench_step(cfg, frozen, (model, &vs, dev), group.member(i)?, graphs);
+            Ok((vs, step))
+        })
+        .collect()
+}
+
+type ReplicaHandle<'scope> = std::thread::ScopedJoinHandle<'scope, Result<AdamW>>;
+
+/// One named thread per replica, fed through a channel of its own; their outcomes go to `out`.
+fn spawn_replicas<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    steps: Vec<(tch::nn::VarStore, DrafterStep)>,
+    out: Sender<Result<StepOutcome>>,
+) -> Result<(Vec<Sender<Share>>, Vec<ReplicaHandle<'scope>>)> {
+    let mut feeds = Vec::new();
+    let mut handles = Vec::new();
+    for (i, (vs, step)) in steps.into_iter().enumerate() {
+        let (tx, rx) = bounded::<Share>(1);
+        let out = out.clone();
+        feeds.push(tx);
+        let handle = std::thread::Builder::new()
+            .name(format!("replica-{i}"))
+            .spawn_scoped(scope, move || {
+                let _keep = vs;
+                replica_loop(step, rx, out)
+            })
+            .context("cannot start a replica thread")?;
+        handles.push(handle);
+    }
+    Ok((feeds, handles))
+}
+
+/// The check's steps: one target and its data feed the replicas and the single drafter.
+struct Lockstep<'a> {
+    cfg: &'a PipelineSpec,
+    devices: &'a [Device],
+    target: &'a super::qwen3::Qwen3Target,
+    target_device: Device,
+    forward: TargetForward,
+    source: Box<dyn super::data::DocSource>,
+    packer: Packer,
+    /// One channel per replica.
+    feeds: Vec<Sender<Share>>,
+    outcomes: Receiver<Result<StepOutcome>>,
+}
+
+impl Lockstep<'_> {
+    /// Step `s`: a batch through the target, each replica's share sent to it, all of it through
+    /// `single`. Returns the replicas' mean loss and the single drafter's.
+    fn step(&mut self, s: u64, single: &mut DrafterStep) -> Result<(f32, f32)> {
+        let (cfg, devices, rows) = (self.cfg, self.devices, self.cfg.batch);
+        let batch = self.packer.pack(
+            self.source.as_mut(),
+            rows * devices.len() as i64,
+            cfg.seq_len,
+        )?;
+        let batch = batch.to_device(self.target_device);
+        let hidden = {
+            let _g = tch::no_grad_guard();
+            self.forward.run(self.target, &batch, false)?
+        };
+        let anchors = anchors_by_row(&batch, cfg, s);
+        let lr = cfg.schedule.lr(cfg.lr, s);
+        let shares = shares(&hidden, &batch, &anchors, devices, rows, lr);
+        // The forward and the copies ran on this thread's default streams; the replicas read
+        // them on streams of their own, which do not wait for those.
+        synchronize(&[self.target_device]);
+        synchronize(devices);
+        for (feed, share) in self.feeds.iter().zip(shares) {
+            if feed.send(share).is_err() {
+                break;
+            }
+        }
+        let single_dev = single.device;
+        let whole = single.run(
+            &hidden.to_device(single_dev),
+            &batch.to_device(single_dev),
+            &anchors,
+            lr,
+            &mut Unprobed,
+        )?;
+        let mut sum = 0.0;
+        for _ in 0..devices.len() {
+            let r = self
+                .outcomes
+                .recv()
+                .context("a replica stopped before the end of the check")??;
+            sum += r.loss;
+        }
+        Ok((sum / devices.len() as f32, whole.loss))
+    }
+}
+
+/// Each replica's share of a step: its `rows` rows of the batch, its hidden states and anchors,
+/// on its device.
+fn shares(
+    hidden: &Tensor,
+    batch: &PackedBatch,
+    anchors: &[Vec<i64>],
+    devices: &[Device],
+    rows: i64,
+    lr: f64,
+) -> Vec<Share> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, &dev)| {
+            let range = i as i64 * rows..(i as i64 + 1) * rows;
+            Share {
+                hidden: hidden.narrow(0, range.start, rows).to_device(dev).copy(),
+                batch: slice_rows(batch, range.clone()).to_device(dev),
+                anchors: anchors[range.start as usize..range.end as usize].to_vec(),
+                lr,
+            }
+        })
+        .collect()
+}
+
+/// Joins the replicas, then: the largest weight difference between replica 0 and each other,
+/// and between replica 0 and the single drafter (`single`).
+fn weight_diffs(handles: Vec<ReplicaHandle<'_>>, single: &mut AdamW) -> Result<(f64, f64)> {
+    let mut optimizers = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(r) => optimizers.push(r?),
+            Err(_) => bail!("a replica thread panicked"),
+        }
+    }
+    let (first, rest) = optimizers.split_first_mut().context("replicas ran")?;
+    let replica_diff = rest
+        .iter_mut()
+        .map(|o| max_diff(first, o))
+        .fold(0.0, f64::max);
+    Ok((replica_diff, max_diff(first, single)))
 }
 
 /// The check across the processes of a job (`bench replicas` under torchrun's variables): each
@@ -331,23 +419,10 @@ pub fn run_ranks(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
             &mut Unprobed,
         )?;
         let all = single.run(&hidden, &batch, &anchors, lr, &mut Unprobed)?;
-        let theirs = link.exchange(
-            &format!("loss/{s}"),
-            &mine.loss.to_le_bytes(),
-            &cancel,
-            wait,
-        )?;
-        let sum: f32 = theirs
-            .iter()
-            .map(|b| f32::from_le_bytes(b[..4].try_into().unwrap_or([0; 4])))
-            .sum();
-        losses.push((sum / world as f32, all.loss));
+        let mean = mean_loss(&link, (s, world), mine.loss, &cancel, wait)?;
+        losses.push((mean, all.loss));
     }
-    let mine = replica.optimizer.flat_params().to_device(Device::Cpu);
-    let bytes = tensor_bytes(&mine)?;
-    let every = link.exchange("weights", &bytes, &cancel, wait)?;
-    let first = Tensor::from_slice(&bytes_f32(&every[0])).view_as(&mine);
-    let replica_diff = f64::try_from((&mine - first).abs().max().to_kind(Kind::Double))?;
+    let replica_diff = diff_from_rank_0(&link, &mut replica.optimizer, &cancel, wait)?;
     let single_diff = max_diff(&mut replica.optimizer, &mut single.optimizer);
     link.finish(&Ok(()));
     Ok(ReplicaReport {
@@ -355,6 +430,39 @@ pub fn run_ranks(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         replica_diff,
         single_diff,
     })
+}
+
+/// The mean of the `world` ranks' losses at step `s`, this rank's `loss` among them.
+fn mean_loss(
+    link: &super::ranks::JobLink,
+    (s, world): (u64, i64),
+    loss: f32,
+    cancel: &CancelToken,
+    wait: std::time::Duration,
+) -> Result<f32> {
+    let theirs = link.exchange(&format!("loss/{s}"), &loss.to_le_bytes(), cancel, wait)?;
+    let sum: f32 = theirs
+        .iter()
+        .map(|b| f32::from_le_bytes(b[..4].try_into().unwrap_or([0; 4])))
+        .sum();
+    Ok(sum / world as f32)
+}
+
+/// The largest |weight difference| between this rank's replica and rank 0's (weights exchanged
+/// through the store).
+fn diff_from_rank_0(
+    link: &super::ranks::JobLink,
+    replica: &mut AdamW,
+    cancel: &CancelToken,
+    wait: std::time::Duration,
+) -> Result<f64> {
+    let mine = replica.flat_params().to_device(Device::Cpu);
+    let bytes = tensor_bytes(&mine)?;
+    let every = link.exchange("weights", &bytes, cancel, wait)?;
+    let first = Tensor::from_slice(&bytes_f32(&every[0])).view_as(&mine);
+    Ok(f64::try_from(
+        (&mine - first).abs().max().to_kind(Kind::Double),
+    )?)
 }
 
 /// A drafter step of the checks and benches: `model` (with its var store and device) trained by

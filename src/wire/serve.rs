@@ -518,6 +518,18 @@ impl Read for Deadline<'_> {
 /// The handshake, on its own thread under the deadline: our preamble, theirs (a wrong one gets
 /// a `Refused` with the reason), the uid check; then the viewer's two threads.
 fn welcome(mut stream: UnixStream, n: u64, shared: &Arc<Shared>) -> Option<Conn> {
+    handshake(&mut stream, shared)?;
+    if shared.cancel.is_cancelled() {
+        return None;
+    }
+    stream.set_read_timeout(None).ok()?;
+    stream.set_write_timeout(None).ok()?;
+    serve_viewer(stream, n, shared)
+}
+
+/// Our preamble, the uid check, theirs under the deadline; `None` when the viewer was refused
+/// (told why) or the stream failed.
+fn handshake(stream: &mut UnixStream, shared: &Shared) -> Option<()> {
     let until = Instant::now() + shared.limits.handshake;
     stream.set_nonblocking(false).ok()?;
     stream
@@ -527,20 +539,17 @@ fn welcome(mut stream: UnixStream, n: u64, shared: &Arc<Shared>) -> Option<Conn>
         let _ = write_msg(s, &Msg::Refused { reason });
         let _ = s.shutdown(std::net::Shutdown::Both);
     };
-    write_preamble(&mut stream).ok()?;
+    write_preamble(stream).ok()?;
     // SAFETY: getuid has no preconditions.
     let ours = unsafe { libc::getuid() };
-    let allowed = peer_uid(&stream)
+    let allowed = peer_uid(stream)
         .map_err(|e| format!("refused: cannot read the viewer's credentials ({e})"))
         .and_then(|uid| peer_allowed(uid, ours));
     if let Err(reason) = allowed {
-        refuse(&mut stream, reason);
+        refuse(stream, reason);
         return None;
     }
-    let heard = read_preamble(&mut Deadline {
-        stream: &stream,
-        until,
-    });
+    let heard = read_preamble(&mut Deadline { stream, until });
     match heard {
         Ok(()) => {}
         Err(WireError::Io(e))
@@ -550,7 +559,7 @@ fn welcome(mut stream: UnixStream, n: u64, shared: &Arc<Shared>) -> Option<Conn>
             ) =>
         {
             refuse(
-                &mut stream,
+                stream,
                 format!(
                     "refused: no handshake within {} s of connecting",
                     shared.limits.handshake.as_secs_f64()
@@ -559,15 +568,15 @@ fn welcome(mut stream: UnixStream, n: u64, shared: &Arc<Shared>) -> Option<Conn>
             return None;
         }
         Err(e) => {
-            refuse(&mut stream, format!("refused: {e}"));
+            refuse(stream, format!("refused: {e}"));
             return None;
         }
     }
-    if shared.cancel.is_cancelled() {
-        return None;
-    }
-    stream.set_read_timeout(None).ok()?;
-    stream.set_write_timeout(None).ok()?;
+    Some(())
+}
+
+/// The viewer's two threads: snapshots out through its outlet, commands in.
+fn serve_viewer(stream: UnixStream, n: u64, shared: &Arc<Shared>) -> Option<Conn> {
     let (outlet, rx) = Outlet::new(VIEWER_BACKLOG);
     let mut w = stream.try_clone().ok()?;
     let mut r = stream.try_clone().ok()?;
