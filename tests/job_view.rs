@@ -277,8 +277,11 @@ fn a_path_that_is_no_session_and_a_job_that_is_not_there_are_sentences() {
 }
 
 /// A Python pipeline beside a trainer: two pipelines, refused as one view, both named.
+/// A trainer beside a Python pipeline is one view: each session's threads under their own
+/// stage's phase names (ours built in, the pipeline's declared). Two different declared
+/// pipelines are refused with a sentence naming both.
 #[test]
-fn sessions_of_different_pipelines_are_not_merged() {
+fn a_trainer_and_a_python_pipeline_merge_but_two_declared_pipelines_do_not() {
     let job = Job::start();
     let mut python = super::attach::python_pipeline(job.runtime.path(), None);
     let py_sock = crate::support::socket_of(job.runtime.path(), python.id());
@@ -290,16 +293,53 @@ fn sessions_of_different_pipelines_are_not_merged() {
         py_sock.to_str().unwrap(),
         "--headless",
         "--seconds",
+        "3",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let last = out
+        .lines()
+        .rfind(|l| l.starts_with("t="))
+        .expect("merged interval lines");
+    let label = format!("p{}", python.id());
+    for part in [
+        "| r0/drafter-0 step_ms=".to_string(),
+        "hs_wait_ms=".into(),
+        format!("| {label}/consumer step_ms="),
+        "pop_wait_ms=".into(),
+        format!("| {label}/producer step_ms="),
+        "make_ms=".into(),
+        format!("q.{label}/batches="),
+    ] {
+        assert!(last.contains(&part), "{part} missing: {last}");
+    }
+    // The pipeline's `forward` is its consumer's, not our drafter's list of phases.
+    let consumer = last
+        .split(" | ")
+        .find(|p| p.starts_with(&format!("{label}/consumer")))
+        .unwrap();
+    assert!(!consumer.contains("hs_wait_ms="), "{consumer}");
+
+    // Another pipeline that declares stages of its own, beside the first: refused.
+    let (mut named, named_sock) = super::names::named_pipeline(job.runtime.path());
+    let o = job.attach(&[
+        py_sock.to_str().unwrap(),
+        named_sock.to_str().unwrap(),
+        "--headless",
+        "--seconds",
         "2",
     ]);
-    let _ = python.kill();
-    let _ = python.wait();
+    for c in [&mut python, &mut named] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     let err = stderr(&o);
     assert!(!o.status.success(), "{err}");
     assert!(
         err.contains("these sessions run different pipelines")
-            && err.contains("loader → target → drafter")
-            && err.contains("producer → consumer"),
+            && err.contains("producer → consumer")
+            && err.contains("target → drafter"),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");

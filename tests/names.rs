@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The fixture pipeline, serving in `runtime` (its XDG_RUNTIME_DIR), and its socket once there.
-fn named_pipeline(runtime: &Path) -> (Child, PathBuf) {
+pub fn named_pipeline(runtime: &Path) -> (Child, PathBuf) {
     let child = Command::new(repo().join(".venv/bin/python"))
         .arg(repo().join("tests/fixtures/dflash_named.py"))
         .env("PYTHONPATH", repo().join("python"))

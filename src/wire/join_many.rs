@@ -68,9 +68,11 @@ pub fn labels(sessions: &[Attached]) -> Vec<String> {
         .collect()
 }
 
-/// The merged view names phases through one stage table: sessions that declare different
-/// stages (a Python pipeline beside a trainer) are refused with a sentence naming them.
-fn same_stages(sessions: &[Attached]) -> Result<()> {
+/// The merged view names phases through one `Names`. Our trainers' threads keep the built-in
+/// names whatever a pipeline declares, so trainers merge with each other and with one declared
+/// pipeline (a Python pipeline beside a trainer); sessions of two different declared pipelines
+/// are refused with a sentence naming them.
+fn one_declared_pipeline(sessions: &[Attached]) -> Result<()> {
     let describe = |s: &Attached| {
         let names: Vec<&str> = s
             .hello
@@ -80,23 +82,24 @@ fn same_stages(sessions: &[Attached]) -> Result<()> {
             .map(|d| d.name.as_str())
             .collect();
         match names.is_empty() {
-            true => format!(
-                "PID {}: dflash-top's loader → target → drafter",
-                s.hello.pid
-            ),
+            true => format!("PID {}: its stages not declared yet", s.hello.pid),
             false => format!("PID {}: {}", s.hello.pid, names.join(" → ")),
         }
     };
-    let Some(first) = sessions.first() else {
+    let declared: Vec<&Attached> = sessions
+        .iter()
+        .filter(|s| !s.hello.stages.is_builtin())
+        .collect();
+    let Some(first) = declared.first() else {
         return Ok(());
     };
-    if let Some(other) = sessions
+    if let Some(other) = declared
         .iter()
         .find(|s| s.hello.stages != first.hello.stages)
     {
         anyhow::bail!(
-            "these sessions run different pipelines ({}; {}): one view shows sessions of one \
-             pipeline (the ranks of a job); attach them one at a time",
+            "these sessions run different pipelines ({}; {}): one view shows dflash-top trainers \
+             with at most one other pipeline; attach them one at a time",
             describe(first),
             describe(other)
         );
@@ -122,7 +125,7 @@ impl JoinedMany {
                 }
             }
         }
-        if let Err(e) = same_stages(&sessions) {
+        if let Err(e) = one_declared_pipeline(&sessions) {
             sessions.into_iter().for_each(Attached::detach);
             return Err(e);
         }
@@ -130,8 +133,13 @@ impl JoinedMany {
         let labels = labels(&sessions);
         let mut telemetry = Telemetry::new();
         telemetry.probes = false;
-        if let Some(first) = sessions.first() {
-            telemetry.set_names(first.telemetry.names());
+        // The declared pipeline's names, if one is among them (ours hold for our threads).
+        let named = sessions
+            .iter()
+            .find(|s| !s.hello.stages.is_builtin())
+            .or(sessions.first());
+        if let Some(s) = named {
+            telemetry.set_names(s.telemetry.names());
         }
         let feeds: Vec<Feed> = sessions
             .iter()

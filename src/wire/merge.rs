@@ -57,8 +57,15 @@ pub fn merge(parts: &[Part], seq: u64) -> Snapshot {
         tok_history: summed_history(&snaps),
         self_cost: self_cost(&snaps),
         ranks: parts.iter().map(rank_view).collect(),
-        // The sessions run one pipeline (src/wire/join_many.rs refuses others): its names.
-        names: snaps.first().map(|s| s.names.clone()).unwrap_or_default(),
+        // At most one declared pipeline among trainers (src/wire/join_many.rs refuses more):
+        // its names, which leave the built-in ones of our trainers' threads as they are.
+        names: snaps
+            .iter()
+            .map(|s| &s.names)
+            .find(|n| !n.is_builtin())
+            .or(snaps.first().map(|s| &s.names))
+            .cloned()
+            .unwrap_or_default(),
         ..Snapshot::default()
     };
     for p in &on {
