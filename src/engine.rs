@@ -7,6 +7,7 @@ pub mod chat;
 pub mod checkpoint;
 pub mod checksum;
 pub mod config;
+pub mod crew;
 pub mod cuda;
 pub mod cupti;
 pub mod data;
