@@ -290,29 +290,22 @@ fn forward(
 mod tests {
     use super::*;
 
-    /// Each row's anchors, sampled from `rng` as the worker does.
-    fn rows_anchors(
-        b: &PackedBatch,
-        cfg: &crate::engine::spec::PipelineSpec,
-        rng: &mut Rng,
-    ) -> Vec<Vec<i64>> {
-        let seq = b.seq as usize;
-        (0..b.rows as usize)
-            .map(|r| {
-                let span = r * seq..(r + 1) * seq;
-                let (docs, lmask) = (&b.host_doc_ids[span.clone()], &b.host_loss_mask[span]);
-                sample_anchors(docs, lmask, cfg.anchors as usize, cfg.anchor_scope, rng)
-            })
-            .collect()
-    }
     use crate::cli::TrainArgs;
     use crate::config::RunConfig;
-    use crate::engine::blocks::sample_anchors;
     use crate::engine::data::{Packer, Rng};
     use crate::engine::pipeline::{build_drafters, build_target, data_source, frozen_on};
     use crate::engine::replicas::Single;
     use crate::engine::workers::DataCounts;
     use tch::Kind;
+
+    /// Each row's anchors, sampled from `rng` as the worker does (its own function).
+    fn rows_anchors(
+        b: &PackedBatch,
+        cfg: &crate::engine::spec::PipelineSpec,
+        rng: &mut Rng,
+    ) -> Vec<Vec<i64>> {
+        super::super::drafter_worker::anchors_by_row(b, cfg.anchors, cfg.anchor_scope, rng)
+    }
 
     /// A step probe on a stream of the thread's own, as a worker's.
     struct OwnStream;

@@ -386,7 +386,7 @@ impl<'a> Worker<'a> {
 }
 
 /// Each row's anchors, drawn from its documents and loss mask.
-fn anchors_by_row(
+pub(super) fn anchors_by_row(
     b: &PackedBatch,
     anchors: i64,
     scope: super::blocks::AnchorScope,
