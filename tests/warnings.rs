@@ -526,8 +526,8 @@ fn elapsed_s(line: &str) -> Option<f64> {
 /// (`item_in_loss`) and a drafter that sleeps half a second a step with hidden states queued for
 /// it each raise their warning within 2 s of the first step. Batch shapes that vary every step
 /// (`vary_shapes`) churn the caching allocator only until its cache holds blocks for the
-/// largest shapes: on an H200 at 0.6B that warning shows within the first 10 s and then clears.
-/// A plain run raises none of the three in 8 s.
+/// largest shapes: on an H200 at 0.6B that warning shows within the first 10 s and then clears
+/// (docs/usage.md says why 2 s is out of reach). A plain run raises none of the three in 8 s.
 #[test]
 #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn seeded_host_syncs_an_idle_gpu_and_varying_shapes_warn_on_cuda() {

@@ -1,14 +1,16 @@
 //! `alloc_churn`: libtorch's caching allocator going back to the device every step (segments
 //! mapped and unmapped, `cudaMalloc` / `cudaFree`), or retrying allocations after flushing its
 //! cache. Judged per CUDA device over a sliding window, against the steps of the busiest thread
-//! on that device; steps before the window's start past warm-up are where the cache fills and
-//! do not count.
+//! on that device; until every worker on the device is past warm-up at the window's start, the
+//! cache is filling and nothing counts (a target that runs ahead while the drafter captures its
+//! graphs is not yet steady).
 
 use super::{Candidate, Rule, Warnings};
+use crate::telemetry::phase::Role;
 use crate::telemetry::snapshot::{AllocatorView, Snapshot};
 
-/// Steps a device's busiest thread must have ended before the window's start: the first steps
-/// fill the cache, which is the allocator doing its job.
+/// Steps each worker on a device must have ended before the window's start: the first steps
+/// fill the cache (and capture graphs), which is the allocator doing its job.
 pub const WARMUP_STEPS: u64 = 5;
 
 /// One device at one snapshot.
@@ -18,8 +20,10 @@ pub(super) struct AllocPoint {
     /// Device allocations plus frees so far.
     churn: u64,
     retries: u64,
-    /// Steps ended so far by the device's busiest thread.
+    /// Steps ended so far by the device's busiest worker.
     steps: u64,
+    /// Steps ended so far by the device's least advanced worker.
+    least_steps: u64,
 }
 
 impl Warnings {
@@ -30,7 +34,8 @@ impl Warnings {
                 at_s: s.elapsed_s,
                 churn: a.device_allocs + a.device_frees,
                 retries: a.alloc_retries,
-                steps: steps_on(s, a.cuda),
+                steps: steps_on(s, a.cuda).max().unwrap_or(0),
+                least_steps: steps_on(s, a.cuda).min().unwrap_or(0),
             };
             let seen = self.alloc.entry(a.cuda).or_default();
             seen.push_back(now);
@@ -55,7 +60,7 @@ impl Warnings {
         let churn = now.churn.saturating_sub(base.churn);
         let retries = now.retries.saturating_sub(base.retries);
         let per_step = churn as f64 / steps.max(1) as f64;
-        let churning = base.steps >= WARMUP_STEPS
+        let churning = base.least_steps >= WARMUP_STEPS
             && steps >= 2
             && per_step >= self.config.alloc_churn_per_step;
         if !churning && retries == 0 {
@@ -92,13 +97,11 @@ impl Warnings {
     }
 }
 
-/// Steps ended so far by the busiest thread on `cuda:N`.
-fn steps_on(s: &Snapshot, cuda: u32) -> u64 {
+/// Steps ended so far by each worker on `cuda:N`.
+fn steps_on<'a>(s: &'a Snapshot, cuda: u32) -> impl Iterator<Item = u64> + 'a {
     let device = format!("cuda:{cuda}");
     s.threads
         .iter()
-        .filter(|t| t.device == device)
+        .filter(move |t| t.device == device && t.role != Role::Hub)
         .map(|t| t.run.steps)
-        .max()
-        .unwrap_or(0)
 }

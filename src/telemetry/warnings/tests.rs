@@ -367,8 +367,9 @@ fn counted_host_syncs_over_the_budget_a_step_on_a_gpu() {
     assert!(run(cfg, 30.0, reads("cuda:0", 50, 10)).is_empty());
 }
 
-/// The drafter on cuda:0 ends two steps a second from t=0; the allocator on cuda:0 has made
-/// `allocs(step)` device allocations (and as many frees) and `retries(t)` retries by then.
+/// The drafter on cuda:0 ends two steps a second from t=0 (the target beside it 4 ahead); the
+/// allocator on cuda:0 has made `allocs(step)` device allocations (and as many frees) and
+/// `retries(t)` retries by then.
 fn on_cuda(
     allocs: impl Fn(u64) -> u64 + Copy,
     retries: impl Fn(f64) -> u64 + Copy,
@@ -378,6 +379,7 @@ fn on_cuda(
         for t in &mut s.threads[1..] {
             t.device = "cuda:0".into();
         }
+        s.threads[1].run.steps = step + 4;
         s.threads[2].run.steps = step;
         s.allocator = vec![AllocatorView {
             cuda: 0,
@@ -421,6 +423,17 @@ fn alloc_churn_every_step_past_warm_up_but_not_a_cache_that_filled() {
             "at {t} s"
         );
     }
+    // A target far ahead while the drafter fills the cache in its first steps (as at 8B, where
+    // the drafter's graphs are captured seconds after the target's): not past warm-up yet.
+    let drafter_late = |s: &mut Snapshot| {
+        on_cuda(|_| 0, |_| 0)(s);
+        let drafter = (s.elapsed_s - 9.0).max(0.0) as u64;
+        s.threads[1].run.steps = (s.elapsed_s * 4.0) as u64;
+        s.threads[2].run.steps = drafter;
+        let a = &mut s.allocator[0];
+        (a.device_allocs, a.device_frees) = (8 * drafter.min(6), 8 * drafter.min(6));
+    };
+    assert!(run(WarnConfig::default(), 12.0, drafter_late).is_empty());
     // Below the threshold a step (the TOML's): silent.
     let cfg = WarnConfig {
         alloc_churn_per_step: 8.0,
