@@ -3,7 +3,8 @@
 //! another block: with 512 blocks, 73% of the dense key range is other blocks' keys. Here the
 //! blocks are taken in tiles of `TILE_ANCHORS` anchors; each tile attends to its own tile's block
 //! keys and to a window of the context. Anchors are sorted, so consecutive tiles have close
-//! windows: the tiles are cut into `window_groups()` equal runs (4 unless `[fast_paths]` says)
+//! windows: the tiles are cut into `window_groups(rows)` equal runs (2 for one row, 4 for more,
+//! unless `[fast_paths]` says)
 //! of consecutive tiles, each run with one window for all its tiles and rows (from the earliest
 //! document start of its anchors to its last anchor, rounded out to a coarse grid: few shapes). A run is one batched
 //! scaled-dot-product call over `[context window, own block keys]`, its keys a slice of the
@@ -137,10 +138,11 @@ pub fn window_grid(s: i64) -> i64 {
     round_up((s + 5) / 6, 128).min(s)
 }
 
-/// Runs of tiles a layer (`window_groups` in the TOML's `[fast_paths]`, 1 to 64, for
-/// side-by-side measurements); 1 is one call a layer over the union of the windows.
-pub fn window_groups() -> i64 {
-    super::fast_paths::window_groups()
+/// Runs of tiles a layer for a batch of `rows` rows (`window_groups` in the TOML's
+/// `[fast_paths]`, 1 to 64, for side-by-side measurements); 1 is one call a layer over the union
+/// of the windows.
+pub fn window_groups(rows: usize) -> i64 {
+    super::fast_paths::window_groups_for(rows)
 }
 
 /// `x` (non-negative) rounded up to a multiple of `m` (positive).
@@ -222,7 +224,7 @@ impl WindowPlan {
                     .fold(Span::EMPTY, Span::union)
             })
             .collect();
-        WindowPlan(plan_runs(&per_tile, grid, s, window_groups() as usize))
+        WindowPlan(plan_runs(&per_tile, grid, s, window_groups(rows) as usize))
     }
 
     /// Tiles the runs cover.
