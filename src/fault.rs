@@ -20,6 +20,9 @@
 //!   phase (as code that logs `.item()` there does): the seeded case of the `host_sync` warning.
 //! - `vary_shapes`: the loader packs each batch to a different row length (between half and all
 //!   of `seq_len`, in steps of 64 tokens): the seeded case of the `alloc_churn` warning.
+//! - `host:NAME`: a session says it runs on host NAME (its hello's host), so that a viewer on
+//!   this host takes it as one joined through a socket forwarded from another host (its GPUs
+//!   from its samples, not this host's NVML).
 //! - `hold_start:FILE`: `train`'s TUI waits before starting its run until FILE exists (keys typed
 //!   while a run starts, at a pace the test sets).
 
@@ -77,6 +80,11 @@ fn varied_seq_len(seq: i64, iteration: u64) -> i64 {
         k = (k + 1) % choices;
     }
     seq - 64 * k as i64
+}
+
+/// The host name `host:NAME` makes a session give.
+pub fn host_name() -> Option<String> {
+    arg("host").map(String::from)
 }
 
 /// Whether `panic_at_start:THREAD` names `thread`.

@@ -184,43 +184,52 @@ pub fn warning_fields(w: &[crate::telemetry::warnings::Warning]) -> String {
 
 /// ` | gpu0.util=97 gpu0.mem=81234` for each GPU this process sees as `cuda:N`: util is the SM
 /// utilisation in percent, mem the memory used on the device (all processes) in MiB, both from
-/// NVML. Nothing without a GPU.
+/// NVML; another host's (a session joined through a forwarded socket) as `HOST/gpu0.util=`.
+/// Nothing without a GPU.
 pub fn gpu_fields(s: &Snapshot) -> String {
     let GpuPanel::Present(gpus) = &s.gpus else {
         return String::new();
     };
     let mut ours: Vec<_> = gpus.iter().filter_map(|g| Some((g.cuda?, g))).collect();
-    ours.sort_by_key(|(n, _)| *n);
+    ours.sort_by_key(|(n, g)| (g.host.clone(), *n));
     let mut out = String::new();
     for (n, g) in ours {
         let sep = if out.is_empty() { " |" } else { "" };
+        let at = host_prefix(g.host.as_deref());
         let _ = write!(
             out,
-            "{sep} gpu{n}.util={} gpu{n}.mem={}",
+            "{sep} {at}gpu{n}.util={} {at}gpu{n}.mem={}",
             g.util_pct, g.mem_used_mib
         );
     }
     out
 }
 
+/// `HOST/` before another host's device fields; nothing for this host's.
+fn host_prefix(host: Option<&str>) -> String {
+    host.map(|h| format!("{h}/")).unwrap_or_default()
+}
+
 /// ` | alloc0=2.9/13.0GiB alloc0.seg=42 alloc0.churn/s=60 alloc0.retries=2` for each CUDA device
 /// whose caching allocator is read (ours, or a watched process's): allocated / reserved GiB,
-/// segments held, device allocations plus frees a second, retries so far. Nothing where the
-/// figures are not read (the CPU, no CUDA shim, a producer that does not send them).
+/// segments held, device allocations plus frees a second, retries so far; another host's as
+/// `HOST/alloc0=`. Nothing where the figures are not read (the CPU, no CUDA shim, a producer
+/// that does not send them).
 pub fn alloc_fields(s: &Snapshot) -> String {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut out = String::new();
     for a in &s.allocator {
         let sep = if out.is_empty() { " |" } else { "" };
+        let (at, n) = (host_prefix(a.host.as_deref()), a.cuda);
         let _ = write!(
             out,
-            "{sep} alloc{n}={:.1}/{:.1}GiB alloc{n}.seg={} alloc{n}.churn/s={:.0} alloc{n}.retries={}",
+            "{sep} {at}alloc{n}={:.1}/{:.1}GiB {at}alloc{n}.seg={} {at}alloc{n}.churn/s={:.0} \
+             {at}alloc{n}.retries={}",
             gib(a.allocated_bytes),
             gib(a.reserved_bytes),
             a.segments,
             a.churn_per_s,
             a.alloc_retries,
-            n = a.cuda
         );
     }
     out

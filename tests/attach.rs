@@ -689,3 +689,31 @@ mod limits {
         wait_until("the run to go on", || run.steps() > before + 50);
     }
 }
+
+/// Issue 30: a session that names another host in its hello (what a socket forwarded with
+/// `ssh -L` brings; `host:far` makes one here) is watched as that host's: the viewer says so,
+/// and its lines flow (its clock moved onto ours by its first sample).
+#[test]
+fn a_session_of_another_host_is_named_so_and_watched() {
+    let runtime = tempfile::tempdir().unwrap();
+    let mut child = crate::support::endless_train(runtime.path(), 5)
+        .env("DFLASH_TOP_FAULT", "host:far")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    crate::support::served_socket("the far session's socket", runtime.path(), child.id());
+    let o = crate::support::attach_headless(runtime.path(), child.id(), 3);
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let first = out.lines().next().unwrap_or_default();
+    let want = format!("attached to PID {} on far (dflash-top, ", child.id());
+    assert!(first.starts_with(&want), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("t=") && l.contains("drafter-0 step_ms=")),
+        "{out}"
+    );
+}

@@ -386,6 +386,7 @@ mod frames {
             config: Some("config: recipe=preset:tiny fast_paths=-graphs".into()),
             job: None,
             cupti: None,
+            host: None,
         }
     }
 
@@ -474,6 +475,17 @@ mod frames {
                         };
                         nq % 70
                     ],
+                    // Past the bounds too: too many GPUs, memory past the counters' bound.
+                    gpu: vec![
+                        dflash_top::wire::protocol::WireGpu {
+                            index: qid,
+                            used: counter,
+                            total: counter,
+                            w: depth as f64,
+                            ..Default::default()
+                        };
+                        nq % 70
+                    ],
                 })
             ),
             n64().prop_map(|frames| Msg::Dropped { frames }),
@@ -518,6 +530,7 @@ mod frames {
                     switches: telemetry.switches(),
                     dropped: telemetry.dropped(),
                     allocator: &[],
+                    gpus: &[],
                 });
             }
         }

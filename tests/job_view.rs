@@ -28,16 +28,7 @@ impl Job {
         let port = free_port();
         let ranks = (0..2)
             .map(|rank| {
-                bin()
-                    .args([
-                        "train",
-                        "--headless",
-                        "--steps",
-                        "100000",
-                        "--interval",
-                        "60",
-                    ])
-                    .env("XDG_RUNTIME_DIR", runtime.path())
+                crate::support::endless_train(runtime.path(), 60)
                     .env("RANK", rank.to_string())
                     .env("LOCAL_RANK", rank.to_string())
                     .env("WORLD_SIZE", "2")

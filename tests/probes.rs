@@ -114,6 +114,7 @@ fn gpu(index: u32, cuda: Option<u32>, util: u32, used: u64) -> GpuView {
         mem_bw_pct: 41,
         proc_mem_mib: cuda.map(|_| used - 512),
         throttle: vec!["sw-power".into()],
+        host: None,
     }
 }
 
@@ -140,6 +141,66 @@ fn headless_lines_carry_each_visible_gpu_by_its_cuda_index() {
     assert!(!interval_line(&none).contains("gpu"));
 }
 
+/// Issue 30: a session on another host (joined through a forwarded socket) sends its host's
+/// GPUs and allocator figures: they show under its host's name after this host's, in headless
+/// lines and on the GPU panel, and its cuda:0 is not this host's.
+#[test]
+fn another_hosts_gpus_show_under_its_name() {
+    let mut s = with_gpus();
+    let GpuPanel::Present(list) = &mut s.gpus else {
+        unreachable!()
+    };
+    list.push(GpuView {
+        host: Some("far".into()),
+        ..gpu(0, Some(0), 12, 9_000)
+    });
+    s.allocator = vec![
+        AllocatorView {
+            cuda: 0,
+            reserved_bytes: 2 << 30,
+            ..AllocatorView::default()
+        },
+        AllocatorView {
+            cuda: 0,
+            reserved_bytes: 6 << 30,
+            allocated_bytes: 3 << 30,
+            segments: 7,
+            host: Some("far".into()),
+            ..AllocatorView::default()
+        },
+    ];
+    assert_eq!(
+        gpu_fields(&s),
+        " | gpu0.util=55 gpu0.mem=40000 gpu1.util=97 gpu1.mem=81234 far/gpu0.util=12 \
+         far/gpu0.mem=9000"
+    );
+    assert!(
+        alloc_fields(&s).contains(" far/alloc0=3.0/6.0GiB far/alloc0.seg=7 "),
+        "{}",
+        alloc_fields(&s)
+    );
+    let mut app = App::new();
+    app.on_snapshot(Arc::new(s));
+    let (ctl, _) = super::tui::controls(false);
+    app.update(Action::ShowView(3), &ctl);
+    let screen = screen(&app, 120, 40, Theme::from_color(true), LIVE);
+    let rows: Vec<&str> = screen.lines().collect();
+    let at = |label: &str| rows.iter().position(|r| r.contains(label)).expect(&screen);
+    assert!(
+        at("far/cuda:0 H200  util  12%") > at("cuda:1 H200"),
+        "{screen}"
+    );
+    // Each device's allocator: this host's cuda:0 2 GiB reserved, far's 6.
+    assert!(
+        rows[at("│cuda:0 H200") + 1].contains("alloc 0.0/2.0 GiB"),
+        "{screen}"
+    );
+    assert!(
+        rows[at("far/cuda:0 H200") + 1].contains("alloc 3.0/6.0 GiB"),
+        "{screen}"
+    );
+}
+
 /// Issue 28: the caching allocator's figures per CUDA device, ours or a watched process's; none
 /// where they are not read.
 #[test]
@@ -158,6 +219,7 @@ fn headless_lines_carry_the_allocator_figures_of_each_device_read() {
             alloc_retries: 2,
             churn_per_s: 60.0,
             retries_per_s: 2.0,
+            host: None,
         },
         AllocatorView {
             cuda: 1,
@@ -194,6 +256,7 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
         alloc_retries: 2,
         churn_per_s: 12.0,
         retries_per_s: 0.0,
+        host: None,
     }];
     app.on_snapshot(Arc::new(snap));
     let (ctl, _) = super::tui::controls(false);

@@ -3,6 +3,7 @@
 //! and seeking as insta snapshots.
 
 use super::tui::{screen, starved_snapshot};
+use dflash_top::telemetry::snapshot::GpuPanel;
 use dflash_top::telemetry::stages::StageTable;
 use dflash_top::telemetry::switches::{GpuTiming, Timing};
 use dflash_top::telemetry::{Snapshot, TrainMetrics};
@@ -31,6 +32,7 @@ fn recording(secs: u64) -> Vec<Msg> {
             config: None,
             job: None,
             cupti: None,
+            host: None,
         }),
         Msg::Thread(ThreadDecl {
             id: 0,
@@ -52,6 +54,7 @@ fn recording(secs: u64) -> Vec<Msg> {
                 live: Vec::new(),
                 q: Vec::new(),
                 alloc: Vec::new(),
+                gpu: Vec::new(),
             }));
         }
         if k > 0 {
@@ -119,6 +122,66 @@ fn seeking_lands_at_the_recorded_time_forward_and_back() {
     // A recording has no per-thread CPU: it says so rather than sample forever.
     let note = last(&end).cpu_note.clone().unwrap_or_default();
     assert!(note.contains("not in recordings"), "{note}");
+}
+
+/// Issue 30: samples carry the producer host's GPUs, so a recording holds them and a replay
+/// shows them under the host that recorded them, at the reading of the moment sought; a
+/// recording without them says so.
+#[test]
+fn a_replay_shows_the_recorded_gpus_under_their_host() {
+    let mut msgs = recording(20);
+    if let Msg::Hello(h) = &mut msgs[0] {
+        h.host = Some("gpu-node-7".into());
+    }
+    for m in &mut msgs {
+        if let Msg::Sample(s) = m {
+            // The reading of the moment: util = the second it was read at.
+            let util = ((s.now - T0) / 1_000_000_000) as u32;
+            s.alloc = vec![WireAlloc {
+                cuda: 0,
+                reserved: 6 << 30,
+                ..Default::default()
+            }];
+            s.gpu = vec![WireGpu {
+                index: 0,
+                cuda: Some(0),
+                name: "NVIDIA H200".into(),
+                util,
+                used: 70_000,
+                total: 143_771,
+                ..Default::default()
+            }];
+        }
+    }
+    let mut sim = Sim::new(msgs).unwrap();
+    let at = |sim: &mut Sim, s: f64| last(&sim.seek(s).unwrap()).gpus.clone();
+    let GpuPanel::Present(g) = at(&mut sim, 12.2) else {
+        panic!("no recorded GPUs")
+    };
+    assert_eq!(
+        (
+            g[0].host.as_deref(),
+            g[0].cuda,
+            g[0].util_pct,
+            g[0].mem_used_mib
+        ),
+        (Some("gpu-node-7"), Some(0), 12, 70_000)
+    );
+    let GpuPanel::Present(g) = at(&mut sim, 5.2) else {
+        panic!("no recorded GPUs")
+    };
+    assert_eq!(g[0].util_pct, 5, "seeking back shows that moment's reading");
+    // The recorded allocator goes with the recorded GPU (the GPU panel finds it there).
+    let snap = last(&sim.seek(6.0).unwrap()).clone();
+    let alloc = snap
+        .allocator_of(Some("gpu-node-7"), 0)
+        .expect("the recorded allocator");
+    assert_eq!(alloc.reserved_bytes, 6 << 30);
+    let mut plain = Sim::new(recording(5)).unwrap();
+    let GpuPanel::Absent(why) = last(&plain.seek(3.0).unwrap()).gpus.clone() else {
+        panic!("GPUs out of a recording without them")
+    };
+    assert!(why.contains("not in this recording"), "{why}");
 }
 
 /// A replay's controls with no player: what the keys asked for.

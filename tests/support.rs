@@ -58,6 +58,16 @@ pub fn attach_headless(runtime: &Path, pid: u32, seconds: u32) -> std::process::
         .unwrap()
 }
 
+/// `train --headless` that runs until it is stopped, an interval line every `interval_s`
+/// seconds, serving under the runtime directory `runtime`.
+pub fn endless_train(runtime: &Path, interval_s: u32) -> Command {
+    let mut c = bin();
+    c.args(["train", "--headless", "--steps", "100000", "--interval"])
+        .arg(interval_s.to_string())
+        .env("XDG_RUNTIME_DIR", runtime);
+    c
+}
+
 /// A TCP port of this host that was free a moment ago (bound, then let go): a job's
 /// MASTER_PORT.
 pub fn free_port() -> u16 {

@@ -25,6 +25,7 @@ Samples carry the caching allocator's figures of the CUDA devices the threads ru
 import atexit
 import os
 import re
+import socket
 import threading
 import time
 import weakref
@@ -153,6 +154,9 @@ class Auto:
             "ns_per_mark": self.ns_per_mark,
             "stages": {"stages": self.stages},
             "can_save": False,
+            # Its host: a viewer on another host (a socket forwarded with ssh -L) knows the
+            # pipeline is not on its own.
+            "host": socket.gethostname(),
         }
 
     def _reorder(self) -> None:

@@ -11,6 +11,7 @@ import atexit
 import math
 import os
 import queue as queue_module
+import socket
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
@@ -118,6 +119,9 @@ class Profiler:
             "ns_per_mark": self.ns_per_mark,
             "stages": {"stages": self._stages},
             "can_save": self.on_checkpoint is not None,
+            # Its host: a viewer on another host (a socket forwarded with ssh -L) knows the
+            # pipeline is not on its own.
+            "host": socket.gethostname(),
         }
 
     # -- threads and phases ------------------------------------------------------------------

@@ -3,6 +3,7 @@ and speaks the protocol to a real viewer on its socket."""
 
 import os
 import queue
+import socket
 import threading
 import time
 
@@ -280,6 +281,7 @@ def test_frames_to_a_real_viewer_match_the_rust_messages(short_dir):
         assert hello["program"] == "python" and hello["pid"] == os.getpid()
         assert hello["stages"] == {"stages": p.stages}
         assert hello["ns_per_mark"] > 0
+        assert hello["host"] == socket.gethostname()
         qs = samples[-1]["q"][0]
         assert qs["id"] == 0 and 0 <= qs["min"] <= qs["depth"] <= qs["max"] <= 4
         assert qs["push"] >= qs["pop"] >= 1 and qs["age_sum"] > 0

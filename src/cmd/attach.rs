@@ -20,15 +20,19 @@ use std::time::{Duration, Instant};
 /// What the viewer watches: one session as it is, or several merged (their threads named by
 /// rank).
 enum Watched {
-    One(Attached),
-    Many(JoinedMany),
+    One(Box<Attached>),
+    Many(Box<JoinedMany>),
 }
 
 impl Watched {
     fn join(paths: &[PathBuf], merged: bool, warnings: WarnConfig, dwell_ns: u64) -> Result<Self> {
         match paths {
-            [one] if !merged => Ok(Watched::One(Attached::join_with(one, warnings, dwell_ns)?)),
-            many => Ok(Watched::Many(JoinedMany::join(many, warnings, dwell_ns)?)),
+            [one] if !merged => Ok(Watched::One(Box::new(Attached::join_with(
+                one, warnings, dwell_ns,
+            )?))),
+            many => Ok(Watched::Many(Box::new(JoinedMany::join(
+                many, warnings, dwell_ns,
+            )?))),
         }
     }
 
@@ -60,12 +64,14 @@ impl Watched {
         }
     }
 
-    /// `PID 1234 (dflash-top, /run/…/1234.sock)`, or `2 sessions (r0 PID 1234, r1 PID 1235)`.
+    /// `PID 1234 (dflash-top, /run/…/1234.sock)` (`PID 1234 on gpu-node-2 (…)` for another
+    /// host's), or `2 sessions (r0 PID 1234, r1 PID 1235)`.
     fn who(&self, paths: &[PathBuf]) -> String {
         match self {
             Watched::One(s) => format!(
-                "PID {} ({}, {})",
+                "PID {}{} ({}, {})",
                 s.hello.pid,
+                s.on_host(),
                 s.hello.program,
                 paths[0].display()
             ),
@@ -76,7 +82,12 @@ impl Watched {
     /// The header's line: `attached to PID 1234 (python)`, `attached to job ID (r0 PID …)`.
     fn label(&self) -> String {
         match self {
-            Watched::One(s) => format!("attached to PID {} ({})", s.hello.pid, s.hello.program),
+            Watched::One(s) => format!(
+                "attached to PID {}{} ({})",
+                s.hello.pid,
+                s.on_host(),
+                s.hello.program
+            ),
             Watched::Many(m) => match m.sessions[0].hello.job.as_ref() {
                 Some(j)
                     if m.sessions
@@ -92,7 +103,7 @@ impl Watched {
 
     fn detach(self) {
         match self {
-            Watched::One(s) => s.detach(),
+            Watched::One(s) => (*s).detach(),
             Watched::Many(m) => m.detach(),
         }
     }

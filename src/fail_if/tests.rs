@@ -69,6 +69,7 @@ fn gpus(util: u32) -> GpuPanel {
         mem_bw_pct: 0,
         proc_mem_mib: None,
         throttle: vec![],
+        host: None,
     }])
 }
 

@@ -27,7 +27,7 @@ pub struct GpuSample {
     /// The `cuda:N` this device is in this process; None when CUDA_VISIBLE_DEVICES hides it.
     pub cuda: Option<u32>,
     /// Why the clocks are held down, short names (`idle`, `sw-power`, `hw-thermal`, …).
-    pub throttle: Vec<&'static str>,
+    pub throttle: Vec<String>,
 }
 
 /// An open NVML and, per NVML index, the `cuda:N` it is.
@@ -188,7 +188,7 @@ fn read_device(dev: &Device, pid: u32) -> GpuSample {
         temp_c: dev.temperature(TemperatureSensor::Gpu).unwrap_or(0),
         throttle: dev
             .current_throttle_reasons()
-            .map(throttle_names)
+            .map(|r| throttle_names(r).into_iter().map(String::from).collect())
             .unwrap_or_default(),
         ..GpuSample::default()
     }

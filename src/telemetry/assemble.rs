@@ -36,6 +36,8 @@ pub struct TickInput<'a> {
     pub switches: &'a Switches,
     pub dropped: u64,
     pub allocator: &'a [AllocatorSample],
+    /// The GPUs as NVML read them at this tick (about once a second; empty between).
+    pub gpus: &'a [GpuSample],
 }
 
 pub struct Assembler {
@@ -169,6 +171,12 @@ impl Assembler {
     }
 
     pub fn set_gpus(&mut self, samples: Vec<GpuSample>) {
+        self.set_gpus_of(None, samples)
+    }
+
+    /// `set_gpus` for the GPUs of `host` (another host's, as a watched process there sent
+    /// them; none for this host's).
+    pub fn set_gpus_of(&mut self, host: Option<&str>, samples: Vec<GpuSample>) {
         let views = samples
             .into_iter()
             .map(|g| {
@@ -187,7 +195,8 @@ impl Assembler {
                     cuda: g.cuda,
                     mem_bw_pct: g.mem_bw_pct,
                     proc_mem_mib: g.proc_mem_mib,
-                    throttle: g.throttle.iter().map(|t| t.to_string()).collect(),
+                    throttle: g.throttle,
+                    host: host.map(String::from),
                 }
             })
             .collect();
@@ -212,6 +221,7 @@ impl Assembler {
             switches,
             dropped,
             allocator: &[],
+            gpus: &[],
         })
     }
 
@@ -225,6 +235,7 @@ impl Assembler {
             switches,
             dropped,
             allocator: _,
+            gpus: _,
         } = *input;
         let t0 = std::time::Instant::now();
         // Read once: a snapshot agrees with itself even if space is pressed while it is built.

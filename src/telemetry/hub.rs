@@ -16,13 +16,16 @@ use super::warnings::{WarnConfig, Warnings};
 use super::window::TICK_NS;
 use crate::cancel::CancelToken;
 use crate::probe::cpu::CpuProbe;
-use crate::probe::gpu::GpuProbe;
+use crate::probe::gpu::{GpuProbe, GpuSample};
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender, TrySendError};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// One GPU reading of a host: its name and its GPUs.
+pub type HostGpus = (String, Vec<GpuSample>);
 
 /// Capacity of the step-record channel; beyond it records are dropped and counted.
 pub const RECORD_CHANNEL: usize = 4096;
@@ -88,6 +91,9 @@ pub struct Telemetry {
     /// The caching allocator's views of a watched process, as its samples bring them (this
     /// process's own are read by the hub).
     remote_allocator: Arc<Mutex<Vec<AllocatorView>>>,
+    /// The latest GPU reading a watched process on another host sent, with its host's name;
+    /// taken by the hub (this host's NVML cannot read those devices).
+    remote_gpus: Arc<Mutex<Option<HostGpus>>>,
     /// The warning rules' settings (`[warnings]` in the run's TOML; defaults elsewhere).
     pub warnings: WarnConfig,
     /// The names of the pipeline whose threads the registry holds (a watched process's declared
@@ -129,6 +135,7 @@ impl Telemetry {
             forward: Arc::default(),
             alerts: Arc::default(),
             remote_allocator: Arc::default(),
+            remote_gpus: Arc::default(),
             warnings: WarnConfig::default(),
             names: Arc::default(),
         }
@@ -241,6 +248,20 @@ impl Telemetry {
             .unwrap_or_else(|e| e.into_inner()) = views;
     }
 
+    /// Hands the hub a GPU reading of the watched process's host, `host` (a mirror of a
+    /// session on another host, at each sample that carries one).
+    pub fn set_remote_gpus(&self, host: String, gpus: Vec<GpuSample>) {
+        *self.remote_gpus.lock().unwrap_or_else(|e| e.into_inner()) = Some((host, gpus));
+    }
+
+    /// The GPU reading `set_remote_gpus` handed over, once (the hub takes it; so does a replay).
+    pub fn take_remote_gpus(&self) -> Option<HostGpus> {
+        self.remote_gpus
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
     /// The watched process's allocator views, as last set.
     pub fn remote_allocator(&self) -> Vec<AllocatorView> {
         self.remote_allocator
@@ -351,10 +372,17 @@ impl Telemetry {
                             asm.set_cpu_absent(why);
                         }
                     }
+                    // This host's GPUs once a second (handed to the taps, which send them to
+                    // viewers elsewhere), or another host's as its samples bring them.
+                    let mut gpus_read = Vec::new();
                     if n % GPU_EVERY_TICKS == 1 {
                         if let Ok(g) = gpu.sample() {
+                            gpus_read = g.clone();
                             asm.set_gpus(g);
                         }
+                    }
+                    if let Some((host, g)) = self.take_remote_gpus() {
+                        asm.set_gpus_of(Some(&host), g);
                     }
                     let now = clock::now_ns();
                     let threads = self.sink.registry.threads();
@@ -372,6 +400,7 @@ impl Telemetry {
                         switches: &self.sink.switches,
                         dropped: self.dropped(),
                         allocator: &alloc,
+                        gpus: &gpus_read,
                     };
                     taps.iter().for_each(|t| t.tick(&input));
                     asm.set_names(self.names());

@@ -267,6 +267,10 @@ pub struct GpuView {
     /// Why the clocks are held down (`sw-power`, `hw-thermal`, `idle`, …).
     #[serde(default)]
     pub throttle: Vec<String>,
+    /// The host the device is on, for a process watched on another host (its samples carry
+    /// its GPUs); none for this host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// libtorch's caching allocator on one CUDA device of this process (`getDeviceStats`).
@@ -286,6 +290,9 @@ pub struct AllocatorView {
     /// Device allocations plus frees a second, and retries a second, since the last sample.
     pub churn_per_s: f64,
     pub retries_per_s: f64,
+    /// The host of the device, for a process watched on another host; none for this host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -485,8 +492,11 @@ impl Snapshot {
         self.queues.iter().find(|q| q.name == name)
     }
 
-    /// The caching allocator's figures of `cuda:N`, where they are read.
-    pub fn allocator_of(&self, cuda: u32) -> Option<&AllocatorView> {
-        self.allocator.iter().find(|a| a.cuda == cuda)
+    /// The caching allocator's figures of `cuda:N` (on `host`, none for this one), where they
+    /// are read.
+    pub fn allocator_of(&self, host: Option<&str>, cuda: u32) -> Option<&AllocatorView> {
+        self.allocator
+            .iter()
+            .find(|a| a.cuda == cuda && a.host.as_deref() == host)
     }
 }

@@ -197,6 +197,7 @@ impl Fanout {
             config,
             job: job.clone(),
             cupti: telemetry.switches().cupti(),
+            host: Some(crate::fault::host_name().unwrap_or_else(crate::job::hostname)),
         });
         Arc::new(Fanout {
             telemetry: telemetry.clone(),
@@ -371,6 +372,7 @@ impl RawTap for Fanout {
                 .map(|(i, c)| queue_sample(i, c))
                 .collect(),
             alloc: input.allocator.iter().map(WireAlloc::from).collect(),
+            gpu: input.gpus.iter().map(WireGpu::from).collect(),
         });
         Self::broadcast(&st, &m);
     }

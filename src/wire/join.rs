@@ -327,12 +327,21 @@ pub fn connect(path: &Path) -> Result<(UnixStream, Hello)> {
     Ok((s, hello))
 }
 
-/// Whether the session's process runs on this host: its job says so, else its PID is alive here.
+/// Whether the session's process runs on this host: its hello's host (or its job's) says so,
+/// else (a producer that names none) its PID is alive here.
 pub fn on_this_host(hello: &Hello) -> bool {
-    match &hello.job {
-        Some(j) => j.host == crate::job::hostname(),
+    match host_of(hello) {
+        Some(h) => h == crate::job::hostname(),
         None => crate::probe::alive(hello.pid),
     }
+}
+
+/// The host the session says it runs on.
+pub fn host_of(hello: &Hello) -> Option<&str> {
+    hello
+        .host
+        .as_deref()
+        .or(hello.job.as_ref().map(|j| j.host.as_str()))
 }
 
 /// A joined session: a local hub fed by the socket.
@@ -350,6 +359,15 @@ pub struct Attached {
 }
 
 impl Attached {
+    /// ` on HOST` when the session runs on another host (a socket forwarded from there); empty
+    /// for this host's.
+    pub fn on_host(&self) -> String {
+        match self.telemetry.probes {
+            true => String::new(),
+            false => format!(" on {}", host_of(&self.hello).unwrap_or("another host")),
+        }
+    }
+
     pub fn join(path: &Path) -> Result<Attached> {
         Self::join_with(
             path,
@@ -372,7 +390,7 @@ impl Attached {
         telemetry.ns_per_mark = Some(hello.ns_per_mark);
         let mut mirror = Mirror::new(&hello, &telemetry, 0)?;
         if !telemetry.probes {
-            mirror.on_other_host();
+            mirror.on_other_host(host_of(&hello).unwrap_or("another host"));
         }
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded::<HubCommand>();
         telemetry.forward_commands(cmd_tx);

@@ -195,7 +195,7 @@ impl JoinedMany {
         self.labels
             .iter()
             .zip(&self.sessions)
-            .map(|(l, s)| format!("{l} PID {}", s.hello.pid))
+            .map(|(l, s)| format!("{l} PID {}{}", s.hello.pid, s.on_host()))
             .collect::<Vec<_>>()
             .join(", ")
     }

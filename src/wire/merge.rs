@@ -175,8 +175,9 @@ fn memory(snaps: &[&Snapshot]) -> Option<MemoryView> {
     })
 }
 
-/// This host's GPUs once each (every local session reads the same devices through NVML), each
-/// process's memory on a device added up.
+/// Each host's GPUs once each (every local session reads the same devices through NVML; a
+/// session on another host sends its host's), each process's memory on a device added up; this
+/// host's first.
 fn gpus(snaps: &[&Snapshot]) -> GpuPanel {
     let mut out: Vec<GpuView> = Vec::new();
     let mut absent = None;
@@ -185,7 +186,10 @@ fn gpus(snaps: &[&Snapshot]) -> GpuPanel {
             GpuPanel::Absent(why) => absent = absent.or(Some(why.clone())),
             GpuPanel::Present(list) => {
                 for g in list {
-                    match out.iter_mut().find(|o| o.index == g.index) {
+                    match out
+                        .iter_mut()
+                        .find(|o| o.index == g.index && o.host == g.host)
+                    {
                         Some(o) => {
                             o.cuda = o.cuda.or(g.cuda);
                             o.proc_mem_mib = match (o.proc_mem_mib, g.proc_mem_mib) {
@@ -202,16 +206,19 @@ fn gpus(snaps: &[&Snapshot]) -> GpuPanel {
     if out.is_empty() {
         return GpuPanel::Absent(absent.unwrap_or_default());
     }
-    out.sort_by_key(|g| g.index);
+    out.sort_by_key(|g| (g.host.clone(), g.index));
     GpuPanel::Present(out)
 }
 
 /// The caching allocators of the processes on each CUDA device, added up (`cuda:N` taken, like
-/// the GPUs above, as the same device in every local session).
+/// the GPUs above, as the same device in every local session; another host's apart).
 fn allocator(snaps: &[&Snapshot]) -> Vec<AllocatorView> {
     let mut out: Vec<AllocatorView> = Vec::new();
     for a in snaps.iter().flat_map(|s| &s.allocator) {
-        let Some(o) = out.iter_mut().find(|o| o.cuda == a.cuda) else {
+        let Some(o) = out
+            .iter_mut()
+            .find(|o| o.cuda == a.cuda && o.host == a.host)
+        else {
             out.push(a.clone());
             continue;
         };
@@ -224,7 +231,7 @@ fn allocator(snaps: &[&Snapshot]) -> Vec<AllocatorView> {
         o.churn_per_s += a.churn_per_s;
         o.retries_per_s += a.retries_per_s;
     }
-    out.sort_by_key(|a| a.cuda);
+    out.sort_by_key(|a| (a.host.clone(), a.cuda));
     out
 }
 
@@ -393,6 +400,7 @@ mod tests {
             alloc_retries: 1,
             churn_per_s: churn,
             retries_per_s: 0.0,
+            host: None,
         };
         let mut r0 = rank(4000.0, 12, Verdict::Balanced);
         r0.allocator = vec![on(0, 4, 2.0)];
@@ -410,5 +418,64 @@ mod tests {
         );
         assert_eq!(shared.churn_per_s, 3.0);
         assert_eq!(m.allocator[1], on(1, 8, 0.0));
+    }
+
+    /// Issue 30: GPUs per host. Two local ranks on one GPU show it once (their memory on it
+    /// added); a rank on another host shows its host's GPU 0 apart, under that host's name,
+    /// after this host's, and its allocator's cuda:0 is not added to ours.
+    #[test]
+    fn gpus_are_kept_per_host_and_shared_ones_shown_once() {
+        let gpu = |host: Option<&str>, mem: u64| GpuView {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            util_pct: 90,
+            mem_used_mib: 50_000,
+            mem_total_mib: 143_771,
+            power_w: 600.0,
+            sm_clock_mhz: 1_980,
+            temp_c: 60,
+            util_history: vec![90],
+            cuda: Some(0),
+            mem_bw_pct: 40,
+            proc_mem_mib: Some(mem),
+            throttle: Vec::new(),
+            host: host.map(String::from),
+        };
+        let alloc = |host: Option<&str>| AllocatorView {
+            cuda: 0,
+            reserved_bytes: 4 << 30,
+            host: host.map(String::from),
+            ..AllocatorView::default()
+        };
+        let on = |host: Option<&str>, mem: u64| {
+            let mut r = rank(4000.0, 12, Verdict::Balanced);
+            r.gpus = GpuPanel::Present(vec![gpu(host, mem)]);
+            r.allocator = vec![alloc(host)];
+            r
+        };
+        let snaps = [
+            ("r2", on(Some("far"), 700), false),
+            ("r0", on(None, 1_000), false),
+            ("r1", on(None, 2_000), false),
+        ];
+        let m = merge(&parts(&snaps), 1);
+        let GpuPanel::Present(gpus) = &m.gpus else {
+            panic!("no GPUs: {:?}", m.gpus)
+        };
+        let shown: Vec<(Option<&str>, Option<u64>)> = gpus
+            .iter()
+            .map(|g| (g.host.as_deref(), g.proc_mem_mib))
+            .collect();
+        assert_eq!(shown, [(None, Some(3_000)), (Some("far"), Some(700))]);
+        let reserved: Vec<(Option<&str>, u64)> = m
+            .allocator
+            .iter()
+            .map(|a| (a.host.as_deref(), a.reserved_bytes >> 30))
+            .collect();
+        assert_eq!(reserved, [(None, 8), (Some("far"), 4)]);
+        assert_eq!(
+            m.allocator_of(Some("far"), 0).map(|a| a.reserved_bytes),
+            Some(4 << 30)
+        );
     }
 }

@@ -5,6 +5,7 @@
 
 use super::protocol::*;
 use crate::probe::allocator::AllocatorSample;
+use crate::probe::gpu::GpuSample;
 use crate::telemetry::allocator::AllocatorTrack;
 use crate::telemetry::clock;
 use crate::telemetry::phase_recorder::{LiveStep, StepRecord, ThreadInfo};
@@ -39,6 +40,9 @@ pub struct Mirror {
     /// The producer's clock is another host's (a socket forwarded with `ssh -L`): its first
     /// sample sets the shift to this host's clock, and steps before it are let go.
     other_host: bool,
+    /// Under which host's name the GPUs in the producer's samples are shown: another host's,
+    /// or a recording's; none where this host's NVML reads them.
+    gpus_of: Option<String>,
     /// The producer's allocator figures, rated over its recent samples.
     allocator: AllocatorTrack,
 }
@@ -100,14 +104,22 @@ impl Mirror {
             wire_dropped: 0,
             seen_sample: false,
             other_host: false,
+            gpus_of: None,
             allocator: AllocatorTrack::default(),
         })
     }
 
     /// The producer runs on another host: its CLOCK_MONOTONIC is not ours, so its times are
     /// moved by the difference its first sample shows (the forwarding's latency included).
-    pub fn on_other_host(&mut self) {
+    pub fn on_other_host(&mut self, host: &str) {
         self.other_host = true;
+        self.show_gpus_of(host);
+    }
+
+    /// Shows the GPUs the producer's samples carry, under `host`'s name (a replay does: the
+    /// recording's GPUs, not this host's).
+    pub fn show_gpus_of(&mut self, host: &str) {
+        self.gpus_of = Some(host.to_string());
     }
 
     /// Moves later wire times by `delta_ns` (a replay skipping a long gap).
@@ -278,8 +290,17 @@ impl Mirror {
             });
         }
         let alloc = s.alloc.iter().map(AllocatorSample::from).collect();
-        let views = self.allocator.update(self.local(s.now), alloc);
+        let mut views = self.allocator.update(self.local(s.now), alloc);
+        if self.gpus_of.is_some() {
+            // Another host's cuda:N (or a recording's) is not this host's cuda:N: the allocator
+            // goes with the GPUs the samples bring.
+            views.iter_mut().for_each(|v| v.host = self.gpus_of.clone());
+        }
         self.telemetry.set_remote_allocator(views);
+        if let (Some(host), false) = (&self.gpus_of, s.gpu.is_empty()) {
+            let gpus = s.gpu.iter().map(GpuSample::from).collect();
+            self.telemetry.set_remote_gpus(host.clone(), gpus);
+        }
         self.remote_dropped = s.dropped;
         self.telemetry
             .set_dropped(self.remote_dropped + self.wire_dropped);
@@ -290,6 +311,7 @@ impl Mirror {
 mod tests {
     use super::*;
     use crate::cancel::CancelToken;
+    use crate::telemetry::snapshot::{GpuPanel, GpuView};
     use crate::telemetry::switches::GpuTiming;
     use crate::telemetry::Snapshot;
     use crossbeam_channel::Receiver;
@@ -309,6 +331,7 @@ mod tests {
             live: Vec::new(),
             q: Vec::new(),
             alloc,
+            gpu: Vec::new(),
         })
     }
 
@@ -323,6 +346,7 @@ mod tests {
             config: None,
             job: None,
             cupti: None,
+            host: None,
         }
     }
 
@@ -331,7 +355,7 @@ mod tests {
         let hello = hello();
         let telemetry = Telemetry::new();
         let mut m = Mirror::new(&hello, &telemetry, 0).unwrap();
-        m.on_other_host();
+        m.on_other_host("far");
         // That host booted long after this one: its clock reads one second now.
         let theirs = 1_000_000_000u64;
         m.apply(sample(theirs));
@@ -421,6 +445,69 @@ mod tests {
         // A sample without figures (the producer stopped reading them): none shown.
         m.apply(sample(t0 + 2_000_000_000));
         wait_for(&snaps, |s| s.allocator.is_empty());
+        cancel.cancel();
+        hub.join().unwrap();
+    }
+
+    /// Issue 30: a session on another host sends its GPUs in its samples: the attached view
+    /// shows them (and its allocator) under that host's name, its util history growing with
+    /// each reading; a session on this host has its GPUs read here, not taken from the wire.
+    #[test]
+    fn another_hosts_gpus_reach_the_view_under_its_name() {
+        let gpu = |util: u32| WireGpu {
+            index: 0,
+            cuda: Some(0),
+            name: "NVIDIA H200".into(),
+            util,
+            used: 9_000,
+            total: 143_771,
+            ..WireGpu::default()
+        };
+        let with_gpu = |now: u64, util: u32| match sample_with(now, vec![cuda0(1, 1, 0)]) {
+            Msg::Sample(s) => Msg::Sample(Sample {
+                gpu: vec![gpu(util)],
+                ..s
+            }),
+            _ => unreachable!(),
+        };
+        let (telemetry, mut m, snaps, cancel) = watched();
+        m.on_other_host("far");
+        let hub = telemetry.spawn_hub(cancel.clone()).unwrap();
+        let t0 = 1_000_000_000;
+        let shown = |s: &Snapshot| matches!(&s.gpus, GpuPanel::Present(_));
+        m.apply(with_gpu(t0, 40));
+        wait_for(&snaps, shown);
+        m.apply(sample(t0 + 100_000_000));
+        m.apply(with_gpu(t0 + 1_000_000_000, 95));
+        let s = wait_for(&snaps, |s| match &s.gpus {
+            GpuPanel::Present(g) => g[0].util_history.len() == 2,
+            GpuPanel::Absent(_) => false,
+        });
+        let GpuPanel::Present(g) = &s.gpus else {
+            unreachable!()
+        };
+        assert_eq!(g.len(), 1);
+        assert_eq!(
+            (g[0].host.as_deref(), g[0].cuda, g[0].util_pct),
+            (Some("far"), Some(0), 95)
+        );
+        assert_eq!(g[0].util_history, [40, 95]);
+        assert_eq!(s.allocator[0].host.as_deref(), Some("far"));
+        cancel.cancel();
+        hub.join().unwrap();
+        // On this host: the wire's GPUs are not shown (NVML here reads them, or says why not).
+        let (telemetry, mut m, snaps, cancel) = watched();
+        let hub = telemetry.spawn_hub(cancel.clone()).unwrap();
+        m.apply(with_gpu(t0, 40));
+        let s = wait_for(&snaps, |s| !s.allocator.is_empty());
+        let from_wire = |g: &[GpuView]| g.iter().any(|g| g.util_pct == 40);
+        assert!(
+            matches!(&s.gpus, GpuPanel::Absent(_))
+                || !matches!(&s.gpus, GpuPanel::Present(g) if from_wire(g)),
+            "{:?}",
+            s.gpus
+        );
+        assert_eq!(s.allocator[0].host, None);
         cancel.cancel();
         hub.join().unwrap();
     }

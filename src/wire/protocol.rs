@@ -4,6 +4,7 @@
 
 use crate::cuda_shim::AllocatorStats;
 use crate::probe::allocator::AllocatorSample;
+use crate::probe::gpu::GpuSample;
 use crate::telemetry::stages::StageTable;
 use crate::telemetry::switches::{GpuTiming, Timing};
 use crate::telemetry::{CudaCalls, HubCommand, TrainMetrics};
@@ -33,6 +34,8 @@ pub const MAX_TEXT: usize = 4096;
 pub const MAX_DEPTH: usize = 1 << 32;
 /// CUDA devices a sample's allocator list may name (`cuda:0` to `cuda:63`).
 pub const MAX_CUDA_DEVICES: u32 = 64;
+/// GPUs a sample may list (a host's, as NVML sees them).
+pub const MAX_GPUS: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -76,6 +79,10 @@ pub struct Hello {
     /// none where they do, or where the producer never counts them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cupti: Option<String>,
+    /// The producer's host name: a viewer on another host (a socket forwarded with `ssh -L`)
+    /// shows the GPUs its samples carry under it. None from a producer that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// A thread of the producer, declared before any of its steps.
@@ -237,6 +244,69 @@ impl From<&WireAlloc> for AllocatorSample {
     }
 }
 
+/// One GPU of the producer's host as NVML reads it there (once a second, in the samples that
+/// follow a reading): for a viewer on another host, which cannot read it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WireGpu {
+    /// NVML's index, and the `cuda:N` it is in the producer (none where hidden).
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<u32>,
+    pub name: String,
+    /// SM and memory-bandwidth utilisation, percent.
+    pub util: u32,
+    pub bw: u32,
+    /// Memory used (all processes) and in all, and the producer's own where NVML lists it, MiB.
+    pub used: u64,
+    pub total: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ours: Option<u64>,
+    /// Watts, SM clock MHz, degrees C, throttle reasons.
+    pub w: f64,
+    pub mhz: u32,
+    pub temp: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throttle: Vec<String>,
+}
+
+impl From<&GpuSample> for WireGpu {
+    fn from(g: &GpuSample) -> Self {
+        WireGpu {
+            index: g.index,
+            cuda: g.cuda,
+            name: g.name.clone(),
+            util: g.util_pct,
+            bw: g.mem_bw_pct,
+            used: g.mem_used_mib,
+            total: g.mem_total_mib,
+            ours: g.proc_mem_mib,
+            w: g.power_w,
+            mhz: g.sm_clock_mhz,
+            temp: g.temp_c,
+            throttle: g.throttle.clone(),
+        }
+    }
+}
+
+impl From<&WireGpu> for GpuSample {
+    fn from(g: &WireGpu) -> Self {
+        GpuSample {
+            index: g.index,
+            name: g.name.clone(),
+            util_pct: g.util,
+            mem_bw_pct: g.bw,
+            mem_used_mib: g.used,
+            mem_total_mib: g.total,
+            proc_mem_mib: g.ours,
+            power_w: g.w,
+            sm_clock_mhz: g.mhz,
+            temp_c: g.temp,
+            cuda: g.cuda,
+            throttle: g.throttle.clone(),
+        }
+    }
+}
+
 /// Ten times a second: the switches, the live steps, the queues, the caching allocator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
@@ -253,6 +323,10 @@ pub struct Sample {
     /// peer).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alloc: Vec<WireAlloc>,
+    /// The producer host's GPUs, in the samples that follow an NVML reading; none from a
+    /// producer that does not read them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu: Vec<WireGpu>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -314,6 +388,9 @@ impl Msg {
                 text("the program name", &h.program)?;
                 if let Some(why) = &h.cupti {
                     text("the cupti note", why)?;
+                }
+                if let Some(host) = &h.host {
+                    text("the host name", host)?;
                 }
                 if let Some(j) = &h.job {
                     text("the job id", &j.id)?;
@@ -415,6 +492,20 @@ impl Msg {
                         a.retries,
                     ] {
                         bounded("an allocator counter", v, MAX_COUNT)?;
+                    }
+                }
+                bounded("GPUs in a sample", s.gpu.len() as u64, MAX_GPUS as u64)?;
+                for g in &s.gpu {
+                    text("a GPU's name", &g.name)?;
+                    bounded("a GPU's throttle reasons", g.throttle.len() as u64, 32)?;
+                    for t in &g.throttle {
+                        text("a GPU's throttle reason", t)?;
+                    }
+                    for v in [g.used, g.total, g.ours.unwrap_or(0)] {
+                        bounded("a GPU's memory", v, MAX_COUNT)?;
+                    }
+                    if !(g.w.is_finite() && (0.0..=1e6).contains(&g.w)) {
+                        return Err(format!("a GPU's power {} W is not a power", g.w));
                     }
                 }
                 Ok(())
@@ -646,6 +737,53 @@ mod tests {
         assert_eq!(serde_json::from_str::<Msg>(&text).unwrap(), Msg::Step(with));
     }
 
+    /// Issue 30: a producer's GPU readings travel in its samples (for a viewer on another
+    /// host), convert both ways, are left out when there are none, and are bounded.
+    #[test]
+    fn a_samples_gpus_round_trip_and_are_bounded() {
+        let g = WireGpu {
+            index: 1,
+            cuda: Some(0),
+            name: "NVIDIA H200".into(),
+            util: 97,
+            bw: 41,
+            used: 81_234,
+            total: 143_771,
+            ours: Some(80_000),
+            w: 612.5,
+            mhz: 1_980,
+            temp: 61,
+            throttle: vec!["sw-power".into()],
+        };
+        let with = |gpu: Vec<WireGpu>| match sample_with(Vec::new()) {
+            Msg::Sample(s) => Msg::Sample(Sample { gpu, ..s }),
+            _ => unreachable!(),
+        };
+        let m = with(vec![g.clone()]);
+        let back = read_msg(&mut &encode(&m)[..]).unwrap().unwrap();
+        assert_eq!(back, m);
+        assert!(back.check().is_ok());
+        assert_eq!(WireGpu::from(&GpuSample::from(&g)), g);
+        let none = serde_json::to_string(&with(Vec::new())).unwrap();
+        assert!(!none.contains("gpu"), "{none}");
+        let e = with(vec![g.clone(); MAX_GPUS + 1]).check().unwrap_err();
+        assert!(e.contains("GPUs in a sample 65"), "{e}");
+        let e = with(vec![WireGpu {
+            w: f64::NAN,
+            ..g.clone()
+        }])
+        .check()
+        .unwrap_err();
+        assert!(e.contains("power"), "{e}");
+        let e = with(vec![WireGpu {
+            name: "x".repeat(MAX_TEXT + 1),
+            ..g
+        }])
+        .check()
+        .unwrap_err();
+        assert!(e.contains("GPU's name"), "{e}");
+    }
+
     fn sample_with(alloc: Vec<WireAlloc>) -> Msg {
         Msg::Sample(Sample {
             now: 100,
@@ -656,6 +794,7 @@ mod tests {
             live: Vec::new(),
             q: Vec::new(),
             alloc,
+            gpu: Vec::new(),
         })
     }
 

@@ -301,6 +301,7 @@ mod tests {
                 switches: telemetry.switches(),
                 dropped: 0,
                 allocator: &alloc,
+                gpus: &[],
             });
         }
         rec.finish().unwrap();

@@ -126,14 +126,17 @@ impl Sim {
         let (start, end) = span;
         let mut telemetry = Telemetry::new();
         telemetry.probes = false;
-        let mirror = Mirror::new(&hello, &telemetry, shift)?;
+        let mut mirror = Mirror::new(&hello, &telemetry, shift)?;
+        // The recorded GPUs (a recording made since the samples carry them), under the host
+        // that recorded them.
+        mirror.show_gpus_of(super::join::host_of(&hello).unwrap_or("recorded"));
         // Switches follow the recording, not keys.
         let (tx, _rx) = unbounded();
         telemetry.forward_commands(tx);
         let mut asm = Assembler::new(mirror.local(start));
         asm.ns_per_mark = hello.ns_per_mark;
         asm.set_cpu_absent("per-thread CPU: not in recordings");
-        asm.set_gpu_absent("not in recordings");
+        asm.set_gpu_absent("not in this recording");
         Ok(Sim {
             msgs,
             hello,
@@ -186,6 +189,9 @@ impl Sim {
                 while let Ok(r) = self.telemetry.records().try_recv() {
                     self.asm.ingest(&r);
                 }
+            }
+            if let Some((host, gpus)) = self.telemetry.take_remote_gpus() {
+                self.asm.set_gpus_of(Some(&host), gpus);
             }
             for c in self.telemetry.take_commands() {
                 match c {

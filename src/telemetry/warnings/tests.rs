@@ -161,6 +161,7 @@ fn gpu(util: u32) -> GpuPanel {
         mem_bw_pct: 0,
         proc_mem_mib: None,
         throttle: vec![],
+        host: None,
     }])
 }
 

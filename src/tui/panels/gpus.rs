@@ -1,4 +1,5 @@
-//! GPUs from NVML, each under the `cuda:N` it is in this process: SM and memory-bandwidth
+//! GPUs from NVML, each under the `cuda:N` it is in this process (and its host's name when a
+//! watched process on another host sent it): SM and memory-bandwidth
 //! utilisation, device memory and this process's share of it, power, SM clock, temperature,
 //! throttle reasons, libtorch's caching allocator there, a util history; in the title, the
 //! placement advice from the measured stage times. No GPU: one plain line, not a panel.
@@ -41,9 +42,10 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     f.render_widget(block, area);
     let bottom = inner.y + inner.height;
     let mut y = inner.y;
-    // This process's GPUs first, as cuda:0, cuda:1, …; the hidden ones after.
+    // This host's GPUs first, then each other host's; on each, the process's GPUs as cuda:0,
+    // cuda:1, …, the hidden ones after.
     let mut gpus: Vec<&GpuView> = gpus.iter().collect();
-    gpus.sort_by_key(|g| (g.cuda.is_none(), g.cuda, g.index));
+    gpus.sort_by_key(|g| (g.host.clone(), g.cuda.is_none(), g.cuda, g.index));
     for g in gpus {
         if y >= bottom {
             break;
@@ -72,7 +74,7 @@ fn one(f: &mut Frame, c: &Ctx, inner: Rect, g: &GpuView, mut y: u16) -> u16 {
     // two do not fit side by side (a narrow panel).
     let mut own_line = None;
     if let Some(n) = g.cuda {
-        let alloc = allocator_part(c.snap.allocator_of(n));
+        let alloc = allocator_part(c.snap.allocator_of(g.host.as_deref(), n));
         if second.chars().count() + alloc.chars().count() <= inner.width as usize {
             second.push_str(&alloc);
         } else {
@@ -111,9 +113,14 @@ fn one(f: &mut Frame, c: &Ctx, inner: Rect, g: &GpuView, mut y: u16) -> u16 {
 
 /// The two lines of numbers for one GPU.
 pub fn lines(g: &GpuView) -> [String; 2] {
-    let label = match g.cuda {
+    let device = match g.cuda {
         Some(n) => format!("cuda:{n}"),
         None => format!("nvml {} (hidden)", g.index),
+    };
+    // Another host's GPU (a session joined through a forwarded socket) under its host's name.
+    let label = match &g.host {
+        Some(h) => format!("{h}/{device}"),
+        None => device,
     };
     let ours = g
         .proc_mem_mib
