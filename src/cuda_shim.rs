@@ -47,6 +47,7 @@ pub(crate) mod ffi {
         ) -> c_int;
         pub fn dflash_memory_peak(device: c_int, reset: c_int, peak: *mut u64) -> c_int;
         pub fn dflash_memory_total(device: c_int, total: *mut u64) -> c_int;
+        pub fn dflash_empty_cache() -> c_int;
         pub fn dflash_allocator_stats(device: c_int, out: *mut i64) -> c_int;
         pub fn dflash_fused_adamw(
             param: *mut c_void,
@@ -157,6 +158,9 @@ pub(crate) mod ffi {
         1
     }
     pub unsafe fn dflash_memory_total(_: c_int, _: *mut u64) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_empty_cache() -> c_int {
         1
     }
     pub unsafe fn dflash_allocator_stats(_: c_int, _: *mut i64) -> c_int {
@@ -278,6 +282,16 @@ pub fn memory_total(device: usize) -> Result<u64> {
     Ok(total)
 }
 
+/// Gives the caching allocator's unused cached blocks back to the device (libtorch's
+/// `emptyCache`, as `torch.cuda.empty_cache()`).
+pub fn empty_cache() -> Result<()> {
+    // SAFETY: no arguments.
+    check(
+        unsafe { ffi::dflash_empty_cache() },
+        "emptying the CUDA cache",
+    )
+}
+
 /// libtorch's caching allocator on one CUDA device (`getDeviceStats`): what it holds now, and
 /// its counts since the process started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -294,6 +308,28 @@ pub struct AllocatorStats {
     pub device_frees: u64,
     /// Failed device allocations that freed the cache and retried, in all.
     pub alloc_retries: u64,
+    /// CUDA graphs this process began capturing or released on the device, in all: each takes
+    /// its memory pool from the allocator or gives it back (device allocations that are no
+    /// churn).
+    pub graph_events: u64,
+}
+
+/// CUDA graph captures begun and graphs released, per device (`note_graph_event`).
+static GRAPH_EVENTS: [std::sync::atomic::AtomicU64; 64] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 64];
+
+/// Counts a CUDA graph capture begun, or a graph released, on `device` (the allocator's
+/// statistics carry the count).
+pub fn note_graph_event(device: usize) {
+    if let Some(n) = GRAPH_EVENTS.get(device) {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn graph_events(device: usize) -> u64 {
+    GRAPH_EVENTS
+        .get(device)
+        .map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// The caching allocator's statistics on CUDA device `device`; an error without the shim, or
@@ -313,5 +349,6 @@ pub fn allocator_stats(device: usize) -> Result<AllocatorStats> {
         device_allocs: n(3),
         device_frees: n(4),
         alloc_retries: n(5),
+        graph_events: graph_events(device),
     })
 }

@@ -19,7 +19,11 @@
 //! - `item_in_loss`: each drafter step reads its loss back to the host 4 times in its `loss`
 //!   phase (as code that logs `.item()` there does): the seeded case of the `host_sync` warning.
 //! - `vary_shapes`: the loader packs each batch to a different row length (between half and all
-//!   of `seq_len`, in steps of 64 tokens): the seeded case of the `alloc_churn` warning.
+//!   of `seq_len`, in steps of 64 tokens). With room on the device libtorch's cache soon holds
+//!   blocks for every length: no `alloc_churn` (docs/usage.md).
+//! - `empty_cache`: each drafter step on a GPU empties libtorch's cache after its loss (as a
+//!   loop calling `torch.cuda.empty_cache()` does): the seeded case of the `alloc_churn`
+//!   warning, the allocator going back to the device every step.
 //! - `host:NAME`: a session says it runs on host NAME (its hello's host), so that a viewer on
 //!   this host takes it as one joined through a socket forwarded from another host (its GPUs
 //!   from its samples, not this host's NVML).

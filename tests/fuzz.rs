@@ -472,6 +472,7 @@ mod frames {
                             allocs: counter,
                             frees: counter / 3,
                             retries: depth,
+                            graphs: counter,
                         };
                         nq % 70
                     ],

@@ -219,6 +219,7 @@ fn headless_lines_carry_the_allocator_figures_of_each_device_read() {
             alloc_retries: 2,
             churn_per_s: 60.0,
             retries_per_s: 2.0,
+            graph_events: 0,
             host: None,
         },
         AllocatorView {
@@ -256,6 +257,7 @@ fn the_gpu_panel_shows_bandwidth_our_memory_and_throttling() {
         alloc_retries: 2,
         churn_per_s: 12.0,
         retries_per_s: 0.0,
+        graph_events: 0,
         host: None,
     }];
     app.on_snapshot(Arc::new(snap));

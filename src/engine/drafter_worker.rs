@@ -105,6 +105,10 @@ impl StepProbe for WorkerProbe<'_> {
         for _ in 0..crate::fault::item_reads_in_loss() {
             let _: f32 = super::host_sync::read(loss)?;
         }
+        // Test-only: the cache emptied every step, as a loop calling torch.cuda.empty_cache().
+        if crate::fault::is("empty_cache") && self.device.is_cuda() {
+            super::cuda::empty_cache()?;
+        }
         Ok(())
     }
 }

@@ -88,6 +88,7 @@ fn view(s: &AllocatorSample, prev: Option<&AllocatorSample>, dt_s: f64) -> Alloc
         alloc_retries: st.alloc_retries,
         churn_per_s,
         retries_per_s,
+        graph_events: st.graph_events,
         host: None,
     }
 }

@@ -228,6 +228,7 @@ fn allocator(snaps: &[&Snapshot]) -> Vec<AllocatorView> {
         o.device_allocs += a.device_allocs;
         o.device_frees += a.device_frees;
         o.alloc_retries += a.alloc_retries;
+        o.graph_events += a.graph_events;
         o.churn_per_s += a.churn_per_s;
         o.retries_per_s += a.retries_per_s;
     }
@@ -400,6 +401,7 @@ mod tests {
             alloc_retries: 1,
             churn_per_s: churn,
             retries_per_s: 0.0,
+            graph_events: 0,
             host: None,
         };
         let mut r0 = rank(4000.0, 12, Verdict::Balanced);

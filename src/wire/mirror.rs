@@ -410,6 +410,7 @@ mod tests {
             allocs,
             frees,
             retries,
+            graphs: 0,
         }
     }
 

@@ -211,6 +211,10 @@ pub struct WireAlloc {
     pub allocs: u64,
     pub frees: u64,
     pub retries: u64,
+    /// CUDA graph captures begun and graphs released there, in all (their memory pools are
+    /// device allocations that are no churn); left out where none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub graphs: u64,
 }
 
 impl From<&AllocatorSample> for WireAlloc {
@@ -224,6 +228,7 @@ impl From<&AllocatorSample> for WireAlloc {
             allocs: st.device_allocs,
             frees: st.device_frees,
             retries: st.alloc_retries,
+            graphs: st.graph_events,
         }
     }
 }
@@ -239,6 +244,7 @@ impl From<&WireAlloc> for AllocatorSample {
                 device_allocs: a.allocs,
                 device_frees: a.frees,
                 alloc_retries: a.retries,
+                graph_events: a.graphs,
             },
         }
     }
@@ -490,6 +496,7 @@ impl Msg {
                         a.allocs,
                         a.frees,
                         a.retries,
+                        a.graphs,
                     ] {
                         bounded("an allocator counter", v, MAX_COUNT)?;
                     }
@@ -808,6 +815,7 @@ mod tests {
             allocs: 120,
             frees: 80,
             retries: 2,
+            graphs: 3,
         };
         let m = sample_with(vec![a]);
         let back = read_msg(&mut &encode(&m)[..]).unwrap().unwrap();

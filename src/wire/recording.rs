@@ -291,6 +291,7 @@ mod tests {
                     device_allocs: 100 + 4 * k,
                     device_frees: 90 + 4 * k,
                     alloc_retries: 0,
+                    graph_events: 0,
                 },
             }];
             fanout.tick(&TickInput {

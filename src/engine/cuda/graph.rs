@@ -43,6 +43,7 @@ impl Graph {
             handle: out,
             device: device as c_int,
         };
+        crate::cuda_shim::note_graph_event(device);
         // SAFETY: live handle.
         check(
             unsafe {
@@ -76,5 +77,6 @@ impl Drop for Graph {
     fn drop(&mut self) {
         // SAFETY: created by the shim, freed once.
         unsafe { ffi::dflash_graph_free(self.handle) }
+        crate::cuda_shim::note_graph_event(self.device as usize);
     }
 }

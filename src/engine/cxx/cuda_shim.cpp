@@ -180,6 +180,12 @@ int dflash_allocator_stats(int device, int64_t* out) {
   });
 }
 
+// Hands the caching allocator's unused cached blocks back to the device (`emptyCache`, what
+// torch.cuda.empty_cache() does).
+int dflash_empty_cache() {
+  return guarded([&] { c10::cuda::CUDACachingAllocator::emptyCache(); });
+}
+
 // The device's memory in bytes.
 int dflash_memory_total(int device, uint64_t* total) {
   return guarded([&] {

@@ -3,7 +3,9 @@
 //! cache. Judged per CUDA device over a sliding window, against the steps of the busiest thread
 //! on that device; until every worker on the device is past warm-up at the window's start, the
 //! cache is filling and nothing counts (a target that runs ahead while the drafter captures its
-//! graphs is not yet steady).
+//! graphs is not yet steady); nor do the allocations of a sample interval in which a CUDA graph
+//! was captured or released, or of the one after (its memory pool comes from the device at
+//! once, as the drafter's does for a new window plan).
 
 use super::{Candidate, Rule, Warnings};
 use crate::telemetry::phase::Role;
@@ -24,6 +26,8 @@ pub(super) struct AllocPoint {
     steps: u64,
     /// Steps ended so far by the device's least advanced worker.
     least_steps: u64,
+    /// CUDA graph captures begun and graphs released so far.
+    graphs: u64,
 }
 
 impl Warnings {
@@ -36,6 +40,7 @@ impl Warnings {
                 retries: a.alloc_retries,
                 steps: steps_on(s, a.cuda).max().unwrap_or(0),
                 least_steps: steps_on(s, a.cuda).min().unwrap_or(0),
+                graphs: a.graph_events,
             };
             let seen = self.alloc.entry(a.cuda).or_default();
             seen.push_back(now);
@@ -44,7 +49,8 @@ impl Warnings {
                 seen.pop_front();
             }
             let base = *seen.front().unwrap_or(&now);
-            if let Some(c) = self.alloc_candidate(a, base, now) {
+            let counted = counted_churn(seen);
+            if let Some(c) = self.alloc_candidate(a, base, now, counted) {
                 out.push(c);
             }
         }
@@ -55,9 +61,8 @@ impl Warnings {
         a: &AllocatorView,
         base: AllocPoint,
         now: AllocPoint,
+        (churn, steps): (u64, u64),
     ) -> Option<Candidate> {
-        let steps = now.steps.saturating_sub(base.steps);
-        let churn = now.churn.saturating_sub(base.churn);
         let retries = now.retries.saturating_sub(base.retries);
         let per_step = churn as f64 / steps.max(1) as f64;
         let churning = base.least_steps >= WARMUP_STEPS
@@ -95,6 +100,24 @@ impl Warnings {
             fix: fix.into(),
         })
     }
+}
+
+/// Device allocations plus frees, and steps of the busiest worker, over the window's points
+/// (oldest first), leaving out each interval in which a CUDA graph was captured or released and
+/// the one after: a graph's pool comes from the device at once, as the capture runs (the
+/// engine's own, not churn), and the allocations of a capture that spans a sample land in the
+/// next interval.
+fn counted_churn(points: &std::collections::VecDeque<AllocPoint>) -> (u64, u64) {
+    let (mut churn, mut steps) = (0, 0);
+    for i in 1..points.len() {
+        let graph_moved = |k: usize| k >= 1 && points[k].graphs != points[k - 1].graphs;
+        if graph_moved(i) || graph_moved(i - 1) {
+            continue;
+        }
+        churn += points[i].churn.saturating_sub(points[i - 1].churn);
+        steps += points[i].steps.saturating_sub(points[i - 1].steps);
+    }
+    (churn, steps)
 }
 
 /// Steps ended so far by each worker on `cuda:N`.

@@ -435,6 +435,33 @@ fn alloc_churn_every_step_past_warm_up_but_not_a_cache_that_filled() {
         (a.device_allocs, a.device_frees) = (8 * drafter.min(6), 8 * drafter.min(6));
     };
     assert!(run(WarnConfig::default(), 12.0, drafter_late).is_empty());
+    // A graph captured past warm-up (the drafter's pool for a new window plan): 120 device
+    // allocations in one second of the window, the engine's own, not churn; the same burst with
+    // no capture warns.
+    let burst = |captured: bool| {
+        move |s: &mut Snapshot| {
+            on_cuda(
+                |step| 8 * step.min(6) + if step >= 40 { 120 } else { 0 },
+                |_| 0,
+            )(s);
+            s.allocator[0].graph_events = u64::from(captured && s.elapsed_s >= 20.0);
+        }
+    };
+    assert!(run(WarnConfig::default(), 22.0, burst(true)).is_empty());
+    assert_eq!(
+        keys(&run(WarnConfig::default(), 22.0, burst(false))),
+        ["alloc_churn:cuda:0"]
+    );
+    // Churn every step while graphs come and go now and then (a loop emptying the cache): only
+    // the intervals around each graph event are left out; it still warns.
+    let steady = |s: &mut Snapshot| {
+        on_cuda(|step| 20 + 3 * step, |_| 0)(s);
+        s.allocator[0].graph_events = (s.elapsed_s / 2.0) as u64;
+    };
+    assert_eq!(
+        keys(&run(WarnConfig::default(), 15.0, steady)),
+        ["alloc_churn:cuda:0"]
+    );
     // Below the threshold a step (the TOML's): silent.
     let cfg = WarnConfig {
         alloc_churn_per_step: 8.0,
