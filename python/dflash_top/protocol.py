@@ -96,6 +96,9 @@ ALLOC_FIELDS: Tuple[str, ...] = (
     "frees",
     "retries",
 )
+#: Fields of an entry a producer may leave out: `graphs`, the CUDA graphs our trainer captured
+#: or released on the device (this client counts none, so it never sends it).
+ALLOC_OPTIONAL: Tuple[str, ...] = ("graphs",)
 #: Each field but `cuda`, as `torch.cuda.memory_stats(N)` names it (the figures libtorch's
 #: `getDeviceStats` gives our trainer).
 MEMORY_STATS_KEYS: Dict[str, str] = {

@@ -57,8 +57,10 @@ def test_memory_stats_become_an_alloc_entry():
 
 def test_the_entry_is_the_rust_sides_and_reads_torchs_keys():
     rust = rust_message_fields()["alloc"]
-    assert tuple(rust) == protocol.ALLOC_FIELDS
-    assert all(not optional for _, optional in rust.values())
+    required = tuple(n for n, (_, optional) in rust.items() if not optional)
+    assert required == protocol.ALLOC_FIELDS
+    left_out = tuple(n for n, (_, optional) in rust.items() if optional)
+    assert left_out == protocol.ALLOC_OPTIONAL
     assert tuple(protocol.MEMORY_STATS_KEYS) == protocol.ALLOC_FIELDS[1:]
     torch = pytest.importorskip("torch")
     # The keys torch documents for memory_stats, its `{a,b}` alternatives expanded.
