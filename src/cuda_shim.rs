@@ -308,28 +308,42 @@ pub struct AllocatorStats {
     pub device_frees: u64,
     /// Failed device allocations that freed the cache and retried, in all.
     pub alloc_retries: u64,
-    /// CUDA graphs this process began capturing or released on the device, in all: each takes
-    /// its memory pool from the allocator or gives it back (device allocations that are no
+    /// CUDA graph captures this process began and ended on the device, in all: a capture
+    /// takes its graph's memory pool from the device as it runs (device allocations that are no
     /// churn).
     pub graph_events: u64,
 }
 
-/// CUDA graph captures begun and graphs released, per device (`note_graph_event`).
-static GRAPH_EVENTS: [std::sync::atomic::AtomicU64; 64] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 64];
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Counts a CUDA graph capture begun, or a graph released, on `device` (the allocator's
-/// statistics carry the count).
-pub fn note_graph_event(device: usize) {
-    if let Some(n) = GRAPH_EVENTS.get(device) {
-        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+/// CUDA graph captures begun and ended, per device (`capture_began`, `capture_ended`).
+static GRAPH_EVENTS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+/// CUDA graph captures under way, per device.
+static CAPTURING: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+/// Counts a CUDA graph capture begun on `device` (the allocator's statistics carry the count).
+pub fn capture_began(device: usize) {
+    if let (Some(n), Some(c)) = (GRAPH_EVENTS.get(device), CAPTURING.get(device)) {
+        c.fetch_add(1, Relaxed);
+        n.fetch_add(1, Relaxed);
     }
 }
 
+/// Counts a CUDA graph capture ended on `device`, whether it succeeded or not.
+pub fn capture_ended(device: usize) {
+    if let (Some(n), Some(c)) = (GRAPH_EVENTS.get(device), CAPTURING.get(device)) {
+        n.fetch_add(1, Relaxed);
+        let _ = c.fetch_update(Relaxed, Relaxed, |k| k.checked_sub(1));
+    }
+}
+
+/// Whether a CUDA graph capture is under way on `device` (in this process).
+pub fn capturing(device: usize) -> bool {
+    CAPTURING.get(device).is_some_and(|c| c.load(Relaxed) > 0)
+}
+
 fn graph_events(device: usize) -> u64 {
-    GRAPH_EVENTS
-        .get(device)
-        .map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed))
+    GRAPH_EVENTS.get(device).map_or(0, |n| n.load(Relaxed))
 }
 
 /// The caching allocator's statistics on CUDA device `device`; an error without the shim, or

@@ -212,8 +212,8 @@ fn host_prefix(host: Option<&str>) -> String {
 
 /// ` | alloc0=2.9/13.0GiB alloc0.seg=42 alloc0.churn/s=60 alloc0.retries=2` for each CUDA device
 /// whose caching allocator is read (ours, or a watched process's): allocated / reserved GiB,
-/// segments held, device allocations plus frees a second, retries so far, CUDA graphs captured
-/// or released there so far (where any were); another host's as
+/// segments held, device allocations plus frees a second, retries so far, CUDA graph captures
+/// begun and ended there so far (where any were); another host's as
 /// `HOST/alloc0=`. Nothing where the figures are not read (the CPU, no CUDA shim, a producer
 /// that does not send them).
 pub fn alloc_fields(s: &Snapshot) -> String {
@@ -222,7 +222,7 @@ pub fn alloc_fields(s: &Snapshot) -> String {
     for a in &s.allocator {
         let sep = if out.is_empty() { " |" } else { "" };
         let (at, n) = (host_prefix(a.host.as_deref()), a.cuda);
-        // CUDA graphs captured or released there, where any were.
+        // CUDA graph captures begun and ended there, where any were.
         let graphs = match a.graph_events {
             0 => String::new(),
             g => format!(" {at}alloc{n}.graphs={g}"),

@@ -105,9 +105,12 @@ impl StepProbe for WorkerProbe<'_> {
         for _ in 0..crate::fault::item_reads_in_loss() {
             let _: f32 = super::host_sync::read(loss)?;
         }
-        // Test-only: the cache emptied every step, as a loop calling torch.cuda.empty_cache().
-        if crate::fault::is("empty_cache") && self.device.is_cuda() {
-            super::cuda::empty_cache()?;
+        // Test-only: the cache emptied every step, as a loop calling torch.cuda.empty_cache()
+        // (not while a graph is being captured on the device: libtorch refuses that).
+        if let (true, Device::Cuda(d)) = (crate::fault::is("empty_cache"), self.device) {
+            if !crate::cuda_shim::capturing(d) {
+                super::cuda::empty_cache()?;
+            }
         }
         Ok(())
     }

@@ -138,11 +138,17 @@ pub fn for_run(s: &Snapshot, gpus: usize) -> Option<(Advice, &'static str)> {
 }
 
 /// `for_run` on the GPUs NVML shows this process (it also lists those CUDA_VISIBLE_DEVICES
-/// hides).
+/// hides), on the host with the most of them where a view holds several hosts.
 pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
     match &s.gpus {
+        // Per host (a merged view may hold several): the most GPUs one of them has.
         super::snapshot::GpuPanel::Present(g) => {
-            for_run(s, g.iter().filter(|g| g.cuda.is_some()).count())
+            let on = |host: &Option<String>| {
+                g.iter()
+                    .filter(|o| o.cuda.is_some() && &o.host == host)
+                    .count()
+            };
+            for_run(s, g.iter().map(|o| on(&o.host)).max().unwrap_or(0))
         }
         _ => None,
     }
@@ -151,6 +157,32 @@ pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 30: a view of two hosts with two GPUs each advises for two GPUs (one host's), not
+    /// four (`--drafter-devices cuda:3` would name a device neither host has).
+    #[test]
+    fn a_view_of_several_hosts_advises_for_one_hosts_gpus() {
+        use crate::telemetry::snapshot::{GpuPanel, GpuView};
+        let gpu = |index: u32, host: Option<&str>| GpuView {
+            index,
+            cuda: Some(index),
+            host: host.map(String::from),
+            ..GpuView::default()
+        };
+        let s = Snapshot {
+            stage_ratio_flops: Some(3.1),
+            gpus: GpuPanel::Present(vec![
+                gpu(0, None),
+                gpu(1, None),
+                gpu(0, Some("far")),
+                gpu(1, Some("far")),
+            ]),
+            ..Snapshot::default()
+        };
+        let (advice, _) = for_snapshot(&s).expect("advice");
+        assert_eq!(advice, for_run(&s, 2).unwrap().0);
+        assert_ne!(advice, for_run(&s, 4).unwrap().0);
+    }
 
     #[test]
     fn a_drafter_three_times_the_target_gets_three_of_four_gpus() {

@@ -244,7 +244,7 @@ pub struct QueueView {
     pub blocking: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuView {
     pub index: u32,
     pub name: String,
@@ -290,8 +290,8 @@ pub struct AllocatorView {
     /// Device allocations plus frees a second, and retries a second, since the last sample.
     pub churn_per_s: f64,
     pub retries_per_s: f64,
-    /// CUDA graph captures begun and graphs released on the device, in all (our engine's; their
-    /// pools are device allocations the `alloc_churn` rule does not count as churn).
+    /// CUDA graph captures begun and ended on the device, in all (our engine's; their pools are
+    /// device allocations the `alloc_churn` rule does not count as churn).
     #[serde(default)]
     pub graph_events: u64,
     /// The host of the device, for a process watched on another host; none for this host's.

@@ -68,12 +68,11 @@ impl Outlet {
         }
     }
 
-    fn send_sample(&self, f: &Frame) {
-        if self
-            .samples
-            .fetch_add(1, Relaxed)
-            .is_multiple_of(self.sample_every)
-        {
+    /// A sample, if this outlet takes it: one in `sample_every`, and every one that carries a
+    /// GPU reading (once a second; a thinned recording would otherwise keep them by chance).
+    fn send_sample(&self, f: &Frame, has_gpus: bool) {
+        let nth = self.samples.fetch_add(1, Relaxed);
+        if has_gpus || nth.is_multiple_of(self.sample_every) {
             self.send_data(f);
         }
     }
@@ -276,10 +275,13 @@ impl Fanout {
 
     fn broadcast(st: &State, m: &Msg) {
         let f: Frame = encode(m).into();
-        let sample = matches!(m, Msg::Sample(_));
+        let sample = match m {
+            Msg::Sample(s) => Some(!s.gpu.is_empty()),
+            _ => None,
+        };
         for o in &st.outlets {
-            if sample {
-                o.send_sample(&f);
+            if let Some(has_gpus) = sample {
+                o.send_sample(&f, has_gpus);
             } else {
                 o.send_data(&f);
             }

@@ -211,8 +211,8 @@ pub struct WireAlloc {
     pub allocs: u64,
     pub frees: u64,
     pub retries: u64,
-    /// CUDA graph captures begun and graphs released there, in all (their memory pools are
-    /// device allocations that are no churn); left out where none.
+    /// CUDA graph captures begun and ended there, in all (their memory pools are device
+    /// allocations that are no churn); left out where none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub graphs: u64,
 }
@@ -502,7 +502,15 @@ impl Msg {
                     }
                 }
                 bounded("GPUs in a sample", s.gpu.len() as u64, MAX_GPUS as u64)?;
-                for g in &s.gpu {
+                for (k, g) in s.gpu.iter().enumerate() {
+                    bounded("a GPU's index", g.index as u64, MAX_GPUS as u64 - 1)?;
+                    if s.gpu[..k].iter().any(|o| o.index == g.index) {
+                        return Err(format!("GPU {} listed twice in a sample", g.index));
+                    }
+                    if let Some(n) = g.cuda {
+                        bounded("a GPU's device", n as u64, MAX_CUDA_DEVICES as u64 - 1)?;
+                    }
+                    bounded("a GPU's utilisation", g.util.max(g.bw) as u64, 100)?;
                     text("a GPU's name", &g.name)?;
                     bounded("a GPU's throttle reasons", g.throttle.len() as u64, 32)?;
                     for t in &g.throttle {
@@ -775,6 +783,34 @@ mod tests {
         assert!(!none.contains("gpu"), "{none}");
         let e = with(vec![g.clone(); MAX_GPUS + 1]).check().unwrap_err();
         assert!(e.contains("GPUs in a sample 65"), "{e}");
+        let e = with(vec![g.clone(), g.clone()]).check().unwrap_err();
+        assert!(e.contains("GPU 1 listed twice"), "{e}");
+        for (bad, what) in [
+            (
+                WireGpu {
+                    index: 64,
+                    ..g.clone()
+                },
+                "a GPU's index 64",
+            ),
+            (
+                WireGpu {
+                    cuda: Some(64),
+                    ..g.clone()
+                },
+                "a GPU's device 64",
+            ),
+            (
+                WireGpu {
+                    util: 101,
+                    ..g.clone()
+                },
+                "a GPU's utilisation 101",
+            ),
+        ] {
+            let e = with(vec![bad]).check().unwrap_err();
+            assert!(e.contains(what), "{e}");
+        }
         let e = with(vec![WireGpu {
             w: f64::NAN,
             ..g.clone()

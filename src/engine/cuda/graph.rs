@@ -43,21 +43,26 @@ impl Graph {
             handle: out,
             device: device as c_int,
         };
-        crate::cuda_shim::note_graph_event(device);
+        crate::cuda_shim::capture_began(device);
         // SAFETY: live handle.
-        check(
+        let began = check(
             unsafe {
                 let share = share.map_or(std::ptr::null_mut(), |g| g.handle);
                 ffi::dflash_graph_capture_begin(graph.handle, graph.device, share)
             },
             "CUDA graph capture",
-        )?;
+        );
+        if let Err(e) = began {
+            crate::cuda_shim::capture_ended(device);
+            return Err(e);
+        }
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         // SAFETY: live handle; ends the capture whatever `f` did.
         let ended = check(
             unsafe { ffi::dflash_graph_capture_end(graph.handle, graph.device) },
             "CUDA graph capture",
         );
+        crate::cuda_shim::capture_ended(device);
         match result {
             Ok(value) => ended.map(|_| (graph, value)),
             Err(_) => bail!("an operation failed while being captured into a CUDA graph"),
@@ -77,6 +82,5 @@ impl Drop for Graph {
     fn drop(&mut self) {
         // SAFETY: created by the shim, freed once.
         unsafe { ffi::dflash_graph_free(self.handle) }
-        crate::cuda_shim::note_graph_event(self.device as usize);
     }
 }

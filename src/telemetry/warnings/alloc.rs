@@ -4,8 +4,8 @@
 //! on that device; until every worker on the device is past warm-up at the window's start, the
 //! cache is filling and nothing counts (a target that runs ahead while the drafter captures its
 //! graphs is not yet steady); nor do the allocations of a sample interval in which a CUDA graph
-//! was captured or released, or of the one after (its memory pool comes from the device at
-//! once, as the drafter's does for a new window plan).
+//! capture began or ended, or of the one after (its memory pool comes from the device as the
+//! capture runs, as the drafter's does for a new window plan).
 
 use super::{Candidate, Rule, Warnings};
 use crate::telemetry::phase::Role;
@@ -26,8 +26,11 @@ pub(super) struct AllocPoint {
     steps: u64,
     /// Steps ended so far by the device's least advanced worker.
     least_steps: u64,
-    /// CUDA graph captures begun and graphs released so far.
+    /// CUDA graph captures begun and ended so far.
     graphs: u64,
+    /// Whether that count moved since the point before: a capture in the interval that ends
+    /// here (kept with the point, so the interval after is known after the one before is gone).
+    graph_moved: bool,
 }
 
 impl Warnings {
@@ -41,8 +44,13 @@ impl Warnings {
                 steps: steps_on(s, a.cuda).max().unwrap_or(0),
                 least_steps: steps_on(s, a.cuda).min().unwrap_or(0),
                 graphs: a.graph_events,
+                graph_moved: false,
             };
             let seen = self.alloc.entry(a.cuda).or_default();
+            let now = AllocPoint {
+                graph_moved: seen.back().is_some_and(|p| p.graphs != now.graphs),
+                ..now
+            };
             seen.push_back(now);
             // Keep one point at or before the window's start: the baseline.
             while seen.len() > 1 && seen[1].at_s <= now.at_s - window {
@@ -103,15 +111,13 @@ impl Warnings {
 }
 
 /// Device allocations plus frees, and steps of the busiest worker, over the window's points
-/// (oldest first), leaving out each interval in which a CUDA graph was captured or released and
-/// the one after: a graph's pool comes from the device at once, as the capture runs (the
-/// engine's own, not churn), and the allocations of a capture that spans a sample land in the
-/// next interval.
+/// (oldest first), leaving out each interval in which a CUDA graph capture began or ended and
+/// the one after: a graph's pool comes from the device as the capture runs (the engine's own,
+/// not churn), and what a sample reads late lands in the next interval.
 fn counted_churn(points: &std::collections::VecDeque<AllocPoint>) -> (u64, u64) {
     let (mut churn, mut steps) = (0, 0);
     for i in 1..points.len() {
-        let graph_moved = |k: usize| k >= 1 && points[k].graphs != points[k - 1].graphs;
-        if graph_moved(i) || graph_moved(i - 1) {
+        if points[i].graph_moved || points[i - 1].graph_moved {
             continue;
         }
         churn += points[i].churn.saturating_sub(points[i - 1].churn);

@@ -452,6 +452,18 @@ fn alloc_churn_every_step_past_warm_up_but_not_a_cache_that_filled() {
         keys(&run(WarnConfig::default(), 22.0, burst(false))),
         ["alloc_churn:cuda:0"]
     );
+    // The burst read one sample after the capture's count moved (a capture spanning a sample):
+    // left out too, also once the interval of the capture itself has left the window.
+    let late = |s: &mut Snapshot| {
+        on_cuda(
+            |step| 8 * step.min(6) + if step >= 41 { 120 } else { 0 },
+            |_| 0,
+        )(s);
+        s.allocator[0].graph_events = u64::from(s.elapsed_s >= 20.0);
+    };
+    for t in [20.5, 22.0, 30.0, 30.5, 31.0] {
+        assert!(run(WarnConfig::default(), t, late).is_empty(), "at {t} s");
+    }
     // Churn every step while graphs come and go now and then (a loop emptying the cache): only
     // the intervals around each graph event are left out; it still warns.
     let steady = |s: &mut Snapshot| {
