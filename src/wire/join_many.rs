@@ -231,7 +231,7 @@ fn merge_loop(
         }
         // A session that ended keeps the last snapshot taken when it did.
         for f in feeds.iter_mut().filter(|f| !f.said_ended) {
-            if let Some(s) = f.snapshots.try_iter().last() {
+            if let Some(s) = newest_with_all_steps(f) {
                 if s.status.is_some() && s.status != f.last_status {
                     status = s.status.as_ref().map(|t| format!("{}: {t}", f.label));
                 }
@@ -271,6 +271,35 @@ fn merge_loop(
     }
 }
 
+/// The newest of a feed's snapshots since the last merge, holding the step spans of all of them
+/// (a merge reads ten times a second, a session's hub may publish faster, and a recording of
+/// the merged view keeps its spans); with no new snapshot, the last one without its spans,
+/// which the merge before already passed on. None before the first.
+fn newest_with_all_steps(f: &Feed) -> Option<Arc<Snapshot>> {
+    let mut steps = Vec::new();
+    let mut newest = None;
+    for s in f.snapshots.try_iter() {
+        steps.extend(s.steps.iter().cloned());
+        newest = Some(s);
+    }
+    match newest {
+        Some(s) if s.steps.len() == steps.len() => Some(s),
+        Some(s) => Some(Arc::new(Snapshot {
+            steps,
+            ..(*s).clone()
+        })),
+        None => {
+            let last = f.latest.as_ref()?;
+            (!last.steps.is_empty()).then(|| {
+                Arc::new(Snapshot {
+                    steps: Vec::new(),
+                    ..(**last).clone()
+                })
+            })
+        }
+    }
+}
+
 /// A command of the view's: the engine's to every session still running (each forwards it to
 /// its process), a window reset to every hub; a status line (a flight dump written) stays here
 /// and is returned.
@@ -296,5 +325,57 @@ fn follow_switches(view: &Telemetry, snap: &Snapshot) {
     sw.set_paused(snap.paused);
     if let Some(t) = snap.gpu_timing {
         sw.set_gpu_timing(t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::snapshot::StepSpan;
+    use crate::telemetry::Role;
+
+    /// A merge that finds several snapshots of a session keeps the step spans of all of them
+    /// (a recording of the merged view would lose steps otherwise), and passes each on once.
+    #[test]
+    fn a_merge_keeps_every_snapshots_steps_once() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let mut f = Feed {
+            label: "r0".into(),
+            snapshots: rx,
+            latest: None,
+            ended: Arc::default(),
+            reason: Arc::default(),
+            said_ended: false,
+            telemetry: Telemetry::new(),
+            last_status: None,
+        };
+        let with_step = |end_ns: u64| {
+            Arc::new(Snapshot {
+                seq: end_ns,
+                steps: vec![StepSpan {
+                    thread: "drafter-0".into(),
+                    role: Role::Drafter,
+                    end_ns,
+                    wall_ns: 1,
+                    phases: Vec::new(),
+                }],
+                ..Snapshot::default()
+            })
+        };
+        assert!(newest_with_all_steps(&f).is_none());
+        for k in 1..=3 {
+            tx.send(with_step(k)).unwrap();
+        }
+        let s = newest_with_all_steps(&f).unwrap();
+        let ends: Vec<u64> = s.steps.iter().map(|st| st.end_ns).collect();
+        assert_eq!((s.seq, ends), (3, vec![1, 2, 3]));
+        f.latest = Some(s);
+        // Nothing new: the same snapshot without the spans already passed on, then nothing.
+        let again = newest_with_all_steps(&f).unwrap();
+        assert_eq!((again.seq, again.steps.len()), (3, 0));
+        f.latest = Some(again);
+        assert!(newest_with_all_steps(&f).is_none());
+        tx.send(with_step(4)).unwrap();
+        assert_eq!(newest_with_all_steps(&f).unwrap().steps[0].end_ns, 4);
     }
 }
