@@ -37,12 +37,13 @@ impl Warnings {
     pub(super) fn alloc_churn(&mut self, s: &Snapshot, out: &mut Vec<Candidate>) {
         let window = self.config.alloc_window_s;
         for a in &s.allocator {
+            let (least_steps, steps) = steps_on(s, a.cuda);
             let now = AllocPoint {
                 at_s: s.elapsed_s,
                 churn: a.device_allocs + a.device_frees,
                 retries: a.alloc_retries,
-                steps: steps_on(s, a.cuda).max().unwrap_or(0),
-                least_steps: steps_on(s, a.cuda).min().unwrap_or(0),
+                steps,
+                least_steps,
                 graphs: a.graph_events,
                 graph_moved: false,
             };
@@ -126,11 +127,16 @@ fn counted_churn(points: &std::collections::VecDeque<AllocPoint>) -> (u64, u64) 
     (churn, steps)
 }
 
-/// Steps ended so far by each worker on `cuda:N`.
-fn steps_on<'a>(s: &'a Snapshot, cuda: u32) -> impl Iterator<Item = u64> + 'a {
+/// Steps ended so far by the least advanced and the busiest worker on `cuda:N` (0, 0 where none
+/// runs there).
+fn steps_on(s: &Snapshot, cuda: u32) -> (u64, u64) {
     let device = format!("cuda:{cuda}");
     s.threads
         .iter()
-        .filter(move |t| t.device == device && t.role != Role::Hub)
+        .filter(|t| t.device == device && t.role != Role::Hub)
         .map(|t| t.run.steps)
+        .fold(None, |m: Option<(u64, u64)>, n| {
+            Some(m.map_or((n, n), |(lo, hi)| (lo.min(n), hi.max(n))))
+        })
+        .unwrap_or((0, 0))
 }
