@@ -109,6 +109,7 @@ fn render_frame(c: &mut Criterion) {
                 w1: w,
                 w10: w,
                 run: w,
+                sizes: None,
             });
         }
         for name in ["batch", "hs"] {

@@ -19,8 +19,9 @@
 //! - `item_in_loss`: each drafter step reads its loss back to the host 4 times in its `loss`
 //!   phase (as code that logs `.item()` there does): the seeded case of the `host_sync` warning.
 //! - `vary_shapes`: the loader packs each batch to a different row length (between half and all
-//!   of `seq_len`, in steps of 64 tokens). With room on the device libtorch's cache soon holds
-//!   blocks for every length: no `alloc_churn` (docs/usage.md).
+//!   of `seq_len`, in steps of 64 tokens): the seeded case of the `shapes_vary` warning. With
+//!   room on the device libtorch's cache soon holds blocks for every length: no `alloc_churn`
+//!   (docs/usage.md).
 //! - `empty_cache`: each drafter step on a GPU empties libtorch's cache after its loss (as a
 //!   loop calling `torch.cuda.empty_cache()` does): the seeded case of the `alloc_churn`
 //!   warning, the allocator going back to the device every step.
@@ -63,7 +64,8 @@ pub fn item_reads_in_loss() -> usize {
 }
 
 /// The row length of the loader's batch `iteration` (0-based): `seq`, or under `vary_shapes` a
-/// length that differs from the last one, at least half of `seq` and at least 64 tokens.
+/// length that differs from the last one, at least half of `seq`, in steps of 64 tokens (of
+/// `seq / 16`, at least 8, where `seq` is under 1024).
 pub fn seq_len(seq: i64, iteration: u64) -> i64 {
     if !is("vary_shapes") {
         return seq;
@@ -72,8 +74,9 @@ pub fn seq_len(seq: i64, iteration: u64) -> i64 {
 }
 
 fn varied_seq_len(seq: i64, iteration: u64) -> i64 {
-    let floor = (seq / 2).max(64.min(seq));
-    let choices = ((seq - floor) / 64 + 1) as u64;
+    let grain = (seq / 16).clamp(8, 64);
+    let floor = (seq / 2).max(grain.min(seq));
+    let choices = ((seq - floor) / grain + 1) as u64;
     if choices < 2 {
         return seq;
     }
@@ -83,7 +86,7 @@ fn varied_seq_len(seq: i64, iteration: u64) -> i64 {
     if iteration > 0 && k == pick(iteration - 1) {
         k = (k + 1) % choices;
     }
-    seq - 64 * k as i64
+    seq - grain * k as i64
 }
 
 /// The host name `host:NAME` makes a session give.
@@ -144,6 +147,15 @@ mod tests {
         distinct.sort();
         distinct.dedup();
         assert!(distinct.len() > 10, "{distinct:?}");
-        assert_eq!(varied_seq_len(64, 3), 64, "too short to vary");
+        // A short row (the CPU's default 256) varies in finer steps, as often.
+        let mut short: Vec<i64> = (0..50).map(|i| varied_seq_len(256, i)).collect();
+        assert!(short.windows(2).all(|w| w[0] != w[1]));
+        assert!(short
+            .iter()
+            .all(|&n| (128..=256).contains(&n) && n % 16 == 0));
+        short.sort();
+        short.dedup();
+        assert!(short.len() >= 8, "{short:?}");
+        assert_eq!(varied_seq_len(8, 3), 8, "too short to vary");
     }
 }

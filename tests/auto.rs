@@ -149,6 +149,40 @@ fn a_dataloader_loop_shows_its_item_sync_as_a_phase_with_a_count() {
     );
 }
 
+/// Issue 28: an unmodified loop that pads each batch to its longest row changes shape every step,
+/// and `shapes_vary` names its thread (read from the `input_ids` elements of its forwards); the
+/// same loop padding to one length raises nothing of the kind.
+#[test]
+fn a_loop_padding_each_batch_to_its_longest_row_warns_that_shapes_vary() {
+    let runtime = tempfile::tempdir().unwrap();
+    let child = run_script(runtime.path(), "tests/fixtures/auto_padded.py", &[]);
+    let line = watch(runtime.path(), child, |l| l.contains("warn=shapes_vary"));
+    assert!(line.contains("warn=shapes_vary:MainThread"), "{line}");
+    let child = run_script(
+        runtime.path(),
+        "tests/fixtures/auto_padded.py",
+        &["--fixed"],
+    );
+    let seen = std::cell::RefCell::new(Vec::new());
+    let line = watch(runtime.path(), child, |l| {
+        seen.borrow_mut().push(l.to_string());
+        let t: f64 = l[2..].split_once('s').unwrap().0.parse().unwrap_or(0.0);
+        t >= 6.0 && field(l, "MainThread", "optim_ms").unwrap_or(0.0) > 0.0
+    });
+    // Its forwards were seen and their tokens counted: the silence is about its shapes.
+    assert!(
+        field(&line, "MainThread", "TinyLM_ms").unwrap() > 0.0,
+        "{line}"
+    );
+    assert!(tok_per_s(&line) > 0.0, "{line}");
+    let warned: Vec<String> = seen
+        .take()
+        .into_iter()
+        .filter(|l| l.contains("shapes_vary"))
+        .collect();
+    assert!(warned.is_empty(), "{warned:?}");
+}
+
 /// The verdict follows a slowed stage of an unmodified pipeline: stages named by their threads,
 /// ordered by the queue between them.
 #[test]

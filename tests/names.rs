@@ -238,6 +238,7 @@ fn two_pipelines_snapshots_in_one_process_keep_their_own_names() {
                 w1: w,
                 w10: w,
                 run: w,
+                sizes: None,
             }],
             steps: vec![StepSpan {
                 thread: format!("{consumer}-0"),

@@ -234,6 +234,7 @@ fn cuda_calls_average_over_the_steps_that_carry_them_or_say_why_not() {
         w1: w,
         w10: w,
         run: w,
+        sizes: None,
     };
     let mut s = Snapshot::default();
     let counted = view("cuda:0", win);

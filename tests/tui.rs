@@ -52,6 +52,7 @@ fn thread(name: &str, role: Role, phase: Phase, w: PhaseWindow) -> ThreadView {
         w1: w,
         w10: w,
         run: w,
+        sizes: None,
     }
 }
 

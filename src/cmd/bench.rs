@@ -605,6 +605,7 @@ mod tests {
             w1: Default::default(),
             w10,
             run: Default::default(),
+            sizes: None,
         }
     }
 

@@ -58,11 +58,12 @@ pub fn run_loader(job: LoaderJob, telemetry: Telemetry, cancel: CancelToken) -> 
         slow_down(slow, &cancel);
         m.mark(Phase::Pack);
         let batch = packer.pack(source.as_mut(), rows, crate::fault::seq_len(seq, iteration))?;
+        let tokens = batch.tokens();
         m.mark(Phase::PushWait);
         if out.push(batch).is_err() {
             break;
         }
-        m.end_step((rows * seq) as u64, None);
+        m.end_step(tokens, None);
     }
     Ok(())
 }

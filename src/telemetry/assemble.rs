@@ -520,6 +520,10 @@ impl Assembler {
             w1: with_live(self.windows.thread(i, W1), self.windows.window_start(W1)),
             w10: with_live(self.windows.thread(i, W10), self.windows.window_start(W10)),
             run: with_live(self.windows.thread_run(i), 0),
+            sizes: match self.names.counts_tokens(t.role) {
+                true => self.recent.sizes(i),
+                false => None,
+            },
         }
     }
 }

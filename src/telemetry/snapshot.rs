@@ -194,6 +194,20 @@ pub struct ThreadView {
     pub w1: PhaseWindow,
     pub w10: PhaseWindow,
     pub run: PhaseWindow,
+    /// The sizes of its last steps, where its steps carry the pipeline's tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<StepSizes>,
+}
+
+/// The sizes (tokens) of a thread's last steps: how many steps, how many different sizes among
+/// them, the least and the most. A batch's tokens are its shape's rows times its length, so
+/// sizes that differ from step to step are shapes that do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepSizes {
+    pub steps: u32,
+    pub distinct: u32,
+    pub min: u64,
+    pub max: u64,
 }
 
 /// Threads of the process that no worker registered (libtorch's pools, the UI, …), by name and

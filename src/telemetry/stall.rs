@@ -1,14 +1,18 @@
 //! Stall detection: each thread's recent host steps, how long the pipeline may go without a step
 //! ending before it counts as stalled, and which thread to name when it does. The recent steps
-//! also give live time its typical step time and token count.
+//! also give live time its typical step time and token count, and the `shapes_vary` warning the
+//! sizes of the last steps.
 
 use super::names::Names;
 use super::phase_recorder::{LiveRead, StepRecord, ThreadInfo};
+use super::snapshot::StepSizes;
 use super::window::push_capped;
 use std::collections::VecDeque;
 
 /// Host step times kept per thread for the typical step time.
 const RECENT_STEPS: usize = 16;
+/// Step sizes (tokens) kept per thread for `StepSizes`.
+pub const SIZE_STEPS: usize = 8;
 /// No step ended for this many pipeline step times: the pipeline is stalled…
 pub const STALL_STEPS: f64 = 5.0;
 /// …and for at least this long…
@@ -21,6 +25,8 @@ pub const STALL_WARMUP_NS: u64 = 10_000_000_000;
 struct ThreadSteps {
     walls: VecDeque<u64>,
     tokens: u64,
+    /// The tokens of the last steps that brought any, oldest first.
+    sizes: VecDeque<u64>,
     last_end_ns: Option<u64>,
 }
 
@@ -28,6 +34,9 @@ impl ThreadSteps {
     fn push(&mut self, r: &StepRecord) {
         push_capped(&mut self.walls, r.wall_ns, RECENT_STEPS);
         self.tokens = r.tokens;
+        if r.tokens > 0 {
+            push_capped(&mut self.sizes, r.tokens, SIZE_STEPS);
+        }
         self.last_end_ns = Some(self.last_end_ns.unwrap_or(0).max(r.end_ns));
     }
 
@@ -64,6 +73,20 @@ impl RecentSteps {
     /// Tokens thread `i`'s last step brought.
     pub fn tokens(&self, i: usize) -> u64 {
         self.threads.get(i).map(|r| r.tokens).unwrap_or(0)
+    }
+
+    /// The sizes of thread `i`'s last steps (up to `SIZE_STEPS`), once one brought tokens.
+    pub fn sizes(&self, i: usize) -> Option<StepSizes> {
+        let sizes = &self.threads.get(i)?.sizes;
+        let mut distinct: Vec<u64> = sizes.iter().copied().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        Some(StepSizes {
+            steps: sizes.len() as u32,
+            distinct: distinct.len() as u32,
+            min: *distinct.first()?,
+            max: *distinct.last()?,
+        })
     }
 
     /// Some thread has ended a step.
@@ -177,6 +200,30 @@ mod tests {
         let mut r = steady(400, 100);
         r.push(&step(0, 20_000, 9_000));
         assert_eq!(r.threshold_ns(2), 2_000 * MS);
+    }
+
+    #[test]
+    fn step_sizes_are_the_last_steps_that_brought_tokens() {
+        let mut r = RecentSteps::default();
+        assert_eq!(r.sizes(0), None);
+        let sized = |end_ms, tokens| StepRecord {
+            tokens,
+            ..step(0, end_ms, 10)
+        };
+        r.push(&sized(10, 0));
+        // A step without tokens (one that trains nothing) gives no size.
+        assert_eq!(r.sizes(0), None);
+        for (k, tokens) in [2048, 3072, 2048, 1536].into_iter().enumerate() {
+            r.push(&sized(20 + k as u64, tokens));
+        }
+        let z = r.sizes(0).unwrap();
+        assert_eq!((z.steps, z.distinct, z.min, z.max), (4, 3, 1536, 3072));
+        // Only the last SIZE_STEPS count: steady sizes push the varied ones out.
+        for k in 0..SIZE_STEPS as u64 {
+            r.push(&sized(100 + k, 4096));
+        }
+        let z = r.sizes(0).unwrap();
+        assert_eq!((z.steps, z.distinct, z.min, z.max), (8, 1, 4096, 4096));
     }
 
     #[test]

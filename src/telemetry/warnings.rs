@@ -60,10 +60,12 @@ pub enum Rule {
     HostSync,
     /// The caching allocator allocates and frees device memory every step, or retries.
     AllocChurn,
+    /// A stage's batches change shape (size) from step to step.
+    ShapesVary,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 10] = [
         Rule::Starved,
         Rule::Blocked,
         Rule::Stalled,
@@ -73,6 +75,7 @@ impl Rule {
         Rule::Dropped,
         Rule::HostSync,
         Rule::AllocChurn,
+        Rule::ShapesVary,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +89,7 @@ impl Rule {
             Rule::Dropped => "dropped",
             Rule::HostSync => "host_sync",
             Rule::AllocChurn => "alloc_churn",
+            Rule::ShapesVary => "shapes_vary",
         }
     }
 
@@ -101,6 +105,7 @@ impl Rule {
             Rule::Dropped => "step records or trace spans dropped",
             Rule::HostSync => "host syncs inside a step (where they are counted)",
             Rule::AllocChurn => "device allocations and frees every step, or retries",
+            Rule::ShapesVary => "a stage's batch shape changing step to step",
         }
     }
 
@@ -116,6 +121,11 @@ impl Rule {
         }
     }
 }
+
+/// Steps each worker on a GPU must have ended before the device rules (`gpu_idle`,
+/// `alloc_churn`) judge it: the first steps load kernels, fill the allocator's cache and capture
+/// CUDA graphs, with batches already queued, which is start-up, not a fault.
+pub const WARMUP_STEPS: u64 = 5;
 
 /// One warning in force.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -224,6 +234,7 @@ mod alloc;
 mod config;
 mod gpu_idle;
 mod rules;
+mod shapes;
 pub use config::WarnConfig;
 
 #[cfg(test)]

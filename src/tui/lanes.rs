@@ -327,6 +327,7 @@ mod tests {
             w1: Default::default(),
             w10: Default::default(),
             run: Default::default(),
+            sizes: None,
         }
     }
 

@@ -17,6 +17,7 @@ fn thread(name: &str, role: Role) -> ThreadView {
         w1: PhaseWindow::default(),
         w10: PhaseWindow::default(),
         run: PhaseWindow::default(),
+        sizes: None,
     }
 }
 

@@ -7,13 +7,9 @@
 //! capture began or ended, or of the one after (its memory pool comes from the device as the
 //! capture runs, as the drafter's does for a new window plan).
 
-use super::{Candidate, Rule, Warnings};
+use super::{Candidate, Rule, Warnings, WARMUP_STEPS};
 use crate::telemetry::phase::Role;
 use crate::telemetry::snapshot::{AllocatorView, Snapshot};
-
-/// Steps each worker on a device must have ended before the window's start: the first steps
-/// fill the cache (and capture graphs), which is the allocator doing its job.
-pub const WARMUP_STEPS: u64 = 5;
 
 /// One device at one snapshot.
 #[derive(Clone, Copy, Debug)]
@@ -70,7 +66,7 @@ impl Warnings {
         a: &AllocatorView,
         base: AllocPoint,
         now: AllocPoint,
-        (churn, steps): (u64, u64),
+        (churn, steps, left_out_s): (u64, u64, f64),
     ) -> Option<Candidate> {
         let retries = now.retries.saturating_sub(base.retries);
         let per_step = churn as f64 / steps.max(1) as f64;
@@ -81,6 +77,13 @@ impl Warnings {
             return None;
         }
         let span = now.at_s - base.at_s;
+        let over = match left_out_s {
+            x if x > 0.05 => format!(
+                "in {:.1} of the last {span:.0} s (the rest around graph captures)",
+                span - x
+            ),
+            _ => format!("in the last {span:.0} s"),
+        };
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let retried = match retries {
             0 => String::new(),
@@ -88,7 +91,8 @@ impl Warnings {
             n => format!("; {n} allocation retries (cache flushes)"),
         };
         let fix = if churning {
-            "shapes vary every step: pad to a few fixed sizes, or set \
+            "the cache gives memory back every step: no torch.cuda.empty_cache() in the loop; \
+             shapes that vary (shapes_vary) fit better with \
              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
         } else {
             "the cache ran out and was flushed: a smaller batch or seq_len, or \
@@ -98,9 +102,9 @@ impl Warnings {
             rule: Rule::AllocChurn,
             subject: format!("cuda:{}", a.cuda),
             evidence: format!(
-                "cuda:{}: {churn} device allocations and frees in the last {span:.0} s over \
-                 {steps} steps ({per_step:.1} a step){retried}; {} segments, {:.1} GiB \
-                 reserved, {:.1} GiB allocated",
+                "cuda:{}: {churn} device allocations and frees {over} over {steps} steps \
+                 ({per_step:.1} a step){retried}; {} segments, {:.1} GiB reserved, {:.1} GiB \
+                 allocated",
                 a.cuda,
                 a.segments,
                 gib(a.reserved_bytes),
@@ -114,17 +118,19 @@ impl Warnings {
 /// Device allocations plus frees, and steps of the busiest worker, over the window's points
 /// (oldest first), leaving out each interval in which a CUDA graph capture began or ended and
 /// the one after: a graph's pool comes from the device as the capture runs (the engine's own,
-/// not churn), and what a sample reads late lands in the next interval.
-fn counted_churn(points: &std::collections::VecDeque<AllocPoint>) -> (u64, u64) {
-    let (mut churn, mut steps) = (0, 0);
+/// not churn), and what a sample reads late lands in the next interval. Also the seconds left
+/// out.
+fn counted_churn(points: &std::collections::VecDeque<AllocPoint>) -> (u64, u64, f64) {
+    let (mut churn, mut steps, mut left_out_s) = (0, 0, 0.0);
     for i in 1..points.len() {
         if points[i].graph_moved || points[i - 1].graph_moved {
+            left_out_s += points[i].at_s - points[i - 1].at_s;
             continue;
         }
         churn += points[i].churn.saturating_sub(points[i - 1].churn);
         steps += points[i].steps.saturating_sub(points[i - 1].steps);
     }
-    (churn, steps)
+    (churn, steps, left_out_s)
 }
 
 /// Steps ended so far by the least advanced and the busiest worker on `cuda:N` (0, 0 where none

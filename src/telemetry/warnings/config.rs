@@ -44,6 +44,10 @@ pub struct WarnConfig {
     /// `alloc_churn`: the window the churn and the retries are counted over, seconds.
     pub alloc_window_s: f64,
     pub alloc_churn_s: f64,
+    /// `shapes_vary`: different batch sizes among a thread's last 8 steps that count as shapes
+    /// varying, 2 to 8.
+    pub shapes_distinct: u32,
+    pub shapes_s: f64,
     /// Rules switched off, by name.
     pub off: Vec<String>,
     /// Severities that replace the rules' own: `starved = "error"`.
@@ -71,6 +75,8 @@ impl Default for WarnConfig {
             alloc_churn_per_step: 1.0,
             alloc_window_s: 10.0,
             alloc_churn_s: 0.0,
+            shapes_distinct: 4,
+            shapes_s: 0.0,
             off: Vec::new(),
             severity: BTreeMap::new(),
         }
@@ -102,6 +108,7 @@ impl WarnConfig {
             ("host_sync_s", self.host_sync_s),
             ("alloc_window_s", self.alloc_window_s),
             ("alloc_churn_s", self.alloc_churn_s),
+            ("shapes_s", self.shapes_s),
         ];
         for (k, v) in seconds {
             if !(v >= 0.0 && v.is_finite()) {
@@ -128,6 +135,13 @@ impl WarnConfig {
             if !(0.0..=100.0).contains(&v) {
                 return Err(format!("`warnings.{k}` {v} is out of range: use 0 to 100"));
             }
+        }
+        let most = crate::telemetry::stall::SIZE_STEPS as u32;
+        if !(2..=most).contains(&self.shapes_distinct) {
+            return Err(format!(
+                "`warnings.shapes_distinct` {} is out of range: use 2 to {most}",
+                self.shapes_distinct
+            ));
         }
         let names = || {
             Rule::ALL
@@ -181,6 +195,7 @@ impl WarnConfig {
             Rule::ProfilingCost => self.profiling_s,
             Rule::HostSync => self.host_sync_s,
             Rule::AllocChurn => self.alloc_churn_s,
+            Rule::ShapesVary => self.shapes_s,
             Rule::QueueJitter | Rule::Dropped => 0.0,
         }
     }

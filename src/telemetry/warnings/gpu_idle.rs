@@ -1,9 +1,13 @@
 //! `gpu_idle`: a GPU that sits idle while work is queued for a worker on it. NVML's utilisation
 //! is a sampled figure that spikes whenever a burst of kernels lands (a host-bound drafter reads
 //! 0, 0, 49, 0 … a second apart on an H200), so the rule judges the mean over its window
-//! (`gpu_idle_s`), not each sample: one spike does not start the wait over.
+//! (`gpu_idle_s`), not each sample: one spike does not start the wait over. Its window opens
+//! once every worker on the GPU is past its warm-up steps (`WARMUP_STEPS`): before that the GPU
+//! idles while models load, kernels are built and graphs captured, with batches already queued,
+//! which is start-up, not a host-bound stage.
 
-use super::{Candidate, Rule, Warnings};
+use super::{Candidate, Rule, Warnings, WARMUP_STEPS};
+use crate::telemetry::phase::Role;
 use crate::telemetry::snapshot::{GpuPanel, Snapshot};
 use std::collections::VecDeque;
 
@@ -19,6 +23,15 @@ impl Warnings {
         for g in gpus {
             let Some(n) = g.cuda else { continue };
             let seen = self.gpu_util.entry(n).or_default();
+            let device = format!("cuda:{n}");
+            let mut workers = s
+                .threads
+                .iter()
+                .filter(|t| t.device == device && t.role != Role::Hub);
+            if !workers.all(|t| t.run.steps >= WARMUP_STEPS) {
+                seen.clear();
+                continue;
+            }
             seen.push_back((s.elapsed_s, g.util_pct));
             // Keep one sample at or before the window's start: the window is then covered.
             while seen.len() > 1 && seen[1].0 <= s.elapsed_s - window {
@@ -29,7 +42,6 @@ impl Warnings {
             if !covered || mean >= self.config.gpu_idle_pct {
                 continue;
             }
-            let device = format!("cuda:{n}");
             // A worker on this GPU with work waiting in its input queue.
             let waiting = s
                 .threads

@@ -22,6 +22,7 @@ impl Warnings {
         self.dropped(s, &mut out);
         self.host_sync(s, &mut out);
         self.alloc_churn(s, &mut out);
+        self.shapes_vary(s, &mut out);
         out
     }
 

@@ -20,6 +20,7 @@ fn thread(name: &str, role: Role, device: &str, phase: Phase) -> ThreadView {
         w1: PhaseWindow::default(),
         w10: PhaseWindow::default(),
         run: PhaseWindow::default(),
+        sizes: None,
     }
 }
 
@@ -170,6 +171,7 @@ fn gpu_idle_while_work_is_queued_but_not_without_gpus_or_work() {
     let on_gpu = |util: u32, depth: usize| {
         move |s: &mut Snapshot| {
             s.threads[2].device = "cuda:0".into();
+            s.threads[2].run.steps = WARMUP_STEPS;
             s.queues[1].depth = depth;
             s.gpus = gpu(util);
         }
@@ -186,6 +188,18 @@ fn gpu_idle_while_work_is_queued_but_not_without_gpus_or_work() {
     assert!(run(WarnConfig::default(), 30.0, on_gpu(90, 2)).is_empty());
     assert!(run(WarnConfig::default(), 30.0, on_gpu(3, 0)).is_empty());
     assert!(run(WarnConfig::default(), 30.0, |s| s.queues[1].depth = 2).is_empty());
+    // Start-up: the window opens when every worker on the GPU is past its warm-up steps
+    // (before, models load, kernels build and graphs are captured with batches queued). The
+    // drafter ends a step a second from 1 s: its warm-up ends at 5 s.
+    let warm_at_5s = |s: &mut Snapshot| {
+        on_gpu(3, 2)(s);
+        s.threads[2].run.steps = s.elapsed_s as u64;
+    };
+    assert!(run(WarnConfig::default(), 14.5, warm_at_5s).is_empty());
+    assert_eq!(
+        keys(&run(WarnConfig::default(), 15.0, warm_at_5s)),
+        ["gpu_idle:cuda:0"]
+    );
 }
 
 /// Found on the H200: a drafter sleeping 0.5 s a step read 0, 0, 49, 0, 10 … percent, and the
@@ -196,6 +210,7 @@ fn gpu_idle_judges_the_mean_utilisation_so_that_spikes_do_not_hide_an_idle_gpu()
     let spiky = |peak: u32, every: u64| {
         move |s: &mut Snapshot| {
             s.threads[2].device = "cuda:0".into();
+            s.threads[2].run.steps = WARMUP_STEPS;
             s.queues[1].depth = 2;
             let tick = (s.elapsed_s * 2.0).round() as u64;
             s.gpus = gpu(if tick.is_multiple_of(every) { peak } else { 0 });
@@ -440,3 +455,4 @@ fn bad_settings_are_sentences_naming_the_key() {
 }
 
 mod alloc;
+mod shapes;

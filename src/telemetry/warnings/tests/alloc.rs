@@ -46,7 +46,8 @@ fn alloc_churn_every_step_past_warm_up_but_not_a_cache_that_filled() {
         .evidence
         .contains("40 segments, 6.0 GiB reserved, 5.0 GiB allocated"));
     assert!(
-        w[0].fix.starts_with("shapes vary every step"),
+        w[0].fix
+            .starts_with("the cache gives memory back every step"),
         "{}",
         w[0].fix
     );
@@ -118,9 +119,24 @@ fn alloc_churn_leaves_out_our_own_graph_captures() {
         on_cuda(|step| 20 + 3 * step, |_| 0)(s);
         s.allocator[0].graph_events = (s.elapsed_s / 2.0) as u64;
     };
-    assert_eq!(
-        keys(&run(WarnConfig::default(), 15.0, steady)),
-        ["alloc_churn:cuda:0"]
+    let w = run(WarnConfig::default(), 15.0, steady);
+    assert_eq!(keys(&w), ["alloc_churn:cuda:0"]);
+    // The evidence says how much of the window counted.
+    assert!(
+        w[0].evidence
+            .contains(" of the last 10 s (the rest around graph captures)"),
+        "{}",
+        w[0].evidence
+    );
+    let w = run(
+        WarnConfig::default(),
+        15.0,
+        on_cuda(|step| 20 + 3 * step, |_| 0),
+    );
+    assert!(
+        w[0].evidence.contains("in the last 10 s over"),
+        "{}",
+        w[0].evidence
     );
 }
 
