@@ -19,8 +19,9 @@
 //! - `item_in_loss`: each drafter step reads its loss back to the host 4 times in its `loss`
 //!   phase (as code that logs `.item()` there does): the seeded case of the `host_sync` warning.
 //! - `vary_shapes`: the loader packs each batch to a different row length (between half and all
-//!   of `seq_len`, in steps of 64 tokens): the seeded case of the `shapes_vary` warning. With
-//!   room on the device libtorch's cache soon holds blocks for every length: no `alloc_churn`
+//!   of `seq_len`, in steps of 64 tokens, finer where `seq_len` is under 1024): the seeded case
+//!   of the `shapes_vary` warning. With room on the device libtorch's cache soon holds blocks
+//!   for every length; a short `alloc_churn` window can catch it growing in the first seconds
 //!   (docs/usage.md).
 //! - `empty_cache`: each drafter step on a GPU empties libtorch's cache after its loss (as a
 //!   loop calling `torch.cuda.empty_cache()` does): the seeded case of the `alloc_churn`

@@ -80,7 +80,7 @@ fn a_drafter_trained_on_target_generated_data_is_accepted_in_dflash() {
         "--save-every",
         &steps,
         "--interval",
-        "1",
+        "0.25",
         "--seed",
         "0",
     ]);
@@ -101,7 +101,8 @@ fn a_drafter_trained_on_target_generated_data_is_accepted_in_dflash() {
 
     let drafter = save.join(format!("step-{STEPS:06}"));
     // On (part of) the data it trained on, as the trainer measures; then on held-out prompts.
-    let seen = measure(&drafter, &target, &train, 12);
+    // 32 rows: over fewer, dflash's tau moved by more than the tolerance below from run to run.
+    let seen = measure(&drafter, &target, &train, 32);
     let held_out = measure(&drafter, &target, &eval, 8);
     eprintln!(
         "trainer tau {trainer_tau:.3}; dflash on trained prompts {seen}; held out {held_out}"

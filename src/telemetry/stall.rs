@@ -11,8 +11,9 @@ use std::collections::VecDeque;
 
 /// Host step times kept per thread for the typical step time.
 const RECENT_STEPS: usize = 16;
-/// Step sizes (tokens) kept per thread for `StepSizes`.
-pub const SIZE_STEPS: usize = 8;
+/// Step sizes (tokens) kept per thread for `StepSizes`: enough steps that a run padding to a
+/// few bucket lengths shows fewer sizes than `shapes_distinct`'s default.
+pub const SIZE_STEPS: usize = 16;
 /// No step ended for this many pipeline step times: the pipeline is stalled…
 pub const STALL_STEPS: f64 = 5.0;
 /// …and for at least this long…
@@ -223,7 +224,8 @@ mod tests {
             r.push(&sized(100 + k, 4096));
         }
         let z = r.sizes(0).unwrap();
-        assert_eq!((z.steps, z.distinct, z.min, z.max), (8, 1, 4096, 4096));
+        let last = SIZE_STEPS as u32;
+        assert_eq!((z.steps, z.distinct, z.min, z.max), (last, 1, 4096, 4096));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! TOML run configuration (`WarnConfig`).
 
 use super::phase::Phase;
-use super::snapshot::Snapshot;
+use super::phase::Role;
+use super::snapshot::{Snapshot, ThreadState};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -126,6 +127,19 @@ impl Rule {
 /// `alloc_churn`) judge it: the first steps load kernels, fill the allocator's cache and capture
 /// CUDA graphs, with batches already queued, which is start-up, not a fault.
 pub const WARMUP_STEPS: u64 = 5;
+
+/// Steps ended so far by the least advanced and the busiest worker on `cuda:N` (threads that
+/// exited left out); None where none runs there.
+fn steps_on(s: &Snapshot, cuda: u32) -> Option<(u64, u64)> {
+    let device = format!("cuda:{cuda}");
+    s.threads
+        .iter()
+        .filter(|t| t.device == device && t.role != Role::Hub && t.state != ThreadState::Exited)
+        .map(|t| t.run.steps)
+        .fold(None, |m: Option<(u64, u64)>, n| {
+            Some(m.map_or((n, n), |(lo, hi)| (lo.min(n), hi.max(n))))
+        })
+}
 
 /// One warning in force.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

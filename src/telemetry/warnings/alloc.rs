@@ -7,8 +7,7 @@
 //! capture began or ended, or of the one after (its memory pool comes from the device as the
 //! capture runs, as the drafter's does for a new window plan).
 
-use super::{Candidate, Rule, Warnings, WARMUP_STEPS};
-use crate::telemetry::phase::Role;
+use super::{steps_on, Candidate, Rule, Warnings, WARMUP_STEPS};
 use crate::telemetry::snapshot::{AllocatorView, Snapshot};
 
 /// One device at one snapshot.
@@ -33,7 +32,7 @@ impl Warnings {
     pub(super) fn alloc_churn(&mut self, s: &Snapshot, out: &mut Vec<Candidate>) {
         let window = self.config.alloc_window_s;
         for a in &s.allocator {
-            let (least_steps, steps) = steps_on(s, a.cuda);
+            let (least_steps, steps) = steps_on(s, a.cuda).unwrap_or((0, 0));
             let now = AllocPoint {
                 at_s: s.elapsed_s,
                 churn: a.device_allocs + a.device_frees,
@@ -91,8 +90,8 @@ impl Warnings {
             n => format!("; {n} allocation retries (cache flushes)"),
         };
         let fix = if churning {
-            "the cache gives memory back every step: no torch.cuda.empty_cache() in the loop; \
-             shapes that vary (shapes_vary) fit better with \
+            "the cache gives memory back every step: remove torch.cuda.empty_cache() from the \
+             training loop (Python); shapes that vary (shapes_vary) fit better with \
              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
         } else {
             "the cache ran out and was flushed: a smaller batch or seq_len, or \
@@ -131,18 +130,4 @@ fn counted_churn(points: &std::collections::VecDeque<AllocPoint>) -> (u64, u64, 
         steps += points[i].steps.saturating_sub(points[i - 1].steps);
     }
     (churn, steps, left_out_s)
-}
-
-/// Steps ended so far by the least advanced and the busiest worker on `cuda:N` (0, 0 where none
-/// runs there).
-fn steps_on(s: &Snapshot, cuda: u32) -> (u64, u64) {
-    let device = format!("cuda:{cuda}");
-    s.threads
-        .iter()
-        .filter(|t| t.device == device && t.role != Role::Hub)
-        .map(|t| t.run.steps)
-        .fold(None, |m: Option<(u64, u64)>, n| {
-            Some(m.map_or((n, n), |(lo, hi)| (lo.min(n), hi.max(n))))
-        })
-        .unwrap_or((0, 0))
 }

@@ -44,8 +44,8 @@ pub struct WarnConfig {
     /// `alloc_churn`: the window the churn and the retries are counted over, seconds.
     pub alloc_window_s: f64,
     pub alloc_churn_s: f64,
-    /// `shapes_vary`: different batch sizes among a thread's last 8 steps that count as shapes
-    /// varying, 2 to 8.
+    /// `shapes_vary`: different batch sizes among a thread's last 16 steps that count as shapes
+    /// varying, 2 to 16 (a run padding to fewer bucket lengths stays below the default).
     pub shapes_distinct: u32,
     pub shapes_s: f64,
     /// Rules switched off, by name.
@@ -75,8 +75,8 @@ impl Default for WarnConfig {
             alloc_churn_per_step: 1.0,
             alloc_window_s: 10.0,
             alloc_churn_s: 0.0,
-            shapes_distinct: 4,
-            shapes_s: 0.0,
+            shapes_distinct: 8,
+            shapes_s: 5.0,
             off: Vec::new(),
             severity: BTreeMap::new(),
         }

@@ -6,8 +6,7 @@
 //! idles while models load, kernels are built and graphs captured, with batches already queued,
 //! which is start-up, not a host-bound stage.
 
-use super::{Candidate, Rule, Warnings, WARMUP_STEPS};
-use crate::telemetry::phase::Role;
+use super::{steps_on, Candidate, Rule, Warnings, WARMUP_STEPS};
 use crate::telemetry::snapshot::{GpuPanel, Snapshot};
 use std::collections::VecDeque;
 
@@ -23,15 +22,11 @@ impl Warnings {
         for g in gpus {
             let Some(n) = g.cuda else { continue };
             let seen = self.gpu_util.entry(n).or_default();
-            let device = format!("cuda:{n}");
-            let mut workers = s
-                .threads
-                .iter()
-                .filter(|t| t.device == device && t.role != Role::Hub);
-            if !workers.all(|t| t.run.steps >= WARMUP_STEPS) {
+            if steps_on(s, n).is_none_or(|(least, _)| least < WARMUP_STEPS) {
                 seen.clear();
                 continue;
             }
+            let device = format!("cuda:{n}");
             seen.push_back((s.elapsed_s, g.util_pct));
             // Keep one sample at or before the window's start: the window is then covered.
             while seen.len() > 1 && seen[1].0 <= s.elapsed_s - window {
