@@ -520,20 +520,17 @@ fn the_seeded_switches_add_reads_in_loss_and_vary_the_batch_length() {
     let dir = tempfile::tempdir().unwrap();
     let toml = dir.path().join("now.toml");
     std::fs::write(&toml, "[warnings]\nshapes_s = 0\n").unwrap();
-    let o = bin()
-        .args([
-            "train",
-            "--headless",
-            "--steps",
-            "40",
-            "--interval",
-            "0.2",
-            "--config",
-        ])
-        .arg(&toml)
-        .env("DFLASH_TOP_FAULT", "item_in_loss,vary_shapes")
-        .output()
-        .unwrap();
+    // 40 steps, the shapes rule's hold off, under the faults given.
+    let train = |faults: &str| {
+        bin()
+            .args(["train", "--headless", "--steps", "40", "--interval", "0.2"])
+            .arg("--config")
+            .arg(&toml)
+            .env("DFLASH_TOP_FAULT", faults)
+            .output()
+            .unwrap()
+    };
+    let o = train("item_in_loss,vary_shapes");
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     let drafter = |l: &str| {
@@ -556,19 +553,7 @@ fn the_seeded_switches_add_reads_in_loss_and_vary_the_batch_length() {
     // target's steps vary as much but are not judged.
     assert!(out.contains("warn=shapes_vary:drafter"), "{out}");
     assert!(!out.contains("shapes_vary:loader") && !out.contains("shapes_vary:target"));
-    let plain = bin()
-        .args([
-            "train",
-            "--headless",
-            "--steps",
-            "40",
-            "--interval",
-            "0.2",
-            "--config",
-        ])
-        .arg(&toml)
-        .output()
-        .unwrap();
+    let plain = train("");
     assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
     assert!(
         !stdout(&plain).contains("shapes_vary"),
