@@ -92,8 +92,15 @@ fn build_nccl_shim(lib: &std::path::Path) {
     };
     shim_build("src/engine/cxx/cuda_shim.cpp", &includes)
         .file("src/engine/cxx/target_kernels.cpp")
+        .file("src/engine/cxx/optimizer_kernels.cpp")
         .compile("dflash_cuda_shim");
-    println!("cargo:rerun-if-changed=src/engine/cxx/target_kernels.cpp");
+    for file in [
+        "target_kernels.cpp",
+        "optimizer_kernels.cpp",
+        "runtime_kernels.h",
+    ] {
+        println!("cargo:rerun-if-changed=src/engine/cxx/{file}");
+    }
     println!("cargo:rerun-if-changed=src/engine/cxx/shim_common.h");
     println!("cargo:rustc-cfg=cuda_shim");
     shim_build("src/engine/cxx/nccl_shim.cpp", &includes)

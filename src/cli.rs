@@ -118,7 +118,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub data_threads: Option<usize>,
     /// Turn fast paths off for a side-by-side run, comma-separated: graphs, drafter-graph,
-    /// target-kernels, fused-adamw, flash-target, grad-sync-during-backward,
+    /// target-kernels, fused-adamw, bf16-weights, flash-target, grad-sync-during-backward,
     /// single-replica-shortcut.
     #[arg(long, value_name = "LIST")]
     pub disable: Option<String>,

@@ -63,6 +63,18 @@ pub(crate) mod ffi {
             grad_scale: *mut c_void,
             found_inf: *mut c_void,
         ) -> c_int;
+        /// `hyper`: lr, beta1, beta2, weight decay, eps, bias correction 1, sqrt of bias
+        /// correction 2.
+        pub fn dflash_adamw_bf16(
+            master: *mut c_void,
+            grad: *mut c_void,
+            m: *mut c_void,
+            v: *mut c_void,
+            work: *mut c_void,
+            hyper: *const [f64; 7],
+            grad_scale: *mut c_void,
+            found_inf: *mut c_void,
+        ) -> c_int;
         pub fn dflash_norm_rope(
             x: *mut c_void,
             col0: i64,
@@ -178,6 +190,19 @@ pub(crate) mod ffi {
         _: f64,
         _: f64,
         _: f64,
+        _: *mut c_void,
+        _: *mut c_void,
+    ) -> c_int {
+        1
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dflash_adamw_bf16(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *const [f64; 7],
         _: *mut c_void,
         _: *mut c_void,
     ) -> c_int {

@@ -359,11 +359,13 @@ fn engine(args: &BenchArgs) -> Result<()> {
         );
     }
     println!(
-        "bench: target_attention={} target_forward={} target_kernels={} drafter_step={}",
+        "bench: target_attention={} target_forward={} target_kernels={} drafter_step={} \
+         adamw_bf16={}",
         crate::engine::varlen::attention_used(),
         crate::engine::target_graph::state(),
         crate::engine::cuda::target_kernels_state(),
-        crate::engine::drafter_graph::state()
+        crate::engine::drafter_graph::state(),
+        crate::engine::optim::bf16_kernel_state()
     );
     println!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())

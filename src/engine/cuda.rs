@@ -18,7 +18,7 @@ mod optimizer;
 mod target_kernels;
 pub use flash_attention::flash_varlen;
 pub use graph::{graphs_wanted, Graph};
-pub use optimizer::{fused_adamw, set_grad, AdamWHyper, AdamWState};
+pub use optimizer::{adamw_bf16, fused_adamw, set_grad, AdamWHyper, AdamWState};
 pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};
 
 /// A host tensor on `device` without the host waiting for the device. A plain copy from pageable

@@ -21,6 +21,9 @@ pub enum FastPath {
     TargetKernels,
     /// AdamW in one fused kernel over the flat parameters.
     FusedAdamw,
+    /// The drafter's weights and gradients in bf16 on a GPU, beside its f32 masters (off: f32
+    /// weights cast to bf16 at each use, f32 gradients).
+    Bf16Weights,
     /// Varlen flash attention in the target (off: one dense mask per row).
     FlashTarget,
     /// Gradients all-reduced in buckets during backward (off: in one piece after it).
@@ -31,7 +34,7 @@ pub enum FastPath {
 }
 
 /// Every path, its name in `--disable` and the TOML, and what turning it off means.
-pub const ALL: [(FastPath, &str, &str); 7] = [
+pub const ALL: [(FastPath, &str, &str); 8] = [
     (FastPath::Graphs, "graphs", "every CUDA graph off"),
     (
         FastPath::DrafterGraph,
@@ -44,6 +47,11 @@ pub const ALL: [(FastPath, &str, &str); 7] = [
         "the target runs libtorch's ops",
     ),
     (FastPath::FusedAdamw, "fused-adamw", "AdamW as separate ops"),
+    (
+        FastPath::Bf16Weights,
+        "bf16-weights",
+        "the drafter's weights and gradients in f32 on a GPU",
+    ),
     (
         FastPath::FlashTarget,
         "flash-target",

@@ -380,11 +380,13 @@ impl GradMean for NcclMember {
     /// Every replica starts from replica 0's weights (broadcast), whatever it was built with.
     fn prepare(&mut self, optimizer: &mut AdamW) -> Result<()> {
         // SAFETY (closure): pg and tensor are live for the call.
-        self.collective(
-            "broadcast of replica 0's weights",
-            optimizer.flat_params(),
-            |pg, t, e, l| unsafe { ffi::dflash_nccl_broadcast(pg, t, 0, e, l) },
-        )?;
+        optimizer.change_flat_params(|flat| {
+            self.collective(
+                "broadcast of replica 0's weights",
+                flat,
+                |pg, t, e, l| unsafe { ffi::dflash_nccl_broadcast(pg, t, 0, e, l) },
+            )
+        })?;
         if during_backward() {
             self.hook_buckets(optimizer)?;
         }

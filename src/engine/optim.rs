@@ -7,13 +7,29 @@ use std::collections::HashMap;
 use std::path::Path;
 use tch::{Kind, Tensor};
 
+/// Whether the AdamW kernel for bf16 weights ran in this process (libtorch's fused kernel over
+/// widened gradients from the first failure on).
+static BF16_KERNEL: super::fast_paths::PathState = super::fast_paths::PathState::untried();
+
+/// "kernel" once the AdamW kernel for bf16 weights ran, "ops (failed: ...)" after it failed,
+/// else "ops" (no drafter with bf16 weights stepped on a GPU).
+pub fn bf16_kernel_state() -> String {
+    BF16_KERNEL.describe("kernel", "ops")
+}
+
 /// AdamW whose parameters live in one flat f32 buffer (each parameter a view into it), so that
 /// clipping and the update are a handful of whole-buffer kernels instead of a few per tensor.
+/// For a drafter on a GPU (`for_drafter`) the parameters are instead views of a flat bf16
+/// buffer, the f32 masters rounded, which the forward reads as they are and whose gradients
+/// backward writes in bf16: no cast of every weight each step, half the gradients' memory.
 pub struct AdamW {
     params: Vec<(String, Tensor)>,
     /// (offset, numel) of each parameter in the flat buffers.
     spans: Vec<(i64, i64)>,
+    /// The f32 master weights.
     flat: Tensor,
+    /// The bf16 weights the parameters are views into, where they are not views of `flat`.
+    working: Option<Tensor>,
     m: Tensor,
     v: Tensor,
     /// The gradients gathered by `clip_grad_norm`, used by `step`.
@@ -64,6 +80,7 @@ impl AdamW {
             m: flat.zeros_like(),
             v: flat.zeros_like(),
             flat,
+            working: None,
             flat_grad: None,
             grad_buffer: None,
             clip_divisor: None,
@@ -78,7 +95,56 @@ impl AdamW {
         }
     }
 
+    /// `new`, and for a drafter on a GPU (unless `--disable bf16-weights`) the parameters made
+    /// views of one flat bf16 buffer beside the f32 masters: the drafter computes in bf16 there,
+    /// so its forward reads them with no cast, and backward leaves bf16 gradients.
+    pub fn for_drafter(params: Vec<(String, Tensor)>) -> AdamW {
+        let opt = AdamW::new(params);
+        let on = super::fast_paths::on(super::fast_paths::FastPath::Bf16Weights);
+        if opt.flat.device().is_cuda() && on {
+            opt.with_bf16_weights()
+        } else {
+            opt
+        }
+    }
+
+    /// The parameters made views of one flat bf16 buffer, the masters rounded (on any device:
+    /// the CPU takes the plain step).
+    pub(crate) fn with_bf16_weights(mut self) -> AdamW {
+        let _g = tch::no_grad_guard();
+        let working = self.flat.to_kind(Kind::BFloat16);
+        for ((_, p), (off, n)) in self.params.iter_mut().zip(&self.spans) {
+            p.set_data(&working.narrow(0, *off, *n).view(p.size().as_slice()));
+        }
+        self.working = Some(working);
+        self
+    }
+
+    /// The kind of the parameters and their gradients: bf16 where they are a working copy of
+    /// the masters, else f32.
+    fn grad_kind(&self) -> Kind {
+        self.working.as_ref().map_or(Kind::Float, Tensor::kind)
+    }
+
+    /// Parameter `i`'s f32 master weights (a view into `flat`).
+    fn master(&self, i: usize) -> Tensor {
+        let (off, n) = self.spans[i];
+        self.flat
+            .narrow(0, off, n)
+            .view(self.params[i].1.size().as_slice())
+    }
+
+    /// The working weights rounded from the masters again, after the masters changed other than
+    /// through a step.
+    fn refresh_working(&mut self) {
+        if let Some(w) = &mut self.working {
+            let _g = tch::no_grad_guard();
+            w.copy_(&self.flat);
+        }
+    }
+
     fn gather_grads(&self) -> Tensor {
+        let kind = self.grad_kind();
         if let Some(buffer) = &self.grad_buffer {
             return buffer.shallow_clone();
         }
@@ -88,16 +154,17 @@ impl AdamW {
             .map(|(_, p)| {
                 let g = p.grad();
                 if g.defined() {
-                    g.to_kind(Kind::Float).reshape([-1])
+                    g.to_kind(kind).reshape([-1])
                 } else {
-                    Tensor::zeros([p.numel() as i64], (Kind::Float, p.device()))
+                    Tensor::zeros([p.numel() as i64], (kind, p.device()))
                 }
             })
             .collect();
         Tensor::cat(&parts, 0)
     }
 
-    /// From now on the gradients live in one flat f32 buffer laid out like the parameters:
+    /// From now on the gradients live in one flat buffer laid out like the parameters (of their
+    /// kind, see `for_drafter`):
     /// `attach(param, view)` makes each parameter's `.grad` a view into it, so that backward
     /// accumulates straight into the buffer (nothing is gathered, an all-reduce reads it in
     /// place). Returns the buffer.
@@ -105,7 +172,7 @@ impl AdamW {
         &mut self,
         attach: impl Fn(&Tensor, &Tensor) -> Result<()>,
     ) -> Result<Tensor> {
-        let buffer = self.flat.zeros_like();
+        let buffer = Tensor::zeros_like(&self.flat).to_kind(self.grad_kind());
         for ((_, p), (off, n)) in self.params.iter().zip(&self.spans) {
             attach(p, &buffer.narrow(0, *off, *n).view(p.size().as_slice()))?;
         }
@@ -121,9 +188,20 @@ impl AdamW {
             .map(|((name, p), span)| (name.as_str(), p, *span))
     }
 
-    /// The flat buffer every parameter is a view into.
-    pub fn flat_params(&mut self) -> &mut Tensor {
-        &mut self.flat
+    /// The flat f32 master weights.
+    pub fn flat_params(&self) -> &Tensor {
+        &self.flat
+    }
+
+    /// Runs `change` on the flat f32 master weights (a broadcast into them), then rounds the
+    /// working weights from them again where there are any.
+    pub fn change_flat_params(
+        &mut self,
+        change: impl FnOnce(&mut Tensor) -> Result<()>,
+    ) -> Result<()> {
+        change(&mut self.flat)?;
+        self.refresh_working();
+        Ok(())
     }
 
     fn zero_grads(&mut self) {
@@ -159,11 +237,13 @@ impl AdamW {
             Some(g) => g,
             None => self.gather_grads(),
         };
-        let total = g.norm();
+        // In f32 whatever the gradients' kind (read as they are on a GPU).
+        let total = g.norm_scalaropt_dtype(2.0, Kind::Float);
         let divisor = ((&total + 1e-6) / max_norm).clamp_min(1.0);
         if self.fused_step {
             self.clip_divisor = Some(divisor);
         } else {
+            g = g.to_kind(Kind::Float);
             let _ = g.g_div_(&divisor);
         }
         self.flat_grad = Some(g);
@@ -191,7 +271,7 @@ impl AdamW {
 
     fn update(&mut self, lr: f64, ok: Option<&Tensor>) {
         let _g = tch::no_grad_guard();
-        let mut g = match self.flat_grad.take() {
+        let g = match self.flat_grad.take() {
             Some(g) => g,
             None => self.gather_grads(),
         };
@@ -202,6 +282,7 @@ impl AdamW {
             self.zero_grads();
             return;
         }
+        let mut g = g.to_kind(Kind::Float);
         if let Some(d) = &divisor {
             let _ = g.g_div_(d);
         }
@@ -239,6 +320,7 @@ impl AdamW {
             Some(k) => self.flat.g_sub_(&(delta * k)),
             None => self.flat.g_sub_(&delta),
         };
+        self.refresh_working();
         self.zero_grads();
     }
 
@@ -257,15 +339,7 @@ impl AdamW {
         if !self.fused_step {
             return false;
         }
-        let step = Tensor::full([], t, (Kind::Float, self.flat.device()));
         let found_inf = ok.map(|ok| ok.logical_not().to_kind(Kind::Float));
-        let state = super::cuda::AdamWState {
-            param: &self.flat,
-            grad: g,
-            m: &self.m,
-            v: &self.v,
-            step: &step,
-        };
         let hyper = super::cuda::AdamWHyper {
             lr,
             beta1: self.beta1,
@@ -273,14 +347,70 @@ impl AdamW {
             weight_decay: self.weight_decay,
             eps: self.eps,
         };
+        if let Some(work) = &self.working {
+            return self.step_bf16(work, g, (&hyper, t), divisor, found_inf.as_ref());
+        }
+        let step = Tensor::full([], t, (Kind::Float, self.flat.device()));
+        let state = super::cuda::AdamWState {
+            param: &self.flat,
+            grad: g,
+            m: &self.m,
+            v: &self.v,
+            step: &step,
+        };
         super::cuda::fused_adamw(&state, &hyper, divisor, found_inf.as_ref()).is_ok()
+    }
+
+    /// The fused step over bf16 working weights: our kernel (bf16 gradients in, the masters,
+    /// moments and working weights out, one pass), or where it cannot run libtorch's fused
+    /// kernel over the gradients widened to f32 and the working weights rounded after; false
+    /// where neither ran (the plain path runs).
+    fn step_bf16(
+        &self,
+        work: &Tensor,
+        g: &Tensor,
+        (hyper, t): (&super::cuda::AdamWHyper, f64),
+        divisor: Option<&Tensor>,
+        found_inf: Option<&Tensor>,
+    ) -> bool {
+        if !BF16_KERNEL.has_failed() {
+            let ran = super::cuda::adamw_bf16(
+                (&self.flat, g),
+                (&self.m, &self.v),
+                work,
+                (hyper, t),
+                divisor,
+                found_inf,
+            );
+            match ran {
+                Ok(()) => {
+                    BF16_KERNEL.ran();
+                    return true;
+                }
+                Err(e) => BF16_KERNEL.failed(&e),
+            }
+        }
+        let step = Tensor::full([], t, (Kind::Float, self.flat.device()));
+        let g = g.to_kind(Kind::Float);
+        let state = super::cuda::AdamWState {
+            param: &self.flat,
+            grad: &g,
+            m: &self.m,
+            v: &self.v,
+            step: &step,
+        };
+        if super::cuda::fused_adamw(&state, hyper, divisor, found_inf).is_err() {
+            return false;
+        }
+        work.shallow_clone().copy_(&self.flat);
+        true
     }
 
     /// Saves the fp32 master weights, m, v and the step (safetensors + the step in `step`).
     pub fn save(&self, path: &Path) -> Result<()> {
         let mut named: Vec<(String, Tensor)> = Vec::new();
-        for ((name, p), (off, n)) in self.params.iter().zip(&self.spans) {
-            let master = p.detach().to_device(tch::Device::Cpu).contiguous();
+        for (i, ((name, p), (off, n))) in self.params.iter().zip(&self.spans).enumerate() {
+            let master = self.master(i).to_device(tch::Device::Cpu).contiguous();
             named.push((format!("master.{name}"), master));
             let slice = |t: &Tensor| {
                 t.narrow(0, *off, *n)
@@ -308,7 +438,7 @@ impl AdamW {
             .into_iter()
             .collect();
         let _g = tch::no_grad_guard();
-        for ((name, p), (off, n)) in self.params.iter().zip(&self.spans) {
+        for (i, ((name, p), (off, n))) in self.params.iter().zip(&self.spans).enumerate() {
             // The master weights (absent in checkpoints of earlier versions, whose weights file
             // held them in fp32).
             if let Some(master) = tensors.get(&format!("master.{name}")) {
@@ -320,7 +450,7 @@ impl AdamW {
                         p.size()
                     );
                 }
-                p.shallow_clone().copy_(master);
+                self.master(i).copy_(master);
             }
             for (prefix, buf) in [("exp_avg", &self.m), ("exp_avg_sq", &self.v)] {
                 let mut dst = buf.narrow(0, *off, *n).view(p.size().as_slice());
@@ -347,6 +477,7 @@ impl AdamW {
             .and_then(|t| Vec::<i64>::try_from(t).ok())
             .and_then(|v| v.first().copied())
             .with_context(|| format!("{} lacks `step`", path.display()))?;
+        self.refresh_working();
         Ok(())
     }
 }
@@ -430,6 +561,165 @@ mod tests {
         };
         assert_eq!(run(true), run(false));
     }
+
+    /// bf16 working weights against f32 ones fed the same gradients: a loss whose gradients are
+    /// exact in bf16 (`w * c`, c in bf16) gives both the same gradients, so the masters must
+    /// follow one trajectory bit for bit, and the working weights must be the masters rounded
+    /// after every step, through gathered gradients and through a flat bf16 buffer; a save and
+    /// a load into fresh parameters and a change of the masters round them again.
+    #[test]
+    fn bf16_working_weights_follow_f32_ones_fed_the_same_gradients() {
+        let c = Tensor::randn([5, 7], (Kind::Float, tch::Device::Cpu)).to_kind(Kind::BFloat16);
+        let init = Tensor::randn([5, 7], (Kind::Float, tch::Device::Cpu));
+        let dir = tempfile::tempdir().unwrap();
+        let build = |working: bool| {
+            let w = init.copy().set_requires_grad(true);
+            let opt = AdamW::new(vec![("w".into(), w.shallow_clone())]);
+            (
+                w,
+                if working {
+                    opt.with_bf16_weights()
+                } else {
+                    opt
+                },
+            )
+        };
+        for flat in [false, true] {
+            if flat && !crate::engine::cuda::AVAILABLE {
+                eprintln!("no CUDA shim in this build: gradients cannot be attached to a buffer");
+                continue;
+            }
+            let (w32, mut plain) = build(false);
+            let (w16, mut mixed) = build(true);
+            assert_eq!(w16.kind(), Kind::BFloat16);
+            if flat {
+                let buffer = mixed
+                    .keep_grads_flat(crate::engine::cuda::set_grad)
+                    .unwrap();
+                assert_eq!(
+                    buffer.kind(),
+                    Kind::BFloat16,
+                    "the gradients' buffer is bf16"
+                );
+            }
+            plain.weight_decay = 0.1;
+            mixed.weight_decay = 0.1;
+            for i in 0..6 {
+                (&w32 * c.to_kind(Kind::Float)).sum(Kind::Float).backward();
+                (&w16 * &c).sum(Kind::Float).backward();
+                assert_eq!(
+                    w16.grad().kind(),
+                    Kind::BFloat16,
+                    "backward leaves bf16 gradients"
+                );
+                let _ = plain.clip_grad_norm(2.0);
+                let _ = mixed.clip_grad_norm(2.0);
+                plain.step(0.05 * (i + 1) as f64);
+                mixed.step(0.05 * (i + 1) as f64);
+                assert!(
+                    plain.flat.equal(&mixed.flat),
+                    "step {i}: the masters differ"
+                );
+                let rounded = mixed.flat.to_kind(Kind::BFloat16).view([5, 7]);
+                assert!(
+                    w16.equal(&rounded),
+                    "step {i}: working weights not the masters rounded"
+                );
+            }
+            let moved = f64::try_from((&mixed.flat.view([5, 7]) - &init).abs().max()).unwrap();
+            assert!(moved > 0.1, "the steps moved the masters: {moved}");
+            let path = dir.path().join(format!("opt-{flat}.safetensors"));
+            mixed.save(&path).unwrap();
+            let (fresh, mut loaded) = build(true);
+            loaded.load(&path).unwrap();
+            assert!(
+                loaded.flat.equal(&mixed.flat),
+                "the masters saved, not the bf16 weights"
+            );
+            assert!(fresh.equal(&w16), "a load rounds the working weights again");
+            loaded
+                .change_flat_params(|f| {
+                    let _ = f.fill_(0.75);
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(f64::try_from(fresh.mean(Kind::Float)).unwrap(), 0.75);
+        }
+    }
+
+    /// Our AdamW kernel for bf16 weights against libtorch's fused one over the same gradients
+    /// widened to f32: the masters and moments within float rounding, the working weights the
+    /// masters rounded, over steps with clipping and weight decay, a gated-off step (which must
+    /// change nothing), and a length that leaves a tail of fewer than four elements.
+    #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
+    fn bf16_adamw_kernel_follows_libtorchs_fused_step_on_cuda() {
+        let Some(dev) = crate::engine::cuda::cuda_or_skip("the AdamW kernel for bf16 weights")
+        else {
+            return;
+        };
+        let n = 1003;
+        let f32s = |t: Tensor| t.to_device(dev).to_kind(Kind::Float);
+        let (master, m) = (
+            f32s(Tensor::randn([n], FLOAT_CPU)),
+            Tensor::zeros([n], (Kind::Float, dev)),
+        );
+        let (ours, theirs) = (
+            [master.copy(), m.copy(), m.copy()],
+            [master.copy(), m.copy(), m.copy()],
+        );
+        let work = master.to_kind(Kind::BFloat16);
+        let hyper = crate::engine::cuda::AdamWHyper {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            weight_decay: 0.1,
+            eps: 1e-8,
+        };
+        for i in 1..=8 {
+            let g = Tensor::randn([n], (Kind::Float, dev)).to_kind(Kind::BFloat16);
+            let scale = Tensor::full([], 1.0 + i as f64 / 4.0, (Kind::Float, dev));
+            let inf = Tensor::full([], if i == 5 { 1.0 } else { 0.0 }, (Kind::Float, dev));
+            let before = ours[0].copy();
+            crate::engine::cuda::adamw_bf16(
+                (&ours[0], &g),
+                (&ours[1], &ours[2]),
+                &work,
+                (&hyper, i as f64),
+                Some(&scale),
+                Some(&inf),
+            )
+            .unwrap();
+            let step = Tensor::full([], i as f64, (Kind::Float, dev));
+            let state = crate::engine::cuda::AdamWState {
+                param: &theirs[0],
+                grad: &g.to_kind(Kind::Float),
+                m: &theirs[1],
+                v: &theirs[2],
+                step: &step,
+            };
+            crate::engine::cuda::fused_adamw(&state, &hyper, Some(&scale), Some(&inf)).unwrap();
+            if i == 5 {
+                assert!(
+                    ours[0].equal(&before),
+                    "a gated-off step changed the masters"
+                );
+            }
+            for (a, b) in ours.iter().zip(&theirs) {
+                let diff = f64::try_from((a - b).abs().max()).unwrap();
+                let size = f64::try_from(b.abs().max()).unwrap();
+                assert!(diff <= 1e-6 * size.max(1e-3), "step {i}: {diff} of {size}");
+            }
+            assert!(
+                work.equal(&ours[0].to_kind(Kind::BFloat16)),
+                "step {i}: working weights"
+            );
+        }
+        let moved = f64::try_from((&ours[0] - &master).abs().max()).unwrap();
+        assert!(moved > 0.01, "the steps moved the masters: {moved}");
+    }
+
+    const FLOAT_CPU: (Kind, tch::Device) = (Kind::Float, tch::Device::Cpu);
 
     #[test]
     #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]

@@ -246,7 +246,7 @@ fn drafter_replicas(
     let mut drafters = Vec::new();
     for (vs, model, dev) in built {
         let params: Vec<_> = vs.variables().into_iter().collect();
-        let mut optimizer = AdamW::new(params);
+        let mut optimizer = AdamW::for_drafter(params);
         if let (Some(dir), Some(state)) = (&cfg.resume, &cfg.resume_state) {
             optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
             optimizer.step = state.step as i64;

@@ -151,7 +151,7 @@ impl GradMean for JobMember {
             Backend::Nccl(m) => m.prepare(optimizer),
             Backend::Gloo(_) => self
                 .gloo()
-                .and_then(|g| g.broadcast(optimizer.flat_params(), 0)),
+                .and_then(|g| optimizer.change_flat_params(|flat| g.broadcast(flat, 0))),
         };
         r.map_err(|e| self.explain(e))
     }

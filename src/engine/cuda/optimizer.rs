@@ -1,6 +1,7 @@
 //! What the optimizer's flat path asks of the shim: a parameter's gradient kept as a view of one
-//! flat buffer (`set_grad`), and AdamW over the flat parameters in libtorch's fused CUDA kernel
-//! (`fused_adamw`).
+//! flat buffer (`set_grad`), AdamW over the flat parameters in libtorch's fused CUDA kernel
+//! (`fused_adamw`), and AdamW over f32 masters with bf16 gradients and weights in one kernel of
+//! our own (`adamw_bf16`, src/engine/cxx/optimizer_kernels.cpp).
 
 use super::{check, ffi};
 use anyhow::Result;
@@ -67,5 +68,47 @@ pub fn fused_adamw(
             )
         },
         "fused AdamW",
+    )
+}
+
+/// One AdamW step over f32 masters whose weights the model reads in bf16: `master`, `m` and `v`
+/// f32; `grad` and `work` bf16, all of one length, contiguous, on one GPU. `work` receives the
+/// updated masters rounded to bf16. The arithmetic is `fused_adamw`'s, the bias corrections
+/// from `step` (the step count after this step); `grad_scale` and `found_inf` as there.
+pub fn adamw_bf16(
+    (master, grad): (&Tensor, &Tensor),
+    (m, v): (&Tensor, &Tensor),
+    work: &Tensor,
+    (h, step): (&AdamWHyper, f64),
+    grad_scale: Option<&Tensor>,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
+    let hyper = [
+        h.lr,
+        h.beta1,
+        h.beta2,
+        h.weight_decay,
+        h.eps,
+        1.0 - h.beta1.powf(step),
+        (1.0 - h.beta2.powf(step)).sqrt(),
+    ];
+    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
+    let opt = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), p);
+    // SAFETY: live tensors (`at::Tensor*`) and a live array for the duration of the call; the
+    // shim checks kinds, lengths and devices.
+    check(
+        unsafe {
+            ffi::dflash_adamw_bf16(
+                p(master),
+                p(grad),
+                p(m),
+                p(v),
+                p(work),
+                &hyper,
+                opt(grad_scale),
+                opt(found_inf),
+            )
+        },
+        "AdamW over bf16 weights",
     )
 }

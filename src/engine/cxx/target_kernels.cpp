@@ -8,40 +8,18 @@
 // - add_rms_norm: a residual add and the RMSNorm after it (the block's post-attention norm, the
 //   next layer's input norm) in one pass: the sum is written and normalised without being read
 //   back from memory by a second kernel.
-// Each rounds where the ops it replaces round, so the two agree to the bit or nearly.
-//
-// The kernels are compiled at run time with NVRTC for the device's architecture, and launched
-// through the CUDA driver; both libraries are opened with dlopen (they come with the PyTorch
-// wheel and the GPU driver), so nothing here is linked and a machine without them still runs
-// the ops.
+// Each rounds where the ops it replaces round, so the two agree to the bit or nearly. They are
+// compiled at run time (runtime_kernels.h).
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/CUDAContextLight.h>
-#include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda.h>
-#include <dlfcn.h>
-#include <nvrtc.h>
 
 #include <initializer_list>
-#include <map>
-#include <mutex>
-#include <stdexcept>
-#include <string>
-#include <vector>
 
-#include "shim_common.h"
+#include "runtime_kernels.h"
 
 namespace {
 
 const char* kSource = R"(
-typedef unsigned short bf16;
-__device__ float up(bf16 h) { return __uint_as_float(((unsigned int)h) << 16); }
-__device__ bf16 down(float f) {
-  unsigned int u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (bf16)(u >> 16);
-}
+#include "bf16.h"
 __device__ float r(float f) { return up(down(f)); }
 
 // One warp per (token, head) row of 128: lane l holds elements 4l..4l+3, and the partner of
@@ -127,131 +105,10 @@ extern "C" __global__ void add_rms_norm(const bf16* x, const bf16* d, const bf16
 }
 )";
 
-// The driver and NVRTC entry points used here.
-struct Api {
-  decltype(&nvrtcCreateProgram) createProgram;
-  decltype(&nvrtcCompileProgram) compileProgram;
-  decltype(&nvrtcGetProgramLogSize) getProgramLogSize;
-  decltype(&nvrtcGetProgramLog) getProgramLog;
-  decltype(&nvrtcGetCUBINSize) getCUBINSize;
-  decltype(&nvrtcGetCUBIN) getCUBIN;
-  decltype(&nvrtcDestroyProgram) destroyProgram;
-  decltype(&cuModuleLoadData) moduleLoadData;
-  decltype(&cuModuleGetFunction) moduleGetFunction;
-  decltype(&cuLaunchKernel) launchKernel;
-};
-
-// libnvrtc next to the wheel's other CUDA libraries (torch/../nvidia/cu13/lib), else wherever
-// the loader finds it. Its builtins library is opened first from the same folder: NVRTC opens it
-// by name, which the loader finds only on its path or once it is loaded.
-void* open_nvrtc() {
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&c10::cuda::device_count), &info) && info.dli_fname) {
-    std::string dir(info.dli_fname);
-    dir = dir.substr(0, dir.rfind('/'));
-    for (const char* rel : {"/../../nvidia/cu13/lib/", "/"}) {
-      std::string at = dir + rel;
-      dlopen((at + "libnvrtc-builtins.so.13.0").c_str(), RTLD_NOW | RTLD_GLOBAL);
-      if (void* h = dlopen((at + "libnvrtc.so.13").c_str(), RTLD_NOW | RTLD_GLOBAL)) return h;
-    }
-  }
-  return dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_GLOBAL);
-}
-
-template <typename T>
-void bind(void* lib, const char* name, T& out) {
-  out = reinterpret_cast<T>(dlsym(lib, name));
-  if (!out) throw std::runtime_error(std::string("missing ") + name);
-}
-
-const Api& api() {
-  static std::once_flag once;
-  static Api a;
-  static std::string failure;
-  std::call_once(once, [] {
-    void* nvrtc = open_nvrtc();
-    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    if (!nvrtc || !cuda) {
-      failure = nvrtc ? "the CUDA driver library (libcuda.so.1) is not there"
-                      : "NVRTC (libnvrtc.so.13) is not there";
-      return;
-    }
-    try {
-      bind(nvrtc, "nvrtcCreateProgram", a.createProgram);
-      bind(nvrtc, "nvrtcCompileProgram", a.compileProgram);
-      bind(nvrtc, "nvrtcGetProgramLogSize", a.getProgramLogSize);
-      bind(nvrtc, "nvrtcGetProgramLog", a.getProgramLog);
-      bind(nvrtc, "nvrtcGetCUBINSize", a.getCUBINSize);
-      bind(nvrtc, "nvrtcGetCUBIN", a.getCUBIN);
-      bind(nvrtc, "nvrtcDestroyProgram", a.destroyProgram);
-      bind(cuda, "cuModuleLoadData", a.moduleLoadData);
-      bind(cuda, "cuModuleGetFunction", a.moduleGetFunction);
-      bind(cuda, "cuLaunchKernel", a.launchKernel);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  });
-  if (!failure.empty()) throw std::runtime_error(failure);
-  return a;
-}
-
-// The program as a CUBIN for `device`'s architecture.
-std::vector<char> compile(const Api& a, int device) {
-  auto* props = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
-  std::string arch = "-arch=sm_" + std::to_string(props->major * 10 + props->minor);
-  nvrtcProgram prog;
-  if (a.createProgram(&prog, kSource, "target_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
-    throw std::runtime_error("NVRTC could not create the program");
-  const char* opts[] = {arch.c_str()};
-  if (a.compileProgram(prog, 1, opts) != NVRTC_SUCCESS) {
-    size_t n = 0;
-    a.getProgramLogSize(prog, &n);
-    std::string log(n, '\0');
-    a.getProgramLog(prog, log.data());
-    a.destroyProgram(&prog);
-    throw std::runtime_error("NVRTC could not compile the target's kernels: " + log);
-  }
-  size_t size = 0;
-  a.getCUBINSize(prog, &size);
-  std::vector<char> cubin(size);
-  a.getCUBIN(prog, cubin.data());
-  a.destroyProgram(&prog);
-  return cubin;
-}
-
-// Kernel `name` of the program, compiled for `device`'s architecture and loaded into its primary
-// context (the program once a device).
-CUfunction kernel_for(int device, const char* name) {
-  static std::mutex m;
-  static std::map<int, CUmodule> modules;
-  static std::map<std::pair<int, std::string>, CUfunction> functions;
-  std::lock_guard<std::mutex> lock(m);
-  if (auto it = functions.find({device, name}); it != functions.end()) return it->second;
-  const Api& a = api();
-  // Loaded with the device's primary context current.
-  dflash::OnDevice on(device);
-  if (!modules.count(device)) {
-    std::vector<char> cubin = compile(a, device);
-    CUmodule module;
-    if (a.moduleLoadData(&module, cubin.data()) != CUDA_SUCCESS)
-      throw std::runtime_error("the CUDA driver could not load the target's kernels");
-    modules[device] = module;
-  }
-  CUfunction fn;
-  if (a.moduleGetFunction(&fn, modules[device], name) != CUDA_SUCCESS)
-    throw std::runtime_error(std::string("no kernel ") + name);
-  functions[{device, name}] = fn;
-  return fn;
-}
+const dflash::rtc::Program kProgram{"target_kernels.cu", kSource};
 
 void launch(int device, const char* name, long long threads_needed, void** args) {
-  CUfunction fn = kernel_for(device, name);
-  unsigned int threads = 256;
-  auto blocks = static_cast<unsigned int>((threads_needed + threads - 1) / threads);
-  auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  if (api().launchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
-                         args, nullptr) != CUDA_SUCCESS)
-    throw std::runtime_error(std::string("the kernel ") + name + " did not launch");
+  dflash::rtc::launch(kProgram, device, name, threads_needed, args);
 }
 
 const at::Tensor& tensor(void* p) { return *static_cast<at::Tensor*>(p); }
