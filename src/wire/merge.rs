@@ -22,6 +22,42 @@ pub fn prefixed(label: &str, name: &str) -> String {
     format!("{label}/{name}")
 }
 
+/// `text` with each whole-word occurrence of one of `names` (a thread's name, not inside a
+/// longer name nor already after a `/`) named by `label`: `drafter-0: 9 sizes` becomes
+/// `r1/drafter-0: 9 sizes`, so that a merged warning's evidence names the rank's thread.
+fn prefix_words(text: &str, names: &[&str], label: &str) -> String {
+    let part_of_name = |c: char| c.is_alphanumeric() || matches!(c, '-' | '_' | '/');
+    let mut longest_first: Vec<&str> = names.iter().copied().filter(|n| !n.is_empty()).collect();
+    longest_first.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let mut before: Option<char> = None;
+    while let Some(c) = rest.chars().next() {
+        let starts_word = before.is_none_or(|b| !part_of_name(b));
+        let found = longest_first.iter().find(|n| {
+            starts_word
+                && rest.starts_with(**n)
+                && rest[n.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(|a| !part_of_name(a))
+        });
+        match found {
+            Some(n) => {
+                out.push_str(&prefixed(label, n));
+                rest = &rest[n.len()..];
+                before = n.chars().last();
+            }
+            None => {
+                out.push(c);
+                rest = &rest[c.len_utf8()..];
+                before = Some(c);
+            }
+        }
+    }
+    out
+}
+
 /// The parts whose numbers count: those still running, or all once every one ended.
 fn counted<'a, 'b>(parts: &'b [Part<'a>]) -> Vec<&'b Part<'a>> {
     let live: Vec<&Part> = parts.iter().filter(|p| !p.ended).collect();
@@ -117,9 +153,12 @@ fn add_named(out: &mut Snapshot, p: &Part) {
         st.thread = name(&st.thread);
         st
     }));
+    let threads: Vec<&str> = s.threads.iter().map(|t| t.name.as_str()).collect();
     out.warnings.extend(s.warnings.iter().map(|w| {
         let mut w = w.clone();
         w.subject = name(&w.subject);
+        w.evidence = prefix_words(&w.evidence, &threads, p.label);
+        w.fix = prefix_words(&w.fix, &threads, p.label);
         w
     }));
     out.alerts
@@ -363,6 +402,36 @@ mod tests {
         assert!(m.threads.iter().all(|t| t.name.starts_with("r0/")));
         assert_eq!(m.verdict, Verdict::Balanced);
         assert!(m.ranks[1].ended && m.slowest_rank().is_none());
+    }
+
+    /// A rank's warning names its rank in its subject and in its evidence: the thread the
+    /// evidence names becomes `r1/drafter-0`, and a longer name or a word that only contains a
+    /// thread's name stays as it is.
+    #[test]
+    fn a_warnings_evidence_names_the_ranks_thread() {
+        use crate::telemetry::warnings::{Rule, Severity, Warning};
+        let mut r1 = rank(3200.0, 11, Verdict::Balanced);
+        r1.warnings = vec![Warning {
+            rule: Rule::ShapesVary,
+            subject: "drafter".into(),
+            severity: Severity::Warn,
+            evidence: "drafter-0: 9 sizes, as drafter-01 and xdrafter-0 do not; like target-0."
+                .into(),
+            fix: "pad rows".into(),
+            for_s: 6.0,
+        }];
+        let snaps = [
+            ("r0", rank(4000.0, 12, Verdict::Balanced), false),
+            ("r1", r1, false),
+        ];
+        let m = merge(&parts(&snaps), 1);
+        let w = &m.warnings[0];
+        assert_eq!(w.subject, "r1/drafter");
+        assert_eq!(
+            w.evidence,
+            "r1/drafter-0: 9 sizes, as drafter-01 and xdrafter-0 do not; like r1/target-0."
+        );
+        assert_eq!(w.fix, "pad rows");
     }
 
     #[test]
