@@ -1,31 +1,31 @@
 //! Builds the models and queues from a `PipelineSpec` and runs loader → [batch queue] → targets →
 //! [HS queue] → drafters, each worker on its own named thread. Stop is graceful: one
-//! cancellation token, every thread joined, the first error reported.
+//! cancellation token, every thread joined, the first error reported. The models and the data
+//! source come from `parts` (src/engine/pipeline/parts.rs).
 
-use super::checkpoint;
-use super::config::{DrafterSpec, Qwen3Config};
 use super::crew::{spawn, Crew};
-use super::data::{DocSource, JsonlOptions, JsonlSource, PackedBatch, Synthetic};
-use super::drafter::Drafter;
+use super::data::PackedBatch;
 use super::drafter_step::DrafterStep;
 use super::drafter_worker::{run_drafter, DrafterJob};
 use super::handoff::HiddenBatch;
 use super::nccl::NcclGroup;
-use super::optim::AdamW;
 use super::qwen3::Qwen3Target;
 use super::rank_replica::{JobGate, JobMember};
 use super::ranks::{join_job, JobLink};
 use super::replicas::{LocalGroup, Single, StepMeet};
-use super::spec::{DataSpec, PipelineSpec};
+use super::spec::PipelineSpec;
 use super::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
 use crate::cancel::CancelToken;
 use crate::telemetry::queue::{monitored_queue, QueueRx, QueueTx};
 use crate::telemetry::Telemetry;
 use anyhow::{bail, Result};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use tch::{nn::VarStore, Device, Kind};
+use tch::{nn::VarStore, Device};
+
+mod parts;
+pub(crate) use parts::{build_drafters, build_target, data_source, frozen_on};
+use parts::{build_targets, drafter_replicas, resumed_docs, DrafterReplica};
 
 pub struct Pipeline {
     pub cancel: CancelToken,
@@ -37,109 +37,6 @@ pub struct Pipeline {
     pub counts: Arc<DataCounts>,
     /// The other ranks of a multi-process job.
     link: Option<Arc<JobLink>>,
-}
-
-/// The target: shapes from --target's config.json or the preset, weights from the directory or
-/// random (seeded).
-pub(crate) fn build_target(
-    cfg: &PipelineSpec,
-    target_cfg: &Qwen3Config,
-    capture: &[i64],
-    device: Device,
-) -> Result<(VarStore, Qwen3Target)> {
-    let mut vs = VarStore::new(device);
-    let mut model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
-    if let Some(dir) = &cfg.target {
-        let tensors = super::weights::read_all(dir)?;
-        super::weights::copy_into(&vs, &tensors, &super::weights::weights_label(dir))?;
-    }
-    vs.freeze();
-    if device.is_cuda() {
-        vs.set_kind(Kind::BFloat16);
-    }
-    model.fuse_projections();
-    Ok((vs, model))
-}
-
-/// Drafter replicas, one per device, all with replica 0's weights: fresh (seeded) or from
-/// --resume / --drafter.
-pub(crate) fn build_drafters(
-    cfg: &PipelineSpec,
-    devices: &[Device],
-) -> Result<Vec<(VarStore, Drafter, Device)>> {
-    let spec = &cfg.drafter_spec;
-    let mut built = Vec::new();
-    for &dev in devices {
-        tch::manual_seed(cfg.seed as i64 + 1);
-        let vs = VarStore::new(dev);
-        let model = Drafter::new(&vs.root(), spec);
-        built.push((vs, model, dev));
-    }
-    if let Some(dir) = cfg.resume.as_ref().or(cfg.drafter.as_ref()) {
-        checkpoint::load_weights(dir, &built[0].0)?;
-    }
-    let _g = tch::no_grad_guard();
-    let first = built[0].0.variables();
-    for (vs, _, _) in built.iter().skip(1) {
-        for (name, mut var) in vs.variables() {
-            var.copy_(&first[&name]);
-        }
-    }
-    Ok(built)
-}
-
-/// The target's frozen embedding or lm head as a drafter on `dev` reads it (bf16 on a GPU).
-pub(crate) fn frozen_on(t: &tch::Tensor, dev: Device) -> tch::Tensor {
-    let kind = if dev.is_cuda() {
-        Kind::BFloat16
-    } else {
-        Kind::Float
-    };
-    t.to_device(dev).to_kind(kind)
-}
-
-pub(crate) fn data_source(
-    cfg: &PipelineSpec,
-    target_cfg: &Qwen3Config,
-    spec: &DrafterSpec,
-    counts: &Arc<DataCounts>,
-) -> Result<Box<dyn DocSource>> {
-    let mut source: Box<dyn DocSource> = match &cfg.data {
-        DataSpec::Synthetic => {
-            // Synthetic tokens stay below the mask token.
-            let vocab = spec.mask_token_id.min(target_cfg.vocab_size).min(4096);
-            Box::new(Synthetic::new(cfg.seed, vocab, cfg.seq_len / 2))
-        }
-        DataSpec::Jsonl(p) => {
-            let counts = counts.clone();
-            let opts = JsonlOptions {
-                tokenizer: cfg.target.as_ref().map(|d| d.join("tokenizer.json")),
-                chat: cfg.chat.clone(),
-                // SpecForge's minimum: a document trains when two of its tokens carry loss.
-                min_loss_tokens: 2,
-                seed: Some(cfg.seed),
-                threads: match cfg.data_threads {
-                    Some(n) => n,
-                    None => super::jsonl::reading_threads(),
-                },
-                on_dropped: Some(Box::new(move |n| {
-                    counts.dropped_docs.fetch_add(n, Ordering::Relaxed);
-                })),
-                ..JsonlOptions::new(target_cfg.vocab_size)
-            };
-            Box::new(JsonlSource::open(p, opts)?)
-        }
-    };
-    // A resumed run continues where its data stood.
-    source.skip(resumed_docs(cfg))?;
-    if let Some(job) = &cfg.job {
-        source = Box::new(super::data::Sharded::new(source, job.rank, job.world));
-    }
-    Ok(source)
-}
-
-fn resumed_docs(cfg: &PipelineSpec) -> u64 {
-    cfg.resume_state.as_ref().map_or(0, |s| s.data_docs)
 }
 
 pub(crate) enum Replicas {
@@ -202,66 +99,6 @@ fn threads_per_worker(cfg: &PipelineSpec) -> i32 {
         .unwrap_or(1);
     cfg.threads_per_worker
         .unwrap_or((cores / n_workers.max(1)).max(1))
-}
-
-/// The targets, one per target device (built one after another, so that seeded random weights
-/// are the same).
-fn build_targets(cfg: &PipelineSpec) -> Result<Vec<(VarStore, Qwen3Target)>> {
-    let spec = &cfg.drafter_spec;
-    let mut targets = Vec::new();
-    for &dev in &cfg.target_devices {
-        targets.push(build_target(
-            cfg,
-            &cfg.target_config,
-            &spec.target_layer_ids,
-            dev,
-        )?);
-    }
-    Ok(targets)
-}
-
-/// A drafter replica, ready for its worker.
-struct DrafterReplica {
-    vs: VarStore,
-    model: Drafter,
-    optimizer: AdamW,
-    /// The target's frozen embedding and lm head, on `device`.
-    embed: tch::Tensor,
-    lm_head: tch::Tensor,
-    device: Device,
-}
-
-/// The drafter replicas, each with its optimizer (resumed with --resume) and `target`'s frozen
-/// embedding and lm head; and the step the run starts from.
-fn drafter_replicas(
-    cfg: &PipelineSpec,
-    target: &Qwen3Target,
-) -> Result<(Vec<DrafterReplica>, u64)> {
-    let (embed, lm_head) = (
-        target.embed_tokens.shallow_clone(),
-        target.lm_head.shallow_clone(),
-    );
-    let built = build_drafters(cfg, &cfg.drafter_devices)?;
-    let mut start_step = 0;
-    let mut drafters = Vec::new();
-    for (vs, model, dev) in built {
-        let params: Vec<_> = vs.variables().into_iter().collect();
-        let mut optimizer = AdamW::for_drafter(params);
-        if let (Some(dir), Some(state)) = (&cfg.resume, &cfg.resume_state) {
-            optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
-            optimizer.step = state.step as i64;
-            start_step = state.step;
-        }
-        drafters.push(DrafterReplica {
-            vs,
-            model,
-            optimizer,
-            embed: frozen_on(&embed, dev),
-            lm_head: frozen_on(&lm_head, dev),
-            device: dev,
-        });
-    }
-    Ok((drafters, start_step))
 }
 
 /// How the drafter replicas average their gradients, and what keeps their steps together (none

@@ -1,0 +1,186 @@
+//! What a pipeline is built from: the target (one per target device) and the drafter replicas
+//! with their optimizers (fresh, from --drafter, or resumed), the frozen embedding and lm head
+//! as a drafter reads them, and the data source (sharded by rank in a job, skipped ahead on
+//! resume).
+
+use crate::engine::checkpoint;
+use crate::engine::config::{DrafterSpec, Qwen3Config};
+use crate::engine::data::{DocSource, JsonlOptions, JsonlSource, Synthetic};
+use crate::engine::drafter::Drafter;
+use crate::engine::optim::AdamW;
+use crate::engine::qwen3::Qwen3Target;
+use crate::engine::spec::{DataSpec, PipelineSpec};
+use crate::engine::workers::DataCounts;
+use anyhow::Result;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tch::{nn::VarStore, Device, Kind};
+
+/// The target: shapes from --target's config.json or the preset, weights from the directory or
+/// random (seeded).
+pub(crate) fn build_target(
+    cfg: &PipelineSpec,
+    target_cfg: &Qwen3Config,
+    capture: &[i64],
+    device: Device,
+) -> Result<(VarStore, Qwen3Target)> {
+    let mut vs = VarStore::new(device);
+    let mut model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
+    if let Some(dir) = &cfg.target {
+        let tensors = crate::engine::weights::read_all(dir)?;
+        crate::engine::weights::copy_into(
+            &vs,
+            &tensors,
+            &crate::engine::weights::weights_label(dir),
+        )?;
+    }
+    vs.freeze();
+    if device.is_cuda() {
+        vs.set_kind(Kind::BFloat16);
+    }
+    model.fuse_projections();
+    Ok((vs, model))
+}
+
+/// Drafter replicas, one per device, all with replica 0's weights: fresh (seeded) or from
+/// --resume / --drafter.
+pub(crate) fn build_drafters(
+    cfg: &PipelineSpec,
+    devices: &[Device],
+) -> Result<Vec<(VarStore, Drafter, Device)>> {
+    let spec = &cfg.drafter_spec;
+    let mut built = Vec::new();
+    for &dev in devices {
+        tch::manual_seed(cfg.seed as i64 + 1);
+        let vs = VarStore::new(dev);
+        let model = Drafter::new(&vs.root(), spec);
+        built.push((vs, model, dev));
+    }
+    if let Some(dir) = cfg.resume.as_ref().or(cfg.drafter.as_ref()) {
+        checkpoint::load_weights(dir, &built[0].0)?;
+    }
+    let _g = tch::no_grad_guard();
+    let first = built[0].0.variables();
+    for (vs, _, _) in built.iter().skip(1) {
+        for (name, mut var) in vs.variables() {
+            var.copy_(&first[&name]);
+        }
+    }
+    Ok(built)
+}
+
+/// The target's frozen embedding or lm head as a drafter on `dev` reads it (bf16 on a GPU).
+pub(crate) fn frozen_on(t: &tch::Tensor, dev: Device) -> tch::Tensor {
+    let kind = if dev.is_cuda() {
+        Kind::BFloat16
+    } else {
+        Kind::Float
+    };
+    t.to_device(dev).to_kind(kind)
+}
+
+pub(crate) fn data_source(
+    cfg: &PipelineSpec,
+    target_cfg: &Qwen3Config,
+    spec: &DrafterSpec,
+    counts: &Arc<DataCounts>,
+) -> Result<Box<dyn DocSource>> {
+    let mut source: Box<dyn DocSource> = match &cfg.data {
+        DataSpec::Synthetic => {
+            // Synthetic tokens stay below the mask token.
+            let vocab = spec.mask_token_id.min(target_cfg.vocab_size).min(4096);
+            Box::new(Synthetic::new(cfg.seed, vocab, cfg.seq_len / 2))
+        }
+        DataSpec::Jsonl(p) => {
+            let counts = counts.clone();
+            let opts = JsonlOptions {
+                tokenizer: cfg.target.as_ref().map(|d| d.join("tokenizer.json")),
+                chat: cfg.chat.clone(),
+                // SpecForge's minimum: a document trains when two of its tokens carry loss.
+                min_loss_tokens: 2,
+                seed: Some(cfg.seed),
+                threads: match cfg.data_threads {
+                    Some(n) => n,
+                    None => crate::engine::jsonl::reading_threads(),
+                },
+                on_dropped: Some(Box::new(move |n| {
+                    counts.dropped_docs.fetch_add(n, Ordering::Relaxed);
+                })),
+                ..JsonlOptions::new(target_cfg.vocab_size)
+            };
+            Box::new(JsonlSource::open(p, opts)?)
+        }
+    };
+    // A resumed run continues where its data stood.
+    source.skip(resumed_docs(cfg))?;
+    if let Some(job) = &cfg.job {
+        source = Box::new(crate::engine::data::Sharded::new(
+            source, job.rank, job.world,
+        ));
+    }
+    Ok(source)
+}
+
+pub(super) fn resumed_docs(cfg: &PipelineSpec) -> u64 {
+    cfg.resume_state.as_ref().map_or(0, |s| s.data_docs)
+}
+
+/// The targets, one per target device (built one after another, so that seeded random weights
+/// are the same).
+pub(super) fn build_targets(cfg: &PipelineSpec) -> Result<Vec<(VarStore, Qwen3Target)>> {
+    let spec = &cfg.drafter_spec;
+    let mut targets = Vec::new();
+    for &dev in &cfg.target_devices {
+        targets.push(build_target(
+            cfg,
+            &cfg.target_config,
+            &spec.target_layer_ids,
+            dev,
+        )?);
+    }
+    Ok(targets)
+}
+
+/// A drafter replica, ready for its worker.
+pub(super) struct DrafterReplica {
+    pub(super) vs: VarStore,
+    pub(super) model: Drafter,
+    pub(super) optimizer: AdamW,
+    /// The target's frozen embedding and lm head, on `device`.
+    pub(super) embed: tch::Tensor,
+    pub(super) lm_head: tch::Tensor,
+    pub(super) device: Device,
+}
+
+/// The drafter replicas, each with its optimizer (resumed with --resume) and `target`'s frozen
+/// embedding and lm head; and the step the run starts from.
+pub(super) fn drafter_replicas(
+    cfg: &PipelineSpec,
+    target: &Qwen3Target,
+) -> Result<(Vec<DrafterReplica>, u64)> {
+    let (embed, lm_head) = (
+        target.embed_tokens.shallow_clone(),
+        target.lm_head.shallow_clone(),
+    );
+    let built = build_drafters(cfg, &cfg.drafter_devices)?;
+    let mut start_step = 0;
+    let mut drafters = Vec::new();
+    for (vs, model, dev) in built {
+        let params: Vec<_> = vs.variables().into_iter().collect();
+        let mut optimizer = AdamW::for_drafter(params);
+        if let (Some(dir), Some(state)) = (&cfg.resume, &cfg.resume_state) {
+            optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+            optimizer.step = state.step as i64;
+            start_step = state.step;
+        }
+        drafters.push(DrafterReplica {
+            vs,
+            model,
+            optimizer,
+            embed: frozen_on(&embed, dev),
+            lm_head: frozen_on(&lm_head, dev),
+            device: dev,
+        });
+    }
+    Ok((drafters, start_step))
+}
