@@ -445,8 +445,8 @@ mod tests {
         if crate::engine::cuda::cuda_or_skip("the drafter step's CUDA graphs").is_none() {
             return;
         }
-        let run =
-            side_by_side_on_cuda(|vs, _| AdamW::for_drafter(vs.variables().into_iter().collect()));
+        // f32 weights (`--disable bf16-weights`): the graphs with bf16 weights are in the next test.
+        let run = side_by_side_on_cuda(|vs, _| AdamW::new(vs.variables().into_iter().collect()));
         let [graphed, _] = assert_trained_alike(run, (1e-3, 1e-2));
         assert!(graphed.graphs.captured(), "the step ran through graphs");
         let [own, covering, eager_runs] = graphed.graphs.runs();
@@ -477,7 +477,7 @@ mod tests {
                 opt
             }
         });
-        let [bf16, f32] = assert_trained_alike(run, (1e-2, 5e-2));
+        let [bf16, f32] = assert_trained_alike(run, (1e-2, 1e-2));
         let kinds = |s: &DrafterStep| {
             s.optimizer
                 .layout()

@@ -461,7 +461,8 @@ mod tests {
     use super::*;
 
     /// Gradients reduced bucket by bucket during backward, at world size 1 (the mean of one is
-    /// itself): the buffer ends equal to the gradients plain autograd computes.
+    /// itself): the buffer ends equal to the gradients plain autograd computes, with f32 weights
+    /// and with bf16 weights beside f32 masters (a drafter's on a GPU: bf16 gradient buckets).
     #[test]
     fn bucketed_reduction_on_cuda_leaves_the_true_gradients() {
         if !tch::Cuda::is_available() || !AVAILABLE {
@@ -469,15 +470,20 @@ mod tests {
             return;
         }
         let dev = tch::Device::Cuda(0);
+        // One set of starting weights for both copies (drawn once: tests running beside this
+        // one draw from the same generator).
+        let init: Vec<Tensor> = (0..4)
+            .map(|_| Tensor::randn([64, 64], (tch::Kind::Float, tch::Device::Cpu)) * 0.1)
+            .collect();
         let build = || {
-            tch::manual_seed(7);
             let vs = tch::nn::VarStore::new(dev);
             let root = vs.root();
+            let on = |i: usize| init[i].to_device(dev);
             let ws = vec![
-                root.randn("fc", &[64, 64], 0.0, 0.1),
-                (&root / "layers" / 0).randn("w", &[64, 64], 0.0, 0.1),
-                (&root / "layers" / 1).randn("w", &[64, 64], 0.0, 0.1),
-                root.randn("norm", &[64, 64], 0.0, 0.1),
+                root.var_copy("fc", &on(0)),
+                (&root / "layers" / 0).var_copy("w", &on(1)),
+                (&root / "layers" / 1).var_copy("w", &on(2)),
+                root.var_copy("norm", &on(3)),
             ];
             (vs, ws)
         };
@@ -489,25 +495,38 @@ mod tests {
             }
             h.pow_tensor_scalar(2).sum(tch::Kind::Float)
         };
-        let x = Tensor::randn([16, 64], (tch::Kind::Float, dev));
-        let (plain_vs, plain_ws) = build();
-        let mut plain = AdamW::new(plain_vs.variables().into_iter().collect());
-        let (vs, ws) = build();
-        let mut opt = AdamW::new(vs.variables().into_iter().collect());
-        let group = NcclGroup::new(1).unwrap();
-        let mut member = group.member(0);
-        member.prepare(&mut opt).unwrap();
-        assert!(!member.reducer.is_null(), "buckets hooked into backward");
-        for _ in 0..2 {
-            loss(&plain_ws, &x).backward();
-            let want = plain.gathered_grads().copy();
-            loss(&ws, &x).backward();
-            member.mean(&mut opt).unwrap();
-            let got = opt.gathered_grads().copy();
-            let diff = f64::try_from((&got - &want).abs().max()).unwrap();
-            assert!(diff < 1e-5, "bucketed gradients differ by {diff}");
-            plain.step(0.01);
-            opt.step(0.01);
+        for kind in [tch::Kind::Float, tch::Kind::BFloat16] {
+            let x = Tensor::randn([16, 64], (tch::Kind::Float, tch::Device::Cpu))
+                .to_device(dev)
+                .to_kind(kind);
+            let optimizer = |vs: &tch::nn::VarStore| {
+                let opt = AdamW::new(vs.variables().into_iter().collect());
+                if kind == tch::Kind::BFloat16 {
+                    opt.with_bf16_weights()
+                } else {
+                    opt
+                }
+            };
+            let (plain_vs, plain_ws) = build();
+            let mut plain = optimizer(&plain_vs);
+            let (vs, ws) = build();
+            let mut opt = optimizer(&vs);
+            let group = NcclGroup::new(1).unwrap();
+            let mut member = group.member(0);
+            member.prepare(&mut opt).unwrap();
+            assert!(!member.reducer.is_null(), "buckets hooked into backward");
+            for _ in 0..2 {
+                loss(&plain_ws, &x).backward();
+                let want = plain.gathered_grads().copy();
+                loss(&ws, &x).backward();
+                member.mean(&mut opt).unwrap();
+                let got = opt.gathered_grads().copy();
+                assert_eq!(got.kind(), kind, "gradients of the weights' kind");
+                let diff = f64::try_from((&got - &want).abs().max()).unwrap();
+                assert!(diff < 1e-5, "{kind:?}: bucketed gradients differ by {diff}");
+                plain.step(0.01);
+                opt.step(0.01);
+            }
         }
     }
 

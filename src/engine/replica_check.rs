@@ -117,10 +117,28 @@ fn synchronize(devices: &[Device]) {
     }
 }
 
+/// The largest |difference| between two optimizers' master weights.
 fn max_diff(a: &mut AdamW, b: &mut AdamW) -> f64 {
-    let x = a.flat_params().to_device(Device::Cpu);
-    let y = b.flat_params().to_device(Device::Cpu);
-    f64::try_from((x - y).abs().max().to_kind(Kind::Double)).unwrap_or(f64::INFINITY)
+    gap(a.flat_params(), b.flat_params())
+}
+
+/// `max_diff` between two replicas, and between the bf16 weights their models read where they
+/// have them: equal masters round to equal weights, so a replica whose working weights missed an
+/// update shows there.
+fn replicas_apart(a: &mut AdamW, b: &mut AdamW) -> f64 {
+    let masters = max_diff(a, b);
+    match (a.working_params(), b.working_params()) {
+        (Some(x), Some(y)) => masters.max(gap(x, y)),
+        _ => masters,
+    }
+}
+
+fn gap(x: &Tensor, y: &Tensor) -> f64 {
+    let (x, y) = (x.to_device(Device::Cpu), y.to_device(Device::Cpu));
+    let d = (x.to_kind(Kind::Double) - y.to_kind(Kind::Double))
+        .abs()
+        .max();
+    f64::try_from(d).unwrap_or(f64::INFINITY)
 }
 
 /// Runs `steps` steps of the replicas on `cfg.drafter_devices` (each taking `cfg.batch` rows)
@@ -350,7 +368,7 @@ fn weight_diffs(handles: Vec<ReplicaHandle<'_>>, single: &mut AdamW) -> Result<(
     let (first, rest) = optimizers.split_first_mut().context("replicas ran")?;
     let replica_diff = rest
         .iter_mut()
-        .map(|o| max_diff(first, o))
+        .map(|o| replicas_apart(first, o))
         .fold(0.0, f64::max);
     Ok((replica_diff, max_diff(first, single)))
 }

@@ -171,6 +171,9 @@ inline CUfunction kernel_for(const Program& program, int device, const char* nam
 inline void launch(const Program& program, int device, const char* name,
                    long long threads_needed, void** args) {
   CUfunction fn = kernel_for(program, device, name);
+  // The kernel runs in `device`'s context, whichever device the calling thread has current (a
+  // worker's tensors may be on another GPU than its thread's device).
+  dflash::OnDevice on(device);
   unsigned int threads = 256;
   auto blocks = static_cast<unsigned int>((threads_needed + threads - 1) / threads);
   auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
