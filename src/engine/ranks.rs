@@ -3,9 +3,9 @@
 //!
 //! - The rendezvous: every rank joins libtorch's `c10d::TCPStore` at MASTER_ADDR:MASTER_PORT
 //!   (rank 0 hosts it, or torchrun's agent does) and writes what its run is — the fields of its
-//!   `config:` line and a hash of its data. Before any collective, each rank compares every
-//!   rank's fields with rank 0's; a difference is one sentence naming the rank and the field, on
-//!   every rank.
+//!   `config:` line and a hash of its data (`agreement`). Before any collective, each rank
+//!   compares every rank's fields with rank 0's; a difference is one sentence naming the rank and
+//!   the field, on every rank.
 //! - The step gate and the gradients of this process's replica: src/engine/rank_replica.rs.
 //! - The watch: a heartbeat per rank in the store, twice a second. A rank that reports a failure,
 //!   or whose heartbeat stops for `LOST_AFTER`, stops every other rank with a sentence naming
@@ -13,7 +13,7 @@
 //!   exits as after a second signal.
 
 use super::c10d::JobStore;
-use super::spec::{DataSpec, PipelineSpec, ProcessHooks};
+use super::spec::ProcessHooks;
 use crate::cancel::CancelToken;
 use crate::job::JobTag;
 use anyhow::{anyhow, bail, Result};
@@ -22,6 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+mod agreement;
+pub(crate) use agreement::join_job;
+pub use agreement::{config_fields, file_digest, first_mismatch};
 
 /// A rank whose heartbeat has not moved for this long is taken as gone.
 pub const LOST_AFTER: Duration = Duration::from_secs(5);
@@ -34,34 +38,6 @@ pub(super) const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long a rank waits for the others to join its job.
 const JOIN_WAIT: Duration = Duration::from_secs(300);
-
-/// Joins the job of `cfg.job` (this process trains one replica of it): the others must agree on
-/// the recipe (its `config:` line), the data and the step it resumes from.
-pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<Arc<JobLink>> {
-    if cfg.drafter_devices.len() != 1 {
-        bail!(
-            "--drafter-devices lists {} devices, but in a job of several processes (WORLD_SIZE={}) \
-             each process trains one drafter replica: give it one device, and start more \
-             processes for more replicas",
-            cfg.drafter_devices.len(),
-            tag.world
-        );
-    }
-    let mut fields = config_fields(&cfg.recipe_line());
-    // How a rank measures (CUPTI there or not) is its own business, not the recipe's.
-    fields.retain(|(k, _)| k != "cupti");
-    fields.push(("world".into(), tag.world.to_string()));
-    fields.push((
-        "resume_step".into(),
-        cfg.resume_state
-            .as_ref()
-            .map_or("none".into(), |s| s.step.to_string()),
-    ));
-    if let DataSpec::Jsonl(p) = &cfg.data {
-        fields.push(("data_digest".into(), file_digest(p)?));
-    }
-    JobLink::join(tag, &fields, JOIN_WAIT, cfg.hooks)
-}
 
 /// This process's link to the other ranks of its job.
 pub struct JobLink {
@@ -78,65 +54,6 @@ pub struct JobLink {
     fault: Mutex<Option<String>>,
     /// Set when this process ends: the watch stops, silence of others is no longer a fault.
     ending: AtomicBool,
-}
-
-/// The fields of a `config: k=v k=v ...` line, in order (a value with spaces keeps them).
-pub fn config_fields(line: &str) -> Vec<(String, String)> {
-    let mut fields: Vec<(String, String)> = Vec::new();
-    for token in line.trim_start_matches("config:").split_whitespace() {
-        match token.split_once('=') {
-            Some((k, v)) => fields.push((k.to_string(), v.to_string())),
-            None => {
-                if let Some((_, v)) = fields.last_mut() {
-                    v.push(' ');
-                    v.push_str(token);
-                }
-            }
-        }
-    }
-    fields
-}
-
-/// The first field in which `theirs` (rank `rank`'s) differs from rank 0's, as the sentence.
-pub fn first_mismatch(
-    rank: u32,
-    rank0: &BTreeMap<String, String>,
-    theirs: &BTreeMap<String, String>,
-) -> Option<String> {
-    let keys: std::collections::BTreeSet<&String> = rank0.keys().chain(theirs.keys()).collect();
-    keys.into_iter().find_map(|k| {
-        let (a, b) = (rank0.get(k), theirs.get(k));
-        (a != b).then(|| {
-            let show = |v: Option<&String>| v.map_or("(none)".to_string(), |s| s.clone());
-            format!(
-                "rank {rank} was started with {k}={} but rank 0 with {k}={}: every rank of a job \
-                 must run the same drafter, recipe and data; start them with the same flags and files",
-                show(b),
-                show(a)
-            )
-        })
-    })
-}
-
-/// A data file's identity for the rendezvous: its length and the CRC32 of its first and last
-/// 4 MiB (cheap on a large file; two different files of one job differ there).
-pub fn file_digest(path: &std::path::Path) -> Result<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    const PART: u64 = 4 << 20;
-    let mut f = std::fs::File::open(path)
-        .map_err(|e| anyhow!("--data {}: {e}: give a readable JSONL file", path.display()))?;
-    let len = f.metadata()?.len();
-    let mut crc = crc32fast::Hasher::new();
-    let mut buf = Vec::new();
-    (&mut f).take(PART).read_to_end(&mut buf)?;
-    crc.update(&buf);
-    if len > PART {
-        buf.clear();
-        f.seek(SeekFrom::Start(len.saturating_sub(PART).max(PART)))?;
-        f.read_to_end(&mut buf)?;
-        crc.update(&buf);
-    }
-    Ok(format!("{len}:{:08x}", crc.finalize()))
 }
 
 fn job_prefix(tag: &JobTag) -> String {
@@ -549,31 +466,5 @@ mod tests {
         for got in seen {
             assert_eq!(got, vec![vec![0u8], vec![10], vec![20]]);
         }
-    }
-
-    #[test]
-    fn config_lines_split_into_fields_and_a_difference_names_rank_and_field() {
-        let f = config_fields("config: recipe=preset:tiny lr=6e-4 data=/a b/c.jsonl seed=1");
-        assert_eq!(
-            f,
-            vec![
-                ("recipe".into(), "preset:tiny".into()),
-                ("lr".into(), "6e-4".into()),
-                ("data".into(), "/a b/c.jsonl".into()),
-                ("seed".into(), "1".into())
-            ]
-        );
-        let a: BTreeMap<String, String> = f.iter().cloned().collect();
-        assert_eq!(first_mismatch(1, &a, &a), None);
-        let mut b = a.clone();
-        b.insert("lr".into(), "1e-3".into());
-        let why = first_mismatch(2, &a, &b).unwrap();
-        assert!(
-            why.starts_with("rank 2 was started with lr=1e-3 but rank 0 with lr=6e-4"),
-            "{why}"
-        );
-        let mut b = a.clone();
-        b.remove("seed");
-        assert!(first_mismatch(1, &a, &b).unwrap().contains("seed=(none)"));
     }
 }
