@@ -4,7 +4,7 @@
 # strips them into .gpu/tests/ (about 60 MB together), and the release binary the seeded-warning
 # test drives into .gpu/dflash-top. On the GPU host, from the repository root:
 #   TL=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")')
-#   LD_LIBRARY_PATH=$TL .gpu/tests/lib --ignored && LD_LIBRARY_PATH=$TL .gpu/tests/all --ignored
+#   LD_LIBRARY_PATH=$TL .gpu/tests/lib --include-ignored && LD_LIBRARY_PATH=$TL .gpu/tests/all --ignored
 set -eu
 mkdir -p .gpu/tests
 cargo test --no-run --message-format=json --lib --test all |
