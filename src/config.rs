@@ -510,12 +510,15 @@ mod tests {
             })
         };
         let c = with(
-            "[fast_paths]\ndisable = [\"flash-target\"]\nwindow_groups = 1\n",
+            "[fast_paths]\ndisable = [\"flash-target\"]\nwindow_groups = 1\ntile_anchors = 8\n",
             None,
         )
         .unwrap()
         .pipeline;
-        assert_eq!(c.fast_paths.describe(), "-flash-target,window_groups=1");
+        assert_eq!(
+            c.fast_paths.describe(),
+            "-flash-target,window_groups=1,tile_anchors=8"
+        );
         // The flag's list replaces the file's.
         let c = with(
             "[fast_paths]\ndisable = [\"flash-target\"]\n",
@@ -535,6 +538,11 @@ mod tests {
                 "[fast_paths]\nwindow_groups = 0\n",
                 None,
                 "`window_groups` 0 in [fast_paths]",
+            ),
+            (
+                "[fast_paths]\ntile_anchors = 256\n",
+                None,
+                "`tile_anchors` 256 in [fast_paths] is out of range: use 1 to 128",
             ),
         ] {
             let e = format!("{:#}", with(text, flag).unwrap_err());

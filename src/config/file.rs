@@ -49,7 +49,7 @@ pub struct FileConfig {
     pub warnings: Option<WarnConfig>,
     /// Seconds a verdict change must hold before it is shown (default 3).
     pub verdict_dwell: Option<f64>,
-    /// `[fast_paths]`: `disable` (names) and `window_groups`.
+    /// `[fast_paths]`: `disable` (names), `window_groups` and `tile_anchors`.
     pub fast_paths: Option<FastPathsFile>,
 }
 
@@ -62,6 +62,8 @@ pub struct FastPathsFile {
     pub disable: Vec<String>,
     /// Runs of tiles a layer in the drafter's tiled attention, 1 to 64.
     pub window_groups: Option<i64>,
+    /// Anchors a tile of the drafter's tiled attention holds at most, 1 to 128.
+    pub tile_anchors: Option<i64>,
 }
 
 /// `--disable` (which replaces the TOML's list) and `[fast_paths]`, checked.
@@ -79,6 +81,12 @@ pub(super) fn fast_paths_of(flag: Option<&str>, file: Option<&FastPathsFile>) ->
             bail!("`window_groups` {n} in [fast_paths] is out of range: use 1 to 64");
         }
         paths.window_groups = n;
+    }
+    if let Some(n) = file.tile_anchors {
+        if !(1..=128).contains(&n) {
+            bail!("`tile_anchors` {n} in [fast_paths] is out of range: use 1 to 128");
+        }
+        paths.tile_anchors = n;
     }
     Ok(paths)
 }

@@ -73,11 +73,15 @@ pub const ALL: [(FastPath, &str, &str); 8] = [
 /// the default, picks by the batch's rows (`window_groups_for`).
 pub const DEFAULT_WINDOW_GROUPS: i64 = 0;
 
-/// The fast paths of a run: which are off, and the tiling knob.
+/// Anchors a tile of the drafter's tiled attention holds at most (512 queries at block 16).
+pub const DEFAULT_TILE_ANCHORS: i64 = 32;
+
+/// The fast paths of a run: which are off, and the tiling knobs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FastPaths {
     off: u32,
     pub window_groups: i64,
+    pub tile_anchors: i64,
 }
 
 impl Default for FastPaths {
@@ -85,6 +89,7 @@ impl Default for FastPaths {
         FastPaths {
             off: 0,
             window_groups: DEFAULT_WINDOW_GROUPS,
+            tile_anchors: DEFAULT_TILE_ANCHORS,
         }
     }
 }
@@ -120,8 +125,8 @@ impl FastPaths {
         self.off & bit(p) == 0
     }
 
-    /// `all` or the paths turned off (`-graphs,-fused-adamw`), then the window groups when
-    /// not the default: for the `config:` line.
+    /// `all` or the paths turned off (`-graphs,-fused-adamw`), then the window groups and the
+    /// tile's anchors when not the default: for the `config:` line.
     pub fn describe(&self) -> String {
         let off: Vec<String> = ALL
             .iter()
@@ -136,17 +141,28 @@ impl FastPaths {
         if self.window_groups != DEFAULT_WINDOW_GROUPS {
             s.push_str(&format!(",window_groups={}", self.window_groups));
         }
+        if self.tile_anchors != DEFAULT_TILE_ANCHORS {
+            s.push_str(&format!(",tile_anchors={}", self.tile_anchors));
+        }
         s
     }
 }
 
 static OFF: AtomicU32 = AtomicU32::new(0);
 static WINDOW_GROUPS: AtomicI64 = AtomicI64::new(DEFAULT_WINDOW_GROUPS);
+static TILE_ANCHORS: AtomicI64 = AtomicI64::new(DEFAULT_TILE_ANCHORS);
 
 /// Makes `paths` the process's setting (a pipeline does, as it starts).
 pub fn install(paths: FastPaths) {
     OFF.store(paths.off, Relaxed);
     WINDOW_GROUPS.store(paths.window_groups, Relaxed);
+    TILE_ANCHORS.store(paths.tile_anchors, Relaxed);
+}
+
+/// Anchors a tile of the drafter's tiled attention holds at most, as installed (`tile_anchors`
+/// under `[fast_paths]`, for side-by-side measurements; 32 by default).
+pub fn tile_anchors() -> i64 {
+    TILE_ANCHORS.load(Relaxed)
 }
 
 /// Whether `p` may be taken in this process.
@@ -188,6 +204,11 @@ mod tests {
             ..FastPaths::default()
         };
         assert_eq!(groups.describe(), "all,window_groups=1");
+        let tiles = FastPaths {
+            tile_anchors: 16,
+            ..FastPaths::default()
+        };
+        assert_eq!(tiles.describe(), "all,tile_anchors=16");
     }
 
     #[test]

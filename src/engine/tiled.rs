@@ -13,8 +13,14 @@
 
 use tch::{Kind, Tensor};
 
-/// Anchors per tile (at most): 512 queries a tile at block 16.
-pub const TILE_ANCHORS: i64 = 32;
+/// Anchors per tile (at most) by default: 512 queries a tile at block 16 (`tile_anchors` under
+/// the TOML's `[fast_paths]` sets another, for side-by-side measurements).
+pub const TILE_ANCHORS: i64 = super::fast_paths::DEFAULT_TILE_ANCHORS;
+
+/// Anchors per tile at most, as this process runs.
+fn max_tile_anchors() -> i64 {
+    super::fast_paths::tile_anchors()
+}
 
 /// An attention's mask: dense, the drafter's tiles, or the target's documents for a causal
 /// flash kernel (no mask tensor at all).
@@ -115,7 +121,7 @@ impl AttnMask {
 /// The anchor tensor's width for a batch whose fullest row has `count` anchors: rounded up to
 /// a whole number of tiles once there is more than one tile's worth (at least 1).
 pub fn padded_width(count: usize) -> usize {
-    let tile = TILE_ANCHORS as usize;
+    let tile = max_tile_anchors() as usize;
     if count <= tile {
         count.max(1)
     } else {
@@ -123,9 +129,10 @@ pub fn padded_width(count: usize) -> usize {
     }
 }
 
-/// Anchors per tile for `anchors` anchors: the largest divisor of it up to `TILE_ANCHORS`.
+/// Anchors per tile for `anchors` anchors: the largest divisor of it up to the tile's size
+/// (`TILE_ANCHORS` unless set).
 pub fn tile_anchors(anchors: i64) -> i64 {
-    (1..=TILE_ANCHORS.min(anchors.max(1)))
+    (1..=max_tile_anchors().min(anchors.max(1)))
         .rev()
         .find(|t| anchors % t == 0)
         .unwrap_or(1)
