@@ -49,6 +49,13 @@ pub fn report() -> String {
             "not built (default streams; events timing unavailable)"
         }
     );
+    if cuda && crate::engine::cuda::AVAILABLE {
+        let kernels = match crate::engine::cuda::runtime_kernels_check(tch::Device::Cuda(0)) {
+            Ok(()) => "compiled with NVRTC and ran on cuda:0 (the target's, AdamW's)".to_string(),
+            Err(why) => format!("unavailable on cuda:0 ({why:#}): libtorch's ops run instead"),
+        };
+        let _ = writeln!(out, "our kernels     {kernels}");
+    }
     gpu_lines(&mut out);
     cpu_lines(&mut out);
     let _ = writeln!(out, "profiler clock  {}", clock::source());
@@ -209,4 +216,27 @@ pub fn masked_rows_on(device: tch::Device) -> String {
         device,
         if ours_zero { "zeros" } else { "NOT zeros" }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    /// On a GPU host our kernels compile and run, and the report says so in one line; a
+    /// failure to compile, load or launch either program would turn it into the fallback's line.
+    #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
+    fn the_report_says_our_kernels_compiled_and_ran_on_cuda() {
+        if crate::engine::cuda::cuda_or_skip("our kernels").is_none() {
+            return;
+        }
+        let report = super::report();
+        let lines: Vec<&str> = report
+            .lines()
+            .filter(|l| l.starts_with("our kernels"))
+            .collect();
+        assert_eq!(
+            lines,
+            ["our kernels     compiled with NVRTC and ran on cuda:0 (the target's, AdamW's)"],
+            "{report}"
+        );
+    }
 }

@@ -21,6 +21,33 @@ pub use graph::{graphs_wanted, Graph};
 pub use optimizer::{adamw_bf16, fused_adamw, set_grad, AdamWHyper, AdamWState};
 pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};
 
+/// Whether our kernels (the target's and AdamW's for bf16 weights, compiled at run time with
+/// NVRTC) compile and run on `device`: each run once on a few zeros. Where they cannot, the
+/// engine runs libtorch's ops instead, slower; `doctor` says which.
+pub fn runtime_kernels_check(device: tch::Device) -> Result<()> {
+    if !AVAILABLE || !device.is_cuda() {
+        anyhow::bail!("no CUDA shim in this build, or not a GPU");
+    }
+    let half = Tensor::zeros([8], (tch::Kind::BFloat16, device));
+    let out = half.empty_like();
+    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
+    // SAFETY: live tensors (`at::Tensor*`) for the call; the shim checks them.
+    check(
+        unsafe { ffi::dflash_silu_mul(p(&half), p(&half), p(&out)) },
+        "the target's kernels",
+    )?;
+    let float = Tensor::zeros([8], (tch::Kind::Float, device));
+    let (m, v) = (float.copy(), float.copy());
+    let hyper = AdamWHyper {
+        lr: 0.0,
+        beta1: 0.9,
+        beta2: 0.999,
+        weight_decay: 0.0,
+        eps: 1e-8,
+    };
+    adamw_bf16((&float, &half), (&m, &v), &out, (&hyper, 1.0), None, None)
+}
+
 /// A host tensor on `device` without the host waiting for the device. A plain copy from pageable
 /// host memory synchronises the current stream first (libtorch's blocking copy), which in the
 /// middle of a step stalls the host until everything queued so far has run; staged in pinned
