@@ -406,16 +406,9 @@ impl AdamW {
         divisor: Option<&Tensor>,
         found_inf: Option<&Tensor>,
     ) -> bool {
+        let (weights, moments, at) = ((&self.flat, g), (&self.m, &self.v), (hyper, t));
         if !BF16_KERNEL.has_failed() {
-            let ran = super::cuda::adamw_bf16(
-                (&self.flat, g),
-                (&self.m, &self.v),
-                work,
-                (hyper, t),
-                divisor,
-                found_inf,
-            );
-            match ran {
+            match super::cuda::adamw_bf16(weights, moments, work, at, divisor, found_inf) {
                 Ok(()) => {
                     // A failure elsewhere (another replica's) stays the state.
                     if !BF16_KERNEL.has_failed() {
@@ -426,14 +419,7 @@ impl AdamW {
                 Err(e) => BF16_KERNEL.failed(&e),
             }
         }
-        widened_adamw(
-            (&self.flat, g),
-            (&self.m, &self.v),
-            work,
-            (hyper, t),
-            divisor,
-            found_inf,
-        )
+        widened_adamw(weights, moments, work, at, divisor, found_inf)
     }
 
     /// Saves the fp32 master weights, m, v and the step (safetensors + the step in `step`).
