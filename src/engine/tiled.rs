@@ -1,7 +1,7 @@
 //! The drafter's attention without the work its mask hides. A block of 16 queries sees the
 //! context keys before its anchor (in its document) and the 16 keys of its own block, never
 //! another block: with 512 blocks, 73% of the dense key range is other blocks' keys. Here the
-//! blocks are taken in tiles of `TILE_ANCHORS` anchors; each tile attends to its own tile's block
+//! blocks are taken in tiles of 32 anchors (`max_tile_anchors`); each tile attends to its own tile's block
 //! keys and to a window of the context. Anchors are sorted, so consecutive tiles have close
 //! windows: the tiles are cut into `window_groups(rows)` equal runs (2 for one row, 4 for more,
 //! unless `[fast_paths]` says)
@@ -13,11 +13,8 @@
 
 use tch::{Kind, Tensor};
 
-/// Anchors per tile (at most) by default: 512 queries a tile at block 16 (`tile_anchors` under
-/// the TOML's `[fast_paths]` sets another, for side-by-side measurements).
-pub const TILE_ANCHORS: i64 = super::fast_paths::DEFAULT_TILE_ANCHORS;
-
-/// Anchors per tile at most, as this process runs.
+/// Anchors per tile at most, as this process runs: 32 (512 queries at block 16) unless
+/// `tile_anchors` under the TOML's `[fast_paths]` sets another, for side-by-side measurements.
 fn max_tile_anchors() -> i64 {
     super::fast_paths::tile_anchors()
 }
@@ -130,7 +127,7 @@ pub fn padded_width(count: usize) -> usize {
 }
 
 /// Anchors per tile for `anchors` anchors: the largest divisor of it up to the tile's size
-/// (`TILE_ANCHORS` unless set).
+/// (`max_tile_anchors`).
 pub fn tile_anchors(anchors: i64) -> i64 {
     (1..=max_tile_anchors().min(anchors.max(1)))
         .rev()

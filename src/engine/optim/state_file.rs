@@ -1,0 +1,85 @@
+//! The optimizer's state file beside a checkpoint: the f32 master weights, both moments and the
+//! step, as safetensors; a resumed run continues from it exactly.
+
+use super::AdamW;
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::path::Path;
+use tch::Tensor;
+
+impl AdamW {
+    /// Saves the fp32 master weights, m, v and the step (safetensors + the step in `step`).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut named: Vec<(String, Tensor)> = Vec::new();
+        for (i, ((name, p), (off, n))) in self.params.iter().zip(&self.spans).enumerate() {
+            let master = self.master(i).to_device(tch::Device::Cpu).contiguous();
+            named.push((format!("master.{name}"), master));
+            let slice = |t: &Tensor| {
+                t.narrow(0, *off, *n)
+                    .view(p.size().as_slice())
+                    .to_device(tch::Device::Cpu)
+                    .contiguous()
+            };
+            named.push((format!("exp_avg.{name}"), slice(&self.m)));
+            named.push((format!("exp_avg_sq.{name}"), slice(&self.v)));
+        }
+        named.push(("step".into(), Tensor::from_slice(&[self.step])));
+        Tensor::write_safetensors(&named, path)
+            .with_context(|| format!("cannot write optimizer state {}", path.display()))
+    }
+
+    pub fn load(&mut self, path: &Path) -> Result<()> {
+        let tensors: HashMap<String, Tensor> = Tensor::read_safetensors(path)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: not a readable optimizer state ({e}); the checkpoint is damaged: resume \
+                     from an earlier checkpoint, or start from its weights alone with --drafter",
+                    path.display()
+                )
+            })?
+            .into_iter()
+            .collect();
+        let _g = tch::no_grad_guard();
+        for (i, ((name, p), (off, n))) in self.params.iter().zip(&self.spans).enumerate() {
+            // The master weights (absent in checkpoints of earlier versions, whose weights file
+            // held them in fp32).
+            if let Some(master) = tensors.get(&format!("master.{name}")) {
+                if master.size() != p.size() {
+                    anyhow::bail!(
+                        "{}: `master.{name}` has shape {:?}, expected {:?}",
+                        path.display(),
+                        master.size(),
+                        p.size()
+                    );
+                }
+                self.master(i).copy_(master);
+            }
+            for (prefix, buf) in [("exp_avg", &self.m), ("exp_avg_sq", &self.v)] {
+                let mut dst = buf.narrow(0, *off, *n).view(p.size().as_slice());
+                let key = format!("{prefix}.{name}");
+                let t = tensors.get(&key).with_context(|| {
+                    format!(
+                        "{} lacks `{key}`: it does not belong to this drafter",
+                        path.display()
+                    )
+                })?;
+                if t.size() != dst.size() {
+                    anyhow::bail!(
+                        "{}: `{key}` has shape {:?}, expected {:?}",
+                        path.display(),
+                        t.size(),
+                        dst.size()
+                    );
+                }
+                dst.copy_(t);
+            }
+        }
+        self.step = tensors
+            .get("step")
+            .and_then(|t| Vec::<i64>::try_from(t).ok())
+            .and_then(|v| v.first().copied())
+            .with_context(|| format!("{} lacks `step`", path.display()))?;
+        self.refresh_working();
+        Ok(())
+    }
+}
