@@ -93,10 +93,12 @@ fn build_nccl_shim(lib: &std::path::Path) {
     shim_build("src/engine/cxx/cuda_shim.cpp", &includes)
         .file("src/engine/cxx/target_kernels.cpp")
         .file("src/engine/cxx/optimizer_kernels.cpp")
+        .file("src/engine/cxx/attention_kernels.cpp")
         .compile("dflash_cuda_shim");
     for file in [
         "target_kernels.cpp",
         "optimizer_kernels.cpp",
+        "attention_kernels.cpp",
         "runtime_kernels.h",
     ] {
         println!("cargo:rerun-if-changed=src/engine/cxx/{file}");

@@ -86,6 +86,14 @@ pub(crate) mod ffi {
             eps: f64,
         ) -> c_int;
         pub fn dflash_silu_mul(g: *mut c_void, u: *mut c_void, out: *mut c_void) -> c_int;
+        pub fn dflash_block_attention(
+            q: *mut c_void,
+            k: *mut c_void,
+            v: *mut c_void,
+            spans: *mut c_void,
+            docs: *mut c_void,
+            out: *mut *mut c_void,
+        ) -> c_int;
         pub fn dflash_add_rms_norm(
             x: *mut c_void,
             d: *mut c_void,
@@ -222,6 +230,16 @@ pub(crate) mod ffi {
         1
     }
     pub unsafe fn dflash_silu_mul(_: *mut c_void, _: *mut c_void, _: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_block_attention(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut *mut c_void,
+    ) -> c_int {
         1
     }
     pub unsafe fn dflash_add_rms_norm(

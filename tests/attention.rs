@@ -4,7 +4,8 @@
 //! context windows, and a window that spans the whole context.
 
 use dflash_top::engine::blocks::{
-    anchors_tensor, block_mask, block_positions, context_mask, tiled_block_mask, Anchors,
+    anchors_tensor, block_mask, block_positions, block_spans, context_mask, tiled_block_mask,
+    Anchors,
 };
 use dflash_top::engine::config::Preset;
 use dflash_top::engine::drafter::Drafter;
@@ -519,4 +520,153 @@ fn flash_target_equals_the_dense_document_mask_on_cuda() {
         max_diff(&dense, &wrong) > 10.0 * diff.max(1e-3),
         "the documents must matter"
     );
+}
+
+/// Rows for the block attention kernels (blocks of 16, heads of 128): 2 rows of 200 context
+/// tokens (not a whole number of the kernels' 64-key tiles), 24 anchors a row.
+/// - row 0: documents 0 (50 tokens), 1 (60), 0 again (40) and 2 (50): a block in the second
+///   document 0 has the first one's keys inside its span and must not see them; anchors at
+///   document starts (blocks that see only their own keys);
+/// - row 1: one document of 130 and 70 of padding; 9 anchors, the rest padding blocks.
+struct KernelRows {
+    docs: Tensor,
+    per_row: Vec<Vec<i64>>,
+    anchors: Anchors,
+    s: i64,
+}
+
+fn kernel_rows() -> KernelRows {
+    let (s, width) = (200i64, 24usize);
+    let host_docs: Vec<i64> = [(0, 50), (1, 60), (0, 40), (2, 50), (0, 130), (9, 70)]
+        .iter()
+        .flat_map(|&(d, n)| std::iter::repeat_n(d, n))
+        .collect();
+    let row0: Vec<i64> = [
+        0, 3, 20, 49, 50, 51, 77, 109, 110, 111, 130, 149, 150, 151, 160,
+    ]
+    .into_iter()
+    .chain((170..200).step_by(4))
+    .collect();
+    let row1: Vec<i64> = (0..130).step_by(15).collect();
+    assert_eq!((row0.len(), row1.len()), (23, 9));
+    let per_row = vec![row0, row1];
+    KernelRows {
+        docs: Tensor::from_slice(&host_docs).view([2, s]),
+        anchors: anchors_tensor(&per_row, width, Device::Cpu),
+        per_row,
+        s,
+    }
+}
+
+/// Each block's span says exactly which context keys the mask shows it: the keys in
+/// `[start, end)` of the anchor's document, none for a padding block (computed on the CPU here;
+/// the kernels take it on CUDA).
+#[test]
+fn block_spans_hold_exactly_the_keys_the_mask_shows() {
+    let r = kernel_rows();
+    let ctx = context_mask(&r.docs, &r.anchors);
+    let spans = block_spans(&ctx, &r.docs, &r.anchors);
+    let (b, a) = (2usize, r.anchors.pos.size()[1] as usize);
+    let spans = Vec::<i32>::try_from(spans.flatten(0, -1)).unwrap();
+    let mask = Vec::<bool>::try_from(ctx.flatten(0, -1)).unwrap();
+    let docs = Vec::<i64>::try_from(r.docs.flatten(0, -1)).unwrap();
+    let s = r.s as usize;
+    let mut seen_split = false;
+    for row in 0..b {
+        for j in 0..a {
+            let [start, end, doc, real] = spans[(row * a + j) * 4..][..4] else {
+                unreachable!()
+            };
+            assert_eq!(real == 1, j < r.per_row[row].len(), "row {row} block {j}");
+            for key in 0..s {
+                let by_span = (start as usize..end as usize).contains(&key)
+                    && docs[row * s + key] == doc as i64;
+                assert_eq!(
+                    by_span,
+                    mask[(row * a + j) * s + key],
+                    "row {row} block {j} key {key}"
+                );
+                seen_split |= (start as usize..end as usize).contains(&key) && !by_span;
+            }
+        }
+    }
+    assert!(seen_split, "a span holds another document's keys somewhere");
+}
+
+/// The block attention kernels against the dense mask on CUDA in bf16 (libtorch's sdpa):
+/// output and q, k, v gradients, at the 8B drafter's heads (32 query heads over 8 KV heads) and
+/// the 0.6B's (16 over 8), with padding blocks, blocks that see only their own keys, and a
+/// document that comes back in a row.
+#[test]
+#[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
+fn the_block_attention_kernels_equal_the_dense_mask_on_cuda() {
+    use dflash_top::engine::cuda::{block_attention, block_attention_state};
+    let Some(dev) = crate::cuda_shim_or_skip("the block attention kernels") else {
+        return;
+    };
+    tch::manual_seed(21);
+    let r = kernel_rows();
+    let on = |x: &Tensor| x.to_device(dev);
+    let anchors = Anchors {
+        pos: on(&r.anchors.pos),
+        valid: on(&r.anchors.valid),
+        count: r.anchors.count,
+    };
+    let docs = on(&r.docs);
+    let block = 16;
+    let dense = block_mask(&docs, &anchors, block);
+    let spans = block_spans(&context_mask(&docs, &anchors), &docs, &anchors);
+    let docs32 = docs.to_kind(Kind::Int);
+    for (hq, hkv) in [(32, 8), (16, 8)] {
+        let (b, lq) = (2, anchors.pos.size()[1] * block);
+        // Token-major, as the drafter's layers make them: [b, l, heads, 128].
+        let rand = |h: i64, l: i64| {
+            Tensor::randn([b, l, h, 128], (Kind::Float, Device::Cpu))
+                .to_device(dev)
+                .to_kind(Kind::BFloat16)
+                .set_requires_grad(true)
+        };
+        let (q, k, v) = (rand(hq, lq), rand(hkv, r.s + lq), rand(hkv, r.s + lq));
+        let upstream = rand(hq, lq).detach();
+        let run = |attend: &dyn Fn() -> Tensor| {
+            for x in [&q, &k, &v] {
+                let mut g = x.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            let out = attend();
+            (&out * &upstream).sum(Kind::Float).backward();
+            [out.detach(), q.grad(), k.grad(), v.grad()].map(|x| x.to_kind(Kind::Float).copy())
+        };
+        let heads = |t: &Tensor| t.transpose(1, 2);
+        let want = run(&|| {
+            heads(&masked_attention(
+                &heads(&q),
+                &heads(&k),
+                &heads(&v),
+                &dense,
+            ))
+        });
+        let got = run(&|| {
+            block_attention(&q, &k, &v, &spans, &docs32)
+                .unwrap_or_else(|| panic!("the kernels did not run: {}", block_attention_state()))
+        });
+        for (name, (x, y)) in ["out", "dq", "dk", "dv"].iter().zip(want.iter().zip(&got)) {
+            assert!(
+                bool::try_from(y.isfinite().all()).unwrap(),
+                "{name} not finite ({hq} heads)"
+            );
+            let scale = f64::try_from(x.abs().max()).unwrap().max(1e-3);
+            let diff = max_diff(x, y);
+            eprintln!("{hq}/{hkv} heads {name}: max |diff| {diff:.4} of max |x| {scale:.3}");
+            assert!(
+                diff <= 0.02 * scale,
+                "{name} differs by {diff} (scale {scale}, {hq} heads)"
+            );
+        }
+        // Padding blocks give zeros.
+        let padded = got[0].narrow(0, 1, 1).narrow(1, 9 * block, lq - 9 * block);
+        assert_eq!(f64::try_from(padded.abs().max()).unwrap(), 0.0);
+    }
 }

@@ -360,12 +360,13 @@ fn engine(args: &BenchArgs) -> Result<()> {
     }
     println!(
         "bench: target_attention={} target_forward={} target_kernels={} drafter_step={} \
-         adamw_bf16={}",
+         adamw_bf16={} drafter_attention={}",
         crate::engine::varlen::attention_used(),
         crate::engine::target_graph::state(),
         crate::engine::cuda::target_kernels_state(),
         crate::engine::drafter_graph::state(),
-        crate::engine::optim::bf16_kernel_state()
+        crate::engine::optim::bf16_kernel_state(),
+        crate::engine::cuda::block_attention_state()
     );
     println!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())

@@ -234,7 +234,32 @@ pub fn planned_block_mask(
     block: i64,
     plan: &super::tiled::WindowPlan,
 ) -> super::tiled::TiledMask {
-    super::tiled::TiledMask::new(&context_mask(doc_ids, anchors), &anchors.valid, block, plan)
+    let ctx = context_mask(doc_ids, anchors);
+    let mask = super::tiled::TiledMask::new(&ctx, &anchors.valid, block, plan);
+    if doc_ids.device().is_cuda() {
+        mask.with_block_spans(
+            block_spans(&ctx, doc_ids, anchors),
+            doc_ids.to_kind(Kind::Int),
+        )
+    } else {
+        mask
+    }
+}
+
+/// Each block's context keys as the block attention kernels take them (src/engine/cuda/
+/// block_attention.rs): `[start, end)` holds every key `ctx` shows the block (from its first
+/// to its anchor, the end exclusive; empty for a block that sees none), then the anchor's
+/// document (a key in the span of another document is not seen) and 1 for a real block, 0 for
+/// padding.
+// ctx [b, a, s] bool (`context_mask`), doc_ids [b, s], anchors [b, a] -> [b, a, 4] int32
+pub fn block_spans(ctx: &Tensor, doc_ids: &Tensor, anchors: &Anchors) -> Tensor {
+    let seen = ctx.any_dim(-1, false);
+    // The first key seen: argmax gives the first of equal maxima.
+    let start = ctx.to_kind(Kind::Uint8).argmax(-1, false);
+    let end = anchors.pos.where_self(&seen, &start);
+    let doc = doc_ids.gather(1, &anchors.pos, false);
+    let real = anchors.valid.to_kind(Kind::Int64);
+    Tensor::stack(&[start, end, doc, real], -1).to_kind(Kind::Int)
 }
 
 /// Labels at `anchor + k` and where they carry loss: k >= 1, inside the row, in the anchor's

@@ -12,10 +12,12 @@ use anyhow::Result;
 use std::ffi::{c_int, c_void};
 use tch::Tensor;
 
+mod block_attention;
 mod flash_attention;
 mod graph;
 mod optimizer;
 mod target_kernels;
+pub use block_attention::{block_attention, block_attention_state};
 pub use flash_attention::flash_varlen;
 pub use graph::{graphs_wanted, Graph};
 pub use optimizer::{adamw_bf16, fused_adamw, set_grad, AdamWHyper, AdamWState};

@@ -26,6 +26,9 @@ pub enum FastPath {
     Bf16Weights,
     /// Varlen flash attention in the target (off: one dense mask per row).
     FlashTarget,
+    /// The drafter's attention in our own kernels over each block's visible keys only (off: the
+    /// tiled sdpa calls).
+    BlockAttention,
     /// Gradients all-reduced in buckets during backward (off: in one piece after it).
     GradSyncDuringBackward,
     /// One drafter replica skips the gradient average (off: even one GPU drafter goes through
@@ -34,7 +37,7 @@ pub enum FastPath {
 }
 
 /// Every path, its name in `--disable` and the TOML, and what turning it off means.
-pub const ALL: [(FastPath, &str, &str); 8] = [
+pub const ALL: [(FastPath, &str, &str); 9] = [
     (FastPath::Graphs, "graphs", "every CUDA graph off"),
     (
         FastPath::DrafterGraph,
@@ -56,6 +59,11 @@ pub const ALL: [(FastPath, &str, &str); 8] = [
         FastPath::FlashTarget,
         "flash-target",
         "the target's attention with a dense mask",
+    ),
+    (
+        FastPath::BlockAttention,
+        "block-attention",
+        "the drafter's attention as tiled sdpa calls",
     ),
     (
         FastPath::GradSyncDuringBackward,

@@ -43,6 +43,9 @@ pub struct TiledMask {
     pub tile: i64,
     /// Consecutive tiles with one context window each, in tile order, covering every tile.
     pub runs: Vec<TileRun>,
+    /// Each block's span [b, a, 4] and the context's documents [b, s], both int32, where the
+    /// block attention kernels may run (`blocks::block_spans`; on CUDA only).
+    block_spans: Option<(Tensor, Tensor)>,
 }
 
 /// Consecutive tiles (the same ones in every row) that attend to one context window: one call.
@@ -307,7 +310,20 @@ impl TiledMask {
             blocks,
             tile,
             runs,
+            block_spans: None,
         }
+    }
+
+    /// This mask with each block's span and the context's documents (`blocks::block_spans`), so
+    /// that the block attention kernels may run in its place.
+    pub fn with_block_spans(mut self, spans: Tensor, docs: Tensor) -> TiledMask {
+        self.block_spans = Some((spans, docs));
+        self
+    }
+
+    /// The blocks' spans and the context's documents, where given (`with_block_spans`).
+    pub fn block_spans(&self) -> Option<(&Tensor, &Tensor)> {
+        self.block_spans.as_ref().map(|(s, d)| (s, d))
     }
 
     fn dense(&self) -> Tensor {

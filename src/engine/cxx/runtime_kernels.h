@@ -3,8 +3,8 @@
 // opened with dlopen (they come with the PyTorch wheel and the GPU driver), so nothing here is
 // linked and a machine without them still runs the ops the kernels replace.
 //
-// Used by target_kernels.cpp (the target's forward) and optimizer_kernels.cpp (AdamW over bf16
-// weights).
+// Used by target_kernels.cpp (the target's forward), optimizer_kernels.cpp (AdamW over bf16
+// weights) and attention_kernels.cpp (the drafter's block attention).
 #pragma once
 
 #include <ATen/cuda/CUDAContextLight.h>
@@ -56,6 +56,7 @@ struct Api {
   decltype(&cuModuleLoadData) moduleLoadData;
   decltype(&cuModuleGetFunction) moduleGetFunction;
   decltype(&cuLaunchKernel) launchKernel;
+  decltype(&cuFuncSetAttribute) funcSetAttribute;
 };
 
 // libnvrtc next to the wheel's other CUDA libraries (torch/../nvidia/cu13/lib), else wherever
@@ -104,6 +105,7 @@ inline const Api& api() {
       bind(cuda, "cuModuleLoadData", a.moduleLoadData);
       bind(cuda, "cuModuleGetFunction", a.moduleGetFunction);
       bind(cuda, "cuLaunchKernel", a.launchKernel);
+      bind(cuda, "cuFuncSetAttribute", a.funcSetAttribute);
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -166,20 +168,41 @@ inline CUfunction kernel_for(const Program& program, int device, const char* nam
   return fn;
 }
 
-// Launches kernel `name` of `program` with `threads_needed` threads (blocks of 256) on the
-// current stream of `device`.
-inline void launch(const Program& program, int device, const char* name,
-                   long long threads_needed, void** args) {
+// The shape of a launch: the grid, the threads of a block, and the dynamic shared memory of a
+// block in bytes.
+struct Shape {
+  unsigned int grid_x, grid_y, grid_z;
+  unsigned int threads;
+  unsigned int shared_bytes;
+};
+
+// Launches kernel `name` of `program` in `shape` on the current stream of `device`.
+inline void launch_shaped(const Program& program, int device, const char* name, Shape shape,
+                          void** args) {
   CUfunction fn = kernel_for(program, device, name);
   // The kernel runs in `device`'s context, whichever device the calling thread has current (a
   // worker's tensors may be on another GPU than its thread's device).
   dflash::OnDevice on(device);
+  // More than 48 KiB of dynamic shared memory must be asked for (setting it again is harmless).
+  if (shape.shared_bytes > 48 * 1024 &&
+      api().funcSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                             static_cast<int>(shape.shared_bytes)) != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("the kernel ") + name + " cannot have " +
+                             std::to_string(shape.shared_bytes) + " bytes of shared memory");
+  auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  if (api().launchKernel(fn, shape.grid_x, shape.grid_y, shape.grid_z, shape.threads, 1, 1,
+                         shape.shared_bytes, reinterpret_cast<CUstream>(stream), args,
+                         nullptr) != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("the kernel ") + name + " did not launch");
+}
+
+// Launches kernel `name` of `program` with `threads_needed` threads (blocks of 256) on the
+// current stream of `device`.
+inline void launch(const Program& program, int device, const char* name,
+                   long long threads_needed, void** args) {
   unsigned int threads = 256;
   auto blocks = static_cast<unsigned int>((threads_needed + threads - 1) / threads);
-  auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  if (api().launchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream),
-                         args, nullptr) != CUDA_SUCCESS)
-    throw std::runtime_error(std::string("the kernel ") + name + " did not launch");
+  launch_shaped(program, device, name, Shape{blocks, 1, 1, threads, 0}, args);
 }
 
 }  // namespace dflash::rtc

@@ -97,6 +97,16 @@ impl Attention {
                 docs.attention(&q, &k, &v, *window)
                     .unwrap_or_else(|e| panic!("{e:#}"))
             }
+            AttnMask::Tiled(m) if m.block_spans().is_some() => {
+                // The block attention kernels where they run, else the tiled sdpa calls.
+                let q = apply_rope(&q, q_rope.0, q_rope.1, 2);
+                let k = apply_rope(&k, k_rope.0, k_rope.1, 2);
+                let (spans, docs) = m.block_spans().expect("checked above");
+                crate::engine::cuda::block_attention(&q, &k, &v, spans, docs).unwrap_or_else(|| {
+                    let heads = |t: &Tensor| t.transpose(1, 2);
+                    tiled_attention(&heads(&q), &heads(&k), &heads(&v), m).transpose(1, 2)
+                })
+            }
             _ => {
                 let (q, k, v) = heads_major(&q, &k, &v, q_rope, k_rope);
                 let out = match mask {

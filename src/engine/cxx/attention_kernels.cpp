@@ -1,0 +1,570 @@
+// The drafter's block attention in kernels of our own: each block of 16 queries attends to the
+// context keys of its span (its document's keys before its anchor) and to its own 16 block keys,
+// and nothing else is computed (the tiled sdpa path computes about four times the visible pairs:
+// its tiles' whole windows and every block key of a tile). Forward and backward as a libtorch
+// autograd function, so the drafter's training step calls it like any op.
+//
+// Layout: q [b, 16a, hq, 128], k and v [b, s + 16a, hkv, 128] (the s context keys, then the
+// blocks' own keys), bf16, contiguous; spans [b, a, 4] int32: the block's context keys
+// [start, end), its document id, and whether it is a real block (a padding block sees nothing and
+// its output is zero); docs [b, s] int32: each context key's document (a key inside the span but
+// of another document is not seen, as the dense mask says).
+//
+// The kernels run on the tensor cores through mma.sync (bf16 in, f32 accumulated), one warp per
+// query head and block in the forward and dq kernels (the head's 16 queries against tiles of 64
+// keys held in shared memory by the block's KV head), one warp per 16 keys in the dk/dv kernel
+// (each tile of 64 keys against every block that sees it). No atomics: every output element is
+// written by one warp. Compiled at run time (runtime_kernels.h).
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "runtime_kernels.h"
+
+namespace {
+
+const char* kSource = R"(
+#include "bf16.h"
+
+#define D 128
+#define KT 64
+#define SP 136
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ unsigned pack(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned ld32(const bf16* p) {
+  return *reinterpret_cast<const unsigned*>(p);
+}
+
+// Two bf16 of one column of a shared tile: rows r and r + 1.
+__device__ __forceinline__ unsigned col2(const bf16* p) {
+  return (unsigned)p[0] | ((unsigned)p[SP] << 16);
+}
+
+// The A fragment of the 16 x 16 piece at `p` of a row-major matrix with `pitch` elements a row.
+__device__ __forceinline__ void load_a(unsigned* a, const bf16* p, long long pitch, int g, int t) {
+  a[0] = ld32(p + g * pitch + 2 * t);
+  a[1] = ld32(p + (g + 8) * pitch + 2 * t);
+  a[2] = ld32(p + g * pitch + 8 + 2 * t);
+  a[3] = ld32(p + (g + 8) * pitch + 8 + 2 * t);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// `kn` keys from `at` (elements, a key every `pitch`) into the shared tiles, zeros after; `ok`
+// says which the block sees (`docs` null: all `kn`, else those of document `doc`).
+__device__ void load_tile(bf16* ks, bf16* vs, unsigned char* ok, const bf16* k, const bf16* v,
+                          long long at, long long pitch, int kn, const int* docs, int doc) {
+  for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {
+    int r = i >> 4, c = (i & 15) * 8;
+    uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+    if (r < kn) {
+      kx = *reinterpret_cast<const uint4*>(k + at + r * pitch + c);
+      vx = *reinterpret_cast<const uint4*>(v + at + r * pitch + c);
+    }
+    *reinterpret_cast<uint4*>(ks + r * SP + c) = kx;
+    *reinterpret_cast<uint4*>(vs + r * SP + c) = vx;
+  }
+  for (int r = threadIdx.x; r < KT; r += blockDim.x)
+    ok[r] = r < kn && (docs == 0 || docs[r] == doc);
+}
+
+// What a block's warps share: where its queries are, its span, and its tiles of keys.
+struct Block {
+  int j, kvh, row, head, warp, g, t;
+  long long lq, lk, qpitch, kpitch;
+  int start, end, doc, own, ctx_tiles, tiles;
+};
+
+__device__ Block block_of(const int* spans, int a, int s, int hq, int hkv) {
+  Block b;
+  b.j = blockIdx.x;
+  b.kvh = blockIdx.y;
+  b.row = blockIdx.z;
+  b.warp = threadIdx.x >> 5;
+  b.g = (threadIdx.x & 31) >> 2;
+  b.t = threadIdx.x & 3;
+  b.head = b.kvh * (hq / hkv) + b.warp;
+  b.lq = 16LL * a;
+  b.lk = s + b.lq;
+  b.qpitch = (long long)hq * D;
+  b.kpitch = (long long)hkv * D;
+  const int* sp = spans + ((long long)b.row * a + b.j) * 4;
+  b.start = sp[0];
+  b.end = sp[1];
+  b.doc = sp[2];
+  b.own = sp[3];
+  b.ctx_tiles = b.end > b.start ? (b.end - b.start + KT - 1) / KT : 0;
+  b.tiles = b.ctx_tiles + (b.own ? 1 : 0);
+  return b;
+}
+
+// Tile `it` of the block's keys into shared memory: its context tiles, then its own keys.
+// Returns whether it is the own tile.
+__device__ bool block_tile(const Block& b, int it, bf16* ks, bf16* vs, unsigned char* ok,
+                           const bf16* k, const bf16* v, const int* docs, int s) {
+  const bool own = it == b.ctx_tiles;
+  const int k0 = own ? s + 16 * b.j : b.start + it * KT;
+  const int kn = own ? 16 : min(KT, b.end - k0);
+  __syncthreads();
+  load_tile(ks, vs, ok, k, v, (b.row * b.lk + k0) * b.kpitch + b.kvh * D, b.kpitch, kn,
+            own ? 0 : docs + (long long)b.row * s + k0, b.doc);
+  __syncthreads();
+  return own;
+}
+
+extern "C" __global__ void __launch_bounds__(128) block_attention_fwd(
+    const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+    const int* __restrict__ spans, const int* __restrict__ docs, bf16* __restrict__ out,
+    float* __restrict__ lse, int a, int s, int hq, int hkv, float scale_log2) {
+  __shared__ __align__(16) bf16 ks[KT * SP];
+  __shared__ __align__(16) bf16 vs[KT * SP];
+  __shared__ unsigned char ok[KT];
+  const Block b = block_of(spans, a, s, hq, hkv);
+  const int g = b.g, t = b.t;
+  const bf16* qb = q + ((b.row * b.lq + 16LL * b.j) * hq + b.head) * D;
+  unsigned qa[8][4];
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) load_a(qa[kk], qb + 16 * kk, b.qpitch, g, t);
+  float o[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  for (int it = 0; it < b.tiles; ++it) {
+    const bool own = block_tile(b, it, ks, vs, ok, k, v, docs, s);
+    const int nts = own ? 2 : 8;
+    float sc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+      if (nt < nts) {
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          const bf16* kp = ks + (nt * 8 + g) * SP + kk * 16 + 2 * t;
+          mma(sc[nt], qa[kk], ld32(kp), ld32(kp + 8));
+        }
+      }
+    }
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool seen = ok[nt * 8 + 2 * t + e];
+        sc[nt][e] = seen ? sc[nt][e] * scale_log2 : -INFINITY;
+        sc[nt][2 + e] = seen ? sc[nt][2 + e] * scale_log2 : -INFINITY;
+        mx0 = fmaxf(mx0, sc[nt][e]);
+        mx1 = fmaxf(mx1, sc[nt][2 + e]);
+      }
+    }
+    mx0 = quad_max(mx0);
+    mx1 = quad_max(mx1);
+    const float base0 = mx0 == -INFINITY ? 0.f : mx0, base1 = mx1 == -INFINITY ? 0.f : mx1;
+    const float al0 = ex2(m0 - base0), al1 = ex2(m1 - base1);
+    float r0 = 0.f, r1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sc[nt][e] = ex2(sc[nt][e] - base0);
+        sc[nt][2 + e] = ex2(sc[nt][2 + e] - base1);
+        r0 += sc[nt][e];
+        r1 += sc[nt][2 + e];
+      }
+    }
+    l0 = l0 * al0 + r0;
+    l1 = l1 * al1 + r1;
+    m0 = mx0;
+    m1 = mx1;
+#pragma unroll
+    for (int dt = 0; dt < 16; ++dt) {
+      o[dt][0] *= al0;
+      o[dt][1] *= al0;
+      o[dt][2] *= al1;
+      o[dt][3] *= al1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if (kk * 2 >= nts) continue;
+      const unsigned pa[4] = {pack(sc[2 * kk][0], sc[2 * kk][1]), pack(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < 16; ++dt) {
+        const bf16* vp = vs + (16 * kk + 2 * t) * SP + 8 * dt + g;
+        mma(o[dt], pa, col2(vp), col2(vp + 8 * SP));
+      }
+    }
+  }
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  bf16* ob = out + ((b.row * b.lq + 16LL * b.j) * hq + b.head) * D;
+#pragma unroll
+  for (int dt = 0; dt < 16; ++dt) {
+    *reinterpret_cast<unsigned*>(ob + g * b.qpitch + 8 * dt + 2 * t) =
+        pack(o[dt][0] * inv0, o[dt][1] * inv0);
+    *reinterpret_cast<unsigned*>(ob + (g + 8) * b.qpitch + 8 * dt + 2 * t) =
+        pack(o[dt][2] * inv1, o[dt][3] * inv1);
+  }
+  if (t == 0) {
+    float* lb = lse + (b.row * b.lq + 16LL * b.j) * hq + b.head;
+    lb[g * hq] = l0 > 0.f ? m0 + log2f(l0) : INFINITY;
+    lb[(g + 8) * hq] = l1 > 0.f ? m1 + log2f(l1) : INFINITY;
+  }
+}
+
+// dq = scale * dS K over the block's tiles, dS = P (dP - delta), dP = dO V^T, P from the
+// forward's log-sum-exp (log2 units of the scaled scores; +inf for a row that saw nothing).
+extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
+    const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+    const bf16* __restrict__ dout, const float* __restrict__ lse,
+    const float* __restrict__ delta, const int* __restrict__ spans, const int* __restrict__ docs,
+    bf16* __restrict__ dq, int a, int s, int hq, int hkv, float scale_log2, float scale) {
+  __shared__ __align__(16) bf16 ks[KT * SP];
+  __shared__ __align__(16) bf16 vs[KT * SP];
+  __shared__ unsigned char ok[KT];
+  const Block b = block_of(spans, a, s, hq, hkv);
+  const int g = b.g, t = b.t;
+  const long long q0 = (b.row * b.lq + 16LL * b.j) * hq + b.head;
+  unsigned qa[8][4], da[8][4];
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    load_a(qa[kk], q + q0 * D + 16 * kk, b.qpitch, g, t);
+    load_a(da[kk], dout + q0 * D + 16 * kk, b.qpitch, g, t);
+  }
+  const float L0 = lse[q0 + g * hq], L1 = lse[q0 + (g + 8) * hq];
+  const float D0 = delta[q0 + g * hq], D1 = delta[q0 + (g + 8) * hq];
+  float acc[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int it = 0; it < b.tiles; ++it) {
+    const bool own = block_tile(b, it, ks, vs, ok, k, v, docs, s);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (own && half == 1) continue;
+      float sc[4][4], dp[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+        dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
+        if (own && n >= 2) continue;
+        const int nt = half * 4 + n;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          const bf16* kp = ks + (nt * 8 + g) * SP + kk * 16 + 2 * t;
+          const bf16* vp = vs + (nt * 8 + g) * SP + kk * 16 + 2 * t;
+          mma(sc[n], qa[kk], ld32(kp), ld32(kp + 8));
+          mma(dp[n], da[kk], ld32(vp), ld32(vp + 8));
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool seen = ok[(half * 4 + n) * 8 + 2 * t + e];
+          const float p0 = seen ? ex2(sc[n][e] * scale_log2 - L0) : 0.f;
+          const float p1 = seen ? ex2(sc[n][2 + e] * scale_log2 - L1) : 0.f;
+          sc[n][e] = p0 * (dp[n][e] - D0);
+          sc[n][2 + e] = p1 * (dp[n][2 + e] - D1);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        if (own && kk == 1) continue;
+        const unsigned pa[4] = {pack(sc[2 * kk][0], sc[2 * kk][1]),
+                                pack(sc[2 * kk][2], sc[2 * kk][3]),
+                                pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < 16; ++dt) {
+          const bf16* kp = ks + (half * 32 + 16 * kk + 2 * t) * SP + 8 * dt + g;
+          mma(acc[dt], pa, col2(kp), col2(kp + 8 * SP));
+        }
+      }
+    }
+  }
+  bf16* ob = dq + q0 * D;
+#pragma unroll
+  for (int dt = 0; dt < 16; ++dt) {
+    *reinterpret_cast<unsigned*>(ob + g * b.qpitch + 8 * dt + 2 * t) =
+        pack(acc[dt][0] * scale, acc[dt][1] * scale);
+    *reinterpret_cast<unsigned*>(ob + (g + 8) * b.qpitch + 8 * dt + 2 * t) =
+        pack(acc[dt][2] * scale, acc[dt][3] * scale);
+  }
+}
+
+// dk = scale * dS^T Q and dv = P^T dO for a tile of 64 keys (a warp's 16 each), over every block
+// that sees one of them: blocks whose span meets the tile (context keys), or the tile's own
+// blocks (block keys). Every key of k and v gets its gradient written, zero where none sees it.
+extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
+    const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+    const bf16* __restrict__ dout, const float* __restrict__ lse,
+    const float* __restrict__ delta, const int* __restrict__ spans, const int* __restrict__ docs,
+    bf16* __restrict__ dk, bf16* __restrict__ dv, int a, int s, int hq, int hkv,
+    float scale_log2, float scale) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* ks = reinterpret_cast<bf16*>(smem);
+  bf16* vs = ks + KT * SP;
+  bf16* qs = vs + KT * SP;
+  bf16* dos = qs + 64 * SP;
+  float* Ls = reinterpret_cast<float*>(dos + 64 * SP);
+  float* Ds = Ls + 64;
+  unsigned char* ok = reinterpret_cast<unsigned char*>(Ds + 64);
+  const int tile = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int group = hq / hkv, rows = group * 16;
+  const long long lq = 16LL * a, lk = s + lq, kpitch = (long long)hkv * D;
+  const int ctx_tiles = (s + KT - 1) / KT;
+  const bool block_keys = tile >= ctx_tiles;
+  const int k0 = block_keys ? s + (tile - ctx_tiles) * KT : tile * KT;
+  const int kn = block_keys ? (int)min((long long)KT, lk - k0) : min(KT, s - k0);
+  load_tile(ks, vs, ok, k, v, (row * lk + k0) * kpitch + kvh * D, kpitch, kn, 0, 0);
+  float dka[16][4], dva[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = 0.f;
+    dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.f;
+  }
+  const int jlo = block_keys ? (k0 - s) / 16 : 0;
+  const int jhi = block_keys ? min(a, (k0 - s + kn) / 16) : a;
+  for (int jj = jlo; jj < jhi; ++jj) {
+    const int* sp = spans + ((long long)row * a + jj) * 4;
+    const int st = sp[0], en = sp[1], dc = sp[2], ow = sp[3];
+    const bool any = block_keys ? ow != 0 : (en > st && st < k0 + kn && en > k0);
+    if (!any) continue;
+    __syncthreads();
+    for (int r = threadIdx.x; r < KT; r += blockDim.x) {
+      const int key = k0 + r;
+      ok[r] = r < kn && (block_keys ? (key >= s + 16 * jj && key < s + 16 * jj + 16)
+                                    : (key >= st && key < en &&
+                                       docs[(long long)row * s + key] == dc));
+    }
+    for (int i = threadIdx.x; i < rows * (D / 8); i += blockDim.x) {
+      const int r = i >> 4, c = (i & 15) * 8;
+      const long long at = ((row * lq + 16LL * jj + (r & 15)) * hq + kvh * group + (r >> 4)) * D + c;
+      *reinterpret_cast<uint4*>(qs + r * SP + c) = *reinterpret_cast<const uint4*>(q + at);
+      *reinterpret_cast<uint4*>(dos + r * SP + c) = *reinterpret_cast<const uint4*>(dout + at);
+    }
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+      const long long at = (row * lq + 16LL * jj + (r & 15)) * hq + kvh * group + (r >> 4);
+      Ls[r] = lse[at];
+      Ds[r] = delta[at];
+    }
+    __syncthreads();
+    const bool seen0 = ok[16 * warp + g], seen1 = ok[16 * warp + g + 8];
+    if (!__any_sync(0xffffffffu, seen0 || seen1)) continue;
+    for (int hh = 0; hh < group; ++hh) {
+      const bf16* qh = qs + hh * 16 * SP;
+      const bf16* dh = dos + hh * 16 * SP;
+      float st_[2][4], dpt[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        st_[n][0] = st_[n][1] = st_[n][2] = st_[n][3] = 0.f;
+        dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        unsigned ka[4], va[4];
+        load_a(ka, ks + 16 * warp * SP + 16 * kk, SP, g, t);
+        load_a(va, vs + 16 * warp * SP + 16 * kk, SP, g, t);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const bf16* qp = qh + (8 * n + g) * SP + 16 * kk + 2 * t;
+          const bf16* dp = dh + (8 * n + g) * SP + 16 * kk + 2 * t;
+          mma(st_[n], ka, ld32(qp), ld32(qp + 8));
+          mma(dpt[n], va, ld32(dp), ld32(dp + 8));
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = hh * 16 + 8 * n + 2 * t + e;
+          const float L = Ls[r], Dr = Ds[r];
+          const float pa = seen0 ? ex2(st_[n][e] * scale_log2 - L) : 0.f;
+          const float pb = seen1 ? ex2(st_[n][2 + e] * scale_log2 - L) : 0.f;
+          st_[n][e] = pa;
+          st_[n][2 + e] = pb;
+          dpt[n][e] = pa * (dpt[n][e] - Dr);
+          dpt[n][2 + e] = pb * (dpt[n][2 + e] - Dr);
+        }
+      }
+      const unsigned pa[4] = {pack(st_[0][0], st_[0][1]), pack(st_[0][2], st_[0][3]),
+                              pack(st_[1][0], st_[1][1]), pack(st_[1][2], st_[1][3])};
+      const unsigned sa[4] = {pack(dpt[0][0], dpt[0][1]), pack(dpt[0][2], dpt[0][3]),
+                              pack(dpt[1][0], dpt[1][1]), pack(dpt[1][2], dpt[1][3])};
+#pragma unroll
+      for (int dt = 0; dt < 16; ++dt) {
+        const bf16* dp = dh + 2 * t * SP + 8 * dt + g;
+        const bf16* qp = qh + 2 * t * SP + 8 * dt + g;
+        mma(dva[dt], pa, col2(dp), col2(dp + 8 * SP));
+        mma(dka[dt], sa, col2(qp), col2(qp + 8 * SP));
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = 16 * warp + g + 8 * half;
+    if (key >= kn) continue;
+    const long long at = ((row * lk + k0 + key) * hkv + kvh) * D;
+#pragma unroll
+    for (int dt = 0; dt < 16; ++dt) {
+      *reinterpret_cast<unsigned*>(dk + at + 8 * dt + 2 * t) =
+          pack(dka[dt][2 * half] * scale, dka[dt][2 * half + 1] * scale);
+      *reinterpret_cast<unsigned*>(dv + at + 8 * dt + 2 * t) =
+          pack(dva[dt][2 * half], dva[dt][2 * half + 1]);
+    }
+  }
+}
+)";
+
+const dflash::rtc::Program kProgram{"attention_kernels.cu", kSource};
+
+constexpr int kTile = 64;
+constexpr int kPitch = 136;
+// The dk/dv kernel's shared memory: k, v, q and dO tiles of 64 rows, the rows' log-sum-exp and
+// delta, the keys' visibility.
+constexpr unsigned kDkdvShared = 4 * kTile * kPitch * 2 + 2 * 64 * 4 + kTile;
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The shapes every kernel takes: a, s, hq, hkv.
+struct Dims {
+  int a, s, hq, hkv;
+};
+
+Dims check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& spans, const at::Tensor& docs) {
+  TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.dim() == 4 &&
+                  q.size(3) == 128 && q.is_contiguous(),
+              "block attention: q bf16 [b, 16a, hq, 128], contiguous, on a GPU");
+  TORCH_CHECK(q.size(1) % 16 == 0, "block attention: 16 queries a block");
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kBFloat16 && t->dim() == 4 &&
+                    t->size(0) == q.size(0) && t->size(1) > q.size(1) && t->size(3) == 128 &&
+                    t->is_contiguous() && t->get_device() == q.get_device(),
+                "block attention: k and v bf16 [b, s + 16a, hkv, 128], contiguous, on q's GPU");
+  }
+  TORCH_CHECK(k.sizes() == v.sizes(), "block attention: k and v of one shape");
+  Dims d{static_cast<int>(q.size(1) / 16), static_cast<int>(k.size(1) - q.size(1)),
+         static_cast<int>(q.size(2)), static_cast<int>(k.size(2))};
+  TORCH_CHECK(d.hq % d.hkv == 0 && (d.hq / d.hkv == 1 || d.hq / d.hkv == 2 || d.hq / d.hkv == 4),
+              "block attention: 1, 2 or 4 query heads a KV head");
+  TORCH_CHECK(spans.is_cuda() && spans.scalar_type() == at::kInt && spans.is_contiguous() &&
+                  spans.dim() == 3 && spans.size(0) == q.size(0) && spans.size(1) == d.a &&
+                  spans.size(2) == 4,
+              "block attention: spans int32 [b, a, 4], contiguous, on a GPU");
+  TORCH_CHECK(docs.is_cuda() && docs.scalar_type() == at::kInt && docs.is_contiguous() &&
+                  docs.dim() == 2 && docs.size(0) == q.size(0) && docs.size(1) == d.s,
+              "block attention: docs int32 [b, s], contiguous, on a GPU");
+  return d;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct BlockAttention : public torch::autograd::Function<BlockAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& spans, const at::Tensor& docs) {
+    Dims d = check_inputs(q, k, v, spans, docs);
+    auto out = at::empty_like(q);
+    auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    float scale_log2 = kLog2e / std::sqrt(128.f);
+    const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(),
+               *sp = spans.data_ptr(), *dp = docs.data_ptr();
+    void *op = out.data_ptr(), *lp = lse.data_ptr();
+    void* args[] = {&qp, &kp, &vp, &sp, &dp, &op, &lp, &d.a, &d.s, &d.hq, &d.hkv, &scale_log2};
+    auto grid = dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv),
+                                   static_cast<unsigned>(q.size(0)),
+                                   static_cast<unsigned>(32 * (d.hq / d.hkv)), 0};
+    if (q.numel() > 0) {
+      // The backward's kernels compiled now: a failure then shows here, where the caller can
+      // take another path, not inside backward.
+      for (const char* name : {"block_attention_dq", "block_attention_dkdv"})
+        dflash::rtc::kernel_for(kProgram, q.get_device(), name);
+      dflash::rtc::launch_shaped(kProgram, q.get_device(), "block_attention_fwd", grid, args);
+    }
+    ctx->save_for_backward({q, k, v, out, lse, spans, docs});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3],
+                     &lse = saved[4], &spans = saved[5], &docs = saved[6];
+    Dims d = check_inputs(q, k, v, spans, docs);
+    at::Tensor dout = grads[0].to(at::kBFloat16).contiguous();
+    at::Tensor delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).contiguous();
+    auto dq = at::empty_like(q);
+    auto dk = at::empty_like(k);
+    auto dv = at::empty_like(v);
+    float scale = 1.f / std::sqrt(128.f);
+    float scale_log2 = kLog2e * scale;
+    const void *qp = q.data_ptr(), *kp = k.data_ptr(), *vp = v.data_ptr(),
+               *gp = dout.data_ptr(), *lp = lse.data_ptr(), *ep = delta.data_ptr(),
+               *sp = spans.data_ptr(), *dp = docs.data_ptr();
+    void *dqp = dq.data_ptr(), *dkp = dk.data_ptr(), *dvp = dv.data_ptr();
+    const unsigned rows = static_cast<unsigned>(q.size(0));
+    if (q.numel() > 0) {
+      void* dq_args[] = {&qp, &kp, &vp, &gp, &lp, &ep, &sp, &dp, &dqp,
+                         &d.a, &d.s, &d.hq, &d.hkv, &scale_log2, &scale};
+      dflash::rtc::launch_shaped(
+          kProgram, q.get_device(), "block_attention_dq",
+          dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv), rows,
+                             static_cast<unsigned>(32 * (d.hq / d.hkv)), 0},
+          dq_args);
+      void* kv_args[] = {&qp, &kp, &vp, &gp, &lp, &ep, &sp, &dp, &dkp, &dvp,
+                         &d.a, &d.s, &d.hq, &d.hkv, &scale_log2, &scale};
+      unsigned key_tiles = static_cast<unsigned>((d.s + kTile - 1) / kTile +
+                                                 (16 * d.a + kTile - 1) / kTile);
+      dflash::rtc::launch_shaped(
+          kProgram, q.get_device(), "block_attention_dkdv",
+          dflash::rtc::Shape{key_tiles, static_cast<unsigned>(d.hkv), rows, 128, kDkdvShared},
+          kv_args);
+    }
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
+const at::Tensor& tensor(void* p) { return *static_cast<at::Tensor*>(p); }
+
+}  // namespace
+
+extern "C" {
+
+// The block attention of q over k and v (see the top of this file): a new tensor in `out`,
+// differentiable in q, k and v.
+int dflash_block_attention(void* q, void* k, void* v, void* spans, void* docs, void** out) {
+  return dflash::guarded([&] {
+    *out = new at::Tensor(
+        BlockAttention::apply(tensor(q), tensor(k), tensor(v), tensor(spans), tensor(docs)));
+  });
+}
+}
