@@ -54,9 +54,37 @@ __device__ __forceinline__ unsigned ld32(const bf16* p) {
   return *reinterpret_cast<const unsigned*>(p);
 }
 
-// Two bf16 of one column of a shared tile: rows r and r + 1.
-__device__ __forceinline__ unsigned col2(const bf16* p) {
-  return (unsigned)p[0] | ((unsigned)p[SP] << 16);
+// Four 8 x 8 matrices of a shared tile in one ldmatrix, each lane giving the address of one of
+// their rows (`row` and `col` from its lane).
+__device__ __forceinline__ void ldsm(unsigned* r, const bf16* p) {
+  unsigned at = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(at));
+}
+
+__device__ __forceinline__ void ldsm_t(unsigned* r, const bf16* p) {
+  unsigned at = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(at));
+}
+
+// The A fragment of the 16 x 16 piece at `p` of a shared tile.
+__device__ __forceinline__ void smem_a(unsigned* a, const bf16* p, int lane) {
+  ldsm(a, p + (lane & 15) * SP + (lane >> 4) * 8);
+}
+
+// B fragments where the tile holds B transposed (a row per n, k along the row): (b0, b1) of
+// k steps 0 and 1 of the 8 x 32 piece at `p` (n rows, k columns).
+__device__ __forceinline__ void smem_bt(unsigned* b, const bf16* p, int lane) {
+  ldsm(b, p + (lane & 7) * SP + (lane >> 3) * 8);
+}
+
+// B fragments where the tile holds B as it is (a row per k): (b0, b1) of n-tiles 0 and 1 of the
+// 16 x 16 piece at `p` (k rows, n columns).
+__device__ __forceinline__ void smem_b(unsigned* b, const bf16* p, int lane) {
+  ldsm_t(b, p + (lane & 15) * SP + (lane >> 4) * 8);
 }
 
 // The A fragment of the 16 x 16 piece at `p` of a row-major matrix with `pitch` elements a row.
@@ -147,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_fwd(
   __shared__ __align__(16) bf16 vs[KT * SP];
   __shared__ unsigned char ok[KT];
   const Block b = block_of(spans, a, s, hq, hkv);
-  const int g = b.g, t = b.t;
+  const int g = b.g, t = b.t, lane = threadIdx.x & 31;
   const bf16* qb = q + ((b.row * b.lq + 16LL * b.j) * hq + b.head) * D;
   unsigned qa[8][4];
 #pragma unroll
@@ -165,9 +193,11 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_fwd(
       sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
       if (nt < nts) {
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          const bf16* kp = ks + (nt * 8 + g) * SP + kk * 16 + 2 * t;
-          mma(sc[nt], qa[kk], ld32(kp), ld32(kp + 8));
+        for (int kk = 0; kk < 8; kk += 2) {
+          unsigned kb[4];
+          smem_bt(kb, ks + nt * 8 * SP + kk * 16, lane);
+          mma(sc[nt], qa[kk], kb[0], kb[1]);
+          mma(sc[nt], qa[kk + 1], kb[2], kb[3]);
         }
       }
     }
@@ -216,9 +246,11 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_fwd(
                               pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                               pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
-      for (int dt = 0; dt < 16; ++dt) {
-        const bf16* vp = vs + (16 * kk + 2 * t) * SP + 8 * dt + g;
-        mma(o[dt], pa, col2(vp), col2(vp + 8 * SP));
+      for (int dt = 0; dt < 16; dt += 2) {
+        unsigned vb[4];
+        smem_b(vb, vs + 16 * kk * SP + 8 * dt, lane);
+        mma(o[dt], pa, vb[0], vb[1]);
+        mma(o[dt + 1], pa, vb[2], vb[3]);
       }
     }
   }
@@ -251,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
   __shared__ __align__(16) bf16 vs[KT * SP];
   __shared__ unsigned char ok[KT];
   const Block b = block_of(spans, a, s, hq, hkv);
-  const int g = b.g, t = b.t;
+  const int g = b.g, t = b.t, lane = threadIdx.x & 31;
   const long long q0 = (b.row * b.lq + 16LL * b.j) * hq + b.head;
   unsigned qa[8][4], da[8][4];
 #pragma unroll
@@ -277,11 +309,14 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
         if (own && n >= 2) continue;
         const int nt = half * 4 + n;
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          const bf16* kp = ks + (nt * 8 + g) * SP + kk * 16 + 2 * t;
-          const bf16* vp = vs + (nt * 8 + g) * SP + kk * 16 + 2 * t;
-          mma(sc[n], qa[kk], ld32(kp), ld32(kp + 8));
-          mma(dp[n], da[kk], ld32(vp), ld32(vp + 8));
+        for (int kk = 0; kk < 8; kk += 2) {
+          unsigned kb[4], vb[4];
+          smem_bt(kb, ks + nt * 8 * SP + kk * 16, lane);
+          smem_bt(vb, vs + nt * 8 * SP + kk * 16, lane);
+          mma(sc[n], qa[kk], kb[0], kb[1]);
+          mma(sc[n], qa[kk + 1], kb[2], kb[3]);
+          mma(dp[n], da[kk], vb[0], vb[1]);
+          mma(dp[n], da[kk + 1], vb[2], vb[3]);
         }
       }
 #pragma unroll
@@ -303,9 +338,11 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
                                 pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                                 pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
-        for (int dt = 0; dt < 16; ++dt) {
-          const bf16* kp = ks + (half * 32 + 16 * kk + 2 * t) * SP + 8 * dt + g;
-          mma(acc[dt], pa, col2(kp), col2(kp + 8 * SP));
+        for (int dt = 0; dt < 16; dt += 2) {
+          unsigned kb[4];
+          smem_b(kb, ks + (half * 32 + 16 * kk) * SP + 8 * dt, lane);
+          mma(acc[dt], pa, kb[0], kb[1]);
+          mma(acc[dt + 1], pa, kb[2], kb[3]);
         }
       }
     }
@@ -338,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
   float* Ds = Ls + 64;
   unsigned char* ok = reinterpret_cast<unsigned char*>(Ds + 64);
   const int tile = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
-  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int group = hq / hkv, rows = group * 16;
   const long long lq = 16LL * a, lk = s + lq, kpitch = (long long)hkv * D;
   const int ctx_tiles = (s + KT - 1) / KT;
@@ -346,6 +383,14 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
   const int k0 = block_keys ? s + (tile - ctx_tiles) * KT : tile * KT;
   const int kn = block_keys ? (int)min((long long)KT, lk - k0) : min(KT, s - k0);
   load_tile(ks, vs, ok, k, v, (row * lk + k0) * kpitch + kvh * D, kpitch, kn, 0, 0);
+  __syncthreads();
+  // The warp's 16 keys and values as A fragments, for every block.
+  unsigned ka[8][4], va[8][4];
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    smem_a(ka[kk], ks + 16 * warp * SP + 16 * kk, lane);
+    smem_a(va[kk], vs + 16 * warp * SP + 16 * kk, lane);
+  }
   float dka[16][4], dva[16][4];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -390,16 +435,16 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
         dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.f;
       }
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        unsigned ka[4], va[4];
-        load_a(ka, ks + 16 * warp * SP + 16 * kk, SP, g, t);
-        load_a(va, vs + 16 * warp * SP + 16 * kk, SP, g, t);
+      for (int kk = 0; kk < 8; kk += 2) {
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
-          const bf16* qp = qh + (8 * n + g) * SP + 16 * kk + 2 * t;
-          const bf16* dp = dh + (8 * n + g) * SP + 16 * kk + 2 * t;
-          mma(st_[n], ka, ld32(qp), ld32(qp + 8));
-          mma(dpt[n], va, ld32(dp), ld32(dp + 8));
+          unsigned qb[4], db[4];
+          smem_bt(qb, qh + 8 * n * SP + 16 * kk, lane);
+          smem_bt(db, dh + 8 * n * SP + 16 * kk, lane);
+          mma(st_[n], ka[kk], qb[0], qb[1]);
+          mma(st_[n], ka[kk + 1], qb[2], qb[3]);
+          mma(dpt[n], va[kk], db[0], db[1]);
+          mma(dpt[n], va[kk + 1], db[2], db[3]);
         }
       }
 #pragma unroll
@@ -421,11 +466,14 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
       const unsigned sa[4] = {pack(dpt[0][0], dpt[0][1]), pack(dpt[0][2], dpt[0][3]),
                               pack(dpt[1][0], dpt[1][1]), pack(dpt[1][2], dpt[1][3])};
 #pragma unroll
-      for (int dt = 0; dt < 16; ++dt) {
-        const bf16* dp = dh + 2 * t * SP + 8 * dt + g;
-        const bf16* qp = qh + 2 * t * SP + 8 * dt + g;
-        mma(dva[dt], pa, col2(dp), col2(dp + 8 * SP));
-        mma(dka[dt], sa, col2(qp), col2(qp + 8 * SP));
+      for (int dt = 0; dt < 16; dt += 2) {
+        unsigned db[4], qb[4];
+        smem_b(db, dh + 8 * dt, lane);
+        smem_b(qb, qh + 8 * dt, lane);
+        mma(dva[dt], pa, db[0], db[1]);
+        mma(dva[dt + 1], pa, db[2], db[3]);
+        mma(dka[dt], sa, qb[0], qb[1]);
+        mma(dka[dt + 1], sa, qb[2], qb[3]);
       }
     }
   }
