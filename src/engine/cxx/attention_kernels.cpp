@@ -14,7 +14,9 @@
 // query head and block in the forward and dq kernels (the head's 16 queries against tiles of 64
 // keys held in shared memory by the block's KV head), one warp per 16 keys in the dk/dv kernel
 // (each tile of 64 keys against every block that sees it). No atomics: every output element is
-// written by one warp. Compiled at run time (runtime_kernels.h).
+// written by one warp. Operands come from shared memory through ldmatrix, and each kernel copies
+// its next tile (cp.async) into a second set of shared tiles while it computes on the current
+// one. Compiled at run time (runtime_kernels.h).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -105,19 +107,32 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// `kn` keys from `at` (elements, a key every `pitch`) into the shared tiles, zeros after; `ok`
-// says which the block sees (`docs` null: all `kn`, else those of document `doc`).
+// Copies of 16 bytes from global to shared memory that run while the warps compute
+// (cp.async); `full` false writes 16 zero bytes instead.
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool full) {
+  unsigned at = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src),
+               "r"(full ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits for all but the latest group of copies (the one just started for the next tile).
+__device__ __forceinline__ void cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Starts copying `kn` keys from `at` (elements, a key every `pitch`) into the shared tiles,
+// zeros after; `ok` says which the block sees (`docs` null: all `kn`, else those of document
+// `doc`), written at once.
 __device__ void load_tile(bf16* ks, bf16* vs, unsigned char* ok, const bf16* k, const bf16* v,
                           long long at, long long pitch, int kn, const int* docs, int doc) {
   for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {
-    int r = i >> 4, c = (i & 15) * 8;
-    uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
-    if (r < kn) {
-      kx = *reinterpret_cast<const uint4*>(k + at + r * pitch + c);
-      vx = *reinterpret_cast<const uint4*>(v + at + r * pitch + c);
-    }
-    *reinterpret_cast<uint4*>(ks + r * SP + c) = kx;
-    *reinterpret_cast<uint4*>(vs + r * SP + c) = vx;
+    const int r = i >> 4, c = (i & 15) * 8;
+    const bool in = r < kn;
+    const long long from = at + (in ? r * pitch + c : 0);
+    cp16(ks + r * SP + c, k + from, in);
+    cp16(vs + r * SP + c, v + from, in);
   }
   for (int r = threadIdx.x; r < KT; r += blockDim.x)
     ok[r] = r < kn && (docs == 0 || docs[r] == doc);
@@ -153,29 +168,56 @@ __device__ Block block_of(const int* spans, int a, int s, int hq, int hkv) {
   return b;
 }
 
-// Tile `it` of the block's keys into shared memory: its context tiles, then its own keys.
-// Returns whether it is the own tile.
-__device__ bool block_tile(const Block& b, int it, bf16* ks, bf16* vs, unsigned char* ok,
-                           const bf16* k, const bf16* v, const int* docs, int s) {
-  const bool own = it == b.ctx_tiles;
-  const int k0 = own ? s + 16 * b.j : b.start + it * KT;
-  const int kn = own ? 16 : min(KT, b.end - k0);
+// The shared tiles of the forward and dq kernels: two sets of keys, values and visibility, one
+// being computed on while the next tile's copies land in the other.
+struct Tiles {
+  unsigned char* smem;
+  __device__ bf16* ks(int set) const { return reinterpret_cast<bf16*>(smem) + set * 2 * KT * SP; }
+  __device__ bf16* vs(int set) const { return ks(set) + KT * SP; }
+  __device__ unsigned char* ok(int set) const {
+    return reinterpret_cast<unsigned char*>(reinterpret_cast<bf16*>(smem) + 4 * KT * SP) +
+           set * KT;
+  }
+};
+
+__device__ Tiles tiles_in(unsigned char* smem) {
+  Tiles x;
+  x.smem = smem;
+  return x;
+}
+
+// Starts loading tile `it` of the block's keys (its context tiles, then its own keys) into set
+// `it % 2` of the tiles; nothing past the last tile. Always commits a group of copies.
+__device__ void start_tile(const Block& b, int it, const Tiles& x, const bf16* k, const bf16* v,
+                           const int* docs, int s) {
+  if (it < b.tiles) {
+    const bool own = it == b.ctx_tiles;
+    const int k0 = own ? s + 16 * b.j : b.start + it * KT;
+    const int kn = own ? 16 : min(KT, b.end - k0);
+    load_tile(x.ks(it & 1), x.vs(it & 1), x.ok(it & 1), k, v,
+              (b.row * b.lk + k0) * b.kpitch + b.kvh * D, b.kpitch, kn,
+              own ? 0 : docs + (long long)b.row * s + k0, b.doc);
+  }
+  cp_commit();
+}
+
+// Tile `it` ready in set `it % 2` (the next one's copies started behind it).
+__device__ void next_tile(const Block& b, int it, const Tiles& x, const bf16* k, const bf16* v,
+                          const int* docs, int s) {
+  start_tile(b, it + 1, x, k, v, docs, s);
+  cp_wait_one();
   __syncthreads();
-  load_tile(ks, vs, ok, k, v, (b.row * b.lk + k0) * b.kpitch + b.kvh * D, b.kpitch, kn,
-            own ? 0 : docs + (long long)b.row * s + k0, b.doc);
-  __syncthreads();
-  return own;
 }
 
 extern "C" __global__ void __launch_bounds__(128) block_attention_fwd(
     const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
     const int* __restrict__ spans, const int* __restrict__ docs, bf16* __restrict__ out,
     float* __restrict__ lse, int a, int s, int hq, int hkv, float scale_log2) {
-  __shared__ __align__(16) bf16 ks[KT * SP];
-  __shared__ __align__(16) bf16 vs[KT * SP];
-  __shared__ unsigned char ok[KT];
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Tiles x = tiles_in(smem);
   const Block b = block_of(spans, a, s, hq, hkv);
   const int g = b.g, t = b.t, lane = threadIdx.x & 31;
+  start_tile(b, 0, x, k, v, docs, s);
   const bf16* qb = q + ((b.row * b.lq + 16LL * b.j) * hq + b.head) * D;
   unsigned qa[8][4];
 #pragma unroll
@@ -185,7 +227,10 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_fwd(
   for (int i = 0; i < 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   for (int it = 0; it < b.tiles; ++it) {
-    const bool own = block_tile(b, it, ks, vs, ok, k, v, docs, s);
+    next_tile(b, it, x, k, v, docs, s);
+    const bf16 *ks = x.ks(it & 1), *vs = x.vs(it & 1);
+    const unsigned char* ok = x.ok(it & 1);
+    const bool own = it == b.ctx_tiles;
     const int nts = own ? 2 : 8;
     float sc[8][4];
 #pragma unroll
@@ -253,6 +298,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_fwd(
         mma(o[dt + 1], pa, vb[2], vb[3]);
       }
     }
+    __syncthreads();
   }
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
@@ -279,11 +325,11 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
     const bf16* __restrict__ dout, const float* __restrict__ lse,
     const float* __restrict__ delta, const int* __restrict__ spans, const int* __restrict__ docs,
     bf16* __restrict__ dq, int a, int s, int hq, int hkv, float scale_log2, float scale) {
-  __shared__ __align__(16) bf16 ks[KT * SP];
-  __shared__ __align__(16) bf16 vs[KT * SP];
-  __shared__ unsigned char ok[KT];
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Tiles x = tiles_in(smem);
   const Block b = block_of(spans, a, s, hq, hkv);
   const int g = b.g, t = b.t, lane = threadIdx.x & 31;
+  start_tile(b, 0, x, k, v, docs, s);
   const long long q0 = (b.row * b.lq + 16LL * b.j) * hq + b.head;
   unsigned qa[8][4], da[8][4];
 #pragma unroll
@@ -297,7 +343,10 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   for (int it = 0; it < b.tiles; ++it) {
-    const bool own = block_tile(b, it, ks, vs, ok, k, v, docs, s);
+    next_tile(b, it, x, k, v, docs, s);
+    const bf16 *ks = x.ks(it & 1), *vs = x.vs(it & 1);
+    const unsigned char* ok = x.ok(it & 1);
+    const bool own = it == b.ctx_tiles;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if (own && half == 1) continue;
@@ -346,6 +395,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
         }
       }
     }
+    __syncthreads();
   }
   bf16* ob = dq + q0 * D;
 #pragma unroll
@@ -369,11 +419,15 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);
   bf16* vs = ks + KT * SP;
-  bf16* qs = vs + KT * SP;
-  bf16* dos = qs + 64 * SP;
-  float* Ls = reinterpret_cast<float*>(dos + 64 * SP);
-  float* Ds = Ls + 64;
-  unsigned char* ok = reinterpret_cast<unsigned char*>(Ds + 64);
+  // Two sets of a block's rows (q, dO, their log-sum-exp and delta) and of the tile keys'
+  // visibility to it: one computed on while the next seeing block's copies land in the other.
+  bf16* rows_at = vs + KT * SP;
+  auto qs_of = [&](int set) { return rows_at + set * 2 * 64 * SP; };
+  auto dos_of = [&](int set) { return qs_of(set) + 64 * SP; };
+  float* stats = reinterpret_cast<float*>(rows_at + 4 * 64 * SP);
+  auto ls_of = [&](int set) { return stats + set * 128; };
+  auto ds_of = [&](int set) { return stats + set * 128 + 64; };
+  auto ok_of = [&](int set) { return reinterpret_cast<unsigned char*>(stats + 256) + set * KT; };
   const int tile = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int group = hq / hkv, rows = group * 16;
@@ -382,7 +436,52 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
   const bool block_keys = tile >= ctx_tiles;
   const int k0 = block_keys ? s + (tile - ctx_tiles) * KT : tile * KT;
   const int kn = block_keys ? (int)min((long long)KT, lk - k0) : min(KT, s - k0);
-  load_tile(ks, vs, ok, k, v, (row * lk + k0) * kpitch + kvh * D, kpitch, kn, 0, 0);
+  const int* spans_row = spans + (long long)row * a * 4;
+  const int* docs_row = docs + (long long)row * s;
+  load_tile(ks, vs, ok_of(1), k, v, (row * lk + k0) * kpitch + kvh * D, kpitch, kn, 0, 0);
+  cp_commit();
+  const int jlo = block_keys ? (k0 - s) / 16 : 0;
+  const int jhi = block_keys ? min(a, (k0 - s + kn) / 16) : a;
+  // The first block from `jj` on that sees a key of the tile (its own keys for block keys, its
+  // span meeting the tile for context keys); jhi where none does.
+  auto next_seeing = [&](int jj) {
+    for (; jj < jhi; ++jj) {
+      const int* sp = spans_row + jj * 4;
+      if (block_keys ? sp[3] != 0 : (sp[1] > sp[0] && sp[0] < k0 + kn && sp[1] > k0)) break;
+    }
+    return jj;
+  };
+  // Starts loading block jj's rows into `set` (nothing past jhi); always commits a group.
+  auto start_rows = [&](int jj, int set) {
+    if (jj < jhi) {
+      const int* sp = spans_row + jj * 4;
+      const int st = sp[0], en = sp[1], dc = sp[2];
+      unsigned char* ok = ok_of(set);
+      for (int r = threadIdx.x; r < KT; r += blockDim.x) {
+        const int key = k0 + r;
+        ok[r] = r < kn && (block_keys ? (key >= s + 16 * jj && key < s + 16 * jj + 16)
+                                      : (key >= st && key < en && docs_row[key] == dc));
+      }
+      bf16 *qs = qs_of(set), *dos = dos_of(set);
+      for (int i = threadIdx.x; i < rows * (D / 8); i += blockDim.x) {
+        const int r = i >> 4, c = (i & 15) * 8;
+        const long long at =
+            ((row * lq + 16LL * jj + (r & 15)) * hq + kvh * group + (r >> 4)) * D + c;
+        cp16(qs + r * SP + c, q + at, true);
+        cp16(dos + r * SP + c, dout + at, true);
+      }
+      float *ls = ls_of(set), *ds = ds_of(set);
+      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const long long at = (row * lq + 16LL * jj + (r & 15)) * hq + kvh * group + (r >> 4);
+        ls[r] = lse[at];
+        ds[r] = delta[at];
+      }
+    }
+    cp_commit();
+  };
+  int jj = next_seeing(jlo);
+  start_rows(jj, 0);
+  cp_wait_all();
   __syncthreads();
   // The warp's 16 keys and values as A fragments, for every block.
   unsigned ka[8][4], va[8][4];
@@ -397,35 +496,17 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
     dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = 0.f;
     dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.f;
   }
-  const int jlo = block_keys ? (k0 - s) / 16 : 0;
-  const int jhi = block_keys ? min(a, (k0 - s + kn) / 16) : a;
-  for (int jj = jlo; jj < jhi; ++jj) {
-    const int* sp = spans + ((long long)row * a + jj) * 4;
-    const int st = sp[0], en = sp[1], dc = sp[2], ow = sp[3];
-    const bool any = block_keys ? ow != 0 : (en > st && st < k0 + kn && en > k0);
-    if (!any) continue;
+  for (int set = 0; jj < jhi; set ^= 1) {
+    const int jn = next_seeing(jj + 1);
+    start_rows(jn, set ^ 1);
+    cp_wait_one();
     __syncthreads();
-    for (int r = threadIdx.x; r < KT; r += blockDim.x) {
-      const int key = k0 + r;
-      ok[r] = r < kn && (block_keys ? (key >= s + 16 * jj && key < s + 16 * jj + 16)
-                                    : (key >= st && key < en &&
-                                       docs[(long long)row * s + key] == dc));
-    }
-    for (int i = threadIdx.x; i < rows * (D / 8); i += blockDim.x) {
-      const int r = i >> 4, c = (i & 15) * 8;
-      const long long at = ((row * lq + 16LL * jj + (r & 15)) * hq + kvh * group + (r >> 4)) * D + c;
-      *reinterpret_cast<uint4*>(qs + r * SP + c) = *reinterpret_cast<const uint4*>(q + at);
-      *reinterpret_cast<uint4*>(dos + r * SP + c) = *reinterpret_cast<const uint4*>(dout + at);
-    }
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-      const long long at = (row * lq + 16LL * jj + (r & 15)) * hq + kvh * group + (r >> 4);
-      Ls[r] = lse[at];
-      Ds[r] = delta[at];
-    }
-    __syncthreads();
+    const bf16 *qs = qs_of(set), *dos = dos_of(set);
+    const float *Ls = ls_of(set), *Ds = ds_of(set);
+    const unsigned char* ok = ok_of(set);
     const bool seen0 = ok[16 * warp + g], seen1 = ok[16 * warp + g + 8];
-    if (!__any_sync(0xffffffffu, seen0 || seen1)) continue;
-    for (int hh = 0; hh < group; ++hh) {
+    const bool warp_sees = __any_sync(0xffffffffu, seen0 || seen1);
+    for (int hh = 0; hh < (warp_sees ? group : 0); ++hh) {
       const bf16* qh = qs + hh * 16 * SP;
       const bf16* dh = dos + hh * 16 * SP;
       float st_[2][4], dpt[2][4];
@@ -476,6 +557,8 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
         mma(dka[dt + 1], sa, qb[2], qb[3]);
       }
     }
+    __syncthreads();
+    jj = jn;
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -497,9 +580,12 @@ const dflash::rtc::Program kProgram{"attention_kernels.cu", kSource};
 
 constexpr int kTile = 64;
 constexpr int kPitch = 136;
-// The dk/dv kernel's shared memory: k, v, q and dO tiles of 64 rows, the rows' log-sum-exp and
-// delta, the keys' visibility.
-constexpr unsigned kDkdvShared = 4 * kTile * kPitch * 2 + 2 * 64 * 4 + kTile;
+// The forward and dq kernels' shared memory: two sets of key and value tiles and the keys'
+// visibility.
+constexpr unsigned kBlockShared = 4 * kTile * kPitch * 2 + 2 * kTile;
+// The dk/dv kernel's: the key and value tiles, then two sets of a block's q and dO rows (64 at
+// most), their log-sum-exp and delta, and the keys' visibility.
+constexpr unsigned kDkdvShared = 2 * kTile * kPitch * 2 + 2 * (2 * 64 * kPitch * 2 + 2 * 64 * 4 + kTile);
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -551,7 +637,7 @@ struct BlockAttention : public torch::autograd::Function<BlockAttention> {
     void* args[] = {&qp, &kp, &vp, &sp, &dp, &op, &lp, &d.a, &d.s, &d.hq, &d.hkv, &scale_log2};
     auto grid = dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv),
                                    static_cast<unsigned>(q.size(0)),
-                                   static_cast<unsigned>(32 * (d.hq / d.hkv)), 0};
+                                   static_cast<unsigned>(32 * (d.hq / d.hkv)), kBlockShared};
     if (q.numel() > 0) {
       // The backward's kernels compiled now: a failure then shows here, where the caller can
       // take another path, not inside backward.
@@ -586,7 +672,7 @@ struct BlockAttention : public torch::autograd::Function<BlockAttention> {
       dflash::rtc::launch_shaped(
           kProgram, q.get_device(), "block_attention_dq",
           dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv), rows,
-                             static_cast<unsigned>(32 * (d.hq / d.hkv)), 0},
+                             static_cast<unsigned>(32 * (d.hq / d.hkv)), kBlockShared},
           dq_args);
       void* kv_args[] = {&qp, &kp, &vp, &gp, &lp, &ep, &sp, &dp, &dkp, &dvp,
                          &d.a, &d.s, &d.hq, &d.hkv, &scale_log2, &scale};
