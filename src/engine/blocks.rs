@@ -236,7 +236,8 @@ pub fn planned_block_mask(
 ) -> super::tiled::TiledMask {
     let ctx = context_mask(doc_ids, anchors);
     let mask = super::tiled::TiledMask::new(&ctx, &anchors.valid, block, plan);
-    if doc_ids.device().is_cuda() {
+    use super::fast_paths::{on, FastPath};
+    if doc_ids.device().is_cuda() && on(FastPath::BlockAttention) {
         mask.with_block_spans(
             block_spans(&ctx, doc_ids, anchors),
             doc_ids.to_kind(Kind::Int),

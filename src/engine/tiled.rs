@@ -1,4 +1,6 @@
-//! The drafter's attention without the work its mask hides. A block of 16 queries sees the
+//! The drafter's attention without most of the work its mask hides, through libtorch's sdpa: the
+//! path where the block attention kernels (src/engine/cuda/block_attention.rs, which compute only
+//! the visible pairs) cannot run, and under `--disable block-attention`. A block of 16 queries sees the
 //! context keys before its anchor (in its document) and the 16 keys of its own block, never
 //! another block: with 512 blocks, 73% of the dense key range is other blocks' keys. Here the
 //! blocks are taken in tiles of 32 anchors (`max_tile_anchors`); each tile attends to its own tile's block

@@ -97,6 +97,23 @@ __device__ __forceinline__ void load_a(unsigned* a, const bf16* p, long long pit
   a[3] = ld32(p + (g + 8) * pitch + 8 + 2 * t);
 }
 
+// Two products of one n-tile over the 128 of k: c1 += a1 B1 and c2 += a2 B2, where a1 and a2
+// are A fragments of 8 k steps and B1, B2 are stored transposed at `b1` and `b2` (8 n rows).
+__device__ __forceinline__ void two_products(float* c1, const unsigned (*a1)[4], const bf16* b1,
+                                             float* c2, const unsigned (*a2)[4], const bf16* b2,
+                                             int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 8; kk += 2) {
+    unsigned x[4], y[4];
+    smem_bt(x, b1 + kk * 16, lane);
+    smem_bt(y, b2 + kk * 16, lane);
+    mma(c1, a1[kk], x[0], x[1]);
+    mma(c1, a1[kk + 1], x[2], x[3]);
+    mma(c2, a2[kk], y[0], y[1]);
+    mma(c2, a2[kk + 1], y[2], y[3]);
+  }
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -357,16 +374,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
         dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
         if (own && n >= 2) continue;
         const int nt = half * 4 + n;
-#pragma unroll
-        for (int kk = 0; kk < 8; kk += 2) {
-          unsigned kb[4], vb[4];
-          smem_bt(kb, ks + nt * 8 * SP + kk * 16, lane);
-          smem_bt(vb, vs + nt * 8 * SP + kk * 16, lane);
-          mma(sc[n], qa[kk], kb[0], kb[1]);
-          mma(sc[n], qa[kk + 1], kb[2], kb[3]);
-          mma(dp[n], da[kk], vb[0], vb[1]);
-          mma(dp[n], da[kk + 1], vb[2], vb[3]);
-        }
+        two_products(sc[n], qa, ks + nt * 8 * SP, dp[n], da, vs + nt * 8 * SP, lane);
       }
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
@@ -516,18 +524,8 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
         dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.f;
       }
 #pragma unroll
-      for (int kk = 0; kk < 8; kk += 2) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          unsigned qb[4], db[4];
-          smem_bt(qb, qh + 8 * n * SP + 16 * kk, lane);
-          smem_bt(db, dh + 8 * n * SP + 16 * kk, lane);
-          mma(st_[n], ka[kk], qb[0], qb[1]);
-          mma(st_[n], ka[kk + 1], qb[2], qb[3]);
-          mma(dpt[n], va[kk], db[0], db[1]);
-          mma(dpt[n], va[kk + 1], db[2], db[3]);
-        }
-      }
+      for (int n = 0; n < 2; ++n)
+        two_products(st_[n], ka, qh + 8 * n * SP, dpt[n], va, dh + 8 * n * SP, lane);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
