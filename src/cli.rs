@@ -118,8 +118,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub data_threads: Option<usize>,
     /// Turn fast paths off for a side-by-side run, comma-separated: graphs, drafter-graph,
-    /// target-kernels, fused-adamw, bf16-weights, flash-target, grad-sync-during-backward,
-    /// single-replica-shortcut.
+    /// target-kernels, fused-adamw, bf16-weights, flash-target, block-attention,
+    /// grad-sync-during-backward, single-replica-shortcut.
     #[arg(long, value_name = "LIST")]
     pub disable: Option<String>,
     /// Continue a run from a checkpoint directory.
