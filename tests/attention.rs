@@ -363,13 +363,8 @@ fn tiled_attention_equals_the_dense_mask_on_cuda() {
     };
     tch::manual_seed(5);
     let f = fixture();
-    let on = |x: &Tensor| x.to_device(dev);
-    let anchors = Anchors {
-        pos: on(&f.anchors.pos),
-        valid: on(&f.anchors.valid),
-        count: f.anchors.count,
-    };
-    let docs = on(&f.docs);
+    let anchors = f.anchors.to_device(dev);
+    let docs = f.docs.to_device(dev);
     let m = tiled_block_mask(&docs, &anchors, f.block, &f.per_row, &f.host_docs);
     let dense = block_mask(&docs, &anchors, f.block);
     let qkv = Qkv::new(&f, (4, 2, 64), Kind::BFloat16, dev);
@@ -606,13 +601,8 @@ fn the_block_attention_kernels_equal_the_dense_mask_on_cuda() {
     };
     tch::manual_seed(21);
     let r = kernel_rows();
-    let on = |x: &Tensor| x.to_device(dev);
-    let anchors = Anchors {
-        pos: on(&r.anchors.pos),
-        valid: on(&r.anchors.valid),
-        count: r.anchors.count,
-    };
-    let docs = on(&r.docs);
+    let anchors = r.anchors.to_device(dev);
+    let docs = r.docs.to_device(dev);
     let block = 16;
     let dense = block_mask(&docs, &anchors, block);
     let spans = block_spans(&context_mask(&docs, &anchors), &docs, &anchors);

@@ -113,6 +113,17 @@ pub struct Anchors {
     pub count: usize,
 }
 
+impl Anchors {
+    /// A copy on `device`.
+    pub fn to_device(&self, device: Device) -> Anchors {
+        Anchors {
+            pos: self.pos.to_device(device),
+            valid: self.valid.to_device(device),
+            count: self.count,
+        }
+    }
+}
+
 pub fn anchors_tensor(per_row: &[Vec<i64>], max: usize, device: Device) -> Anchors {
     let b = per_row.len();
     let mut pos = vec![0i64; b * max];

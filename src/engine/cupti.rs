@@ -1,7 +1,7 @@
 //! Kernel launches, and the CPU time spent in CUDA launch and sync calls, per worker thread and
 //! step, counted by CUPTI's callback API where libcupti is present (`--cupti auto|on|off`).
 //!
-//! The library is opened at run time (`dlopen`), never linked. Where: beside libtorch as the
+//! The library is opened at run time (`dlopen`, src/engine/cupti/library.rs), never linked. Where: beside libtorch as the
 //! CUDA wheels lay it out — `<torch>/lib/../../nvidia/cu13/lib/libcupti.so.13` (CUDA 13, in the
 //! torch wheel's own `nvidia-cuda-cupti` dependency), `../../nvidia/cuda_cupti/lib/libcupti.so.12`
 //! (CUDA 12) — then by name: `libcupti.so.13`, `libcupti.so.12`, `libcupti.so`. libtorch's
@@ -30,10 +30,14 @@
 use crate::telemetry::{clock, CudaCalls};
 use anyhow::{bail, Result};
 use std::cell::Cell;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::path::{Path, PathBuf};
+use std::ffi::{c_char, c_void, CStr};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
+
+mod library;
+pub use library::{candidates, torch_lib_dir};
+use library::{open_first, Api, Library};
 
 /// `--cupti`: count when a worker is on CUDA and the library loads (`auto`), insist (`on`), or
 /// never subscribe (`off`).
@@ -337,131 +341,6 @@ fn take_counts() -> CudaCalls {
 pub fn take() -> Option<CudaCalls> {
     let c = take_counts();
     ACTIVE.load(Relaxed).then_some(c)
-}
-
-/// The functions this code calls, from an opened libcupti (kept open for the process's life).
-#[derive(Clone, Copy)]
-struct Api {
-    subscribe: Subscribe,
-    unsubscribe: Unsubscribe,
-    enable_callback: EnableCallback,
-    enable_domain: EnableDomain,
-    callback_name: Option<CallbackName>,
-    result_string: ResultString,
-}
-
-struct Library {
-    path: PathBuf,
-    api: Api,
-}
-
-impl Api {
-    fn say(&self, result: u32) -> String {
-        let mut s: *const c_char = std::ptr::null();
-        // SAFETY: cuptiGetResultString writes a pointer to a static string, or fails.
-        let ok = unsafe { (self.result_string)(result, &mut s) } == SUCCESS;
-        if ok && !s.is_null() {
-            // SAFETY: a static NUL-terminated string (cupti_result.h).
-            unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
-        } else {
-            format!("CUPTI error {result}")
-        }
-    }
-}
-
-fn dlerror() -> String {
-    // SAFETY: dlerror returns null or a NUL-terminated message owned by libc.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown error".into()
-    } else {
-        // SAFETY: as above.
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
-}
-
-/// A symbol of `handle`, as a function of type `F` (a pointer-sized fn type).
-///
-/// # Safety
-/// `F` must be the symbol's real signature.
-unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
-    // SAFETY: `handle` came from dlopen; the name is a C string.
-    let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
-    // SAFETY: F is a fn pointer of the symbol's signature (the caller's promise).
-    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
-}
-
-/// Opens `path` (a file path, or a bare name the loader looks up) and finds CUPTI's functions.
-fn open(path: &Path) -> Result<Library, String> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("{} is not a file name", path.display()))?;
-    // SAFETY: a C string; the handle is kept (never closed) while the process runs.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if handle.is_null() {
-        return Err(dlerror());
-    }
-    let lacks = |name: &str| format!("{} has no {name}", path.display());
-    // SAFETY: the signatures are those of cupti_callbacks.h and cupti_result.h.
-    unsafe {
-        Ok(Library {
-            path: path.to_path_buf(),
-            api: Api {
-                subscribe: symbol(handle, c"cuptiSubscribe")
-                    .ok_or_else(|| lacks("cuptiSubscribe"))?,
-                unsubscribe: symbol(handle, c"cuptiUnsubscribe")
-                    .ok_or_else(|| lacks("cuptiUnsubscribe"))?,
-                enable_callback: symbol(handle, c"cuptiEnableCallback")
-                    .ok_or_else(|| lacks("cuptiEnableCallback"))?,
-                enable_domain: symbol(handle, c"cuptiEnableDomain")
-                    .ok_or_else(|| lacks("cuptiEnableDomain"))?,
-                callback_name: symbol(handle, c"cuptiGetCallbackName"),
-                result_string: symbol(handle, c"cuptiGetResultString")
-                    .ok_or_else(|| lacks("cuptiGetResultString"))?,
-            },
-        })
-    }
-}
-
-/// The directory libtorch was loaded from (None when it is not mapped, which a build of this
-/// program never is).
-pub fn torch_lib_dir() -> Option<PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.ends_with("/libc10.so") || p.ends_with("/libtorch_cpu.so"))
-        .and_then(|p| Path::new(p).parent().map(Path::to_path_buf))
-}
-
-/// Where to look, in order: beside libtorch as the CUDA wheels lay it out, then by name.
-pub fn candidates(torch_lib: Option<&Path>) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Some(lib) = torch_lib {
-        let site = lib.join("../..");
-        out.push(site.join("nvidia/cu13/lib/libcupti.so.13"));
-        out.push(site.join("nvidia/cuda_cupti/lib/libcupti.so.12"));
-    }
-    for name in ["libcupti.so.13", "libcupti.so.12", "libcupti.so"] {
-        out.push(PathBuf::from(name));
-    }
-    out
-}
-
-/// The first of `candidates` that opens: a path that is not there is passed over; one that is
-/// there but will not load is the reason given when none opens (else `libcupti not found`).
-fn open_first(candidates: &[PathBuf]) -> Result<Library, String> {
-    let mut failed = None;
-    for p in candidates {
-        let bare = p.components().count() == 1;
-        if !bare && !p.exists() {
-            continue;
-        }
-        match open(p) {
-            Ok(lib) => return Ok(lib),
-            Err(e) if !bare => failed = Some(format!("{} would not load: {e}", p.display())),
-            Err(_) => {}
-        }
-    }
-    Err(failed.unwrap_or_else(|| NOT_FOUND.into()))
 }
 
 /// A live subscription (CUPTI's handle is an opaque pointer it owns).
