@@ -442,7 +442,10 @@ fn the_tui_attaches_its_keys_reach_the_pipeline_and_q_detaches() {
 fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
     let runtime = tempfile::tempdir().unwrap();
     let train = bin()
+        // Paced (a batch each 250 ms: at least 10 s of steps) so that on a loaded machine the
+        // viewer below still starts, is listed and sees steps before the run's last one.
         .args(["train", "--headless", "--steps", "40", "--interval", "60"])
+        .args(["--slow", "loader=250ms"])
         .env("XDG_RUNTIME_DIR", runtime.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -467,7 +470,7 @@ fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
     };
     // `attach` with no target joins the only session.
     let viewer = bin()
-        .args(["attach", "--headless", "--seconds", "3", "--interval", "1"])
+        .args(["attach", "--headless", "--seconds", "4", "--interval", "1"])
         .env("XDG_RUNTIME_DIR", runtime.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
