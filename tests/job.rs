@@ -72,6 +72,45 @@ fn run_job(dir: &Path, world: u32, args: &[&str]) -> Vec<std::process::ExitStatu
         .collect()
 }
 
+/// Two ranks of `train --headless --steps STEPS --save-every 2 --save-dir ckptR` (a directory
+/// each) and `extra`, both to their end; each one's output, after asserting it succeeded.
+fn train_two_ranks(dir: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
+    let port = free_port();
+    let mut children: Vec<Child> = (0..2)
+        .map(|r| {
+            let save = format!("ckpt{r}");
+            let args = ["train", "--headless", "--steps", steps, "--save-every", "2"];
+            let args = [&args[..], &["--save-dir", &save], extra].concat();
+            rank(dir, port, 2, r, &args)
+        })
+        .collect();
+    let mut outs = Vec::new();
+    for (r, c) in children.iter_mut().enumerate() {
+        let status = wait_within(c, Duration::from_secs(300), "a training rank");
+        let out = read(dir, r as u32, "out");
+        assert!(
+            status.success(),
+            "rank {r}: {out}{}",
+            read(dir, r as u32, "err")
+        );
+        outs.push(out);
+    }
+    outs
+}
+
+/// The checkpoints (`step-N`) in `dir`, sorted.
+fn steps_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("step-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// `bench replicas`' per-step lines: (replicas' mean loss, single drafter's loss) as printed.
 fn loss_lines(text: &str) -> Vec<(String, String)> {
     text.lines()
@@ -104,22 +143,48 @@ fn in_process_replicas(devices: &str, steps: &str) -> Output {
         .unwrap()
 }
 
-/// Replicas in 2 and in 4 processes end bitwise equal, and take the same steps as the replicas
-/// of one process (`bench replicas` with D CPU drafters), which follow one drafter with all the
-/// rows: the same losses to the printed digit, the same distance to that drafter.
+/// Replicas in 2 and in 4 processes, and 2 processes of 2 replicas each, end bitwise equal, and
+/// take the same steps as the replicas of one process (`bench replicas` with as many CPU
+/// drafters), which follow one drafter with all the rows: the same losses to the printed digit,
+/// the same distance to that drafter.
 #[test]
 fn ranks_stay_bitwise_equal_and_match_one_process_with_all_the_rows() {
-    for (world, devices) in [(2u32, "cpu,cpu"), (4, "cpu,cpu,cpu,cpu")] {
+    let cases = [
+        (2u32, "cpu", "cpu,cpu"),
+        (4, "cpu", "cpu,cpu,cpu,cpu"),
+        (2, "cpu,cpu", "cpu,cpu,cpu,cpu"),
+    ];
+    for (world, each, devices) in cases {
         let dir = tempfile::tempdir().unwrap();
-        let status = run_job(dir.path(), world, &["bench", "replicas", "--steps", "2"]);
+        let args = [
+            "bench",
+            "replicas",
+            "--steps",
+            "2",
+            "--drafter-devices",
+            each,
+        ];
+        let status = run_job(dir.path(), world, &args);
         let one = in_process_replicas(devices, "2");
         assert!(
             one.status.success(),
             "{}",
             String::from_utf8_lossy(&one.stderr)
         );
-        let want = loss_lines(&String::from_utf8_lossy(&one.stdout));
+        let one_out = String::from_utf8_lossy(&one.stdout);
+        let want = loss_lines(&one_out);
         assert_eq!(want.len(), 2);
+        let to_single = |text: &str, key: &str| -> String {
+            let at = text
+                .find(key)
+                .unwrap_or_else(|| panic!("no `{key}` in {text}"));
+            text[at + key.len()..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        let want_single = to_single(&one_out, "max |w0 - w_single| = ");
         for r in 0..world {
             let out = read(dir.path(), r, "out");
             assert!(
@@ -131,14 +196,80 @@ fn ranks_stay_bitwise_equal_and_match_one_process_with_all_the_rows() {
                 out.contains(&format!(
                     "identical to rank 0 after 2 steps: yes (max |w0 - w{r}| = 0e0)"
                 )),
-                "rank {r} of {world} is bitwise rank 0's: {out}"
+                "rank {r} of {world} ({each}) is bitwise rank 0's: {out}"
             );
             assert_eq!(
                 loss_lines(&out),
                 want,
-                "rank {r} of {world}: the job's steps are one process's"
+                "rank {r} of {world} ({each}): the job's steps are one process's"
+            );
+            assert_eq!(
+                to_single(&out, &format!("max |w{r} - w_single| = ")),
+                want_single,
+                "rank {r} of {world} ({each}): as far from one drafter as one process's replicas"
             );
         }
+    }
+}
+
+/// Two ranks of two replicas each train as one job of four: every replica takes a batch a
+/// step, only the job's replica 0 writes the checkpoints and the others wait for it; a rank
+/// started with another number of replicas is refused at the rendezvous, naming the field.
+#[test]
+fn ranks_of_two_replicas_each_train_as_one_job_and_another_count_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let outs = train_two_ranks(dir.path(), "4", &["--drafter-devices", "cpu,cpu"]);
+    let one = bin()
+        .args(["train", "--headless", "--steps", "4"])
+        .current_dir(dir.path())
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .output()
+        .unwrap();
+    assert!(one.status.success());
+    let tokens = |text: &str| -> u64 {
+        let summary = text.lines().find(|l| l.starts_with("summary:")).unwrap();
+        summary
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("tokens="))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let single = tokens(&String::from_utf8_lossy(&one.stdout));
+    for (r, out) in outs.iter().enumerate() {
+        assert!(out.contains("summary: step=4 "), "rank {r}: {out}");
+        assert_eq!(
+            tokens(out),
+            2 * single,
+            "rank {r}'s two replicas each trained a batch a step: {out}"
+        );
+    }
+    assert_eq!(
+        steps_in(&dir.path().join("ckpt0")),
+        vec!["step-000002", "step-000004"],
+        "the job's replica 0 saved each"
+    );
+    assert!(
+        steps_in(&dir.path().join("ckpt1")).is_empty(),
+        "rank 1 writes none"
+    );
+
+    let port = free_port();
+    let base = ["train", "--headless", "--steps", "3"];
+    let two = [&base[..], &["--drafter-devices", "cpu,cpu"]].concat();
+    let mut r0 = rank(dir.path(), port, 2, 0, &two);
+    let mut r1 = rank(dir.path(), port, 2, 1, &base);
+    for (r, c) in [(0, &mut r0), (1, &mut r1)] {
+        let status = wait_within(c, Duration::from_secs(120), "a refused rank");
+        let err = read(dir.path(), r, "err");
+        assert!(!status.success(), "rank {r} is refused");
+        assert!(
+            err.contains(
+                "rank 1 was started with drafters_per_rank=1 but rank 0 with drafters_per_rank=2"
+            ),
+            "rank {r}: {err}"
+        );
     }
 }
 
@@ -148,42 +279,8 @@ fn ranks_stay_bitwise_equal_and_match_one_process_with_all_the_rows() {
 #[test]
 fn two_ranks_train_rank_0_writes_the_checkpoints_and_the_job_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut children: Vec<Child> = (0..2)
-        .map(|r| {
-            let save = format!("ckpt{r}");
-            let args = [
-                "train",
-                "--headless",
-                "--steps",
-                "6",
-                "--save-every",
-                "2",
-                "--save-dir",
-                &save,
-            ];
-            rank(dir.path(), port, 2, r, &args)
-        })
-        .collect();
-    for (r, c) in children.iter_mut().enumerate() {
-        let status = wait_within(c, Duration::from_secs(300), "a training rank");
-        assert!(
-            status.success(),
-            "rank {r}: {}",
-            read(dir.path(), r as u32, "err")
-        );
-    }
-    let steps_in = |d: &str| -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir.path().join(d))
-            .map(|it| {
-                it.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with("step-"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    };
+    train_two_ranks(dir.path(), "6", &[]);
+    let steps_in = |d: &str| steps_in(&dir.path().join(d));
     assert_eq!(
         steps_in("ckpt0"),
         vec!["step-000002", "step-000004", "step-000006"],

@@ -424,21 +424,24 @@ fn replicas(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `bench replicas` as one rank of a job: this rank's replica against rank 0's and against one
-/// drafter with every rank's rows.
+/// `bench replicas` as one rank of a job: this rank's replicas against rank 0's and against one
+/// drafter with every replica's rows.
 fn replicas_of_job(
     cfg: &PipelineSpec,
     job: &crate::job::JobTag,
     steps: u64,
     tolerance: f64,
 ) -> Result<()> {
-    let report = crate::engine::replica_check::run_ranks(cfg, steps)?;
+    let report = crate::engine::replica_check::run(cfg, steps)?;
     let r = job.rank;
+    let here = cfg.drafter_devices.len();
     println!(
-        "bench: replicas rank {r} of {} (each {} rows) vs one drafter with all {} rows steps={steps}",
+        "bench: replicas rank {r} of {}, {here} here on {:?} (each {} rows) vs one drafter with \
+         all {} rows steps={steps}",
         job.world,
+        cfg.drafter_devices,
         cfg.batch,
-        cfg.batch * job.world as i64
+        cfg.batch * job.world as i64 * here as i64
     );
     for (i, (m, s)) in report.losses.iter().enumerate() {
         println!(

@@ -43,7 +43,8 @@ pub(crate) enum Replicas {
     Single,
     Local(Arc<LocalGroup>),
     Nccl(NcclGroup),
-    /// One replica per process of a multi-process job (on a GPU: NCCL).
+    /// The replicas of a multi-process job, each a rank of the job's process group (on GPUs:
+    /// NCCL).
     Job(Arc<JobLink>, CancelToken, bool),
 }
 
@@ -55,7 +56,7 @@ impl Replicas {
             Replicas::Nccl(g) => Box::new(g.member(i)),
             Replicas::Single => Box::new(Single),
             Replicas::Job(link, cancel, gpu) => {
-                Box::new(JobMember::new(link.clone(), cancel.clone(), *gpu)?)
+                Box::new(JobMember::new(link.clone(), cancel.clone(), *gpu, i)?)
             }
         })
     }
@@ -65,30 +66,40 @@ impl Replicas {
 /// the in-process group on the CPU. `--disable single-replica-shortcut` puts even one GPU drafter
 /// through NCCL (world size 1), to exercise the path on a one-GPU machine.
 pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
-    let all_cuda = devices.iter().all(|d| d.is_cuda());
+    let all_cuda = check_replica_devices(devices)?;
     let force = !super::fast_paths::on(super::fast_paths::FastPath::SingleReplicaShortcut);
     if devices.len() == 1 && !(force && all_cuda) {
         return Ok(Replicas::Single);
     }
     if all_cuda {
-        let mut seen = std::collections::HashSet::new();
-        if let Some(dup) = devices.iter().find(|d| !seen.insert(format!("{d:?}"))) {
-            bail!(
-                "--drafter-devices lists {dup:?} twice: drafter replicas on GPUs average through \
-                 NCCL, which needs one GPU per replica"
-            );
-        }
         return Ok(Replicas::Nccl(NcclGroup::new(devices.len())?));
-    }
-    if devices.iter().any(|d| d.is_cuda()) {
-        bail!(
-            "--drafter-devices mixes cpu and cuda: replicas must all be on the CPU or all on GPUs"
-        );
     }
     Ok(Replicas::Local(LocalGroup::new(
         devices.len(),
         cancel.clone(),
     )))
+}
+
+/// Replicas are all on the CPU or all on GPUs, one GPU each (NCCL takes one rank a GPU).
+/// Whether they are on GPUs.
+pub(crate) fn check_replica_devices(devices: &[Device]) -> Result<bool> {
+    let all_cuda = devices.iter().all(|d| d.is_cuda());
+    if !all_cuda && devices.iter().any(|d| d.is_cuda()) {
+        bail!(
+            "--drafter-devices mixes cpu and cuda: replicas must all be on the CPU or all on GPUs"
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = devices
+        .iter()
+        .find(|d| all_cuda && !seen.insert(format!("{d:?}")))
+    {
+        bail!(
+            "--drafter-devices lists {dup:?} twice: drafter replicas on GPUs average through \
+             NCCL, which needs one GPU per replica"
+        );
+    }
+    Ok(all_cuda)
 }
 
 /// Threads for each worker's libtorch: --threads-per-worker, or the cores shared out.
@@ -101,24 +112,49 @@ fn threads_per_worker(cfg: &PipelineSpec) -> i32 {
         .unwrap_or((cores / n_workers.max(1)).max(1))
 }
 
-/// How the drafter replicas average their gradients, and what keeps their steps together (none
-/// for one replica of a single process).
+/// What keeps the replicas' steps together.
+enum Gates {
+    /// One replica of a single process: nothing.
+    None,
+    /// The replicas of one process: one gate they share.
+    Local(Arc<dyn StepMeet>),
+    /// The replicas of a job: a gate each, counting in the job's store.
+    Job(Arc<JobLink>, CancelToken),
+}
+
+impl Gates {
+    /// The gate of this process's replica `d`.
+    fn of(&self, d: usize) -> Option<Arc<dyn StepMeet>> {
+        match self {
+            Gates::None => None,
+            Gates::Local(g) => Some(g.clone()),
+            Gates::Job(link, cancel) => Some(JobGate::new(link.clone(), cancel.clone(), d)),
+        }
+    }
+}
+
+/// How the drafter replicas average their gradients, and what keeps their steps together.
 fn replica_sync(
     cfg: &PipelineSpec,
     link: Option<&Arc<JobLink>>,
     cancel: &CancelToken,
-) -> Result<(Replicas, Option<Arc<dyn StepMeet>>)> {
+) -> Result<(Replicas, Gates)> {
     Ok(match link {
-        Some(l) => (
-            Replicas::Job(l.clone(), cancel.clone(), cfg.drafter_devices[0].is_cuda()),
-            Some(JobGate::new(l.clone(), cancel.clone())),
-        ),
+        Some(l) => {
+            let on_gpus = check_replica_devices(&cfg.drafter_devices)?;
+            (
+                Replicas::Job(l.clone(), cancel.clone(), on_gpus),
+                Gates::Job(l.clone(), cancel.clone()),
+            )
+        }
         None => (
             replica_group(&cfg.drafter_devices, cancel)?,
-            (cfg.drafter_devices.len() > 1).then(|| {
-                super::replicas::StepGate::new(cfg.drafter_devices.len(), cancel.clone())
-                    as Arc<dyn StepMeet>
-            }),
+            match cfg.drafter_devices.len() {
+                1 => Gates::None,
+                n => Gates::Local(
+                    super::replicas::StepGate::new(n, cancel.clone()) as Arc<dyn StepMeet>
+                ),
+            },
         ),
     })
 }
@@ -135,11 +171,11 @@ struct Workers<'a> {
 /// What every drafter replica of this process shares.
 struct DrafterShared {
     group: Replicas,
-    gate: Option<Arc<dyn StepMeet>>,
+    gates: Gates,
     input: QueueRx<HiddenBatch>,
     counts: Arc<DataCounts>,
-    /// This process's rank in a job (0 otherwise).
-    rank: u64,
+    /// The job's index of this process's first replica (0 outside a job).
+    first_replica: u64,
 }
 
 impl Workers<'_> {
@@ -236,7 +272,7 @@ impl Workers<'_> {
             max_steps: cfg.steps,
             save_dir: cfg.save_dir.clone(),
             save_every: cfg.save_every,
-            seed: cfg.seed + i as u64 + shared.rank,
+            seed: cfg.seed + shared.first_replica + i as u64,
             // Replica 0's sampler saved its state; the others start theirs afresh.
             rng_state: cfg
                 .resume_state
@@ -246,13 +282,13 @@ impl Workers<'_> {
             data_docs: resumed_docs(cfg),
             slow: cfg.slow.drafter,
             threads: self.threads,
-            // Replica 0 of rank 0 writes the checkpoints.
-            saves: i == 0 && shared.rank == 0,
+            // The job's replica 0 (replica 0 of rank 0) writes the checkpoints.
+            saves: shared.first_replica + i as u64 == 0,
             counts: shared.counts.clone(),
             keep: cfg.keep,
             max_nonfinite: cfg.max_nonfinite,
             prefetch: cfg.target_devices.iter().any(|&t| t != dev),
-            gate: shared.gate.clone(),
+            gate: shared.gates.of(i),
         })
     }
 }
@@ -281,7 +317,7 @@ impl Pipeline {
         tch::manual_seed(cfg.seed as i64);
         let targets = build_targets(cfg)?;
         let (drafters, start_step) = drafter_replicas(cfg, &targets[0].1)?;
-        let (group, gate) = replica_sync(cfg, link.as_ref(), &cancel)?;
+        let (group, gates) = replica_sync(cfg, link.as_ref(), &cancel)?;
         if let Some(n) = cfg.steps {
             if start_step >= n {
                 bail!("--resume is at step {start_step}, already at or past --steps {n}: raise --steps");
@@ -308,10 +344,10 @@ impl Pipeline {
         drop(batch_rx);
         let shared = DrafterShared {
             group,
-            gate,
+            gates,
             input: hs_rx,
             counts: counts.clone(),
-            rank: cfg.job.as_ref().map_or(0, |j| j.rank as u64),
+            first_replica: link.as_ref().map_or(0, |l| l.replica_index(0) as u64),
         };
         handles.extend(workers.spawn_drafters(drafters, &shared)?);
         Ok(Pipeline {

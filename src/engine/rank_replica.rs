@@ -1,7 +1,7 @@
-//! This process's drafter replica in a job of several processes (src/engine/ranks.rs joins
-//! the job): the step gate the ranks meet at before each step (`JobGate`, counters in the job's
-//! store) and the gradient average (`JobMember`: libtorch's `ProcessGroupGloo` on the CPU, its
-//! `ProcessGroupNCCL` on a GPU).
+//! This process's drafter replicas in a job of several processes (src/engine/ranks.rs joins
+//! the job): the step gate every replica of the job meets at before each step (`JobGate`,
+//! counters in the job's store) and the gradient average (`JobMember`: libtorch's
+//! `ProcessGroupGloo` on the CPU, its `ProcessGroupNCCL` on a GPU, one rank of it per replica).
 
 use super::c10d::GlooGroup;
 use super::optim::AdamW;
@@ -13,23 +13,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Where the ranks meet before each step (the processes' `StepGate`): one counter per round
-/// in the store, each rank adding 1 + STOP if it has no batch + SKIP if it has nothing to train.
+/// Where one replica meets the job's others before each step (the processes' `StepGate`): one
+/// counter per round in the store, each replica adding 1 + STOP if it has no batch + SKIP if it
+/// has nothing to train. Each replica has a gate of its own (its own count of rounds).
 pub struct JobGate {
     link: Arc<JobLink>,
     round: AtomicU64,
     cancel: CancelToken,
+    /// The job's index of the replica passing this gate.
+    replica: usize,
 }
 
 const STOP: i64 = 1 << 20;
 const SKIP: i64 = 1 << 40;
 
 impl JobGate {
-    pub fn new(link: Arc<JobLink>, cancel: CancelToken) -> Arc<JobGate> {
+    /// The gate of this process's replica `d`.
+    pub fn new(link: Arc<JobLink>, cancel: CancelToken, d: usize) -> Arc<JobGate> {
+        let replica = link.replica_index(d);
         Arc::new(JobGate {
             link,
             round: AtomicU64::new(0),
             cancel,
+            replica,
         })
     }
 
@@ -45,16 +51,16 @@ impl JobGate {
         store
             .add(&key, mine)
             .map_err(|e| store_err(&self.link.tag, "at the step gate", e))?;
-        let world = self.link.tag.world as i64;
+        let replicas = self.link.replicas() as i64;
         let total = self.link.poll(&self.cancel, || {
             let v = store.add(&key, 0)?;
-            Ok(((v % STOP) >= world).then_some(v))
+            Ok(((v % STOP) >= replicas).then_some(v))
         })?;
         let Some(total) = total else {
             return Ok(Arrival::Stop);
         };
-        // Every rank has passed the previous round: its counter can go.
-        if self.link.tag.rank == 0 && g > 0 {
+        // Every replica has passed the previous round: its counter can go.
+        if self.replica == 0 && g > 0 {
             let _ = store.delete(&format!("gate/{}", g - 1));
         }
         Ok(if (total / STOP) % (SKIP / STOP) > 0 {
@@ -87,21 +93,32 @@ enum Backend {
     Nccl(super::nccl::NcclMember),
 }
 
-/// This process's replica in the job: Gloo on the CPU, NCCL on a GPU.
+/// One of this process's replicas in the job: Gloo on the CPU, NCCL on a GPU; each replica is
+/// a rank of the job's process group (`JobLink::replica_index`) with a store connection of its
+/// own.
 pub struct JobMember {
     link: Arc<JobLink>,
     backend: Backend,
     cancel: CancelToken,
+    /// The job's index of this replica.
+    replica: usize,
 }
 
 impl JobMember {
-    pub fn new(link: Arc<JobLink>, cancel: CancelToken, on_gpu: bool) -> Result<JobMember> {
+    /// This process's replica `d`.
+    pub fn new(
+        link: Arc<JobLink>,
+        cancel: CancelToken,
+        on_gpu: bool,
+        d: usize,
+    ) -> Result<JobMember> {
+        let replica = link.replica_index(d);
         let backend = match on_gpu {
             true => {
                 let store = connect_client(&link.tag, COLLECTIVE_TIMEOUT)
                     .map_err(|e| store_err(&link.tag, "opening NCCL's connection", e))?;
-                let group = super::nccl::NcclGroup::over(Arc::new(store), link.tag.world as usize)?;
-                Backend::Nccl(group.member(link.tag.rank as usize))
+                let group = super::nccl::NcclGroup::over(Arc::new(store), link.replicas())?;
+                Backend::Nccl(group.member(replica))
             }
             false => Backend::Gloo(None),
         };
@@ -109,6 +126,7 @@ impl JobMember {
             link,
             backend,
             cancel,
+            replica,
         })
     }
 
@@ -122,8 +140,8 @@ impl JobMember {
                 .map_err(|e| store_err(tag, "opening Gloo's connection", e))?;
             *group = Some(GlooGroup::new(
                 &store,
-                tag.rank,
-                tag.world,
+                self.replica as u32,
+                self.link.replicas() as u32,
                 COLLECTIVE_TIMEOUT,
             )?);
         }
@@ -145,7 +163,7 @@ impl JobMember {
 }
 
 impl GradMean for JobMember {
-    /// Every rank starts from rank 0's weights.
+    /// Every replica starts from the job's replica 0's weights.
     fn prepare(&mut self, optimizer: &mut AdamW) -> Result<()> {
         let r = match &mut self.backend {
             Backend::Nccl(m) => m.prepare(optimizer),
@@ -157,7 +175,7 @@ impl GradMean for JobMember {
     }
 
     fn mean(&mut self, optimizer: &mut AdamW) -> Result<()> {
-        let world = self.link.tag.world as f64;
+        let world = self.link.replicas() as f64;
         let r = match &mut self.backend {
             Backend::Nccl(m) => m.mean(optimizer),
             Backend::Gloo(_) => self.gloo().and_then(|g| {
@@ -177,13 +195,13 @@ impl GradMean for JobMember {
     }
 
     fn world(&self) -> usize {
-        self.link.tag.world as usize
+        self.link.replicas()
     }
 
-    /// A periodic checkpoint: rank 0 writes it, the others wait until it is written.
+    /// A periodic checkpoint: the job's replica 0 writes it, the others wait until it is written.
     fn checkpoint_written(&mut self, step: u64) -> Result<()> {
         let key = format!("saved/{step}");
-        if self.link.tag.rank == 0 {
+        if self.replica == 0 {
             return self
                 .link
                 .store

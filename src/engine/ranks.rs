@@ -1,5 +1,7 @@
 //! One process of a torchrun-style job (`RANK`, `WORLD_SIZE`, ... in src/job.rs): each process
-//! trains one drafter replica, and the replicas of all processes average their gradients.
+//! trains the same number of drafter replicas (one per `--drafter-devices` entry), and the
+//! replicas of all processes average their gradients. Replica `d` of rank `r` is the job's
+//! replica `r * per_rank + d` in the collectives.
 //!
 //! - The rendezvous: every rank joins libtorch's `c10d::TCPStore` at MASTER_ADDR:MASTER_PORT
 //!   (rank 0 hosts it, or torchrun's agent does) and writes what its run is — the fields of its
@@ -43,6 +45,8 @@ const JOIN_WAIT: Duration = Duration::from_secs(300);
 /// This process's link to the other ranks of its job.
 pub struct JobLink {
     pub tag: JobTag,
+    /// Drafter replicas each process trains (every rank agrees on it at the rendezvous).
+    pub per_rank: usize,
     /// The process's signals (a first one gives up the rendezvous; the forced exit).
     hooks: ProcessHooks,
     /// The gate, the exchanges, the ends (quick requests only).
@@ -100,10 +104,11 @@ fn store_gone(tag: &JobTag, detail: &str) -> String {
 }
 
 impl JobLink {
-    /// Joins the job: connects to its store, publishes `fields`, waits up to `wait` for every
-    /// rank to do the same, and checks that they all agree with rank 0.
+    /// Joins the job with `per_rank` replicas: connects to its store, publishes `fields`, waits
+    /// up to `wait` for every rank to do the same, and checks that they all agree with rank 0.
     pub fn join(
         tag: &JobTag,
+        per_rank: usize,
         fields: &[(String, String)],
         wait: Duration,
         hooks: ProcessHooks,
@@ -135,6 +140,7 @@ impl JobLink {
             .map_err(|e| store_err(tag, "opening the watch's connection", e))?;
         let link = Arc::new(JobLink {
             tag: tag.clone(),
+            per_rank,
             hooks,
             store: Arc::new(store),
             beat,
@@ -158,6 +164,16 @@ impl JobLink {
             Some(why) => bail!("{why}"),
             None => Ok(link),
         }
+    }
+
+    /// The job's drafter replicas, over every rank.
+    pub fn replicas(&self) -> usize {
+        self.tag.world as usize * self.per_rank
+    }
+
+    /// The job's index of this process's replica `d`.
+    pub fn replica_index(&self, d: usize) -> usize {
+        self.tag.rank as usize * self.per_rank + d
     }
 
     /// Every rank's `value` under `name` (an all-gather through the store), in rank order;
@@ -275,6 +291,15 @@ mod tests {
 
     /// `world` ranks as threads of this process, each joined to a real store, running `body`.
     fn ranks<T: Send>(world: u32, body: impl Fn(Arc<JobLink>) -> T + Sync) -> Vec<T> {
+        ranks_of(world, 1, body)
+    }
+
+    /// `ranks` with `per_rank` replicas each.
+    fn ranks_of<T: Send>(
+        world: u32,
+        per_rank: usize,
+        body: impl Fn(Arc<JobLink>) -> T + Sync,
+    ) -> Vec<T> {
         let port = free_port();
         let fields = vec![("seed".to_string(), "1".to_string())];
         std::thread::scope(|s| {
@@ -288,7 +313,8 @@ mod tests {
                         };
                         let wait = Duration::from_secs(30);
                         let link =
-                            JobLink::join(&tag(r, world, port), fields, wait, hooks).unwrap();
+                            JobLink::join(&tag(r, world, port), per_rank, fields, wait, hooks)
+                                .unwrap();
                         let out = body(link.clone());
                         link.finish(&Ok(()));
                         out
@@ -304,7 +330,7 @@ mod tests {
         use Arrival::*;
         let rounds = [[Go, Go, Go], [Go, Skip, Go], [Skip, Stop, Go], [Go, Go, Go]];
         let seen = ranks(3, |link| {
-            let gate = JobGate::new(link.clone(), CancelToken::new());
+            let gate = JobGate::new(link.clone(), CancelToken::new(), 0);
             rounds
                 .iter()
                 .map(|r| gate.pass(r[link.tag.rank as usize]))
@@ -316,6 +342,43 @@ mod tests {
                 &vec![Go, Skip, Stop, Go],
                 "rank {rank}: the most severe arrival of each round"
             );
+        }
+    }
+
+    #[test]
+    fn the_replicas_of_every_rank_pass_the_gate_together() {
+        use Arrival::*;
+        // Two ranks of two replicas: the job's replica 3 (rank 1's second) skips round 1 and
+        // stops round 2; each replica's gate counts its own rounds.
+        let arrival = |replica: usize, round: usize| match (replica, round) {
+            (3, 1) => Skip,
+            (3, 2) => Stop,
+            _ => Go,
+        };
+        let seen = ranks_of(2, 2, |link| {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = (0..2)
+                    .map(|d| {
+                        let link = link.clone();
+                        s.spawn(move || {
+                            let gate = JobGate::new(link.clone(), CancelToken::new(), d);
+                            let me = link.replica_index(d);
+                            (0..3)
+                                .map(|g| gate.pass(arrival(me, g)))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap())
+                    .collect::<Vec<_>>()
+            })
+        });
+        assert_eq!(seen.len(), 2);
+        for (rank, replicas) in seen.iter().enumerate() {
+            for (d, outcomes) in replicas.iter().enumerate() {
+                assert_eq!(outcomes, &vec![Go, Skip, Stop], "rank {rank} replica {d}");
+            }
         }
     }
 

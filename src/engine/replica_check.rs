@@ -1,13 +1,19 @@
 //! The replica check behind `bench replicas`: D drafter replicas, each on its own device and its
 //! own share of every batch, against one drafter that takes the whole batch — same start, same
 //! data, same anchors. Data parallelism is right when the replicas end with identical weights
-//! (each step's gradients averaged) and their mean loss follows the single drafter's curve.
+//! (each step's gradients averaged) and their mean loss follows the single drafter's curve. In a
+//! job of several processes each rank runs its D replicas of the job's and the same single
+//! drafter (src/engine/replica_check/across_ranks.rs says how the ranks compare).
 
 use super::blocks::sample_anchors;
 use super::data::{PackedBatch, Packer, Rng};
 use super::drafter_step::{DrafterStep, StepOutcome, Unprobed};
 use super::optim::AdamW;
-use super::pipeline::{build_drafters, build_target, data_source, frozen_on, replica_group};
+use super::pipeline::{
+    build_drafters, build_target, check_replica_devices, data_source, frozen_on, replica_group,
+    Replicas,
+};
+use super::ranks::JobLink;
 use super::replicas::Single;
 use super::spec::PipelineSpec;
 use super::target_graph::TargetForward;
@@ -16,10 +22,10 @@ use crate::cancel::CancelToken;
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::ops::Range;
+use std::sync::Arc;
 use tch::{Device, Kind, Tensor};
 
 mod across_ranks;
-pub use across_ranks::run_ranks;
 
 /// What the check measured.
 pub struct ReplicaReport {
@@ -143,16 +149,33 @@ fn gap(x: &Tensor, y: &Tensor) -> f64 {
 
 /// Runs `steps` steps of the replicas on `cfg.drafter_devices` (each taking `cfg.batch` rows)
 /// and of one drafter on the first of them taking all the rows, fed by one target on
-/// `cfg.target_devices[0]`.
+/// `cfg.target_devices[0]`. In a job (`cfg.job`) these replicas are this rank's share of the
+/// job's, and the single drafter takes every rank's rows.
 pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
     super::fast_paths::install(cfg.fast_paths);
+    let Some(tag) = &cfg.job else {
+        if cfg.drafter_devices.len() < 2 {
+            bail!(
+                "bench replicas compares two or more drafter replicas with one drafter: give \
+                 --drafter-devices two or more devices (e.g. cuda:0,cuda:1 or cpu,cpu)"
+            );
+        }
+        return check(cfg, steps, None);
+    };
+    let link = super::ranks::join_job(cfg, tag)?;
+    let report = check(cfg, steps, Some(&link));
+    // The others hear why this rank stopped.
+    link.finish(
+        &report
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("{e:#}")),
+    );
+    report
+}
+
+fn check(cfg: &PipelineSpec, steps: u64, link: Option<&Arc<JobLink>>) -> Result<ReplicaReport> {
     let devices = cfg.drafter_devices.clone();
-    if devices.len() < 2 {
-        bail!(
-            "bench replicas compares two or more drafter replicas with one drafter: give \
-             --drafter-devices two or more devices (e.g. cuda:0,cuda:1 or cpu,cpu)"
-        );
-    }
     tch::manual_seed(cfg.seed as i64);
     let target_device = cfg.target_devices[0];
     let (_target_vs, target) = build_target(
@@ -166,11 +189,19 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         target.lm_head.shallow_clone(),
     );
     let counts = std::sync::Arc::new(DataCounts::default());
-    let source = data_source(cfg, &cfg.target_config, &cfg.drafter_spec, &counts)?;
+    // Every rank of a job reads the whole stream: the check hands out the rows itself.
+    let whole = PipelineSpec {
+        job: None,
+        ..cfg.clone()
+    };
+    let source = data_source(&whole, &cfg.target_config, &cfg.drafter_spec, &counts)?;
     let packer = Packer::new();
 
     let cancel = CancelToken::new();
-    let group = replica_group(&devices, &cancel)?;
+    let group = match link {
+        Some(l) => Replicas::Job(l.clone(), cancel.clone(), check_replica_devices(&devices)?),
+        None => replica_group(&devices, &cancel)?,
+    };
     let models = build_drafters(cfg, &devices)?;
     let (_single_vs, mut single) = single_drafter(cfg, devices[0], &frozen)?;
     let (outcome_tx, outcome_rx) = bounded(devices.len());
@@ -183,6 +214,10 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         let mut lockstep = Lockstep {
             cfg,
             devices: &devices,
+            replicas: link.map_or(0..devices.len(), |l| {
+                l.replica_index(0)..l.replica_index(devices.len())
+            }),
+            total: link.map_or(devices.len(), |l| l.replicas()),
             target: &target,
             target_device,
             forward: TargetForward::new(&target, target_device),
@@ -193,15 +228,28 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
         };
         let mut losses = Vec::new();
         for s in 0..steps {
-            losses.push(lockstep.step(s, &mut single)?);
+            let (sum, whole) = lockstep.step(s, &mut single)?;
+            let sum = match link {
+                Some(l) => across_ranks::loss_sum(l, s, sum, &cancel)?,
+                None => sum,
+            };
+            losses.push((sum / lockstep.total as f32, whole));
         }
         // The replicas' channels close: each ends its loop.
         lockstep.feeds.clear();
-        let (replica_diff, single_diff) = weight_diffs(handles, &mut single.optimizer)?;
+        let mut optimizers = join_replicas(handles)?;
+        let (first, rest) = optimizers.split_first_mut().context("replicas ran")?;
+        let mut replica_diff = rest
+            .iter_mut()
+            .map(|o| replicas_apart(first, o))
+            .fold(0.0, f64::max);
+        if let Some(l) = link {
+            replica_diff = replica_diff.max(across_ranks::diff_from_rank_0(l, first, &cancel)?);
+        }
         Ok(ReplicaReport {
             losses,
             replica_diff,
-            single_diff,
+            single_diff: max_diff(first, &mut single.optimizer),
         })
     })?;
     Ok(report)
@@ -273,6 +321,10 @@ fn spawn_replicas<'scope>(
 struct Lockstep<'a> {
     cfg: &'a PipelineSpec,
     devices: &'a [Device],
+    /// The indices of this process's replicas among all (`total`); each takes the batch's rows
+    /// of its index.
+    replicas: Range<usize>,
+    total: usize,
     target: &'a super::qwen3::Qwen3Target,
     target_device: Device,
     forward: TargetForward,
@@ -285,14 +337,12 @@ struct Lockstep<'a> {
 
 impl Lockstep<'_> {
     /// Step `s`: a batch through the target, each replica's share sent to it, all of it through
-    /// `single`. Returns the replicas' mean loss and the single drafter's.
+    /// `single`. Returns the sum of this process's replicas' losses and the single drafter's.
     fn step(&mut self, s: u64, single: &mut DrafterStep) -> Result<(f32, f32)> {
         let (cfg, devices, rows) = (self.cfg, self.devices, self.cfg.batch);
-        let batch = self.packer.pack(
-            self.source.as_mut(),
-            rows * devices.len() as i64,
-            cfg.seq_len,
-        )?;
+        let batch =
+            self.packer
+                .pack(self.source.as_mut(), rows * self.total as i64, cfg.seq_len)?;
         let batch = batch.to_device(self.target_device);
         let hidden = {
             let _g = tch::no_grad_guard();
@@ -300,7 +350,8 @@ impl Lockstep<'_> {
         };
         let anchors = anchors_by_row(&batch, cfg, s);
         let lr = cfg.schedule.lr(cfg.lr, s);
-        let shares = shares(&hidden, &batch, &anchors, devices, rows, lr);
+        let first_row = self.replicas.start as i64 * rows;
+        let shares = shares(&hidden, &batch, &anchors, (devices, first_row), rows, lr);
         // The forward and the copies ran on this thread's default streams; the replicas read
         // them on streams of their own, which do not wait for those.
         synchronize(&[self.target_device]);
@@ -326,17 +377,17 @@ impl Lockstep<'_> {
                 .context("a replica stopped before the end of the check")??;
             sum += r.loss;
         }
-        Ok((sum / devices.len() as f32, whole.loss))
+        Ok((sum, whole.loss))
     }
 }
 
-/// Each replica's share of a step: its `rows` rows of the batch, its hidden states and anchors,
-/// on its device.
+/// Each replica's share of a step: its `rows` rows of the batch (the replica on `devices[i]`
+/// those from `first_row + i * rows`), its hidden states and anchors, on its device.
 fn shares(
     hidden: &Tensor,
     batch: &PackedBatch,
     anchors: &[Vec<i64>],
-    devices: &[Device],
+    (devices, first_row): (&[Device], i64),
     rows: i64,
     lr: f64,
 ) -> Vec<Share> {
@@ -344,7 +395,8 @@ fn shares(
         .iter()
         .enumerate()
         .map(|(i, &dev)| {
-            let range = i as i64 * rows..(i as i64 + 1) * rows;
+            let start = first_row + i as i64 * rows;
+            let range = start..start + rows;
             Share {
                 hidden: hidden.narrow(0, range.start, rows).to_device(dev).copy(),
                 batch: slice_rows(batch, range.clone()).to_device(dev),
@@ -355,9 +407,8 @@ fn shares(
         .collect()
 }
 
-/// Joins the replicas, then: the largest weight difference between replica 0 and each other,
-/// and between replica 0 and the single drafter (`single`).
-fn weight_diffs(handles: Vec<ReplicaHandle<'_>>, single: &mut AdamW) -> Result<(f64, f64)> {
+/// Joins the replicas: their optimizers, in order.
+fn join_replicas(handles: Vec<ReplicaHandle<'_>>) -> Result<Vec<AdamW>> {
     let mut optimizers = Vec::new();
     for h in handles {
         match h.join() {
@@ -365,12 +416,7 @@ fn weight_diffs(handles: Vec<ReplicaHandle<'_>>, single: &mut AdamW) -> Result<(
             Err(_) => bail!("a replica thread panicked"),
         }
     }
-    let (first, rest) = optimizers.split_first_mut().context("replicas ran")?;
-    let replica_diff = rest
-        .iter_mut()
-        .map(|o| replicas_apart(first, o))
-        .fold(0.0, f64::max);
-    Ok((replica_diff, max_diff(first, single)))
+    Ok(optimizers)
 }
 
 /// A drafter step of the checks and benches: `model` (with its var store and device) trained by

@@ -3,28 +3,23 @@
 //! from and its data file's digest, compared with rank 0's at the rendezvous (src/engine/ranks.rs).
 
 use crate::engine::spec::{DataSpec, PipelineSpec};
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{JobLink, JOIN_WAIT};
 
-/// Joins the job of `cfg.job` (this process trains one replica of it): the others must agree on
-/// the recipe (its `config:` line), the data and the step it resumes from.
+/// Joins the job of `cfg.job` (this process trains a replica on each of its drafter devices):
+/// the others must agree on the recipe (its `config:` line), the replicas a process, the data
+/// and the step it resumes from.
 pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<Arc<JobLink>> {
-    if cfg.drafter_devices.len() != 1 {
-        bail!(
-            "--drafter-devices lists {} devices, but in a job of several processes (WORLD_SIZE={}) \
-             each process trains one drafter replica: give it one device, and start more \
-             processes for more replicas",
-            cfg.drafter_devices.len(),
-            tag.world
-        );
-    }
     let mut fields = config_fields(&cfg.recipe_line());
     // How a rank measures (CUPTI there or not) is its own business, not the recipe's.
     fields.retain(|(k, _)| k != "cupti");
     fields.push(("world".into(), tag.world.to_string()));
+    // The collectives number replica d of rank r as r * per_rank + d: every rank needs as many.
+    let per_rank = cfg.drafter_devices.len();
+    fields.push(("drafters_per_rank".into(), per_rank.to_string()));
     fields.push((
         "resume_step".into(),
         cfg.resume_state
@@ -34,7 +29,7 @@ pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<A
     if let DataSpec::Jsonl(p) = &cfg.data {
         fields.push(("data_digest".into(), file_digest(p)?));
     }
-    JobLink::join(tag, &fields, JOIN_WAIT, cfg.hooks)
+    JobLink::join(tag, per_rank, &fields, JOIN_WAIT, cfg.hooks)
 }
 
 /// The fields of a `config: k=v k=v ...` line, in order (a value with spaces keeps them).
