@@ -1,5 +1,6 @@
 //! The commands, one file each (train, bench, attach, replay, export, generate, doctor), and the
-//! dispatch of a parsed command line to them; `session.rs` holds what they share.
+//! dispatch of a parsed command line to them; `session.rs` holds what they share, `job_screen.rs`
+//! train's TUI when the ranks of a job share a terminal.
 
 use crate::cli::Command;
 use anyhow::Result;
@@ -10,6 +11,7 @@ pub mod bench;
 pub mod doctor;
 pub mod export;
 pub mod generate;
+pub mod job_screen;
 pub mod replay;
 pub mod session;
 pub mod train;

@@ -41,7 +41,8 @@ pub struct EngineControls {
     pub can_save: bool,
     /// The engine is another process this viewer is attached to: quitting detaches.
     pub attached: bool,
-    /// What the header says of it: `attached to PID 1234 (python) since 14:03:12`.
+    /// What the header's fourth row says of the processes watched: `attached to PID 1234
+    /// (python) since 14:03:12`, or a job's ranks on this host's screen.
     pub attached_label: Option<String>,
     asked: std::sync::Mutex<Asked>,
 }
@@ -121,7 +122,7 @@ impl Controls for EngineControls {
         !self.attached
     }
     fn attached(&self) -> Option<String> {
-        self.attached_label.clone().filter(|_| self.attached)
+        self.attached_label.clone()
     }
     fn names(&self) -> Arc<crate::telemetry::names::Names> {
         self.telemetry.names()

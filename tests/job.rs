@@ -465,3 +465,77 @@ fn torchrun_launches_a_job() {
         "both ranks trained 3 steps: {text}"
     );
 }
+
+/// The ranks of a job started in one terminal, as torchrun starts them, share it: LOCAL_RANK 0
+/// draws every rank of the host on one screen and the others write nothing there; a key reaches
+/// every rank, `q` (twice) stops the job at one step, rank 0 saves it, both exit 0 and the
+/// terminal is given back.
+#[test]
+fn the_ranks_in_one_terminal_share_one_screen_and_q_stops_the_job() {
+    use crate::tmux::Session;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let exe = env!("CARGO_BIN_EXE_dflash-top");
+    let cmd = format!(
+        "cd {d}; export XDG_RUNTIME_DIR={d} MASTER_ADDR=127.0.0.1 MASTER_PORT={} WORLD_SIZE=2; \
+         unset TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE; \
+         RANK=1 LOCAL_RANK=1 {exe} train --save-dir ckpt1 & \
+         RANK=0 LOCAL_RANK=0 {exe} train --save-dir ckpt0; echo EXIT0=$?; \
+         wait $!; echo EXIT1=$?; sleep 600",
+        free_port()
+    );
+    let s = Session::start_sized(
+        format!("dflash-job-{}", std::process::id()),
+        (220, 45),
+        &cmd,
+    );
+    let screen = s.wait_for("both ranks on rank 0's screen", |x| {
+        x.contains("r0/drafter-0")
+            && x.contains("r1/drafter-0")
+            && x.contains("on this screen: r0 PID")
+            && x.contains("q stops the job")
+    });
+    assert_eq!(s.display("#{alternate_on}"), "1", "{screen}");
+    let r1_pid = screen
+        .split("r1 PID ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .expect("rank 1's PID on the screen")
+        .to_string();
+    // `p` reaches rank 1 too: a viewer of rank 1 alone reads profiling off.
+    s.keys("p");
+    wait_until("rank 1 to report profiling off", || {
+        let o = bin()
+            .args(["attach", &r1_pid, "--headless", "--seconds", "2.5"])
+            .args(["--interval", "1"])
+            .env("XDG_RUNTIME_DIR", dir.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).contains("profiling=off")
+    });
+    s.keys("q");
+    s.wait_for("the stop to be asked again", |x| {
+        x.contains("q again to stop")
+    });
+    s.keys("q");
+    let after = s.wait_for("both ranks to exit", |x| x.contains("EXIT1="));
+    assert!(
+        after.contains("EXIT0=0") && after.contains("EXIT1=0"),
+        "{after}"
+    );
+    assert_eq!(s.display("#{alternate_on}"), "0", "the terminal is back");
+    // Nothing but rank 0's summary of the job reached the terminal.
+    let printed: Vec<&str> = after.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(printed.len(), 3, "{after}");
+    assert!(printed[0].starts_with("summary: step="), "{after}");
+    let step = printed[0]
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("step="))
+        .unwrap();
+    assert_eq!(
+        steps_in(&dir.path().join("ckpt0")),
+        vec![format!("step-{:06}", step.parse::<u64>().unwrap())],
+        "rank 0 saved the step the job stopped at: {after}"
+    );
+    assert!(steps_in(&dir.path().join("ckpt1")).is_empty());
+}

@@ -146,11 +146,21 @@ fn keys_work_in_a_real_terminal_and_quit_restores_it() {
         "the TUI is gone from the screen: {after}"
     );
     assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
-    let saved: Vec<_> = std::fs::read_dir(save.path())
+    let mut saved: Vec<String> = std::fs::read_dir(save.path())
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
         .collect();
-    assert!(!saved.is_empty(), "quitting saved a checkpoint");
+    saved.sort();
+    let last_saved = saved.last().expect("quitting saved a checkpoint");
+    // The summary says the step the run stopped (and saved) at, not the last one drawn.
+    let step: u64 = after
+        .split("summary: step=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a summary line: {after}"));
+    assert_eq!(last_saved, &format!("step-{step:06}"), "{after}");
 }
 
 #[test]

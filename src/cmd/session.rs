@@ -80,7 +80,7 @@ impl Session {
         let pipeline = Pipeline::start(&cfg.pipeline, &telemetry)?;
         let hub_cancel = CancelToken::new();
         let hub = telemetry.spawn_hub(hub_cancel.clone())?;
-        Ok(Session {
+        let session = Session {
             telemetry,
             pipeline,
             hub_cancel,
@@ -88,7 +88,15 @@ impl Session {
             recorder,
             flight,
             server,
-        })
+        };
+        // In a job, where this rank's socket is, for the screen of its host.
+        if let Some(tag) = &cfg.pipeline.job {
+            if let Err(e) = super::job_screen::publish_socket(&session, tag) {
+                let _ = session.finish();
+                return Err(e);
+            }
+        }
+        Ok(session)
     }
 
     /// Stops the pipeline (saving as configured) and then the hub, which publishes a last
@@ -147,6 +155,7 @@ pub(crate) fn run_front_end(
     app.run_info = info;
     app.replay = ctl.replay().is_some();
     app.attached = ctl.attached();
+    app.quit_stops_run = ctl.quit_stops_run();
     let result = tui::run_loop(
         &mut term, &mut app, ctl, snapshots, &input, finished, ui.theme,
     );

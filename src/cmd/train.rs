@@ -53,6 +53,14 @@ pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
 pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
     use crate::tui::{terminal, EngineControls};
     crate::fail_if::headless_only(&args.fail_if, false)?;
+    // The ranks of a job share their host's terminal: one draws them all, the others keep off
+    // it (before any of them touches the terminal's settings).
+    if let Some(tag) = crate::job::JobTag::from_env().map_err(|e| anyhow::anyhow!("{e}"))? {
+        return match tag.local_rank {
+            0 => super::job_screen::screen(args, &tag),
+            _ => super::job_screen::quiet(args),
+        };
+    }
     // Keys typed while the run starts (the model loads) neither echo over the shell nor reach
     // the screen; the echo comes back on every way out.
     let _hushed = terminal::hush_input();
@@ -70,30 +78,37 @@ pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
     let snapshots = session.telemetry.subscribe();
     let ctl = EngineControls::new(&session.telemetry, cfg.pipeline.save_dir.is_some());
     let pipeline = &session.pipeline;
-    let finished = || {
-        pipeline.is_finished().then(|| End {
-            note: match pipeline.first_error() {
-                Some(e) => format!("stopped: {e} (q to leave)"),
-                None => "run finished: press q to leave".to_string(),
-            },
-            run_ended: true,
-        })
-    };
+    let finished = || run_end(pipeline);
     let info = run_info(&cfg, pipeline.start_step);
     let shown = run_front_end(&ctl, &snapshots, &finished, info.clone());
     let finish = session.finish();
-    let last = shown?;
+    let mut last = shown?;
+    // The hub's last snapshot, published as the run stopped: the step it ended (and saved) at,
+    // which may be past the last one shown.
+    while let Ok(s) = snapshots.try_recv() {
+        last = Some(s);
+    }
     finish?;
-    // The same summary as the panel's, after the last save (a run stopped by `q` saves on
-    // the way out).
+    // The run's summary, after the last save (a run stopped by `q` saves on the way out).
     if let Some(s) = last {
         println!("{}", Summary::of(&s, &info).line());
     }
     Ok(signal_exit())
 }
 
+/// What the screen says once the run has ended (None while it runs).
+pub(crate) fn run_end(pipeline: &crate::engine::pipeline::Pipeline) -> Option<End> {
+    pipeline.is_finished().then(|| End {
+        note: match pipeline.first_error() {
+            Some(e) => format!("stopped: {e} (q to leave)"),
+            None => "run finished: press q to leave".to_string(),
+        },
+        run_ended: true,
+    })
+}
+
 /// Where a run's files go, for its summary.
-fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
+pub(crate) fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
     RunInfo {
         start_step,
         save_dir: cfg.pipeline.save_dir.clone(),

@@ -373,6 +373,11 @@ impl Pipeline {
             .cloned()
     }
 
+    /// The other ranks of this process's job (None outside a job).
+    pub fn link(&self) -> Option<&Arc<JobLink>> {
+        self.link.as_ref()
+    }
+
     pub fn is_finished(&self) -> bool {
         self.handles.iter().all(|h| h.is_finished())
     }

@@ -185,10 +185,22 @@ impl JobLink {
         cancel: &CancelToken,
         wait: Duration,
     ) -> Result<Vec<Vec<u8>>> {
+        self.publish(name, value)?;
+        self.gather(name, cancel, wait)
+    }
+
+    /// This rank's `value` under `name`, for the others to `gather`.
+    pub fn publish(&self, name: &str, value: &[u8]) -> Result<()> {
         let tag = &self.tag;
         self.store
             .set(&format!("{name}/{}", tag.rank), value)
-            .map_err(|e| store_err(tag, "publishing to the others", e))?;
+            .map_err(|e| store_err(tag, "publishing to the others", e))
+    }
+
+    /// Every rank's value under `name`, in rank order, once each has published it; waits up to
+    /// `wait` for the last rank, or until the run stops.
+    pub fn gather(&self, name: &str, cancel: &CancelToken, wait: Duration) -> Result<Vec<Vec<u8>>> {
+        let tag = &self.tag;
         let deadline = Instant::now() + wait;
         let mut got: Vec<Option<Vec<u8>>> = vec![None; tag.world as usize];
         let all = self.poll(cancel, || {

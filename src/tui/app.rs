@@ -66,8 +66,10 @@ pub struct App {
     pub profiling_off_since: Option<f64>,
     /// The snapshots come from a replay: a jump in time is a seek, not snapshots missed.
     pub replay: bool,
-    /// Watching another process: the header's fourth row says which, since when.
+    /// Watching other processes: the header's fourth row says which, since when.
     pub attached: Option<String>,
+    /// Whether `q` stops what is watched (a job's screen) rather than only leaving it.
+    pub quit_stops_run: bool,
     /// (run clock s, step) of the last `RATE_WINDOW_S` of snapshots: the step rate an ETA
     /// is reckoned from.
     pub step_marks: VecDeque<(f64, u64)>,
@@ -109,6 +111,7 @@ impl App {
             profiling_off_since: None,
             replay: false,
             attached: None,
+            quit_stops_run: false,
             step_marks: VecDeque::new(),
         }
     }

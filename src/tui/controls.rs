@@ -32,7 +32,8 @@ pub trait Controls {
         None
     }
     fn set_speed(&self, _speed: Speed) {}
-    /// Watching another process: `attached to PID 1234 (python) since 14:03:12`.
+    /// Watching other processes: `attached to PID 1234 (python) since 14:03:12`, or the ranks
+    /// of a job on this host's screen.
     fn attached(&self) -> Option<String> {
         None
     }

@@ -246,22 +246,20 @@ fn views_line(c: &Ctx, width: u16) -> Line<'static> {
     Line::from(spans)
 }
 
-/// Attached to a run: who to, and what `q` does (None where this front-end is not attached).
+/// Watching other processes: which, and what `q` does (None where this front-end watches only
+/// its own run).
 fn attached_line(c: &Ctx) -> Option<Line<'static>> {
     let t = c.theme;
     let who = c.app.attached.as_ref()?;
-    let ended = c.app.finished;
+    let q = match (c.app.finished, c.app.quit_stops_run) {
+        (true, _) => "; q leaves",
+        (false, true) => "; q stops the job (every rank, saving as set)",
+        (false, false) => "; q detaches (the run goes on)",
+    };
     Some(Line::from(vec![
         Span::styled("⇄ ", t.ok()),
         Span::styled(who.clone(), t.bold()),
-        Span::styled(
-            if ended {
-                "; q leaves".to_string()
-            } else {
-                "; q detaches (the run goes on)".to_string()
-            },
-            t.dim(),
-        ),
+        Span::styled(q, t.dim()),
     ]))
 }
 
