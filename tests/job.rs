@@ -466,29 +466,32 @@ fn torchrun_launches_a_job() {
     );
 }
 
+/// A tmux session (wide: a summary in one line) running two ranks of a job without `--headless`
+/// in `dir`: rank 1 in the background with `r1_env` set, rank 0 in front, then each one's exit
+/// status (`EXIT0=`, `EXIT1=`).
+fn ranks_in_one_terminal(dir: &Path, r1_env: &str) -> crate::tmux::Session {
+    let d = dir.display();
+    let exe = env!("CARGO_BIN_EXE_dflash-top");
+    let cmd = format!(
+        "cd {d}; export XDG_RUNTIME_DIR={d} MASTER_ADDR=127.0.0.1 MASTER_PORT={} WORLD_SIZE=2; \
+         unset TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE; \
+         RANK=1 LOCAL_RANK=1 {r1_env} {exe} train --save-dir ckpt1 & \
+         RANK=0 LOCAL_RANK=0 {exe} train --save-dir ckpt0; echo EXIT0=$?; \
+         wait $!; echo EXIT1=$?; sleep 600",
+        free_port()
+    );
+    let name = format!("dflash-job-{}-{}", std::process::id(), r1_env.len());
+    crate::tmux::Session::start_sized(name, (220, 45), &cmd)
+}
+
 /// The ranks of a job started in one terminal, as torchrun starts them, share it: LOCAL_RANK 0
 /// draws every rank of the host on one screen and the others write nothing there; a key reaches
 /// every rank, `q` (twice) stops the job at one step, rank 0 saves it, both exit 0 and the
 /// terminal is given back.
 #[test]
 fn the_ranks_in_one_terminal_share_one_screen_and_q_stops_the_job() {
-    use crate::tmux::Session;
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display();
-    let exe = env!("CARGO_BIN_EXE_dflash-top");
-    let cmd = format!(
-        "cd {d}; export XDG_RUNTIME_DIR={d} MASTER_ADDR=127.0.0.1 MASTER_PORT={} WORLD_SIZE=2; \
-         unset TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE; \
-         RANK=1 LOCAL_RANK=1 {exe} train --save-dir ckpt1 & \
-         RANK=0 LOCAL_RANK=0 {exe} train --save-dir ckpt0; echo EXIT0=$?; \
-         wait $!; echo EXIT1=$?; sleep 600",
-        free_port()
-    );
-    let s = Session::start_sized(
-        format!("dflash-job-{}", std::process::id()),
-        (220, 45),
-        &cmd,
-    );
+    let s = ranks_in_one_terminal(dir.path(), "");
     let screen = s.wait_for("both ranks on rank 0's screen", |x| {
         x.contains("r0/drafter-0")
             && x.contains("r1/drafter-0")
@@ -538,4 +541,34 @@ fn the_ranks_in_one_terminal_share_one_screen_and_q_stops_the_job() {
         "rank 0 saved the step the job stopped at: {after}"
     );
     assert!(steps_in(&dir.path().join("ckpt1")).is_empty());
+}
+
+/// A rank that fails while its host's screen is up keeps its sentence until the screen has given
+/// the terminal back (the screen names the failure meanwhile, unscrolled); then both say it.
+#[test]
+fn a_failing_rank_waits_for_the_screen_to_leave_before_it_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = ranks_in_one_terminal(dir.path(), "DFLASH_TOP_FAULT=error:drafter");
+    let screen = s.wait_for("the screen to name the failed rank", |x| {
+        x.contains("stopped: rank 1 failed") && x.contains("FINISHED")
+    });
+    assert!(
+        screen.starts_with("dflash-top step"),
+        "the header is still the first line: {screen}"
+    );
+    assert!(!screen.contains("dflash-top: "), "{screen}");
+    s.keys("q");
+    let after = s.wait_for("both ranks to exit", |x| x.contains("EXIT1="));
+    assert!(
+        after.contains("EXIT0=1") && after.contains("EXIT1=1"),
+        "{after}"
+    );
+    assert!(
+        after.contains("dflash-top: rank 1: drafter-0 failed in phase `forward`: injected error"),
+        "rank 1 says why, naming itself: {after}"
+    );
+    assert!(
+        after.contains("dflash-top: rank 1 failed: drafter-0 failed in phase"),
+        "rank 0 says why it stopped: {after}"
+    );
 }

@@ -1,30 +1,43 @@
 //! `dflash-top train` with its TUI in a torchrun-style job, where the ranks of a host share one
 //! terminal: one screen a host. The process of LOCAL_RANK 0 draws every rank of the job on this
 //! host, merged as `attach --job` merges them (threads `r1/drafter-0`, tok/s summed, the
-//! slowest rank named); the other local ranks train without writing to the terminal (their
-//! errors still go to stderr). `q` on that screen stops the job: this rank stops, and every
-//! other one stops at the same step (saving as set).
+//! slowest rank named); the other local ranks keep off the terminal: a rank that fails says why
+//! on stderr only once the screen has given the terminal back (the screen names the failure
+//! meanwhile). `q` on that screen stops the job: this rank stops, and every other one stops at
+//! the same step (saving as set).
 
 use super::session::{run_front_end, signal_exit, Session};
 use crate::cli::TrainArgs;
 use crate::config::RunConfig;
+use crate::engine::ranks::JobLink;
 use crate::job::JobTag;
 use crate::summary::Summary;
 use crate::wire::join_many::JoinedMany;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// The store key under which each rank says where its socket is (`HOST\nPATH`).
+/// The store key under which each rank says where its socket is (`HOST\nLOCAL_RANK\nPATH`).
 const SOCKET_KEY: &str = "socket";
+/// The store key under which a screen says it has given the terminal back.
+const LEFT_KEY: &str = "screen_left";
 
 /// How long the screen waits for the other ranks to say where their sockets are (they say it
 /// as their sessions start, right after the rendezvous).
 const SOCKETS_WAIT: Duration = Duration::from_secs(60);
-
 /// How long the screen waits, after this rank stopped, for the other local ranks to end.
 const ENDS_WAIT: Duration = Duration::from_secs(10);
+/// How long a failed rank keeps its sentence while its host's screen is up.
+const HOLD_WAIT: Duration = Duration::from_secs(3600);
+
+/// Where a rank's socket is, as it says in the job's store.
+struct RankSocket {
+    rank: u32,
+    host: String,
+    local_rank: u32,
+    path: String,
+}
 
 /// Says where this rank's socket is, for the screen on its host (every rank of a job, whatever
 /// its front-end: an empty path when it serves none).
@@ -37,7 +50,27 @@ pub fn publish_socket(session: &Session, tag: &JobTag) -> Result<()> {
         .as_ref()
         .map(|s| s.path.display().to_string())
         .unwrap_or_default();
-    link.publish(SOCKET_KEY, format!("{}\n{path}", tag.host).as_bytes())
+    let said = format!("{}\n{}\n{path}", tag.host, tag.local_rank);
+    link.publish(SOCKET_KEY, said.as_bytes())
+}
+
+/// Every rank's socket as it said (waiting up to `wait` for the last).
+fn rank_sockets(link: &JobLink, wait: Duration) -> Result<Vec<RankSocket>> {
+    let all = link.gather(SOCKET_KEY, &crate::cancel::CancelToken::new(), wait)?;
+    Ok(all
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, said)| {
+            let text = String::from_utf8_lossy(said);
+            let mut parts = text.splitn(3, '\n');
+            Some(RankSocket {
+                rank: rank as u32,
+                host: parts.next()?.to_string(),
+                local_rank: parts.next()?.parse().ok()?,
+                path: parts.next()?.to_string(),
+            })
+        })
+        .collect())
 }
 
 /// A rank that is not its host's screen: trains until the job ends or a signal, quietly.
@@ -47,8 +80,37 @@ pub fn quiet(args: &TrainArgs) -> Result<ExitCode> {
     while !crate::signals::requested() && !session.pipeline.is_finished() {
         std::thread::sleep(Duration::from_millis(50));
     }
-    session.finish()?;
+    let link = session.pipeline.link().cloned();
+    let result = session.finish();
+    if let (Err(_), Some(link), Some(tag)) = (&result, &link, &cfg.pipeline.job) {
+        hold_while_the_screen_is_up(link, tag);
+    }
+    // Among the ranks' sentences on one terminal, which rank said it.
+    let rank = cfg.pipeline.job.as_ref().map_or(0, |t| t.rank);
+    result.with_context(|| format!("rank {rank}"))?;
     Ok(signal_exit())
+}
+
+/// Waits until this host's screen has given the terminal back (or is gone, or a signal): a
+/// sentence written before would scroll it.
+fn hold_while_the_screen_is_up(link: &JobLink, tag: &JobTag) {
+    let Ok(sockets) = rank_sockets(link, Duration::from_secs(5)) else {
+        return;
+    };
+    let Some(screen) = sockets
+        .iter()
+        .find(|s| s.host == tag.host && s.local_rank == 0)
+    else {
+        return;
+    };
+    let since = Instant::now();
+    while !crate::signals::requested() && since.elapsed() < HOLD_WAIT {
+        match link.published(LEFT_KEY, screen.rank) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+            // It left, or the store went with rank 0.
+            Ok(Some(_)) | Err(_) => return,
+        }
+    }
 }
 
 /// The screen of this host's ranks (this process is LOCAL_RANK 0 of `tag`'s job).
@@ -84,11 +146,15 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     let finished = || super::train::run_end(pipeline);
     let info = super::train::run_info(&cfg, pipeline.start_step);
     let shown = run_front_end(&ctl, &snapshots, &finished, info.clone());
+    // The terminal is back: the other local ranks may say how they ended.
+    if let Some(link) = pipeline.link() {
+        let _ = link.publish(LEFT_KEY, b"");
+    }
     let finish = session.finish();
     // The job's last figures: the merged view of every local rank's final snapshot, once each
     // has ended (they stop at this rank's last step).
     if let Ok(j) = &joined {
-        let waited = std::time::Instant::now();
+        let waited = Instant::now();
         while !j.ended.load(std::sync::atomic::Ordering::SeqCst) && waited.elapsed() < ENDS_WAIT {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -108,20 +174,16 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     Ok(signal_exit())
 }
 
-/// The sockets of the job's ranks on this host, in rank order, as each rank published them.
+/// The sockets of the job's ranks on this host, in rank order.
 fn local_sockets(session: &Session, tag: &JobTag) -> Result<Vec<PathBuf>> {
     let link = session
         .pipeline
         .link()
         .context("this process is in no job")?;
-    let all = link.gather(SOCKET_KEY, &session.pipeline.cancel, SOCKETS_WAIT)?;
-    let here: Vec<PathBuf> = all
-        .iter()
-        .filter_map(|said| {
-            let text = String::from_utf8_lossy(said);
-            let (host, path) = text.split_once('\n')?;
-            (host == tag.host && !path.is_empty()).then(|| PathBuf::from(path))
-        })
+    let here: Vec<PathBuf> = rank_sockets(link, SOCKETS_WAIT)?
+        .into_iter()
+        .filter(|s| s.host == tag.host && !s.path.is_empty())
+        .map(|s| PathBuf::from(s.path))
         .collect();
     anyhow::ensure!(!here.is_empty(), "no rank on this host serves a socket");
     Ok(here)

@@ -197,6 +197,13 @@ impl JobLink {
             .map_err(|e| store_err(tag, "publishing to the others", e))
     }
 
+    /// Rank `rank`'s value under `name`, if it has published one (an error: the store is gone).
+    pub fn published(&self, name: &str, rank: u32) -> Result<Option<Vec<u8>>> {
+        self.store
+            .try_get(&format!("{name}/{rank}"))
+            .map_err(|e| store_err(&self.tag, "reading what the others published", e))
+    }
+
     /// Every rank's value under `name`, in rank order, once each has published it; waits up to
     /// `wait` for the last rank, or until the run stops.
     pub fn gather(&self, name: &str, cancel: &CancelToken, wait: Duration) -> Result<Vec<Vec<u8>>> {
