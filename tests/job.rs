@@ -467,16 +467,17 @@ fn torchrun_launches_a_job() {
 }
 
 /// A tmux session (wide: a summary in one line) running two ranks of a job without `--headless`
-/// in `dir`: rank 1 in the background with `r1_env` set, rank 0 in front, then each one's exit
-/// status (`EXIT0=`, `EXIT1=`).
+/// in `dir` (batches of 2 rows of 256 tokens): rank 1 in the background with `r1_env` set, rank 0
+/// in front, then each one's exit status (`EXIT0=`, `EXIT1=`).
 fn ranks_in_one_terminal(dir: &Path, r1_env: &str) -> crate::tmux::Session {
+    const ARGS: &str = "--batch 2 --seq-len 256";
     let d = dir.display();
     let exe = env!("CARGO_BIN_EXE_dflash-top");
     let cmd = format!(
         "cd {d}; export XDG_RUNTIME_DIR={d} MASTER_ADDR=127.0.0.1 MASTER_PORT={} WORLD_SIZE=2; \
          unset TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE; \
-         RANK=1 LOCAL_RANK=1 {r1_env} {exe} train --save-dir ckpt1 & \
-         RANK=0 LOCAL_RANK=0 {exe} train --save-dir ckpt0; echo EXIT0=$?; \
+         RANK=1 LOCAL_RANK=1 {r1_env} {exe} train {ARGS} --save-dir ckpt1 & \
+         RANK=0 LOCAL_RANK=0 {exe} train {ARGS} --save-dir ckpt0; echo EXIT0=$?; \
          wait $!; echo EXIT1=$?; sleep 600",
         free_port()
     );
@@ -531,13 +532,22 @@ fn the_ranks_in_one_terminal_share_one_screen_and_q_stops_the_job() {
     let printed: Vec<&str> = after.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(printed.len(), 3, "{after}");
     assert!(printed[0].starts_with("summary: step="), "{after}");
-    let step = printed[0]
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("step="))
-        .unwrap();
+    let field = |key: &str| -> u64 {
+        printed[0]
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {after}"))
+    };
+    let step = field("step=");
+    assert_eq!(
+        field("tokens="),
+        2 * step * 2 * 256,
+        "both ranks took every step to the one they stopped at: {after}"
+    );
     assert_eq!(
         steps_in(&dir.path().join("ckpt0")),
-        vec![format!("step-{:06}", step.parse::<u64>().unwrap())],
+        vec![format!("step-{step:06}")],
         "rank 0 saved the step the job stopped at: {after}"
     );
     assert!(steps_in(&dir.path().join("ckpt1")).is_empty());

@@ -1,10 +1,10 @@
 //! `dflash-top train` with its TUI in a torchrun-style job, where the ranks of a host share one
 //! terminal: one screen a host. The process of LOCAL_RANK 0 draws every rank of the job on this
 //! host, merged as `attach --job` merges them (threads `r1/drafter-0`, tok/s summed, the
-//! slowest rank named); the other local ranks keep off the terminal: a rank that fails says why
-//! on stderr only once the screen has given the terminal back (the screen names the failure
-//! meanwhile). `q` on that screen stops the job: this rank stops, and every other one stops at
-//! the same step (saving as set).
+//! slowest rank named); the other local ranks keep off the terminal: a rank that fails while the
+//! screen is up says why on stderr only once the screen has given the terminal back (the screen
+//! names the failure meanwhile). `q` on that screen stops the job: this rank stops, and every
+//! other one stops at the same step (saving as set).
 
 use super::session::{run_front_end, signal_exit, Session};
 use crate::cli::TrainArgs;
@@ -13,15 +13,18 @@ use crate::engine::ranks::JobLink;
 use crate::job::JobTag;
 use crate::summary::Summary;
 use crate::wire::join_many::JoinedMany;
+use anyhow::anyhow;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// The store key under which each rank says where its socket is (`HOST\nLOCAL_RANK\nPATH`).
+/// The store key under which each rank says where its socket is (`HOST\nPATH`).
 const SOCKET_KEY: &str = "socket";
-/// The store key under which a screen says it has given the terminal back.
-const LEFT_KEY: &str = "screen_left";
+/// The store key under which a host's screen says whether it holds the terminal (`up`, `left`).
+fn screen_key(host: &str) -> String {
+    format!("screen/{host}")
+}
 
 /// How long the screen waits for the other ranks to say where their sockets are (they say it
 /// as their sessions start, right after the rendezvous).
@@ -33,9 +36,7 @@ const HOLD_WAIT: Duration = Duration::from_secs(3600);
 
 /// Where a rank's socket is, as it says in the job's store.
 struct RankSocket {
-    rank: u32,
     host: String,
-    local_rank: u32,
     path: String,
 }
 
@@ -50,65 +51,58 @@ pub fn publish_socket(session: &Session, tag: &JobTag) -> Result<()> {
         .as_ref()
         .map(|s| s.path.display().to_string())
         .unwrap_or_default();
-    let said = format!("{}\n{}\n{path}", tag.host, tag.local_rank);
+    let said = format!("{}\n{path}", tag.host);
     link.publish(SOCKET_KEY, said.as_bytes())
 }
 
-/// Every rank's socket as it said (waiting up to `wait` for the last).
-fn rank_sockets(link: &JobLink, wait: Duration) -> Result<Vec<RankSocket>> {
-    let all = link.gather(SOCKET_KEY, &crate::cancel::CancelToken::new(), wait)?;
-    Ok(all
-        .iter()
-        .enumerate()
-        .filter_map(|(rank, said)| {
-            let text = String::from_utf8_lossy(said);
-            let mut parts = text.splitn(3, '\n');
-            Some(RankSocket {
-                rank: rank as u32,
-                host: parts.next()?.to_string(),
-                local_rank: parts.next()?.parse().ok()?,
-                path: parts.next()?.to_string(),
-            })
-        })
-        .collect())
+/// What rank `rank` said of its socket, if it has.
+fn socket_of(link: &JobLink, rank: u32) -> Result<Option<RankSocket>> {
+    let Some(said) = link.published(SOCKET_KEY, rank)? else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(&said);
+    let (host, path) = text.split_once('\n').unwrap_or((&text, ""));
+    Ok(Some(RankSocket {
+        host: host.to_string(),
+        path: path.to_string(),
+    }))
 }
 
-/// A rank that is not its host's screen: trains until the job ends or a signal, quietly.
+/// A rank that is not its host's screen: trains until the job ends or a signal, quietly (a
+/// signal's stop says nothing either: the screen says it for the job).
 pub fn quiet(args: &TrainArgs) -> Result<ExitCode> {
     let cfg = RunConfig::from_args(args)?;
-    let session = Session::start(&cfg)?;
-    while !crate::signals::requested() && !session.pipeline.is_finished() {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let link = session.pipeline.link().cloned();
-    let result = session.finish();
-    if let (Err(_), Some(link), Some(tag)) = (&result, &link, &cfg.pipeline.job) {
-        hold_while_the_screen_is_up(link, tag);
+    let tag = cfg.pipeline.job.clone().context("a job's rank")?;
+    let mut link = None;
+    let result = (|| {
+        let session = Session::start(&cfg)?;
+        while !crate::signals::requested() && !session.pipeline.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        link = session.pipeline.link().cloned();
+        session.finish()
+    })();
+    if let (Err(_), Some(link)) = (&result, &link) {
+        hold_while_the_screen_is_up(link, &tag);
     }
     // Among the ranks' sentences on one terminal, which rank said it.
-    let rank = cfg.pipeline.job.as_ref().map_or(0, |t| t.rank);
-    result.with_context(|| format!("rank {rank}"))?;
-    Ok(signal_exit())
+    result.with_context(|| format!("rank {}", tag.rank))?;
+    Ok(match crate::signals::requested() {
+        true => ExitCode::from(crate::signals::FORCED_EXIT as u8),
+        false => ExitCode::SUCCESS,
+    })
 }
 
-/// Waits until this host's screen has given the terminal back (or is gone, or a signal): a
-/// sentence written before would scroll it.
+/// Waits while this host's screen holds the terminal (or until it is gone, or a signal): a
+/// sentence written meanwhile would scroll it.
 fn hold_while_the_screen_is_up(link: &JobLink, tag: &JobTag) {
-    let Ok(sockets) = rank_sockets(link, Duration::from_secs(5)) else {
-        return;
-    };
-    let Some(screen) = sockets
-        .iter()
-        .find(|s| s.host == tag.host && s.local_rank == 0)
-    else {
-        return;
-    };
     let since = Instant::now();
     while !crate::signals::requested() && since.elapsed() < HOLD_WAIT {
-        match link.published(LEFT_KEY, screen.rank) {
-            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
-            // It left, or the store went with rank 0.
-            Ok(Some(_)) | Err(_) => return,
+        match link.read(&screen_key(&tag.host)) {
+            Ok(Some(said)) if said == b"up" => std::thread::sleep(Duration::from_millis(100)),
+            // None up yet (none at all: LOCAL_RANK 0 runs headless), it left, or the store
+            // went with rank 0.
+            _ => return,
         }
     }
 }
@@ -145,11 +139,15 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     let pipeline = &session.pipeline;
     let finished = || super::train::run_end(pipeline);
     let info = super::train::run_info(&cfg, pipeline.start_step);
+    let say = |what: &[u8]| {
+        if let Some(link) = pipeline.link() {
+            let _ = link.write(&screen_key(&tag.host), what);
+        }
+    };
+    say(b"up");
     let shown = run_front_end(&ctl, &snapshots, &finished, info.clone());
     // The terminal is back: the other local ranks may say how they ended.
-    if let Some(link) = pipeline.link() {
-        let _ = link.publish(LEFT_KEY, b"");
-    }
+    say(b"left");
     let finish = session.finish();
     // The job's last figures: the merged view of every local rank's final snapshot, once each
     // has ended (they stop at this rank's last step).
@@ -159,10 +157,7 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let mut last = shown?;
-    while let Ok(s) = snapshots.try_recv() {
-        last = Some(s);
-    }
+    let last = shown?.and(telemetry.last_snapshot());
     if let Ok(j) = joined {
         j.detach();
     }
@@ -174,17 +169,51 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     Ok(signal_exit())
 }
 
-/// The sockets of the job's ranks on this host, in rank order.
+/// The sockets of the job's ranks on this host, in rank order, as each says it at its start:
+/// every rank's word is awaited (up to `SOCKETS_WAIT`), or this host's `LOCAL_WORLD_SIZE` of
+/// them where the launcher set it.
 fn local_sockets(session: &Session, tag: &JobTag) -> Result<Vec<PathBuf>> {
     let link = session
         .pipeline
         .link()
         .context("this process is in no job")?;
-    let here: Vec<PathBuf> = rank_sockets(link, SOCKETS_WAIT)?
-        .into_iter()
-        .filter(|s| s.host == tag.host && !s.path.is_empty())
-        .map(|s| PathBuf::from(s.path))
-        .collect();
-    anyhow::ensure!(!here.is_empty(), "no rank on this host serves a socket");
-    Ok(here)
+    let local_world: Option<usize> = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    let mut said: Vec<Option<RankSocket>> = (0..tag.world).map(|_| None).collect();
+    let since = Instant::now();
+    loop {
+        for (r, slot) in said.iter_mut().enumerate().filter(|(_, s)| s.is_none()) {
+            *slot = socket_of(link, r as u32)?;
+        }
+        let here: Vec<&RankSocket> = said
+            .iter()
+            .flatten()
+            .filter(|s| s.host == tag.host)
+            .collect();
+        let complete =
+            said.iter().all(Option::is_some) || local_world.is_some_and(|n| here.len() >= n);
+        if complete {
+            let paths: Vec<PathBuf> = here
+                .iter()
+                .filter(|s| !s.path.is_empty())
+                .map(|s| PathBuf::from(&s.path))
+                .collect();
+            anyhow::ensure!(!paths.is_empty(), "no rank on this host serves a socket");
+            return Ok(paths);
+        }
+        if crate::signals::requested() || session.pipeline.is_finished() {
+            return Err(anyhow!(
+                "the run stopped before every rank said where its socket is"
+            ));
+        }
+        if since.elapsed() > SOCKETS_WAIT {
+            let missing = said.iter().filter(|s| s.is_none()).count();
+            return Err(anyhow!(
+                "{missing} rank(s) did not say where their sockets are within {} s",
+                SOCKETS_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -35,10 +35,10 @@ pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
     };
     // A gate that held stops the run as on any stop (saving its step).
     let Followed { mut last, tripped } = follow(&snapshots, &mut gates, &how);
+    let telemetry = session.telemetry.clone();
     let result = session.finish();
-    while let Ok(s) = snapshots.try_recv() {
-        last = Some(s);
-    }
+    // The step the run ended (and saved) at: the feed may have filled up during the save.
+    last = telemetry.last_snapshot().or(last);
     result?;
     if let Some(s) = last {
         println!("{}", Summary::of(&s, &run_info(&cfg, start_step)).line());
@@ -81,13 +81,11 @@ pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
     let finished = || run_end(pipeline);
     let info = run_info(&cfg, pipeline.start_step);
     let shown = run_front_end(&ctl, &snapshots, &finished, info.clone());
+    let telemetry = session.telemetry.clone();
     let finish = session.finish();
-    let mut last = shown?;
     // The hub's last snapshot, published as the run stopped: the step it ended (and saved) at,
     // which may be past the last one shown.
-    while let Ok(s) = snapshots.try_recv() {
-        last = Some(s);
-    }
+    let last = shown?.and(telemetry.last_snapshot());
     finish?;
     // The run's summary, after the last save (a run stopped by `q` saves on the way out).
     if let Some(s) = last {

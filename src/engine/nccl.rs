@@ -176,16 +176,18 @@ impl NcclGroup {
         })
     }
 
-    /// The group of a job's `size` processes, meeting in the job's store (each process makes
-    /// its own member, with its global rank).
+    /// The group of a job's `size` replicas, meeting in the job's store (each replica makes its
+    /// own member, with its index in the job, over a store connection of its own). The replicas
+    /// of one process share the list of what to abort: one that fails frees its siblings too.
     pub fn over(store: Arc<super::c10d::JobStore>, size: usize) -> Result<NcclGroup> {
         if !AVAILABLE {
             bail!("this build has no NCCL shim (the wheel's NCCL/CUDA headers were missing at build time)");
         }
+        static JOB_GROUPS: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
         Ok(NcclGroup {
             store: Arc::new(Store::Job(store)),
             size,
-            made: Registry::default(),
+            made: JOB_GROUPS.get_or_init(Registry::default).clone(),
         })
     }
 

@@ -273,12 +273,12 @@ impl Workers<'_> {
             save_dir: cfg.save_dir.clone(),
             save_every: cfg.save_every,
             seed: cfg.seed + shared.first_replica + i as u64,
-            // Replica 0's sampler saved its state; the others start theirs afresh.
+            // The job's replica 0's sampler saved its state; the others start theirs afresh.
             rng_state: cfg
                 .resume_state
                 .as_ref()
                 .and_then(|s| s.anchor_rng)
-                .filter(|_| i == 0),
+                .filter(|_| shared.first_replica + i as u64 == 0),
             data_docs: resumed_docs(cfg),
             slow: cfg.slow.drafter,
             threads: self.threads,

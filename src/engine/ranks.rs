@@ -197,6 +197,20 @@ impl JobLink {
             .map_err(|e| store_err(tag, "publishing to the others", e))
     }
 
+    /// Sets `key` in the job's store (one key for every rank to read, e.g. a host's).
+    pub fn write(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.store
+            .set(key, value)
+            .map_err(|e| store_err(&self.tag, "writing to the job's store", e))
+    }
+
+    /// `key`'s value in the job's store, if set (an error: the store is gone).
+    pub fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.store
+            .try_get(key)
+            .map_err(|e| store_err(&self.tag, "reading the job's store", e))
+    }
+
     /// Rank `rank`'s value under `name`, if it has published one (an error: the store is gone).
     pub fn published(&self, name: &str, rank: u32) -> Result<Option<Vec<u8>>> {
         self.store

@@ -73,6 +73,8 @@ pub struct Telemetry {
     rx: Receiver<StepRecord>,
     queues: Arc<Mutex<Vec<QueueProbe>>>,
     subscribers: Arc<Mutex<Vec<Sender<Arc<Snapshot>>>>>,
+    /// The last snapshot published (a subscriber that fell behind may have missed it).
+    last: Arc<Mutex<Option<Arc<Snapshot>>>>,
     commands: (Sender<HubCommand>, Receiver<HubCommand>),
     requests: Arc<Requests>,
     /// Whether the hub samples /proc and NVML (off in tests that script everything).
@@ -125,6 +127,7 @@ impl Telemetry {
             rx,
             queues: Arc::default(),
             subscribers: Arc::default(),
+            last: Arc::default(),
             commands: unbounded(),
             requests: Arc::default(),
             probes: true,
@@ -323,6 +326,13 @@ impl Telemetry {
         let snap = Arc::new(snap);
         let mut subs = self.subscribers.lock().expect("subscribers poisoned");
         subs.retain(|s| !matches!(s.try_send(snap.clone()), Err(TrySendError::Disconnected(_))));
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(snap);
+    }
+
+    /// The last snapshot published: after a run stopped, the step it ended (and saved) at, which
+    /// a front-end's feed, full while nobody read it, may not hold.
+    pub fn last_snapshot(&self) -> Option<Arc<Snapshot>> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn run_hub(&self, cancel: CancelToken) {
