@@ -6,7 +6,7 @@
 //! names the failure meanwhile). `q` on that screen stops the job: this rank stops, and every
 //! other one stops at the same step (saving as set).
 
-use super::session::{run_front_end, signal_exit, Session};
+use super::session::{run_front_end, run_info, signal_exit, socket_of_rank, Session};
 use crate::cli::TrainArgs;
 use crate::config::RunConfig;
 use crate::engine::ranks::JobLink;
@@ -19,8 +19,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// The store key under which each rank says where its socket is (`HOST\nPATH`).
-const SOCKET_KEY: &str = "socket";
 /// The store key under which a host's screen says whether it holds the terminal (`up`, `left`).
 fn screen_key(host: &str) -> String {
     format!("screen/{host}")
@@ -33,40 +31,6 @@ const SOCKETS_WAIT: Duration = Duration::from_secs(60);
 const ENDS_WAIT: Duration = Duration::from_secs(10);
 /// How long a failed rank keeps its sentence while its host's screen is up.
 const HOLD_WAIT: Duration = Duration::from_secs(3600);
-
-/// Where a rank's socket is, as it says in the job's store.
-struct RankSocket {
-    host: String,
-    path: String,
-}
-
-/// Says where this rank's socket is, for the screen on its host (every rank of a job, whatever
-/// its front-end: an empty path when it serves none).
-pub fn publish_socket(session: &Session, tag: &JobTag) -> Result<()> {
-    let Some(link) = session.pipeline.link() else {
-        return Ok(());
-    };
-    let path = session
-        .server
-        .as_ref()
-        .map(|s| s.path.display().to_string())
-        .unwrap_or_default();
-    let said = format!("{}\n{path}", tag.host);
-    link.publish(SOCKET_KEY, said.as_bytes())
-}
-
-/// What rank `rank` said of its socket, if it has.
-fn socket_of(link: &JobLink, rank: u32) -> Result<Option<RankSocket>> {
-    let Some(said) = link.published(SOCKET_KEY, rank)? else {
-        return Ok(None);
-    };
-    let text = String::from_utf8_lossy(&said);
-    let (host, path) = text.split_once('\n').unwrap_or((&text, ""));
-    Ok(Some(RankSocket {
-        host: host.to_string(),
-        path: path.to_string(),
-    }))
-}
 
 /// A rank that is not its host's screen: trains until the job ends or a signal, quietly (a
 /// signal's stop says nothing either: the screen says it for the job).
@@ -137,8 +101,8 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     let mut ctl = EngineControls::new(&telemetry, cfg.pipeline.save_dir.is_some());
     ctl.attached_label = Some(label);
     let pipeline = &session.pipeline;
-    let finished = || super::train::run_end(pipeline);
-    let info = super::train::run_info(&cfg, pipeline.start_step);
+    let finished = || session.end_note();
+    let info = run_info(&cfg, pipeline.start_step);
     let say = |what: &[u8]| {
         if let Some(link) = pipeline.link() {
             let _ = link.write(&screen_key(&tag.host), what);
@@ -180,24 +144,25 @@ fn local_sockets(session: &Session, tag: &JobTag) -> Result<Vec<PathBuf>> {
     let local_world: Option<usize> = std::env::var("LOCAL_WORLD_SIZE")
         .ok()
         .and_then(|v| v.trim().parse().ok());
-    let mut said: Vec<Option<RankSocket>> = (0..tag.world).map(|_| None).collect();
+    // (host, path) as each rank said it.
+    let mut said: Vec<Option<(String, String)>> = (0..tag.world).map(|_| None).collect();
     let since = Instant::now();
     loop {
         for (r, slot) in said.iter_mut().enumerate().filter(|(_, s)| s.is_none()) {
-            *slot = socket_of(link, r as u32)?;
+            *slot = socket_of_rank(link, r as u32)?;
         }
-        let here: Vec<&RankSocket> = said
+        let here: Vec<&(String, String)> = said
             .iter()
             .flatten()
-            .filter(|s| s.host == tag.host)
+            .filter(|(host, _)| *host == tag.host)
             .collect();
         let complete =
             said.iter().all(Option::is_some) || local_world.is_some_and(|n| here.len() >= n);
         if complete {
             let paths: Vec<PathBuf> = here
                 .iter()
-                .filter(|s| !s.path.is_empty())
-                .map(|s| PathBuf::from(&s.path))
+                .filter(|(_, path)| !path.is_empty())
+                .map(|(_, path)| PathBuf::from(path))
                 .collect();
             anyhow::ensure!(!paths.is_empty(), "no rank on this host serves a socket");
             return Ok(paths);

@@ -1,9 +1,11 @@
 //! What the commands share: a training `Session` (hub + pipeline + socket + recording + flight
-//! recorder), the TUI's front-end loop, and the exit status after a signal.
+//! recorder; in a job, where its socket is, said in the job's store), the TUI's front-end loop,
+//! and the exit status after a signal.
 
 use crate::cancel::CancelToken;
 use crate::config::RunConfig;
 use crate::engine::pipeline::Pipeline;
+use crate::engine::ranks::JobLink;
 use crate::summary::RunInfo;
 use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::Telemetry;
@@ -91,12 +93,37 @@ impl Session {
         };
         // In a job, where this rank's socket is, for the screen of its host.
         if let Some(tag) = &cfg.pipeline.job {
-            if let Err(e) = super::job_screen::publish_socket(&session, tag) {
+            if let Err(e) = session.announce_socket(tag) {
                 let _ = session.finish();
                 return Err(e);
             }
         }
         Ok(session)
+    }
+
+    /// Says in the job's store where this rank's socket is (an empty path when it serves none).
+    fn announce_socket(&self, tag: &crate::job::JobTag) -> Result<()> {
+        let Some(link) = self.pipeline.link() else {
+            return Ok(());
+        };
+        let path = self
+            .server
+            .as_ref()
+            .map(|s| s.path.display().to_string())
+            .unwrap_or_default();
+        link.publish(SOCKET_KEY, format!("{}\n{path}", tag.host).as_bytes())
+    }
+
+    /// What the screen says once the run has ended (None while it runs).
+    pub fn end_note(&self) -> Option<End> {
+        let pipeline = &self.pipeline;
+        pipeline.is_finished().then(|| End {
+            note: match pipeline.first_error() {
+                Some(e) => format!("stopped: {e} (q to leave)"),
+                None => "run finished: press q to leave".to_string(),
+            },
+            run_ended: true,
+        })
     }
 
     /// Stops the pipeline (saving as configured) and then the hub, which publishes a last
@@ -117,6 +144,30 @@ impl Session {
             eprintln!("dflash-top: {e:#}");
         }
         result
+    }
+}
+
+/// The store key under which each rank of a job says where its socket is (`HOST\nPATH`).
+const SOCKET_KEY: &str = "socket";
+
+/// Where rank `rank` of the job said its socket is, once it has: (its host, the path; empty
+/// where it serves none).
+pub(crate) fn socket_of_rank(link: &JobLink, rank: u32) -> Result<Option<(String, String)>> {
+    let Some(said) = link.published(SOCKET_KEY, rank)? else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(&said);
+    let (host, path) = text.split_once('\n').unwrap_or((&text, ""));
+    Ok(Some((host.to_string(), path.to_string())))
+}
+
+/// Where a run's files go, for its summary.
+pub(crate) fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
+    RunInfo {
+        start_step,
+        save_dir: cfg.pipeline.save_dir.clone(),
+        recording: cfg.viewer.record.clone(),
+        steps: cfg.pipeline.steps,
     }
 }
 

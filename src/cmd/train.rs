@@ -1,12 +1,11 @@
 //! `dflash-top train`: a training run with the TUI or headless (interval lines, `--fail-if`
 //! gates, the summary line).
 
-use super::session::{run_front_end, signal_exit, Session};
+use super::session::{run_front_end, run_info, signal_exit, Session};
 use crate::cli::TrainArgs;
 use crate::config::RunConfig;
 use crate::headless::{follow, Follow, Followed};
-use crate::summary::{RunInfo, Summary};
-use crate::tui::End;
+use crate::summary::Summary;
 use anyhow::Result;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -78,7 +77,7 @@ pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
     let snapshots = session.telemetry.subscribe();
     let ctl = EngineControls::new(&session.telemetry, cfg.pipeline.save_dir.is_some());
     let pipeline = &session.pipeline;
-    let finished = || run_end(pipeline);
+    let finished = || session.end_note();
     let info = run_info(&cfg, pipeline.start_step);
     let shown = run_front_end(&ctl, &snapshots, &finished, info.clone());
     let telemetry = session.telemetry.clone();
@@ -92,25 +91,4 @@ pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
         println!("{}", Summary::of(&s, &info).line());
     }
     Ok(signal_exit())
-}
-
-/// What the screen says once the run has ended (None while it runs).
-pub(crate) fn run_end(pipeline: &crate::engine::pipeline::Pipeline) -> Option<End> {
-    pipeline.is_finished().then(|| End {
-        note: match pipeline.first_error() {
-            Some(e) => format!("stopped: {e} (q to leave)"),
-            None => "run finished: press q to leave".to_string(),
-        },
-        run_ended: true,
-    })
-}
-
-/// Where a run's files go, for its summary.
-pub(crate) fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
-    RunInfo {
-        start_step,
-        save_dir: cfg.pipeline.save_dir.clone(),
-        recording: cfg.viewer.record.clone(),
-        steps: cfg.pipeline.steps,
-    }
 }
