@@ -553,6 +553,37 @@ fn the_ranks_in_one_terminal_share_one_screen_and_q_stops_the_job() {
     assert!(steps_in(&dir.path().join("ckpt1")).is_empty());
 }
 
+/// Under torchrun (its agent hosts the store, LOCAL_WORLD_SIZE set) the ranks share one screen
+/// too, and `q` twice ends the job: torchrun exits 0 with the terminal given back.
+#[test]
+fn torchrun_s_ranks_share_one_screen() {
+    let torchrun: PathBuf = repo().join(".venv/bin/torchrun");
+    assert!(torchrun.exists(), "`make test` installs torch into .venv");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let cmd = format!(
+        "cd {d}; export XDG_RUNTIME_DIR={d}; {} --nproc-per-node 2 --master-port {} --no-python \
+         {} train; echo EXIT=$?; sleep 600",
+        torchrun.display(),
+        free_port(),
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    let name = format!("dflash-torchrun-{}", std::process::id());
+    let s = crate::tmux::Session::start_sized(name, (220, 45), &cmd);
+    s.wait_for("both ranks on one screen", |x| {
+        x.contains("r0/drafter-0") && x.contains("r1/drafter-0") && x.contains("q stops the job")
+    });
+    s.keys("q");
+    s.wait_for("the stop to be asked again", |x| {
+        x.contains("q again to stop")
+    });
+    s.keys("q");
+    let after = s.wait_for("torchrun to exit", |x| x.contains("EXIT="));
+    assert!(after.contains("EXIT=0"), "{after}");
+    assert_eq!(after.matches("summary: step=").count(), 1, "{after}");
+    assert_eq!(s.display("#{alternate_on}"), "0", "the terminal is back");
+}
+
 /// A rank that fails while its host's screen is up keeps its sentence until the screen has given
 /// the terminal back (the screen names the failure meanwhile, unscrolled); then both say it.
 #[test]
