@@ -134,19 +134,17 @@ fn the_python_peer_unmodified_shows_its_target_thread_queue_and_drafter_phases()
 fn a_dataloader_loop_shows_its_item_sync_as_a_phase_with_a_count() {
     let runtime = tempfile::tempdir().unwrap();
     let child = run_script(runtime.path(), "tests/fixtures/auto_loader.py", &[]);
+    // A line with each phase measured (a tiny step's tenths of a millisecond can round to 0.0).
     let line = watch(runtime.path(), child, |l| {
         field(l, "MainThread", "sync_n").is_some()
-            && field(l, "MainThread", "data_wait_ms").unwrap_or(0.0) > 0.0
-            && field(l, "MainThread", "optim_ms").unwrap_or(0.0) > 0.0
+            && ["data_wait_ms", "optim_ms", "Sequential_ms"]
+                .iter()
+                .all(|p| field(l, "MainThread", p).unwrap_or(0.0) > 0.0)
     });
     // One `.item()` a step (SGD makes none): one sync per step.
     let n = field(&line, "MainThread", "sync_n").unwrap();
     assert!((0.5..=1.5).contains(&n), "one sync a step: {line}");
     assert!(field(&line, "MainThread", "sync_ms").is_some(), "{line}");
-    assert!(
-        field(&line, "MainThread", "Sequential_ms").unwrap() > 0.0,
-        "{line}"
-    );
 }
 
 /// Issue 28: an unmodified loop that pads each batch to its longest row changes shape every step,
