@@ -613,3 +613,31 @@ fn a_failing_rank_waits_for_the_screen_to_leave_before_it_says_why() {
         "rank 0 says why it stopped: {after}"
     );
 }
+
+/// With no screen on the host (LOCAL_RANK 0 runs `--headless`), a rank started without
+/// `--headless` keeps off the terminal yet says at once, naming itself, why it failed.
+#[test]
+fn a_quiet_rank_with_no_screen_says_at_once_why_it_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let args = ["train", "--headless", "--steps", "100000"];
+    let mut r0 = rank(dir.path(), port, 2, 0, &args);
+    let fault = [("DFLASH_TOP_FAULT", "error:drafter")];
+    let mut r1 = rank_with(
+        dir.path(),
+        port,
+        2,
+        1,
+        &["train", "--steps", "100000"],
+        &fault,
+    );
+    let s1 = wait_within(&mut r1, Duration::from_secs(120), "the failing quiet rank");
+    let s0 = wait_within(&mut r0, Duration::from_secs(60), "the headless rank");
+    let (out1, err1) = (read(dir.path(), 1, "out"), read(dir.path(), 1, "err"));
+    assert!(!s1.success() && !s0.success(), "{err1}");
+    assert!(out1.is_empty(), "the quiet rank printed nothing: {out1}");
+    assert!(
+        err1.contains("dflash-top: rank 1: drafter-0 failed in phase"),
+        "{err1}"
+    );
+}
