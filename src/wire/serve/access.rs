@@ -8,7 +8,6 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-
 /// Data frames a viewer may fall behind by (about ten seconds of a busy run) before it loses any.
 pub const VIEWER_BACKLOG: usize = 1024;
 /// Viewers at once by default (`--max-viewers`, `max_viewers` in the TOML).
