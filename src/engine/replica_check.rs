@@ -37,7 +37,8 @@ pub struct ReplicaReport {
     pub single_diff: f64,
 }
 
-fn relative_gap(r: f64, s: f64) -> f64 {
+/// |r - s| / |s|: how far the replicas' mean loss `r` is from the single drafter's `s`.
+pub(crate) fn relative_gap(r: f64, s: f64) -> f64 {
     (r - s).abs() / s.abs().max(1e-6)
 }
 

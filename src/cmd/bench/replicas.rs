@@ -3,21 +3,32 @@
 
 use crate::cli::BenchArgs;
 use crate::config::{PipelineSpec, RunConfig};
+use crate::engine::replica_check::{relative_gap, ReplicaReport};
 use anyhow::{bail, Result};
 
 /// `bench replicas`: --steps (default 20) steps of the replicas on --drafter-devices against one
-/// drafter with all their rows; fails unless the replicas end identical and the loss curves agree
-/// within --tolerance at every step.
+/// drafter with all their rows (in a job, every rank's); fails unless the replicas end identical
+/// and the loss curves agree within --tolerance at every step.
 pub(super) fn replicas(args: &BenchArgs) -> Result<()> {
     if !(args.tolerance > 0.0 && args.tolerance.is_finite()) {
         bail!("--tolerance must be a positive fraction (0.02 is 2%)");
     }
     let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let steps = args.train.steps.unwrap_or(20);
-    if let Some(job) = &cfg.job {
-        return replicas_of_job(&cfg, job, steps, args.tolerance);
-    }
     let report = crate::engine::replica_check::run(&cfg, steps)?;
+    match &cfg.job {
+        Some(job) => rank_report(&cfg, job, steps, args.tolerance, &report),
+        None => process_report(&cfg, steps, args.tolerance, &report),
+    }
+}
+
+/// The check of one process's replicas, as printed.
+fn process_report(
+    cfg: &PipelineSpec,
+    steps: u64,
+    tolerance: f64,
+    report: &ReplicaReport,
+) -> Result<()> {
     println!(
         "bench: replicas preset={} drafters={:?} (each {} rows) vs one drafter on {:?} ({} rows) \
          steps={steps}",
@@ -27,13 +38,7 @@ pub(super) fn replicas(args: &BenchArgs) -> Result<()> {
         cfg.drafter_devices[0],
         cfg.batch * cfg.drafter_devices.len() as i64
     );
-    for (i, (r, s)) in report.losses.iter().enumerate() {
-        println!(
-            "bench: step {} loss replicas={r:.4} single={s:.4} gap={:.3}%",
-            i + 1,
-            (r - s).abs() / s.abs().max(1e-6) * 100.0
-        );
-    }
+    print_steps("", report);
     let identical = report.replica_diff == 0.0;
     let gap = report.step_gap();
     println!(
@@ -45,10 +50,10 @@ pub(super) fn replicas(args: &BenchArgs) -> Result<()> {
         "bench: loss gap, replicas' mean vs one drafter with all their rows: max {:.3}% over the \
          steps (tolerance {:.1}%); weights max |w0 - w_single| = {:.3e}",
         gap * 100.0,
-        args.tolerance * 100.0,
+        tolerance * 100.0,
         report.single_diff
     );
-    if !identical || gap > args.tolerance {
+    if !identical || gap > tolerance {
         bail!(
             "the replica check failed: the replicas differ or their loss left the single drafter's"
         );
@@ -57,15 +62,15 @@ pub(super) fn replicas(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `bench replicas` as one rank of a job: this rank's replicas against rank 0's and against one
-/// drafter with every replica's rows.
-fn replicas_of_job(
+/// The check as one rank of a job: this rank's replicas against rank 0's and against one
+/// drafter with every replica's rows, as printed.
+fn rank_report(
     cfg: &PipelineSpec,
     job: &crate::job::JobTag,
     steps: u64,
     tolerance: f64,
+    report: &ReplicaReport,
 ) -> Result<()> {
-    let report = crate::engine::replica_check::run(cfg, steps)?;
     let r = job.rank;
     let here = cfg.drafter_devices.len();
     println!(
@@ -76,13 +81,7 @@ fn replicas_of_job(
         cfg.batch,
         cfg.batch * job.world as i64 * here as i64
     );
-    for (i, (m, s)) in report.losses.iter().enumerate() {
-        println!(
-            "bench: rank {r} step {} loss replicas={m:.4} single={s:.4} gap={:.3}%",
-            i + 1,
-            (m - s).abs() / s.abs().max(1e-6) * 100.0
-        );
-    }
+    print_steps(&format!("rank {r} "), report);
     let identical = report.replica_diff == 0.0;
     let gap = report.step_gap();
     println!(
@@ -99,4 +98,15 @@ fn replicas_of_job(
     }
     println!("bench: replica check passed on rank {r}");
     Ok(())
+}
+
+/// A line a step: `bench: {who}step N loss replicas=… single=… gap=…%`.
+fn print_steps(who: &str, report: &ReplicaReport) {
+    for (i, (m, s)) in report.losses.iter().enumerate() {
+        println!(
+            "bench: {who}step {} loss replicas={m:.4} single={s:.4} gap={:.3}%",
+            i + 1,
+            relative_gap(*m as f64, *s as f64) * 100.0
+        );
+    }
 }
