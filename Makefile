@@ -36,7 +36,8 @@ $(REF_DEPS): $(LIBTORCH_LINK)
 		specforge==0.2.0
 	touch $@
 
-$(REFERENCE): tests/reference/make_reference.py tests/reference/lm_target.py $(REF_DEPS)
+$(REFERENCE): tests/reference/make_reference.py tests/reference/lm_target.py \
+		tests/reference/llama_reference.py $(REF_DEPS)
 	$(VENV)/bin/python tests/reference/make_reference.py target/reference
 
 $(PARITY): tests/reference/specforge_parity.py $(REF_DEPS)

@@ -51,8 +51,8 @@ pub enum Command {
 
 #[derive(Args, Debug, Clone)]
 pub struct GenerateArgs {
-    /// A Hugging Face Qwen3 directory (config.json + safetensors; tokenizer.json for text and
-    /// chat prompts).
+    /// A Hugging Face Qwen3, Llama or Qwen2 directory (config.json + safetensors; tokenizer.json
+    /// for text and chat prompts).
     #[arg(long, value_name = "DIR")]
     pub target: PathBuf,
     /// Prompts, one JSON object a line: `input_ids`, `text`, or chat `messages` (rendered with
@@ -88,7 +88,7 @@ pub struct TrainArgs {
     /// Model shapes with random weights when no --target is given.
     #[arg(long, value_name = "NAME")]
     pub preset: Option<String>,
-    /// A Hugging Face Qwen3 directory (config.json + safetensors) for the target.
+    /// A Hugging Face Qwen3, Llama or Qwen2 directory (config.json + safetensors) for the target.
     #[arg(long, value_name = "DIR")]
     pub target: Option<PathBuf>,
     /// A DFlash drafter directory to start from (released or saved).

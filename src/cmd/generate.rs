@@ -18,7 +18,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     let device = checked_device(args)?;
     let cfg = Qwen3Config::from_dir(&args.target).with_context(|| {
         format!(
-            "--target {}: give a Hugging Face Qwen3 directory",
+            "--target {}: give a Hugging Face Qwen3, Llama or Qwen2 directory",
             args.target.display()
         )
     })?;

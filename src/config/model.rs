@@ -85,7 +85,8 @@ fn target_config_of(target: Option<&Path>, preset: &Preset) -> Result<Qwen3Confi
     if let Some(d) = target {
         if !d.is_dir() {
             bail!(
-                "--target {}: no such directory; give a Hugging Face Qwen3 directory",
+                "--target {}: no such directory; give a Hugging Face Qwen3, Llama or Qwen2 \
+                 directory",
                 d.display()
             );
         }
@@ -229,9 +230,10 @@ fn mask_token(
             format!(
                 "--target {}: no mask token: neither tokenizer_config.json \
                  (`added_tokens_decoder`) nor tokenizer.json (`added_tokens`) has a \
-                 `<|MASK|>`-like token, and tokenizer.json leaves no unused id below \
-                 vocab_size {}; give --mask-token-id ID (or `mask_token_id` in the \
-                 TOML file), e.g. an id the tokenizer does not use",
+                 `<|MASK|>`-like token, tokenizer.json leaves no unused id below \
+                 vocab_size {} and tokenizer_config.json names no pad, eos or unk \
+                 token; give --mask-token-id ID (or `mask_token_id` in the TOML file), e.g. \
+                 an id the tokenizer does not use",
                 dir.display(),
                 target_config.vocab_size
             )

@@ -76,13 +76,13 @@ pub fn drafter_config_json(spec: &DrafterSpec) -> serde_json::Value {
         "head_dim": c.head_dim,
         "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "rope_parameters": rope_parameters(c),
         "vocab_size": c.vocab_size,
         // The drafter predicts over the whole vocabulary, through the target's lm head.
         "draft_vocab_size": c.vocab_size,
         "max_position_embeddings": c.max_position_embeddings.unwrap_or(40960),
         "hidden_act": "silu",
-        "attention_bias": false,
+        "attention_bias": c.attention_bias,
         "attention_dropout": 0.0,
         "tie_word_embeddings": false,
         // The weights file holds bf16 (the fp32 master weights are in the optimizer file);
@@ -103,6 +103,22 @@ pub fn drafter_config_json(spec: &DrafterSpec) -> serde_json::Value {
             "block_size": spec.block_size,
         },
     })
+}
+
+/// `rope_parameters` as transformers 5 reads them: the base, and llama3's scaling where the
+/// target has it (the drafter rotates as its target does).
+fn rope_parameters(c: &Qwen3Config) -> serde_json::Value {
+    match c.rope_llama3 {
+        None => json!({"rope_type": "default", "rope_theta": c.rope_theta}),
+        Some(s) => json!({
+            "rope_type": "llama3",
+            "rope_theta": c.rope_theta,
+            "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+        }),
+    }
 }
 
 /// Reads a drafter directory's config.json.

@@ -6,9 +6,67 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// A Qwen3 config.json (the keys the target and the drafter read).
+/// The decoder families a target can be, by config.json's `model_type`. One model code path runs
+/// them all; what differs is config: Qwen3 normalises q and k per head (`q_norm`, `k_norm`);
+/// Llama and Qwen2 do not; Qwen2 has q/k/v biases; Llama has `attention_bias` (q/k/v/o) and
+/// `mlp_bias` flags and may scale its RoPE (`llama3`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    #[default]
+    Qwen3,
+    Llama,
+    Qwen2,
+}
+
+/// The `model_type`s `--target` runs.
+pub const MODEL_TYPES: [&str; 3] = ["qwen3", "llama", "qwen2"];
+
+impl Arch {
+    fn parse(model_type: &str) -> Option<Arch> {
+        Some(match model_type {
+            "qwen3" => Arch::Qwen3,
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            _ => return None,
+        })
+    }
+}
+
+/// Llama 3's RoPE frequency scaling (`rope_type: llama3`): the low frequencies divided by
+/// `factor`, the high ones kept, a smooth blend between (transformers'
+/// `_compute_llama3_parameters`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Llama3Rope {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: i64,
+}
+
+/// The rotary embedding of a model: its base and its scaling, if any.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub llama3: Option<Llama3Rope>,
+}
+
+impl Rope {
+    /// Unscaled RoPE of base `theta`.
+    pub fn plain(theta: f64) -> Rope {
+        Rope {
+            theta,
+            llama3: None,
+        }
+    }
+}
+
+/// A decoder's config.json (the keys the target and the drafter read): Qwen3, Llama or Qwen2
+/// (`model_type`; the drafter's layers are always Qwen3's).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Qwen3Config {
+    #[serde(default)]
+    pub model_type: Arch,
     pub hidden_size: i64,
     pub intermediate_size: i64,
     pub num_hidden_layers: i64,
@@ -27,11 +85,22 @@ pub struct Qwen3Config {
     pub layer_types: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<i64>,
+    /// Biases on the q, k, v and o projections (Llama's and Qwen3's key; Qwen2 has q/k/v
+    /// biases whatever it says: `Qwen3Config::qkv_bias`).
+    #[serde(default)]
+    pub attention_bias: bool,
+    /// Biases on the MLP's projections (Llama's key).
+    #[serde(default)]
+    pub mlp_bias: bool,
+    /// `rope_scaling` / `rope_parameters` of type `llama3`; None: plain RoPE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_llama3: Option<Llama3Rope>,
 }
 
 /// Raw config.json as read: every field optional, so a missing one becomes a sentence.
 #[derive(Deserialize)]
 struct RawConfig {
+    model_type: Option<String>,
     hidden_size: Option<i64>,
     intermediate_size: Option<i64>,
     num_hidden_layers: Option<i64>,
@@ -48,12 +117,15 @@ struct RawConfig {
     layer_types: Option<Vec<String>>,
     sliding_window: Option<i64>,
     use_sliding_window: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
 }
 
-/// Refuses a scaled RoPE (`rope_scaling`, or `rope_parameters.rope_type` other than
-/// `default`: YaRN, linear, dynamic, ...): the target and the drafter here rotate with plain
-/// RoPE, so such a model's hidden states would differ from what it computes when it serves.
-fn refuse_rope_scaling(raw: &RawConfig) -> Result<()> {
+/// The RoPE scaling of `rope_scaling` or `rope_parameters`: none (`default`), `llama3` with its
+/// four numbers, or a sentence refusing any other type (YaRN, linear, dynamic, ...): the target
+/// and the drafter here rotate with plain or llama3 RoPE only, so such a model's hidden states
+/// would differ from what it computes when it serves.
+fn rope_scaling_of(raw: &RawConfig) -> Result<Option<Llama3Rope>> {
     let kind = |v: &serde_json::Value| {
         v.get("rope_type")
             .or_else(|| v.get("type"))
@@ -61,21 +133,37 @@ fn refuse_rope_scaling(raw: &RawConfig) -> Result<()> {
             .unwrap_or("default")
             .to_string()
     };
-    let scaled = [raw.rope_scaling.as_ref(), raw.rope_parameters.as_ref()]
-        .into_iter()
-        .flatten()
-        .filter(|v| !v.is_null())
-        .map(kind)
-        .find(|k| k != "default");
-    if let Some(k) = scaled {
+    let scaled = [
+        ("rope_scaling", raw.rope_scaling.as_ref()),
+        ("rope_parameters", raw.rope_parameters.as_ref()),
+    ]
+    .into_iter()
+    .filter_map(|(key, v)| Some((key, v?)))
+    .filter(|(_, v)| !v.is_null())
+    .map(|(key, v)| (key, kind(v), v))
+    .find(|(_, k, _)| k != "default");
+    let Some((key, k, v)) = scaled else {
+        return Ok(None);
+    };
+    if k != "llama3" {
         bail!(
-            "config.json asks for `{k}` RoPE scaling (`rope_scaling` / `rope_parameters`), which \
-             this trainer does not apply: hidden states would differ from the model's own; use \
-             the model's unscaled config (scaling matters only past its original context \
-             length, above the 3072 tokens a row holds here)"
+            "config.json asks for `{k}` RoPE scaling (`{key}`), which this trainer does not \
+             apply (it runs plain and llama3 RoPE): hidden states would differ from the model's \
+             own; use the model's unscaled config (scaling matters only past its original \
+             context length, above the 3072 tokens a row holds here)"
         );
     }
-    Ok(())
+    let num = |name: &str| {
+        v.get(name).and_then(|x| x.as_f64()).with_context(|| {
+            format!("config.json's `{key}` of type llama3 has no number `{name}`: add it")
+        })
+    };
+    Ok(Some(Llama3Rope {
+        factor: num("factor")?,
+        low_freq_factor: num("low_freq_factor")?,
+        high_freq_factor: num("high_freq_factor")?,
+        original_max_position_embeddings: num("original_max_position_embeddings")? as i64,
+    }))
 }
 
 impl Qwen3Config {
@@ -93,8 +181,19 @@ impl Qwen3Config {
 
     pub fn from_json(text: &str) -> Result<Self> {
         let raw: RawConfig = serde_json::from_str(text).context("config.json is not valid JSON")?;
+        // Configs without the key (written by earlier versions of this program) are Qwen3's.
+        let model_type = raw.model_type.as_deref().unwrap_or("qwen3");
+        let arch = Arch::parse(model_type).with_context(|| {
+            format!(
+                "config.json has `model_type` `{model_type}`, which this trainer does not run: \
+                 give a {} model",
+                MODEL_TYPES.join(", ")
+            )
+        })?;
         fn need<T>(v: Option<T>, key: &str) -> Result<T> {
-            v.with_context(|| format!("config.json has no `{key}`: add it (a Qwen3 config has it)"))
+            v.with_context(|| {
+                format!("config.json has no `{key}`: add it (a Hugging Face decoder config has it)")
+            })
         }
         let hidden_size = need(raw.hidden_size, "hidden_size")?;
         let num_attention_heads = need(raw.num_attention_heads, "num_attention_heads")?;
@@ -105,8 +204,9 @@ impl Qwen3Config {
                 .and_then(|p| p.get("rope_theta"))
                 .and_then(|v| v.as_f64())
         });
-        refuse_rope_scaling(&raw)?;
+        let rope_llama3 = rope_scaling_of(&raw)?;
         let cfg = Qwen3Config {
+            model_type: arch,
             hidden_size,
             intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
             num_hidden_layers: need(raw.num_hidden_layers, "num_hidden_layers")?,
@@ -126,6 +226,9 @@ impl Qwen3Config {
             sliding_window: raw
                 .sliding_window
                 .filter(|_| raw.use_sliding_window.unwrap_or(false)),
+            attention_bias: raw.attention_bias.unwrap_or(false),
+            mlp_bias: raw.mlp_bias.unwrap_or(false),
+            rope_llama3,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -175,6 +278,29 @@ impl Qwen3Config {
             }
         }
         Ok(())
+    }
+
+    /// Whether q and k are normalised per head before RoPE (Qwen3's `q_norm` and `k_norm`).
+    pub fn qk_norm(&self) -> bool {
+        self.model_type == Arch::Qwen3
+    }
+
+    /// Whether the q, k and v projections have biases (always in Qwen2).
+    pub fn qkv_bias(&self) -> bool {
+        self.attention_bias || self.model_type == Arch::Qwen2
+    }
+
+    /// Whether the o projection has a bias (Qwen2's never has).
+    pub fn o_bias(&self) -> bool {
+        self.attention_bias && self.model_type != Arch::Qwen2
+    }
+
+    /// The model's rotary embedding.
+    pub fn rope(&self) -> Rope {
+        Rope {
+            theta: self.rope_theta,
+            llama3: self.rope_llama3,
+        }
     }
 
     /// Whether layer `i` is a sliding-attention layer (causal; windowed when `window_of` says).
@@ -251,6 +377,10 @@ fn qwen3(hidden: i64, inter: i64, layers: i64, heads: i64, kv: i64, tie: bool) -
         max_position_embeddings: Some(40_960),
         layer_types: None,
         sliding_window: None,
+        model_type: Arch::Qwen3,
+        attention_bias: false,
+        mlp_bias: false,
+        rope_llama3: None,
     }
 }
 
@@ -285,6 +415,10 @@ impl Preset {
                     max_position_embeddings: Some(4096),
                     layer_types: None,
                     sliding_window: None,
+                    model_type: Arch::Qwen3,
+                    attention_bias: false,
+                    mlp_bias: false,
+                    rope_llama3: None,
                 },
                 mask_token_id: 511,
                 recipe: Recipe {
@@ -319,7 +453,11 @@ impl Preset {
     }
 }
 
-/// A fresh drafter's spec for a target: `n` layers, its target layers by the rule above.
+/// A fresh drafter's spec for a target: `n` layers, its target layers by the rule above. Its
+/// layers are Qwen3's whatever the target is (DFlash's drafter is a Qwen3 model: q/k norms, no
+/// MLP bias), with the target's width, heads, head_dim, intermediate size, norm epsilon, RoPE
+/// (base and scaling) and `attention_bias`, all full attention: what SpecForge copies from a
+/// target's config into the drafter's (docs/usage.md, Llama-family targets).
 pub fn drafter_spec_for(
     target: &Qwen3Config,
     n: i64,
@@ -327,6 +465,8 @@ pub fn drafter_spec_for(
     block: i64,
 ) -> DrafterSpec {
     let mut layers = target.clone();
+    layers.model_type = Arch::Qwen3;
+    layers.mlp_bias = false;
     layers.num_hidden_layers = n;
     layers.layer_types = None;
     layers.sliding_window = None;
@@ -390,6 +530,52 @@ mod tests {
             let e = format!("{:#}", cfg(scaled).unwrap_err());
             assert!(e.contains(&format!("`{kind}` RoPE scaling")), "{e}");
         }
+    }
+
+    #[test]
+    fn model_type_picks_the_family_and_an_unknown_one_is_named() {
+        let base = r#""hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "vocab_size": 16, "rope_theta": 1e4"#;
+        let cfg = |extra: &str| Qwen3Config::from_json(&format!("{{{base}{extra}}}"));
+        let qwen3 = cfg("").unwrap();
+        assert_eq!(qwen3.model_type, Arch::Qwen3, "no model_type: Qwen3");
+        assert!(qwen3.qk_norm() && !qwen3.qkv_bias() && !qwen3.o_bias());
+        let llama =
+            cfg(r#", "model_type": "llama", "attention_bias": true, "mlp_bias": true"#).unwrap();
+        assert!(!llama.qk_norm() && llama.qkv_bias() && llama.o_bias() && llama.mlp_bias);
+        assert_eq!(llama.head_dim, 4, "head_dim defaults to hidden / heads");
+        let qwen2 = cfg(r#", "model_type": "qwen2""#).unwrap();
+        assert!(!qwen2.qk_norm() && qwen2.qkv_bias() && !qwen2.o_bias());
+        let e = format!("{:#}", cfg(r#", "model_type": "mistral""#).unwrap_err());
+        assert!(
+            e.contains("config.json") && e.contains("`mistral`") && e.contains("llama"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn llama3_rope_is_read_and_its_numbers_required() {
+        let base = r#""model_type": "llama", "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 16"#;
+        let cfg = |extra: &str| Qwen3Config::from_json(&format!("{{{base}, {extra}}}"));
+        let c = cfg(
+            r#""rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}"#,
+        )
+        .unwrap();
+        assert_eq!(c.rope_theta, 5e5);
+        let s = c.rope_llama3.unwrap();
+        assert_eq!((s.factor, s.original_max_position_embeddings), (32.0, 8192));
+        let e = format!(
+            "{:#}",
+            cfg(r#""rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}"#)
+                .unwrap_err()
+        );
+        assert!(
+            e.contains("`rope_scaling`") && e.contains("low_freq_factor"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -60,9 +60,9 @@ impl Drafter {
         let c = &self.spec.layers;
         let context = self.hidden_norm.forward(&self.fc.forward(target_hidden));
         let kind = block_emb.kind();
-        let (qc, qs) = rope_tables(block_pos, c.head_dim, c.rope_theta, kind);
+        let (qc, qs) = rope_tables(block_pos, c.head_dim, &c.rope(), kind);
         let all_pos = Tensor::cat(&[ctx_pos, block_pos], 1);
-        let (kc, ks) = rope_tables(&all_pos, c.head_dim, c.rope_theta, kind);
+        let (kc, ks) = rope_tables(&all_pos, c.head_dim, &c.rope(), kind);
         let mut x = block_emb.shallow_clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let windowed;

@@ -1,23 +1,30 @@
-//! The building blocks both models share: linear without bias, RMSNorm in fp32, rotary tables,
-//! the SwiGLU MLP. Weights live in the dtype their VarStore gives them; `compute` is the dtype the
+//! The building blocks both models share: linear (with a bias where the config has one), RMSNorm
+//! in fp32, rotary tables (plain or llama3-scaled), the SwiGLU MLP. Weights live in the dtype their VarStore gives them; `compute` is the dtype the
 //! matmuls run in (bf16 on GPU, f32 on CPU), so fp32 master weights train with bf16 compute.
 
-use super::config::Qwen3Config;
+use super::config::{Qwen3Config, Rope};
 use tch::{nn, Kind, Tensor};
 
 /// Std of a fresh linear weight: `initializer_range` of the Qwen3 config that z-lab's
 /// `DFlashDraftModel` (a `Qwen3PreTrainedModel`) inits with in `_init_weights`.
 pub const INITIALIZER_RANGE: f64 = 0.02;
 
-/// `y = x W^T`, no bias; `W` is [out, in], fresh ones drawn from normal(0, 0.02) as
-/// transformers' `_init_weights` does (RMSNorm weights start at 1).
+/// `y = x W^T (+ b)`; `W` is [out, in], fresh ones drawn from normal(0, 0.02) as
+/// transformers' `_init_weights` does (biases start at 0, RMSNorm weights at 1).
 #[derive(Debug)]
 pub struct Linear {
     pub weight: Tensor,
+    pub bias: Option<Tensor>,
 }
 
 impl Linear {
+    /// Without a bias.
     pub fn new(p: nn::Path, inp: i64, out: i64) -> Linear {
+        Self::with_bias(p, inp, out, false)
+    }
+
+    /// With a bias `p/bias` [out] when `bias`.
+    pub fn with_bias(p: nn::Path, inp: i64, out: i64, bias: bool) -> Linear {
         Linear {
             weight: p.var(
                 "weight",
@@ -27,12 +34,17 @@ impl Linear {
                     stdev: INITIALIZER_RANGE,
                 },
             ),
+            bias: bias.then(|| p.var("bias", &[out], nn::Init::Const(0.0))),
         }
     }
 
     // [.., in] -> [.., out]
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        x.matmul(&self.weight.to_kind(x.kind()).tr())
+        let y = x.matmul(&self.weight.to_kind(x.kind()).tr());
+        match &self.bias {
+            Some(b) => y + b.to_kind(x.kind()),
+            None => y,
+        }
     }
 }
 
@@ -89,11 +101,11 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn new(p: nn::Path, cfg: &Qwen3Config) -> Mlp {
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
         Mlp {
-            gate: Linear::new(&p / "gate_proj", h, i),
-            up: Linear::new(&p / "up_proj", h, i),
-            down: Linear::new(&p / "down_proj", i, h),
+            gate: Linear::with_bias(&p / "gate_proj", h, i, bias),
+            up: Linear::with_bias(&p / "up_proj", h, i, bias),
+            down: Linear::with_bias(&p / "down_proj", i, h, bias),
         }
     }
 
@@ -110,20 +122,40 @@ impl Mlp {
 }
 
 /// cos and sin for NeoX rotate-half RoPE at the given positions: each [.., head_dim], computed in
-/// f32 and returned in `kind` (the activations' dtype, as transformers' Qwen3 hands them over).
+/// f32 and returned in `kind` (the activations' dtype, as transformers hands them over).
 /// The sin table's first half comes negated: rotate-half is then a roll of the head by half its
 /// width (`apply_rope`), one copy instead of a negation and a concatenation.
-pub fn rope_tables(positions: &Tensor, head_dim: i64, theta: f64, kind: Kind) -> (Tensor, Tensor) {
-    let device = positions.device();
-    let inv_freq = Tensor::arange_start_step(0, head_dim, 2, (Kind::Float, device))
-        .divide_scalar(head_dim as f64)
-        .multiply_scalar(-theta.ln())
-        .exp();
+pub fn rope_tables(positions: &Tensor, head_dim: i64, rope: &Rope, kind: Kind) -> (Tensor, Tensor) {
+    let inv_freq = inv_freq(head_dim, rope, positions.device());
     let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
     let emb = Tensor::cat(&[&freqs, &freqs], -1);
     let sin = freqs.sin();
     let signed_sin = Tensor::cat(&[&sin.neg(), &sin], -1);
     (emb.cos().to_kind(kind), signed_sin.to_kind(kind))
+}
+
+/// The rotation frequencies theta^(-2i/d), i < d/2; with llama3 scaling, those of wavelength
+/// above `original / low_freq_factor` divided by `factor`, those below `original /
+/// high_freq_factor` kept, the ones between blended by where their wavelength lies.
+// -> [head_dim / 2] f32
+fn inv_freq(head_dim: i64, rope: &Rope, device: tch::Device) -> Tensor {
+    let plain = Tensor::arange_start_step(0, head_dim, 2, (Kind::Float, device))
+        .divide_scalar(head_dim as f64)
+        .multiply_scalar(-rope.theta.ln())
+        .exp();
+    let Some(s) = rope.llama3 else {
+        return plain;
+    };
+    let old = s.original_max_position_embeddings as f64;
+    let wavelen = plain.reciprocal() * (2.0 * std::f64::consts::PI);
+    let long = wavelen.gt(old / s.low_freq_factor);
+    let short = wavelen.lt(old / s.high_freq_factor);
+    let scaled = plain.where_self(&long.logical_not(), &(&plain / s.factor));
+    let smooth = ((wavelen.reciprocal() * old) - s.low_freq_factor)
+        / (s.high_freq_factor - s.low_freq_factor);
+    let blended = (smooth.neg() + 1.0) * &scaled / s.factor + &smooth * &scaled;
+    let medium = long.logical_or(&short).logical_not();
+    blended.where_self(&medium, &scaled)
 }
 
 /// Applies RoPE to `x` with `rope_tables`' tables [batch, seq, head_dim]; `heads_axis` is where

@@ -1,4 +1,5 @@
-//! The target: a frozen Qwen3 decoder that returns the hidden states of chosen layers.
+//! The target: a frozen decoder (Qwen3, Llama or Qwen2: `Qwen3Config::model_type`, the
+//! differences are config) that returns the hidden states of chosen layers.
 //! Module paths spell the Hugging Face names (`model.layers.{i}.self_attn.q_proj.weight`, …).
 //! Each layer's self-attention, and the ways it runs, is in `attention`.
 
@@ -222,7 +223,7 @@ impl Qwen3Target {
             None => slots.expand([b, n], false),
         };
         let kind = self.embed_tokens.kind();
-        let (cos, sin) = rope_tables(&positions, self.cfg.head_dim, self.cfg.rope_theta, kind);
+        let (cos, sin) = rope_tables(&positions, self.cfg.head_dim, &self.cfg.rope(), kind);
         let mut x = self.embed_tokens.embedding_for(ids).to_kind(kind);
         for (i, layer) in self.layers.iter().enumerate() {
             let mask = cached_causal_mask(start, n, self.cfg.window_of(i), pad.as_ref(), dev);
@@ -275,7 +276,7 @@ impl Qwen3Target {
     ) -> Tensor {
         let kind = self.embed_tokens.kind();
         let mut x = self.embed_tokens.embedding_for(input_ids).to_kind(kind);
-        let (cos, sin) = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, kind);
+        let (cos, sin) = rope_tables(positions, self.cfg.head_dim, &self.cfg.rope(), kind);
         let mut layer_out = Vec::with_capacity(self.layers.len());
         // Each residual add goes into the norm after it: the next layer's input norm.
         let mut h = match self.layers.first() {

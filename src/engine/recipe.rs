@@ -113,10 +113,40 @@ fn tokenizer_size(tok: &serde_json::Value, added: &[(i64, String)]) -> Option<i6
     Some(model_max.max(added_max) + 1)
 }
 
-/// The mask token of a target directory, the way SpecForge resolves it when no id is given: an
-/// added token named like `<|MASK|>`, else the first id the tokenizer does not use when the
-/// embedding table has room for it (Qwen3's tokenizer uses 151,669 ids of 151,936, so 151669,
-/// the id of the released Qwen3 drafters). None when the directory offers neither.
+/// The id of the tokenizer's `{role}_token` (`pad`, `eos`, `unk`) in tokenizer_config.json: its
+/// text (a string or `{"content": ..}`) looked up among the added tokens and the vocabulary,
+/// else `{role}_token_id`.
+fn special_token_id(
+    role: &str,
+    config: Option<&serde_json::Value>,
+    tok: Option<&serde_json::Value>,
+    added: &[(i64, String)],
+) -> Option<(i64, Option<String>)> {
+    let config = config?;
+    let text = config.get(format!("{role}_token")).and_then(|t| {
+        t.as_str()
+            .or_else(|| t.get("content").and_then(|c| c.as_str()))
+    });
+    if let Some(text) = text {
+        let id = added
+            .iter()
+            .find(|(_, c)| c == text)
+            .map(|(id, _)| *id)
+            .or_else(|| tok?.get("model")?.get("vocab")?.get(text)?.as_i64());
+        if let Some(id) = id {
+            return Some((id, Some(text.to_string())));
+        }
+    }
+    let id = config.get(format!("{role}_token_id"))?.as_i64()?;
+    Some((id, None))
+}
+
+/// The mask token of a target directory, the way SpecForge resolves it when no id is given
+/// (its `resolve_mask_token_id`): an added token named like `<|MASK|>`, else the first id the
+/// tokenizer does not use when the embedding table has room for it (Qwen3's tokenizer uses
+/// 151,669 ids of 151,936, so 151669, the id of the released Qwen3 drafters), else the
+/// tokenizer's pad, end or unknown token (a vocabulary with no room, as SmolLM2's 49,152 ids
+/// are all used: its pad token `<|im_end|>`). None when the directory offers none of them.
 pub fn mask_token_of(dir: &Path, vocab_size: i64) -> Result<Option<MaskToken>> {
     let config = read_json(&dir.join("tokenizer_config.json"))?;
     let tok = read_json(&dir.join("tokenizer.json"))?;
@@ -137,6 +167,16 @@ pub fn mask_token_of(dir: &Path, vocab_size: i64) -> Result<Option<MaskToken>> {
                 id: size,
                 source: "first-unused-id".into(),
                 content: None,
+            }));
+        }
+    }
+    for role in ["pad", "eos", "unk"] {
+        let found = special_token_id(role, config.as_ref(), tok.as_ref(), &added);
+        if let Some((id, text)) = found.filter(|(id, _)| (0..vocab_size).contains(id)) {
+            return Ok(Some(MaskToken {
+                id,
+                source: format!("{role}-token:{}", text.as_deref().unwrap_or("by-id")),
+                content: text,
             }));
         }
     }
@@ -211,5 +251,35 @@ mod tests {
             mask_token_of(tempfile::tempdir().unwrap().path(), 10).unwrap(),
             None
         );
+    }
+
+    /// A tokenizer that fills the table (SmolLM2's) leaves SpecForge's later candidates: the pad
+    /// token, else the end token, else the unknown one, by text or by id.
+    #[test]
+    fn a_full_vocabulary_falls_back_to_the_pad_then_end_then_unknown_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = serde_json::json!({
+            "model": {"type": "BPE", "vocab": {"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3}},
+            "added_tokens": [
+                {"id": 0, "content": "<|endoftext|>"},
+                {"id": 3, "content": "<|im_end|>"},
+            ],
+        });
+        std::fs::write(dir.path().join("tokenizer.json"), tok.to_string()).unwrap();
+        let write = |cfg: serde_json::Value| {
+            std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap()
+        };
+        write(serde_json::json!({
+            "pad_token": "<|im_end|>", "eos_token": "b", "unk_token": "<|endoftext|>"
+        }));
+        let m = mask_token_of(dir.path(), 4).unwrap().unwrap();
+        assert_eq!((m.id, m.source.as_str()), (3, "pad-token:<|im_end|>"));
+        assert_eq!(m.content.as_deref(), Some("<|im_end|>"));
+        write(serde_json::json!({"eos_token": {"content": "b"}, "unk_token": "<|endoftext|>"}));
+        assert_eq!(mask_token_of(dir.path(), 4).unwrap().unwrap().id, 2);
+        write(serde_json::json!({"unk_token_id": 0}));
+        let m = mask_token_of(dir.path(), 4).unwrap().unwrap();
+        assert_eq!((m.id, m.source.as_str()), (0, "unk-token:by-id"));
+        assert_eq!(m.content, None);
     }
 }

@@ -1,5 +1,6 @@
 """Checks a drafter checkpoint written by dflash-top against what SpecForge 0.2.0 exports for the
-same target and recipe, loads it with z-lab's dflash package, and runs it on the reference inputs:
+same target and recipe, loads it with z-lab's dflash package, and runs it on the reference inputs
+(REFERENCE_DIR: make_reference.py's output, or its llama/ or qwen2/ directory):
 
     python tests/reference/check_checkpoint.py CKPT_DIR REFERENCE_DIR OUT.safetensors
 
@@ -24,7 +25,7 @@ from types import SimpleNamespace
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from dflash.model import DFlashDraftModel
 
@@ -120,7 +121,7 @@ if bad:
     fail(f"loading: {bad}")
 model = model.float().eval()
 ref = load_file(os.path.join(ref_dir, "reference.safetensors"))
-target = Qwen3ForCausalLM.from_pretrained(os.path.join(ref_dir, "target")).eval()
+target = AutoModelForCausalLM.from_pretrained(os.path.join(ref_dir, "target")).eval()
 with torch.no_grad():
     emb = target.get_input_embeddings()(ref["block_ids"])
     y = model(

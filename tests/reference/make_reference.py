@@ -225,3 +225,7 @@ print(f"reference written to {out}")
 import lm_target  # noqa: E402  (beside this script)
 
 lm_target.make(out)
+
+import llama_reference  # noqa: E402  (beside this script)
+
+llama_reference.make(out)

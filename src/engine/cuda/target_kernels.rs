@@ -194,7 +194,12 @@ mod tests {
             .unsqueeze(0)
             .repeat([b, 1])
             * 7;
-        let (cos, sin) = crate::engine::layers::rope_tables(&pos, 128, 1e6, bf16);
+        let (cos, sin) = crate::engine::layers::rope_tables(
+            &pos,
+            128,
+            &crate::engine::config::Rope::plain(1e6),
+            bf16,
+        );
         let vs = nn::VarStore::new(dev);
         let norm = RmsNorm::new(vs.root() / "norm", 128, 1e-6);
         tch::no_grad(|| {

@@ -1,5 +1,6 @@
-//! A Qwen3 layer's self-attention (`model.layers.{i}.self_attn`): q/k/v/o projections, q_norm and
-//! k_norm per head, RoPE, and which way it runs: one fused q/k/v GEMM where keys come from the
+//! A decoder layer's self-attention (`model.layers.{i}.self_attn`): q/k/v/o projections (with
+//! biases where the config has them), q_norm and k_norm per head (Qwen3 only), RoPE, and which
+//! way it runs: one fused q/k/v GEMM where keys come from the
 //! queries' tokens, the causal flash kernel over documents, tiled or dense masks, or a KV cache
 //! while decoding. The drafter's layers use it with KV injection (keys from `[context, x]`).
 
@@ -14,31 +15,40 @@ pub struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
+    /// Qwen3's per-head norms of q and k (`Qwen3Config::qk_norm`); None in Llama and Qwen2.
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
     /// [q; k; v] weights in one tensor (the three projections' weights are views into it) once
     /// `fuse_projections` ran: one GEMM where queries, keys and values come from the same tokens.
     qkv: Option<Tensor>,
+    /// Their biases likewise, where they have them.
+    qkv_bias: Option<Tensor>,
 }
 
 impl Attention {
     pub fn new(p: nn::Path, cfg: &Qwen3Config) -> Attention {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let (qkv_bias, o_bias) = (cfg.qkv_bias(), cfg.o_bias());
+        let norm = |name: &str| {
+            cfg.qk_norm()
+                .then(|| RmsNorm::new(&p / name, d, cfg.rms_norm_eps))
+        };
         Attention {
-            q_proj: Linear::new(&p / "q_proj", h, nq * d),
-            k_proj: Linear::new(&p / "k_proj", h, nkv * d),
-            v_proj: Linear::new(&p / "v_proj", h, nkv * d),
-            o_proj: Linear::new(&p / "o_proj", nq * d, h),
-            q_norm: RmsNorm::new(&p / "q_norm", d, cfg.rms_norm_eps),
-            k_norm: RmsNorm::new(&p / "k_norm", d, cfg.rms_norm_eps),
+            q_proj: Linear::with_bias(&p / "q_proj", h, nq * d, qkv_bias),
+            k_proj: Linear::with_bias(&p / "k_proj", h, nkv * d, qkv_bias),
+            v_proj: Linear::with_bias(&p / "v_proj", h, nkv * d, qkv_bias),
+            o_proj: Linear::with_bias(&p / "o_proj", nq * d, h, o_bias),
+            q_norm: norm("q_norm"),
+            k_norm: norm("k_norm"),
             heads: nq,
             kv_heads: nkv,
             head_dim: d,
             qkv: None,
+            qkv_bias: None,
         }
     }
 
@@ -50,13 +60,22 @@ impl Attention {
         let _g = tch::no_grad_guard();
         let parts = [&self.q_proj, &self.k_proj, &self.v_proj].map(|l| l.weight.detach());
         let fused = Tensor::cat(&parts, 0);
+        let biases: Option<Vec<Tensor>> = [&self.q_proj, &self.k_proj, &self.v_proj]
+            .iter()
+            .map(|l| l.bias.as_ref().map(Tensor::detach))
+            .collect();
+        let fused_bias = biases.map(|b| Tensor::cat(&b, 0));
         let mut at = 0;
         for l in [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj] {
             let rows = l.weight.size()[0];
             l.weight.set_data(&fused.narrow(0, at, rows));
+            if let (Some(b), Some(fb)) = (&mut l.bias, &fused_bias) {
+                b.set_data(&fb.narrow(0, at, rows));
+            }
             at += rows;
         }
         self.qkv = Some(fused);
+        self.qkv_bias = fused_bias;
     }
 
     /// Queries from `x`; keys and values from `kv_sources` concatenated along the sequence, each
@@ -152,10 +171,16 @@ impl Attention {
     ) -> (Tensor, Tensor, Tensor, bool) {
         let (b, l) = (x.size()[0], x.size()[1]);
         let (nq, nkv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
-        let qkv = x.matmul(&w.to_kind(x.kind()).tr());
+        let mut qkv = x.matmul(&w.to_kind(x.kind()).tr());
+        if let Some(bias) = &self.qkv_bias {
+            qkv += bias.to_kind(x.kind());
+        }
         let part = |at, n, heads| qkv.narrow(2, at, n).view([b, l, heads, self.head_dim]);
         let v = part(nq + nkv, nkv, self.kv_heads);
-        if let Some(tables) = rope.filter(|_| self.head_dim == 128) {
+        let norms = self.q_norm.as_ref().zip(self.k_norm.as_ref());
+        if let (Some(tables), Some((q_norm, k_norm))) =
+            (rope.filter(|_| self.head_dim == 128), norms)
+        {
             let norm_rope = |col0, heads, norm: &RmsNorm| {
                 crate::engine::cuda::norm_rope(
                     &qkv,
@@ -164,31 +189,31 @@ impl Attention {
                     tables,
                 )
             };
-            if let Some(q) = norm_rope(0, self.heads, &self.q_norm) {
-                if let Some(k) = norm_rope(nq, self.kv_heads, &self.k_norm) {
+            if let Some(q) = norm_rope(0, self.heads, q_norm) {
+                if let Some(k) = norm_rope(nq, self.kv_heads, k_norm) {
                     return (q, k, v, true);
                 }
             }
         }
         (
-            self.q_norm.forward(&part(0, nq, self.heads)),
-            self.k_norm.forward(&part(nq, nkv, self.kv_heads)),
+            normed(&self.q_norm, part(0, nq, self.heads)),
+            normed(&self.k_norm, part(nq, nkv, self.kv_heads)),
             v,
             false,
         )
     }
 
-    // x [b, l, h] -> [b, l, heads, d], normed
+    // x [b, l, h] -> [b, l, heads, d], normed (Qwen3)
     fn queries(&self, x: &Tensor) -> Tensor {
         let (b, l) = (x.size()[0], x.size()[1]);
         let q = self
             .q_proj
             .forward(x)
             .view([b, l, self.heads, self.head_dim]);
-        self.q_norm.forward(&q)
+        normed(&self.q_norm, q)
     }
 
-    // sources [b, l_i, h] -> k, v [b, sum l_i, kv_heads, d]; k normed
+    // sources [b, l_i, h] -> k, v [b, sum l_i, kv_heads, d]; k normed (Qwen3)
     fn keys_values(&self, sources: &[&Tensor]) -> (Tensor, Tensor) {
         let b = sources[0].size()[0];
         let heads = |t: Tensor| t.view([b, -1, self.kv_heads, self.head_dim]);
@@ -200,7 +225,7 @@ impl Attention {
                 Tensor::cat(&parts, 1)
             }
         };
-        let k = self.k_norm.forward(&heads(project(&self.k_proj)));
+        let k = normed(&self.k_norm, heads(project(&self.k_proj)));
         (k, heads(project(&self.v_proj)))
     }
 
@@ -209,6 +234,14 @@ impl Attention {
         let (b, lq) = (x.size()[0], x.size()[1]);
         self.o_proj
             .forward(&out.reshape([b, lq, self.heads * self.head_dim]))
+    }
+}
+
+/// `x` through the per-head norm where the model has one.
+fn normed(norm: &Option<RmsNorm>, x: Tensor) -> Tensor {
+    match norm {
+        Some(n) => n.forward(&x),
+        None => x,
     }
 }
 
