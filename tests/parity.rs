@@ -116,3 +116,5 @@ fn chat_loss_masks_are_specforges_on_a_qwen3_style_template() {
         );
     }
 }
+
+mod step;
