@@ -272,7 +272,7 @@ fn differences(ours: &Ours, theirs: &Named, tol: Tolerance) -> (Vec<String>, Vec
         if gap / limit > w.0 / w.1 {
             *w = (gap, limit);
         }
-        if !(gap <= limit) {
+        if gap.is_nan() || gap > limit {
             bad.push(format!("{}: {what}: {gap:.3e} > {limit:.1e}", tol.name));
         }
     };
