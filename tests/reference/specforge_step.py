@@ -205,6 +205,7 @@ for total in [100, 110, 30, 7]:
     lrs = []
     for _ in range(total):
         lrs.append(dummy.get_learning_rate())
+        dummy.optimizer.step()  # no gradients: nothing moves; the order `BF16Optimizer.step` keeps
         dummy.scheduler.step()
     schedules[str(total)] = lrs
 summary = {}
