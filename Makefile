@@ -11,6 +11,7 @@ CARGO ?= cargo
 REF_DEPS := $(VENV)/.reference-deps
 REFERENCE := target/reference/reference.safetensors
 PARITY := target/reference/parity/parity.json
+STEP := target/reference/parity/step/step.json
 
 .PHONY: run test venv reference tools build release bench gpu-tests clean-venv
 
@@ -27,7 +28,7 @@ tools:
 
 # Reference numbers from PyTorch + transformers + z-lab's dflash and SpecForge 0.2.0 (both without
 # their extras: their DFlash modules need only torch and transformers).
-reference: $(REFERENCE) $(PARITY)
+reference: $(REFERENCE) $(PARITY) $(STEP)
 
 $(REF_DEPS): $(LIBTORCH_LINK)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check transformers==5.15.0 numpy \
@@ -42,6 +43,9 @@ $(REFERENCE): tests/reference/make_reference.py tests/reference/lm_target.py \
 
 $(PARITY): tests/reference/specforge_parity.py $(REF_DEPS)
 	$(VENV)/bin/python tests/reference/specforge_parity.py target/reference/parity
+
+$(STEP): tests/reference/specforge_step.py $(REF_DEPS)
+	$(VENV)/bin/python tests/reference/specforge_step.py target/reference/parity/step
 
 build: venv
 	$(CARGO) build --release

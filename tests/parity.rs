@@ -1,5 +1,6 @@
 //! Supervision as SpecForge's: our anchor sampler and chat loss masks against SpecForge 0.2.0's
-//! own code on the same inputs (tests/reference/specforge_parity.py runs it; `make test` too).
+//! own code on the same inputs (tests/reference/specforge_parity.py runs it; `make test` too);
+//! parity/step.rs: one whole training step (tests/reference/specforge_step.py).
 
 use dflash_top::engine::blocks::{sample_anchors, AnchorScope};
 use dflash_top::engine::data::{ChatOptions, Rng};
@@ -116,3 +117,5 @@ fn chat_loss_masks_are_specforges_on_a_qwen3_style_template() {
         );
     }
 }
+
+mod step;

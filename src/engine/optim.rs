@@ -135,8 +135,8 @@ impl AdamW {
     }
 
     /// The parameters made views of one flat bf16 buffer, the masters rounded (on any device:
-    /// the CPU takes the plain step).
-    pub(crate) fn with_bf16_weights(mut self) -> AdamW {
+    /// the CPU takes the plain step; tests/parity/step.rs runs the GPU's recipe so on the CPU).
+    pub fn with_bf16_weights(mut self) -> AdamW {
         let _g = tch::no_grad_guard();
         let working = self.flat.to_kind(Kind::BFloat16);
         for ((_, p), (off, n)) in self.params.iter_mut().zip(&self.spans) {

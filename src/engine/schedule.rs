@@ -48,10 +48,13 @@ impl Schedule {
     }
 }
 
-/// Cosine schedule with linear warm-up over `warmup` of `total` steps, to zero.
+/// Cosine schedule with linear warm-up over `warmup_share` of `total` steps (whole steps,
+/// rounded down as SpecForge's `int(warmup_ratio * total_steps)`; at least one), to zero.
+/// tests/parity/step.rs holds it to SpecForge's scheduler.
 pub fn cosine_lr(peak: f64, step: u64, total: u64, warmup_share: f64) -> f64 {
     let total = total.max(1) as f64;
-    let warm = (total * warmup_share).max(1.0);
+    // A fraction of a step would put the last warm-up step above the peak.
+    let warm = (total * warmup_share).floor().max(1.0);
     let s = step as f64;
     if s < warm {
         return peak * (s + 1.0) / warm;
@@ -71,6 +74,19 @@ mod tests {
         assert!((cosine_lr(1.0, 4, 100, 0.04) - 1.0).abs() < 1e-9);
         assert!(cosine_lr(1.0, 50, 100, 0.04) < 0.6);
         assert!(cosine_lr(1.0, 100, 100, 0.04) < 1e-9);
+    }
+
+    #[test]
+    fn the_lr_never_exceeds_the_peak() {
+        // 4% of 30 is 1.2 steps, of 110 4.4: the warm-up is 1 and 4 whole steps.
+        for total in 1..300 {
+            for step in 0..total {
+                let lr = cosine_lr(1.0, step, total, 0.04);
+                assert!(lr <= 1.0 + 1e-12, "total {total}, step {step}: {lr}");
+            }
+        }
+        assert_eq!(cosine_lr(1.0, 3, 110, 0.04), 1.0);
+        assert_eq!(cosine_lr(1.0, 0, 30, 0.04), 1.0);
     }
 
     #[test]
