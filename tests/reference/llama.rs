@@ -61,16 +61,25 @@ fn matches_transformers(name: &str, arch: Arch) {
     let cfg = Qwen3Config::from_dir(&tdir).unwrap();
     assert_eq!(cfg.model_type, arch);
     assert!(cfg.tie_word_embeddings && !cfg.qk_norm());
-    let (_vs, model) = target(&tdir, &CAPTURE);
-    let hidden = tch::no_grad(|| {
-        model.forward(
-            &r["packed.input_ids"],
-            &r["packed.positions"],
-            &r["packed.doc_ids"],
-        )
-    });
-    let d = max_diff(&hidden, &r["packed.hidden"]);
-    assert!(d < 1e-4, "{name}: hidden states differ by {d}");
+    let (_vs, mut model) = target(&tdir, &CAPTURE);
+    // As loaded, then with q, k and v (and their biases) in one projection, as training runs it.
+    for fused in [false, true] {
+        if fused {
+            model.fuse_projections();
+        }
+        let hidden = tch::no_grad(|| {
+            model.forward(
+                &r["packed.input_ids"],
+                &r["packed.positions"],
+                &r["packed.doc_ids"],
+            )
+        });
+        let d = max_diff(&hidden, &r["packed.hidden"]);
+        assert!(
+            d < 1e-4,
+            "{name} (fused: {fused}): hidden states differ by {d}"
+        );
+    }
 
     let (_vs, full) = target(&tdir, &[]);
     let logits = tch::no_grad(|| full.next_logits(&r["prompt"], &mut KvCache::default()));
