@@ -239,6 +239,10 @@ fn ranks_of_two_replicas_each_train_as_one_job_and_another_count_is_refused() {
     let single = tokens(&String::from_utf8_lossy(&one.stdout));
     for (r, out) in outs.iter().enumerate() {
         assert!(out.contains("summary: step=4 "), "rank {r}: {out}");
+        // Its `config:` line names the job's replicas it trains.
+        let config = out.lines().find(|l| l.starts_with("config: ")).unwrap();
+        let replicas = format!(" replicas={}-{}", 2 * r, 2 * r + 1);
+        assert!(config.ends_with(&replicas), "rank {r}: {config}");
         assert_eq!(
             tokens(out),
             2 * single,
@@ -737,5 +741,41 @@ fn a_ranks_lines_name_it_rank_0_sums_the_job_and_a_healthy_job_dumps_nothing() {
     assert!(
         steps_in(&dir.path().join("ck1")).is_empty(),
         "rank 1 does not"
+    );
+}
+
+/// Issue 44: rank 0's totals wait a bounded time for the others' figures and say who did not
+/// report: rank 1 started without `--headless` (a rank that keeps off the terminal, which
+/// prints no summary) never reports, and rank 0's line names it and sums its own figures only.
+#[test]
+fn rank_0s_summary_names_a_rank_that_did_not_report_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = ["train", "--steps", "4"];
+    let mut quiet = rank(dir.path(), port, 2, 1, &base);
+    let mut headless = rank(
+        dir.path(),
+        port,
+        2,
+        0,
+        &[&base[..], &["--headless"]].concat(),
+    );
+    let limit = Duration::from_secs(300);
+    let s0 = wait_within(&mut headless, limit, "rank 0");
+    let s1 = wait_within(&mut quiet, limit, "rank 1");
+    let out = read(dir.path(), 0, "out");
+    assert!(
+        s0.success() && s1.success(),
+        "{out}{}",
+        read(dir.path(), 1, "err")
+    );
+    let s = out.lines().find(|l| l.starts_with("summary: ")).unwrap();
+    assert_eq!(value(s, "job.ranks="), Some("1/2"), "{s}");
+    assert_eq!(value(s, "job.missing="), Some("r1"), "{s}");
+    assert_eq!(value(s, "job.tokens="), value(s, "tokens="), "{s}");
+    assert_eq!(
+        value(s, "job.slowest="),
+        None,
+        "one rank is no ranking: {s}"
     );
 }

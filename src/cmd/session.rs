@@ -180,7 +180,8 @@ pub(crate) fn job_part(link: &JobLink, summary: &Summary) -> JobPart {
         totals,
     };
     if tag.rank != 0 {
-        // Rank 0 gone already (it waited no longer): its line names this rank as missing.
+        // Unheard if rank 0 has gone already (it waits no longer than `FIGURES_WAIT`): its
+        // line then names this rank as missing.
         if let Ok(text) = serde_json::to_vec(&mine) {
             let _ = link.publish(FIGURES_KEY, &text);
         }
@@ -189,10 +190,13 @@ pub(crate) fn job_part(link: &JobLink, summary: &Summary) -> JobPart {
     let mut got: Vec<Option<RankFigures>> = (0..tag.world).map(|_| None).collect();
     got[0] = Some(mine);
     let deadline = Instant::now() + FIGURES_WAIT;
-    while got.iter().any(Option::is_none) && Instant::now() < deadline {
+    loop {
         for (r, slot) in got.iter_mut().enumerate().filter(|(_, s)| s.is_none()) {
             let said = link.published(FIGURES_KEY, r as u32).ok().flatten();
             *slot = said.and_then(|v| serde_json::from_slice(&v).ok());
+        }
+        if got.iter().all(Option::is_some) || Instant::now() >= deadline {
+            break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
