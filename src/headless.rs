@@ -22,6 +22,8 @@ pub struct Follow<'a> {
     pub ended: &'a dyn Fn() -> bool,
     /// The flight recorder whose dumps are printed (and taken when a gate holds).
     pub flight: Option<&'a FlightRecorder>,
+    /// The job this process is a rank of: its interval lines say `rank=R/W`.
+    pub job: Option<&'a crate::job::JobTag>,
 }
 
 /// How a follow ended: the last snapshot it saw, and the reason when a `--fail-if` gate held.
@@ -42,7 +44,7 @@ pub fn follow(snapshots: &Receiver<Arc<Snapshot>>, gates: &mut [Gate], how: &Fol
     {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
             if Instant::now() >= next {
-                println!("{}", interval_line(&s));
+                println!("{}", with_rank(interval_line(&s), how.job));
                 next += how.interval;
             }
             print_dumps(how.flight);
@@ -74,6 +76,15 @@ fn dump_now(flight: Option<&FlightRecorder>, why: &str) {
         Some(Err(e)) => eprintln!("dflash-top: {e:#}"),
         None => {}
     }
+}
+
+/// `line` with ` rank=R/W` at the end of its head (before the threads' fields), in a job.
+fn with_rank(mut line: String, job: Option<&crate::job::JobTag>) -> String {
+    if let Some(tag) = job {
+        let at = line.find(" | ").unwrap_or(line.len());
+        line.insert_str(at, &format!(" {}", tag.rank_field()));
+    }
+    line
 }
 
 /// One interval line from a snapshot.

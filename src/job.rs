@@ -94,6 +94,28 @@ impl JobTag {
         }))
     }
 
+    /// `rank=1/2`: the field every headless line of a rank carries.
+    pub fn rank_field(&self) -> String {
+        format!("rank={}/{}", self.rank, self.world)
+    }
+
+    /// ` job=ID rank=R/W local_rank=L`, the fields the `config:` line of a rank adds to its
+    /// recipe, with ` replicas=A-B` (the job's replicas this rank trains) where it trains
+    /// `per_rank` > 1.
+    pub fn config_fields(&self, per_rank: usize) -> String {
+        let mut out = format!(
+            " job={} {} local_rank={}",
+            self.id,
+            self.rank_field(),
+            self.local_rank
+        );
+        if per_rank > 1 {
+            let first = self.rank as usize * per_rank;
+            out.push_str(&format!(" replicas={first}-{}", first + per_rank - 1));
+        }
+        out
+    }
+
     /// `r1`: how the merged views name this rank's threads and queues (`r1/drafter-0`).
     pub fn prefix(&self) -> String {
         format!("r{}", self.rank)
@@ -142,6 +164,15 @@ mod tests {
         assert_eq!(t.id, "10.0.0.5:29500", "no run id: the rendezvous address");
         assert!(!t.agent_store);
         assert_eq!(t.prefix(), "r1");
+        assert_eq!(
+            t.config_fields(1),
+            " job=10.0.0.5:29500 rank=1/2 local_rank=1"
+        );
+        assert_eq!(
+            t.config_fields(2),
+            " job=10.0.0.5:29500 rank=1/2 local_rank=1 replicas=2-3",
+            "rank 1's replicas of two a rank"
+        );
         let t = tag(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "2"),

@@ -9,6 +9,7 @@ mod e2e;
 mod engine;
 mod fuzz;
 mod generate;
+mod healthy;
 mod job;
 mod job_view;
 mod names;

@@ -239,6 +239,10 @@ fn ranks_of_two_replicas_each_train_as_one_job_and_another_count_is_refused() {
     let single = tokens(&String::from_utf8_lossy(&one.stdout));
     for (r, out) in outs.iter().enumerate() {
         assert!(out.contains("summary: step=4 "), "rank {r}: {out}");
+        // Its `config:` line names the job's replicas it trains.
+        let config = out.lines().find(|l| l.starts_with("config: ")).unwrap();
+        let replicas = format!(" replicas={}-{}", 2 * r, 2 * r + 1);
+        assert!(config.ends_with(&replicas), "rank {r}: {config}");
         assert_eq!(
             tokens(out),
             2 * single,
@@ -499,6 +503,11 @@ fn the_ranks_in_one_terminal_share_one_screen_and_q_stops_the_job() {
             && x.contains("on this screen: r0 PID")
             && x.contains("q stops the job")
     });
+    // The header says which rank draws it, in its `config:` line's words (issue 44).
+    assert!(
+        screen.contains(" rank=0/2 local_rank=0; on this screen: r0 PID"),
+        "{screen}"
+    );
     assert_eq!(s.display("#{alternate_on}"), "1", "{screen}");
     let r1_pid = screen
         .split("r1 PID ")
@@ -639,5 +648,134 @@ fn a_quiet_rank_with_no_screen_says_at_once_why_it_failed() {
     assert!(
         err1.contains("dflash-top: rank 1: drafter-0 failed in phase"),
         "{err1}"
+    );
+}
+
+/// The value of `key=` in `line` (the first such field).
+fn value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key))
+}
+
+/// Issue 44: two ranks started by hand, a healthy job of 20 steps with `--save-dir`: every
+/// headless line of a rank names it (`config:` the job, rank and local rank; each interval line
+/// and the `summary:` the rank), rank 0's summary adds the job's totals from both ranks'
+/// figures, and neither rank writes a flight dump.
+#[test]
+fn a_ranks_lines_name_it_rank_0_sums_the_job_and_a_healthy_job_dumps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut children: Vec<Child> = (0..2)
+        .map(|r| {
+            let save = format!("ck{r}");
+            let args = ["train", "--headless", "--steps", "20", "--save-every", "10"];
+            let args = [&args[..], &["--save-dir", &save, "--interval", "0.5"]].concat();
+            rank(dir.path(), port, 2, r, &args)
+        })
+        .collect();
+    let mut outs = Vec::new();
+    for (r, c) in children.iter_mut().enumerate() {
+        let status = wait_within(c, Duration::from_secs(300), "a training rank");
+        let (out, err) = (
+            read(dir.path(), r as u32, "out"),
+            read(dir.path(), r as u32, "err"),
+        );
+        assert!(status.success(), "rank {r}: {out}{err}");
+        outs.push(out);
+    }
+    let summary = |out: &str| {
+        out.lines()
+            .find(|l| l.starts_with("summary: "))
+            .unwrap()
+            .to_string()
+    };
+    let tokens = |line: &str| -> u64 { value(line, "tokens=").unwrap().parse().unwrap() };
+    for (r, out) in outs.iter().enumerate() {
+        let config = out.lines().find(|l| l.starts_with("config: ")).unwrap();
+        assert!(
+            config.ends_with(&format!(" job=127.0.0.1:{port} rank={r}/2 local_rank={r}")),
+            "rank {r}: {config}"
+        );
+        let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("t=")).collect();
+        assert!(!lines.is_empty(), "rank {r}: {out}");
+        for l in &lines {
+            assert!(l.contains(&format!(" rank={r}/2 | ")), "rank {r}: {l}");
+        }
+        let s = summary(out);
+        assert!(s.starts_with("summary: step=20 "), "rank {r}: {s}");
+        assert_eq!(value(&s, "rank="), Some(&*format!("{r}/2")), "{s}");
+        // A healthy run dumps nothing: no `flight:` line, no flight directory.
+        assert!(!out.contains("flight: "), "rank {r}: {out}");
+        assert!(
+            !dir.path().join(format!("ck{r}")).join("flight").exists(),
+            "rank {r} made a flight directory"
+        );
+    }
+    let (s0, s1) = (summary(&outs[0]), summary(&outs[1]));
+    assert!(!s1.contains("job."), "only rank 0 sums the job: {s1}");
+    assert_eq!(value(&s0, "job.ranks="), Some("2/2"), "{s0}");
+    assert_eq!(
+        value(&s0, "job.tokens=").unwrap().parse::<u64>().unwrap(),
+        tokens(&s0) + tokens(&s1),
+        "the job's tokens are both ranks': {s0} / {s1}"
+    );
+    let tok_s = |line: &str, key: &str| -> f64 { value(line, key).unwrap().parse().unwrap() };
+    let summed = tok_s(&s0, "mean_tok/s=") + tok_s(&s1, "mean_tok/s=");
+    assert!(
+        (tok_s(&s0, "job.mean_tok/s=") - summed).abs() <= 1.0,
+        "tok/s summed: {s0} / {s1}"
+    );
+    // The slowest by tok/s (either where the printed figures tie).
+    let (t0, t1) = (tok_s(&s0, "mean_tok/s="), tok_s(&s1, "mean_tok/s="));
+    let slowest = value(&s0, "job.slowest=");
+    match t0.total_cmp(&t1) {
+        std::cmp::Ordering::Less => assert_eq!(slowest, Some("r0"), "{s0} / {s1}"),
+        std::cmp::Ordering::Greater => assert_eq!(slowest, Some("r1"), "{s0} / {s1}"),
+        std::cmp::Ordering::Equal => assert!(slowest.is_some(), "{s0}"),
+    }
+    assert!(!s0.contains("job.missing"), "{s0}");
+    assert_eq!(
+        steps_in(&dir.path().join("ck0")),
+        vec!["step-000010", "step-000020"],
+        "rank 0 saves"
+    );
+    assert!(
+        steps_in(&dir.path().join("ck1")).is_empty(),
+        "rank 1 does not"
+    );
+}
+
+/// Issue 44: rank 0's totals wait a bounded time for the others' figures and say who did not
+/// report: rank 1 started without `--headless` (a rank that keeps off the terminal, which
+/// prints no summary) never reports, and rank 0's line names it and sums its own figures only.
+#[test]
+fn rank_0s_summary_names_a_rank_that_did_not_report_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = ["train", "--steps", "4"];
+    let mut quiet = rank(dir.path(), port, 2, 1, &base);
+    let mut headless = rank(
+        dir.path(),
+        port,
+        2,
+        0,
+        &[&base[..], &["--headless"]].concat(),
+    );
+    let limit = Duration::from_secs(300);
+    let s0 = wait_within(&mut headless, limit, "rank 0");
+    let s1 = wait_within(&mut quiet, limit, "rank 1");
+    let out = read(dir.path(), 0, "out");
+    assert!(
+        s0.success() && s1.success(),
+        "{out}{}",
+        read(dir.path(), 1, "err")
+    );
+    let s = out.lines().find(|l| l.starts_with("summary: ")).unwrap();
+    assert_eq!(value(s, "job.ranks="), Some("1/2"), "{s}");
+    assert_eq!(value(s, "job.missing="), Some("r1"), "{s}");
+    assert_eq!(value(s, "job.tokens="), value(s, "tokens="), "{s}");
+    assert_eq!(
+        value(s, "job.slowest="),
+        None,
+        "one rank is no ranking: {s}"
     );
 }

@@ -268,7 +268,7 @@ fn resume_equals_one_go(extra: &[&str]) {
     );
 }
 
-fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value)) {
+pub fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value)) {
     use dflash_top::engine::config::Preset;
     use dflash_top::engine::qwen3::Qwen3Target;
     let p = Preset::by_name("tiny").unwrap();

@@ -163,6 +163,7 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
             deadline,
             ended: &|| session.ended(),
             flight: flight.as_ref(),
+            job: None,
         };
         tripped = follow(&session.telemetry().subscribe(), &mut gates, &how).tripped;
         Ok(())

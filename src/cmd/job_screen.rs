@@ -84,17 +84,19 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     let joined = local_sockets(&session, tag).and_then(|paths| {
         JoinedMany::join(&paths, viewer.warnings.clone(), viewer.verdict_dwell_ns)
     });
+    // Which rank draws it, in the words of its `config:` line (`job=ID rank=R/W local_rank=L`).
+    let me = tag
+        .config_fields(cfg.pipeline.drafter_devices.len())
+        .trim_start()
+        .to_string();
     let (telemetry, label) = match &joined {
         Ok(j) => (
             j.telemetry.clone(),
-            format!("job {} on this screen: {}", tag.id, j.who()),
+            format!("{me}; on this screen: {}", j.who()),
         ),
         Err(e) => (
             session.telemetry.clone(),
-            format!(
-                "job {}: rank {} alone on this screen ({e:#})",
-                tag.id, tag.rank
-            ),
+            format!("{me} alone on this screen ({e:#})"),
         ),
     };
     let snapshots = telemetry.subscribe();

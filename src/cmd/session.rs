@@ -6,7 +6,7 @@ use crate::cancel::CancelToken;
 use crate::config::RunConfig;
 use crate::engine::pipeline::Pipeline;
 use crate::engine::ranks::JobLink;
-use crate::summary::RunInfo;
+use crate::summary::{JobPart, JobTotals, RankFigures, RunInfo, Summary};
 use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::Telemetry;
 use crate::tui::End;
@@ -159,6 +159,50 @@ pub(crate) fn socket_of_rank(link: &JobLink, rank: u32) -> Result<Option<(String
     let text = String::from_utf8_lossy(&said);
     let (host, path) = text.split_once('\n').unwrap_or((&text, ""));
     Ok(Some((host.to_string(), path.to_string())))
+}
+
+/// The store key under which each rank of a job leaves its final figures for rank 0's summary.
+const FIGURES_KEY: &str = "summary";
+/// How long rank 0 waits for the other ranks' figures (each leaves them as its run ends, a
+/// moment after rank 0's, which saves last).
+const FIGURES_WAIT: Duration = Duration::from_secs(20);
+
+/// This rank's part of its `summary:` line, after its run ended well: a rank other than 0
+/// leaves its figures in the job's store; rank 0 (which hosts the store, or reaches torchrun's)
+/// waits up to `FIGURES_WAIT` for theirs and adds the job's totals, naming a rank whose
+/// figures did not come.
+pub(crate) fn job_part(link: &JobLink, summary: &Summary) -> JobPart {
+    let tag = &link.tag;
+    let mine = summary.figures(tag.rank);
+    let part = |totals| JobPart {
+        rank: tag.rank,
+        world: tag.world,
+        totals,
+    };
+    if tag.rank != 0 {
+        // Unheard if rank 0 has gone already (it waits no longer than `FIGURES_WAIT`): its
+        // line then names this rank as missing.
+        if let Ok(text) = serde_json::to_vec(&mine) {
+            let _ = link.publish(FIGURES_KEY, &text);
+        }
+        return part(None);
+    }
+    let mut got: Vec<Option<RankFigures>> = (0..tag.world).map(|_| None).collect();
+    got[0] = Some(mine);
+    let deadline = Instant::now() + FIGURES_WAIT;
+    loop {
+        for (r, slot) in got.iter_mut().enumerate().filter(|(_, s)| s.is_none()) {
+            let said = link.published(FIGURES_KEY, r as u32).ok().flatten();
+            *slot = said.and_then(|v| serde_json::from_slice(&v).ok());
+        }
+        if got.iter().all(Option::is_some) || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    part(Some(JobTotals {
+        reported: got.into_iter().flatten().collect(),
+    }))
 }
 
 /// Where a run's files go, for its summary.

@@ -1,7 +1,7 @@
 //! `dflash-top train`: a training run with the TUI or headless (interval lines, `--fail-if`
 //! gates, the summary line).
 
-use super::session::{run_front_end, run_info, signal_exit, Session};
+use super::session::{job_part, run_front_end, run_info, signal_exit, Session};
 use crate::cli::TrainArgs;
 use crate::config::RunConfig;
 use crate::headless::{follow, Follow, Followed};
@@ -13,7 +13,14 @@ use std::time::Duration;
 pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
     let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
     let cfg = RunConfig::from_args(args)?;
-    println!("{}", cfg.pipeline.recipe_line());
+    let job = cfg.pipeline.job.as_ref();
+    // In a job, which rank this is (the recipe before it is what every rank agrees on).
+    let rank_fields = job.map(|t| t.config_fields(cfg.pipeline.drafter_devices.len()));
+    println!(
+        "{}{}",
+        cfg.pipeline.recipe_line(),
+        rank_fields.unwrap_or_default()
+    );
     let session = Session::start(&cfg)?;
     if let Some(s) = &session.server {
         println!(
@@ -31,16 +38,21 @@ pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
         deadline: None,
         ended: &|| pipeline.is_finished(),
         flight: session.flight.as_ref(),
+        job,
     };
     // A gate that held stops the run as on any stop (saving its step).
     let Followed { mut last, tripped } = follow(&snapshots, &mut gates, &how);
     let telemetry = session.telemetry.clone();
+    // Held past the session: rank 0 hosts the job's store until the others' figures are in.
+    let link = session.pipeline.link().cloned();
     let result = session.finish();
     // The step the run ended (and saved) at: the feed may have filled up during the save.
     last = telemetry.last_snapshot().or(last);
     result?;
     if let Some(s) = last {
-        println!("{}", Summary::of(&s, &run_info(&cfg, start_step)).line());
+        let mut summary = Summary::of(&s, &run_info(&cfg, start_step));
+        summary.job = link.as_deref().map(|l| job_part(l, &summary));
+        println!("{}", summary.line());
     }
     println!("data: {}", counts.line());
     if tripped.is_some() {

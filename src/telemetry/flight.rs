@@ -1,12 +1,15 @@
 //! The flight recorder: the last minute of snapshots (with the steps that ended in them) always
 //! kept in memory, bounded in bytes per thread-second; when something goes wrong — a warning of
-//! severity error, the verdict turning starved, blocked or stalled, a `--fail-if` gate — it is
+//! severity error coming into force, the verdict turning stalled, a `--fail-if` gate — it is
 //! written out as a recording `replay` and `export` open (one snapshot a JSON line) plus a Chrome
 //! trace of its span, at most one dump a minute.
 //!
-//! The run's first verdict after warm-up is where it starts, not a turn: it does not dump (a dump
-//! of the first second would hold nothing, and would use up the minute in which a real stall may
-//! come). A stall always counts.
+//! A verdict that names a bottleneck (loader-, target- or drafter-bound, a declared stage starved
+//! or blocked) or balanced is a healthy pipeline's state: every pipeline is bound by some stage,
+//! and which one moves as a run warms up. The first verdict after warm-up and a turn among those
+//! do not dump (a dump of a healthy run's first seconds would hold nothing, and would use up the
+//! minute in which a real stall may come). A stage that starves for long is said by the
+//! `starved` and `blocked` warnings: made errors (`[warnings.severity]`), they dump too.
 
 use super::hub::{HubCommand, Telemetry};
 use super::snapshot::{GpuPanel, Snapshot};
@@ -128,22 +131,11 @@ impl FlightRing {
     }
 }
 
-/// What makes a dump: a new error warning, or the verdict turning bad.
+/// What makes a dump: a new error warning, or the verdict turning stalled.
 #[derive(Debug, Default)]
 pub struct Trigger {
     errors: HashSet<String>,
     verdict: Verdict,
-}
-
-fn starved(v: Verdict) -> bool {
-    matches!(
-        v,
-        Verdict::LoaderBound | Verdict::TargetBound | Verdict::Starved(_)
-    )
-}
-
-fn blocked(v: Verdict) -> bool {
-    matches!(v, Verdict::DrafterBound | Verdict::Blocked(_))
 }
 
 impl Trigger {
@@ -160,15 +152,13 @@ impl Trigger {
             .iter()
             .find(|w| w.severity == Severity::Error && !self.errors.contains(&w.key()));
         let (before, now) = (self.verdict, s.verdict);
-        let turned = now != before
-            && (now == Verdict::Stalled
-                || (before != Verdict::Warmup
-                    && ((starved(now) && !starved(before)) || (blocked(now) && !blocked(before)))));
+        // A bottleneck named, or moving, is no incident (the module's comment says why).
+        let turned = now == Verdict::Stalled && before != Verdict::Stalled;
         let why = match new_error {
             Some(w) => Some(format!("{} ({})", w.key(), w.evidence)),
             None => turned.then(|| match &s.stall {
-                Some(what) if now == Verdict::Stalled => format!("verdict stalled: {what}"),
-                _ => format!("verdict turned {}", s.names.verdict_short(now)),
+                Some(what) => format!("verdict stalled: {what}"),
+                None => "verdict turned stalled".to_string(),
             }),
         };
         self.errors = errors;

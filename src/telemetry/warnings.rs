@@ -181,9 +181,8 @@ pub struct Warnings {
     pub is_sync: fn(Phase) -> bool,
     /// When each condition began holding (elapsed s).
     since: HashMap<(Rule, String), f64>,
-    /// Per queue: when it last ran empty with its consumers waiting, and full with its
-    /// producers waiting.
-    jitter: HashMap<String, (Option<f64>, Option<f64>)>,
+    /// Per queue: its samples over the `queue_jitter` window.
+    jitter: HashMap<String, jitter::JitterSamples>,
     /// The dropped record and span counts of the last snapshot.
     drops: Option<(u64, u64)>,
     /// Per count: when it last grew (elapsed s) and what it was when the window began.
@@ -247,6 +246,7 @@ pub fn counts(w: &[Warning]) -> (usize, usize, usize) {
 mod alloc;
 mod config;
 mod gpu_idle;
+mod jitter;
 mod rules;
 mod shapes;
 pub use config::WarnConfig;

@@ -142,7 +142,7 @@ fn with(v: Verdict) -> Snapshot {
 }
 
 #[test]
-fn dumps_on_errors_and_bad_turns_of_the_verdict() {
+fn dumps_on_errors_and_stalls_never_on_a_bottleneck_named_or_moving() {
     let run = |seq: &[Verdict]| -> Vec<Option<String>> {
         let mut t = Trigger::default();
         seq.iter().map(|v| t.check(&with(*v))).collect()
@@ -152,22 +152,42 @@ fn dumps_on_errors_and_bad_turns_of_the_verdict() {
     assert!(run(&[Warmup, DrafterBound, DrafterBound])
         .iter()
         .all(Option::is_none));
-    // A stall dumps when it begins, not again while it lasts.
-    let r = run(&[Warmup, TargetBound, TargetBound, Stalled, Stalled]);
-    assert!(r[1].is_none() && r[2].is_none(), "{r:?}");
-    assert!(r[3].is_some() && r[4].is_none(), "{r:?}");
-    // Turning starved or blocked later in the run dumps; staying so, or easing, does not.
+    // A stall dumps when it begins, not again while it lasts, and again when it comes back.
     let r = run(&[
+        Warmup,
+        TargetBound,
+        TargetBound,
+        Stalled,
+        Stalled,
+        Balanced,
+        Stalled,
+    ]);
+    assert!(r[1].is_none() && r[2].is_none(), "{r:?}");
+    assert_eq!(r[3].as_deref(), Some("verdict turned stalled"));
+    assert!(r[4].is_none() && r[5].is_none(), "{r:?}");
+    assert!(r[6].is_some(), "{r:?}");
+    // Balanced and the bound-by states, ours or a declared stage's, are a healthy pipeline's:
+    // no turn among them dumps (the issue: every healthy run wrote `verdict turned
+    // drafter-bound` as its bottleneck settled).
+    let healthy = [
         Warmup,
         Balanced,
         TargetBound,
         TargetBound,
         Balanced,
         DrafterBound,
-    ]);
-    assert_eq!(r[2].as_deref(), Some("verdict turned target-bound"));
-    assert!(r[3].is_none() && r[4].is_none(), "{r:?}");
-    assert_eq!(r[5].as_deref(), Some("verdict turned drafter-bound"));
+        LoaderBound,
+        Paused,
+        DrafterBound,
+        Starved(1),
+        Blocked(2),
+        Balanced,
+    ];
+    assert!(
+        run(&healthy).iter().all(Option::is_none),
+        "{:?}",
+        run(&healthy)
+    );
     assert!(run(&[Warmup, Stalled])[1].is_some());
     // A new error warning dumps, once.
     let mut t = Trigger::default();

@@ -23,7 +23,8 @@ pub struct WarnConfig {
     /// while work is queued for it.
     pub gpu_idle_pct: f64,
     pub gpu_idle_s: f64,
-    /// `queue_jitter`: both sides must wait at least this share of time within the window.
+    /// `queue_jitter`: both sides must wait at least this share of time within the window (the
+    /// window's mean).
     pub jitter_wait_share: f64,
     /// `queue_jitter`: the window in which the queue must run both empty and full, seconds.
     pub jitter_window_s: f64,

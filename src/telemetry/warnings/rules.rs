@@ -160,48 +160,6 @@ impl Warnings {
         });
     }
 
-    fn queue_jitter(&mut self, s: &Snapshot, out: &mut Vec<Candidate>) {
-        let now = s.elapsed_s;
-        let window = self.config.jitter_window_s;
-        let share = self.config.jitter_wait_share;
-        for q in &s.queues {
-            let seen = self.jitter.entry(q.name.clone()).or_default();
-            if q.min_depth == 0 && q.consumer_wait_share > share {
-                seen.0 = Some(now);
-            }
-            if q.capacity > 0 && q.max_depth >= q.capacity && q.producer_wait_share > share {
-                seen.1 = Some(now);
-            }
-            let recent = |t: Option<f64>| t.is_some_and(|t| now - t <= window);
-            if !(recent(seen.0) && recent(seen.1)) || s.stall.is_some() {
-                continue;
-            }
-            let key = match q.name.as_str() {
-                "batch" | "hs" => format!("`{}_queue` in the TOML config", q.name),
-                _ => "its capacity".to_string(),
-            };
-            out.push(Candidate {
-                rule: Rule::QueueJitter,
-                subject: q.name.clone(),
-                evidence: format!(
-                    "queue `{}` ({} slots) ran empty ({} waiting {:.0}%) and full ({} waiting \
-                     {:.0}%) within {window:.0} s",
-                    q.name,
-                    q.capacity,
-                    q.consumers,
-                    q.consumer_wait_share * 100.0,
-                    q.producers,
-                    q.producer_wait_share * 100.0,
-                ),
-                fix: format!(
-                    "the queue is too small for the {} side's jitter: raise {key} to {}",
-                    q.producers,
-                    (q.capacity * 2).max(2)
-                ),
-            });
-        }
-    }
-
     fn profiling_cost(&self, s: &Snapshot, out: &mut Vec<Candidate>) {
         if !s.profiling {
             return;

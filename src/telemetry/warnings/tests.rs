@@ -230,19 +230,26 @@ fn gpu_idle_judges_the_mean_utilisation_so_that_spikes_do_not_hide_an_idle_gpu()
     assert!(run(WarnConfig::default(), 30.0, spiky(100, 2)).is_empty());
 }
 
+/// Every thread of `s` past its warm-up steps (the `queue_jitter` window is open).
+fn warmed(s: &mut Snapshot) {
+    for t in &mut s.threads {
+        t.run.steps = WARMUP_STEPS + (s.elapsed_s * 2.0) as u64;
+    }
+}
+
 #[test]
 fn a_queue_that_runs_empty_and_full_within_the_window_is_too_small() {
-    // The target bursts: hs runs empty (drafter waits) at one tick, full (target waits) at the
-    // next.
+    // The target works in bursts: for 2 s of every 4 hs runs empty (the drafter waits a third
+    // of its time), for the other 2 full (the target waits a third of its time).
     let jitter = |s: &mut Snapshot| {
+        warmed(s);
         let q = &mut s.queues[1];
-        let tick = (s.elapsed_s * 2.0) as u64;
-        if tick.is_multiple_of(8) {
+        if ((s.elapsed_s / 2.0) as u64).is_multiple_of(2) {
             q.min_depth = 0;
-            q.consumer_wait_share = 0.1;
-        } else if tick % 8 == 4 {
+            q.consumer_wait_share = 0.3;
+        } else {
             q.max_depth = 2;
-            q.producer_wait_share = 0.1;
+            q.producer_wait_share = 0.3;
         }
     };
     let w = run(WarnConfig::default(), 20.0, jitter);
@@ -252,18 +259,78 @@ fn a_queue_that_runs_empty_and_full_within_the_window_is_too_small() {
         "{}",
         w[0].fix
     );
-    // Empty and full further apart than the window: no warning.
+    assert!(
+        w[0].evidence
+            .contains("ran empty and full within 10 s, its drafter waiting 1")
+            && w[0].evidence.contains("% and its target 1"),
+        "{}",
+        w[0].evidence
+    );
+    // Empty and full, half a second each, 2 s apart: within the default window, not within one
+    // of a second.
+    let apart = |s: &mut Snapshot| {
+        warmed(s);
+        let q = &mut s.queues[1];
+        match (s.elapsed_s * 2.0) as u64 % 8 {
+            0 => (q.min_depth, q.consumer_wait_share) = (0, 0.9),
+            4 => (q.max_depth, q.producer_wait_share) = (2, 0.9),
+            _ => {}
+        }
+    };
+    assert_eq!(
+        keys(&run(WarnConfig::default(), 20.0, apart)),
+        ["queue_jitter:hs"]
+    );
     let cfg = WarnConfig {
         jitter_window_s: 1.0,
         ..WarnConfig::default()
     };
-    assert!(run(cfg, 20.0, jitter).is_empty());
+    assert!(run(cfg, 20.0, apart).is_empty());
     // Touching empty and full without anyone waiting costs nothing.
     let free = |s: &mut Snapshot| {
+        warmed(s);
         s.queues[1].min_depth = 0;
         s.queues[1].max_depth = 2;
     };
     assert!(run(WarnConfig::default(), 20.0, free).is_empty());
+}
+
+#[test]
+fn no_queue_jitter_at_start_up_or_from_one_hiccup_of_a_busy_host() {
+    // What a healthy drafter-bound run on a loaded host looked like (issue 44): the target
+    // always waits on the full hs queue; at start the drafter waited on it empty (the target's
+    // first step), and once, a second long, the target was descheduled and the drafter waited
+    // 46% of that second.
+    let healthy = |s: &mut Snapshot| {
+        let t = s.elapsed_s;
+        for th in &mut s.threads {
+            th.run.steps = (t * 3.0) as u64;
+        }
+        let q = &mut s.queues[1];
+        q.max_depth = 2;
+        q.producer_wait_share = 0.9;
+        if t < 1.5 || (30.0..31.0).contains(&t) {
+            q.min_depth = 0;
+            q.consumer_wait_share = if t < 1.5 { 0.9 } else { 0.46 };
+        }
+    };
+    let jitter = |w: Vec<Warning>| -> Vec<String> {
+        keys(&w)
+            .into_iter()
+            .filter(|k| k.starts_with("queue_jitter"))
+            .collect()
+    };
+    for until in [3.0, 8.0, 12.0, 31.0, 35.0, 45.0] {
+        let w = run(WarnConfig::default(), until, healthy);
+        assert!(jitter(w).is_empty(), "at {until} s");
+    }
+    // The same start with the warm-up not excluded would have warned (the window is open).
+    let early = |s: &mut Snapshot| {
+        healthy(s);
+        warmed(s);
+    };
+    let w = run(WarnConfig::default(), 10.0, early);
+    assert_eq!(jitter(w), ["queue_jitter:hs"]);
 }
 
 #[test]
