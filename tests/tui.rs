@@ -180,6 +180,7 @@ pub fn starved_snapshot() -> Snapshot {
         warnings: Vec::new(),
         ranks: Vec::new(),
         names: Default::default(),
+        sync_sites: Vec::new(),
     }
 }
 
