@@ -89,7 +89,7 @@ pub fn interval_line(s: &Snapshot) -> String {
         // `-` where no step has brought tokens (not known, not zero).
         match s.train.tokens_total {
             0 => "-".into(),
-            _ => format!("{:.0}", s.train.tok_per_s_1s),
+            _ => format!("{:.0}", s.train.tok_per_s_1s.max(0.0)),
         },
         s.train
             .lr

@@ -330,3 +330,107 @@ fn an_unmodified_trainer_shows_its_tokens_loss_steps_and_the_line_of_its_item() 
     }
     assert!(!main.contains("push_wait_ms="), "{main}");
 }
+
+/// Issue 41: `torchrun --nproc-per-node 2 -m dflash_top run` of a Gloo data-parallel trainer
+/// with DataLoader worker processes: each rank a session carrying the job's id, `attach --job`
+/// showing both ranks merged (`r0/MainThread`, `r1/MainThread`), tokens summed over the ranks
+/// and equal to what they consumed, each rank's `.item()` by its line.
+#[test]
+fn a_torchrun_job_of_two_ranks_shows_both_ranks_merged_under_attach_job() {
+    let runtime = tempfile::tempdir().unwrap();
+    let script = "tests/fixtures/auto_ddp.py";
+    let go = runtime.path().join("go");
+    let mut job = Command::new(repo().join(".venv/bin/torchrun"))
+        .args(["--nproc-per-node", "2", "--master-port", "29731"])
+        .args(["-m", "dflash_top", "run", script, "--workers", "2", "--go"])
+        .arg(&go)
+        .current_dir(repo())
+        .env("PYTHONPATH", repo().join("python"))
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect(".venv/bin/torchrun runs (make venv)");
+    let dir = runtime.path().join("dflash-top");
+    // Both ranks serve, each saying its job in its stats file.
+    crate::support::wait_until("both ranks write their stats", || {
+        std::fs::read_dir(&dir).is_ok_and(|d| {
+            d.filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+                .filter(|s| s.contains("\"job\":{\"id\":\"127.0.0.1:29731\""))
+                .count()
+                == 2
+        })
+    });
+    let record = runtime.path().join("view.jsonl");
+    let mut viewer = Command::new(env!("CARGO_BIN_EXE_dflash-top"))
+        .args([
+            "attach",
+            "--job",
+            "--headless",
+            "--seconds",
+            "120",
+            "--interval",
+            "1",
+        ])
+        .arg("--record")
+        .arg(&record)
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut view = std::io::BufReader::new(viewer.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut view, &mut first).unwrap();
+    assert!(
+        first.starts_with("attached to 2 sessions (r0 PID"),
+        "{first}"
+    );
+    std::fs::write(&go, "").unwrap();
+    let out = std::io::read_to_string(view).unwrap();
+    let err = std::io::read_to_string(viewer.stderr.take().unwrap()).unwrap();
+    viewer.wait().unwrap();
+    let printed = std::io::read_to_string(job.stdout.take().unwrap()).unwrap();
+    assert!(job.wait().unwrap().success(), "{printed}");
+    assert!(err.contains("every session ended"), "{err}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("t=")).collect();
+    let line_no = std::fs::read_to_string(repo().join(script))
+        .unwrap()
+        .lines()
+        .position(|l| l.contains("SYNC-SITE"))
+        .unwrap()
+        + 1;
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("r1/MainThread step_ms=") && l.contains("sync_top="))
+        .unwrap_or_else(|| panic!("{out}"));
+    for part in [
+        "| r0/MainThread step_ms=".to_string(),
+        "| r1/MainThread step_ms=".into(),
+        "data_wait_ms=".into(),
+        "DistributedDataParallel_ms=".into(),
+        format!("sync_top=\"{script}:{line_no} .item() x1.0"),
+        " r0.tok/s=".into(),
+        " r1.tok/s=".into(),
+        " slowest=r".into(),
+    ] {
+        assert!(last.contains(&part), "{part} missing: {last}");
+    }
+    // Tokens: the ranks' sum, what they consumed (each prints its own).
+    let consumed: f64 = printed
+        .lines()
+        .filter_map(|l| {
+            l.split_once(" tokens ")
+                .map(|(_, v)| v.parse::<f64>().unwrap())
+        })
+        .sum();
+    let text = std::fs::read_to_string(&record).unwrap();
+    let snap: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let tokens = snap["train"]["tokens_total"].as_f64().unwrap();
+    assert!(
+        consumed > 0.0 && (tokens - consumed).abs() <= consumed * 0.05,
+        "{tokens} tokens shown, {consumed} consumed by the ranks"
+    );
+    assert!(lines.iter().any(|l| tok_per_s(l) > 0.0), "{out}");
+}

@@ -142,6 +142,7 @@ class Auto:
         self._last_step: Optional[int] = None
         self._tokens = 0
         self._item: Any = None
+        self._told: Set[str] = set()
         self._order: List[str] = []
         self._threads: List[_Rec] = []
         # The CUDA devices threads are on (their allocator's figures go in the samples).
@@ -393,6 +394,15 @@ class Auto:
         r.tok_fwd = r.tok_in = 0
         r.epoch = self._epoch
         r.last = r.step_start = now
+
+    def tell(self, text: str) -> None:
+        """A status line for the header, for the viewers attached now and later (once)."""
+        with self._lock:
+            if text in self._told:
+                return
+            self._told.add(text)
+        if self._server:
+            self._server.declare({"t": protocol.STATUS, "text": text})
 
     # -- host syncs by call site ---------------------------------------------------------------------
 

@@ -152,6 +152,23 @@ def install(a: Any, torch: Any) -> None:
 
     a._patch(dataloader._BaseDataLoaderIter, "__next__", lambda o: timed(DATA_WAIT, o))
 
+    def workers_told(orig: Any) -> Any:
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig(self, *args, **kwargs)
+            r = a._rec()
+            n = len(getattr(self, "_workers", ()) or ())
+            if r is not None and n:
+                a.tell(
+                    "%s's DataLoader runs %d worker processes: their CPU is theirs, not this "
+                    "session's (not shown); the wait for their batches is %s's data_wait"
+                    % (r.name, n, r.name)
+                )
+
+        init.__wrapped__ = orig  # type: ignore[attr-defined]
+        return init
+
+    a._patch(dataloader._MultiProcessingDataLoaderIter, "__init__", workers_told)
+
     optim_k = a._phase_idx[OPTIM]
 
     def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:

@@ -326,3 +326,64 @@ def test_sites_are_bounded_the_rest_summed_as_other():
     assert len(rows) == sites.TOP + 1
     assert rows[-1][0] == "other" and rows[-1][2] == sites.MAX_KEPT + 51 - sites.TOP
     assert rows[0][3] == sites.MAX_KEPT + 49, "the costliest first"
+
+
+def test_dataloader_worker_processes_are_told_and_record_nothing_themselves(auto):
+    a, c = auto
+    data = torch.utils.data.TensorDataset(torch.randint(0, 9, (16, 4)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)
+
+    def loop():
+        for (x,) in loader:
+            x.sum().item()
+
+    t = threading.Thread(target=loop, name="trainer")
+    t.start()
+    t.join(60)
+    told = [m["text"] for m in c.declared if m["t"] == "status"]
+    assert told == [
+        "trainer's DataLoader runs 2 worker processes: their CPU is theirs, not this session's "
+        "(not shown); the wait for their batches is trainer's data_wait"
+    ], told
+    # The workers (forked children) declared no thread of theirs into this session.
+    assert [m["name"] for m in c.declared if m["t"] == "thread"] == ["trainer"]
+
+
+def test_run_keeps_the_scripts_exit_status_traceback_and_socket_rules(tmp_path):
+    runtime = tmp_path / "rt"
+    runtime.mkdir()
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, XDG_RUNTIME_DIR=str(runtime),
+               DFLASH_TOP_QUIET="1")
+    cases = {
+        "exit3.py": "import sys\nprint('before')\nsys.exit(3)\n",
+        "raises.py": "def f():\n    raise ValueError('boom')\n\n\nf()\n",
+        "forks.py": (
+            "import os, sys\npid = os.fork()\nif pid == 0:\n    sys.exit(0)\n"
+            "os.waitpid(pid, 0)\nimport glob\n"
+            "print(len(glob.glob(os.path.join(os.environ['XDG_RUNTIME_DIR'], 'dflash-top', "
+            "'*.sock'))))\n"
+        ),
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+
+    def both(name):
+        plain = subprocess.run([sys.executable, str(tmp_path / name)], env=env,
+                               capture_output=True, text=True, timeout=120)
+        run = subprocess.run([sys.executable, "-m", "dflash_top", "run", str(tmp_path / name)],
+                             env=env, capture_output=True, text=True, timeout=120)
+        return plain, run
+
+    plain, run = both("exit3.py")
+    assert (run.returncode, run.stdout) == (3, "before\n") == (plain.returncode, plain.stdout)
+    plain, run = both("raises.py")
+    assert run.returncode == plain.returncode == 1
+    assert run.stderr == plain.stderr, "the script's own traceback, nothing of ours"
+    plain, run = both("forks.py")
+    assert run.returncode == 0 and run.stdout == "1\n", "the child left the parent's socket"
+    missing = str(tmp_path / "missing.py")
+    plain = subprocess.run([sys.executable, missing], env=env, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "dflash_top", "run", missing], env=env,
+                         capture_output=True, text=True)
+    assert (run.returncode, run.stderr) == (plain.returncode, plain.stderr) == (2, plain.stderr)
+    assert os.listdir(runtime / "dflash-top") == [], "every socket and stats file removed"
