@@ -142,6 +142,7 @@ class Auto:
         self._last_step: Optional[int] = None
         self._tokens = 0
         self._item: Any = None
+        self._synchronize: Any = None
         self._told: Set[str] = set()
         self._order: List[str] = []
         self._threads: List[_Rec] = []
@@ -456,7 +457,8 @@ class Auto:
     def _gpu_mark(self, r: _Rec, k: int, now: int) -> int:
         torch = self._torch
         if self.gpu_timing == "Sync":
-            torch.cuda.synchronize()
+            # Torch's own (the wrapped one would count our sync as the script's, and recurse).
+            self._synchronize()
             return _mono()
         if self.gpu_timing == "Events":
             ev = torch.cuda.Event(enable_timing=True)
@@ -608,6 +610,7 @@ class Auto:
             return
         self._torch = torch
         self._item = torch.Tensor.item
+        self._synchronize = torch.cuda.synchronize
         auto_torch.install(self, torch)
 
 _COUNTED_IDX = frozenset(BASE_PHASES.index(p) for p in COUNTED)
