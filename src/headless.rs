@@ -5,7 +5,6 @@ use crate::fail_if::Gate;
 use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::{GpuPanel, PhaseWindow, Snapshot, ThreadView};
-use crate::telemetry::Role;
 use crossbeam_channel::Receiver;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -93,12 +92,16 @@ pub fn interval_line(s: &Snapshot) -> String {
     let f = |v: Option<f32>, p: usize| v.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
     let _ = write!(
         out,
-        "t={:.1}s step={} loss={} tau={} tok/s={:.0} lr={} gnorm={} nonfinite={}",
+        "t={:.1}s step={} loss={} tau={} tok/s={} lr={} gnorm={} nonfinite={}",
         s.elapsed_s,
         s.train.step,
         f(s.train.loss, 4),
         f(s.train.tau, 3),
-        s.train.tok_per_s_1s,
+        // `-` where no step has brought tokens (not known, not zero).
+        match s.train.tokens_total {
+            0 => "-".into(),
+            _ => format!("{:.0}", s.train.tok_per_s_1s.max(0.0)),
+        },
         s.train
             .lr
             .map(|x| format!("{x:.2e}"))
@@ -108,7 +111,11 @@ pub fn interval_line(s: &Snapshot) -> String {
     );
     for t in &s.threads {
         let _ = write!(out, " | {}", t.name);
-        let _ = write!(out, "{}", phase_fields(&t.w1, &s.names, t.role));
+        let _ = write!(out, "{}", phase_fields(t, &s.names));
+        // Its costliest host-sync call site, where they are known.
+        if let Some(top) = s.sites_of(t).first() {
+            let _ = write!(out, " sync_top=\"{}\"", top.per_step());
+        }
         out.push_str(&cuda_call_fields(s, t, &t.w1));
     }
     for q in &s.queues {
@@ -252,10 +259,11 @@ pub fn alloc_fields(s: &Snapshot) -> String {
     out
 }
 
-/// A thread's step time and the phases its role marks, named by `names`.
-fn phase_fields(w: &PhaseWindow, names: &Names, role: Role) -> String {
+/// A thread's step time and the phases of its role it entered (over the run), named by `names`.
+fn phase_fields(t: &ThreadView, names: &Names) -> String {
+    let w = &t.w1;
     let mut out = format!(" step_ms={:.1}", w.step_ms());
-    for p in names.phases(role) {
+    for p in &t.run.entered_of(names.phases(t.role)) {
         let name = names.phase(*p);
         let _ = write!(out, " {name}_ms={:.1}", w.ms_per_step(*p));
         // Entries per step, for the phases the producer counts (host syncs).

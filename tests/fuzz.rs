@@ -442,7 +442,9 @@ mod frames {
                         ph: 0,
                         ps: ss,
                         ss,
-                        acc
+                        acc,
+                        sites: Vec::new(),
+                        steps: 0,
                     }],
                     q: vec![
                         WireQueue {

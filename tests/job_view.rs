@@ -298,7 +298,6 @@ fn a_trainer_and_a_python_pipeline_merge_but_two_declared_pipelines_do_not() {
         "| r0/drafter-0 step_ms=".to_string(),
         "hs_wait_ms=".into(),
         format!("| {label}/consumer step_ms="),
-        "pop_wait_ms=".into(),
         format!("| {label}/producer step_ms="),
         "make_ms=".into(),
         format!("q.{label}/batches="),
@@ -311,6 +310,7 @@ fn a_trainer_and_a_python_pipeline_merge_but_two_declared_pipelines_do_not() {
         .find(|p| p.starts_with(&format!("{label}/consumer")))
         .unwrap();
     assert!(!consumer.contains("hs_wait_ms="), "{consumer}");
+    assert!(consumer.contains("forward_ms="), "{consumer}");
 
     // Another pipeline that declares stages of its own, beside the first: refused.
     let (mut named, named_sock) = super::names::named_pipeline(job.runtime.path());

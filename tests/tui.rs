@@ -180,6 +180,7 @@ pub fn starved_snapshot() -> Snapshot {
         warnings: Vec::new(),
         ranks: Vec::new(),
         names: Default::default(),
+        sync_sites: Vec::new(),
     }
 }
 
@@ -527,6 +528,45 @@ fn the_thread_pane_shows_cuda_calls_or_why_there_are_none() {
         line(gpu),
         "cuda 10s: 412 launches/step · 3.1 ms launching · 0.4 ms in syncs"
     );
+}
+
+/// Issue 41: the thread pane lists the thread's host syncs by call site, costliest first, a step
+/// each; a thread with none known shows no such list.
+#[test]
+fn the_thread_pane_lists_host_syncs_by_call_site_costliest_first() {
+    let screen_of = |snap: Snapshot| {
+        let mut app = App::new();
+        app.on_snapshot(Arc::new(snap));
+        app.update(Action::ShowView(1), &ReplayControls);
+        screen(&app, 120, 44, Theme::from_color(false), LIVE)
+    };
+    let mut snap = starved_snapshot();
+    assert!(!screen_of(snap.clone()).contains("host syncs by call site"));
+    let focused = snap.threads[0].name.clone();
+    let site =
+        |at: &str, op: &str, count: u64, ms: u64| dflash_top::telemetry::snapshot::SyncSite {
+            thread: focused.clone(),
+            at: at.into(),
+            op: op.into(),
+            count,
+            ns: ms * 1_000_000,
+            steps: 10,
+        };
+    snap.sync_sites = vec![
+        site("train.py:88", ".cpu()", 10, 2),
+        site("train.py:42", ".item()", 20, 13),
+    ];
+    let s = screen_of(snap);
+    let lines: Vec<&str> = s
+        .lines()
+        .map(|l| l.trim_matches(|c| c == '│' || c == ' '))
+        .collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("host syncs by call site"))
+        .unwrap_or_else(|| panic!("{s}"));
+    assert_eq!(lines[at + 1], "train.py:42 .item() x2.0 1.3ms", "{s}");
+    assert_eq!(lines[at + 2], "train.py:88 .cpu() x1.0 0.2ms", "{s}");
 }
 
 /// Issue 26: numbers a pipeline never reported are shown as absent, never as zeros.

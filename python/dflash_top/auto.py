@@ -23,6 +23,7 @@ Samples carry the caching allocator's figures of the CUDA devices the threads ru
 """
 
 import atexit
+import math
 import os
 import re
 import socket
@@ -31,7 +32,8 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from . import auto_queue, auto_torch, protocol, wire
+from . import auto_queue, auto_torch, protocol, sites, wire
+from .job import job_tag
 from .auto_common import (
     _END_NONE,
     _END_OPTIM,
@@ -73,6 +75,7 @@ class _Rec:
     __slots__ = (
         "id", "name", "stage", "acc", "n", "cur", "last", "step_start", "stack", "depth",
         "tok_fwd", "tok_in", "end_kind", "opt_steps", "epoch", "gpu", "events", "pending",
+        "steps", "losses", "loss_free", "sites",
     )
 
     def __init__(self, tid: int, name: str, stage: str, now: int, epoch: int, gpu: bool) -> None:
@@ -93,16 +96,31 @@ class _Rec:
         self.gpu = gpu
         self.events: List[Tuple[int, Any]] = []
         self.pending: List[Tuple[int, List[Tuple[int, Any]]]] = []
+        # Steps ended; the losses `backward` was called on, copied without a host sync:
+        # (step, buffer, event or None), oldest first, and the buffers free for the next.
+        self.steps = 0
+        self.losses: List[Tuple[int, Any, Any]] = []
+        self.loss_free: List[Any] = []
+        # Host syncs by call site: (code, line, op) -> [count, ns] (python/dflash_top/sites.py).
+        self.sites: Dict[Any, List[int]] = {}
 
 
 class Auto:
     """The process-wide instrumentation: hooks installed by `install`, a socket served like a
     `Profiler`'s. One per process (`auto()` makes it)."""
 
-    def __init__(self, serve: bool = True, path: Optional[str] = None, gpu_timing: str = "Async") -> None:
+    def __init__(
+        self,
+        serve: bool = True,
+        path: Optional[str] = None,
+        gpu_timing: str = "Async",
+        sync_sites: bool = True,
+    ) -> None:
         if gpu_timing not in TIMING_OF:
             raise ValueError("gpu_timing %r: use one of %s" % (gpu_timing, ", ".join(sorted(TIMING_OF))))
         self.on = True
+        # Whether host syncs are kept by call site (each costs a walk up the stack).
+        self.sites = sync_sites
         self.gpu_timing = gpu_timing
         self.paused = False
         self.ns_per_mark = 0.0
@@ -118,6 +136,14 @@ class Auto:
         self._settle: Optional[Callable[[], None]] = None
         self._stages: List[str] = []
         self._edges: List[Tuple[str, str]] = []
+        # Stages whose steps brought tokens.
+        self._carries: Set[str] = set()
+        # The last optimizer step reported, and the tokens the last stage's steps brought.
+        self._last_step: Optional[int] = None
+        self._tokens = 0
+        self._item: Any = None
+        self._synchronize: Any = None
+        self._told: Set[str] = set()
         self._order: List[str] = []
         self._threads: List[_Rec] = []
         # The CUDA devices threads are on (their allocator's figures go in the samples).
@@ -128,6 +154,7 @@ class Auto:
         self._torch: Any = None
         self._undo: List[Callable[[], None]] = []
         self._server: Optional[Server] = None
+        self.job = job_tag(os.environ)
         if serve:
             self.ns_per_mark = self._measure()
             self._server = Server(path or wire.socket_path(), self._hello, self._command)
@@ -136,6 +163,15 @@ class Auto:
             )
             self._sampler.start()
             atexit.register(self.close)
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """In a child of `os.fork()` (a DataLoader worker, a script's own fork): the parent's
+        session is not the child's, so nothing is recorded or served here, and the parent's
+        socket is left to it at the child's exit."""
+        self._closed.set()
+        self._server = None
+        self._tls = threading.local()
 
     # -- the table -------------------------------------------------------------------------------
 
@@ -146,7 +182,7 @@ class Auto:
             return [{"name": s, "phases": list(self._phases)} for s in self._order]
 
     def _hello(self) -> Dict[str, Any]:
-        return {
+        hello = {
             "t": protocol.HELLO,
             "pid": os.getpid(),
             "program": "python",
@@ -158,13 +194,19 @@ class Auto:
             # pipeline is not on its own.
             "host": socket.gethostname(),
         }
+        if self.job is not None:
+            hello["job"] = self.job
+        return hello
 
     def _reorder(self) -> None:
-        """Stages in chain order: upstream of a queue before downstream (ties: first seen)."""
+        """Stages in chain order: upstream of a queue before downstream; of stages free to go
+        next, one whose steps bring no tokens first (the viewer counts tokens at the last stage:
+        a helper thread such as autograd's never ends the chain); ties: first seen."""
         order: List[str] = []
         left = list(self._stages)
         while left:
             ready = [s for s in left if not any(c == s and p in left for p, c in self._edges)]
+            ready.sort(key=lambda s: s in self._carries)
             pick = ready[0] if ready else left[0]
             order.append(pick)
             left.remove(pick)
@@ -311,10 +353,23 @@ class Auto:
         if counts:
             msg["n"] = counts
         tok = r.tok_fwd or r.tok_in
+        r.steps += 1
         if tok:
             msg["tok"] = tok
-        if r.end_kind == _END_OPTIM:
-            msg["m"] = {"step": r.opt_steps}
+            if r.stage not in self._carries:
+                with self._lock:
+                    self._carries.add(r.stage)
+                    self._reorder()
+                    self._table_changed()
+            if self._order and r.stage == self._order[-1]:
+                self._tokens += tok
+        loss = self._harvest_loss(r) if r.losses else None
+        if r.end_kind == _END_OPTIM or loss is not None:
+            m: Dict[str, Any] = {"step": r.opt_steps if r.end_kind == _END_OPTIM else r.steps}
+            if loss is not None:
+                m["loss"] = loss
+            msg["m"] = m
+            self._last_step = m["step"]
         if self._server:
             for end, acc in device_steps:
                 self._server.broadcast(
@@ -341,12 +396,69 @@ class Auto:
         r.epoch = self._epoch
         r.last = r.step_start = now
 
+    def tell(self, text: str) -> None:
+        """A status line for the header, for the viewers attached now and later (once)."""
+        with self._lock:
+            if text in self._told:
+                return
+            self._told.add(text)
+        if self._server:
+            self._server.declare({"t": protocol.STATUS, "text": text})
+
+    # -- host syncs by call site ---------------------------------------------------------------------
+
+    def note_site(self, r: _Rec, frame: Any, op: str, ns: int) -> None:
+        """A host sync `op` of `ns`, called from `frame`: counted at its call site."""
+        sites.note(r.sites, frame, op, ns)
+
+    # -- the loss, without a host sync ----------------------------------------------------------------
+
+    def note_loss(self, r: _Rec, t: Any) -> None:
+        """`backward` is called on `t`: a one-element float tensor is copied into a buffer of
+        the thread's (pinned host memory for a CUDA tensor, copied without blocking, an event
+        after it), read once the copy is done, at a later step's end (Auto._harvest_loss)."""
+        torch = self._torch
+        try:
+            if t.numel() != 1 or not t.is_floating_point():
+                return
+            cuda = t.is_cuda
+            if r.loss_free:
+                buf = r.loss_free.pop()
+            elif len(r.losses) < 4:
+                buf = torch.empty((), dtype=torch.float32, pin_memory=cuda)
+            else:
+                return
+            with torch.no_grad():
+                buf.copy_(t.detach().reshape(()), non_blocking=cuda)
+            ev = None
+            if cuda:
+                ev = torch.cuda.Event()
+                ev.record()
+            r.losses.append((r.steps, buf, ev))
+        except Exception:  # noqa: BLE001 - reading the loss never breaks the script
+            return
+
+    def _harvest_loss(self, r: _Rec) -> Optional[float]:
+        """The newest loss of an earlier step whose copy is done (never waiting on the device):
+        a step's record carries the loss of the step before it."""
+        value = None
+        while r.losses and r.losses[0][0] < r.steps - 1:
+            step, buf, ev = r.losses[0]
+            if ev is not None and not ev.query():
+                break
+            r.losses.pop(0)
+            v = float(self._item(buf))
+            value = v if math.isfinite(v) else value
+            r.loss_free.append(buf)
+        return value
+
     # -- GPU timing (threads on a CUDA device) -------------------------------------------------------
 
     def _gpu_mark(self, r: _Rec, k: int, now: int) -> int:
         torch = self._torch
         if self.gpu_timing == "Sync":
-            torch.cuda.synchronize()
+            # Torch's own (the wrapped one would count our sync as the script's, and recurse).
+            self._synchronize()
             return _mono()
         if self.gpu_timing == "Events":
             ev = torch.cuda.Event(enable_timing=True)
@@ -386,14 +498,20 @@ class Auto:
                 {"t": protocol.STATUS, "text": "zero-code mode cannot checkpoint the script"}
             )
 
-    def _sample(self) -> Dict[str, Any]:
+    def _sample(self, with_sites: bool = True) -> Dict[str, Any]:
+        """The sample; `with_sites`: with each thread's host syncs by call site (cumulative:
+        sent once a second)."""
         now = _mono()
         other = len(self._phases)
         live = []
         for r in list(self._threads):
             acc = [[k, v] for k, v in enumerate(r.acc) if v]
             cur = r.cur if r.cur >= 0 else other
-            live.append({"th": r.id, "ph": cur, "ps": r.last, "ss": r.step_start, "acc": acc})
+            entry = {"th": r.id, "ph": cur, "ps": r.last, "ss": r.step_start, "acc": acc}
+            if with_sites and r.sites:
+                entry["sites"] = sites.top(r.sites)
+                entry["steps"] = r.steps
+            live.append(entry)
         msg: Dict[str, Any] = {
             "t": protocol.SAMPLE,
             "now": now,
@@ -412,11 +530,37 @@ class Auto:
     def _sample_loop(self) -> None:
         tick = 0.1
         nxt = time.monotonic() + tick
+        n = 0
+        seen = (time.monotonic(), self._tokens)
         while not self._closed.wait(max(0.0, nxt - time.monotonic())):
             nxt += tick
+            n += 1
             server = self._server
-            if server is not None and server.viewers():
-                server.broadcast(self._sample())
+            if server is None:
+                continue
+            if server.viewers():
+                server.broadcast(self._sample(with_sites=n % 10 == 0))
+            if n % 10 == 0:
+                seen = self._write_stats(server, seen)
+
+    def _write_stats(self, server: Server, seen: Tuple[float, int]) -> Tuple[float, int]:
+        """The stats file beside the socket (what `attach --list` shows without joining, and
+        the job `attach --job` finds the ranks by): the optimizer step (else the last stage's
+        steps), the tokens a second of the last stage since the previous write."""
+        now, tokens = time.monotonic(), self._tokens
+        step = self._last_step
+        if step is None:
+            last = self._order[-1] if self._order else None
+            step = max([r.steps for r in list(self._threads) if r.stage == last] or [0])
+        stats: Dict[str, Any] = {
+            "step": step,
+            "tok_per_s": (tokens - seen[1]) / max(1e-3, now - seen[0]),
+            "viewers": server.viewers(),
+        }
+        if self.job is not None:
+            stats["job"] = self.job
+        wire.write_stats(server.path, stats)
+        return now, tokens
 
     def close(self) -> None:
         """Stops serving, removes the socket and the hooks."""
@@ -465,6 +609,8 @@ class Auto:
         except ImportError:
             return
         self._torch = torch
+        self._item = torch.Tensor.item
+        self._synchronize = torch.cuda.synchronize
         auto_torch.install(self, torch)
 
 _COUNTED_IDX = frozenset(BASE_PHASES.index(p) for p in COUNTED)
@@ -473,12 +619,18 @@ _COUNTED_IDX = frozenset(BASE_PHASES.index(p) for p in COUNTED)
 _AUTO: Optional[Auto] = None
 
 
-def auto(serve: bool = True, path: Optional[str] = None, gpu_timing: str = "Async") -> Auto:
+def auto(
+    serve: bool = True,
+    path: Optional[str] = None,
+    gpu_timing: str = "Async",
+    sync_sites: bool = True,
+) -> Auto:
     """Instruments this process (once; later calls return the same instance) and serves its
     telemetry for `dflash-top attach`. `gpu_timing` is how CUDA threads' phases are timed at
-    start (`Async`, `Sync` or `Events`; a viewer can switch it)."""
+    start (`Async`, `Sync` or `Events`; a viewer can switch it); `sync_sites`: whether host
+    syncs are kept by call site."""
     global _AUTO
     if _AUTO is None:
-        _AUTO = Auto(serve=serve, path=path, gpu_timing=gpu_timing)
+        _AUTO = Auto(serve=serve, path=path, gpu_timing=gpu_timing, sync_sites=sync_sites)
         _AUTO.install()
     return _AUTO

@@ -2,6 +2,9 @@
 `backward`, `clip`, `optim`, host syncs (`sync`) and DataLoader waits (`data_wait`); tokens per
 step from a forward's `input_ids` (python/dflash_top/auto.py installs them)."""
 
+import dataclasses
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .auto_common import (
@@ -13,6 +16,7 @@ from .auto_common import (
     MAX_NAME,
     OPTIM,
     SYNC,
+    _mono,
 )
 
 
@@ -85,17 +89,85 @@ def install(a: Any, torch: Any) -> None:
         call.__doc__ = getattr(orig, "__doc__", None)
         return call
 
-    a._patch(torch.Tensor, "backward", lambda o: timed(BACKWARD, o))
-    a._patch(torch.autograd, "backward", lambda o: timed(BACKWARD, o))
+    backward_k = a._phase_idx[BACKWARD]
+
+    def backward(orig: Any, method: bool) -> Any:
+        """`backward` timed, and the loss it is called on kept (read without a host sync:
+        Auto.note_loss)."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            r = a._rec()
+            if r is None or r.cur == backward_k:
+                return orig(*args, **kwargs)
+            t = args[0] if args else kwargs.get("tensors")
+            if isinstance(t, (list, tuple)) and len(t) == 1:
+                t = t[0]
+            if isinstance(t, torch.Tensor):
+                a.note_loss(r, t)
+            a.enter(r, backward_k)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                a.leave(r)
+
+        call.__wrapped__ = orig  # type: ignore[attr-defined]
+        call.__name__ = getattr(orig, "__name__", BACKWARD)
+        call.__doc__ = getattr(orig, "__doc__", None)
+        return call
+
+    a._patch(torch.Tensor, "backward", lambda o: backward(o, True))
+    a._patch(torch.autograd, "backward", lambda o: backward(o, False))
     for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
         a._patch(owner, "clip_grad_norm_", lambda o: timed(CLIP, o))
+    sync_k = a._phase_idx[SYNC]
+
+    def sync(op: str, orig: Any) -> Any:
+        """A host sync `op`: the `sync` phase, counted, and kept by its call site (the first
+        frame outside torch and the standard library) where `Auto.sites` is on."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            r = a._rec()
+            if r is None or r.cur == sync_k:
+                return orig(*args, **kwargs)
+            a.enter(r, sync_k)
+            t0 = _mono()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                ns = _mono() - t0
+                a.leave(r)
+                if a.sites:
+                    a.note_site(r, sys._getframe(1), op, ns)
+
+        call.__wrapped__ = orig  # type: ignore[attr-defined]
+        call.__name__ = getattr(orig, "__name__", op)
+        call.__doc__ = getattr(orig, "__doc__", None)
+        return call
+
     for name in ("item", "tolist", "cpu", "nonzero"):
-        a._patch(torch.Tensor, name, lambda o: timed(SYNC, o))
-    a._patch(torch, "nonzero", lambda o: timed(SYNC, o))
-    a._patch(torch.cuda, "synchronize", lambda o: timed(SYNC, o))
+        a._patch(torch.Tensor, name, lambda o, n=name: sync("." + n + "()", o))
+    a._patch(torch, "nonzero", lambda o: sync("nonzero", o))
+    a._patch(torch.cuda, "synchronize", lambda o: sync("synchronize", o))
     from torch.utils.data import dataloader
 
     a._patch(dataloader._BaseDataLoaderIter, "__next__", lambda o: timed(DATA_WAIT, o))
+
+    def workers_told(orig: Any) -> Any:
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig(self, *args, **kwargs)
+            r = a._rec()
+            n = len(getattr(self, "_workers", ()) or ())
+            if r is not None and n:
+                a.tell(
+                    "%s's DataLoader runs %d worker processes: their CPU is theirs, not this "
+                    "session's (not shown); the wait for their batches is %s's data_wait"
+                    % (r.name, n, r.name)
+                )
+
+        init.__wrapped__ = orig  # type: ignore[attr-defined]
+        return init
+
+    a._patch(dataloader._MultiProcessingDataLoaderIter, "__init__", workers_told)
 
     optim_k = a._phase_idx[OPTIM]
 
@@ -120,13 +192,45 @@ def install(a: Any, torch: Any) -> None:
 
 
 def _tokens(torch: Any, args: Any, kwargs: Any) -> int:
-    """Tokens of a top-level forward: its `input_ids`, else its first integer tensor argument."""
-    t = kwargs.get("input_ids") if kwargs else None
+    """Tokens of a top-level forward: its `input_ids` (an argument, or a key or field of a
+    dict, tuple or dataclass batch it is given), else its first integer tensor argument."""
+    kw = kwargs or {}
+    t = kw.get("input_ids")
+    if not _is_ids(torch, t):
+        t = _ids(torch, args or (), 0)
     if t is None:
-        for x in args or ():
-            if isinstance(x, torch.Tensor):
-                t = x
-                break
-    if isinstance(t, torch.Tensor) and t.dim() >= 1 and not t.is_floating_point():
-        return int(t.numel())
-    return 0
+        t = _ids(torch, kw, 0)
+    if t is None:
+        return 0
+    return int(t.numel())
+
+
+def _is_ids(torch: Any, x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() >= 1 and not x.is_floating_point() \
+        and x.dtype is not torch.bool
+
+
+def _ids(torch: Any, x: Any, depth: int) -> Any:
+    """The token ids in `x`: its `input_ids` entry or field where it has one, else its first
+    integer tensor (searched two levels into dicts, sequences and dataclasses)."""
+    if isinstance(x, torch.Tensor):
+        return x if _is_ids(torch, x) else None
+    if depth > 2:
+        return None
+    if isinstance(x, Mapping):
+        items: Any = x.values()
+        named = x.get("input_ids")
+    elif isinstance(x, (list, tuple)):
+        items, named = x, getattr(x, "input_ids", None)
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        items = [getattr(x, f.name, None) for f in dataclasses.fields(x)]
+        named = getattr(x, "input_ids", None)
+    else:
+        return None
+    if _is_ids(torch, named):
+        return named
+    for v in items:
+        t = _ids(torch, v, depth + 1)
+        if t is not None:
+            return t
+    return None

@@ -191,7 +191,8 @@ class Server:
             o.close()
         for t in self._threads:
             t.join(timeout=1)
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        for path in (self.path, wire.stats_path(self.path)):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

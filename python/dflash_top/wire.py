@@ -99,6 +99,25 @@ def read_frame(sock: socket.socket) -> Optional[Message]:
     return msg
 
 
+def stats_path(socket_path: str) -> str:
+    """`<pid>.info` beside `<pid>.sock`: what `attach --list` reads of a session."""
+    return os.path.splitext(socket_path)[0] + ".info"
+
+
+def write_stats(socket_path: str, stats: Message) -> None:
+    """Writes the stats file (a temporary file renamed over it: a reader never sees half of
+    one); a failure to write is no failure of the pipeline."""
+    path = stats_path(socket_path)
+    tmp = path + ".tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(_dumps(stats))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def socket_dir() -> str:
     """Where sessions' sockets are: `$XDG_RUNTIME_DIR/dflash-top`, else a per-uid temp dir."""
     run = os.environ.get("XDG_RUNTIME_DIR")

@@ -90,11 +90,16 @@ def zero_code(out):
     )
     a.install()
     in_thread(before, list(calls))
+    no_sites = {}
+    a.sites = False
+    in_thread(no_sites, [".item()"])
+    a.sites = True
     a._settle()
     in_thread(after, ["module call (17 modules)"])
     a.close()
     for name in calls:
         out["auto: %s, %.0f ns bare" % (name, base[name])] = before[name] - base[name]
+    out["auto: .item(), sync sites off (--no-sync-sites)"] = no_sites[".item()"] - base[".item()"]
     name = "module call (17 modules)"
     out["auto: %s, settled" % name] = after[name] - base[name]
 

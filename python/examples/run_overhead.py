@@ -1,6 +1,8 @@
 """Throughput of an unmodified script with and without `python -m dflash_top run`, side by side:
 the repository's Python peer (python/peer/dflash_peer.py) on the CPU, runs taking turns
-(ABBA, so drift on a busy machine falls on both), tok/s as the peer itself prints it.
+(the order reversed every round, so drift on a busy machine falls on all), tok/s as the peer
+itself prints it: without `run`, with it, and with it keeping no sync call sites
+(`--no-sync-sites`).
 
     python python/examples/run_overhead.py [--rounds 3] [-- peer args]
 """
@@ -21,10 +23,12 @@ DEFAULT = [
 ]
 
 
-def once(zero_code, peer_args):
-    cmd = [sys.executable]
-    if zero_code:
-        cmd += ["-m", "dflash_top", "run"]
+MODES = {"without": [], "with run": ["-m", "dflash_top", "run"],
+         "run, no sites": ["-m", "dflash_top", "run", "--no-sync-sites"]}
+
+
+def once(mode, peer_args):
+    cmd = [sys.executable] + MODES[mode]
     cmd += [PEER] + peer_args
     env = dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="dft-"))
     env["PYTHONPATH"] = os.path.join(HERE, "..") + os.pathsep + env.get("PYTHONPATH", "")
@@ -37,13 +41,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("peer", nargs="*", default=DEFAULT)
     args = ap.parse_args()
-    runs = {False: [], True: []}
+    runs = {m: [] for m in MODES}
     for i in range(args.rounds):
-        for z in ([False, True] if i % 2 == 0 else [True, False]):
-            runs[z].append(once(z, args.peer))
-            print("%-16s %8.0f tok/s" % ("with run" if z else "without", runs[z][-1]), flush=True)
-    bare, auto = statistics.median(runs[False]), statistics.median(runs[True])
-    print("median: without %.0f tok/s, with run %.0f tok/s, ratio %.3f" % (bare, auto, auto / bare))
+        for m in (list(MODES) if i % 2 == 0 else list(MODES)[::-1]):
+            runs[m].append(once(m, args.peer))
+            print("%-16s %8.0f tok/s" % (m, runs[m][-1]), flush=True)
+    med = {m: statistics.median(v) for m, v in runs.items()}
+    bare = med["without"]
+    print("median: " + ", ".join(
+        "%s %.0f tok/s (%.3f)" % (m, v, v / bare) for m, v in med.items()))
 
 
 if __name__ == "__main__":

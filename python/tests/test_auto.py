@@ -104,7 +104,7 @@ def test_an_unmodified_pipeline_becomes_stages_queues_phases_and_steps(auto):
         # The previous step's .item() (after the optimizer's step) is counted in this one.
         assert dict(s["n"]) == {idx["sync"]: 1}, s
         assert s["tok"] == 16, "the target's 2x8 token ids travel with its items"
-        assert s["m"] == {"step": s["m"]["step"]}, "no training number made up"
+        assert set(s["m"]) == {"step", "loss"}, "the loss backward() took, no number made up"
     t = threads["target-0"]["id"]
     tsteps = [m for m in c.steps() if m["th"] == t]
     assert any(dict(s["ph"]).get(idx["Embedding"], 0) > 0 for s in tsteps)
@@ -212,3 +212,187 @@ def test_after_settling_only_the_top_level_modules_keep_hooks(auto, monkeypatch)
     t = [m["id"] for m in c.declared if m["t"] == "thread" and m["name"] == "target-0"][0]
     tlast = [m for m in c.steps() if m["th"] == t][-1]
     assert dict(tlast["ph"]).get(idx["Embedding"], 0) > 0, tlast
+
+
+def dict_trainer(steps=6, device="cpu"):
+    """A loader thread putting dict batches ({"input_ids", "labels"}) into a queue.Queue, and a
+    trainer thread taking them: a model called with the whole batch, backward on its loss,
+    an optimizer step. Returns the losses the trainer computed, in order."""
+    q = queue.Queue(maxsize=2)
+    losses = []
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(100, 8)
+            self.out = torch.nn.Linear(8, 100)
+
+        def forward(self, batch):
+            logits = self.out(self.emb(batch["input_ids"]))
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+
+    def loader():
+        for i in range(steps):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, 100, (2, 12), generator=g).to(device)
+            q.put({"input_ids": ids, "labels": ids.roll(1, 1)})
+
+    def trainer():
+        model = LM().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        kept = []
+        for _ in range(steps):
+            loss = model(q.get())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            kept.append(loss.detach())
+        losses.extend(float(x) for x in kept)  # after the loop: no sync inside it
+
+    threads = [threading.Thread(target=loader, name="loader"),
+               threading.Thread(target=trainer, name="trainer")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return losses
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="the pinned, non-blocking copy needs a GPU"))],
+)
+def test_tokens_of_a_dict_batch_and_the_loss_one_step_late_without_a_sync(auto, device):
+    a, c = auto
+    losses = dict_trainer(steps=6, device=device)
+    threads = {m["name"]: m["id"] for m in c.declared if m["t"] == "thread"}
+    steps = [m for m in c.steps() if m["th"] == threads["trainer"]]
+    # Its forward took the whole batch: the batch's input_ids are its tokens, all of them.
+    assert sum(s.get("tok", 0) for s in steps) == 6 * 24, steps
+    # Steps end at the optimizer's (the first one at its forward, before one was seen).
+    opt = [s for s in steps if "m" in s]
+    assert [s["m"]["step"] for s in opt] == [1, 2, 3, 4, 5, 6]
+    # Each step carries the loss of the step before it (read when its copy was done).
+    assert "loss" not in opt[0]["m"]
+    # (On a GPU, a step's record may carry none where its copy was not done yet: never waited for.)
+    shown = [(s["m"]["step"], s["m"].get("loss")) for s in opt[1:]]
+    assert all(v is None or v == pytest.approx(losses[k - 2], rel=1e-6) for k, v in shown), shown
+    assert sum(v is not None for _, v in shown) >= (5 if device == "cpu" else 1), shown
+    # Reading it was no host sync of the script's.
+    idx = {p: k for k, p in enumerate(a.stages[0]["phases"])}
+    assert all(idx["sync"] not in dict(s.get("n", [])) for s in steps), steps
+    assert not any("loss" in s.get("m", {}) for s in c.steps() if s["th"] == threads["loader"])
+    # The trainer, whose steps bring the tokens, is the last stage (where the viewer counts).
+    assert a.stages[-1]["name"] == "trainer"
+
+
+def test_host_syncs_are_kept_by_call_site_with_their_op_count_and_time(auto):
+    a, c = auto
+    x = torch.arange(6.0)
+
+    def loop():
+        model = torch.nn.Linear(6, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            loss.item()  # the known site
+            for _ in range(2):
+                x.tolist()
+
+    t = threading.Thread(target=loop, name="trainer")
+    t.start()
+    t.join(60)
+    import inspect
+
+    src, first = inspect.getsourcelines(loop)
+    line = first + next(i for i, s in enumerate(src) if "the known site" in s)
+    (entry,) = [e for e in a._sample()["live"] if "sites" in e]
+    # Named as from the working directory.
+    sites = {(os.path.basename(s[0]), s[1]): s[2:] for s in entry["sites"]}
+    assert entry["sites"][0][0].startswith(os.path.relpath(__file__)), entry
+    here = os.path.basename(__file__)
+    assert sites[("%s:%d" % (here, line), ".item()")][0] == 5, sites
+    assert sites[("%s:%d" % (here, line + 2), ".tolist()")][0] == 10, sites
+    assert all(ns > 0 for _, ns in sites.values())
+    # Nothing of torch's own or ours is named a site.
+    assert all(k[0].startswith(here) for k in sites), sites
+
+
+def test_sites_are_bounded_the_rest_summed_as_other():
+    from dflash_top import sites
+
+    kept = {}
+    import sys as _sys
+
+    frame = _sys._getframe()
+    for i in range(sites.MAX_KEPT + 50):
+        kept[(frame.f_code, i, ".item()")] = [1, i]
+    sites.note(kept, frame, ".cpu()", 7)
+    rows = sites.top(kept)
+    assert len(rows) == sites.TOP + 1
+    assert rows[-1][0] == "other" and rows[-1][2] == sites.MAX_KEPT + 51 - sites.TOP
+    assert rows[0][3] == sites.MAX_KEPT + 49, "the costliest first"
+
+
+def test_dataloader_worker_processes_are_told_and_record_nothing_themselves(auto):
+    a, c = auto
+    data = torch.utils.data.TensorDataset(torch.randint(0, 9, (16, 4)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)
+
+    def loop():
+        for (x,) in loader:
+            x.sum().item()
+
+    t = threading.Thread(target=loop, name="trainer")
+    t.start()
+    t.join(60)
+    told = [m["text"] for m in c.declared if m["t"] == "status"]
+    assert told == [
+        "trainer's DataLoader runs 2 worker processes: their CPU is theirs, not this session's "
+        "(not shown); the wait for their batches is trainer's data_wait"
+    ], told
+    # The workers (forked children) declared no thread of theirs into this session.
+    assert [m["name"] for m in c.declared if m["t"] == "thread"] == ["trainer"]
+
+
+def test_run_keeps_the_scripts_exit_status_traceback_and_socket_rules(tmp_path):
+    runtime = tmp_path / "rt"
+    runtime.mkdir()
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, XDG_RUNTIME_DIR=str(runtime),
+               DFLASH_TOP_QUIET="1")
+    cases = {
+        "exit3.py": "import sys\nprint('before')\nsys.exit(3)\n",
+        "raises.py": "def f():\n    raise ValueError('boom')\n\n\nf()\n",
+        "forks.py": (
+            "import os, sys\npid = os.fork()\nif pid == 0:\n    sys.exit(0)\n"
+            "os.waitpid(pid, 0)\nimport glob\n"
+            "print(len(glob.glob(os.path.join(os.environ['XDG_RUNTIME_DIR'], 'dflash-top', "
+            "'*.sock'))))\n"
+        ),
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+
+    def both(name):
+        plain = subprocess.run([sys.executable, str(tmp_path / name)], env=env,
+                               capture_output=True, text=True, timeout=120)
+        run = subprocess.run([sys.executable, "-m", "dflash_top", "run", str(tmp_path / name)],
+                             env=env, capture_output=True, text=True, timeout=120)
+        return plain, run
+
+    plain, run = both("exit3.py")
+    assert (run.returncode, run.stdout) == (3, "before\n") == (plain.returncode, plain.stdout)
+    plain, run = both("raises.py")
+    assert run.returncode == plain.returncode == 1
+    assert run.stderr == plain.stderr, "the script's own traceback, nothing of ours"
+    plain, run = both("forks.py")
+    assert run.returncode == 0 and run.stdout == "1\n", "the child left the parent's socket"
+    missing = str(tmp_path / "missing.py")
+    plain = subprocess.run([sys.executable, missing], env=env, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "dflash_top", "run", missing], env=env,
+                         capture_output=True, text=True)
+    assert (run.returncode, run.stderr) == (plain.returncode, plain.stderr) == (2, plain.stderr)
+    assert os.listdir(runtime / "dflash-top") == [], "every socket and stats file removed"

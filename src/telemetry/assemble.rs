@@ -304,6 +304,7 @@ impl Assembler {
             warnings: Vec::new(),
             ranks: Vec::new(),
             names: self.names.clone(),
+            sync_sites: Vec::new(),
         }
     }
 

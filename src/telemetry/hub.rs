@@ -9,7 +9,7 @@ use super::names::Names;
 use super::phase_recorder::{RecordSink, Registry, StepRecord};
 use super::queue::QueueCounters;
 use super::queue::QueueProbe;
-use super::snapshot::{AllocatorView, Snapshot};
+use super::snapshot::{AllocatorView, Snapshot, SyncSite};
 use super::switches::GpuTiming;
 use super::switches::Switches;
 use super::warnings::{WarnConfig, Warnings};
@@ -93,6 +93,8 @@ pub struct Telemetry {
     /// The caching allocator's views of a watched process, as its samples bring them (this
     /// process's own are read by the hub).
     remote_allocator: Arc<Mutex<Vec<AllocatorView>>>,
+    /// A watched process's host syncs by call site, as its samples bring them.
+    remote_sites: Arc<Mutex<Vec<SyncSite>>>,
     /// The latest GPU reading a watched process on another host sent, with its host's name;
     /// taken by the hub (this host's NVML cannot read those devices).
     remote_gpus: Arc<Mutex<Option<HostGpus>>>,
@@ -138,6 +140,7 @@ impl Telemetry {
             forward: Arc::default(),
             alerts: Arc::default(),
             remote_allocator: Arc::default(),
+            remote_sites: Arc::default(),
             remote_gpus: Arc::default(),
             warnings: WarnConfig::default(),
             names: Arc::default(),
@@ -263,6 +266,20 @@ impl Telemetry {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
+    }
+
+    /// Sets the watched process's host syncs by call site (a mirror, when its samples bring
+    /// them); later snapshots carry them.
+    pub fn set_sync_sites(&self, sites: Vec<SyncSite>) {
+        *self.remote_sites.lock().unwrap_or_else(|e| e.into_inner()) = sites;
+    }
+
+    /// The watched process's host syncs by call site, as last set.
+    pub fn sync_sites(&self) -> Vec<SyncSite> {
+        self.remote_sites
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The watched process's allocator views, as last set.
@@ -420,6 +437,7 @@ impl Telemetry {
                         Some(a) => a.update(now, alloc),
                         None => self.remote_allocator(),
                     };
+                    snap.sync_sites = self.sync_sites();
                     snap.warnings = rules.check(&snap);
                     self.publish(snap);
                     if stopping {

@@ -255,6 +255,69 @@ pub struct Snapshot {
     /// left out of a file).
     #[serde(default, skip_serializing_if = "builtin")]
     pub names: Arc<Names>,
+    /// Host syncs by call site, each thread's costliest first, where the producer keeps them
+    /// (zero-code mode).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sync_sites: Vec<SyncSite>,
+}
+
+/// Host syncs of one thread at one call site, since the thread started.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SyncSite {
+    pub thread: String,
+    /// `train.py:42`, or `other` for the sites beyond those kept.
+    pub at: String,
+    /// `.item()`, `.cpu()`, `synchronize`, …
+    pub op: String,
+    pub count: u64,
+    pub ns: u64,
+    /// The steps the thread had ended when these were counted (0: not known).
+    #[serde(default)]
+    pub steps: u64,
+}
+
+impl SyncSite {
+    /// `train.py:42 .item() x2.0 1.3ms`: the site, its op, its syncs and their time a step (the
+    /// time left out where the producer does not time them).
+    pub fn per_step(&self) -> String {
+        let steps = self.steps.max(1) as f64;
+        let mut out = format!("{} {} x{:.1}", self.at, self.op, self.count as f64 / steps);
+        if self.ns > 0 {
+            out.push_str(&format!(" {:.1}ms", self.ns as f64 / 1e6 / steps));
+        }
+        out.trim_start().replace("  ", " ")
+    }
+}
+
+impl Snapshot {
+    /// Thread `t`'s host syncs by call site, the costliest first: where the producer keeps
+    /// them (zero-code mode), else, where it counts host syncs by phase (our engine), one row a
+    /// phase (`phase metrics`, op `sync`, untimed).
+    pub fn sites_of(&self, t: &ThreadView) -> Vec<SyncSite> {
+        let mut out: Vec<SyncSite> = self
+            .sync_sites
+            .iter()
+            .filter(|s| s.thread == t.name)
+            .cloned()
+            .collect();
+        if out.is_empty() {
+            for p in self.names.phases(t.role) {
+                let n = t.run.host_syncs[p.index()];
+                if n > 0 {
+                    out.push(SyncSite {
+                        thread: t.name.clone(),
+                        at: format!("phase {}", self.names.phase(*p)),
+                        op: "sync".into(),
+                        count: n,
+                        ns: 0,
+                        steps: t.run.steps,
+                    });
+                }
+            }
+        }
+        out.sort_by_key(|s| std::cmp::Reverse((s.ns, s.count)));
+        out
+    }
 }
 
 fn builtin(names: &Arc<Names>) -> bool {

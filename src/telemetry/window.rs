@@ -129,6 +129,7 @@ fn grow<T: Default>(v: &mut Vec<T>, len: usize) {
 /// Adds `part` (0..=1) of record `r` to window `w`; phases only when `phases`.
 fn add_part(w: &mut PhaseWindow, r: &StepRecord, part: f64, phases: bool) {
     w.tokens += r.tokens as f64 * part;
+    w.note_entered(&r.phase_ns, &r.phase_n);
     if phases {
         w.phase_steps += part;
         w.gpu_idle_ns += (r.gpu_idle_ns as f64 * part).round() as u64;

@@ -357,6 +357,8 @@ impl RawTap for Fanout {
                     ps: clock::to_monotonic(l.phase_start_ns),
                     ss: clock::to_monotonic(l.step_start_ns),
                     acc: sparse(&self.names, t.role, &l.acc_ns),
+                    sites: Vec::new(),
+                    steps: 0,
                 }
             })
             .collect();

@@ -163,6 +163,11 @@ fn add_named(out: &mut Snapshot, p: &Part) {
     }));
     out.alerts
         .extend(s.alerts.iter().map(|a| format!("{}: {a}", p.label)));
+    out.sync_sites.extend(s.sync_sites.iter().map(|x| {
+        let mut x = x.clone();
+        x.thread = name(&x.thread);
+        x
+    }));
 }
 
 /// The ranks' training numbers: tokens summed, the step of the rank furthest behind, loss and

@@ -10,6 +10,7 @@ use crate::telemetry::allocator::AllocatorTrack;
 use crate::telemetry::clock;
 use crate::telemetry::phase_recorder::{LiveStep, StepRecord, ThreadInfo};
 use crate::telemetry::queue::{QueueCounters, QueueProbe};
+use crate::telemetry::snapshot::SyncSite;
 use crate::telemetry::stages::{Names, StageTable, TableError};
 use crate::telemetry::{HubCommand, Phase, Role, Telemetry, N_PHASES};
 use anyhow::{bail, Result};
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 struct RemoteThread {
     local: usize,
+    name: String,
     /// Its stage's name, as declared (its role follows the table when that is declared again).
     stage: String,
     role: Role,
@@ -45,6 +47,8 @@ pub struct Mirror {
     gpus_of: Option<String>,
     /// The producer's allocator figures, rated over its recent samples.
     allocator: AllocatorTrack,
+    /// Each thread's host syncs by call site, as its latest sample that carried them said.
+    sites: std::collections::BTreeMap<u32, Vec<SyncSite>>,
 }
 
 fn leak(s: &str) -> &'static str {
@@ -106,6 +110,7 @@ impl Mirror {
             other_host: false,
             gpus_of: None,
             allocator: AllocatorTrack::default(),
+            sites: Default::default(),
         })
     }
 
@@ -197,6 +202,7 @@ impl Mirror {
         let live = Arc::new(LiveStep::default());
         let now = clock::now_ns();
         live.script(Phase::Other, now, now);
+        let name = t.name.clone();
         let local = self.telemetry.registry().add(ThreadInfo {
             name: t.name,
             role,
@@ -210,6 +216,7 @@ impl Mirror {
         }
         self.threads[id] = Some(RemoteThread {
             local,
+            name: name.clone(),
             stage: t.stage,
             role,
             live,
@@ -263,7 +270,23 @@ impl Mirror {
         sw.set_gpu_timing(s.timing);
         sw.set_paused(s.paused);
         self.seen_sample = true;
+        let mut sites_changed = false;
         for l in &s.live {
+            let Some(t) = self.thread(l.th) else { continue };
+            if !l.sites.is_empty() {
+                let name = t.name.clone();
+                let sites = l.sites.iter().map(|(at, op, count, ns)| SyncSite {
+                    thread: name.clone(),
+                    at: at.clone(),
+                    op: op.clone(),
+                    count: *count,
+                    ns: *ns,
+                    steps: l.steps,
+                });
+                let sites = sites.collect();
+                self.sites.insert(l.th, sites);
+                sites_changed = true;
+            }
             let Some(t) = self.thread(l.th) else { continue };
             let list = self.names.phases(t.role);
             let phase = list.get(l.ph as usize).copied().unwrap_or(Phase::Other);
@@ -288,6 +311,10 @@ impl Mirror {
                 min_depth: q.min,
                 max_depth: q.max,
             });
+        }
+        if sites_changed {
+            let all = self.sites.values().flatten().cloned().collect();
+            self.telemetry.set_sync_sites(all);
         }
         let alloc = s.alloc.iter().map(AllocatorSample::from).collect();
         let mut views = self.allocator.update(self.local(s.now), alloc);

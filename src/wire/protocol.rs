@@ -174,7 +174,17 @@ pub struct WireLive {
     /// Time in each phase of the step before the current phase began.
     #[serde(default)]
     pub acc: Vec<(u16, u64)>,
+    /// The thread's host syncs by call site since it started, `[site, op, count, ns]` (the
+    /// costliest first; zero-code mode, about once a second); none otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<(String, String, u64, u64)>,
+    /// With `sites`: the steps the thread ended since it started (the sites' per-step figures).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub steps: u64,
 }
+
+/// Call sites a live step may list (a producer sends its costliest 32 and one `other`).
+pub const MAX_SITES: usize = 64;
 
 /// A queue's cumulative counters (waits in progress included up to `at`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -210,6 +210,7 @@ impl Sim {
                 self.telemetry.dropped(),
             );
             snap.allocator = self.telemetry.remote_allocator();
+            snap.sync_sites = self.telemetry.sync_sites();
             if self.tick > keep_from {
                 out.push(snap);
             }

@@ -41,10 +41,15 @@ pub struct PhaseWindow {
     pub cuda_steps: u64,
     #[serde(default)]
     pub cuda_calls: CudaCalls,
+    /// The phases the thread entered in the window's records, a bit per phase index (kept when
+    /// the phase times are cleared): a thread's line lists these, not every phase of its stage.
+    #[serde(default)]
+    pub entered: u64,
 }
 
 impl PhaseWindow {
     pub fn add(&mut self, other: &PhaseWindow) {
+        self.entered |= other.entered;
         self.steps += other.steps;
         self.wall_ns += other.wall_ns;
         self.tokens += other.tokens;
@@ -63,6 +68,7 @@ impl PhaseWindow {
 
     /// Adds the time of a step still in progress (live time).
     pub fn add_in_flight(&mut self, f: &crate::telemetry::window::InFlight) {
+        self.note_entered(&f.phase_ns, &[0; N_PHASES]);
         let live: u64 = f.phase_ns.iter().sum();
         for (acc, ns) in self.phase_ns.iter_mut().zip(f.phase_ns) {
             *acc += ns;
@@ -70,6 +76,27 @@ impl PhaseWindow {
         self.wall_ns += live;
         self.live_ns += live;
         self.phase_steps += f.step_share;
+    }
+
+    /// Marks the phases a record spent time in or entered as entered.
+    pub fn note_entered(&mut self, phase_ns: &[u64; N_PHASES], phase_n: &[u32; N_PHASES]) {
+        for (i, (ns, n)) in phase_ns.iter().zip(phase_n).enumerate() {
+            if *ns > 0 || *n > 0 {
+                self.entered |= 1 << i;
+            }
+        }
+    }
+
+    /// Of `phases`, those the thread entered, and `other` (the rest of its time); all of them
+    /// when it has entered none yet (or the window comes from a recording that does not say).
+    pub fn entered_of(&self, phases: &[Phase]) -> Vec<Phase> {
+        phases
+            .iter()
+            .copied()
+            .filter(|p| {
+                self.entered == 0 || *p == Phase::Other || self.entered >> p.index() & 1 == 1
+            })
+            .collect()
     }
 
     /// Drops the phase times, keeping steps and tokens.

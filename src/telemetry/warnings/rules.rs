@@ -46,20 +46,35 @@ impl Warnings {
                 if !sync || share <= self.config.host_sync_share {
                     continue;
                 }
+                let sites = s.sites_of(t);
+                let (top, fix) = match sites.first().filter(|x| x.at != "other") {
+                    Some(x) => (
+                        format!("; the costliest site: {}", x.per_step()),
+                        format!(
+                            "{} waits for the GPU at {}: keep that number on the device and \
+                             read the step's numbers in one batched transfer at its end",
+                            x.op, x.at
+                        ),
+                    ),
+                    None => (
+                        String::new(),
+                        "each .item() / .cpu() / .tolist() waits for the GPU: read the step's \
+                         numbers in one batched transfer, keep the rest on the device"
+                            .into(),
+                    ),
+                };
                 out.push(Candidate {
                     rule: Rule::HostSync,
                     subject: t.name.clone(),
                     evidence: format!(
                         "{} spends {:.0}% of its time in host syncs, {:.1} a step ({:.1} ms a \
-                         step)",
+                         step){top}",
                         t.name,
                         share * 100.0,
                         w.count_per_step(*p),
                         w.ms_per_step(*p)
                     ),
-                    fix: "each .item() / .cpu() / .tolist() waits for the GPU: read the step's \
-                          numbers in one batched transfer, keep the rest on the device"
-                        .into(),
+                    fix,
                 });
             }
         }

@@ -407,6 +407,32 @@ fn host_syncs_over_their_share_where_the_producer_counts_them() {
         "{}",
         w[0].evidence
     );
+    assert!(w[0].fix.contains("each .item()"), "{}", w[0].fix);
+    // Where its sites are known, the evidence names the costliest and the fix its line.
+    let with_site = |s: &mut Snapshot| {
+        syncing(120.0)(s);
+        s.sync_sites = vec![crate::telemetry::snapshot::SyncSite {
+            thread: "drafter-0".into(),
+            at: "train.py:42".into(),
+            op: ".item()".into(),
+            count: 100,
+            ns: 200_000_000,
+            steps: 10,
+        }];
+    };
+    let w = run_sync(11.0, &with_site);
+    assert!(
+        w[0].evidence
+            .ends_with("the costliest site: train.py:42 .item() x10.0 20.0ms"),
+        "{}",
+        w[0].evidence
+    );
+    assert!(
+        w[0].fix
+            .starts_with(".item() waits for the GPU at train.py:42"),
+        "{}",
+        w[0].fix
+    );
     // Not counted (our own workers, or a producer without the counts): silent.
     assert!(run_sync(30.0, &syncing(0.0)).is_empty());
     // The default: only a phase named `sync` counts.

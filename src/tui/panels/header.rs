@@ -92,10 +92,7 @@ fn train_line(c: &Ctx, width: u16) -> Line<'static> {
     let mut line1 = vec![
         Span::styled(name, t.bold()),
         Span::raw(step),
-        Span::styled(
-            format!("tok/s {}  ", fmt_rate(s.train.tok_per_s_1s)),
-            t.bold(),
-        ),
+        Span::styled(format!("tok/s {}  ", tok_rate(s)), t.bold()),
         Span::styled(slowest_text(s), t.attention()),
         Span::raw(format!(
             "loss {}  tau {}  lr {}  {}",
@@ -333,4 +330,13 @@ pub fn position_line(pos: &ReplayPos, width: u16, c: &Ctx) -> Line<'static> {
         Span::styled("─".repeat(bar_w - done), t.dim()),
         Span::styled(keys, t.dim()),
     ])
+}
+
+/// The tokens a second, or `–` where no step has brought any (a pipeline whose tokens are not
+/// known is not running at zero).
+fn tok_rate(s: &crate::telemetry::Snapshot) -> String {
+    match s.train.tokens_total {
+        0 => "–".into(),
+        _ => fmt_rate(s.train.tok_per_s_1s),
+    }
 }

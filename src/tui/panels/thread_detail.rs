@@ -1,13 +1,14 @@
 //! The selected thread (the first in order when none is): its phases over the timeline's span,
 //! the stacked shares of its phases over time, its CPU history, its phase times over each
-//! window, its CUDA launches and syncs (CUPTI), and the libtorch helper threads that work for it.
+//! window, its CUDA launches and syncs (CUPTI), the libtorch helper threads that work for it, and
+//! its host syncs by call site.
 
 use super::super::lanes::{lanes, phase_columns, TimeSpan};
 use super::super::view::Ctx;
 use super::threads::states;
 use super::timeline::{draw_lane, Palette};
 use crate::telemetry::names::Names;
-use crate::telemetry::snapshot::{PhaseWindow, ThreadView};
+use crate::telemetry::snapshot::{PhaseWindow, SyncSite, ThreadView};
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::Style;
@@ -78,7 +79,14 @@ pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     y = pane.windows(f.buffer_mut(), y, off.as_deref());
     y = pane.cuda_calls(f.buffer_mut(), y);
     y = pane.helpers(f.buffer_mut(), y);
-    pane.last_steps(f.buffer_mut(), y, steps_h);
+    // Its host syncs by call site, where known, before its last steps (at most 8 rows).
+    let sites = c.snap.sites_of(t);
+    let sites_h = match (sites.len() as u16 + 1).min(9).min(steps_h) {
+        h if h >= 2 && !sites.is_empty() => h,
+        _ => 0,
+    };
+    y = pane.sync_sites(f.buffer_mut(), y, sites_h, &sites);
+    pane.last_steps(f.buffer_mut(), y, steps_h - sites_h);
 }
 
 /// The pane's title: the thread, its role and device, what it is in now, and the key that
@@ -265,6 +273,22 @@ impl Pane<'_> {
         };
         self.line(buf, y, &line, self.c.theme.dim());
         y + 1
+    }
+
+    /// The thread's host syncs by call site, the costliest first, a step each (`height` rows
+    /// with the heading; none below 2).
+    fn sync_sites(&self, buf: &mut Buffer, mut y: u16, height: u16, sites: &[SyncSite]) -> u16 {
+        if height < 2 {
+            return y;
+        }
+        let head = "host syncs by call site (a step: count, time):";
+        buf.set_string(self.inner.x, y, head, self.c.theme.dim());
+        y += 1;
+        for s in sites.iter().take(height as usize - 1) {
+            self.line(buf, y, &format!("  {}", s.per_step()), Style::default());
+            y += 1;
+        }
+        y
     }
 
     /// The last steps, newest first: when each ended, its wall time, its phases (`height` rows

@@ -99,6 +99,18 @@ impl Msg {
                     bounded("a live step's start", l.ss, MAX_TIME_NS)?;
                     bounded("a live phase's start", l.ps, MAX_TIME_NS)?;
                     phase_list("a live step's", &l.acc)?;
+                    bounded(
+                        "a live step's sites",
+                        l.sites.len() as u64,
+                        MAX_SITES as u64,
+                    )?;
+                    bounded("a live step's steps", l.steps, MAX_COUNT)?;
+                    for (at, op, n, ns) in &l.sites {
+                        text("a sync site", at)?;
+                        text("a sync site's op", op)?;
+                        bounded("a sync site's count", *n, MAX_COUNT)?;
+                        bounded("a sync site's time", *ns, MAX_COUNT)?;
+                    }
                 }
                 for q in &s.q {
                     bounded("a queue sample's id", q.id as u64, MAX_QUEUES as u64 - 1)?;
