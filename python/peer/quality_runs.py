@@ -45,7 +45,10 @@ def label(trainer, setting):
     """A setting in words, for the table: `batch 1, lr 0.003` or `seq 256, 64 per-row, lr 0.003`."""
     if trainer == "specforge":
         return f"batch {setting['batch']}, lr {setting['lr']:g}"
-    return f"seq {setting['seq_len']}, {setting['anchors']} {setting['budget']}, lr {setting['lr']:g}"
+    k = setting.get("steps_per_batch", 1)
+    steps = f", {k} steps/row" if k > 1 else ""
+    return (f"seq {setting['seq_len']}, {setting['anchors']} {setting['budget']}{steps}, "
+            f"lr {setting['lr']:g}")  # fmt: skip
 
 
 def make_init(work, s, target_dir, mask_id, seed):
@@ -135,11 +138,13 @@ def at_step(trace, per_step, step):
 def run_ours(ctx, name, setting, seed, tokens, points=1):
     """dflash-top's run; with `points` > 1, checkpoints along it for a learning curve."""
     s = ctx["s"]
-    per_step = setting["seq_len"]
-    steps = max(1, round(tokens / per_step))
+    k = setting.get("steps_per_batch", 1)
+    # Optimizer steps (--steps counts them): k for each packed row of seq_len tokens.
+    steps = max(1, round(tokens / setting["seq_len"])) * k
+    per_step = setting["seq_len"] / k
     every = max(1, steps // points)
-    save = os.path.join(ctx["work"], name)
     key = digest([ctx["key"], "ours", setting, seed, steps, ctx["device"], ctx["bin_id"], points])
+    save = os.path.join(ctx["work"], f"{name}-{key[:8]}")  # one directory per run
     if (r := reused(ctx, save, key)) is not None:
         return r
     shutil.rmtree(save, ignore_errors=True)
@@ -151,7 +156,7 @@ def run_ours(ctx, name, setting, seed, tokens, points=1):
         "--interval", "0.2", "--block-size", str(s["block"]),
         "--drafter-layers", str(s["drafter_layers"]), "--seq-len", str(setting["seq_len"]),
         "--anchors", str(setting["anchors"]), "--anchor-budget", setting["budget"],
-        "--batch", "1", "--lr", str(setting["lr"]), "--mask-token-id", str(ctx["mask_id"]),
+        "--batch", "1", "--steps-per-batch", str(k), "--lr", str(setting["lr"]), "--mask-token-id", str(ctx["mask_id"]),
         "--target-devices", dev, "--drafter-devices", dev,
     ]  # fmt: skip
     t0 = time.perf_counter()
@@ -181,18 +186,18 @@ def run_ours(ctx, name, setting, seed, tokens, points=1):
     first = first_step_end(trace, per_step)
     # (step, target tokens, seconds after the first step, checkpoint) along the run.
     curve = [
-        (k, k * per_step, max(0.0, at_step(trace, per_step, k) - first),
-         os.path.join(save, f"step-{k:06d}"))
-        for k in range(every, steps, every)
+        (i, round(i * per_step), max(0.0, at_step(trace, per_step, i) - first),
+         os.path.join(save, f"step-{i:06d}"))
+        for i in range(every, steps, every)
         if points > 1
-    ] + [(steps, steps * per_step, max(1e-3, wall - first), ckpt)]  # fmt: skip
+    ] + [(steps, round(steps * per_step), max(1e-3, wall - first), ckpt)]  # fmt: skip
     log(f"{name}: {summary}")
     return keep(save, key, {
         "trainer": "dflash-top",
         "setting": setting,
         "seed": seed,
         "steps": steps,
-        "target_tokens": steps * per_step,
+        "target_tokens": round(steps * per_step),
         "wall_s": wall,
         "first_step_s": first,
         "warm_s": max(1e-3, wall - first),
@@ -208,8 +213,8 @@ def run_ours(ctx, name, setting, seed, tokens, points=1):
 def run_specforge(ctx, name, setting, seed, tokens, points=1):
     """SpecForge's run; with `points` > 1, its drafter saved along it for a learning curve."""
     s = ctx["s"]
-    out = os.path.join(ctx["work"], name)
     key = digest([ctx["key"], "specforge", setting, seed, tokens, ctx["device"], points])
+    out = os.path.join(ctx["work"], f"{name}-{key[:8]}")  # one directory per run
     steps, _ = sf_train.plan_steps(ctx["samples"], tokens, setting["batch"], s["max_length"])
     if (r := reused(ctx, out, key)) is not None:
         return r
