@@ -632,7 +632,7 @@ def main():
         data_dir, data_key, data_stats = qr.make_real_data(
             work, s, args.bin, target_dir, tokenizer, gen_device, args.gen_batch
         )
-        print(f"data: {json.dumps(data_stats)}", flush=True)
+        print_data(data_stats)
         if args.until == "data":
             return
         qr.check_real_data(data_stats)
@@ -664,8 +664,10 @@ def main():
         "s": s, "work": work, "device": args.device, "bin": args.bin, "bin_id": bin_id,
         "reuse": args.work is not None, "target_dir": target_dir, "train_jsonl": train_jsonl,
         "samples": samples, "init": {}, "mask_id": None,
-        # (the cores are not in the key: a run's tokens and acceptance do not depend on them)
-        "key": digest([data_key, {k: v for k, v in s.items() if k not in ("threads", "sweep")}]),
+        # (each run's key adds its setting; the cores are not in it: a run's tokens and
+        # acceptance do not depend on them)
+        "key": digest([data_key, {k: v for k, v in s.items()
+                                  if k not in ("threads", "sweep", "ours", "sf", "real")}]),
     }  # fmt: skip
     for seed in seeds:
         ctx["init"][seed] = make_init(work, s, target_dir, mask_id, seed)
@@ -845,6 +847,9 @@ def paired(rows):
 
 
 def print_data(d):
+    if "replies_first_word_is_seed" not in d:  # a prepared target's data (quality_real.py)
+        print(f"data: {json.dumps(d)}", flush=True)
+        return
     print(
         f"data: {d['train_conversations']} training conversations, {d['train_tokens']} tokens "
         f"({d['train_supervised_tokens']} with loss); of the target's {d['target_replies']} "

@@ -51,7 +51,7 @@ def make_real_data(work, s, binary, target_dir, tokenizer, gen_device, batch):
     d = os.path.join(work, "data")
     os.makedirs(d, exist_ok=True)
     key = digest({"target": target_id(target_dir), "real": s["real"], "python": sys.version,
-                  "v": 1})  # fmt: skip
+                  "v": 2})  # fmt: skip
     stage = os.path.join(d, "quality-stage.json")
     try:
         with open(stage) as f:
