@@ -6,6 +6,7 @@ speculative decoding on held-out prompts.
     .venv/bin/python python/peer/quality.py --size ci --sweep --work W    # + both trainers' grids
     python python/peer/quality.py --size gpu --device cuda --work W --until tokens
     python python/peer/quality.py --size gpu --device cuda --work W --json OUT [--sweep]
+    python python/peer/quality.py --size gpu --device cuda --target-dir HF_DIR --curve 8 ...
 
 The GPU size needs torch, transformers, the `dflash` and `specforge` packages (PYTHONPATH will
 do) and pydantic (SpecForge's chat parser imports it), and the release binary (--bin, default
@@ -37,7 +38,11 @@ same settings is reused (the target, the data, each training run).
    `dflash.model.dflash_generate` (greedy) on the held-out prompts: acceptance length per prompt
    (tokens per round); per row the mean and 95% interval over (seed, prompt), and the paired
    difference ours minus SpecForge over the same (seed, prompt) pairs.
-5. Prints the table and writes it as JSON (--json).
+5. Prints the table and writes it as JSON (--json); with --curve K, learning curves (acceptance
+   against target tokens and against seconds after the first step) that plot_curves.py draws.
+
+With --target-dir, steps 1-2 are quality_real.py's instead: a prepared Hugging Face target,
+prompts of real text (real_prompts.py), its own greedy replies by `dflash-top generate --batch`.
 
 Every stage writes into --work (a temporary directory unless given); with --work given, a stage
 whose output is there for the same settings is reused (the target and the data), so the GPU size
