@@ -32,7 +32,7 @@ reference: $(REFERENCE) $(PARITY) $(STEP)
 
 $(REF_DEPS): $(LIBTORCH_LINK)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check transformers==5.15.0 numpy \
-		pydantic pytest
+		pydantic pytest matplotlib
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps dflash==0.1.0 \
 		specforge==0.2.0
 	touch $@

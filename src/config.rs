@@ -298,6 +298,7 @@ fn pipeline_spec(
         seq_len: recipe.seq_len,
         anchors: recipe.anchors,
         anchor_scope: recipe.anchor_scope,
+        steps_per_batch: recipe.steps_per_batch,
         lr: recipe.lr,
         batch_queue: file.batch_queue.unwrap_or(4),
         hs_queue: file.hs_queue.unwrap_or(2),

@@ -1,14 +1,27 @@
 //! Acceptance side by side (python/peer/quality.py at its CPU size): a chat target trained here,
-//! its own greedy replies as data, a drafter trained by this binary and one by SpecForge 0.2.0's
-//! own DFlash trainer from the same init, both measured in z-lab's dflash on held-out prompts.
-//! What must hold whatever the recipe: both trained drafters are accepted well above the
-//! untrained init, the table compares the two at equal target tokens and at equal wall time,
-//! dflash's output is the target's greedy reply, and every number is finite. And the goal of
-//! our recipe: at equal target tokens ours is within SpecForge's interval or above it; at equal
-//! wall time, above SpecForge's mean.
+//! its own greedy replies as data (checked: replies start at the user's seed word and have the
+//! length asked for, held-out prompts and replies are not training ones), a drafter trained by
+//! this binary and one by SpecForge 0.2.0's own DFlash trainer at its default batch of one
+//! conversation, from the same init, three seeds, both measured in z-lab's dflash on held-out
+//! prompts.
+//!
+//! What must hold whatever the recipe: the data checks, every trained drafter above the untrained
+//! init, equal target tokens, dflash's output is the target's greedy reply, every number finite.
+//! The goal: at equal target tokens ours minus SpecForge (paired over seed and prompt) is above
+//! -MARGIN. And a regression snapshot: the equal-tokens acceptance of both trainers, which is
+//! deterministic on one pinned core (docs/quality.md has the run behind each figure).
 
 use serde_json::Value;
 use std::path::Path;
+
+/// The paired difference ours - SpecForge (batch 1) at equal tokens may not fall below -MARGIN:
+/// ours at least as good per target token, within a tenth of a token a round. docs/quality.md:
+/// +0.41 [+0.20, +0.62] with the harness's CPU recipe (3 optimizer steps a row).
+const MARGIN: f64 = 0.1;
+
+/// Equal-tokens acceptance (mean over 3 seeds x 16 prompts) of dflash-top and SpecForge, as
+/// measured by the run in docs/quality.md; a change of recipe, data or trainer moves them.
+const SNAPSHOT: [(&str, f64); 2] = [("dflash-top", 2.22465), ("specforge", 1.81439)];
 
 fn num(row: &Value, key: &str) -> f64 {
     let v = row[key]
@@ -31,6 +44,27 @@ fn by_trainer<'a>(rows: &[&'a Value], trainer: &str) -> &'a Value {
     let found: Vec<_> = rows.iter().filter(|r| r["trainer"] == trainer).collect();
     assert_eq!(found.len(), 1, "one {trainer} row expected in {rows:?}");
     found[0]
+}
+
+fn data_checks(d: &Value) {
+    let replies = num(d, "target_replies");
+    for key in [
+        "replies_first_word_is_seed",
+        "replies_length_in_bucket",
+        "replies_ended_at_stop_word",
+    ] {
+        assert!(num(d, key) >= 0.95 * replies, "{key}: {d}");
+    }
+    assert!(num(d, "rule_follow") >= 0.95, "{d}");
+    assert_eq!(num(d, "eval_replies_in_train"), 0.0, "{d}");
+    assert_eq!(num(d, "eval_prompts_in_train"), 0.0, "{d}");
+    // Many distinct replies, not a handful the target repeats whatever the seed word.
+    assert!(num(d, "distinct_train_replies") >= 50.0, "{d}");
+    // Replies as long as asked for (the buckets' mean), not cut short.
+    assert!(
+        num(d, "reply_words_mean") >= 0.8 * num(d, "reply_words_asked_mean"),
+        "{d}"
+    );
 }
 
 #[test]
@@ -59,18 +93,19 @@ fn drafters_of_both_trainers_are_accepted_in_dflash_side_by_side() {
     );
     eprintln!("{stdout}");
     let table: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    data_checks(&table["data"]);
     let prompts = table["eval_prompts"].as_u64().unwrap();
-    assert!(prompts >= 8, "too few held-out prompts: {prompts}");
+    assert!(prompts >= 16, "too few held-out prompts: {prompts}");
+    let seeds = table["seeds"].as_array().unwrap().len();
+    assert!(seeds >= 3, "fewer than 3 seeds: {seeds}");
+    // SpecForge at its default: one conversation a step.
+    assert_eq!(table["recipe"]["specforge"]["batch"].as_u64(), Some(1));
     let max_length = table["recipe"]["max_length"].as_f64().unwrap();
 
     let floor = rows(&table, "floor");
     assert_eq!(floor.len(), 1);
     let floor_high = num(floor[0], "ci_high");
-    assert!(
-        num(floor[0], "acceptance") >= 1.0,
-        "an acceptance length is at least 1: {}",
-        floor[0]
-    );
+    assert!(num(floor[0], "acceptance") >= 1.0, "{}", floor[0]);
 
     for row in ["equal tokens", "equal wall"] {
         let rs = rows(&table, row);
@@ -85,47 +120,52 @@ fn drafters_of_both_trainers_are_accepted_in_dflash_side_by_side() {
                 r["trainer"]
             );
             assert!(
-                num(r, "target_tokens") > 0.0 && num(r, "wall_s") > 0.0,
+                num(r, "target_tokens") > 0.0 && num(r, "warm_s") > 0.0,
                 "{r}"
             );
-            let per_prompt = r["per_prompt"].as_array().unwrap();
-            assert_eq!(per_prompt.len() as u64, prompts);
-            for x in per_prompt {
-                let x = x.as_f64().unwrap();
-                assert!(
-                    x.is_finite() && x >= 1.0,
-                    "per-prompt acceptance {x} in {r}"
-                );
+            assert_eq!(r["seeds"].as_array().unwrap().len(), seeds, "{r}");
+            for per_seed in r["per_seed"].as_array().unwrap() {
+                let per_prompt = per_seed.as_array().unwrap();
+                assert_eq!(per_prompt.len() as u64, prompts);
+                for x in per_prompt {
+                    let x = x.as_f64().unwrap();
+                    assert!(
+                        x.is_finite() && x >= 1.0,
+                        "per-prompt acceptance {x} in {r}"
+                    );
+                }
             }
             // Lossless greedy speculative decoding: dflash wrote what `dflash-top generate`
             // wrote (the chat template and the target agree between the two).
             assert_eq!(r["same_as_greedy"].as_u64(), Some(prompts), "{r}");
         }
-        // Our trainer reports its own tau; SpecForge's DFlash loss reports none.
-        num(ours, "tau");
-        let (t_ours, t_sf) = (num(ours, "target_tokens"), num(sf, "target_tokens"));
-        let (w_ours, w_sf) = (num(ours, "wall_s"), num(sf, "wall_s"));
-        let (a_ours, a_sf) = (num(ours, "acceptance"), num(sf, "acceptance"));
         if row == "equal tokens" {
+            let (t_ours, t_sf) = (num(ours, "target_tokens"), num(sf, "target_tokens"));
             assert!(
                 (t_ours - t_sf).abs() <= max_length,
                 "not equal target tokens: dflash-top {t_ours}, specforge {t_sf}"
             );
-            assert!(
-                a_ours >= num(sf, "ci_low"),
-                "at equal target tokens ours ({a_ours:.3}) is below SpecForge's interval \
-                 ({:.3} ..)",
-                num(sf, "ci_low")
-            );
-        } else {
-            assert!(
-                w_ours.max(w_sf) <= 1.5 * w_ours.min(w_sf),
-                "not equal wall time: dflash-top {w_ours:.1}s, specforge {w_sf:.1}s"
-            );
-            assert!(
-                a_ours > a_sf,
-                "at equal wall time ours ({a_ours:.3}) is not above SpecForge's ({a_sf:.3})"
-            );
+            for (trainer, want) in SNAPSHOT {
+                let got = num(by_trainer(&rs, trainer), "acceptance");
+                assert!(
+                    (got - want).abs() < 1e-3,
+                    "{trainer}'s equal-tokens acceptance moved: {got:.4}, snapshot {want:.4} \
+                     (update SNAPSHOT and docs/quality.md with the run that moved it)"
+                );
+            }
         }
     }
+    let paired = table["paired"].as_array().unwrap();
+    let p = paired
+        .iter()
+        .find(|p| p["row"] == "equal tokens")
+        .expect("a paired difference at equal tokens");
+    assert_eq!(p["n"].as_u64(), Some(prompts * seeds as u64), "{p}");
+    let (m, lo, hi) = (num(p, "mean"), num(p, "ci_low"), num(p, "ci_high"));
+    assert!(lo <= m && m <= hi, "{p}");
+    assert!(
+        m >= -MARGIN,
+        "at equal target tokens ours minus SpecForge at batch 1 is {m:+.3} [{lo:+.3}, {hi:+.3}], \
+         below -{MARGIN}"
+    );
 }

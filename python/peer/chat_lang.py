@@ -56,10 +56,15 @@ class Lang:
     def rule(self, k, cur):
         return self.P[k][cur]
 
-    def seed_for(self, rng, k, lo, hi):
-        """A seed whose reply (seed included, end token not) has lo..hi words."""
-        cands = [x for x, d in self.dist[k].items() if lo <= d + 1 <= hi]
-        return rng.choice(cands)
+    def seeds(self, k, lo, hi):
+        """The seeds of topic k whose reply (seed included, end token not) has lo..hi words."""
+        return sorted(x for x, d in self.dist[k].items() if lo <= d + 1 <= hi)
+
+    def seed_for(self, rng, k, lo, hi, pool=None):
+        """A seed whose reply has lo..hi words; with `pool`, one whose (topic, seed) is in it
+        (None when the pool has none for this bucket)."""
+        cands = [x for x in self.seeds(k, lo, hi) if pool is None or (k, x) in pool]
+        return rng.choice(cands) if cands else None
 
     def reply(self, rng, k, seed, noise, limit):
         """The rule's reply from the seed (words, no end token). With `noise`, a word is now and
@@ -83,6 +88,31 @@ class Lang:
         ends = bool(words) and words[-1] == self.stop[k]
         return ok, max(len(words) - 1, 0), ends
 
+    def check_reply(self, k, seed, bucket, words):
+        """What a reply (word ids, end token excluded) to a user turn of topic k and seed word
+        `seed`, asked for in length bucket (lo, hi), gets right: {first, length, rule, stop}."""
+        ok, n, ends = self.follows(k, words)
+        return {
+            "first": bool(words) and words[0] == seed,
+            "length": bucket[0] <= len(words) <= bucket[1],
+            "rule": ok == n,
+            "stop": ends,
+        }
+
+
+def split_pairs(lang, buckets, held_share, seed):
+    """(training pool, held-out pool): the (topic, seed) pairs of the buckets, split at random, a
+    `held_share` of each bucket's pairs held out, so that no held-out reply is a training one."""
+    rng = random.Random(seed)
+    train, held = set(), set()
+    for lo, hi in buckets:
+        pairs = [(k, x) for k in range(lang.K) for x in lang.seeds(k, lo, hi)]
+        rng.shuffle(pairs)
+        cut = max(1, round(held_share * len(pairs)))
+        held.update(pairs[:cut])
+        train.update(pairs[cut:])
+    return train, held
+
 
 def w(i):
     return f"w{i}"
@@ -93,9 +123,9 @@ def user_message(rng, lang, k, seed):
     return " ".join(fill + [f"t{k}", w(seed)])
 
 
-def sample_turns(rng, lang, buckets, max_turns, budget):
+def sample_turns(rng, lang, buckets, max_turns, budget, pool=None):
     """[(topic, seed, (lo, hi))] for one conversation: 1..max_turns turns whose longest replies
-    fit in `budget` words together."""
+    fit in `budget` words together; with `pool`, (topic, seed) pairs from it only."""
     turns = []
     n = rng.randint(1, max_turns)
     used = 0
@@ -105,7 +135,10 @@ def sample_turns(rng, lang, buckets, max_turns, budget):
             break
         lo, hi = rng.choice(fits)
         k = rng.randrange(lang.K)
-        turns.append((k, lang.seed_for(rng, k, lo, hi), (lo, hi)))
+        seed = lang.seed_for(rng, k, lo, hi, pool)
+        if seed is None:
+            continue
+        turns.append((k, seed, (lo, hi)))
         used += hi + 16
     return turns
 

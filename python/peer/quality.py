@@ -1,10 +1,12 @@
 """Acceptance side by side, one command: a drafter trained by dflash-top against one trained by
-SpecForge 0.2.0's own DFlash trainer, both measured with z-lab dflash 0.1.0's speculative
-decoding on held-out prompts.
+SpecForge 0.2.0's own DFlash trainer at its defaults, both measured with z-lab dflash 0.1.0's
+speculative decoding on held-out prompts.
 
-    .venv/bin/python python/peer/quality.py --size ci [--json OUT]        # ~1 min, 2 cores
+    .venv/bin/python python/peer/quality.py --size ci [--json OUT]        # the CI rows, 2 cores
+    .venv/bin/python python/peer/quality.py --size ci --sweep --work W    # + both trainers' grids
     python python/peer/quality.py --size gpu --device cuda --work W --until tokens
-    python python/peer/quality.py --size gpu --device cuda --work W --json OUT [--anchor-budget both]
+    python python/peer/quality.py --size gpu --device cuda --work W --json OUT [--sweep]
+    python python/peer/quality.py --size gpu --device cuda --target-dir HF_DIR --curve 8 ...
 
 The GPU size needs torch, transformers, the `dflash` and `specforge` packages (PYTHONPATH will
 do) and pydantic (SpecForge's chat parser imports it), and the release binary (--bin, default
@@ -12,23 +14,35 @@ target/release/dflash-top). It runs in parts with one --work directory: what is 
 same settings is reused (the target, the data, each training run).
 
 1. A small Qwen3 target learns the chat language of chat_lang.py (topics read from the latest
-   user turn, replies of several lengths that end with `<|im_end|>`, multi-turn conversations
-   rendered through a ChatML template), trained here with transformers; saved as a Hugging Face
-   directory with its tokenizer.json and chat template.
+   user turn, replies that start at the user's seed word, of several lengths, that end with
+   `<|im_end|>`; multi-turn conversations rendered through a ChatML template), trained here with
+   transformers; saved as a Hugging Face directory with its tokenizer.json and chat template.
 2. The target writes its own greedy replies, turn by turn (`dflash-top generate`, which renders
    the chat template; --gen-procs processes at once, 8 on a GPU); SpecForge's chat parser
    (`GeneralParser`, its `qwen`-style template) turns each conversation into `input_ids` +
-   `loss_mask` (the assistant turns as rendered). Held-out conversations give the evaluation
-   prompts (their last turn).
-3. One random DFlashDraftModel init (z-lab dflash's class) is saved; dflash-top starts from it
-   (`--drafter`), SpecForge warm-starts from it. Both train on the same conversations in the
-   same order, with the same recipe numbers (lr, 4% warm-up, cosine, clip 1.0, gamma 7 for
-   block 16, anchors), for the same number of target tokens; then the faster of the two trains
-   again (a fresh run) for as many tokens as match the slower one's wall time.
+   `loss_mask` (the assistant turns as rendered). Held-out conversations ask for (topic, seed)
+   pairs no training conversation asks for, and give the evaluation prompts (their last turn).
+   The replies are checked (first word, length bucket, the topic's map, the stop word; distinct
+   replies counted; held-out prompts and replies not in training) and the run fails where they
+   do not hold (check_data).
+3. For each seed (3), a random DFlashDraftModel init (z-lab dflash's class); both trainers start
+   from it and train on the same conversations in the same order, with the same recipe numbers
+   (4% warm-up, cosine, clip 1.0, gamma 7 for block 16), for the same number of target tokens:
+   dflash-top at the size's recipe (`ours`), SpecForge at its default batch of one conversation
+   a step (`sf`). Then the faster of the two trains again (a fresh run) for as many tokens as
+   match the slower one's time after its first optimizer step (warm-up and compilation out, for
+   both). Both are pinned to the same cores (--cores); the target's hidden states come from one
+   forward over each step's batch for both. With --sweep, each trainer also runs its grid of
+   step size (SpecForge's batch; our --seq-len with --anchors) and lr, at equal tokens.
 4. Each drafter (and the untrained init, as a floor) drafts for the target in
    `dflash.model.dflash_generate` (greedy) on the held-out prompts: acceptance length per prompt
-   (tokens per round), mean and 95% interval over prompts.
-5. Prints the table and writes it as JSON (--json).
+   (tokens per round); per row the mean and 95% interval over (seed, prompt), and the paired
+   difference ours minus SpecForge over the same (seed, prompt) pairs.
+5. Prints the table and writes it as JSON (--json); with --curve K, learning curves (acceptance
+   against target tokens and against seconds after the first step) that plot_curves.py draws.
+
+With --target-dir, steps 1-2 are quality_real.py's instead: a prepared Hugging Face target,
+prompts of real text (real_prompts.py), its own greedy replies by `dflash-top generate --batch`.
 
 Every stage writes into --work (a temporary directory unless given); with --work given, a stage
 whose output is there for the same settings is reused (the target and the data), so the GPU size
@@ -42,7 +56,6 @@ import math
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,7 +68,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import chat_lang as cl  # noqa: E402
-import sf_train  # noqa: E402
+import quality_real as qr  # noqa: E402
+from quality_runs import (  # noqa: E402
+    WARMUP, CLIP, digest, gamma_for, label, log, make_init, match_wall, run_ours,
+    run_specforge,
+)  # fmt: skip
 
 SIZES = {
     # The CPU size: a few minutes on two cores, in `make test`.
@@ -70,7 +87,9 @@ SIZES = {
                 "kv_heads": 2,
                 "head_dim": 16,
             },
-            "steps": 100,
+            # 100 steps learnt the topics' maps but not to start at the user's seed word (10 of
+            # 165 replies did, 7 distinct replies); at 300 every reply of a sample of 30 did.
+            "steps": 300,
             "batch": 16,
             "lr": 3e-3,
             "noise": 0.05,
@@ -81,16 +100,31 @@ SIZES = {
         "max_length": 256,
         "train_convs": 96,
         "eval_convs": 16,
+        "held_share": 0.2,
         "drafter_layers": 2,
         "block": 16,
+        # SpecForge's anchors per conversation (its num_anchors).
         "anchors": 64,
-        "ours_batch": 1,
-        "sf_batch": "match",
-        "lr": 3e-3,
+        # Three optimizer steps a packed row of 256 tokens: about one conversation (87 tokens)
+        # a step, as SpecForge's batch 1 takes (docs/quality.md: 1 step a row learnt less per
+        # token than SpecForge at batch 1; 3 learnt more).
+        "ours": {"seq_len": 256, "anchors": 64, "budget": "per-row", "steps_per_batch": 3,
+                 "lr": 3e-3},
+        # SpecForge 0.2.0's default batch: one conversation a step.
+        "sf": {"batch": 1, "lr": 3e-3},
+        "sweep": {
+            "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 3},
+                              {"steps_per_batch": 6}, {"seq_len": 128, "anchors": 32}],
+                     "lr": [1e-3, 3e-3, 1e-2]},
+            "sf": {"step": [{"batch": 1}, {"batch": 2}, {"batch": 4}], "lr": [1e-3, 3e-3, 1e-2]},
+        },
+        "seeds": 3,
         "tokens": 48 * 256,
         "eval_max_new": 128,
         "floor_prompts": 16,
         "threads": 1,
+        # --target-dir: prompts of real text (real_prompts.py) and the target's replies.
+        "real": {"train_prompts": 64, "eval_prompts": 16, "max_new": 48},
     },
     # The GPU size (one H200): replies of 50 to 1,500 tokens, up to 3 turns, rows of 3,072.
     "gpu": {
@@ -113,39 +147,31 @@ SIZES = {
         "max_turns": 3,
         "budget": 2900,
         "max_length": 3072,
-        "train_convs": 160,
-        "eval_convs": 24,
+        "train_convs": 480,
+        "eval_convs": 128,
+        "held_share": 0.2,
         "drafter_layers": 5,
         "block": 16,
         "anchors": 512,
-        "ours_batch": 1,
-        "sf_batch": "match",
-        "lr": 6e-4,
+        "ours": {"seq_len": 3072, "anchors": 512, "budget": "per-row", "steps_per_batch": 4,
+                 "lr": 6e-4},
+        "sf": {"batch": 1, "lr": 6e-4},
+        "sweep": {
+            "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 4},
+                              {"steps_per_batch": 8}],
+                     "lr": [1e-3, 3e-3, 1e-2]},
+            "sf": {"step": [{"batch": 1}, {"batch": 2}, {"batch": 4}], "lr": [1e-3, 3e-3, 1e-2]},
+        },
+        "seeds": 3,
         # 32 steps: training still going on. At 600 steps (1.84M tokens) every trainer reaches the
         # data's ceiling (docs/quality.md) and the table can no longer tell them apart.
         "tokens": 32 * 3072,
         "eval_max_new": 384,
         "floor_prompts": 8,
         "threads": None,
+        "real": {"train_prompts": 1600, "eval_prompts": 128, "max_new": 512},
     },
 }
-# SpecForge's published DFlash recipe (examples/configs/.../qwen3-8b-dflash-*.yaml): warm-up 4%,
-# grad clip 1.0, loss decay gamma 7 for block 16; dflash-top's recipe has the same.
-WARMUP, CLIP = 0.04, 1.0
-
-
-def gamma_for(block):
-    return 4.0 if block <= 8 else 5.0 if block <= 10 else 7.0
-
-
-def log(msg):
-    print(f"[quality {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def digest(obj):
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def cached(d, key):
     try:
         with open(os.path.join(d, "quality-stage.json")) as f:
@@ -230,7 +256,9 @@ def generate_turns(
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     msgs = [[{"role": "system", "content": cl.SYSTEM_PROMPT}] for _ in convs]
     last = [None] * len(convs)
-    stats = {"replies": 0, "ended": 0, "rule_ok": 0, "rule_n": 0, "stop_ok": 0}
+    stats = {"replies": 0, "ended": 0, "rule_ok": 0, "rule_n": 0, "stop_ok": 0, "first_ok": 0,
+             "length_ok": 0, "words": 0, "bucket_mid": 0}
+    texts = []
     rng = random.Random(f"{name}-users")
     for turn in range(max(len(c) for c in convs)):
         live = [i for i, c in enumerate(convs) if len(c) > turn]
@@ -258,15 +286,21 @@ def generate_turns(
             words = [inv[x] for x in (reply[:-1] if ended else reply)]
             msgs[i].append({"role": "assistant", "content": " ".join(words)})
             last[i] = reply
-            k = convs[i][turn][0]
+            k, seed, bucket = convs[i][turn]
             nums = [int(x[1:]) for x in words if re.fullmatch(r"w\d+", x)]
             ok, tot, stop = lang.follows(k, nums)
+            got = lang.check_reply(k, seed, bucket, nums)
             stats["replies"] += 1
             stats["ended"] += ended
             stats["rule_ok"] += ok
             stats["rule_n"] += tot
             stats["stop_ok"] += stop and ended and len(nums) == len(words)
-    return msgs, last, stats
+            stats["first_ok"] += got["first"] and len(nums) == len(words)
+            stats["length_ok"] += got["length"] and ended
+            stats["words"] += len(words)
+            stats["bucket_mid"] += (bucket[0] + bucket[1]) / 2
+            texts.append(" ".join(words))
+    return msgs, last, stats, texts
 
 
 def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs=1):
@@ -282,25 +316,37 @@ def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs
     with open(os.path.join(target_dir, "model.safetensors"), "rb") as f:
         target_id = hashlib.sha256(f.read()).hexdigest()[:16]
     key = digest({k: s[k] for k in ("lang", "buckets", "max_turns", "budget", "max_length",
-                                    "train_convs", "eval_convs")} | {"target": target_id, "v": 1})
+                                    "train_convs", "eval_convs", "held_share")}
+                 | {"target": target_id, "v": 3})
     if cached(d, key):
         log(f"data: reusing {d}")
         with open(os.path.join(d, "quality-stage.json")) as f:
             return d, key, json.load(f)["stats"]
     t0 = time.time()
     rng = random.Random(12345)
-    convs = [
-        cl.sample_turns(rng, lang, s["buckets"], s["max_turns"], s["budget"])
-        for _ in range(s["train_convs"] + s["eval_convs"])
-    ]
+    # Held-out conversations ask for (topic, seed) pairs that no training conversation asks for.
+    train_pool, held_pool = cl.split_pairs(lang, s["buckets"], s["held_share"], 54321)
+
+    def conversations(n, pool):
+        out = []
+        while len(out) < n:
+            turns = cl.sample_turns(rng, lang, s["buckets"], s["max_turns"], s["budget"], pool)
+            if turns:
+                out.append(turns)
+        return out
+
+    train_convs = conversations(s["train_convs"], train_pool)
+    # A quarter more held-out conversations than kept: one whose reply the target wrote as it
+    # wrote a training one (where it missed the seed word) is dropped, and counted.
+    eval_convs = conversations(s["eval_convs"] * 5 // 4, held_pool)
     max_new = max(hi for _, hi in s["buckets"]) + 8
-    train_msgs, _, st_train = generate_turns(
-        d, "train", binary, target_dir, tokenizer, lang, convs[: s["train_convs"]], max_new,
-        gen_device, True, procs,
+    train_msgs, _, st_train, train_texts = generate_turns(
+        d, "train", binary, target_dir, tokenizer, lang, train_convs, max_new, gen_device, True,
+        procs,
     )  # fmt: skip
-    eval_msgs, eval_last, st_eval = generate_turns(
-        d, "eval", binary, target_dir, tokenizer, lang, convs[s["train_convs"] :], max_new,
-        gen_device, False, procs,
+    eval_msgs, eval_last, st_eval, eval_texts = generate_turns(
+        d, "eval", binary, target_dir, tokenizer, lang, eval_convs, max_new, gen_device, False,
+        procs,
     )  # fmt: skip
 
     # SpecForge's chat parser, with a qwen-style ChatTemplate (as its `qwen` template, with our
@@ -325,10 +371,34 @@ def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs
             tokens += len(ids)
             supervised += int(mask.sum())
             f.write(json.dumps({"input_ids": ids.tolist(), "loss_mask": mask.tolist()}) + "\n")
+    train_prompts = {
+        cl.render(tokenizer, m[: j + 1], True)
+        for m in train_msgs
+        for j in range(1, len(m))
+        if m[j]["role"] == "user"
+    }
+    train_replies = set(train_texts)
+    eval_prompts, eval_replies, leaked = [], [], 0
     with open(os.path.join(d, "eval.jsonl"), "w") as f:
         for m, reply in zip(eval_msgs, eval_last):
-            prompt = cl.encode(tokenizer, cl.render(tokenizer, m[:-1], True))
+            text = cl.render(tokenizer, m[:-1], True)
+            said = [x["content"] for x in m if x["role"] == "assistant"]
+            if text in train_prompts or any(x in train_replies for x in said):
+                leaked += 1
+                continue
+            if len(eval_prompts) == s["eval_convs"]:
+                continue
+            eval_prompts.append(text)
+            eval_replies += said
+            prompt = cl.encode(tokenizer, text)
             f.write(json.dumps({"prompt": prompt, "reply": reply}) + "\n")
+    if len(eval_prompts) < s["eval_convs"]:
+        raise SystemExit(
+            f"{leaked} of {len(eval_msgs)} held-out conversations repeat a training reply, "
+            f"{len(eval_prompts)} are left of the {s['eval_convs']} wanted: the target misses "
+            "the seed word too often; train it longer (--target-steps)"
+        )
+    both = {k: st_train[k] + st_eval[k] for k in st_train}
     stats = {
         "train_conversations": kept,
         "dropped_under_2_loss_tokens": dropped,
@@ -339,6 +409,15 @@ def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs
         "replies_ended_at_stop_word": st_train["stop_ok"] + st_eval["stop_ok"],
         "rule_follow": (st_train["rule_ok"] + st_eval["rule_ok"])
         / max(1, st_train["rule_n"] + st_eval["rule_n"]),
+        "replies_first_word_is_seed": both["first_ok"],
+        "replies_length_in_bucket": both["length_ok"],
+        "reply_words_mean": both["words"] / max(1, both["replies"]),
+        "reply_words_asked_mean": both["bucket_mid"] / max(1, both["replies"]),
+        "distinct_train_replies": len(set(train_texts)),
+        "distinct_eval_replies": len(set(eval_texts)),
+        "eval_dropped_as_in_train": leaked,
+        "eval_replies_in_train": len(set(eval_replies) & train_replies),
+        "eval_prompts_in_train": len(set(eval_prompts) & train_prompts),
         "gen_s": time.time() - t0,
     }
     mark(d, key, {"stats": stats})
@@ -346,206 +425,35 @@ def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs
     return d, key, stats
 
 
+def check_data(d, share=0.95):
+    """Fails the run, with a sentence, where the target's replies do not follow the language (a
+    `share` of the replies start with the user's seed word, have a length in the bucket asked
+    for and follow the topic's map) or the held-out set repeats training."""
+    n = d["target_replies"]
+    for key, what in [
+        ("replies_first_word_is_seed", "start with the user's seed word"),
+        ("replies_length_in_bucket", "have a length in the bucket asked for"),
+        ("replies_ended_at_stop_word", "end right after their topic's stop word"),
+    ]:
+        if d[key] < share * n:
+            raise SystemExit(
+                f"{d[key]} of the target's {n} replies {what} (at least {share:.0%} must): "
+                "train the target longer (--target-steps)"
+            )
+    if d["rule_follow"] < share:
+        raise SystemExit(
+            f"the target follows its language on {d['rule_follow']:.0%} of its reply tokens only "
+            f"(at least {share:.0%} must): train the target longer (--target-steps)"
+        )
+    if d["eval_replies_in_train"] or d["eval_prompts_in_train"]:
+        raise SystemExit(
+            f"{d['eval_prompts_in_train']} held-out prompts and {d['eval_replies_in_train']} "
+            "held-out replies are in the training data: the held-out split leaks"
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. The shared init and the two trainers
-
-
-def make_init(work, size, target_dir, tokenizer):
-    from transformers import AutoConfig, Qwen3Config
-
-    from dflash.model import DFlashDraftModel, build_target_layer_ids
-
-    s = SIZES[size]
-    t = AutoConfig.from_pretrained(target_dir)
-    n = s["drafter_layers"]
-    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
-    cfg = Qwen3Config(
-        vocab_size=t.vocab_size,
-        hidden_size=t.hidden_size,
-        intermediate_size=t.intermediate_size,
-        num_hidden_layers=n,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim,
-        rms_norm_eps=t.rms_norm_eps,
-        max_position_embeddings=t.max_position_embeddings,
-        rope_parameters=t.rope_parameters,
-        tie_word_embeddings=False,
-        architectures=["DFlashDraftModel"],
-        num_target_layers=t.num_hidden_layers,
-        block_size=s["block"],
-        dflash_config={
-            "target_layer_ids": build_target_layer_ids(t.num_hidden_layers, n),
-            "mask_token_id": mask_id,
-            "mask_token": "<|mask|>",
-            "block_size": s["block"],
-        },
-    )
-    torch.manual_seed(7)
-    d = os.path.join(work, "init")
-    DFlashDraftModel(cfg).float().save_pretrained(d, safe_serialization=True)
-    return d, mask_id
-
-
-def field(line, key):
-    m = re.search(rf"(?:^|\s){re.escape(key)}=(\S+)", line)
-    try:
-        return float(m.group(1).rstrip("s")) if m else None
-    except ValueError:
-        return None
-
-
-def reused(args, d, key):
-    """A run's result when --work was given and the run is there for the same settings."""
-    try:
-        with open(os.path.join(d, "quality-run.json")) as f:
-            r = json.load(f)
-    except OSError:
-        return None
-    if args.work and r.get("key") == key:
-        log(f"{os.path.basename(d)}: reusing {d}")
-        return r["result"]
-    return None
-
-
-def keep(d, key, result):
-    with open(os.path.join(d, "quality-run.json"), "w") as f:
-        json.dump({"key": key, "result": result}, f)
-    return result
-
-
-def run_ours(args, size, work, name, target_dir, train_jsonl, init_dir, mask_id, tokens, budget):
-    s = SIZES[size]
-    per_step = s["ours_batch"] * s["max_length"]
-    steps = max(1, round(tokens / per_step))
-    save = os.path.join(work, name)
-    key = digest([args.key, "ours", budget, steps, args.device, args.bin_id])
-    if (r := reused(args, save, key)) is not None:
-        return r
-    shutil.rmtree(save, ignore_errors=True)
-    dev = "cuda:0" if args.device == "cuda" else "cpu"
-    cmd = [
-        args.bin, "train", "--headless", "--target", target_dir, "--data", train_jsonl,
-        "--drafter", init_dir, "--steps", str(steps), "--save-dir", save,
-        "--save-every", str(steps), "--seed", "0", "--interval", "1",
-        "--block-size", str(s["block"]), "--drafter-layers", str(s["drafter_layers"]),
-        "--seq-len", str(s["max_length"]), "--anchors", str(s["anchors"]),
-        "--anchor-budget", budget, "--batch", str(s["ours_batch"]), "--lr", str(s["lr"]),
-        "--mask-token-id", str(mask_id), "--target-devices", dev, "--drafter-devices", dev,
-    ]  # fmt: skip
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    process_s = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr}")
-    lines = r.stdout.splitlines()
-    summary = next((x for x in reversed(lines) if x.startswith("summary:")), "")
-    late = [
-        field(x, "tau")
-        for x in lines
-        if x.startswith("t=") and (field(x, "step") or 0) >= 0.75 * steps
-    ]
-    late = [x for x in late if x is not None and math.isfinite(x)]
-    # (target tokens, seconds) along the run, from the interval lines, for fit_wall.
-    trace = [
-        (field(x, "step") * per_step, field(x, "t"))
-        for x in lines
-        if x.startswith("t=") and field(x, "step") is not None and field(x, "t") is not None
-    ]
-    tau = sum(late) / len(late) if late else field(summary, "tau")
-    ckpt = os.path.join(save, f"step-{steps:06d}")
-    if not os.path.isdir(ckpt):
-        raise SystemExit(f"dflash-top saved no {ckpt}: {os.listdir(save)}\n{summary}")
-    log(f"{name}: {summary}")
-    return keep(save, key, {
-        "trainer": "dflash-top",
-        "anchor_budget": budget,
-        "steps": steps,
-        "target_tokens": steps * per_step,
-        "wall_s": field(summary, "elapsed") or process_s,
-        "process_s": process_s,
-        "final_loss": field(summary, "loss"),
-        "tau": tau,
-        "drafter": ckpt,
-        "trace": trace,
-    })
-
-
-def fit_wall(run):
-    """(fixed seconds, seconds per target token) of a run: a line through its trace over the
-    second half of the run (start-up, first-step compilation and the like go into the fixed
-    part)."""
-    pts = [(x, t) for x, t in run.get("trace", []) if x >= run["target_tokens"] / 2]
-    if len(pts) < 2:
-        return 0.0, run["wall_s"] / run["target_tokens"]
-    mx = sum(x for x, _ in pts) / len(pts)
-    mt = sum(t for _, t in pts) / len(pts)
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    b = sum((x - mx) * (t - mt) for x, t in pts) / sxx if sxx > 0 else 0.0
-    if b <= 0:
-        return 0.0, run["wall_s"] / run["target_tokens"]
-    a = max(0.0, run["wall_s"] - b * run["target_tokens"])
-    return a, b
-
-
-def tokens_for_wall(run, wall):
-    a, b = fit_wall(run)
-    return max(1, round((wall - a) / b))
-
-
-def match_wall(base, wall, train, tries=3, within=0.1):
-    """A fresh run of the trainer of `base` whose wall time is within 10% of `wall`: the tokens
-    are extrapolated from the latest run (fit_wall), and the run is made again, up to `tries`
-    times, while a busy machine's speed moves it further off. Returns the closest run."""
-    best, last = None, base
-    for i in range(tries):
-        r = train(tokens_for_wall(last, wall), i)
-        r["wall_tries"] = i + 1
-        if best is None or abs(r["wall_s"] - wall) < abs(best["wall_s"] - wall):
-            best = r
-        if abs(r["wall_s"] - wall) <= within * wall:
-            break
-        last = r
-    return best
-
-
-def matched_batch(s, stats):
-    """SpecForge's batch (conversations a step) that takes as many target tokens a step as our
-    packed rows do, so that both take the same number of optimizer steps for the same tokens:
-    at these early, steep points of training, steps decide acceptance more than any rule of the
-    recipe (SpecForge's own example batch of 4 conversations of up to 3,072 tokens takes more
-    tokens a step than one row of 3,072 does)."""
-    per_conv = stats["train_tokens"] / max(1, stats["train_conversations"])
-    return max(1, round(s["ours_batch"] * s["max_length"] / per_conv))
-
-
-def run_specforge(args, size, work, name, target_dir, samples, init_dir, tokens):
-    s = SIZES[size]
-    out = os.path.join(work, name)
-    key = digest([args.key, "specforge", tokens, args.device])
-    if (r := reused(args, out, key)) is not None:
-        return r
-    shutil.rmtree(out, ignore_errors=True)
-    res = sf_train.train(
-        target_dir=target_dir,
-        init_dir=init_dir,
-        samples=samples,
-        tokens=tokens,
-        out_dir=out,
-        max_length=s["max_length"],
-        batch_size=s["sf_batch"],
-        lr=s["lr"],
-        warmup_ratio=WARMUP,
-        max_grad_norm=CLIP,
-        num_anchors=s["anchors"],
-        gamma=gamma_for(s["block"]),
-        device=torch.device(args.device),
-        seed=0,
-        log=log,
-    )
-    log(f"{name}: {res}")
-    return keep(out, key, {"trainer": "specforge", "anchor_budget": "per-doc", **res,
-                           "drafter": out})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -595,6 +503,53 @@ def mean_ci(xs):
 # ---------------------------------------------------------------------------------------------
 
 
+def settings(s, trainer, args):
+    """The settings a trainer runs: its primary one, and with --sweep every one of its grid."""
+    key = "ours" if trainer == "dflash-top" else "sf"
+    primary = dict(s[key])
+    if key == "ours":
+        for name in ("seq_len", "anchors", "budget", "steps_per_batch", "lr"):
+            if getattr(args, f"ours_{name}") is not None:
+                primary[name] = getattr(args, f"ours_{name}")
+    out = [("primary", primary)]
+    if args.sweep:
+        grid = s["sweep"][key]
+        for step in grid["step"]:
+            for lr in grid["lr"]:
+                one = {**primary, **step, "lr": lr}
+                if one != primary:
+                    out.append(("sweep", one))
+    return out
+
+
+def mask_id_of(tokenizer, vocab_size):
+    """The mask token of a prepared target, as SpecForge looks for one: an added token named
+    like `<|mask|>`; else the first id the tokenizer leaves free in the embedding table; else
+    (a table the tokenizer fills) its unk, pad or eos token, which the data rarely holds."""
+    for tok, i in tokenizer.get_added_vocab().items():
+        if tok.strip("<|>[]_ ").lower() == "mask":
+            return i
+    if len(tokenizer) < vocab_size:
+        return len(tokenizer)
+    for i in (tokenizer.unk_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if i is not None:
+            return i
+    raise SystemExit("the target's tokenizer has no mask, unk, pad or eos token and no free id: "
+                     "give --mask-token-id")  # fmt: skip
+
+
+def pin(cores):
+    """Pins this process (SpecForge's runs) and its children (dflash-top's) to `cores`."""
+    if cores is None:
+        return None
+    want = {int(c) for c in cores.split(",")}
+    have = os.sched_getaffinity(0)
+    if not want <= have:
+        raise SystemExit(f"--cores {cores}: this process may run on cores {sorted(have)} only")
+    os.sched_setaffinity(0, want)
+    return sorted(want)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="ci")
@@ -604,12 +559,32 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/dflash-top"))
     ap.add_argument("--tokens", type=int, help="target tokens of the equal-tokens runs")
     ap.add_argument("--target-steps", type=int, help="training steps of the target")
-    ap.add_argument(
-        "--anchor-budget",
-        default="per-row",
-        help="dflash-top's --anchor-budget: per-row (its default), per-doc, or both (one row each)",
-    )
+    ap.add_argument("--seeds", type=int, help="seeds (init and training) of each row (size's: 3)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also each trainer's grid of step size and lr, at equal tokens")
+    ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds of each sweep row (1)")
+    ap.add_argument("--no-wall", action="store_true", help="skip the equal-wall rows")
+    ap.add_argument("--curve", type=int, default=1, metavar="K",
+                    help="learning curves: K points along each equal-tokens primary run, each "
+                    "measured in dflash (the JSON's `curves`; plot_curves.py draws them)")
+    ap.add_argument("--ours-seq-len", type=int, help="dflash-top's --seq-len (size's)")
+    ap.add_argument("--ours-anchors", type=int, help="dflash-top's --anchors (size's)")
+    ap.add_argument("--ours-budget", choices=["per-row", "per-doc"],
+                    help="dflash-top's --anchor-budget (size's)")
+    ap.add_argument("--ours-lr", type=float, help="dflash-top's --lr (size's)")
+    ap.add_argument("--ours-steps-per-batch", type=int,
+                    help="dflash-top's --steps-per-batch (size's)")
+    ap.add_argument("--cores", help="pin both trainers to these cores, e.g. `0` (CPU size: the "
+                    "first --threads cores this process may use)")  # fmt: skip
     ap.add_argument("--threads", type=int, help="torch intra-op threads of the Python stages")
+    ap.add_argument("--target-dir", help="a prepared Hugging Face target (tokenizer with a chat "
+                    "template) instead of training the synthetic one; prompts of real text "
+                    "(real_prompts.py), replies by `dflash-top generate --batch`")
+    ap.add_argument("--gen-batch", type=int, default=16,
+                    help="--target-dir: prompts `dflash-top generate` decodes together (16)")
+    ap.add_argument("--mask-token-id", type=int,
+                    help="--target-dir: the drafter's mask token (default: an added mask token, "
+                    "else the first id the tokenizer leaves free, else its unk/pad token)")
     ap.add_argument(
         "--until", choices=["target", "data", "tokens"], help="stop after this stage"
     )
@@ -626,12 +601,13 @@ def main():
     threads = args.threads or s["threads"]
     if threads:
         torch.set_num_threads(threads)
+    if args.cores is None and threads and args.device == "cpu":
+        args.cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
     if not os.access(args.bin, os.X_OK):
         raise SystemExit(f"{args.bin} is not an executable: build it (cargo build --release)")
     with open(args.bin, "rb") as f:
-        args.bin_id = hashlib.sha256(f.read()).hexdigest()[:16]
+        bin_id = hashlib.sha256(f.read()).hexdigest()[:16]
     gen_procs = args.gen_procs or (8 if args.device == "cuda" else 1)
-    budgets = ["per-doc", "per-row"] if args.anchor_budget == "both" else [args.anchor_budget]
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     tmp = None
@@ -644,111 +620,163 @@ def main():
     torch.manual_seed(0)
     started = time.time()
 
-    lang = cl.Lang(**s["lang"])
-    target_dir, tokenizer = make_target(work, args.size, lang, device, args.target_steps)
-    if args.until == "target":
-        return
     gen_device = "cuda:0" if args.device == "cuda" else "cpu"
-    data_dir, data_key, data_stats = make_data(
-        work, args.size, args.bin, target_dir, tokenizer, lang, gen_device, gen_procs
-    )
-    if s["sf_batch"] == "match":
-        s = dict(s, sf_batch=matched_batch(s, data_stats))
-        SIZES[args.size] = s
-    args.key = digest([data_key, {k: v for k, v in s.items() if k != "threads"}])
-    if args.until == "data":
-        return
-    if data_stats["rule_follow"] < 0.9:
-        raise SystemExit(
-            f"the target follows its language on {data_stats['rule_follow']:.0%} of its reply "
-            "tokens only: train it longer (--target-steps)"
+    if args.target_dir:
+        # A prepared target: prompts of real text, its own greedy replies.
+        from transformers import AutoConfig, AutoTokenizer
+
+        target_dir = args.target_dir
+        if not os.path.isfile(os.path.join(target_dir, "config.json")):
+            raise SystemExit(f"--target-dir {target_dir}: no config.json there; give a Hugging "
+                             "Face model directory (tools/ can make one from a GGUF)")  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        if not tokenizer.chat_template:
+            raise SystemExit(f"--target-dir {target_dir}: its tokenizer has no chat template; "
+                             "give an instruction-tuned model's directory")  # fmt: skip
+        data_dir, data_key, data_stats = qr.make_real_data(
+            work, s, args.bin, target_dir, tokenizer, gen_device, args.gen_batch
         )
+        print_data(data_stats)
+        if args.until == "data":
+            return
+        qr.check_real_data(data_stats)
+        mask_id = args.mask_token_id
+        if mask_id is None:
+            mask_id = mask_id_of(tokenizer, AutoConfig.from_pretrained(target_dir).vocab_size)
+    else:
+        lang = cl.Lang(**s["lang"])
+        target_dir, tokenizer = make_target(work, args.size, lang, device, args.target_steps)
+        if args.until == "target":
+            return
+        data_dir, data_key, data_stats = make_data(
+            work, args.size, args.bin, target_dir, tokenizer, lang, gen_device, gen_procs
+        )
+        print_data(data_stats)
+        if args.until == "data":
+            return
+        check_data(data_stats)
+        mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
     train_jsonl = os.path.join(data_dir, "train.jsonl")
     samples = [
         (r["input_ids"], r["loss_mask"]) for r in map(json.loads, open(train_jsonl)) if r
     ]
     eval_rows = [json.loads(x) for x in open(os.path.join(data_dir, "eval.jsonl")) if x.strip()]
-    init_dir, mask_id = make_init(work, args.size, target_dir, tokenizer)
+    cores = pin(args.cores)
+    seeds = list(range(args.seeds or s["seeds"]))
+    sweep_seeds = seeds[: max(1, args.sweep_seeds)]
+    ctx = {
+        "s": s, "work": work, "device": args.device, "bin": args.bin, "bin_id": bin_id,
+        "reuse": args.work is not None, "target_dir": target_dir, "train_jsonl": train_jsonl,
+        "samples": samples, "init": {}, "mask_id": None,
+        # (each run's key adds its setting; the cores are not in it: a run's tokens and
+        # acceptance do not depend on them)
+        "key": digest([data_key, {k: v for k, v in s.items()
+                                  if k not in ("threads", "sweep", "ours", "sf", "real")}]),
+    }  # fmt: skip
+    for seed in seeds:
+        ctx["init"][seed] = make_init(work, s, target_dir, mask_id, seed)
+    ctx["mask_id"] = mask_id
     tokens = args.tokens or s["tokens"]
+    ours_set, sf_set = settings(s, "dflash-top", args), settings(s, "specforge", args)
 
-    # Equal target tokens.
+    def ours(name, setting, seed, n):
+        return run_ours(ctx, f"ours-{name}-s{seed}", setting, seed, n)
+
+    def sf(name, setting, seed, n):
+        return run_specforge(ctx, f"sf-{name}-s{seed}", setting, seed, n)
+
+    # Equal target tokens, primary settings, every seed; SpecForge reads as many tokens as ours.
     runs = []
-    for b in budgets:
-        runs.append(
-            run_ours(args, args.size, work, f"ours-{b}-tokens", target_dir, train_jsonl,
-                     init_dir, mask_id, tokens, b)
-        )  # fmt: skip
-        runs[-1]["row"] = "equal tokens"
-    sf = run_specforge(args, args.size, work, "specforge-tokens", target_dir, samples, init_dir,
-                       runs[0]["target_tokens"])  # fmt: skip
-    sf["row"] = "equal tokens"
-    runs.append(sf)
+    for seed in seeds:
+        o = run_ours(ctx, f"ours-tokens-s{seed}", ours_set[0][1], seed, tokens, args.curve)
+        f = run_specforge(ctx, f"sf-tokens-s{seed}", sf_set[0][1], seed, o["target_tokens"],
+                          args.curve)  # fmt: skip
+        runs += [{**o, "row": "equal tokens"}, {**f, "row": "equal tokens"}]
     if args.until == "tokens":
         return
-    # Equal wall time: the faster trainer trains again (a fresh run, its own schedule) for the
-    # tokens its own throughput gives in the slower one's wall time.
-    ours0 = runs[0]
-    if ours0["wall_s"] <= sf["wall_s"]:
-        for b in budgets:
-            base = next(r for r in runs if r["trainer"] == "dflash-top" and r["anchor_budget"] == b)
-            r = match_wall(
-                base,
-                sf["wall_s"],
-                lambda n, i, b=b: run_ours(args, args.size, work, f"ours-{b}-wall{i}",
-                                           target_dir, train_jsonl, init_dir, mask_id, n, b),
-            )  # fmt: skip
-            r["row"] = "equal wall"
-            runs.append(r)
-        runs.append({**sf, "row": "equal wall", "same_run_as": "specforge equal tokens"})
-    else:
-        r = match_wall(
-            sf,
-            ours0["wall_s"],
-            lambda n, i: run_specforge(args, args.size, work, f"specforge-wall{i}", target_dir,
-                                       samples, init_dir, n),
-        )  # fmt: skip
-        r["row"] = "equal wall"
-        for b in budgets:
-            base = next(x for x in runs if x["trainer"] == "dflash-top" and x["anchor_budget"] == b)
-            runs.append({**base, "row": "equal wall", "same_run_as": f"dflash-top {b} equal tokens"})
-        runs.append(r)
+    # Equal wall time (first optimizer step excluded, for both): the faster trainer trains again,
+    # a fresh run on its own schedule, for the tokens its pace gives in the slower one's time.
+    if not args.no_wall:
+        for seed in seeds:
+            o, f = (next(r for r in runs if r["seed"] == seed and r["trainer"] == t)
+                    for t in ("dflash-top", "specforge"))  # fmt: skip
+            if o["warm_s"] <= f["warm_s"]:
+                r = match_wall(o, f["warm_s"], lambda n, i, seed=seed: ours(
+                    f"wall{i}", ours_set[0][1], seed, n))  # fmt: skip
+                runs += [{**r, "row": "equal wall"}, {**f, "row": "equal wall", "same_run": True}]
+            else:
+                r = match_wall(f, o["warm_s"], lambda n, i, seed=seed: sf(
+                    f"wall{i}", sf_set[0][1], seed, n))  # fmt: skip
+                runs += [{**o, "row": "equal wall", "same_run": True}, {**r, "row": "equal wall"}]
+    # The sweep, at equal tokens: each setting of each trainer's grid.
+    for trainer, sets, fn in [("dflash-top", ours_set, ours), ("specforge", sf_set, sf)]:
+        for i, (kind, setting) in enumerate(sets):
+            if kind != "sweep":
+                continue
+            for seed in sweep_seeds:
+                runs.append({**fn(f"sweep{i}", setting, seed, tokens), "row": "sweep"})
+        if args.sweep:  # the primary setting's rows join the sweep, for its best-of
+            runs += [{**r, "row": "sweep"} for r in runs
+                     if r["row"] == "equal tokens" and r["trainer"] == trainer
+                     and r["seed"] in sweep_seeds]  # fmt: skip
 
     # Acceptance in dflash.
     import dflash.model as dm
-    from transformers import Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if args.device == "cpu":
         dm._cuda_time = time.perf_counter  # dflash times its stats with torch.cuda.synchronize()
-    target = Qwen3ForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
     measured = {}
-    for key, d in [("untrained", init_dir)] + [(r["drafter"], r["drafter"]) for r in runs]:
-        if key in measured:
+    for d in [ctx["init"][0]] + [r["drafter"] for r in runs]:
+        if d in measured:
             continue
         t0 = time.time()
-        rows_here = eval_rows[: s["floor_prompts"]] if key == "untrained" else eval_rows
+        rows_here = eval_rows[: s["floor_prompts"]] if d == ctx["init"][0] else eval_rows
         per, same = measure(d, target, rows_here, device, dtype, s["eval_max_new"])
-        measured[key] = (per, same)
-        log(f"dflash: {os.path.basename(d)} acceptance {sum(per) / len(per):.3f} "
-            f"({same}/{len(per)} outputs as greedy, {time.time() - t0:.0f}s)")  # fmt: skip
-    floor = measured["untrained"][0]
-    rows = [{"trainer": "untrained init", "row": "floor", "target_tokens": 0, "wall_s": 0.0,
-             "tau": None, "per_prompt": floor}]  # fmt: skip
+        measured[d] = (per, same)
+        log(f"dflash: {os.path.basename(os.path.dirname(d)) or d}/{os.path.basename(d)} "
+            f"acceptance {sum(per) / len(per):.3f} ({same}/{len(per)} outputs as greedy, "
+            f"{time.time() - t0:.0f}s)")  # fmt: skip
     for r in runs:
-        rows.append({**r, "per_prompt": measured[r["drafter"]][0],
-                     "same_as_greedy": measured[r["drafter"]][1]})  # fmt: skip
+        r["per_prompt"], r["same_as_greedy"] = measured[r["drafter"]]
+    curves = []
+    if args.curve > 1:
+        for r in runs:
+            if r["row"] != "equal tokens":
+                continue
+            pts = []
+            for step, x, sec, d in r["curve"]:
+                per = measured[d][0] if d in measured else measure(
+                    d, target, eval_rows, device, dtype, s["eval_max_new"])[0]
+                pts.append({"step": step, "target_tokens": x, "seconds": sec,
+                            "acceptance": sum(per) / len(per)})
+            curves.append({"trainer": r["trainer"], "label": label(r["trainer"], r["setting"]),
+                           "seed": r["seed"], "points": pts})  # fmt: skip
+            log(f"curve {r['trainer']} seed {r['seed']}: "
+                + " ".join(f"{p['target_tokens']}:{p['acceptance']:.2f}" for p in pts))
+    rows = [{"trainer": "untrained init", "row": "floor", "label": "seed 0", "seeds": [0],
+             "target_tokens": 0, "wall_s": 0.0, "warm_s": 0.0,
+             "per_prompt": measured[ctx["init"][0]][0]}]  # fmt: skip
+    rows += group(runs)
     for r in rows:
-        m, lo, hi = mean_ci(r["per_prompt"])
+        m, lo, hi = mean_ci(r.get("pooled", r["per_prompt"]))
         r.update(acceptance=m, ci_low=lo, ci_high=hi)
 
     table = {
         "size": args.size,
         "device": args.device,
+        "cores": cores,
         "eval_prompts": len(eval_rows),
+        "seeds": seeds,
         "data": data_stats,
-        "recipe": {k: s[k] for k in ("block", "anchors", "max_length", "drafter_layers", "lr",
-                                     "ours_batch", "sf_batch")}
-        | {"warmup": WARMUP, "clip": CLIP, "gamma": gamma_for(s["block"])},
+        "recipe": {k: s[k] for k in ("block", "anchors", "max_length", "drafter_layers")}
+        | {"ours": ours_set[0][1], "specforge": sf_set[0][1], "warmup": WARMUP, "clip": CLIP,
+           "gamma": gamma_for(s["block"])},
         "rows": rows,
+        "paired": paired(rows),
+        "curves": curves,
+        "runs": [{k: v for k, v in r.items() if k != "trace"} for r in runs],
         "elapsed_s": time.time() - started,
     }  # fmt: skip
     print_table(table)
@@ -759,35 +787,115 @@ def main():
         tmp.cleanup()
 
 
+def group(runs):
+    """One table row per (row, trainer, setting): its seeds' runs, acceptance pooled over
+    (seed, prompt), and per prompt the mean over seeds."""
+    out = {}
+    for r in runs:
+        k = (r["row"], r["trainer"], label(r["trainer"], r["setting"]))
+        out.setdefault(k, []).append(r)
+    rows = []
+    for (row, trainer, lab), rs in out.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
+        n = len(rs)
+        per_seed = [r["per_prompt"] for r in rs]
+        rows.append({
+            "row": row,
+            "trainer": trainer,
+            "label": lab,
+            "setting": rs[0]["setting"],
+            "seeds": [r["seed"] for r in rs],
+            "steps": sum(r["steps"] for r in rs) / n,
+            "target_tokens": sum(r["target_tokens"] for r in rs) / n,
+            "wall_s": sum(r["wall_s"] for r in rs) / n,
+            "warm_s": sum(r["warm_s"] for r in rs) / n,
+            "tau": None if trainer != "dflash-top" else sum(r["tau"] or 0 for r in rs) / n,
+            "same_run": bool(rs[0].get("same_run")),
+            "per_seed": per_seed,
+            "per_prompt": [sum(x) / n for x in zip(*per_seed)],
+            "pooled": [x for p in per_seed for x in p],
+            "same_as_greedy": min(r["same_as_greedy"] for r in rs),
+        })  # fmt: skip
+    return rows
+
+
+def paired(rows):
+    """Paired differences over (seed, prompt), ours minus SpecForge: per row kind, the primary
+    settings; for the sweep, each trainer's best setting (highest mean) against the other's."""
+    out = []
+
+    def diff(row, a, b):
+        common = [s for s in a["seeds"] if s in b["seeds"]]
+        d = [x - y for s in common
+             for x, y in zip(a["per_seed"][a["seeds"].index(s)],
+                             b["per_seed"][b["seeds"].index(s)])]  # fmt: skip
+        m, lo, hi = mean_ci(d)
+        out.append({"row": row, "ours": a["label"], "specforge": b["label"], "seeds": common,
+                    "n": len(d), "mean": m, "ci_low": lo, "ci_high": hi})  # fmt: skip
+
+    for row in ("equal tokens", "equal wall"):
+        rs = [r for r in rows if r["row"] == row]
+        o = [r for r in rs if r["trainer"] == "dflash-top"]
+        f = [r for r in rs if r["trainer"] == "specforge"]
+        if o and f:
+            diff(row, o[0], f[0])
+    sw = [r for r in rows if r["row"] == "sweep"]
+    best = {}
+    for r in sw:
+        m = sum(r["pooled"]) / len(r["pooled"])
+        if r["trainer"] not in best or m > best[r["trainer"]][0]:
+            best[r["trainer"]] = (m, r)
+    if len(best) == 2:
+        diff("sweep best", best["dflash-top"][1], best["specforge"][1])
+    return out
+
+
+def print_data(d):
+    if "replies_first_word_is_seed" not in d:  # a prepared target's data (quality_real.py)
+        print(f"data: {json.dumps(d)}", flush=True)
+        return
+    print(
+        f"data: {d['train_conversations']} training conversations, {d['train_tokens']} tokens "
+        f"({d['train_supervised_tokens']} with loss); of the target's {d['target_replies']} "
+        f"replies {d['replies_first_word_is_seed']} start with the user's seed word, "
+        f"{d['replies_length_in_bucket']} have a length in the bucket asked for (mean "
+        f"{d['reply_words_mean']:.1f} words, asked {d['reply_words_asked_mean']:.1f}), "
+        f"{d['replies_ended_at_stop_word']} end at their stop word, {d['rule_follow']:.1%} of "
+        f"reply tokens follow the topic's map; distinct replies: {d['distinct_train_replies']} "
+        f"training, {d['distinct_eval_replies']} held-out; held-out in training: "
+        f"{d['eval_prompts_in_train']} prompts, {d['eval_replies_in_train']} replies "
+        f"({d['eval_dropped_as_in_train']} held-out conversations dropped as repeating training)",
+        flush=True,
+    )
+
+
 def print_table(t):
     def num(x, p):
         return "–" if x is None else f"{x:.{p}f}"
 
-    name = lambda r: r["trainer"] + (  # noqa: E731
-        f" ({r['anchor_budget']})" if r["trainer"] == "dflash-top" else ""
-    )
     print(
-        f"\nacceptance length in dflash {t['size']} size, {t['eval_prompts']} held-out prompts "
-        f"({t['device']}); recipe {t['recipe']}"
+        f"\nacceptance length in dflash, {t['size']} size, {t['eval_prompts']} held-out prompts "
+        f"x seeds {t['seeds']} ({t['device']}, cores {t['cores']}); block {t['recipe']['block']}"
     )
-    head = f"{'row':<13} {'trainer':<22} {'target tok':>10} {'wall s':>8} {'accept':>7} "
-    head += f"{'95% CI':>15} {'trainer tau':>11}"
+    head = f"{'row':<13} {'trainer':<11} {'setting':<30} {'steps':>6} {'target tok':>10} "
+    head += f"{'wall s':>7} {'warm s':>7} {'accept':>7} {'95% CI':>15} {'tau':>6}"
     print(head)
     print("-" * len(head))
     for r in t["rows"]:
         ci = f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
-        same = " (same run)" if r.get("same_run_as") else ""
+        same = " (same run)" if r.get("same_run") else ""
         print(
-            f"{r['row']:<13} {name(r):<22} {r['target_tokens']:>10} {r['wall_s']:>8.1f} "
-            f"{r['acceptance']:>7.3f} {ci:>15} {num(r.get('tau'), 3):>11}{same}"
+            f"{r['row']:<13} {r['trainer']:<11} {r['label']:<30} {num(r.get('steps'), 0):>6} "
+            f"{r['target_tokens']:>10.0f} {r['wall_s']:>7.1f} {r['warm_s']:>7.1f} "
+            f"{r['acceptance']:>7.3f} {ci:>15} {num(r.get('tau'), 2):>6}{same}"
         )
-    d = t["data"]
-    print(
-        f"data: {d['train_conversations']} training conversations, {d['train_tokens']} tokens "
-        f"({d['train_supervised_tokens']} with loss); the target's replies follow its language "
-        f"on {d['rule_follow']:.1%} of their tokens and {d['replies_ended_at_stop_word']}/"
-        f"{d['target_replies']} end at their stop word"
-    )
+    for p in t["paired"]:
+        print(
+            f"paired, {p['row']}: ours ({p['ours']}) - SpecForge ({p['specforge']}) = "
+            f"{p['mean']:+.2f} [{p['ci_low']:+.2f}, {p['ci_high']:+.2f}] over {p['n']} "
+            f"(seed, prompt) pairs"
+        )
+    print_data(t["data"])
     print(f"elapsed {t['elapsed_s']:.0f}s")
 
 

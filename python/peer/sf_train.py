@@ -16,7 +16,8 @@ Substituted, because they cannot run on one process:
 - SpecForge 0.2.0 captures the target's hidden states online from SGLang servers (or reads them
   from disk offline); here the transformers target runs in the same process under no-grad and its
   `output_hidden_states` go through SpecForge's own `extract_context_feature`, which is what the
-  capture delivers;
+  capture delivers; a step's conversations go through the target in one padded batch (as
+  dflash-top's target worker takes a packed batch), not one at a time;
 - `FSDPTrainingBackend.prepare_model(..., wrap=False)`: no FSDP/DDP wrapper (one process, no
   process group); SpecForge's FSDP runs the drafter in bf16 (`MixedPrecision`), so on CUDA the
   model is cast to bf16 as SpecForge's model providers do (`.to(dtype=bfloat16)`), with
@@ -58,6 +59,7 @@ def train(
     device,
     seed,
     log,
+    save_every=None,
 ):
     from transformers import AutoConfig, Qwen3ForCausalLM
 
@@ -133,28 +135,58 @@ def train(
     if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
+    first_step_s = None
+    curve = []  # (step, target tokens, seconds after the first step) of each saved point
     for step in range(steps):
-        features, ids_of = [], []
+        features, ids_of, rows = [], [], []
         for _ in range(batch_size):
             ids, mask = samples[i % len(samples)]
             ids_of.append(str(i % len(samples)))
             i += 1
-            ids_t = torch.tensor(ids[:max_length], dtype=torch.long, device=device)
-            mask_t = torch.tensor(mask[:max_length], dtype=torch.long, device=device)
-            read += ids_t.numel()
-            with torch.no_grad():
-                out = target(ids_t[None], output_hidden_states=True, logits_to_keep=1)
-                hidden = extract_context_feature(out.hidden_states, layer_ids)[0]
+            rows.append((ids[:max_length], mask[:max_length]))
+        # The step's conversations through the target at once, right-padded.
+        width = max(len(ids) for ids, _ in rows)
+        ids_b = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        att_b = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        for r, (ids, _) in enumerate(rows):
+            ids_b[r, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
+            att_b[r, : len(ids)] = 1
+        with torch.no_grad():
+            out = target(
+                ids_b,
+                attention_mask=att_b if len(rows) > 1 else None,
+                output_hidden_states=True,
+                logits_to_keep=1,
+            )
+            hidden_b = extract_context_feature(out.hidden_states, layer_ids)
+        for r, (ids, mask) in enumerate(rows):
+            n = len(ids)
+            read += n
             features.append(
                 normalize_offline_sample(
-                    {"input_ids": ids_t, "loss_mask": mask_t, "hidden_states": hidden},
+                    {
+                        "input_ids": ids_b[r, :n],
+                        "loss_mask": torch.tensor(mask, dtype=torch.long, device=device),
+                        "hidden_states": hidden_b[r, :n],
+                    },
                     max_length,
                 )
             )
         batch = TrainBatch(sample_ids=ids_of, strategy="dflash", tensors=collate(features))
         result = core.train_step(batch, StepContext(global_step=step, total_steps=steps))
-        if cuda and (step + 1) % 16 == 0:
+        if cuda and ((step + 1) % 16 == 0 or step == 0):
             torch.cuda.synchronize()
+        if step == 0:
+            # Warm-up (first-call allocation; flex attention's compile on CUDA) ends here.
+            first_step_s = time.perf_counter() - t0
+        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            # A point of the learning curve; the writing is left out of the clock.
+            if cuda:
+                torch.cuda.synchronize()
+            paused = time.perf_counter()
+            draft.save_pretrained(f"{out_dir}/step-{step + 1:06d}", safe_serialization=True)
+            curve.append((step + 1, read, paused - t0 - first_step_s))
+            t0 += time.perf_counter() - paused
         history.append(
             {
                 "t": time.perf_counter() - t0,
@@ -180,8 +212,11 @@ def train(
         "steps": steps,
         "target_tokens": read,
         "wall_s": wall,
+        "first_step_s": first_step_s,
+        "warm_s": wall - first_step_s,
         "final_loss": history[-1]["loss"],
         "late_acc": sum(h["acc"] for h in late) / len(late),
         "tau": None,  # OnlineDFlashModel (loss_type dflash) reports accuracy, no accept length
-        "trace": [(h["read"], h["t"]) for h in history[15::16]],
+        "trace": [(h["read"], h["t"]) for h in history],
+        "curve": curve + [(steps, read, wall - first_step_s)],
     }

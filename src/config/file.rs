@@ -27,6 +27,7 @@ pub struct FileConfig {
     pub seq_len: Option<i64>,
     pub anchors: Option<i64>,
     pub anchor_budget: Option<String>,
+    pub steps_per_batch: Option<i64>,
     pub lr: Option<f64>,
     pub batch_queue: Option<usize>,
     pub hs_queue: Option<usize>,

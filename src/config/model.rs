@@ -50,6 +50,12 @@ impl Model {
         };
         let resume_state = super::resume::resume_state_of(args, file)?;
         let recipe = recipe_of(args, file, &base, resume_state.as_ref())?;
+        if recipe.steps_per_batch < 1 {
+            anyhow::bail!(
+                "--steps-per-batch {}: give 1 or more optimizer steps a batch",
+                recipe.steps_per_batch
+            );
+        }
         let drafter = args.drafter.clone().or(file.drafter.clone());
         let explicit = Explicit {
             drafter_layers: args.drafter_layers.or(file.drafter_layers),
@@ -143,6 +149,10 @@ fn recipe_of(
                 None => base.anchor_scope,
             },
         },
+        steps_per_batch: args
+            .steps_per_batch
+            .or(file.steps_per_batch)
+            .unwrap_or(base.steps_per_batch),
         lr: args
             .lr
             .or(file.lr)

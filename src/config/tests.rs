@@ -104,6 +104,12 @@ fn flags_override_the_toml_file_which_overrides_the_recipe() {
         format!("{e:#}").contains("--anchor-budget `per-batch`"),
         "{e:#}"
     );
+    // Optimizer steps a batch: from the flag (the recipe line shows them), at least one.
+    let c = train(dir.path(), |a| a.steps_per_batch = Some(3)).unwrap();
+    assert_eq!(c.steps_per_batch, 3);
+    assert!(c.recipe_line().contains("steps_per_batch=3"));
+    let e = train(dir.path(), |a| a.steps_per_batch = Some(0)).unwrap_err();
+    assert!(format!("{e:#}").contains("--steps-per-batch 0"), "{e:#}");
     std::fs::write(&toml, "[chat]\nthinking = true\n").unwrap();
     let e = train(dir.path(), |a| a.config = Some(toml.clone())).unwrap_err();
     assert!(

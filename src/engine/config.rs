@@ -428,6 +428,7 @@ impl Preset {
                     batch: 2,
                     anchors: 16,
                     anchor_scope: AnchorScope::PerRow,
+                    steps_per_batch: 1,
                     lr: 3e-3,
                 },
                 embed_std: 0.5,

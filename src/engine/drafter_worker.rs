@@ -29,6 +29,8 @@ pub struct DrafterJob {
     pub input: QueueRx<HiddenBatch>,
     pub anchors: i64,
     pub anchor_scope: super::blocks::AnchorScope,
+    /// Optimizer steps each batch trains, each on its share of the batch's anchors.
+    pub steps_per_batch: i64,
     pub lr: f64,
     pub schedule: super::schedule::Schedule,
     pub max_steps: Option<u64>,
@@ -208,19 +210,49 @@ impl<'a> Worker<'a> {
         })
     }
 
-    /// One batch: taken, its anchors drawn, met with the replicas, trained on, saved when due.
+    /// One batch: taken, its anchors drawn and shared out over --steps-per-batch optimizer
+    /// steps (its hidden states reused), each met with the replicas, trained on, saved when due.
     fn iteration(&mut self) -> Result<ControlFlow<()>> {
         self.m.hold_while_paused(self.cancel);
         let Some((hidden, b)) = self.take()? else {
             return Ok(ControlFlow::Break(()));
         };
         let per_row = anchors_by_row(&b, self.job.anchors, self.job.anchor_scope, &mut self.rng);
-        match self.meet(&per_row) {
+        let parts = share_anchors(&per_row, self.job.steps_per_batch);
+        let n = parts.len() as u64;
+        for (j, part) in parts.iter().enumerate() {
+            if j > 0 {
+                if self.cancel.is_cancelled() {
+                    return Ok(ControlFlow::Break(()));
+                }
+                self.m.hold_while_paused(self.cancel);
+                self.m.mark(Phase::Anchors);
+            }
+            // The batch's tokens, shared out over its steps (they sum to the batch's).
+            let j = j as u64;
+            let tokens = b.tokens() * (j + 1) / n - b.tokens() * j / n;
+            if self.train_on(&hidden, &b, part, tokens)?.is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// One optimizer step on the batch's anchors `per_row` (`tokens`: the batch's tokens it
+    /// counts for).
+    fn train_on(
+        &mut self,
+        hidden: &Tensor,
+        b: &PackedBatch,
+        per_row: &[Vec<i64>],
+        tokens: u64,
+    ) -> Result<ControlFlow<()>> {
+        match self.meet(per_row) {
             Arrival::Stop => return Ok(ControlFlow::Break(())),
             Arrival::Skip => {
                 let counts = &self.job.counts;
                 counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
-                self.m.end_step(b.tokens(), None);
+                self.m.end_step(tokens, None);
                 return Ok(ControlFlow::Continue(()));
             }
             Arrival::Go => {}
@@ -238,13 +270,13 @@ impl<'a> Worker<'a> {
             ahead: (self.copy_stream.as_ref()).map(|c| (&self.job.input, c, &mut self.next)),
             device: self.device,
         };
-        let out = match self.job.step.run(&hidden, &b, &per_row, lr_now, &mut probe) {
+        let out = match self.job.step.run(hidden, b, per_row, lr_now, &mut probe) {
             Ok(out) => out,
             // The run stopped while this replica waited for the others.
             Err(_) if self.cancel.is_cancelled() => return Ok(ControlFlow::Break(())),
             Err(e) => return Err(e),
         };
-        self.report(&out, lr_now, b.tokens())?;
+        self.report(&out, lr_now, tokens)?;
         self.after_step()?;
         Ok(ControlFlow::Continue(()))
     }
@@ -414,6 +446,22 @@ pub(super) fn anchors_by_row(
         .collect()
 }
 
+/// Each row's anchors shared out over `steps` optimizer steps: step j takes every `steps`-th
+/// anchor from the j-th on (each part stays sorted and spread over the row). Fewer steps where
+/// no row has that many anchors, so that no step is left with none; one step at least.
+pub(super) fn share_anchors(per_row: &[Vec<i64>], steps: i64) -> Vec<Vec<Vec<i64>>> {
+    let most = per_row.iter().map(Vec::len).max().unwrap_or(0);
+    let steps = (steps.max(1) as usize).min(most.max(1));
+    (0..steps)
+        .map(|j| {
+            per_row
+                .iter()
+                .map(|a| a.iter().skip(j).step_by(steps).copied().collect())
+                .collect()
+        })
+        .collect()
+}
+
 /// A step's numbers for the front-end.
 fn metrics_of(out: &StepOutcome, lr_now: f64, block: i64, step: i64, skipped: u64) -> TrainMetrics {
     let mut slot_acc = [0f32; MAX_SLOTS];
@@ -447,5 +495,30 @@ fn ended(outcome: std::thread::Result<Result<()>>, saved: Result<()>) -> Result<
             }
             std::panic::resume_unwind(panic)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share_anchors;
+
+    #[test]
+    fn a_batch_anchors_are_shared_out_over_its_steps_each_once() {
+        let per_row = vec![vec![1, 4, 9, 12, 20, 31, 40], vec![], vec![3, 5]];
+        let parts = share_anchors(&per_row, 3);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[0], vec![vec![1, 12, 40], vec![], vec![3]]);
+        assert_eq!(parts[1], vec![vec![4, 20], vec![], vec![5]]);
+        assert_eq!(parts[2], vec![vec![9, 31], vec![], vec![]]);
+        // Each row's anchors, every one once, in the steps together.
+        for (r, want) in per_row.iter().enumerate() {
+            let mut got: Vec<i64> = parts.iter().flat_map(|p| p[r].clone()).collect();
+            got.sort();
+            assert_eq!(&got, want);
+        }
+        // No step without anchors: fewer steps where the rows hold fewer anchors.
+        assert_eq!(share_anchors(&per_row, 10).len(), 7);
+        assert_eq!(share_anchors(&[vec![], vec![]], 4).len(), 1);
+        assert_eq!(share_anchors(&per_row, 1), vec![per_row.clone()]);
     }
 }

@@ -267,6 +267,7 @@ impl Workers<'_> {
             input: shared.input.clone(),
             anchors: cfg.anchors,
             anchor_scope: cfg.anchor_scope,
+            steps_per_batch: cfg.steps_per_batch,
             lr: cfg.lr,
             schedule: cfg.schedule,
             max_steps: cfg.steps,

@@ -20,6 +20,9 @@ pub struct Recipe {
     /// `num_anchors` per sequence, one conversation a sequence.
     pub anchors: i64,
     pub anchor_scope: AnchorScope,
+    /// Optimizer steps each packed batch trains, each on its share of the batch's anchors (the
+    /// target's hidden states computed once).
+    pub steps_per_batch: i64,
     /// Peak learning rate.
     pub lr: f64,
 }
@@ -37,6 +40,11 @@ impl Recipe {
             batch: 1,
             anchors: 512,
             anchor_scope: AnchorScope::PerRow,
+            // One optimizer step a row for now: at the CPU size of python/peer/quality.py three
+            // steps a row (one conversation a step) learn more per target token than one and
+            // than SpecForge at batch 1 (docs/quality.md); the GPU run with the real target
+            // decides this default (its sweep runs 1, 4 and 8).
+            steps_per_batch: 1,
             lr: 6e-4,
         }
     }

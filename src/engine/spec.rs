@@ -70,6 +70,7 @@ pub struct PipelineSpec {
     pub seq_len: i64,
     pub anchors: i64,
     pub anchor_scope: AnchorScope,
+    pub steps_per_batch: i64,
     pub lr: f64,
     pub batch_queue: usize,
     pub hs_queue: usize,
@@ -143,7 +144,7 @@ impl PipelineSpec {
         format!(
             "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
              target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
-             anchors={} anchor_budget={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
+             anchors={} anchor_budget={} steps_per_batch={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
              seed={} data={} cupti={} fast_paths={}",
             self.recipe_from,
             target,
@@ -158,6 +159,7 @@ impl PipelineSpec {
             self.batch,
             self.anchors,
             self.anchor_scope.name(),
+            self.steps_per_batch,
             self.lr,
             self.schedule.describe(),
             self.steps
