@@ -27,9 +27,9 @@ MODES = {"without": [], "with run": ["-m", "dflash_top", "run"],
          "run, no sites": ["-m", "dflash_top", "run", "--no-sync-sites"]}
 
 
-def once(mode, peer_args):
+def once(mode, script, peer_args):
     cmd = [sys.executable] + MODES[mode]
-    cmd += [PEER] + peer_args
+    cmd += [script] + peer_args
     env = dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="dft-"))
     env["PYTHONPATH"] = os.path.join(HERE, "..") + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
@@ -39,12 +39,14 @@ def once(mode, peer_args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--script", default=PEER,
+                    help="the peer to run (python/peer/sf_peer.py: SpecForge's own train step)")
     ap.add_argument("peer", nargs="*", default=DEFAULT)
     args = ap.parse_args()
     runs = {m: [] for m in MODES}
     for i in range(args.rounds):
         for m in (list(MODES) if i % 2 == 0 else list(MODES)[::-1]):
-            runs[m].append(once(m, args.peer))
+            runs[m].append(once(m, args.script, args.peer))
             print("%-16s %8.0f tok/s" % (m, runs[m][-1]), flush=True)
     med = {m: statistics.median(v) for m, v in runs.items()}
     bare = med["without"]
