@@ -68,6 +68,13 @@ fn field(line: &str, thread: &str, name: &str) -> Option<f64> {
         .map(|v| v.parse().unwrap())
 }
 
+fn step_of(line: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix("step="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn tok_per_s(line: &str) -> f64 {
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix("tok/s="))
@@ -108,6 +115,8 @@ fn the_python_peer_unmodified_shows_its_target_thread_queue_and_drafter_phases()
                 .all(|p| drafter(l, p))
             && l.contains("| q.target>main=")
             && tok_per_s(l) > 0.0
+            // The loss shows one step late: from the second step on.
+            && step_of(l) >= 2
     });
     // The target thread is a stage of its own, upstream of the queue into the main thread.
     let depth = line

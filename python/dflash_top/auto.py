@@ -73,7 +73,7 @@ class _Rec:
     phase now (-1: other), `last` when it began."""
 
     __slots__ = (
-        "id", "name", "stage", "acc", "n", "cur", "last", "step_start", "stack", "depth",
+        "id", "name", "stage", "acc", "n", "cur", "last", "step_start", "stack", "depth", "top",
         "tok_fwd", "tok_in", "end_kind", "opt_steps", "epoch", "gpu", "events", "pending",
         "steps", "losses", "loss_free", "sites",
     )
@@ -88,6 +88,8 @@ class _Rec:
         self.last = self.step_start = now
         self.stack: List[int] = []
         self.depth = 0
+        # The top-level module whose forward runs now (its own post hook ends it).
+        self.top: Any = None
         self.tok_fwd = 0
         self.tok_in = 0
         self.end_kind = _END_NONE

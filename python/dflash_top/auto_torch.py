@@ -38,17 +38,25 @@ def install(a: Any, torch: Any) -> None:
                 a._tops.add(module)
                 a._settled = 0
             a.enter(r, k)
+            r.top = module
         r.depth += 1
 
     def post(module: Any, args: Any, kwargs: Any, output: Any = None) -> None:
         r = a._rec()
         if r is None or r.depth == 0:
             return
-        r.depth -= 1
-        if r.depth == 0:
-            a.leave(r)
-            r.tok_fwd += _tokens(torch, args, kwargs)
-            a.step_event(r, _END_FORWARD)
+        # The top-level module's own post ends its forward whatever the depth says: when
+        # another thread settles (the global hooks give way to the top modules' own) while
+        # this one is inside a nested module, that module's global post never comes, and
+        # counting down alone would leave the depth above zero for good.
+        if module is not r.top:
+            r.depth = max(1, r.depth - 1)
+            return
+        r.depth = 0
+        r.top = None
+        a.leave(r)
+        r.tok_fwd += _tokens(torch, args, kwargs)
+        a.step_event(r, _END_FORWARD)
 
     def settle() -> None:
         """Once the top-level modules are known, they keep hooks of their own and the

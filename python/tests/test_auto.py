@@ -214,6 +214,42 @@ def test_after_settling_only_the_top_level_modules_keep_hooks(auto, monkeypatch)
     assert dict(tlast["ph"]).get(idx["Embedding"], 0) > 0, tlast
 
 
+def test_settling_inside_a_nested_module_keeps_the_forwards_counted(auto):
+    """The global hooks give way (settle, run by whichever thread ends the 50th step) while
+    another thread is inside a nested module: that module's global post hook never comes. The
+    thread's top-level forward must still end, and its later forwards still count tokens."""
+    a, c = auto
+    settle = a._settle
+
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            if a._settle is not None:  # the first call: settle from inside, as another thread may
+                a._settle = None
+                settle()
+            return x + 1
+
+    class Top(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, input_ids):
+            return self.inner(input_ids.float())
+
+    def trainer():
+        model = Top()
+        for _ in range(4):
+            model(torch.zeros(2, 8, dtype=torch.long))
+
+    t = threading.Thread(target=trainer, name="trainer")
+    t.start()
+    t.join(60)
+    tid = [m["id"] for m in c.declared if m["t"] == "thread" and m["name"] == "trainer"][0]
+    steps = [m for m in c.steps() if m["th"] == tid]
+    # Four forwards, four steps of 16 tokens each: the first (settled inside) and the three after.
+    assert [s.get("tok", 0) for s in steps] == [16, 16, 16, 16], steps
+
+
 def dict_trainer(steps=6, device="cpu"):
     """A loader thread putting dict batches ({"input_ids", "labels"}) into a queue.Queue, and a
     trainer thread taking them: a model called with the whole batch, backward on its loss,
