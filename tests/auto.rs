@@ -412,7 +412,12 @@ fn a_torchrun_job_of_two_ranks_shows_both_ranks_merged_under_attach_job() {
     let last = lines
         .iter()
         .rev()
-        .find(|l| l.contains("r1/MainThread step_ms=") && l.contains("sync_top="))
+        // Both ranks still running (the last lines may come after one rank ended).
+        .find(|l| {
+            l.contains("| r0/MainThread step_ms=")
+                && l.contains("| r1/MainThread step_ms=")
+                && l.contains("sync_top=")
+        })
         .unwrap_or_else(|| panic!("{out}"));
     for part in [
         "| r0/MainThread step_ms=".to_string(),
@@ -426,14 +431,22 @@ fn a_torchrun_job_of_two_ranks_shows_both_ranks_merged_under_attach_job() {
     ] {
         assert!(last.contains(&part), "{part} missing: {last}");
     }
-    // Tokens: the ranks' sum, what they consumed (each prints its own).
-    let consumed: f64 = printed
-        .lines()
-        .filter_map(|l| {
-            l.split_once(" tokens ")
-                .map(|(_, v)| v.parse::<f64>().unwrap())
-        })
-        .sum();
+    // Tokens: the ranks' sum, what they consumed (each prints `rank R tokens N`; the two
+    // processes share one pipe, so a line is read by its pieces, not whole).
+    let mut by_rank = std::collections::BTreeMap::new();
+    for piece in printed.split("rank ").skip(1) {
+        let mut words = piece.split_whitespace();
+        let (Some(rank), Some("tokens"), Some(n)) = (words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        let digits: String = n.chars().take_while(|c| c.is_ascii_digit()).collect();
+        if let (Ok(rank), Ok(n)) = (rank.parse::<u32>(), digits.parse::<f64>()) {
+            by_rank.insert(rank, n);
+        }
+    }
+    assert_eq!(by_rank.len(), 2, "each rank's tokens printed: {printed}");
+    let consumed: f64 = by_rank.values().sum();
     let text = std::fs::read_to_string(&record).unwrap();
     let snap: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     let tokens = snap["train"]["tokens_total"].as_f64().unwrap();
