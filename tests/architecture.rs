@@ -1,4 +1,4 @@
-//! The layout's floors (DESIGN.md §2), written once and checked over every file of src/: a room
+//! The layout's floors (README.md, "Architecture"), written once and checked over every file of src/: a room
 //! (a top-level module) may use its own files and the rooms of lower floors, never a room of its
 //! own floor or above, and the viewers never reach the engine. Checked transitively: a path
 //! through any file counts, and a failure names the whole chain.
