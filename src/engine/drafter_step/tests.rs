@@ -17,7 +17,7 @@ fn rows_anchors(
     cfg: &crate::engine::spec::PipelineSpec,
     rng: &mut Rng,
 ) -> Vec<Vec<i64>> {
-    super::super::drafter_worker::anchors_by_row(b, cfg.anchors, cfg.anchor_scope, rng)
+    super::super::drafter_worker::anchors::anchors_by_row(b, cfg.anchors, cfg.anchor_scope, rng)
 }
 
 /// A step probe on a stream of the thread's own, as a worker's.
