@@ -5,7 +5,7 @@ step from a forward's `input_ids` (python/dflash_top/auto.py installs them)."""
 import dataclasses
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable, Optional
 
 from .auto_common import (
     _END_FORWARD,
@@ -79,13 +79,17 @@ def install(a: Any, torch: Any) -> None:
     a._undo += [h.remove for h in global_handles]
     a._settle = settle
 
-    def timed(k_name: str, orig: Any) -> Any:
+    def timed(k_name: str, orig: Any, first: Optional[Callable[..., None]] = None) -> Any:
+        """`orig` timed as phase `k_name` (not again inside itself); `first(r, args, kwargs)`
+        runs before the phase starts."""
         k = a._phase_idx[k_name]
 
         def call(*args: Any, **kwargs: Any) -> Any:
             r = a._rec()
             if r is None or r.cur == k:
                 return orig(*args, **kwargs)
+            if first is not None:
+                first(r, args, kwargs)
             a.enter(r, k)
             try:
                 return orig(*args, **kwargs)
@@ -97,34 +101,17 @@ def install(a: Any, torch: Any) -> None:
         call.__doc__ = getattr(orig, "__doc__", None)
         return call
 
-    backward_k = a._phase_idx[BACKWARD]
+    def keep_loss(r: Any, args: Any, kwargs: Any) -> None:
+        """The tensor `backward` is called on, kept as the step's loss (read without a host
+        sync: Auto.note_loss)."""
+        t = args[0] if args else kwargs.get("tensors")
+        if isinstance(t, (list, tuple)) and len(t) == 1:
+            t = t[0]
+        if isinstance(t, torch.Tensor):
+            a.note_loss(r, t)
 
-    def backward(orig: Any, method: bool) -> Any:
-        """`backward` timed, and the loss it is called on kept (read without a host sync:
-        Auto.note_loss)."""
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            r = a._rec()
-            if r is None or r.cur == backward_k:
-                return orig(*args, **kwargs)
-            t = args[0] if args else kwargs.get("tensors")
-            if isinstance(t, (list, tuple)) and len(t) == 1:
-                t = t[0]
-            if isinstance(t, torch.Tensor):
-                a.note_loss(r, t)
-            a.enter(r, backward_k)
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                a.leave(r)
-
-        call.__wrapped__ = orig  # type: ignore[attr-defined]
-        call.__name__ = getattr(orig, "__name__", BACKWARD)
-        call.__doc__ = getattr(orig, "__doc__", None)
-        return call
-
-    a._patch(torch.Tensor, "backward", lambda o: backward(o, True))
-    a._patch(torch.autograd, "backward", lambda o: backward(o, False))
+    a._patch(torch.Tensor, "backward", lambda o: timed(BACKWARD, o, keep_loss))
+    a._patch(torch.autograd, "backward", lambda o: timed(BACKWARD, o, keep_loss))
     for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
         a._patch(owner, "clip_grad_norm_", lambda o: timed(CLIP, o))
     sync_k = a._phase_idx[SYNC]
