@@ -9,7 +9,7 @@
 //! of time spent waiting, and a loaded host, whose scheduler makes those shares jitter, is where
 //! a wrong threshold shows (this test found `queue_jitter` at start-up and after one such hiccup).
 
-use crate::support::{bin, repo, served_socket};
+use crate::support::{bin, repo, served_socket, wait_within};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,21 +37,6 @@ fn read(dir: &Path, name: &str, ext: &str) -> String {
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill with the pid of a child we spawned and have not reaped.
     unsafe { libc::kill(child.id() as i32, sig) };
-}
-
-/// Waits up to `limit` for `child` (killing it past that, and failing).
-fn wait_within(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            panic!("{what} did not end within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// A field's count in an interval line (`warn.warn=1`), 0 where absent.

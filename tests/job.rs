@@ -1,7 +1,7 @@
 //! Jobs of several processes on the CPU (libtorch's TCPStore and Gloo): real `dflash-top`
 //! processes given torchrun's variables (and torchrun itself), as a user launches them.
 
-use crate::support::{bin, free_port, repo, wait_until};
+use crate::support::{bin, free_port, repo, wait_until, wait_within};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -42,21 +42,6 @@ fn rank_with(
 
 fn read(dir: &Path, rank: u32, which: &str) -> String {
     std::fs::read_to_string(dir.join(format!("r{rank}.{which}"))).unwrap_or_default()
-}
-
-/// Waits up to `limit` for `child`; kills it and fails past that (no test hangs on a job).
-fn wait_within(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            panic!("{what} did not end within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Every rank of a job with the same `args`; each one's exit status.

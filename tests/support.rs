@@ -77,3 +77,22 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Waits up to `limit` for `child`; kills it and fails past that (no test hangs on a child).
+pub fn wait_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{what} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
