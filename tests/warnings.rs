@@ -485,7 +485,7 @@ fn the_tui_shows_where_a_stall_was_dumped() {
     let dir = tempfile::tempdir().unwrap();
     let flight = dir.path().join("d");
     let cmd = format!(
-        "{} train --slow target=30s --flight {}; sleep 600",
+        "{} train --slow target=60s --flight {}; sleep 600",
         env!("CARGO_BIN_EXE_dflash-top"),
         flight.display()
     );

@@ -20,6 +20,10 @@ pub const STALL_STEPS: f64 = 5.0;
 pub const STALL_MIN_NS: u64 = 1_000_000_000;
 /// …or this long while some thread has not ended a step yet.
 pub const STALL_WARMUP_NS: u64 = 10_000_000_000;
+/// A thread working (not waiting) in its first step is starting up (lazy allocation, autograd's
+/// first graph, a compile): the pipeline is not stalled until that step has lasted this long,
+/// from the thread's own step start, however long ago the other threads ended theirs.
+pub const FIRST_STEP_NS: u64 = 30_000_000_000;
 
 /// A thread's recent host steps.
 #[derive(Clone, Debug, Default)]
@@ -116,9 +120,9 @@ impl RecentSteps {
             .unwrap_or(u64::MAX)
     }
 
-    /// "target-0 in forward for 12.0 s" once no step has ended for `threshold_ns`: the thread
-    /// that has been in one working phase longest (a waiting one only if none works), in the
-    /// words of `names`.
+    /// "target-0 in forward for 12.0 s" once no step has ended for `threshold_ns` and no thread
+    /// is working in a first step younger than `FIRST_STEP_NS`: the thread that has been in one
+    /// working phase longest (a waiting one only if none works), in the words of `names`.
     pub fn stall(
         &self,
         now_ns: u64,
@@ -129,6 +133,15 @@ impl RecentSteps {
     ) -> Option<String> {
         let last_end = self.threads.iter().filter_map(|r| r.last_end_ns).max()?;
         if now_ns.saturating_sub(last_end) <= threshold_ns {
+            return None;
+        }
+        let starting_up = live.iter().enumerate().any(|(i, l)| {
+            let first_step = self.threads.get(i).is_none_or(|r| r.last_end_ns.is_none());
+            first_step
+                && !names.is_wait(l.phase)
+                && now_ns.saturating_sub(l.step_start_ns) <= FIRST_STEP_NS
+        });
+        if starting_up {
             return None;
         }
         let (t, l) = threads.iter().zip(live).max_by_key(|(_, l)| {
@@ -288,6 +301,42 @@ mod tests {
             r.stall(12_000 * MS, &threads, &waiting, threshold, &names)
                 .as_deref(),
             Some("drafter-0 in hs_wait for 3.0 s")
+        );
+    }
+
+    #[test]
+    fn a_thread_working_in_its_first_step_is_starting_up_not_stalled() {
+        // The target ended steps and waits on a full queue; the drafter works in its first step.
+        let mut r = RecentSteps::default();
+        r.push(&step(0, 1_000, 10));
+        let names = Names::builtin();
+        let threads = [
+            worker("target-0", Role::Target),
+            worker("drafter-0", Role::Drafter),
+        ];
+        let threshold = r.threshold_ns(2);
+        assert_eq!(threshold, STALL_WARMUP_NS);
+        let live = [
+            in_phase(Phase::HsPushWait, 1_000),
+            in_phase(Phase::Backward, 2_000),
+        ];
+        let start = 2_000 * MS;
+        // Past the start-up floor since the target's last step, within the first step's own.
+        let now = 1_000 * MS + threshold + 5_000 * MS;
+        assert_eq!(r.stall(now, &threads, &live, threshold, &names), None);
+        // The first step goes on past its allowance: stalled, the working drafter named.
+        let now = start + FIRST_STEP_NS + MS;
+        assert_eq!(
+            r.stall(now, &threads, &live, threshold, &names).as_deref(),
+            Some("drafter-0 in backward for 30.0 s")
+        );
+        // A thread that waits in its first step buys no time: the target is the one stuck.
+        let waiting = [in_phase(Phase::Forward, 1_000), in_phase(Phase::HsWait, 0)];
+        let now = 1_000 * MS + threshold + MS;
+        assert_eq!(
+            r.stall(now, &threads, &waiting, threshold, &names)
+                .as_deref(),
+            Some("target-0 in forward for 10.0 s")
         );
     }
 }
