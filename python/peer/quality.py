@@ -68,6 +68,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import chat_lang as cl  # noqa: E402
+import quality_measure as qm  # noqa: E402
 import quality_real as qr  # noqa: E402
 from quality_runs import (  # noqa: E402
     WARMUP, CLIP, digest, gamma_for, label, log, make_init, match_wall, run_ours,
@@ -169,9 +170,33 @@ SIZES = {
         "eval_max_new": 384,
         "floor_prompts": 8,
         "threads": None,
-        "real": {"train_prompts": 1600, "eval_prompts": 128, "max_new": 512},
+        # --target-dir (SmolLM2-135M-Instruct, docs/quality.md): docstring prompts of ~100-300
+        # tokens and replies up to 512; the keys after max_new replace the size's own.
+        "real": {"train_prompts": 1600, "eval_prompts": 128, "max_new": 512,
+                 # About 0.7 of an epoch: the curves still rise at the end.
+                 "tokens": 128 * 3072,
+                 "eval_max_new": 160,
+                 # SpecForge's batch of one conversation (~450 tokens, ~250 labelled) takes up
+                 # to 512 anchors of it: one anchor per two tokens or so, a step per ~450 tokens.
+                 # Ours at its default (rows of 3,072, 512 anchors, one step a row) takes one per
+                 # six, a step per 3,072. Rows of 1,024 with 512 anchors in two steps come
+                 # closest to SpecForge's step (the default is a sweep row).
+                 "ours": {"seq_len": 1024, "anchors": 512, "budget": "per-row",
+                          "steps_per_batch": 2, "lr": 6e-4},
+                 # One change at a time from each primary setting (not the whole grid: a GPU
+                 # call's minutes), every row shown.
+                 "sweep": {
+                     "cross": True,
+                     "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 4},
+                                       {"seq_len": 3072, "steps_per_batch": 1},
+                                       {"seq_len": 3072, "steps_per_batch": 6}],
+                              "lr": [1e-3, 3e-3]},
+                     "sf": {"step": [{"batch": 2}, {"batch": 4}], "lr": [1e-3, 3e-3]},
+                 }},
     },
 }
+# The keys of SIZES[size]["real"] that replace the size's own with --target-dir.
+REAL_OVERRIDES = ("tokens", "eval_max_new", "ours", "sf", "sweep")
 def cached(d, key):
     try:
         with open(os.path.join(d, "quality-stage.json")) as f:
@@ -460,27 +485,7 @@ def check_data(d, share=0.95):
 # 4. Acceptance in dflash
 
 
-def measure(drafter_dir, target, eval_rows, device, dtype, max_new):
-    import dflash.model as dm
-    from dflash.model import DFlashDraftModel
-
-    drafter = DFlashDraftModel.from_pretrained(drafter_dir).to(device=device, dtype=dtype).eval()
-    eos = target.config.eos_token_id
-    eos = eos if isinstance(eos, list) else [eos]
-    per_prompt, same = [], 0
-    for row in eval_rows:
-        prompt, reply = row["prompt"], row["reply"][:max_new]
-        out = dm.dflash_generate(
-            drafter,
-            target,
-            torch.tensor([prompt], device=device),
-            len(reply),
-            eos,
-            return_stats=True,
-        )
-        per_prompt.append(sum(out.acceptance_lengths) / len(out.acceptance_lengths))
-        same += out.output_ids[0].tolist() == prompt + reply
-    return per_prompt, same
+# (quality_measure.py)
 
 
 # Two-sided 95% quantiles of Student's t (df 1..30), then the normal's.
@@ -514,11 +519,14 @@ def settings(s, trainer, args):
     out = [("primary", primary)]
     if args.sweep:
         grid = s["sweep"][key]
-        for step in grid["step"]:
-            for lr in grid["lr"]:
-                one = {**primary, **step, "lr": lr}
-                if one != primary:
-                    out.append(("sweep", one))
+        if s["sweep"].get("cross"):  # one change at a time from the primary setting
+            ones = [{**primary, **step} for step in grid["step"]]
+            ones += [{**primary, "lr": lr} for lr in grid["lr"]]
+        else:
+            ones = [{**primary, **step, "lr": lr} for step in grid["step"] for lr in grid["lr"]]
+        for one in ones:
+            if one != primary and ("sweep", one) not in out:
+                out.append(("sweep", one))
     return out
 
 
@@ -562,6 +570,8 @@ def main():
     ap.add_argument("--seeds", type=int, help="seeds (init and training) of each row (size's: 3)")
     ap.add_argument("--sweep", action="store_true",
                     help="also each trainer's grid of step size and lr, at equal tokens")
+    ap.add_argument("--curve-seeds", type=int, default=1 << 30, metavar="N",
+                    help="learning curves for the first N seeds only (all)")
     ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds of each sweep row (1)")
     ap.add_argument("--no-wall", action="store_true", help="skip the equal-wall rows")
     ap.add_argument("--curve", type=int, default=1, metavar="K",
@@ -589,6 +599,12 @@ def main():
         "--until", choices=["target", "data", "tokens"], help="stop after this stage"
     )
     ap.add_argument(
+        "--measure-procs",
+        type=int,
+        help="processes measuring acceptance side by side, each with its own target (8 on "
+        "cuda, 1 on cpu)",
+    )
+    ap.add_argument(
         "--gen-procs",
         type=int,
         help="concurrent `dflash-top generate` processes for the data (8 on cuda, 1 on cpu)",
@@ -596,6 +612,8 @@ def main():
     args = ap.parse_args()
 
     s = SIZES[args.size]
+    if args.target_dir:
+        s = {**s, **{k: v for k, v in s["real"].items() if k in REAL_OVERRIDES}}
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device")
     threads = args.threads or s["threads"]
@@ -688,9 +706,10 @@ def main():
     # Equal target tokens, primary settings, every seed; SpecForge reads as many tokens as ours.
     runs = []
     for seed in seeds:
-        o = run_ours(ctx, f"ours-tokens-s{seed}", ours_set[0][1], seed, tokens, args.curve)
+        points = args.curve if seed < args.curve_seeds else 1
+        o = run_ours(ctx, f"ours-tokens-s{seed}", ours_set[0][1], seed, tokens, points)
         f = run_specforge(ctx, f"sf-tokens-s{seed}", sf_set[0][1], seed, o["target_tokens"],
-                          args.curve)  # fmt: skip
+                          points)  # fmt: skip
         runs += [{**o, "row": "equal tokens"}, {**f, "row": "equal tokens"}]
     if args.until == "tokens":
         return
@@ -720,35 +739,24 @@ def main():
                      if r["row"] == "equal tokens" and r["trainer"] == trainer
                      and r["seed"] in sweep_seeds]  # fmt: skip
 
-    # Acceptance in dflash.
-    import dflash.model as dm
-    from transformers import AutoModelForCausalLM
-
-    if args.device == "cpu":
-        dm._cuda_time = time.perf_counter  # dflash times its stats with torch.cuda.synchronize()
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
-    measured = {}
-    for d in [ctx["init"][0]] + [r["drafter"] for r in runs]:
-        if d in measured:
-            continue
-        t0 = time.time()
-        rows_here = eval_rows[: s["floor_prompts"]] if d == ctx["init"][0] else eval_rows
-        per, same = measure(d, target, rows_here, device, dtype, s["eval_max_new"])
-        measured[d] = (per, same)
-        log(f"dflash: {os.path.basename(os.path.dirname(d)) or d}/{os.path.basename(d)} "
-            f"acceptance {sum(per) / len(per):.3f} ({same}/{len(per)} outputs as greedy, "
-            f"{time.time() - t0:.0f}s)")  # fmt: skip
+    # Acceptance in dflash: every drafter, the curves' checkpoints too, in one pass.
+    jobs = [(ctx["init"][0], eval_rows[: s["floor_prompts"]])]
+    jobs += [(r["drafter"], eval_rows) for r in runs]
+    if args.curve > 1:
+        jobs += [(c[3], eval_rows) for r in runs if r["row"] == "equal tokens" for c in r["curve"]]
+    measure_procs = args.measure_procs or (8 if args.device == "cuda" else 1)
+    measured = qm.measure_all(jobs, target_dir, gen_device, dtype, s["eval_max_new"],
+                              measure_procs)  # fmt: skip
     for r in runs:
         r["per_prompt"], r["same_as_greedy"] = measured[r["drafter"]]
     curves = []
     if args.curve > 1:
         for r in runs:
-            if r["row"] != "equal tokens":
+            if r["row"] != "equal tokens" or len(r["curve"]) < 2:
                 continue
             pts = []
             for step, x, sec, d in r["curve"]:
-                per = measured[d][0] if d in measured else measure(
-                    d, target, eval_rows, device, dtype, s["eval_max_new"])[0]
+                per = measured[d][0]
                 pts.append({"step": step, "target_tokens": x, "seconds": sec,
                             "acceptance": sum(per) / len(per)})
             curves.append({"trainer": r["trainer"], "label": label(r["trainer"], r["setting"]),

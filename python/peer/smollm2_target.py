@@ -89,6 +89,12 @@ def main():
     model.generation_config.pad_token_id = cfg.pad_token_id
 
     os.makedirs(args.out, exist_ok=True)
+    # Newer transformers refuse to save a model loaded from GGUF (its quantizer marks it): the
+    # weights, dequantised already, go out as a plain model's.
+    model.hf_quantizer = None
+    for holder in (model, cfg):
+        if hasattr(holder, "quantization_config"):
+            delattr(holder, "quantization_config")
     model.save_pretrained(args.out, safe_serialization=True)
     tok.save_pretrained(args.out)
 
