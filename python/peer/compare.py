@@ -4,8 +4,9 @@ For each config (preset, batch) it runs `dflash-top bench engine` (1 target + 1 
 sharing the GPU), then dflash_peer.py (the stack a team writes: a target thread + queue + z-lab's
 drafter in the main thread) and sf_peer.py (SpecForge 0.2.0's drafter, loss, BF16Optimizer and
 train step, flex attention) with the same shapes and anchors, each in a fresh process, and prints
-a markdown table: tokens per second, the ratios, MFU (model FLOPs per second over the bf16 matmul
-peak measured at the start of the same call) and the peak GPU memory each allocated.
+a markdown table: tokens per second, the ratios, MFU (model FLOPs per second, `step_flops` averaged
+over rows of the synthetic documents all three train on, over the bf16 matmul peak measured at the
+start of the same call) and the peak GPU memory each allocated.
 
   python3 python/peer/compare.py --bin .gpu/dflash-top [--configs qwen3-0.6b:1,qwen3-8b:1]
       [--fit qwen3-0.6b --fit-ours 16,24,32 --fit-python 2,3,4,5]
@@ -15,8 +16,10 @@ batches that fails ends the search).
 """
 
 import argparse
+import itertools
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -26,7 +29,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dflash_peer import PRESETS, target_config  # noqa: E402
+from dflash_peer import PRESETS, synthetic_row  # noqa: E402
 from dflash.model import build_target_layer_ids  # noqa: E402
 
 
@@ -44,28 +47,48 @@ def matmul_peak_tflops(device, n=8192, iters=40):
     return 2 * n**3 * iters / (time.perf_counter() - t) / 1e12
 
 
-def step_flops(preset, batch, seq=3072, anchors=512, block=16, drafter_layers=5):
-    """Model FLOPs of one training step (matmuls and attention as a causal model counts them):
-    the target forward up to its deepest captured layer, the drafter forward and backward, and
-    the lm-head loss forward and backward (grad of its input only: the head is frozen)."""
-    h, inter, n_layers, heads, kv, d, vocab, _ = PRESETS[preset]
+def step_flops(shape, batch, seq=3072, anchors=512, block=16, drafter_layers=5, docs=None):
+    """FLOPs of one training step over `batch` rows as the step computes them, counted term for
+    term as src/engine/flops.rs counts them (python/tests/test_peer_flops.py and that file's tests
+    hold one hand count): a multiply-add is 2 FLOPs, attention counts the (query, key) pairs a
+    query sees.
+    - target: its layers up to the deepest one the drafter reads, attention causal within each
+      document;
+    - drafter forward: fc over the row's tokens, then per layer the block tokens' projections
+      and MLP, the context tokens' keys and values, and attention over the context before the
+      anchor (its mean over anchors spread on every position but a document's last) and the
+      block; backward: twice the layers, fc's weight gradient only (its input is frozen);
+    - loss: the frozen lm head's forward and input gradient over the labelled slots, anchors x
+      (block - 1) (slot 0 has no label).
+    `shape`: a PRESETS entry; `docs`: a row's document lengths, summing to `seq` (None: the row
+    as one document, an upper bound)."""
+    h, inter, n_layers, heads, kv, d, vocab, _ = shape
     ids = build_target_layer_ids(n_layers, drafter_layers)
-    t_layers = max(ids) + 1
-    proj = 2 * h * (heads * d) * 2 + 2 * h * (kv * d) * 2  # q, o, k, v per token
-    mlp = 2 * 3 * h * inter
-    tokens = batch * seq
-    target = t_layers * tokens * (proj + mlp + 4 * heads * d * seq / 2)
-    q = batch * anchors * block
-    ctx = batch * seq
-    per_layer = (
-        q * (2 * h * heads * d * 2 + mlp)  # q and o projections, MLP on the block tokens
-        + (q + ctx) * 2 * h * kv * d * 2  # k and v of the context and the block
-        + q * 4 * heads * d * (seq / 2 + block)  # attention over the visible keys
-    )
-    fc = ctx * 2 * len(ids) * h * h
-    drafter = 3 * (drafter_layers * per_layer + fc)
-    loss = 2 * 2 * q * h * vocab
-    return target + drafter + loss
+    docs = docs or [seq]
+    assert sum(docs) == seq, "documents fill the row"
+    macs = h * (2 * heads * d + 2 * kv * d) + 3 * h * inter  # a token through a layer's weights
+    pairs = sum(n * (n + 1) / 2 for n in docs)
+    target = min(max(ids) + 1, n_layers) * (2 * seq * macs + 4 * pairs * heads * d)
+    q = anchors * block
+    places = sum(max(n - 1, 0) for n in docs)
+    ctx = sum(max(n - 1, 0) * max(n - 2, 0) / 2 for n in docs) / places if places else 0.0
+    layer = 2 * q * macs + 2 * seq * 2 * h * kv * d + 4 * q * (ctx + block) * heads * d
+    layers = drafter_layers * layer
+    fc = 2 * seq * len(ids) * h * h
+    drafter = (layers + fc) + (2 * layers + fc)
+    loss = 2 * 2 * anchors * max(block - 1, 0) * h * vocab
+    return batch * (target + drafter + loss)
+
+
+def synthetic_docs(seq, rows=64, seed=0):
+    """The document lengths of `rows` rows of the synthetic data every stack here trains on
+    (dflash_peer.py's `synthetic_row`, which draws them as dflash-top's loader does)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(rows):
+        _, docs, _, _ = synthetic_row(rng, seq, 16, list(range(16)))
+        out.append([len(list(run)) for _, run in itertools.groupby(docs)])
+    return out
 
 
 def run(cmd, timeout):
@@ -154,10 +177,11 @@ def main():
     peak = matmul_peak_tflops(torch.device(args.device))
     print(f"bf16 matmul peak measured now: {peak:.0f} TFLOP/s", flush=True)
     rows = []
+    docs = synthetic_docs(3072)
     for item in filter(None, args.configs.split(",")):
         preset, batch = item.split(":")
         batch = int(batch)
-        flops = step_flops(preset, batch)
+        flops = sum(step_flops(PRESETS[preset], batch, docs=d) for d in docs) / len(docs)
         tokens = batch * 3072
         row = {"preset": preset, "batch": batch, "tflop_per_step": flops / 1e12}
         stacks = [("ours", lambda: ours(args.bin, preset, batch,

@@ -140,7 +140,7 @@ fn drafter(args: &BenchArgs) -> Result<()> {
     let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let steps = args.train.steps.unwrap_or(20);
     let times = crate::engine::drafter_bench::run(&cfg, steps)?;
-    let f = crate::engine::flops::drafter_flops(&cfg.drafter_spec, cfg.seq_len, cfg.anchors);
+    let f = crate::engine::flops::drafter_flops(&cfg.drafter_spec, cfg.seq_len, cfg.anchors, None);
     let rows = cfg.batch as f64;
     println!(
         "bench: drafter alone preset={} batch={} seq_len={} anchors={} device={:?} steps={steps} \

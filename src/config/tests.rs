@@ -273,3 +273,26 @@ fn warnings_come_from_the_toml_and_a_bad_key_or_value_is_named() {
         assert!(e.contains(want) && e.contains("run.toml"), "{want}: {e}");
     }
 }
+
+#[test]
+fn every_preset_resolves_without_building_its_model() {
+    // Resolving a run's configuration allocates nothing: qwen3-32b (65 GB in bf16) resolves on
+    // any host, with the FLOP ratio the placement advice starts from.
+    for name in crate::engine::config::PRESETS {
+        let c = RunConfig::from_args(&TrainArgs {
+            preset: Some(name.into()),
+            ..TrainArgs::default()
+        })
+        .unwrap()
+        .pipeline;
+        let line = c.recipe_line();
+        assert!(line.contains(&format!("recipe=preset:{name} ")), "{line}");
+        let ratio = crate::engine::flops::flop_ratio(
+            &c.target_config,
+            &c.drafter_spec,
+            c.seq_len,
+            c.anchors,
+        );
+        assert!(ratio.is_finite() && ratio > 0.0, "{name}: {ratio}");
+    }
+}

@@ -48,11 +48,15 @@ pub(super) fn cuda_calls_line(cfg: &PipelineSpec, s: &Snapshot) -> String {
 }
 
 /// The target forward's rate in TFLOP/s-equivalent (`engine::flops::target_flops` over the forward
-/// phase's device time), per target worker.
+/// phase's device time, a row's attention counted as one document's: an upper bound), per target
+/// worker.
 pub(super) fn target_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
-    let flops =
-        crate::engine::flops::target_flops(&cfg.target_config, &cfg.drafter_spec, cfg.seq_len)
-            * cfg.batch as f64;
+    let flops = crate::engine::flops::target_flops(
+        &cfg.target_config,
+        &cfg.drafter_spec,
+        cfg.seq_len,
+        None,
+    ) * cfg.batch as f64;
     target_rates(flops, s)
 }
 
@@ -82,9 +86,9 @@ fn target_rates(flops: f64, s: &Snapshot) -> Option<String> {
 }
 
 /// The drafter's rate per phase in TFLOP/s-equivalent (`engine::flops::drafter_flops` over each
-/// phase's device time), per drafter worker.
+/// phase's device time, a row counted as one document: an upper bound), per drafter worker.
 pub(super) fn drafter_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
-    let f = crate::engine::flops::drafter_flops(&cfg.drafter_spec, cfg.seq_len, cfg.anchors);
+    let f = crate::engine::flops::drafter_flops(&cfg.drafter_spec, cfg.seq_len, cfg.anchors, None);
     drafter_rates(f, cfg.batch as f64, s)
 }
 
