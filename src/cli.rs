@@ -171,7 +171,7 @@ pub struct TrainArgs {
     /// Packed rows per batch (recipe: the preset's, or 1 with --target).
     #[arg(long, value_name = "N")]
     pub batch: Option<i64>,
-    /// Tokens per packed row (recipe: the preset's, or 3072 with --target).
+    /// Tokens per packed row, 32 to 65536 (recipe: the preset's, or 3072 with --target).
     #[arg(long, value_name = "N")]
     pub seq_len: Option<i64>,
     /// Anchors (blocks) drawn per document or per packed row, as --anchor-budget says (recipe:

@@ -258,7 +258,7 @@ fn windows_hold_exactly_the_visible_context_keys() {
     for grid in [1, 16, window_grid(f.s)] {
         let m = f.tiled(&spans, grid);
         assert!(
-            m.windowed_context().equal(&m.ctx),
+            m.windowed_context().equal(m.ctx()),
             "grid {grid}: windows differ from the context mask"
         );
         assert!(AttnMask::Tiled(m).dense().equal(&f.dense()));
@@ -266,7 +266,7 @@ fn windows_hold_exactly_the_visible_context_keys() {
     // Over the rows, tile 0 spans [0, 93) and tile 1 [30, 95): two runs on a grid of 16.
     let m = f.tiled(&spans, 16);
     let runs: Vec<[i64; 4]> = m
-        .runs
+        .runs()
         .iter()
         .map(|r| [r.first, r.count, r.start, r.len])
         .collect();
@@ -279,10 +279,25 @@ fn windows_hold_exactly_the_visible_context_keys() {
         spans[i].end -= shrink.1;
         let m = f.tiled(&spans, 1);
         assert!(
-            !m.windowed_context().equal(&m.ctx),
+            !m.windowed_context().equal(m.ctx()),
             "tile {i} shrunk by {shrink:?} must lose a visible key"
         );
     }
+}
+
+/// The per-query masks (about 1 GiB at 32K tokens a row) are built only when the sdpa path asks
+/// for them: a mask the block attention kernels take costs its anchors' context mask alone.
+#[test]
+fn a_tiled_mask_builds_its_per_query_masks_only_when_asked() {
+    tch::manual_seed(3);
+    let f = fixture();
+    let m = f.tiled(&f.spans(), window_grid(f.s));
+    assert!(!m.is_built(), "new() must not build the sdpa path's masks");
+    let qkv = Qkv::new(&f, (4, 2, 8), Kind::Float, Device::Cpu);
+    let got = qkv.run(|q, k, v| tiled_attention(q, k, v, &m));
+    assert!(m.is_built(), "the tiled path builds them");
+    let want = qkv.run(|q, k, v| masked_attention(q, k, v, &f.dense()));
+    assert!(got[0].allclose(&want[0], 1e-5, 1e-5, false));
 }
 
 /// Random queries, keys and values through the tiled attention and the dense mask: the same

@@ -378,6 +378,84 @@ fn shapes_through_target_drafter_and_loss() {
     assert!(f32::try_from(&tau).unwrap() >= 1.0);
 }
 
+/// One document trained in a row of its own length and at the end of a row of 4,096 tokens
+/// (above the 3,072 the rows were once capped at), behind other documents: the target's hidden
+/// states over it, the drafter's output on its blocks (the tiled attention a training step
+/// runs) and the loss of those blocks agree. Nothing in a long row reaches across documents.
+#[test]
+fn a_document_at_the_end_of_a_long_row_trains_as_in_a_row_of_its_own() {
+    tch::manual_seed(21);
+    let (cfg, spec) = tiny();
+    let (vs, dvs) = (VarStore::new(Device::Cpu), VarStore::new(Device::Cpu));
+    let target = Qwen3Target::new(&vs.root(), &cfg, &spec.target_layer_ids, 0.5);
+    let drafter = Drafter::new(&dvs.root(), &spec);
+    let block = spec.block_size;
+    let (doc_len, long) = (48i64, 4096i64);
+    let doc = Tensor::randint(500, [doc_len], (Kind::Int64, Device::Cpu));
+    let offset = long - doc_len;
+    // Documents of 1,000 tokens before it in the long row, the last one shorter.
+    let mut host_docs: Vec<i64> = (0..offset).map(|i| i / 1000).collect();
+    host_docs.extend(std::iter::repeat_n(99, doc_len as usize));
+    let host_pos: Vec<i64> = (0..long)
+        .map(|i| if i < offset { i % 1000 } else { i - offset })
+        .collect();
+    let filler = Tensor::randint(500, [offset], (Kind::Int64, Device::Cpu));
+    let row = |ids: Tensor, docs: &[i64], pos: &[i64]| {
+        let n = pos.len() as i64;
+        (
+            ids.view([1, n]),
+            Tensor::from_slice(docs).view([1, n]),
+            Tensor::from_slice(pos).view([1, n]),
+        )
+    };
+    let short_pos: Vec<i64> = (0..doc_len).collect();
+    let short = row(doc.copy(), &vec![0; doc_len as usize], &short_pos);
+    let long_row = row(Tensor::cat(&[&filler, &doc], 0), &host_docs, &host_pos);
+    // The same anchors in the document (+ its offset in the long row).
+    let run = |(ids, docs, pos): &(Tensor, Tensor, Tensor), shift: i64, at: [i64; 3]| {
+        let host_docs = vec_i64(docs);
+        let per_row = vec![at.map(|p| p + shift).to_vec()];
+        let a = anchors(&per_row[0], &[true; 3]);
+        let hidden = tch::no_grad(|| target.forward(ids, pos, docs));
+        let emb = Tensor::embedding(
+            &target.embed_tokens,
+            &block_input_ids(ids, &a, block, spec.mask_token_id),
+            -1,
+            false,
+            false,
+        )
+        .detach();
+        let mask = dflash_top::engine::tiled::AttnMask::Tiled(tiled_block_mask(
+            docs, &a, block, &per_row, &host_docs,
+        ));
+        let out =
+            drafter.forward_masked(&hidden, pos, &emb, &block_positions(pos, &a, block), &mask);
+        let lmask = Tensor::ones_like(ids).to_kind(Kind::Bool);
+        let (labels, valid) = block_labels(ids, docs, &lmask, &a, block);
+        let w = slot_weights(block, gamma_for(block));
+        let (loss, _) = chunked_loss_backward(&out, &target.lm_head, &labels, &valid, &w, 7);
+        let doc_hidden = hidden.narrow(1, shift, doc_len);
+        (doc_hidden, out.detach(), f64::try_from(&loss.loss).unwrap())
+    };
+    let (h_short, out_short, loss_short) = run(&short, 0, [3, 17, 30]);
+    let (h_long, out_long, loss_long) = run(&long_row, offset, [3, 17, 30]);
+    assert!(
+        h_long.allclose(&h_short, 1e-4, 1e-5, false),
+        "target hidden states differ"
+    );
+    assert!(
+        out_long.allclose(&out_short, 1e-4, 1e-5, false),
+        "drafter outputs differ"
+    );
+    assert!(
+        (loss_long - loss_short).abs() < 1e-4 * loss_short.abs(),
+        "{loss_long} vs {loss_short}"
+    );
+    // The check can fail: the same anchors one token later give another loss.
+    let (_, _, moved) = run(&long_row, offset, [4, 18, 31]);
+    assert!((moved - loss_short).abs() > 1e-3, "{moved} vs {loss_short}");
+}
+
 #[test]
 fn chunking_does_not_change_the_loss_or_its_gradient() {
     tch::manual_seed(3);

@@ -8,6 +8,7 @@ use dflash_top::engine::checkpoint::read_drafter_spec;
 use dflash_top::engine::config::Qwen3Config;
 use dflash_top::engine::data::{DocSource, JsonlOptions, JsonlSource};
 use dflash_top::engine::optim::AdamW;
+use dflash_top::engine::spec::MAX_SEQ_LEN;
 use dflash_top::engine::weights::read_all;
 use dflash_top::telemetry::snapshot_lines::read_recording;
 use proptest::prelude::*;
@@ -183,7 +184,7 @@ proptest! {
             Ok(c) => {
                 let c = c.pipeline;
                 prop_assert!(c.threads_per_worker.is_none_or(|n| (1..=256).contains(&n)));
-                prop_assert!((1..=512).contains(&c.anchors) && (32..=3072).contains(&c.seq_len));
+                prop_assert!((1..=512).contains(&c.anchors) && (32..=MAX_SEQ_LEN).contains(&c.seq_len));
                 prop_assert!(c.batch >= 1 && c.batch_queue >= 1 && c.hs_queue >= 1);
                 prop_assert!(c.data_threads.is_none_or(|n| n <= 64));
             }
@@ -232,7 +233,7 @@ proptest! {
                 let most = s.step.saturating_add(1).saturating_mul(c.batch as u64)
                     .saturating_mul(c.seq_len as u64).saturating_mul(64);
                 prop_assert!(s.data_docs <= most, "{} > {most}", s.data_docs);
-                prop_assert!((1..=512).contains(&c.anchors) && (32..=3072).contains(&c.seq_len));
+                prop_assert!((1..=512).contains(&c.anchors) && (32..=MAX_SEQ_LEN).contains(&c.seq_len));
             }
         }
     }

@@ -296,3 +296,19 @@ fn every_preset_resolves_without_building_its_model() {
         assert!(ratio.is_finite() && ratio > 0.0, "{name}: {ratio}");
     }
 }
+
+/// Rows up to 64K tokens are taken (reasoning data runs to 32K); one token more is refused with
+/// the range.
+#[test]
+fn long_rows_are_taken_up_to_the_cap_and_refused_past_it() {
+    let dir = target_dir(Some(300));
+    for seq in [8192, 32768, crate::engine::spec::MAX_SEQ_LEN] {
+        let c = train(dir.path(), |a| a.seq_len = Some(seq)).unwrap();
+        assert_eq!(c.seq_len, seq);
+    }
+    let e = train(dir.path(), |a| a.seq_len = Some(65_537)).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("`seq_len` 65537 is out of range: use 32..=65536"),
+        "{e:#}"
+    );
+}

@@ -35,19 +35,32 @@ pub enum AttnMask {
 }
 
 /// The block mask in tiles: the context part per query, each tile's block-diagonal part, and
-/// the runs of tiles that share a context window.
+/// the runs of tiles that share a context window. The per-query tensors (`ctx`, `blocks` and the
+/// runs' masks, about 1 GiB at 32K tokens a row) are built the first time a path asks for them:
+/// where the block attention kernels run, they never are.
 pub struct TiledMask {
-    /// [b, q, s] bool: query sees context key.
-    pub ctx: Tensor,
-    /// [b, tiles, t, t] bool: query sees block key of the same tile (its own block).
-    pub blocks: Tensor,
+    /// [b, a, s] bool: anchor's block sees context key.
+    anchors_ctx: Tensor,
+    /// [b, a] bool: the anchor is real.
+    valid: Tensor,
+    block: i64,
+    plan: WindowPlan,
     /// Queries per tile.
     pub tile: i64,
-    /// Consecutive tiles with one context window each, in tile order, covering every tile.
-    pub runs: Vec<TileRun>,
+    built: std::cell::OnceCell<Built>,
     /// Each block's span [b, a, 4] and the context's documents [b, s], both int32, where the
     /// block attention kernels may run (`blocks::block_spans`; on CUDA only).
     block_spans: Option<(Tensor, Tensor)>,
+}
+
+/// What the sdpa paths read, built from the anchors' context mask when first asked for.
+struct Built {
+    /// [b, q, s] bool: query sees context key.
+    ctx: Tensor,
+    /// [b, tiles, t, t] bool: query sees block key of the same tile (its own block).
+    blocks: Tensor,
+    /// Consecutive tiles with one context window each, in tile order, covering every tile.
+    runs: Vec<TileRun>,
 }
 
 /// Consecutive tiles (the same ones in every row) that attend to one context window: one call.
@@ -262,16 +275,50 @@ impl TiledMask {
     /// block size, and the runs' windows (`plan`: every context key a tile's blocks see must lie
     /// in its run's window, as `WindowPlan::from_spans` plans them).
     pub fn new(ctx: &Tensor, valid: &Tensor, block: i64, plan: &WindowPlan) -> TiledMask {
-        let (b, a, s) = (ctx.size()[0], ctx.size()[1], ctx.size()[2]);
-        let per_tile = tile_anchors(a);
-        let tiles = a / per_tile;
-        let tile = per_tile * block;
-        let dev = ctx.device();
+        let a = ctx.size()[1];
+        let tiles = a / tile_anchors(a);
         assert_eq!(
             plan.tiles(),
             tiles,
             "the plan's runs cover the {tiles} tiles"
         );
+        TiledMask {
+            anchors_ctx: ctx.shallow_clone(),
+            valid: valid.shallow_clone(),
+            block,
+            plan: plan.clone(),
+            tile: tile_anchors(a) * block,
+            built: std::cell::OnceCell::new(),
+            block_spans: None,
+        }
+    }
+
+    /// [b, q, s] bool: query sees context key.
+    pub fn ctx(&self) -> &Tensor {
+        &self.built().ctx
+    }
+
+    /// Consecutive tiles with one context window each, in tile order, covering every tile.
+    pub fn runs(&self) -> &[TileRun] {
+        &self.built().runs
+    }
+
+    /// Whether a path asked for the per-query masks (the block attention kernels never do).
+    pub fn is_built(&self) -> bool {
+        self.built.get().is_some()
+    }
+
+    fn built(&self) -> &Built {
+        self.built.get_or_init(|| self.build())
+    }
+
+    fn build(&self) -> Built {
+        let (ctx, valid, block) = (&self.anchors_ctx, &self.valid, self.block);
+        let (b, a, s) = (ctx.size()[0], ctx.size()[1], ctx.size()[2]);
+        let per_tile = tile_anchors(a);
+        let tiles = a / per_tile;
+        let tile = self.tile;
+        let dev = ctx.device();
         let ctx = ctx
             .unsqueeze(2)
             .expand([b, a, block, s], false)
@@ -285,7 +332,8 @@ impl TiledMask {
         let blocks = own.view([1, 1, tile, tile]).logical_and(&rows);
 
         let ctx_tiles = ctx.view([b, tiles, tile, s]);
-        let runs = plan
+        let runs = self
+            .plan
             .0
             .iter()
             .map(|&[first, count, start, len]| {
@@ -307,13 +355,7 @@ impl TiledMask {
                 }
             })
             .collect();
-        TiledMask {
-            ctx,
-            blocks,
-            tile,
-            runs,
-            block_spans: None,
-        }
+        Built { ctx, blocks, runs }
     }
 
     /// This mask with each block's span and the context's documents (`blocks::block_spans`), so
@@ -329,25 +371,28 @@ impl TiledMask {
     }
 
     fn dense(&self) -> Tensor {
-        let (b, q) = (self.ctx.size()[0], self.ctx.size()[1]);
+        let built = self.built();
+        let (b, q) = (built.ctx.size()[0], built.ctx.size()[1]);
         let tiles = q / self.tile;
         // Block-diagonal over tiles: [b, tiles, t, tiles, t] with the tile's part on the diagonal.
-        let eye = Tensor::eye(tiles, (Kind::Bool, self.ctx.device())).view([1, tiles, 1, tiles, 1]);
-        let blocks = self
+        let eye =
+            Tensor::eye(tiles, (Kind::Bool, built.ctx.device())).view([1, tiles, 1, tiles, 1]);
+        let blocks = built
             .blocks
             .view([b, tiles, self.tile, 1, self.tile])
             .logical_and(&eye)
             .reshape([b, q, q]);
-        Tensor::cat(&[&self.ctx, &blocks], -1).unsqueeze(1)
+        Tensor::cat(&[&built.ctx, &blocks], -1).unsqueeze(1)
     }
 
     /// The context mask [b, q, s] as the runs' windows hold it: each run's part put back at its
     /// keys, false elsewhere. Equal to `ctx` when no window drops a key its blocks see.
     pub fn windowed_context(&self) -> Tensor {
-        let (b, q, s) = (self.ctx.size()[0], self.ctx.size()[1], self.ctx.size()[2]);
+        let ctx = self.ctx();
+        let (b, q, s) = (ctx.size()[0], ctx.size()[1], ctx.size()[2]);
         let t = self.tile;
-        let out = Tensor::zeros([b, q / t, t, s], (Kind::Bool, self.ctx.device()));
-        for r in &self.runs {
+        let out = Tensor::zeros([b, q / t, t, s], (Kind::Bool, ctx.device()));
+        for r in self.runs() {
             let seen = r
                 .mask
                 .logical_and(&r.blocked.logical_not())
@@ -378,7 +423,7 @@ pub fn tiled_attention(q: &Tensor, k: &Tensor, v: &Tensor, m: &TiledMask) -> Ten
             .permute([0, 2, 1, 3, 4])
     };
     let outs: Vec<Tensor> = m
-        .runs
+        .runs()
         .iter()
         .map(|r| {
             // [b * count, hkv, len + t, d]: the window (one slice, shared by the run's tiles)
