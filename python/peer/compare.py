@@ -8,8 +8,11 @@ a markdown table: tokens per second, the ratios, MFU (model FLOPs per second, `s
 over rows of the synthetic documents all three train on, over the bf16 matmul peak measured at the
 start of the same call) and the peak GPU memory each allocated.
 
-  python3 python/peer/compare.py --bin .gpu/dflash-top [--configs qwen3-0.6b:1,qwen3-8b:1]
+  python3 python/peer/compare.py --bin .gpu/dflash-top [--configs qwen3-0.6b:1,qwen3-8b:1:8192]
       [--fit qwen3-0.6b --fit-ours 16,24,32 --fit-python 2,3,4,5]
+
+A config is `preset:batch` or `preset:batch:seq` (tokens a row; 3072 when left out), each row
+with 512 anchors (SpecForge's default, whatever the length).
 
 `--fit` also finds the largest batch each stack runs at one preset (the first of the listed
 batches that fails ends the search).
@@ -118,16 +121,28 @@ def largest_batch(preset, batches, attempt):
 STEADY_STEPS = {"qwen3-0.6b": 200, "qwen3-8b": 64}
 
 
-def ours_steps(preset, batch, steps):
+def ours_steps(preset, batch, steps, seq=3072):
+    """About 15 s of steps at 3072 tokens a row; on longer rows twice the tokens, at least 24
+    steps (at 8B, 12 steps of 16K and 24 of 8K lasted about 10 s, so their last 10 s held the
+    warm-up)."""
     if steps:
         return steps
-    return max(40, STEADY_STEPS.get(preset, 40) // batch)
+    if seq == 3072:
+        return max(40, STEADY_STEPS.get(preset, 40) // batch)
+    return max(24, 2 * STEADY_STEPS.get(preset, 40) * 3072 // (seq * batch))
 
 
-def ours(binary, preset, batch, steps, device):
+def peer_steps(steps, seq):
+    """The Python peers' timed steps: `steps` at 3072 tokens a row, fewer (at least 4) on longer
+    rows, where each step takes longer."""
+    return max(4, steps * 3072 // max(seq, 3072))
+
+
+def ours(binary, preset, batch, steps, device, seq=3072):
     out = run(
         [binary, "bench", "engine", "--preset", preset, "--batch", str(batch),
-         "--target-devices", device, "--drafter-devices", device, "--steps", str(steps)],
+         "--seq-len", str(seq), "--target-devices", device, "--drafter-devices", device,
+         "--steps", str(steps)],
         timeout=600,
     )
     tok = float(re.search(r"tok/s=([0-9.]+) \(last 10 s\)", out).group(1))
@@ -137,21 +152,21 @@ def ours(binary, preset, batch, steps, device):
             "peak_allocated_gib": float(mem.group(1)) if mem else float("nan"), "log": out}
 
 
-def python(preset, batch, steps, device, warmup=5):
+def python(preset, batch, steps, device, warmup=5, seq=3072):
     out = run(
         [sys.executable, os.path.join(HERE, "dflash_peer.py"), "--preset", preset,
          "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
-         "--device", device],
+         "--seq", str(seq), "--device", device],
         timeout=600,
     )
     return json.loads(out.strip().splitlines()[-1])
 
 
-def specforge(preset, batch, steps, device, warmup=5):
+def specforge(preset, batch, steps, device, warmup=5, seq=3072):
     out = run(
         [sys.executable, os.path.join(HERE, "sf_peer.py"), "--preset", preset,
          "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
-         "--device", device],
+         "--seq", str(seq), "--device", device],
         timeout=900,
     )
     return json.loads(out.strip().splitlines()[-1])
@@ -177,17 +192,19 @@ def main():
     peak = matmul_peak_tflops(torch.device(args.device))
     print(f"bf16 matmul peak measured now: {peak:.0f} TFLOP/s", flush=True)
     rows = []
-    docs = synthetic_docs(3072)
     for item in filter(None, args.configs.split(",")):
-        preset, batch = item.split(":")
-        batch = int(batch)
-        flops = sum(step_flops(PRESETS[preset], batch, docs=d) for d in docs) / len(docs)
-        tokens = batch * 3072
-        row = {"preset": preset, "batch": batch, "tflop_per_step": flops / 1e12}
+        preset, batch, *rest = item.split(":")
+        batch, seq = int(batch), int(rest[0]) if rest else 3072
+        docs = synthetic_docs(seq)
+        flops = sum(step_flops(PRESETS[preset], batch, seq=seq, docs=d) for d in docs) / len(docs)
+        tokens = batch * seq
+        row = {"preset": preset, "batch": batch, "seq": seq, "tflop_per_step": flops / 1e12}
+        n_peer = peer_steps(args.peer_steps, seq)
         stacks = [("ours", lambda: ours(args.bin, preset, batch,
-                                        ours_steps(preset, batch, args.steps), args.device)),
-                  ("python", lambda: python(preset, batch, args.peer_steps, args.device)),
-                  ("specforge", lambda: specforge(preset, batch, args.peer_steps, args.device))]
+                                        ours_steps(preset, batch, args.steps, seq), args.device,
+                                        seq)),
+                  ("python", lambda: python(preset, batch, n_peer, args.device, seq=seq)),
+                  ("specforge", lambda: specforge(preset, batch, n_peer, args.device, seq=seq))]
         peers = args.peers.split(",")
         for name, fn in [(n, f) for n, f in stacks if n == "ours" or n in peers]:
             try:
@@ -201,9 +218,9 @@ def main():
         rows.append(row)
 
     print()
-    print("| shapes | batch | dflash-top tok/s | Python tok/s | SpecForge tok/s | vs Python "
+    print("| shapes | batch | seq | dflash-top tok/s | Python tok/s | SpecForge tok/s | vs Python "
           "| vs SpecForge | MFU ours / Python / SpecForge | peak GiB ours / Python / SpecForge |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         o = r["ours"]
         p, f = r.get("python", {}), r.get("specforge", {})
@@ -217,7 +234,7 @@ def main():
             return "–"
 
         three = lambda key, fmt: " / ".join(cell(x, key, fmt) for x in (o, p, f))  # noqa: E731
-        print(f"| {r['preset']} | {r['batch']} | {cell(o, 'tok_per_s', '{:,.0f}')} "
+        print(f"| {r['preset']} | {r['batch']} | {r['seq']} | {cell(o, 'tok_per_s', '{:,.0f}')} "
               f"| {cell(p, 'tok_per_s', '{:,.0f}')} | {cell(f, 'tok_per_s', '{:,.0f}')} "
               f"| {ratio(p)} | {ratio(f)} | {three('mfu', '{:.0%}')} "
               f"| {three('peak_allocated_gib', '{:.1f}')} |")
