@@ -312,3 +312,24 @@ fn long_rows_are_taken_up_to_the_cap_and_refused_past_it() {
         "{e:#}"
     );
 }
+
+/// The placement advice follows the row's length: at 8B shapes the drafter's work is per anchor
+/// (512 a row at any length) while the target's grows with the row, so on long rows the drafter's
+/// share falls and the advice gives the target more of the GPUs (on 8 GPUs: 3 targets + 5
+/// drafters at 3K, a target and a drafter on each GPU at 32K).
+#[test]
+fn placement_advice_follows_the_rows_length() {
+    let p = Preset::by_name("qwen3-8b").unwrap();
+    let spec = p.drafter_spec(&p.target);
+    let ratio = |seq| crate::engine::flops::flop_ratio(&p.target, &spec, seq, 512);
+    let (short, long) = (ratio(3072), ratio(32768));
+    assert!(short > 1.0 && long < 0.5, "3K {short}, 32K {long}");
+    let targets = |r| crate::telemetry::placement::advise(r, 8).devices().0.len();
+    let text = |r| crate::telemetry::placement::advise(r, 8).text();
+    assert!(
+        targets(long) > targets(short),
+        "{} / {}",
+        text(short),
+        text(long)
+    );
+}
