@@ -161,12 +161,13 @@ fn gates_that_never_hold_let_the_run_finish_with_success() {
 
 #[test]
 fn fail_if_verdict_stalled_on_a_hung_target() {
-    // The target's first step takes 30 s: the pipeline stalls after 10 s of start-up.
+    // The target's first step takes 60 s: the pipeline stalls once it has worked 30 s in it
+    // (src/telemetry/stall.rs, FIRST_STEP_NS).
     let o = run(&[
         "train",
         "--headless",
         "--slow",
-        "target=30s",
+        "target=60s",
         "--fail-if",
         "verdict=stalled for 1s",
     ]);
@@ -184,7 +185,7 @@ fn fail_if_warn_at_error_on_a_hung_target() {
         "train",
         "--headless",
         "--slow",
-        "target=30s",
+        "target=60s",
         "--fail-if",
         "warn>=error",
     ]);
@@ -260,13 +261,13 @@ fn a_stall_is_dumped_beside_the_save_dir_and_the_dump_replays() {
     use dflash_top::wire::recording::{read, Recording};
     let dir = tempfile::tempdir().unwrap();
     let save = dir.path().join("ckpt");
-    // The target's first step takes 30 s: the pipeline stalls after 10 s of start-up; the gate
-    // ends the run a second into the stall.
+    // The target's first step takes 60 s: the pipeline stalls once it has worked 30 s in it;
+    // the gate ends the run a second into the stall.
     let o = run(&[
         "train",
         "--headless",
         "--slow",
-        "target=30s",
+        "target=60s",
         "--save-dir",
         save.to_str().unwrap(),
         "--fail-if",
