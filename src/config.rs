@@ -3,8 +3,8 @@
 //! the flag or file and the fix.
 
 use crate::cli::TrainArgs;
-use crate::engine::schedule::Schedule;
 pub use crate::engine::spec::{DataSpec, PipelineSpec, Slow};
+use crate::engine::train::schedule::Schedule;
 use crate::telemetry::warnings::WarnConfig;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -82,7 +82,7 @@ impl RunConfig {
             check_data_position(s, args.resume.as_deref())?;
         }
         let devices = devices_of(args, &file, || {
-            crate::engine::flops::flop_ratio(
+            crate::engine::model::flops::flop_ratio(
                 &model.target_config,
                 &model.drafter_spec,
                 model.recipe.seq_len,
@@ -189,8 +189,11 @@ impl Limits {
             bail!("--save-every needs --save-dir: say where checkpoints go");
         }
         if let Some(dir) = &save_dir {
-            let notes =
-                crate::engine::save_dir::prepare(dir, args.resume.is_some(), args.overwrite)?;
+            let notes = crate::engine::checkpoint::save_dir::prepare(
+                dir,
+                args.resume.is_some(),
+                args.overwrite,
+            )?;
             for n in notes {
                 eprintln!("dflash-top: note: {n}");
             }
@@ -235,13 +238,13 @@ fn devices_of(
     placed_devices(targets.unwrap_or("cpu"), drafters.unwrap_or("cpu"), ratio)
 }
 
-/// `--cupti` (default `auto`), applied: CUPTI subscribed where it counts (src/engine/cupti.rs).
+/// `--cupti` (default `auto`), applied: CUPTI subscribed where it counts (src/engine/gpu/cupti.rs).
 fn cupti_of(
     flag: Option<&str>,
     targets: &[Device],
     drafters: &[Device],
-) -> Result<crate::engine::cupti::CuptiState> {
-    use crate::engine::cupti::{install, Setting};
+) -> Result<crate::engine::gpu::cupti::CuptiState> {
+    use crate::engine::gpu::cupti::{install, Setting};
     let setting = match flag {
         None => Setting::Auto,
         Some(s) => {

@@ -1,7 +1,7 @@
 //! The CUDA shim (src/engine/cxx/cuda_shim.cpp, C++ over libtorch's CUDA API that build.rs
 //! compiles against the wheel's headers): its C functions, where the build has it, or stand-ins
 //! that say it is missing; and the device queries the probes and the engine both use (PCI bus
-//! ids, memory). The engine's streams, events, graphs and kernels (src/engine/cuda.rs) call
+//! ids, memory). The engine's streams, events, graphs and kernels (src/engine/gpu/cuda.rs) call
 //! through here.
 
 use anyhow::{bail, Result};

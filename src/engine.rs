@@ -1,45 +1,16 @@
-//! The DFlash training engine: data, the Qwen3 target, the DFlash drafter, blocks and masks,
-//! the loss, the optimizer, checkpoints, and the pipelined workers.
+//! The DFlash training engine, in rooms by job (bottom up): `gpu` (CUDA, CUPTI, fast paths) and
+//! `data` (packing, JSONL, tokenizing, chat templates) near the ground; `model` (the target, the
+//! drafter, their shapes and weights); `train` (blocks, loss, optimizer, the drafter's step);
+//! `checkpoint`; `pipeline` (the workers and their queues) with `parallel` beside it (replicas,
+//! multi-process jobs); `bench` on top. `spec` (the resolved run) and `cxx/` (the C++ and CUDA
+//! sources the build compiles) sit at the root.
 
-pub mod blocks;
-pub mod c10d;
-pub mod chat;
+pub mod bench;
 pub mod checkpoint;
-pub mod checksum;
-pub mod config;
-pub mod crew;
-pub mod cuda;
-pub mod cupti;
 pub mod data;
-pub mod decode;
-pub mod drafter;
-pub mod drafter_bench;
-pub mod drafter_graph;
-pub mod drafter_step;
-pub mod drafter_worker;
-pub mod fast_paths;
-pub mod flops;
-pub mod handoff;
-pub mod host_sync;
-pub mod jsonl;
-pub mod layers;
-pub mod loss;
-pub mod marks;
-pub mod nccl;
-pub mod optim;
+pub mod gpu;
+pub mod model;
+pub mod parallel;
 pub mod pipeline;
-pub mod qwen3;
-pub mod rank_replica;
-pub mod ranks;
-pub mod recipe;
-pub mod replica_check;
-pub mod replicas;
-pub mod save_dir;
-pub mod schedule;
 pub mod spec;
-pub mod target_graph;
-pub mod tiled;
-pub mod tokenize;
-pub mod varlen;
-pub mod weights;
-pub mod workers;
+pub mod train;

@@ -1,5 +1,5 @@
 //! How a run's save directory is laid out: one `step-N` directory a checkpoint. The engine writes
-//! and prunes them (src/engine/save_dir.rs, checkpoint.rs); a run's summary names the newest.
+//! and prunes them (src/engine/checkpoint/save_dir.rs, checkpoint.rs); a run's summary names the newest.
 
 use std::path::{Path, PathBuf};
 

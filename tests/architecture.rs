@@ -302,8 +302,8 @@ fn no_file_reaches_a_floor_above_its_own_or_the_engine_from_the_viewer() {
     assert!(uses("cmd/session.rs", "engine/pipeline.rs"));
     assert!(uses("cmd/train.rs", "cmd/session.rs"));
     // A test module's own file is test code: it may reach up, and is not in the graph.
-    assert!(!g.contains_key(&src().join("engine/drafter_step/tests.rs")));
-    assert!(g.contains_key(&src().join("engine/drafter_step.rs")));
+    assert!(!g.contains_key(&src().join("engine/train/drafter_step/tests.rs")));
+    assert!(g.contains_key(&src().join("engine/train/drafter_step.rs")));
     let bad = violations(&g);
     assert!(
         bad.is_empty(),

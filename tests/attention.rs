@@ -3,16 +3,16 @@
 //! document starts, padding anchors and whole tiles of padding, rows whose tiles have different
 //! context windows, and a window that spans the whole context.
 
-use dflash_top::engine::blocks::{
-    anchors_tensor, block_mask, block_positions, block_spans, context_mask, tiled_block_mask,
-    Anchors,
-};
-use dflash_top::engine::config::Preset;
-use dflash_top::engine::drafter::Drafter;
-use dflash_top::engine::layers::masked_attention;
-use dflash_top::engine::tiled::{
+use dflash_top::engine::model::config::Preset;
+use dflash_top::engine::model::drafter::Drafter;
+use dflash_top::engine::model::layers::masked_attention;
+use dflash_top::engine::model::tiled::{
     context_spans, padded_width, plan_runs, tile_anchors, tiled_attention, window_grid, AttnMask,
     Span, TiledMask, WindowPlan,
+};
+use dflash_top::engine::train::blocks::{
+    anchors_tensor, block_mask, block_positions, block_spans, context_mask, tiled_block_mask,
+    Anchors,
 };
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
@@ -456,7 +456,7 @@ fn tiled_attention_equals_the_dense_mask_forward_and_backward() {
 
 #[test]
 fn documents_split_at_id_changes_and_row_ends() {
-    use dflash_top::engine::varlen::Varlen;
+    use dflash_top::engine::model::varlen::Varlen;
     // Row 0: documents of 3 and 2 tokens; row 1: 4 tokens of one document, then 1 of padding.
     // Row 1's first document has the id row 0's last one had: the row end still splits them.
     let ids = [0i64, 0, 0, 1, 1, 1, 1, 1, 1, 2];
@@ -474,8 +474,8 @@ fn documents_split_at_id_changes_and_row_ends() {
 #[test]
 #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn flash_target_equals_the_dense_document_mask_on_cuda() {
-    use dflash_top::engine::qwen3::Qwen3Target;
-    use dflash_top::engine::varlen::Varlen;
+    use dflash_top::engine::model::qwen3::Qwen3Target;
+    use dflash_top::engine::model::varlen::Varlen;
     let Some(dev) = crate::cuda_shim_or_skip("the flash path") else {
         return;
     };
@@ -610,7 +610,7 @@ fn block_spans_hold_exactly_the_keys_the_mask_shows() {
 #[test]
 #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn the_block_attention_kernels_equal_the_dense_mask_on_cuda() {
-    use dflash_top::engine::cuda::{block_attention, block_attention_state};
+    use dflash_top::engine::gpu::cuda::{block_attention, block_attention_state};
     let Some(dev) = crate::cuda_shim_or_skip("the block attention kernels") else {
         return;
     };

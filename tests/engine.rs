@@ -1,12 +1,14 @@
 //! The engine on the CPU: packing, anchors, masks, labels, loss weights, shapes, a falling
 //! loss, and bad inputs that must end in a sentence, not a panic.
 
-use dflash_top::engine::blocks::*;
-use dflash_top::engine::config::{drafter_spec_for, Preset, Qwen3Config};
 use dflash_top::engine::data::{doc_ids_and_positions, Doc, DocSource, Packer, Rng};
-use dflash_top::engine::drafter::Drafter;
-use dflash_top::engine::loss::{block_metrics, chunked_loss_backward, gamma_for, slot_weights};
-use dflash_top::engine::qwen3::{document_causal_mask, Qwen3Target};
+use dflash_top::engine::model::config::{drafter_spec_for, Preset, Qwen3Config};
+use dflash_top::engine::model::drafter::Drafter;
+use dflash_top::engine::model::qwen3::{document_causal_mask, Qwen3Target};
+use dflash_top::engine::train::blocks::*;
+use dflash_top::engine::train::loss::{
+    block_metrics, chunked_loss_backward, gamma_for, slot_weights,
+};
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 fn vec_i64(t: &Tensor) -> Vec<i64> {
@@ -317,7 +319,7 @@ fn target_mask_is_causal_within_each_document() {
     );
 }
 
-fn tiny() -> (Qwen3Config, dflash_top::engine::config::DrafterSpec) {
+fn tiny() -> (Qwen3Config, dflash_top::engine::model::config::DrafterSpec) {
     let p = Preset::by_name("tiny").unwrap();
     let spec = p.drafter_spec(&p.target);
     (p.target, spec)
@@ -425,7 +427,7 @@ fn a_document_at_the_end_of_a_long_row_trains_as_in_a_row_of_its_own() {
             false,
         )
         .detach();
-        let mask = dflash_top::engine::tiled::AttnMask::Tiled(tiled_block_mask(
+        let mask = dflash_top::engine::model::tiled::AttnMask::Tiled(tiled_block_mask(
             docs, &a, block, &per_row, &host_docs,
         ));
         let out =
@@ -708,7 +710,7 @@ fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
 
 #[test]
 fn sliding_layers_drop_keys_beyond_the_window_and_later_block_slots() {
-    use dflash_top::engine::drafter::sliding;
+    use dflash_top::engine::model::drafter::sliding;
     // One block of 2 at anchor 5 over a row of 6: context keys 0..5, block keys at 5, 6.
     let docs = Tensor::zeros([1, 6], (Kind::Int64, Device::Cpu));
     let a = anchors(&[5], &[true]);
@@ -739,8 +741,8 @@ fn sliding_layers_drop_keys_beyond_the_window_and_later_block_slots() {
 /// mean across replicas, clip, AdamW.
 fn dp_step(
     drafter: &Drafter,
-    opt: &mut dflash_top::engine::optim::AdamW,
-    replicas: &mut dyn dflash_top::engine::replicas::GradMean,
+    opt: &mut dflash_top::engine::train::optim::AdamW,
+    replicas: &mut dyn dflash_top::engine::parallel::replicas::GradMean,
     head: &Tensor,
     batch: &DpBatch,
 ) -> f64 {
@@ -787,9 +789,9 @@ impl DpBatch {
 
 #[test]
 fn two_replicas_stay_identical_and_match_one_drafter_with_twice_the_batch() {
-    use dflash_top::engine::config::drafter_spec_for;
-    use dflash_top::engine::optim::AdamW;
-    use dflash_top::engine::replicas::{LocalGroup, Single};
+    use dflash_top::engine::model::config::drafter_spec_for;
+    use dflash_top::engine::parallel::replicas::{LocalGroup, Single};
+    use dflash_top::engine::train::optim::AdamW;
     tch::manual_seed(11);
     let (cfg, _) = tiny();
     let spec = drafter_spec_for(&cfg, 1, 511, 4);
@@ -967,7 +969,7 @@ fn chat_lines_go_through_the_tokenizers_own_chat_template() {
 #[test]
 #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn rms_norm_on_cuda_in_bf16_matches_the_fp32_formula() {
-    use dflash_top::engine::layers::RmsNorm;
+    use dflash_top::engine::model::layers::RmsNorm;
     let Some(dev) = crate::cuda_or_skip("the fused RMSNorm") else {
         return;
     };

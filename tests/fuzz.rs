@@ -5,11 +5,11 @@
 use dflash_top::cli::TrainArgs;
 use dflash_top::config::{parse_devices, parse_slow, RunConfig};
 use dflash_top::engine::checkpoint::read_drafter_spec;
-use dflash_top::engine::config::Qwen3Config;
 use dflash_top::engine::data::{DocSource, JsonlOptions, JsonlSource};
-use dflash_top::engine::optim::AdamW;
+use dflash_top::engine::model::config::Qwen3Config;
+use dflash_top::engine::model::weights::read_all;
 use dflash_top::engine::spec::MAX_SEQ_LEN;
-use dflash_top::engine::weights::read_all;
+use dflash_top::engine::train::optim::AdamW;
 use dflash_top::telemetry::snapshot_lines::read_recording;
 use proptest::prelude::*;
 use std::path::Path;
@@ -216,7 +216,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let ckpt = dir.path().join("step-000001");
         std::fs::create_dir(&ckpt).unwrap();
-        let preset = dflash_top::engine::config::Preset::by_name("tiny").unwrap();
+        let preset = dflash_top::engine::model::config::Preset::by_name("tiny").unwrap();
         let spec = preset.drafter_spec(&preset.target);
         let cfg = dflash_top::engine::checkpoint::drafter_config_json(&spec);
         write(&ckpt, "config.json", cfg.to_string().as_bytes());

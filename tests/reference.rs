@@ -1,13 +1,13 @@
 //! The Rust engine against PyTorch + transformers + z-lab's dflash: the same weights, the same
 //! inputs, the same numbers (tests/reference/make_reference.py makes them; `make test` runs it).
 
-use dflash_top::engine::blocks::{block_mask, Anchors};
 use dflash_top::engine::checkpoint::{self, TrainerState};
-use dflash_top::engine::config::Qwen3Config;
-use dflash_top::engine::drafter::Drafter;
-use dflash_top::engine::optim::AdamW;
-use dflash_top::engine::qwen3::Qwen3Target;
-use dflash_top::engine::weights;
+use dflash_top::engine::model::config::Qwen3Config;
+use dflash_top::engine::model::drafter::Drafter;
+use dflash_top::engine::model::qwen3::Qwen3Target;
+use dflash_top::engine::model::weights;
+use dflash_top::engine::train::blocks::{block_mask, Anchors};
+use dflash_top::engine::train::optim::AdamW;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::{nn::VarStore, Device, Kind, Tensor};
@@ -253,11 +253,11 @@ fn specforge_peer_trains_the_tiny_preset_on_the_cpu() {
 /// block, not from ours), on two rows of two documents and padding each.
 #[test]
 fn training_loss_labels_and_gradients_match_specforges_rules_on_packed_rows() {
-    use dflash_top::engine::blocks::{
+    use dflash_top::engine::model::tiled::AttnMask;
+    use dflash_top::engine::train::blocks::{
         block_input_ids, block_labels, block_positions, tiled_block_mask,
     };
-    use dflash_top::engine::loss::{chunked_loss_backward, gamma_for, slot_weights};
-    use dflash_top::engine::tiled::AttnMask;
+    use dflash_top::engine::train::loss::{chunked_loss_backward, gamma_for, slot_weights};
     let m = load_models();
     let r = &m.reference;
     let t = |k: &str| r[&format!("train.{k}")].shallow_clone();

@@ -52,7 +52,7 @@ def matmul_peak_tflops(device, n=8192, iters=40):
 
 def step_flops(shape, batch, seq=3072, anchors=512, block=16, drafter_layers=5, docs=None):
     """FLOPs of one training step over `batch` rows as the step computes them, counted term for
-    term as src/engine/flops.rs counts them (python/tests/test_peer_flops.py and that file's tests
+    term as src/engine/model/flops.rs counts them (python/tests/test_peer_flops.py and that file's tests
     hold one hand count): a multiply-add is 2 FLOPs, attention counts the (query, key) pairs a
     query sees.
     - target: its layers up to the deepest one the drafter reads, attention causal within each

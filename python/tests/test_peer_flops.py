@@ -1,5 +1,5 @@
 """python/peer/compare.py's `step_flops`, the MFU numerator for every stack it compares, against
-a hand count on tiny shapes: the same shapes and figures as src/engine/flops.rs's tests, so that
+a hand count on tiny shapes: the same shapes and figures as src/engine/model/flops.rs's tests, so that
 the two counts stay one."""
 
 import importlib.util

@@ -62,7 +62,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
 /// random prompts at each batch size of --gen-batches, greedy, no end token; new tokens a second
 /// each, and each batch's rate over the first's.
 fn generate(args: &BenchArgs) -> Result<()> {
-    use crate::engine::decode::{continuations, Decoding};
+    use crate::engine::model::decode::{continuations, Decoding};
     let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let numbers = |text: &str, flag: &str| -> Result<Vec<usize>> {
         text.split(',')
@@ -79,8 +79,8 @@ fn generate(args: &BenchArgs) -> Result<()> {
     let target = &cfg.target_config;
     let vs = tch::nn::VarStore::new(device);
     tch::manual_seed(cfg.seed as i64);
-    crate::engine::decode::set_threads_for(device, target);
-    let mut model = crate::engine::qwen3::Qwen3Target::new_full(&vs.root(), target, 0.02);
+    crate::engine::model::decode::set_threads_for(device, target);
+    let mut model = crate::engine::model::qwen3::Qwen3Target::new_full(&vs.root(), target, 0.02);
     model.fuse_projections();
     let mut vs = vs;
     vs.freeze();
@@ -126,7 +126,7 @@ fn generate(args: &BenchArgs) -> Result<()> {
             "bench: generate preset={} device={} batch={b} prompt={prompt_len} new={new} \
              tok/s={rate:.0} vs_batch{}={:.2}x",
             cfg.preset.name,
-            crate::engine::workers::device_name(device),
+            crate::engine::pipeline::workers::device_name(device),
             batches[0],
             rate / base
         );
@@ -139,8 +139,13 @@ fn generate(args: &BenchArgs) -> Result<()> {
 fn drafter(args: &BenchArgs) -> Result<()> {
     let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let steps = args.train.steps.unwrap_or(20);
-    let times = crate::engine::drafter_bench::run(&cfg, steps)?;
-    let f = crate::engine::flops::drafter_flops(&cfg.drafter_spec, cfg.seq_len, cfg.anchors, None);
+    let times = crate::engine::bench::drafter_bench::run(&cfg, steps)?;
+    let f = crate::engine::model::flops::drafter_flops(
+        &cfg.drafter_spec,
+        cfg.seq_len,
+        cfg.anchors,
+        None,
+    );
     let rows = cfg.batch as f64;
     println!(
         "bench: drafter alone preset={} batch={} seq_len={} anchors={} device={:?} steps={steps} \
@@ -242,12 +247,12 @@ fn engine(args: &BenchArgs) -> Result<()> {
     println!(
         "bench: target_attention={} target_forward={} target_kernels={} drafter_step={} \
          adamw_bf16={} drafter_attention={}",
-        crate::engine::varlen::attention_used(),
-        crate::engine::target_graph::state(),
-        crate::engine::cuda::target_kernels_state(),
-        crate::engine::drafter_graph::state(),
-        crate::engine::optim::bf16_kernel_state(),
-        crate::engine::cuda::block_attention_state()
+        crate::engine::model::varlen::attention_used(),
+        crate::engine::model::target_graph::state(),
+        crate::engine::gpu::cuda::target_kernels_state(),
+        crate::engine::train::drafter_graph::state(),
+        crate::engine::train::optim::bf16_kernel_state(),
+        crate::engine::gpu::cuda::block_attention_state()
     );
     println!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())
@@ -270,7 +275,7 @@ fn memory_lines(cfg: &PipelineSpec) -> Vec<String> {
     devices
         .into_iter()
         .filter_map(|i| {
-            let peak = crate::engine::cuda::memory_peak(i, false).ok()?;
+            let peak = crate::engine::gpu::cuda::memory_peak(i, false).ok()?;
             Some(format!(
                 "memory cuda:{i} peak_allocated_gib={:.2}",
                 peak as f64 / (1u64 << 30) as f64

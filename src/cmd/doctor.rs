@@ -34,7 +34,7 @@ pub fn report() -> String {
     let _ = writeln!(
         out,
         "NCCL shim       {}",
-        if crate::engine::nccl::AVAILABLE {
+        if crate::engine::parallel::nccl::AVAILABLE {
             "built in"
         } else {
             "not built (multi-GPU replicas unavailable)"
@@ -43,14 +43,14 @@ pub fn report() -> String {
     let _ = writeln!(
         out,
         "CUDA shim       {}",
-        if crate::engine::cuda::AVAILABLE {
+        if crate::engine::gpu::cuda::AVAILABLE {
             "built in (a stream per worker, events timing)"
         } else {
             "not built (default streams; events timing unavailable)"
         }
     );
-    if cuda && crate::engine::cuda::AVAILABLE {
-        let kernels = match crate::engine::cuda::runtime_kernels_check(tch::Device::Cuda(0)) {
+    if cuda && crate::engine::gpu::cuda::AVAILABLE {
+        let kernels = match crate::engine::gpu::cuda::runtime_kernels_check(tch::Device::Cuda(0)) {
             Ok(()) => "compiled with NVRTC and ran on cuda:0 (the target's, AdamW's)".to_string(),
             Err(why) => format!("unavailable on cuda:0 ({why:#}): libtorch's ops run instead"),
         };
@@ -203,7 +203,7 @@ pub fn masked_rows_on(device: tch::Device) -> String {
     } else {
         "non-zero values"
     };
-    let ours = crate::engine::layers::masked_attention(&q, &k, &k, &mask)
+    let ours = crate::engine::model::layers::masked_attention(&q, &k, &k, &mask)
         .get(0)
         .get(0)
         .get(1)
@@ -225,7 +225,7 @@ mod tests {
     #[test]
     #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
     fn the_report_says_our_kernels_compiled_and_ran_on_cuda() {
-        if crate::engine::cuda::cuda_or_skip("our kernels").is_none() {
+        if crate::engine::gpu::cuda::cuda_or_skip("our kernels").is_none() {
             return;
         }
         let report = super::report();

@@ -3,10 +3,10 @@
 //! for training a drafter on what its target actually says.
 
 use crate::cli::GenerateArgs;
-use crate::engine::config::Qwen3Config;
-use crate::engine::decode::{continuations, Decoding};
-use crate::engine::qwen3::Qwen3Target;
-use crate::engine::tokenize::TextTokenizer;
+use crate::engine::data::tokenize::TextTokenizer;
+use crate::engine::model::config::Qwen3Config;
+use crate::engine::model::decode::{continuations, Decoding};
+use crate::engine::model::qwen3::Qwen3Target;
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     // The output file is opened before the model loads: an unwritable --out fails at once.
     let mut out = PendingFile::create(&args.out)?;
     let (_vs, model) = load_target(args, &cfg, device)?;
-    crate::engine::decode::set_threads_for(device, &cfg);
+    crate::engine::model::decode::set_threads_for(device, &cfg);
     tch::manual_seed(args.seed as i64);
     crate::signals::install();
     let started = Instant::now();
@@ -102,11 +102,11 @@ fn load_target(
     let loading = crate::progress::Ticker::new();
     let mut vs = VarStore::new(device);
     let model = Qwen3Target::new_full(&vs.root(), cfg, 0.02);
-    let tensors = crate::engine::weights::read_all(&args.target)?;
-    crate::engine::weights::copy_into(
+    let tensors = crate::engine::model::weights::read_all(&args.target)?;
+    crate::engine::model::weights::copy_into(
         &vs,
         &tensors,
-        &crate::engine::weights::weights_label(&args.target),
+        &crate::engine::model::weights::weights_label(&args.target),
     )?;
     drop(tensors);
     vs.freeze();

@@ -9,7 +9,7 @@
 use super::session::{run_front_end, run_info, signal_exit, socket_of_rank, Session};
 use crate::cli::TrainArgs;
 use crate::config::RunConfig;
-use crate::engine::ranks::JobLink;
+use crate::engine::parallel::ranks::JobLink;
 use crate::job::JobTag;
 use crate::summary::Summary;
 use crate::wire::join_many::JoinedMany;

@@ -4,8 +4,8 @@
 
 use crate::cancel::CancelToken;
 use crate::config::RunConfig;
+use crate::engine::parallel::ranks::JobLink;
 use crate::engine::pipeline::Pipeline;
-use crate::engine::ranks::JobLink;
 use crate::summary::{JobPart, JobTotals, RankFigures, RunInfo, Summary};
 use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::Telemetry;
@@ -39,7 +39,7 @@ impl Session {
         telemetry.switches().set_profiling(cfg.viewer.profiling);
         telemetry
             .switches()
-            .set_stage_ratio_flops(crate::engine::flops::flop_ratio(
+            .set_stage_ratio_flops(crate::engine::model::flops::flop_ratio(
                 &cfg.pipeline.target_config,
                 &cfg.pipeline.drafter_spec,
                 cfg.pipeline.seq_len,

@@ -3,7 +3,7 @@
 //! (`[fast_paths]`, `verdict_dwell`).
 
 use crate::engine::data::ChatOptions;
-use crate::engine::fast_paths::FastPaths;
+use crate::engine::gpu::fast_paths::FastPaths;
 use crate::telemetry::warnings::WarnConfig;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;

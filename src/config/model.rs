@@ -5,10 +5,10 @@
 use super::FileConfig;
 use crate::cli::TrainArgs;
 use crate::engine::checkpoint;
-use crate::engine::config::{
+use crate::engine::model::config::{
     drafter_spec_for, AnchorScope, DrafterSpec, Preset, Qwen3Config, Recipe,
 };
-use crate::engine::recipe::{mask_token_of, MaskToken};
+use crate::engine::train::recipe::{mask_token_of, MaskToken};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -186,7 +186,7 @@ fn resolve_drafter(
             fresh_drafter(target_config, recipe, mask)?
         }
     };
-    crate::engine::recipe::check_pair(&spec, target_config)?;
+    crate::engine::train::recipe::check_pair(&spec, target_config)?;
     Ok((spec, mask_from))
 }
 

@@ -4,7 +4,7 @@
 use super::FileConfig;
 use crate::cli::TrainArgs;
 use crate::engine::checkpoint;
-use crate::engine::schedule::Schedule;
+use crate::engine::train::schedule::Schedule;
 use anyhow::{bail, Result};
 use std::path::Path;
 
@@ -101,7 +101,7 @@ pub(super) fn resume_state_of(
         .flatten()
         .filter(|d| d.is_dir())
     {
-        crate::engine::checksum::verify(dir)?;
+        crate::engine::checkpoint::checksum::verify(dir)?;
     }
     match &args.resume {
         Some(dir) if dir.is_dir() => Ok(Some(checkpoint::read_trainer_state(dir)?)),

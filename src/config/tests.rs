@@ -1,7 +1,7 @@
 //! Tests of the run configuration (src/config.rs): presets, TOML and flags into one `RunConfig`.
 
 use super::*;
-use crate::engine::config::{AnchorScope, Preset};
+use crate::engine::model::config::{AnchorScope, Preset};
 use std::path::Path;
 
 fn target_dir(tokenizer_ids: Option<i64>) -> tempfile::TempDir {
@@ -174,7 +174,7 @@ fn fast_paths_come_from_the_flag_or_toml_and_show_in_the_config_line() {
     })
     .unwrap()
     .pipeline;
-    use crate::engine::fast_paths::FastPath;
+    use crate::engine::gpu::fast_paths::FastPath;
     assert!(!c.fast_paths.is_on(FastPath::Graphs));
     assert!(c.fast_paths.is_on(FastPath::TargetKernels));
     assert!(c
@@ -278,7 +278,7 @@ fn warnings_come_from_the_toml_and_a_bad_key_or_value_is_named() {
 fn every_preset_resolves_without_building_its_model() {
     // Resolving a run's configuration allocates nothing: qwen3-32b (65 GB in bf16) resolves on
     // any host, with the FLOP ratio the placement advice starts from.
-    for name in crate::engine::config::PRESETS {
+    for name in crate::engine::model::config::PRESETS {
         let c = RunConfig::from_args(&TrainArgs {
             preset: Some(name.into()),
             ..TrainArgs::default()
@@ -287,7 +287,7 @@ fn every_preset_resolves_without_building_its_model() {
         .pipeline;
         let line = c.recipe_line();
         assert!(line.contains(&format!("recipe=preset:{name} ")), "{line}");
-        let ratio = crate::engine::flops::flop_ratio(
+        let ratio = crate::engine::model::flops::flop_ratio(
             &c.target_config,
             &c.drafter_spec,
             c.seq_len,
@@ -321,7 +321,7 @@ fn long_rows_are_taken_up_to_the_cap_and_refused_past_it() {
 fn placement_advice_follows_the_rows_length() {
     let p = Preset::by_name("qwen3-8b").unwrap();
     let spec = p.drafter_spec(&p.target);
-    let ratio = |seq| crate::engine::flops::flop_ratio(&p.target, &spec, seq, 512);
+    let ratio = |seq| crate::engine::model::flops::flop_ratio(&p.target, &spec, seq, 512);
     let (short, long) = (ratio(3072), ratio(32768));
     assert!(short > 1.0 && long < 0.5, "3K {short}, 32K {long}");
     let targets = |r| crate::telemetry::placement::advise(r, 8).devices().0.len();

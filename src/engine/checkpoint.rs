@@ -4,9 +4,12 @@
 //! (the fp32 master weights and the AdamW moments) and the trainer state. A checkpoint is written into a temporary directory and renamed into place, so
 //! it is never half written.
 
-use super::config::{DrafterSpec, Qwen3Config};
-use super::optim::AdamW;
-use super::schedule::Schedule;
+pub mod checksum;
+pub mod save_dir;
+
+use crate::engine::model::config::{DrafterSpec, Qwen3Config};
+use crate::engine::train::optim::AdamW;
+use crate::engine::train::schedule::Schedule;
 use crate::scratch::Scratch;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -50,7 +53,7 @@ pub struct TrainerState {
     pub anchors: Option<i64>,
     /// Absent in checkpoints of earlier versions, which budgeted per row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub anchor_scope: Option<super::blocks::AnchorScope>,
+    pub anchor_scope: Option<crate::engine::train::blocks::AnchorScope>,
 }
 
 impl TrainerState {
@@ -157,7 +160,10 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
                 path.display()
             )
         })?,
-        None => super::config::build_target_layer_ids(num_target_layers, layers.num_hidden_layers),
+        None => crate::engine::model::config::build_target_layer_ids(
+            num_target_layers,
+            layers.num_hidden_layers,
+        ),
     };
     let mask_token_id = pick("mask_token_id")
         .and_then(|x| x.as_i64())
@@ -179,7 +185,7 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
     }
     let mask_token = pick("mask_token")
         .and_then(|x| x.as_str().map(str::to_string))
-        .unwrap_or_else(|| super::config::DEFAULT_MASK_TOKEN.into());
+        .unwrap_or_else(|| crate::engine::model::config::DEFAULT_MASK_TOKEN.into());
     Ok(DrafterSpec {
         layers,
         target_layer_ids,
@@ -243,7 +249,7 @@ pub fn save(
         format!(
             "cannot save the checkpoint {}: {what}; earlier checkpoints are intact — {}",
             dir.display(),
-            super::save_dir::fix_for(&what)
+            crate::engine::checkpoint::save_dir::fix_for(&what)
         )
     };
     if let Err(e) = std::fs::create_dir_all(parent) {
@@ -309,8 +315,11 @@ fn write_files(
     opt.save(&tmp.join(OPTIMIZER_FILE))?;
     std::fs::write(tmp.join(TRAINER_FILE), serde_json::to_string_pretty(state)?)?;
     let files = ["config.json", MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE];
-    super::checksum::write(tmp, &files)?;
-    for f in files.iter().chain([&super::checksum::CHECKSUM_FILE]) {
+    crate::engine::checkpoint::checksum::write(tmp, &files)?;
+    for f in files
+        .iter()
+        .chain([&crate::engine::checkpoint::checksum::CHECKSUM_FILE])
+    {
         sync_path(&tmp.join(f))?;
     }
     sync_path(tmp)?;
@@ -346,7 +355,7 @@ fn sync_path(p: &Path) -> std::io::Result<()> {
 /// others; returns the ones removed. Other entries are never touched. Each is renamed out of the
 /// `step-*` names before it is removed, so an exit part way leaves no damaged checkpoint.
 pub fn prune(save_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
-    let steps = super::save_dir::checkpoints_in(save_dir)
+    let steps = crate::engine::checkpoint::save_dir::checkpoints_in(save_dir)
         .with_context(|| format!("cannot list {}", save_dir.display()))?;
     let drop = steps.len().saturating_sub(keep.max(1));
     let mut removed = Vec::new();
@@ -386,8 +395,8 @@ pub fn load_weights(dir: &Path, vs: &VarStore) -> Result<()> {
             file.display()
         );
     }
-    let tensors = super::weights::read_all(dir)?;
-    let unused = super::weights::copy_into(vs, &tensors, &file)?;
+    let tensors = crate::engine::model::weights::read_all(dir)?;
+    let unused = crate::engine::model::weights::copy_into(vs, &tensors, &file)?;
     if !unused.is_empty() {
         eprintln!(
             "dflash-top: note: {} tensor(s) in {} are not part of the drafter and were skipped (e.g. {})",

@@ -1,11 +1,15 @@
 //! Data: documents from a source, packed into fixed-length rows with document ids and
 //! per-document positions.
 
-use super::cuda::upload;
+pub mod chat;
+pub mod jsonl;
+pub mod tokenize;
+
+use crate::engine::gpu::cuda::upload;
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
-pub use super::jsonl::{ChatOptions, JsonlOptions, JsonlSource};
+pub use crate::engine::data::jsonl::{ChatOptions, JsonlOptions, JsonlSource};
 
 /// One document: token ids and which of them carry loss.
 #[derive(Clone, Debug, PartialEq)]

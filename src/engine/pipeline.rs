@@ -3,19 +3,25 @@
 //! cancellation token, every thread joined, the first error reported. The models and the data
 //! source come from `parts` (src/engine/pipeline/parts.rs).
 
-use super::crew::{spawn, Crew};
+pub mod crew;
+pub mod drafter_worker;
+pub mod handoff;
+pub mod marks;
+pub mod workers;
+
 use super::data::PackedBatch;
-use super::drafter_step::DrafterStep;
-use super::drafter_worker::{run_drafter, DrafterJob};
-use super::handoff::HiddenBatch;
-use super::nccl::NcclGroup;
-use super::qwen3::Qwen3Target;
-use super::rank_replica::{JobGate, JobMember};
-use super::ranks::{join_job, JobLink};
-use super::replicas::{LocalGroup, Single, StepMeet};
 use super::spec::PipelineSpec;
-use super::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
 use crate::cancel::CancelToken;
+use crate::engine::model::qwen3::Qwen3Target;
+use crate::engine::parallel::nccl::NcclGroup;
+use crate::engine::parallel::rank_replica::{JobGate, JobMember};
+use crate::engine::parallel::ranks::{join_job, JobLink};
+use crate::engine::parallel::replicas::{LocalGroup, Single, StepMeet};
+use crate::engine::pipeline::crew::{spawn, Crew};
+use crate::engine::pipeline::drafter_worker::{run_drafter, DrafterJob};
+use crate::engine::pipeline::handoff::HiddenBatch;
+use crate::engine::pipeline::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
+use crate::engine::train::drafter_step::DrafterStep;
 use crate::telemetry::queue::{monitored_queue, QueueRx, QueueTx};
 use crate::telemetry::Telemetry;
 use anyhow::{bail, Result};
@@ -50,7 +56,10 @@ pub(crate) enum Replicas {
 
 impl Replicas {
     /// Replica `i`'s handle on the group.
-    pub(crate) fn member(&self, i: usize) -> Result<Box<dyn super::replicas::GradMean>> {
+    pub(crate) fn member(
+        &self,
+        i: usize,
+    ) -> Result<Box<dyn crate::engine::parallel::replicas::GradMean>> {
         Ok(match self {
             Replicas::Local(g) => Box::new(g.member(i)),
             Replicas::Nccl(g) => Box::new(g.member(i)),
@@ -67,7 +76,9 @@ impl Replicas {
 /// through NCCL (world size 1), to exercise the path on a one-GPU machine.
 pub(crate) fn replica_group(devices: &[Device], cancel: &CancelToken) -> Result<Replicas> {
     let all_cuda = check_replica_devices(devices)?;
-    let force = !super::fast_paths::on(super::fast_paths::FastPath::SingleReplicaShortcut);
+    let force = !crate::engine::gpu::fast_paths::on(
+        crate::engine::gpu::fast_paths::FastPath::SingleReplicaShortcut,
+    );
     if devices.len() == 1 && !(force && all_cuda) {
         return Ok(Replicas::Single);
     }
@@ -151,9 +162,10 @@ fn replica_sync(
             replica_group(&cfg.drafter_devices, cancel)?,
             match cfg.drafter_devices.len() {
                 1 => Gates::None,
-                n => Gates::Local(
-                    super::replicas::StepGate::new(n, cancel.clone()) as Arc<dyn StepMeet>
-                ),
+                n => Gates::Local(crate::engine::parallel::replicas::StepGate::new(
+                    n,
+                    cancel.clone(),
+                ) as Arc<dyn StepMeet>),
             },
         ),
     })
@@ -261,7 +273,7 @@ impl Workers<'_> {
                 device: dev,
                 replicas: shared.group.member(i)?,
                 loss_chunk_mib: cfg.loss_chunk_mib,
-                graphs: super::drafter_graph::StepGraphs::as_installed(),
+                graphs: crate::engine::train::drafter_graph::StepGraphs::as_installed(),
             },
             vs: r.vs,
             input: shared.input.clone(),
@@ -296,7 +308,7 @@ impl Workers<'_> {
 
 impl Pipeline {
     pub fn start(cfg: &PipelineSpec, telemetry: &Telemetry) -> Result<Pipeline> {
-        super::fast_paths::install(cfg.fast_paths);
+        crate::engine::gpu::fast_paths::install(cfg.fast_paths);
         // The other ranks first: a job whose ranks disagree stops before anything is built.
         let link = cfg.job.as_ref().map(|tag| join_job(cfg, tag)).transpose()?;
         let started = Self::start_joined(cfg, telemetry, link.clone());

@@ -2,10 +2,10 @@
 //! checked. The command-line and TOML layer builds one; nothing here knows flags or files.
 
 use super::checkpoint;
-use super::config::{AnchorScope, DrafterSpec, Preset, Qwen3Config};
 use super::data::ChatOptions;
-use super::fast_paths::FastPaths;
-use super::schedule::Schedule;
+use crate::engine::gpu::fast_paths::FastPaths;
+use crate::engine::model::config::{AnchorScope, DrafterSpec, Preset, Qwen3Config};
+use crate::engine::train::schedule::Schedule;
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -97,7 +97,7 @@ pub struct PipelineSpec {
     /// The process's signals, as the engine may use them (a job's waits and forced exit).
     pub hooks: ProcessHooks,
     /// Whether CUPTI counts the CUDA workers' launches and syncs (`--cupti`, resolved).
-    pub cupti: super::cupti::CuptiState,
+    pub cupti: crate::engine::gpu::cupti::CuptiState,
 }
 
 impl PipelineSpec {

@@ -39,7 +39,7 @@ pub struct TrainMetrics {
 }
 
 /// The CUDA API calls a thread made in one iteration, where CUPTI counts them (our engine with
-/// `--cupti`, src/engine/cupti.rs): kernel launches, and the CPU time spent inside launch and
+/// `--cupti`, src/engine/gpu/cupti.rs): kernel launches, and the CPU time spent inside launch and
 /// synchronize calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CudaCalls {

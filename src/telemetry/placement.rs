@@ -1,7 +1,7 @@
 //! Placement advice: how to split target and drafter workers over the GPUs at hand, from the
 //! ratio of the two stages' costs per batch — measured (a running pipeline's busy time per step,
 //! waits left out) or, before anything ran, estimated from the models' FLOPs (the engine's
-//! src/engine/flops.rs gives that ratio).
+//! src/engine/model/flops.rs gives that ratio).
 //!
 //! With `G` GPUs and a drafter stage `r` times the target's, `t` GPUs of targets and `G - t` of
 //! drafters move min(t, (G - t) / r) batches per target-time; a target and a drafter sharing

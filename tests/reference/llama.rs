@@ -5,10 +5,10 @@
 
 use super::{load, max_diff, reference_dir, root};
 use dflash_top::engine::checkpoint;
-use dflash_top::engine::config::{Arch, Qwen3Config};
-use dflash_top::engine::drafter::Drafter;
-use dflash_top::engine::qwen3::{KvCache, Qwen3Target};
-use dflash_top::engine::weights;
+use dflash_top::engine::model::config::{Arch, Qwen3Config};
+use dflash_top::engine::model::drafter::Drafter;
+use dflash_top::engine::model::qwen3::{KvCache, Qwen3Target};
+use dflash_top::engine::model::weights;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::{nn::VarStore, Device, Tensor};

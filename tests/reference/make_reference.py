@@ -66,7 +66,7 @@ block_ids = torch.full((1, A, BLOCK), MASK)
 block_ids[:, :, 0] = input_ids.gather(1, anchors)
 block_ids = block_ids.view(1, A * BLOCK)
 block_pos = (anchors[..., None] + torch.arange(BLOCK)).view(1, A * BLOCK)
-# The training mask (README.md, "Architecture"; src/engine/blocks.rs): context before the anchor, own block both ways.
+# The training mask (README.md, "Architecture"; src/engine/train/blocks.rs): context before the anchor, own block both ways.
 q_block = torch.arange(A).repeat_interleave(BLOCK)
 ctx = torch.arange(S)[None, :] < anchors[0].repeat_interleave(BLOCK)[:, None]
 own = q_block[:, None] == q_block[None, :]

@@ -2,7 +2,7 @@
 //! drafter's FLOP rates over their phases' device time.
 
 use crate::config::PipelineSpec;
-use crate::engine::flops::DrafterFlops;
+use crate::engine::model::flops::DrafterFlops;
 use crate::telemetry::snapshot::ThreadView;
 use crate::telemetry::{GpuTiming, Phase, Role, Snapshot};
 
@@ -51,7 +51,7 @@ pub(super) fn cuda_calls_line(cfg: &PipelineSpec, s: &Snapshot) -> String {
 /// phase's device time, a row's attention counted as one document's: an upper bound), per target
 /// worker.
 pub(super) fn target_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
-    let flops = crate::engine::flops::target_flops(
+    let flops = crate::engine::model::flops::target_flops(
         &cfg.target_config,
         &cfg.drafter_spec,
         cfg.seq_len,
@@ -88,7 +88,12 @@ fn target_rates(flops: f64, s: &Snapshot) -> Option<String> {
 /// The drafter's rate per phase in TFLOP/s-equivalent (`engine::flops::drafter_flops` over each
 /// phase's device time, a row counted as one document: an upper bound), per drafter worker.
 pub(super) fn drafter_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
-    let f = crate::engine::flops::drafter_flops(&cfg.drafter_spec, cfg.seq_len, cfg.anchors, None);
+    let f = crate::engine::model::flops::drafter_flops(
+        &cfg.drafter_spec,
+        cfg.seq_len,
+        cfg.anchors,
+        None,
+    );
     drafter_rates(f, cfg.batch as f64, s)
 }
 

@@ -3,7 +3,7 @@
 
 use crate::cli::BenchArgs;
 use crate::config::{PipelineSpec, RunConfig};
-use crate::engine::replica_check::{relative_gap, ReplicaReport};
+use crate::engine::bench::replica_check::{relative_gap, ReplicaReport};
 use anyhow::{bail, Result};
 
 /// `bench replicas`: --steps (default 20) steps of the replicas on --drafter-devices against one
@@ -15,7 +15,7 @@ pub(super) fn replicas(args: &BenchArgs) -> Result<()> {
     }
     let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let steps = args.train.steps.unwrap_or(20);
-    let report = crate::engine::replica_check::run(&cfg, steps)?;
+    let report = crate::engine::bench::replica_check::run(&cfg, steps)?;
     match &cfg.job {
         Some(job) => rank_report(&cfg, job, steps, args.tolerance, &report),
         None => process_report(&cfg, steps, args.tolerance, &report),

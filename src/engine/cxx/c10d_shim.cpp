@@ -1,7 +1,7 @@
 // A small C shim over libtorch's own distributed pieces for jobs of several processes: the
 // rendezvous store (c10d::TCPStore, under a PrefixStore per job) and the CPU process group
 // (c10d::ProcessGroupGloo). Built against the wheel's headers (Gloo's own are declared in
-// gloo_decls/); src/engine/c10d.rs is the Rust side. The store pointer it hands out is the same
+// gloo_decls/); src/engine/parallel/c10d.rs is the Rust side. The store pointer it hands out is the same
 // `c10::intrusive_ptr<c10d::Store>*` that nccl_shim.cpp's dflash_nccl_new takes.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

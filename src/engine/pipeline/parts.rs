@@ -4,13 +4,13 @@
 //! resume).
 
 use crate::engine::checkpoint;
-use crate::engine::config::{DrafterSpec, Qwen3Config};
 use crate::engine::data::{DocSource, JsonlOptions, JsonlSource, Synthetic};
-use crate::engine::drafter::Drafter;
-use crate::engine::optim::AdamW;
-use crate::engine::qwen3::Qwen3Target;
+use crate::engine::model::config::{DrafterSpec, Qwen3Config};
+use crate::engine::model::drafter::Drafter;
+use crate::engine::model::qwen3::Qwen3Target;
+use crate::engine::pipeline::workers::DataCounts;
 use crate::engine::spec::{DataSpec, PipelineSpec};
-use crate::engine::workers::DataCounts;
+use crate::engine::train::optim::AdamW;
 use anyhow::Result;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -27,11 +27,11 @@ pub(crate) fn build_target(
     let mut vs = VarStore::new(device);
     let mut model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
     if let Some(dir) = &cfg.target {
-        let tensors = crate::engine::weights::read_all(dir)?;
-        crate::engine::weights::copy_into(
+        let tensors = crate::engine::model::weights::read_all(dir)?;
+        crate::engine::model::weights::copy_into(
             &vs,
             &tensors,
-            &crate::engine::weights::weights_label(dir),
+            &crate::engine::model::weights::weights_label(dir),
         )?;
     }
     vs.freeze();
@@ -101,7 +101,7 @@ pub(crate) fn data_source(
                 seed: Some(cfg.seed),
                 threads: match cfg.data_threads {
                     Some(n) => n,
-                    None => crate::engine::jsonl::reading_threads(),
+                    None => crate::engine::data::jsonl::reading_threads(),
                 },
                 on_dropped: Some(Box::new(move |n| {
                     counts.dropped_docs.fetch_add(n, Ordering::Relaxed);

@@ -1,0 +1,5 @@
+//! Measurements of the engine's parts: the drafter's step alone (drafter_bench) and replicas
+//! against one drafter (replica_check). Uses the rooms below it; the `bench` command runs it.
+
+pub mod drafter_bench;
+pub mod replica_check;

@@ -1,0 +1,470 @@
+//! The replica check behind `bench replicas`: D drafter replicas, each on its own device and its
+//! own share of every batch, against one drafter that takes the whole batch — same start, same
+//! data, same anchors. Data parallelism is right when the replicas end with identical weights
+//! (each step's gradients averaged) and their mean loss follows the single drafter's curve. In a
+//! job of several processes each rank runs its D replicas of the job's and the same single
+//! drafter (src/engine/bench/replica_check/across_ranks.rs says how the ranks compare).
+
+use crate::cancel::CancelToken;
+use crate::engine::data::{PackedBatch, Packer, Rng};
+use crate::engine::model::target_graph::TargetForward;
+use crate::engine::parallel::ranks::JobLink;
+use crate::engine::parallel::replicas::Single;
+use crate::engine::pipeline::workers::DataCounts;
+use crate::engine::pipeline::{
+    build_drafters, build_target, check_replica_devices, data_source, frozen_on, replica_group,
+    Replicas,
+};
+use crate::engine::spec::PipelineSpec;
+use crate::engine::train::blocks::sample_anchors;
+use crate::engine::train::drafter_step::{DrafterStep, StepOutcome, Unprobed};
+use crate::engine::train::optim::AdamW;
+use anyhow::{bail, Context, Result};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::ops::Range;
+use std::sync::Arc;
+use tch::{Device, Kind, Tensor};
+
+mod across_ranks;
+
+/// What the check measured.
+pub struct ReplicaReport {
+    /// Per step: the replicas' mean loss and the single drafter's loss.
+    pub losses: Vec<(f32, f32)>,
+    /// Largest |weight difference| between replica 0 and each other replica, after the last step.
+    pub replica_diff: f64,
+    /// Largest |weight difference| between replica 0 and the single drafter.
+    pub single_diff: f64,
+}
+
+/// |r - s| / |s|: how far the replicas' mean loss `r` is from the single drafter's `s`.
+pub(crate) fn relative_gap(r: f64, s: f64) -> f64 {
+    (r - s).abs() / s.abs().max(1e-6)
+}
+
+impl ReplicaReport {
+    /// Largest |replica mean loss - single loss| / single loss over single steps.
+    pub fn step_gap(&self) -> f64 {
+        self.losses
+            .iter()
+            .map(|(r, s)| relative_gap(*r as f64, *s as f64))
+            .fold(0.0, f64::max)
+    }
+}
+
+/// A batch's rows `rows` (host copies and tensors), for one replica.
+fn slice_rows(b: &PackedBatch, rows: Range<i64>) -> PackedBatch {
+    let (n, seq) = (rows.end - rows.start, b.seq as usize);
+    let host = rows.start as usize * seq..rows.end as usize * seq;
+    PackedBatch {
+        rows: n,
+        seq: b.seq,
+        input_ids: b.input_ids.narrow(0, rows.start, n),
+        positions: b.positions.narrow(0, rows.start, n),
+        doc_ids: b.doc_ids.narrow(0, rows.start, n),
+        loss_mask: b.loss_mask.narrow(0, rows.start, n),
+        host_doc_ids: b.host_doc_ids[host.clone()].to_vec(),
+        host_loss_mask: b.host_loss_mask[host].to_vec(),
+        docs_placed: b.docs_placed,
+        truncated: 0,
+    }
+}
+
+/// Anchors of every row of `b`, each row from a sampler seeded by the step and the row, so that
+/// a replica and the single drafter draw the same anchors for the same row.
+pub(crate) fn anchors_by_row(b: &PackedBatch, cfg: &PipelineSpec, step: u64) -> Vec<Vec<i64>> {
+    let seq = b.seq as usize;
+    (0..b.rows as usize)
+        .map(|r| {
+            let mut rng = Rng::new(cfg.seed ^ (step << 20) ^ r as u64);
+            let span = r * seq..(r + 1) * seq;
+            sample_anchors(
+                &b.host_doc_ids[span.clone()],
+                &b.host_loss_mask[span],
+                cfg.anchors as usize,
+                cfg.anchor_scope,
+                &mut rng,
+            )
+        })
+        .collect()
+}
+
+/// One replica's share of a step: hidden states and batch on its device, its rows' anchors.
+struct Share {
+    hidden: Tensor,
+    batch: PackedBatch,
+    anchors: Vec<Vec<i64>>,
+    lr: f64,
+}
+
+/// A replica's thread: joins the group, then one step per share until the channel closes.
+fn replica_loop(
+    mut step: DrafterStep,
+    shares: Receiver<Share>,
+    out: Sender<Result<StepOutcome>>,
+) -> Result<AdamW> {
+    let _stream = crate::engine::gpu::cuda::Stream::own(step.device)?; // as the workers have
+    step.prepare()?;
+    for s in shares {
+        let r = step.run(&s.hidden, &s.batch, &s.anchors, s.lr, &mut Unprobed);
+        let failed = r.is_err();
+        if out.send(r).is_err() || failed {
+            break;
+        }
+    }
+    Ok(step.optimizer)
+}
+
+/// Waits until the work queued on each CUDA device in `devices` is done.
+fn synchronize(devices: &[Device]) {
+    for d in devices {
+        if let Device::Cuda(i) = d {
+            tch::Cuda::synchronize(*i as i64);
+        }
+    }
+}
+
+/// The largest |difference| between two optimizers' master weights.
+fn max_diff(a: &mut AdamW, b: &mut AdamW) -> f64 {
+    gap(a.flat_params(), b.flat_params())
+}
+
+/// `max_diff` between two replicas, and between the bf16 weights their models read where they
+/// have them: equal masters round to equal weights, so a replica whose working weights missed an
+/// update shows there.
+fn replicas_apart(a: &mut AdamW, b: &mut AdamW) -> f64 {
+    let masters = max_diff(a, b);
+    match (a.working_params(), b.working_params()) {
+        (Some(x), Some(y)) => masters.max(gap(x, y)),
+        _ => masters,
+    }
+}
+
+fn gap(x: &Tensor, y: &Tensor) -> f64 {
+    let (x, y) = (x.to_device(Device::Cpu), y.to_device(Device::Cpu));
+    let d = (x.to_kind(Kind::Double) - y.to_kind(Kind::Double))
+        .abs()
+        .max();
+    f64::try_from(d).unwrap_or(f64::INFINITY)
+}
+
+/// Runs `steps` steps of the replicas on `cfg.drafter_devices` (each taking `cfg.batch` rows)
+/// and of one drafter on the first of them taking all the rows, fed by one target on
+/// `cfg.target_devices[0]`. In a job (`cfg.job`) these replicas are this rank's share of the
+/// job's, and the single drafter takes every rank's rows.
+pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<ReplicaReport> {
+    crate::engine::gpu::fast_paths::install(cfg.fast_paths);
+    let Some(tag) = &cfg.job else {
+        if cfg.drafter_devices.len() < 2 {
+            bail!(
+                "bench replicas compares two or more drafter replicas with one drafter: give \
+                 --drafter-devices two or more devices (e.g. cuda:0,cuda:1 or cpu,cpu)"
+            );
+        }
+        return check(cfg, steps, None);
+    };
+    let link = crate::engine::parallel::ranks::join_job(cfg, tag)?;
+    let report = check(cfg, steps, Some(&link));
+    // The others hear why this rank stopped.
+    link.finish(
+        &report
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("{e:#}")),
+    );
+    report
+}
+
+fn check(cfg: &PipelineSpec, steps: u64, link: Option<&Arc<JobLink>>) -> Result<ReplicaReport> {
+    let devices = cfg.drafter_devices.clone();
+    tch::manual_seed(cfg.seed as i64);
+    let target_device = cfg.target_devices[0];
+    let (_target_vs, target) = build_target(
+        cfg,
+        &cfg.target_config,
+        &cfg.drafter_spec.target_layer_ids,
+        target_device,
+    )?;
+    let frozen = (
+        target.embed_tokens.shallow_clone(),
+        target.lm_head.shallow_clone(),
+    );
+    let counts = std::sync::Arc::new(DataCounts::default());
+    // Every rank of a job reads the whole stream: the check hands out the rows itself.
+    let whole = PipelineSpec {
+        job: None,
+        ..cfg.clone()
+    };
+    let source = data_source(&whole, &cfg.target_config, &cfg.drafter_spec, &counts)?;
+    let packer = Packer::new();
+
+    let cancel = CancelToken::new();
+    let group = match link {
+        Some(l) => Replicas::Job(l.clone(), cancel.clone(), check_replica_devices(&devices)?),
+        None => replica_group(&devices, &cancel)?,
+    };
+    let models = build_drafters(cfg, &devices)?;
+    let (_single_vs, mut single) = single_drafter(cfg, devices[0], &frozen)?;
+    let (outcome_tx, outcome_rx) = bounded(devices.len());
+    let report = std::thread::scope(|scope| -> Result<ReplicaReport> {
+        let steps_of = replica_steps(cfg, &frozen, models, &group)?;
+        // What this thread queued on the devices' default streams (weights, optimizer state) is
+        // done before the replicas read it on streams of their own.
+        synchronize(&devices);
+        let (feeds, handles) = spawn_replicas(scope, steps_of, outcome_tx)?;
+        let mut lockstep = Lockstep {
+            cfg,
+            devices: &devices,
+            replicas: link.map_or(0..devices.len(), |l| {
+                l.replica_index(0)..l.replica_index(devices.len())
+            }),
+            total: link.map_or(devices.len(), |l| l.replicas()),
+            target: &target,
+            target_device,
+            forward: TargetForward::new(&target, target_device),
+            source,
+            packer,
+            feeds,
+            outcomes: outcome_rx,
+        };
+        let mut losses = Vec::new();
+        for s in 0..steps {
+            let (sum, whole) = lockstep.step(s, &mut single)?;
+            let sum = match link {
+                Some(l) => across_ranks::loss_sum(l, s, sum, &cancel)?,
+                None => sum,
+            };
+            losses.push((sum / lockstep.total as f32, whole));
+        }
+        // The replicas' channels close: each ends its loop.
+        lockstep.feeds.clear();
+        let mut optimizers = join_replicas(handles)?;
+        let (first, rest) = optimizers.split_first_mut().context("replicas ran")?;
+        let mut replica_diff = rest
+            .iter_mut()
+            .map(|o| replicas_apart(first, o))
+            .fold(0.0, f64::max);
+        if let Some(l) = link {
+            replica_diff = replica_diff.max(across_ranks::diff_from_rank_0(l, first, &cancel)?);
+        }
+        Ok(ReplicaReport {
+            losses,
+            replica_diff,
+            single_diff: max_diff(first, &mut single.optimizer),
+        })
+    })?;
+    Ok(report)
+}
+
+/// The single drafter, on `dev`, ready to step (its var store kept beside it).
+fn single_drafter(
+    cfg: &PipelineSpec,
+    dev: Device,
+    frozen: &(Tensor, Tensor),
+) -> Result<(tch::nn::VarStore, DrafterStep)> {
+    let (vs, model, dev) = {
+        let mut one = build_drafters(cfg, &[dev])?;
+        one.pop().context("a drafter was built")?
+    };
+    let graphs = crate::engine::train::drafter_graph::StepGraphs::off();
+    let frozen = (&frozen.0, &frozen.1);
+    let mut single = bench_step(cfg, frozen, (model, &vs, dev), Box::new(Single), graphs);
+    single.prepare()?;
+    Ok((vs, single))
+}
+
+/// The replicas' steps, each with its var store, member `i` of `group`.
+fn replica_steps(
+    cfg: &PipelineSpec,
+    frozen: &(Tensor, Tensor),
+    models: Vec<(
+        tch::nn::VarStore,
+        crate::engine::model::drafter::Drafter,
+        Device,
+    )>,
+    group: &crate::engine::pipeline::Replicas,
+) -> Result<Vec<(tch::nn::VarStore, DrafterStep)>> {
+    models
+        .into_iter()
+        .enumerate()
+        .map(|(i, (vs, model, dev))| {
+            let graphs = crate::engine::train::drafter_graph::StepGraphs::off();
+            let frozen = (&frozen.0, &frozen.1);
+            let step = bench_step(cfg, frozen, (model, &vs, dev), group.member(i)?, graphs);
+            Ok((vs, step))
+        })
+        .collect()
+}
+
+type ReplicaHandle<'scope> = std::thread::ScopedJoinHandle<'scope, Result<AdamW>>;
+
+/// One named thread per replica, fed through a channel of its own; their outcomes go to `out`.
+fn spawn_replicas<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    steps: Vec<(tch::nn::VarStore, DrafterStep)>,
+    out: Sender<Result<StepOutcome>>,
+) -> Result<(Vec<Sender<Share>>, Vec<ReplicaHandle<'scope>>)> {
+    let mut feeds = Vec::new();
+    let mut handles = Vec::new();
+    for (i, (vs, step)) in steps.into_iter().enumerate() {
+        let (tx, rx) = bounded::<Share>(1);
+        let out = out.clone();
+        feeds.push(tx);
+        let handle = std::thread::Builder::new()
+            .name(format!("replica-{i}"))
+            .spawn_scoped(scope, move || {
+                let _keep = vs;
+                replica_loop(step, rx, out)
+            })
+            .context("cannot start a replica thread")?;
+        handles.push(handle);
+    }
+    Ok((feeds, handles))
+}
+
+/// The check's steps: one target and its data feed the replicas and the single drafter.
+struct Lockstep<'a> {
+    cfg: &'a PipelineSpec,
+    devices: &'a [Device],
+    /// The indices of this process's replicas among all (`total`); each takes the batch's rows
+    /// of its index.
+    replicas: Range<usize>,
+    total: usize,
+    target: &'a crate::engine::model::qwen3::Qwen3Target,
+    target_device: Device,
+    forward: TargetForward,
+    source: Box<dyn crate::engine::data::DocSource>,
+    packer: Packer,
+    /// One channel per replica.
+    feeds: Vec<Sender<Share>>,
+    outcomes: Receiver<Result<StepOutcome>>,
+}
+
+impl Lockstep<'_> {
+    /// Step `s`: a batch through the target, each replica's share sent to it, all of it through
+    /// `single`. Returns the sum of this process's replicas' losses and the single drafter's.
+    fn step(&mut self, s: u64, single: &mut DrafterStep) -> Result<(f32, f32)> {
+        let (cfg, devices, rows) = (self.cfg, self.devices, self.cfg.batch);
+        let batch =
+            self.packer
+                .pack(self.source.as_mut(), rows * self.total as i64, cfg.seq_len)?;
+        let batch = batch.to_device(self.target_device);
+        let hidden = {
+            let _g = tch::no_grad_guard();
+            self.forward.run(self.target, &batch, false)?
+        };
+        let anchors = anchors_by_row(&batch, cfg, s);
+        let lr = cfg.schedule.lr(cfg.lr, s);
+        let first_row = self.replicas.start as i64 * rows;
+        let shares = shares(&hidden, &batch, &anchors, (devices, first_row), rows, lr);
+        // The forward and the copies ran on this thread's default streams; the replicas read
+        // them on streams of their own, which do not wait for those.
+        synchronize(&[self.target_device]);
+        synchronize(devices);
+        for (feed, share) in self.feeds.iter().zip(shares) {
+            if feed.send(share).is_err() {
+                break;
+            }
+        }
+        let single_dev = single.device;
+        let whole = single.run(
+            &hidden.to_device(single_dev),
+            &batch.to_device(single_dev),
+            &anchors,
+            lr,
+            &mut Unprobed,
+        )?;
+        let mut sum = 0.0;
+        for _ in 0..devices.len() {
+            let r = self
+                .outcomes
+                .recv()
+                .context("a replica stopped before the end of the check")??;
+            sum += r.loss;
+        }
+        Ok((sum, whole.loss))
+    }
+}
+
+/// Each replica's share of a step: its `rows` rows of the batch (the replica on `devices[i]`
+/// those from `first_row + i * rows`), its hidden states and anchors, on its device.
+fn shares(
+    hidden: &Tensor,
+    batch: &PackedBatch,
+    anchors: &[Vec<i64>],
+    (devices, first_row): (&[Device], i64),
+    rows: i64,
+    lr: f64,
+) -> Vec<Share> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, &dev)| {
+            let start = first_row + i as i64 * rows;
+            let range = start..start + rows;
+            Share {
+                hidden: hidden.narrow(0, range.start, rows).to_device(dev).copy(),
+                batch: slice_rows(batch, range.clone()).to_device(dev),
+                anchors: anchors[range.start as usize..range.end as usize].to_vec(),
+                lr,
+            }
+        })
+        .collect()
+}
+
+/// Joins the replicas: their optimizers, in order.
+fn join_replicas(handles: Vec<ReplicaHandle<'_>>) -> Result<Vec<AdamW>> {
+    let mut optimizers = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(r) => optimizers.push(r?),
+            Err(_) => bail!("a replica thread panicked"),
+        }
+    }
+    Ok(optimizers)
+}
+
+/// A drafter step of the checks and benches: `model` (with its var store and device) trained by
+/// a fresh AdamW, reading the target's frozen (embedding, lm head).
+pub(crate) fn bench_step(
+    cfg: &PipelineSpec,
+    frozen: (&Tensor, &Tensor),
+    (model, vs, dev): (
+        crate::engine::model::drafter::Drafter,
+        &tch::nn::VarStore,
+        Device,
+    ),
+    replicas: Box<dyn crate::engine::parallel::replicas::GradMean>,
+    graphs: crate::engine::train::drafter_graph::StepGraphs,
+) -> DrafterStep {
+    DrafterStep {
+        model,
+        optimizer: AdamW::for_drafter(vs.variables().into_iter().collect()),
+        spec: cfg.drafter_spec.clone(),
+        embed: frozen_on(frozen.0, dev),
+        lm_head: frozen_on(frozen.1, dev),
+        device: dev,
+        replicas,
+        loss_chunk_mib: cfg.loss_chunk_mib,
+        graphs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gap_is_the_worst_step_relative_to_the_single_drafter() {
+        let report = ReplicaReport {
+            losses: vec![(12.0, 12.0), (11.0, 10.0), (9.9, 10.0)],
+            replica_diff: 0.0,
+            single_diff: 0.0,
+        };
+        assert!(
+            (report.step_gap() - 0.1).abs() < 1e-6,
+            "{}",
+            report.step_gap()
+        );
+    }
+}

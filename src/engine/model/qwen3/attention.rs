@@ -1,0 +1,307 @@
+//! A decoder layer's self-attention (`model.layers.{i}.self_attn`): q/k/v/o projections (with
+//! biases where the config has them), q_norm and k_norm per head (Qwen3 only), RoPE, and which
+//! way it runs: one fused q/k/v GEMM where keys come from the
+//! queries' tokens, the causal flash kernel over documents, tiled or dense masks, or a KV cache
+//! while decoding. The drafter's layers use it with KV injection (keys from `[context, x]`).
+
+use crate::engine::model::config::Qwen3Config;
+use crate::engine::model::layers::{apply_rope, masked_attention, Linear, RmsNorm};
+use crate::engine::model::tiled::{tiled_attention, AttnMask};
+use tch::{nn, Tensor};
+
+#[derive(Debug)]
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    /// Qwen3's per-head norms of q and k (`Qwen3Config::qk_norm`); None in Llama and Qwen2.
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    /// [q; k; v] weights in one tensor (the three projections' weights are views into it) once
+    /// `fuse_projections` ran: one GEMM where queries, keys and values come from the same tokens.
+    qkv: Option<Tensor>,
+    /// Their biases likewise, where they have them.
+    qkv_bias: Option<Tensor>,
+}
+
+impl Attention {
+    pub fn new(p: nn::Path, cfg: &Qwen3Config) -> Attention {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let (qkv_bias, o_bias) = (cfg.qkv_bias(), cfg.o_bias());
+        let norm = |name: &str| {
+            cfg.qk_norm()
+                .then(|| RmsNorm::new(&p / name, d, cfg.rms_norm_eps))
+        };
+        Attention {
+            q_proj: Linear::with_bias(&p / "q_proj", h, nq * d, qkv_bias),
+            k_proj: Linear::with_bias(&p / "k_proj", h, nkv * d, qkv_bias),
+            v_proj: Linear::with_bias(&p / "v_proj", h, nkv * d, qkv_bias),
+            o_proj: Linear::with_bias(&p / "o_proj", nq * d, h, o_bias),
+            q_norm: norm("q_norm"),
+            k_norm: norm("k_norm"),
+            heads: nq,
+            kv_heads: nkv,
+            head_dim: d,
+            qkv: None,
+            qkv_bias: None,
+        }
+    }
+
+    /// Puts the q, k and v weights in one tensor (for a frozen model, after its weights are
+    /// loaded): a forward whose keys and values come from its queries' tokens then projects
+    /// them with one GEMM. The k and v GEMMs alone are narrow (a 4096-wide model's are 1024
+    /// outputs) and fill the GPU poorly.
+    pub fn fuse_projections(&mut self) {
+        let _g = tch::no_grad_guard();
+        let parts = [&self.q_proj, &self.k_proj, &self.v_proj].map(|l| l.weight.detach());
+        let fused = Tensor::cat(&parts, 0);
+        let biases: Option<Vec<Tensor>> = [&self.q_proj, &self.k_proj, &self.v_proj]
+            .iter()
+            .map(|l| l.bias.as_ref().map(Tensor::detach))
+            .collect();
+        let fused_bias = biases.map(|b| Tensor::cat(&b, 0));
+        let mut at = 0;
+        for l in [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj] {
+            let rows = l.weight.size()[0];
+            l.weight.set_data(&fused.narrow(0, at, rows));
+            if let (Some(b), Some(fb)) = (&mut l.bias, &fused_bias) {
+                b.set_data(&fb.narrow(0, at, rows));
+            }
+            at += rows;
+        }
+        self.qkv = Some(fused);
+        self.qkv_bias = fused_bias;
+    }
+
+    /// Queries from `x`; keys and values from `kv_sources` concatenated along the sequence, each
+    /// projected with this layer's own k/v projections (the target passes `[x]`, the drafter
+    /// `[context, x]`: KV injection).
+    // x [b, lq, h], kv_sources [b, lk_i, h], rope tables [b, l, d], mask [b, 1, lq, lk] -> [b, lq, h]
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        kv_sources: &[&Tensor],
+        q_rope: (&Tensor, &Tensor),
+        k_rope: (&Tensor, &Tensor),
+        mask: &AttnMask,
+    ) -> Tensor {
+        // The fused kernel rotates q and k as it normalises them where both take one table
+        // (the target's documents path).
+        let documents = matches!(mask, AttnMask::Documents { .. });
+        let one_table = same_tensor(q_rope.0, k_rope.0) && same_tensor(q_rope.1, k_rope.1);
+        let (q, k, v, rotated) = match (&self.qkv, kv_sources) {
+            (Some(w), [only]) if same_tensor(only, x) => {
+                self.fused(x, w, (documents && one_table).then_some(q_rope))
+            }
+            _ => {
+                let (k, v) = self.keys_values(kv_sources);
+                (self.queries(x), k, v, false)
+            }
+        };
+        let out = match mask {
+            AttnMask::Documents { docs, window } => {
+                let (q, k) = if rotated {
+                    (q, k)
+                } else {
+                    (
+                        apply_rope(&q, q_rope.0, q_rope.1, 2),
+                        apply_rope(&k, k_rope.0, k_rope.1, 2),
+                    )
+                };
+                docs.attention(&q, &k, &v, *window)
+                    .unwrap_or_else(|e| panic!("{e:#}"))
+            }
+            AttnMask::Tiled(m) if m.block_spans().is_some() => {
+                // The block attention kernels where they run, else the tiled sdpa calls.
+                let q = apply_rope(&q, q_rope.0, q_rope.1, 2);
+                let k = apply_rope(&k, k_rope.0, k_rope.1, 2);
+                let (spans, docs) = m.block_spans().expect("checked above");
+                crate::engine::gpu::cuda::block_attention(&q, &k, &v, spans, docs).unwrap_or_else(
+                    || {
+                        let heads = |t: &Tensor| t.transpose(1, 2);
+                        tiled_attention(&heads(&q), &heads(&k), &heads(&v), m).transpose(1, 2)
+                    },
+                )
+            }
+            _ => {
+                let (q, k, v) = heads_major(&q, &k, &v, q_rope, k_rope);
+                let out = match mask {
+                    AttnMask::Tiled(m) => tiled_attention(&q, &k, &v, m),
+                    _ => masked_attention(&q, &k, &v, &mask.dense()),
+                };
+                out.transpose(1, 2)
+            }
+        };
+        self.output(x, &out)
+    }
+
+    /// `forward` for decoding with a cache: `x` holds the new tokens, `cache` the keys and values
+    /// (after k_norm and RoPE, heads-major) of the tokens before them, and takes the new ones.
+    // x [b, n, h], rope tables [b, n, d], mask [b, 1, n, past + n] -> [b, n, h]
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        rope: (&Tensor, &Tensor),
+        mask: &Tensor,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Tensor {
+        let q = self.queries(x);
+        let (k, v) = self.keys_values(&[x]);
+        let (q, k, v) = heads_major(&q, &k, &v, rope, rope);
+        let (k, v) = match cache.take() {
+            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
+            None => (k, v),
+        };
+        let out = masked_attention(&q, &k, &v, mask).transpose(1, 2);
+        *cache = Some((k, v));
+        self.output(x, &out)
+    }
+
+    /// q, k and v through the fused projection, q and k normed, and rotated too where `rope`
+    /// is given and the fused norm + RoPE kernel runs (the last value says whether they were).
+    // x [b, l, h], w [q + 2 kv, h] -> q [b, l, heads, d], k, v [b, l, kv_heads, d]
+    fn fused(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        rope: Option<(&Tensor, &Tensor)>,
+    ) -> (Tensor, Tensor, Tensor, bool) {
+        let (b, l) = (x.size()[0], x.size()[1]);
+        let (nq, nkv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let mut qkv = x.matmul(&w.to_kind(x.kind()).tr());
+        if let Some(bias) = &self.qkv_bias {
+            qkv += bias.to_kind(x.kind());
+        }
+        let part = |at, n, heads| qkv.narrow(2, at, n).view([b, l, heads, self.head_dim]);
+        let v = part(nq + nkv, nkv, self.kv_heads);
+        let norms = self.q_norm.as_ref().zip(self.k_norm.as_ref());
+        if let (Some(tables), Some((q_norm, k_norm))) =
+            (rope.filter(|_| self.head_dim == 128), norms)
+        {
+            let norm_rope = |col0, heads, norm: &RmsNorm| {
+                crate::engine::gpu::cuda::norm_rope(
+                    &qkv,
+                    (col0, heads),
+                    (&norm.weight, norm.eps()),
+                    tables,
+                )
+            };
+            if let Some(q) = norm_rope(0, self.heads, q_norm) {
+                if let Some(k) = norm_rope(nq, self.kv_heads, k_norm) {
+                    return (q, k, v, true);
+                }
+            }
+        }
+        (
+            normed(&self.q_norm, part(0, nq, self.heads)),
+            normed(&self.k_norm, part(nq, nkv, self.kv_heads)),
+            v,
+            false,
+        )
+    }
+
+    // x [b, l, h] -> [b, l, heads, d], normed (Qwen3)
+    fn queries(&self, x: &Tensor) -> Tensor {
+        let (b, l) = (x.size()[0], x.size()[1]);
+        let q = self
+            .q_proj
+            .forward(x)
+            .view([b, l, self.heads, self.head_dim]);
+        normed(&self.q_norm, q)
+    }
+
+    // sources [b, l_i, h] -> k, v [b, sum l_i, kv_heads, d]; k normed (Qwen3)
+    fn keys_values(&self, sources: &[&Tensor]) -> (Tensor, Tensor) {
+        let b = sources[0].size()[0];
+        let heads = |t: Tensor| t.view([b, -1, self.kv_heads, self.head_dim]);
+        // One source: its projections as they are (a concatenation of one would copy them).
+        let project = |proj: &Linear| match sources {
+            [only] => proj.forward(only),
+            _ => {
+                let parts: Vec<Tensor> = sources.iter().map(|s| proj.forward(s)).collect();
+                Tensor::cat(&parts, 1)
+            }
+        };
+        let k = normed(&self.k_norm, heads(project(&self.k_proj)));
+        (k, heads(project(&self.v_proj)))
+    }
+
+    // out [b, lq, heads, d] -> [b, lq, h]
+    fn output(&self, x: &Tensor, out: &Tensor) -> Tensor {
+        let (b, lq) = (x.size()[0], x.size()[1]);
+        self.o_proj
+            .forward(&out.reshape([b, lq, self.heads * self.head_dim]))
+    }
+}
+
+/// `x` through the per-head norm where the model has one.
+fn normed(norm: &Option<RmsNorm>, x: Tensor) -> Tensor {
+    match norm {
+        Some(n) => n.forward(&x),
+        None => x,
+    }
+}
+
+/// Whether `a` and `b` are the same values: one storage, offset and shape.
+fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
+    a.data_ptr() == b.data_ptr() && a.size() == b.size() && a.stride() == b.stride()
+}
+
+/// q, k, v from sequence-major [b, l, heads, d] to heads-major [b, heads, l, d], q and k rotated.
+fn heads_major(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    q_rope: (&Tensor, &Tensor),
+    k_rope: (&Tensor, &Tensor),
+) -> (Tensor, Tensor, Tensor) {
+    (
+        apply_rope(&q.transpose(1, 2), q_rope.0, q_rope.1, 1),
+        apply_rope(&k.transpose(1, 2), k_rope.0, k_rope.1, 1),
+        v.transpose(1, 2),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::model::config::Preset;
+    use crate::engine::model::qwen3::Qwen3Target;
+    use tch::{Device, Kind};
+
+    /// The fused q/k/v projection gives the forward it replaces (a wrong split — k and v
+    /// swapped, a misplaced offset — changes it), and the three weights keep their values.
+    #[test]
+    fn fused_projections_give_the_same_forward() {
+        tch::manual_seed(4);
+        let p = Preset::by_name("tiny").unwrap();
+        let spec = p.drafter_spec(&p.target);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let mut target = Qwen3Target::new(&vs.root(), &p.target, &spec.target_layer_ids, 0.5);
+        let (b, s) = (2, 24);
+        let ids = Tensor::randint(500, [b, s], (Kind::Int64, Device::Cpu));
+        let docs = Tensor::cat(
+            &[
+                Tensor::zeros([b, s / 2], (Kind::Int64, Device::Cpu)),
+                Tensor::ones([b, s / 2], (Kind::Int64, Device::Cpu)),
+            ],
+            1,
+        );
+        let pos = Tensor::arange(s, (Kind::Int64, Device::Cpu))
+            .unsqueeze(0)
+            .repeat([b, 1]);
+        let q_before = target.layers[0].self_attn.q_proj.weight.copy();
+        let before = tch::no_grad(|| target.forward(&ids, &pos, &docs));
+        target.fuse_projections();
+        let after = tch::no_grad(|| target.forward(&ids, &pos, &docs));
+        assert!(target.layers[0].self_attn.qkv.is_some());
+        assert!(target.layers[0].self_attn.q_proj.weight.equal(&q_before));
+        let gap = f64::try_from((&after - &before).abs().max()).unwrap();
+        assert!(gap < 1e-5, "fused forward differs by {gap}");
+    }
+}

@@ -1,0 +1,108 @@
+//! The pipeline's worker threads as one crew: each started on a named thread, a failure (an
+//! error or a panic) turned into one sentence naming the thread and its phase, kept, told at once
+//! to the other ranks of a job, and the whole crew stopped.
+
+use crate::cancel::CancelToken;
+use crate::engine::parallel::ranks::JobLink;
+use anyhow::{Context, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// What every worker thread shares: the first errors, the stop, the count of those running.
+pub(super) struct Crew {
+    pub(super) errors: Arc<Mutex<Vec<String>>>,
+    pub(super) cancel: CancelToken,
+    running: Arc<AtomicUsize>,
+    /// In a job: the other ranks, told at once when a worker here fails.
+    link: Option<Arc<JobLink>>,
+}
+
+impl Crew {
+    /// A crew stopped by `cancel`; in a job, watched by the other ranks (a fault there stops it).
+    pub(super) fn new(cancel: CancelToken, link: Option<Arc<JobLink>>) -> Result<Crew> {
+        let crew = Crew {
+            errors: Arc::new(Mutex::new(Vec::new())),
+            cancel,
+            running: Arc::new(AtomicUsize::new(0)),
+            link,
+        };
+        if let Some(l) = &crew.link {
+            l.watch(crew.cancel.clone(), crew.running.clone())?;
+        }
+        Ok(crew)
+    }
+}
+
+/// Decrements the running count however the worker's thread ends.
+struct Leaving(Arc<AtomicUsize>);
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Starts `f` on a thread named `name`: a failure (an error or a panic) is kept as a sentence
+/// naming the thread and its phase, told to the other ranks of a job, and stops the crew.
+pub(super) fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
+    name: String,
+    crew: &Crew,
+    f: F,
+) -> Result<JoinHandle<()>> {
+    let errors = crew.errors.clone();
+    let cancel = crew.cancel.clone();
+    let link = crew.link.clone();
+    let label = name.clone();
+    crew.running.fetch_add(1, Ordering::SeqCst);
+    let leaving = Leaving(crew.running.clone());
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let _leaving = leaving;
+            // Fault injection for the tests of the terminal's restore path: checked once, at start.
+            if crate::fault::panic_at_start(&label) {
+                panic!("injected panic in {label} (DFLASH_TOP_FAULT=panic_at_start:{label})");
+            }
+            // A panic is caught here (after the panic hook ran) so that the others stop and
+            // the report names the thread and its phase, like an error.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            let failure = match outcome {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => format!("{e:#}"),
+                Err(p) => format!("panicked: {}", panic_text(p.as_ref())),
+            };
+            let sentence = worker_failure(&label, super::marks::phase_now(), &failure);
+            // The other ranks of a job learn it now, unless this failure follows theirs.
+            if let Some(l) = link.as_ref().filter(|l| l.fault().is_none()) {
+                l.say_failed(&sentence);
+            }
+            errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(sentence);
+            cancel.cancel();
+        })
+        .context("cannot start a worker thread")
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// The sentence for a worker that failed: the thread, its phase, the error, and for libtorch's
+/// out-of-memory the settings that lower memory.
+pub fn worker_failure(thread: &str, phase: Option<crate::telemetry::Phase>, error: &str) -> String {
+    let phase = phase.map_or("start-up".to_string(), |p| format!("phase `{}`", p.name()));
+    let mut s = format!("{thread} failed in {phase}: {error}");
+    if error.contains("out of memory") {
+        s.push_str(
+            " — out of device memory: lower `batch`, `anchors`, `seq_len` or `loss_chunk_mib` \
+             (TOML run config), or use a smaller --preset",
+        );
+    }
+    s
+}
