@@ -1,4 +1,4 @@
-//! The layout's floors (README.md, "Architecture"), written once and checked over every file of src/: a room
+//! The layout's floors (docs/architecture.md), written once and checked over every file of src/: a room
 //! (a top-level module) may use its own files and the rooms of lower floors, never a room of its
 //! own floor or above, and the viewers never reach the engine. Checked transitively: a path
 //! through any file counts, and a failure names the whole chain.
@@ -44,6 +44,27 @@ const FLOORS: &[&[&str]] = &[
     ],
     // the dispatch
     &["cmd", "main", "lib"],
+];
+
+/// The engine's rooms (src/engine/<room>.rs and src/engine/<room>/), lowest first, by the same
+/// rule: a room may use its own files and the rooms of lower floors. docs/architecture.md says
+/// what each holds; src/engine.rs is the engine's root and no room.
+const ENGINE_FLOORS: &[&[&str]] = &[
+    // CUDA, CUPTI, fast paths, host syncs
+    &["gpu"],
+    // packing, JSONL, tokenizing, chat templates
+    &["data"],
+    // the target, the drafter, their shapes, weights, FLOPs
+    &["model"],
+    // blocks, recipe and presets, loss, optimizer, the drafter's step
+    &["train"],
+    &["checkpoint"],
+    // the resolved run
+    &["spec"],
+    // replicas and multi-process jobs: the pipeline starts them
+    &["parallel"],
+    &["pipeline"],
+    &["bench"],
 ];
 
 /// Rooms that are one room under two names: the command line's declaration and its resolution.
@@ -248,11 +269,45 @@ fn chain(path: &[PathBuf]) -> String {
         .join(" -> ")
 }
 
+/// The engine room a file of src/engine/ belongs to (None for src/engine.rs and files outside).
+fn engine_room_of(file: &Path) -> Option<String> {
+    match &module_of(file)[..] {
+        [engine, room, ..] if engine == "engine" => Some(room.clone()),
+        _ => None,
+    }
+}
+
+/// Why engine room `from` may not use engine room `to`, or None where it may.
+fn engine_forbidden(from: &str, to: &str) -> Option<String> {
+    let floor = |r: &str| ENGINE_FLOORS.iter().position(|f| f.contains(&r));
+    let (f, t) = (floor(from)?, floor(to)?);
+    (from != to && t >= f).then(|| {
+        format!("engine/{from} (engine floor {f}) may use only lower floors, and engine/{to} is on floor {t}")
+    })
+}
+
 /// Every path from a room's files that ends in a room it may not use: the shortest chain each.
 fn violations(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<String> {
+    chains(graph, |f| Some(room_of(f)), forbidden)
+}
+
+/// `violations` inside the engine, over its rooms' floors (files outside the engine not walked).
+fn engine_violations(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<String> {
+    chains(graph, engine_room_of, engine_forbidden)
+}
+
+/// Every path from a file with a room (`room`) that ends in a room `forbid` keeps it from: the
+/// shortest chain each; files with no room are not walked.
+fn chains(
+    graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    room: impl Fn(&Path) -> Option<String>,
+    forbid: impl Fn(&str, &str) -> Option<String>,
+) -> Vec<String> {
     let mut found = Vec::new();
     for start in graph.keys() {
-        let from = room_of(start);
+        let Some(from) = room(start) else {
+            continue;
+        };
         let mut seen: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
         let mut todo = VecDeque::from([start.clone()]);
         while let Some(f) = todo.pop_front() {
@@ -260,8 +315,11 @@ fn violations(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<String> {
                 if next == start || seen.contains_key(next) {
                     continue;
                 }
+                let Some(to) = room(next) else {
+                    continue;
+                };
                 seen.insert(next.clone(), f.clone());
-                if let Some(why) = forbidden(&from, &room_of(next)) {
+                if let Some(why) = forbid(&from, &to) {
                     let mut path = vec![next.clone()];
                     let mut at = next.clone();
                     while let Some(prev) = seen.get(&at).filter(|p| *p != start) {
@@ -335,6 +393,77 @@ fn a_use_that_reaches_up_through_another_file_is_caught_with_its_chain() {
     assert!(
         bad.iter()
             .any(|v| v.starts_with("telemetry/t.rs -> engine/x.rs: telemetry (floor 3)")),
+        "{bad:?}"
+    );
+}
+
+#[test]
+fn every_engine_room_is_on_an_engine_floor_and_none_reaches_up() {
+    let g = graph();
+    let rooms: BTreeSet<String> = g.keys().filter_map(|f| engine_room_of(f)).collect();
+    assert!(
+        rooms.contains("gpu") && rooms.contains("pipeline"),
+        "{rooms:?}"
+    );
+    let homeless: Vec<_> = rooms
+        .iter()
+        .filter(|r| !ENGINE_FLOORS.iter().any(|f| f.contains(&r.as_str())))
+        .collect();
+    assert!(
+        homeless.is_empty(),
+        "engine rooms on no floor of tests/architecture.rs: {homeless:?}"
+    );
+    // The reader finds the engine's own uses across rooms.
+    let uses = |from: &str, to: &str| g[&src().join(from)].contains(&src().join(to));
+    assert!(uses("engine/pipeline.rs", "engine/train/drafter_step.rs"));
+    assert!(uses(
+        "engine/train/drafter_step.rs",
+        "engine/train/grad_mean.rs"
+    ));
+    let bad = engine_violations(&g);
+    assert!(
+        bad.is_empty(),
+        "uses that break the engine's floors:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn an_engine_room_that_reaches_up_is_caught_with_its_chain() {
+    // A planted upward use: a model file reaching the pipeline through a train file.
+    let f = |p: &str| src().join(p);
+    let g: BTreeMap<PathBuf, BTreeSet<PathBuf>> = [
+        (
+            f("engine/model/m.rs"),
+            BTreeSet::from([f("engine/train/t.rs")]),
+        ),
+        (
+            f("engine/train/t.rs"),
+            BTreeSet::from([f("engine/pipeline/p.rs")]),
+        ),
+        (
+            f("engine/pipeline/p.rs"),
+            BTreeSet::from([f("engine/gpu/g.rs")]),
+        ),
+        (f("engine/gpu/g.rs"), BTreeSet::new()),
+    ]
+    .into_iter()
+    .collect();
+    let bad = engine_violations(&g);
+    assert!(
+        bad.iter().any(|v| v
+            .starts_with("engine/model/m.rs -> engine/train/t.rs: engine/model (engine floor 2)")),
+        "{bad:?}"
+    );
+    assert!(
+        bad.iter().any(|v| v.starts_with(
+            "engine/train/t.rs -> engine/pipeline/p.rs: engine/train (engine floor 3)"
+        )),
+        "{bad:?}"
+    );
+    // Down is allowed: the pipeline's use of the GPU room is no report.
+    assert!(
+        !bad.iter().any(|v| v.starts_with("engine/pipeline/p.rs")),
         "{bad:?}"
     );
 }

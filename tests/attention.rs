@@ -3,7 +3,6 @@
 //! document starts, padding anchors and whole tiles of padding, rows whose tiles have different
 //! context windows, and a window that spans the whole context.
 
-use dflash_top::engine::model::config::Preset;
 use dflash_top::engine::model::drafter::Drafter;
 use dflash_top::engine::model::layers::masked_attention;
 use dflash_top::engine::model::tiled::{
@@ -14,6 +13,7 @@ use dflash_top::engine::train::blocks::{
     anchors_tensor, block_mask, block_positions, block_spans, context_mask, tiled_block_mask,
     Anchors,
 };
+use dflash_top::engine::train::presets::Preset;
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {

@@ -2,13 +2,14 @@
 //! loss, and bad inputs that must end in a sentence, not a panic.
 
 use dflash_top::engine::data::{doc_ids_and_positions, Doc, DocSource, Packer, Rng};
-use dflash_top::engine::model::config::{drafter_spec_for, Preset, Qwen3Config};
+use dflash_top::engine::model::config::{drafter_spec_for, Qwen3Config};
 use dflash_top::engine::model::drafter::Drafter;
 use dflash_top::engine::model::qwen3::{document_causal_mask, Qwen3Target};
 use dflash_top::engine::train::blocks::*;
 use dflash_top::engine::train::loss::{
     block_metrics, chunked_loss_backward, gamma_for, slot_weights,
 };
+use dflash_top::engine::train::presets::Preset;
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
 fn vec_i64(t: &Tensor) -> Vec<i64> {
@@ -742,7 +743,7 @@ fn sliding_layers_drop_keys_beyond_the_window_and_later_block_slots() {
 fn dp_step(
     drafter: &Drafter,
     opt: &mut dflash_top::engine::train::optim::AdamW,
-    replicas: &mut dyn dflash_top::engine::parallel::replicas::GradMean,
+    replicas: &mut dyn dflash_top::engine::train::grad_mean::GradMean,
     head: &Tensor,
     batch: &DpBatch,
 ) -> f64 {
@@ -790,7 +791,8 @@ impl DpBatch {
 #[test]
 fn two_replicas_stay_identical_and_match_one_drafter_with_twice_the_batch() {
     use dflash_top::engine::model::config::drafter_spec_for;
-    use dflash_top::engine::parallel::replicas::{LocalGroup, Single};
+    use dflash_top::engine::parallel::replicas::LocalGroup;
+    use dflash_top::engine::train::grad_mean::Single;
     use dflash_top::engine::train::optim::AdamW;
     tch::manual_seed(11);
     let (cfg, _) = tiny();

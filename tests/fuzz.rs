@@ -216,7 +216,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let ckpt = dir.path().join("step-000001");
         std::fs::create_dir(&ckpt).unwrap();
-        let preset = dflash_top::engine::model::config::Preset::by_name("tiny").unwrap();
+        let preset = dflash_top::engine::train::presets::Preset::by_name("tiny").unwrap();
         let spec = preset.drafter_spec(&preset.target);
         let cfg = dflash_top::engine::checkpoint::drafter_config_json(&spec);
         write(&ckpt, "config.json", cfg.to_string().as_bytes());

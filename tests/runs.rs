@@ -269,8 +269,8 @@ fn resume_equals_one_go(extra: &[&str]) {
 }
 
 pub fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value)) {
-    use dflash_top::engine::model::config::Preset;
     use dflash_top::engine::model::qwen3::Qwen3Target;
+    use dflash_top::engine::train::presets::Preset;
     let p = Preset::by_name("tiny").unwrap();
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
     let _t = Qwen3Target::new(&vs.root(), &p.target, &[5], 0.02);
@@ -451,8 +451,8 @@ fn the_tui_refuses_a_non_terminal_with_a_sentence() {
 
 #[test]
 fn a_sharded_target_loads_through_its_index() {
-    use dflash_top::engine::model::config::Preset;
     use dflash_top::engine::model::qwen3::Qwen3Target;
+    use dflash_top::engine::train::presets::Preset;
     let dir = tempfile::tempdir().unwrap();
     let p = Preset::by_name("tiny").unwrap();
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);

@@ -5,9 +5,10 @@
 use super::FileConfig;
 use crate::cli::TrainArgs;
 use crate::engine::checkpoint;
-use crate::engine::model::config::{
-    drafter_spec_for, AnchorScope, DrafterSpec, Preset, Qwen3Config, Recipe,
-};
+use crate::engine::model::config::{drafter_spec_for, DrafterSpec, Qwen3Config};
+use crate::engine::train::blocks::AnchorScope;
+use crate::engine::train::presets::Preset;
+use crate::engine::train::recipe::Recipe;
 use crate::engine::train::recipe::{mask_token_of, MaskToken};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};

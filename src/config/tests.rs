@@ -1,7 +1,8 @@
 //! Tests of the run configuration (src/config.rs): presets, TOML and flags into one `RunConfig`.
 
 use super::*;
-use crate::engine::model::config::{AnchorScope, Preset};
+use crate::engine::train::blocks::AnchorScope;
+use crate::engine::train::presets::Preset;
 use std::path::Path;
 
 fn target_dir(tokenizer_ids: Option<i64>) -> tempfile::TempDir {
@@ -278,7 +279,7 @@ fn warnings_come_from_the_toml_and_a_bad_key_or_value_is_named() {
 fn every_preset_resolves_without_building_its_model() {
     // Resolving a run's configuration allocates nothing: qwen3-32b (65 GB in bf16) resolves on
     // any host, with the FLOP ratio the placement advice starts from.
-    for name in crate::engine::model::config::PRESETS {
+    for name in crate::engine::train::presets::PRESETS {
         let c = RunConfig::from_args(&TrainArgs {
             preset: Some(name.into()),
             ..TrainArgs::default()

@@ -16,12 +16,13 @@ use crate::engine::model::qwen3::Qwen3Target;
 use crate::engine::parallel::nccl::NcclGroup;
 use crate::engine::parallel::rank_replica::{JobGate, JobMember};
 use crate::engine::parallel::ranks::{join_job, JobLink};
-use crate::engine::parallel::replicas::{LocalGroup, Single, StepMeet};
+use crate::engine::parallel::replicas::{LocalGroup, StepMeet};
 use crate::engine::pipeline::crew::{spawn, Crew};
 use crate::engine::pipeline::drafter_worker::{run_drafter, DrafterJob};
 use crate::engine::pipeline::handoff::HiddenBatch;
 use crate::engine::pipeline::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
 use crate::engine::train::drafter_step::DrafterStep;
+use crate::engine::train::grad_mean::Single;
 use crate::telemetry::queue::{monitored_queue, QueueRx, QueueTx};
 use crate::telemetry::Telemetry;
 use anyhow::{bail, Result};
@@ -59,7 +60,7 @@ impl Replicas {
     pub(crate) fn member(
         &self,
         i: usize,
-    ) -> Result<Box<dyn crate::engine::parallel::replicas::GradMean>> {
+    ) -> Result<Box<dyn crate::engine::train::grad_mean::GradMean>> {
         Ok(match self {
             Replicas::Local(g) => Box::new(g.member(i)),
             Replicas::Nccl(g) => Box::new(g.member(i)),

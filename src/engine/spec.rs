@@ -4,7 +4,9 @@
 use super::checkpoint;
 use super::data::ChatOptions;
 use crate::engine::gpu::fast_paths::FastPaths;
-use crate::engine::model::config::{AnchorScope, DrafterSpec, Preset, Qwen3Config};
+use crate::engine::model::config::{DrafterSpec, Qwen3Config};
+use crate::engine::train::blocks::AnchorScope;
+use crate::engine::train::presets::Preset;
 use crate::engine::train::schedule::Schedule;
 use anyhow::{bail, Result};
 use std::path::PathBuf;

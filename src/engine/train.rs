@@ -6,7 +6,9 @@
 pub mod blocks;
 pub mod drafter_graph;
 pub mod drafter_step;
+pub mod grad_mean;
 pub mod loss;
 pub mod optim;
+pub mod presets;
 pub mod recipe;
 pub mod schedule;

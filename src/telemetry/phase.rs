@@ -211,3 +211,20 @@ mod tests {
         assert_eq!(names.len(), N_BUILTIN);
     }
 }
+
+thread_local! {
+    /// The phase this thread last marked, whatever the profiling switch: what an error report
+    /// and a host sync name. A thread-local cell, so marking stays lock- and alloc-free.
+    static CURRENT: std::cell::Cell<Option<Phase>> = const { std::cell::Cell::new(None) };
+}
+
+/// The phase the calling thread last marked (None before its first mark).
+pub fn current() -> Option<Phase> {
+    CURRENT.with(|c| c.get())
+}
+
+/// The calling thread enters `phase` (a worker's marks call it).
+#[inline]
+pub fn set_current(phase: Phase) {
+    CURRENT.with(|c| c.set(Some(phase)));
+}

@@ -12,9 +12,9 @@
 use dflash_top::engine::checkpoint::{load_weights, read_drafter_spec};
 use dflash_top::engine::data::{Doc, DocSource, Packer};
 use dflash_top::engine::model::drafter::Drafter;
-use dflash_top::engine::parallel::replicas::Single;
 use dflash_top::engine::train::drafter_graph::StepGraphs;
 use dflash_top::engine::train::drafter_step::{DrafterStep, StepOutcome, StepProbe};
+use dflash_top::engine::train::grad_mean::Single;
 use dflash_top::engine::train::optim::AdamW;
 use dflash_top::engine::train::schedule::Schedule;
 use dflash_top::telemetry::Phase;

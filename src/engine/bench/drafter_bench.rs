@@ -7,11 +7,11 @@
 
 use crate::engine::data::{PackedBatch, Packer};
 use crate::engine::model::target_graph::TargetForward;
-use crate::engine::parallel::replicas::Single;
 use crate::engine::pipeline::workers::DataCounts;
 use crate::engine::pipeline::{build_drafters, build_target, data_source};
 use crate::engine::spec::PipelineSpec;
 use crate::engine::train::drafter_step::StepProbe;
+use crate::engine::train::grad_mean::Single;
 use crate::telemetry::Phase;
 use anyhow::{Context, Result};
 use std::time::Instant;

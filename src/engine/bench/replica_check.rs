@@ -9,7 +9,6 @@ use crate::cancel::CancelToken;
 use crate::engine::data::{PackedBatch, Packer, Rng};
 use crate::engine::model::target_graph::TargetForward;
 use crate::engine::parallel::ranks::JobLink;
-use crate::engine::parallel::replicas::Single;
 use crate::engine::pipeline::workers::DataCounts;
 use crate::engine::pipeline::{
     build_drafters, build_target, check_replica_devices, data_source, frozen_on, replica_group,
@@ -18,6 +17,7 @@ use crate::engine::pipeline::{
 use crate::engine::spec::PipelineSpec;
 use crate::engine::train::blocks::sample_anchors;
 use crate::engine::train::drafter_step::{DrafterStep, StepOutcome, Unprobed};
+use crate::engine::train::grad_mean::Single;
 use crate::engine::train::optim::AdamW;
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -434,7 +434,7 @@ pub(crate) fn bench_step(
         &tch::nn::VarStore,
         Device,
     ),
-    replicas: Box<dyn crate::engine::parallel::replicas::GradMean>,
+    replicas: Box<dyn crate::engine::train::grad_mean::GradMean>,
     graphs: crate::engine::train::drafter_graph::StepGraphs,
 ) -> DrafterStep {
     DrafterStep {

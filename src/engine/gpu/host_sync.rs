@@ -8,7 +8,6 @@
 //! user) and reads outside a step (checkpoints). A read on the CPU is counted too: it is the same
 //! code, and a host sync once the step runs on a GPU.
 
-use crate::engine::pipeline::marks::phase_now;
 use crate::telemetry::{Phase, N_PHASES};
 use std::cell::Cell;
 use tch::{Device, TchError, Tensor};
@@ -29,7 +28,7 @@ where
 
 /// Counts one host sync in the phase the calling thread last marked (`other` before any).
 fn count_one() {
-    let phase = phase_now().unwrap_or(Phase::Other);
+    let phase = crate::telemetry::phase::current().unwrap_or(Phase::Other);
     COUNTS.with(|c| {
         let mut n = c.get();
         n[phase.index()] = n[phase.index()].saturating_add(1);
@@ -55,7 +54,7 @@ mod tests {
         let x: f64 = read(&t.sum(tch::Kind::Double)).unwrap();
         assert_eq!(x, 4.0);
         let n = take();
-        let at = phase_now().unwrap_or(Phase::Other);
+        let at = crate::telemetry::phase::current().unwrap_or(Phase::Other);
         assert_eq!(n[at.index()], 2);
         assert_eq!(n.iter().sum::<u32>(), 2);
         assert_eq!(take(), [0; N_PHASES]);

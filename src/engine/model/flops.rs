@@ -129,7 +129,8 @@ pub fn flop_ratio(target: &Qwen3Config, spec: &DrafterSpec, seq: i64, anchors: i
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::model::config::{drafter_spec_for, Preset};
+    use crate::engine::model::config::drafter_spec_for;
+    use crate::engine::train::presets::Preset;
 
     /// Tiny shapes: hidden 8, intermediate 16, 2 heads and 1 KV head of 4, vocab 32; a target of
     /// 6 layers, a drafter of 2 reading target layers [1, 3], block 4.

@@ -248,7 +248,7 @@ mod tests {
         }
         let device = Device::Cuda(tch::Cuda::device_count() as usize - 1);
         let _stream = crate::engine::gpu::cuda::Stream::own(device).unwrap();
-        let p = super::super::config::Preset::by_name("tiny").unwrap();
+        let p = crate::engine::train::presets::Preset::by_name("tiny").unwrap();
         let spec = p.drafter_spec(&p.target);
         let mut vs = tch::nn::VarStore::new(device);
         let mut model = Qwen3Target::new(&vs.root(), &p.target, &spec.target_layer_ids, 0.5);

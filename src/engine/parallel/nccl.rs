@@ -5,7 +5,7 @@
 //! runs (one bucket per drafter layer, last layer first), on NCCL's own stream, and the worker's
 //! stream waits only for what was not done when backward ended.
 
-use super::replicas::GradMean;
+use crate::engine::train::grad_mean::GradMean;
 use crate::engine::train::optim::AdamW;
 use anyhow::{bail, Result};
 use std::ffi::{c_char, c_int, c_void};

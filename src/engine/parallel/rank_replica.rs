@@ -5,8 +5,9 @@
 
 use super::c10d::GlooGroup;
 use super::ranks::{connect_client, store_err, JobLink, COLLECTIVE_TIMEOUT, LOST_AFTER};
-use super::replicas::{Arrival, GradMean, StepMeet};
+use super::replicas::{Arrival, StepMeet};
 use crate::cancel::CancelToken;
+use crate::engine::train::grad_mean::GradMean;
 use crate::engine::train::optim::AdamW;
 use anyhow::{anyhow, bail, Result};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,37 +1,15 @@
 //! Drafter data parallel: D replicas, one per drafter worker, average their gradients every step
-//! so that they stay identical. `GradMean` is the interface; `LocalGroup` is the CPU path (the
+//! so that they stay identical. `GradMean` (src/engine/train/grad_mean.rs) is the interface; `LocalGroup` is the CPU path (the
 //! replicas of one process meet at a cancellable barrier and average with libtorch ops);
 //! the NCCL path (several GPUs) goes through libtorch's own `ProcessGroupNCCL`.
 
 use crate::cancel::CancelToken;
+use crate::engine::train::grad_mean::GradMean;
 use crate::engine::train::optim::AdamW;
 use anyhow::{bail, Result};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tch::Tensor;
-
-/// Replaces a replica's gradients with their mean over all replicas.
-pub trait GradMean: Send {
-    /// Once, on the replica's own thread, before its first backward (the NCCL path broadcasts
-    /// replica 0's weights and hooks its reduction into backward here).
-    fn prepare(&mut self, _optimizer: &mut AdamW) -> Result<()> {
-        Ok(())
-    }
-    /// After backward: the optimizer's gradients become the mean over the replicas.
-    fn mean(&mut self, optimizer: &mut AdamW) -> Result<()>;
-    fn world(&self) -> usize;
-    /// After this replica failed: frees the others from any collective that waits for it.
-    fn abort(&mut self) {}
-    /// Whether the worker calls `mean` at all (a lone replica has nothing to average).
-    fn syncs(&self) -> bool {
-        self.world() > 1
-    }
-    /// At a periodic checkpoint of step `step`, after the saving replica wrote it: replicas of
-    /// other processes wait here until it is written.
-    fn checkpoint_written(&mut self, _step: u64) -> Result<()> {
-        Ok(())
-    }
-}
 
 /// Where replicas meet before each step: they take it together, skip it together or all stop.
 pub trait StepMeet: Send + Sync {
@@ -42,18 +20,6 @@ pub trait StepMeet: Send + Sync {
 impl StepMeet for StepGate {
     fn pass(&self, arrival: Arrival) -> Arrival {
         StepGate::pass(self, arrival)
-    }
-}
-
-/// One replica: nothing to average.
-pub struct Single;
-
-impl GradMean for Single {
-    fn mean(&mut self, _optimizer: &mut AdamW) -> Result<()> {
-        Ok(())
-    }
-    fn world(&self) -> usize {
-        1
     }
 }
 

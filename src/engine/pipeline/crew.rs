@@ -72,7 +72,7 @@ pub(super) fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
                 Ok(Err(e)) => format!("{e:#}"),
                 Err(p) => format!("panicked: {}", panic_text(p.as_ref())),
             };
-            let sentence = worker_failure(&label, super::marks::phase_now(), &failure);
+            let sentence = worker_failure(&label, crate::telemetry::phase::current(), &failure);
             // The other ranks of a job learn it now, unless this failure follows theirs.
             if let Some(l) = link.as_ref().filter(|l| l.fault().is_none()) {
                 l.say_failed(&sentence);

@@ -383,7 +383,7 @@ impl<'a> Worker<'a> {
             self.cancel.cancel();
             self.job.step.replicas.abort();
         }
-        let in_update = failed && super::marks::phase_now() == Some(Phase::Optim);
+        let in_update = failed && crate::telemetry::phase::current() == Some(Phase::Optim);
         let done = self.job.step.optimizer.step as u64;
         if self.job.saves && done > self.last_saved && !in_update {
             self.save(done)

@@ -227,17 +227,6 @@ struct GpuSide {
     adopts_foreign_calls: bool,
 }
 
-thread_local! {
-    /// The phase this worker thread last marked, whatever the profiling switch: what an error
-    /// report names (`phase_now`). A thread-local cell, so marking stays lock- and alloc-free.
-    static PHASE_NOW: std::cell::Cell<Option<Phase>> = const { std::cell::Cell::new(None) };
-}
-
-/// The phase the calling thread last marked (None before its first mark).
-pub fn phase_now() -> Option<Phase> {
-    PHASE_NOW.with(|c| c.get())
-}
-
 /// A worker's phase recorder with the GPU timing modes applied.
 pub struct Marks {
     pub rec: PhaseRecorder,
@@ -276,7 +265,7 @@ impl Marks {
 
     #[inline]
     pub fn mark(&mut self, phase: Phase) {
-        PHASE_NOW.with(|c| c.set(Some(phase)));
+        crate::telemetry::phase::set_current(phase);
         if let Some(g) = &mut self.gpu {
             if self.switches.profiling() {
                 let mode = self.switches.gpu_timing();

@@ -16,7 +16,7 @@ use crate::engine::gpu::cuda::upload;
 use crate::engine::model::config::DrafterSpec;
 use crate::engine::model::drafter::Drafter;
 use crate::engine::model::tiled::{AttnMask, WindowPlan};
-use crate::engine::parallel::replicas::GradMean;
+use crate::engine::train::grad_mean::GradMean;
 use crate::telemetry::Phase;
 use anyhow::Result;
 use tch::{Device, Tensor};

@@ -2,7 +2,7 @@
 //! mask token: SpecForge's defaults for a `--target` directory, a preset's own for runs with
 //! random weights. Flags and the TOML file override either (src/config.rs applies them).
 
-pub use super::blocks::AnchorScope;
+use super::blocks::AnchorScope;
 use crate::engine::model::config::{DrafterSpec, Qwen3Config};
 use anyhow::{bail, Context, Result};
 use std::path::Path;

@@ -270,8 +270,8 @@ fn heads_major(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::model::config::Preset;
     use crate::engine::model::qwen3::Qwen3Target;
+    use crate::engine::train::presets::Preset;
     use tch::{Device, Kind};
 
     /// The fused q/k/v projection gives the forward it replaces (a wrong split — k and v

@@ -6,9 +6,9 @@ use super::*;
 use crate::cli::TrainArgs;
 use crate::config::RunConfig;
 use crate::engine::data::{Packer, Rng};
-use crate::engine::parallel::replicas::Single;
 use crate::engine::pipeline::workers::DataCounts;
 use crate::engine::pipeline::{build_drafters, build_target, data_source, frozen_on};
+use crate::engine::train::grad_mean::Single;
 use tch::Kind;
 
 /// Each row's anchors, sampled from `rng` as the worker does (its own function).
