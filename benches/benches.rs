@@ -175,7 +175,7 @@ fn render_frame(c: &mut Criterion) {
     let spans = s.steps.len();
     let mut app = App::new();
     app.on_snapshot(Arc::new(s));
-    app.view = dflash_top::tui::app::View::Timeline;
+    app.view = dflash_top::tui::choices::View::Timeline;
     assert_eq!(app.history.spans.len(), spans, "all 10 s of spans are kept");
     let mut term = Terminal::new(TestBackend::new(200, 60)).unwrap();
     g.bench_function("timeline_64_threads_10s_200x60", |b| {

@@ -3,7 +3,7 @@
 //! the flag or file and the fix.
 
 use crate::cli::TrainArgs;
-pub use crate::engine::spec::{DataSpec, PipelineSpec, Slow};
+use crate::engine::spec::{DataSpec, PipelineSpec};
 use crate::engine::train::schedule::Schedule;
 use crate::telemetry::warnings::WarnConfig;
 use anyhow::{bail, Context, Result};

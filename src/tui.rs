@@ -18,7 +18,8 @@ pub mod verdict_row;
 pub mod view;
 
 use crate::telemetry::{GpuTiming, HubCommand, Snapshot, Switches, Telemetry};
-use app::{App, Controls};
+use app::App;
+use controls::Controls;
 use crossbeam_channel::{never, select, tick, unbounded, Receiver};
 use crossterm::event::{self, Event};
 use ratatui::backend::Backend;

@@ -43,7 +43,7 @@ pub fn cuda_or_skip(what: &str) -> Option<tch::Device> {
 /// saying so.
 pub fn cuda_shim_or_skip(what: &str) -> Option<tch::Device> {
     let dev = cuda_or_skip(what)?;
-    if !dflash_top::engine::gpu::cuda::AVAILABLE {
+    if !dflash_top::cuda_shim::AVAILABLE {
         eprintln!("no CUDA shim in this build: {what} is not run here");
         return None;
     }

@@ -602,10 +602,10 @@ fn drafter_spec_follows_the_target() {
 }
 
 /// JSONL options with the vocabulary of `word_tokenizer` and its tokenizer.json.
-fn with_tokenizer(tok: &std::path::Path) -> dflash_top::engine::data::JsonlOptions {
-    dflash_top::engine::data::JsonlOptions {
+fn with_tokenizer(tok: &std::path::Path) -> dflash_top::engine::data::jsonl::JsonlOptions {
+    dflash_top::engine::data::jsonl::JsonlOptions {
         tokenizer: Some(tok.to_path_buf()),
-        ..dflash_top::engine::data::JsonlOptions::new(512)
+        ..dflash_top::engine::data::jsonl::JsonlOptions::new(512)
     }
 }
 
@@ -649,7 +649,8 @@ pub fn word_tokenizer(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[test]
 fn chat_lines_are_tokenized_with_loss_on_assistant_turns_only() {
-    use dflash_top::engine::data::{JsonlOptions, JsonlSource};
+    use dflash_top::engine::data::jsonl::JsonlOptions;
+    use dflash_top::engine::data::jsonl::JsonlSource;
     let dir = tempfile::tempdir().unwrap();
     let tok = word_tokenizer(dir.path());
     let data = dir.path().join("chat.jsonl");
@@ -918,7 +919,7 @@ fn a_fresh_drafter_is_initialised_as_dflash_draft_model() {
 
 #[test]
 fn chat_lines_go_through_the_tokenizers_own_chat_template() {
-    use dflash_top::engine::data::JsonlSource;
+    use dflash_top::engine::data::jsonl::JsonlSource;
     let dir = tempfile::tempdir().unwrap();
     let tok = word_tokenizer(dir.path());
     // Not ChatML: a "there" before every assistant answer, Python's str.strip, raise_exception,
@@ -1048,7 +1049,8 @@ fn host_label_rows_are_the_valid_labels() {
 
 #[test]
 fn jsonl_documents_come_shuffled_per_epoch_and_skip_lands_where_reading_would() {
-    use dflash_top::engine::data::{JsonlOptions, JsonlSource};
+    use dflash_top::engine::data::jsonl::JsonlOptions;
+    use dflash_top::engine::data::jsonl::JsonlSource;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d.jsonl");
     let lines: Vec<String> = (0..7)
@@ -1101,7 +1103,8 @@ fn jsonl_file(dir: &std::path::Path, name: &str, lines: &[String]) -> std::path:
 
 #[test]
 fn jsonl_streams_a_bad_line_far_in_fails_only_when_reached_with_file_and_line() {
-    use dflash_top::engine::data::{JsonlOptions, JsonlSource};
+    use dflash_top::engine::data::jsonl::JsonlOptions;
+    use dflash_top::engine::data::jsonl::JsonlSource;
     let dir = tempfile::tempdir().unwrap();
     let mut lines: Vec<String> = (0..3000i64)
         .map(|d| serde_json::json!({ "input_ids": [d % 500, 1, 2, 3, 4, 5] }).to_string())
@@ -1140,7 +1143,8 @@ fn jsonl_streams_a_bad_line_far_in_fails_only_when_reached_with_file_and_line() 
 
 #[test]
 fn reading_threads_and_skips_give_the_same_stream_with_the_same_drops() {
-    use dflash_top::engine::data::{JsonlOptions, JsonlSource};
+    use dflash_top::engine::data::jsonl::JsonlOptions;
+    use dflash_top::engine::data::jsonl::JsonlSource;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();

@@ -5,7 +5,9 @@
 use dflash_top::cli::TrainArgs;
 use dflash_top::config::{parse_devices, parse_slow, RunConfig};
 use dflash_top::engine::checkpoint::read_drafter_spec;
-use dflash_top::engine::data::{DocSource, JsonlOptions, JsonlSource};
+use dflash_top::engine::data::jsonl::JsonlOptions;
+use dflash_top::engine::data::jsonl::JsonlSource;
+use dflash_top::engine::data::DocSource;
 use dflash_top::engine::model::config::Qwen3Config;
 use dflash_top::engine::model::weights::read_all;
 use dflash_top::engine::spec::MAX_SEQ_LEN;

@@ -2,8 +2,9 @@
 //! own code on the same inputs (tests/reference/specforge_parity.py runs it; `make test` too);
 //! parity/step.rs: one whole training step (tests/reference/specforge_step.py).
 
+use dflash_top::engine::data::chat::ChatOptions;
 use dflash_top::engine::data::tokenize::{line_doc, TextTokenizer};
-use dflash_top::engine::data::{ChatOptions, Rng};
+use dflash_top::engine::data::Rng;
 use dflash_top::engine::train::blocks::{sample_anchors, AnchorScope};
 use std::path::PathBuf;
 

@@ -3,7 +3,9 @@
 
 use super::tui::{controls, screen, starved_snapshot, LIVE};
 use dflash_top::telemetry::warnings::{Rule, Severity, Warning};
-use dflash_top::tui::app::{Action, App, View};
+use dflash_top::tui::app::App;
+use dflash_top::tui::choices::View;
+use dflash_top::tui::keys::Action;
 use dflash_top::tui::theme::Theme;
 use std::sync::Arc;
 

@@ -6,7 +6,8 @@
 
 use crate::cli::BenchArgs;
 use crate::cmd::session::Session;
-use crate::config::{PipelineSpec, RunConfig};
+use crate::config::RunConfig;
+use crate::engine::spec::PipelineSpec;
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Role};
 use anyhow::{bail, Context, Result};
 use std::process::ExitCode;
@@ -275,7 +276,7 @@ fn memory_lines(cfg: &PipelineSpec) -> Vec<String> {
     devices
         .into_iter()
         .filter_map(|i| {
-            let peak = crate::engine::gpu::cuda::memory_peak(i, false).ok()?;
+            let peak = crate::cuda_shim::memory_peak(i, false).ok()?;
             Some(format!(
                 "memory cuda:{i} peak_allocated_gib={:.2}",
                 peak as f64 / (1u64 << 30) as f64

@@ -43,13 +43,13 @@ pub fn report() -> String {
     let _ = writeln!(
         out,
         "CUDA shim       {}",
-        if crate::engine::gpu::cuda::AVAILABLE {
+        if crate::cuda_shim::AVAILABLE {
             "built in (a stream per worker, events timing)"
         } else {
             "not built (default streams; events timing unavailable)"
         }
     );
-    if cuda && crate::engine::gpu::cuda::AVAILABLE {
+    if cuda && crate::cuda_shim::AVAILABLE {
         let kernels = match crate::engine::gpu::cuda::runtime_kernels_check(tch::Device::Cuda(0)) {
             Ok(()) => "compiled with NVRTC and ran on cuda:0 (the target's, AdamW's)".to_string(),
             Err(why) => format!("unavailable on cuda:0 ({why:#}): libtorch's ops run instead"),

@@ -232,7 +232,7 @@ pub(crate) fn signal_exit() -> ExitCode {
 /// restored before this returns, and a held-back panic message printed after it. Returns the
 /// last snapshot shown (for the exit summary).
 pub(crate) fn run_front_end(
-    ctl: &dyn crate::tui::app::Controls,
+    ctl: &dyn crate::tui::controls::Controls,
     snapshots: &crossbeam_channel::Receiver<std::sync::Arc<crate::telemetry::Snapshot>>,
     finished: &dyn Fn() -> Option<End>,
     info: RunInfo,

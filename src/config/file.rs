@@ -2,7 +2,7 @@
 //! reading it with the line at fault in the error, and the checks of its small values
 //! (`[fast_paths]`, `verdict_dwell`).
 
-use crate::engine::data::ChatOptions;
+use crate::engine::data::chat::ChatOptions;
 use crate::engine::gpu::fast_paths::FastPaths;
 use crate::telemetry::warnings::WarnConfig;
 use anyhow::{bail, Context, Result};

@@ -355,7 +355,7 @@ fn sync_path(p: &Path) -> std::io::Result<()> {
 /// others; returns the ones removed. Other entries are never touched. Each is renamed out of the
 /// `step-*` names before it is removed, so an exit part way leaves no damaged checkpoint.
 pub fn prune(save_dir: &Path, keep: usize) -> Result<Vec<PathBuf>> {
-    let steps = crate::engine::checkpoint::save_dir::checkpoints_in(save_dir)
+    let steps = crate::save_layout::checkpoints_in(save_dir)
         .with_context(|| format!("cannot list {}", save_dir.display()))?;
     let drop = steps.len().saturating_sub(keep.max(1));
     let mut removed = Vec::new();

@@ -9,8 +9,6 @@ use crate::engine::gpu::cuda::upload;
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
-pub use crate::engine::data::jsonl::{ChatOptions, JsonlOptions, JsonlSource};
-
 /// One document: token ids and which of them carry loss.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Doc {

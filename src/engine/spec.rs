@@ -2,7 +2,7 @@
 //! checked. The command-line and TOML layer builds one; nothing here knows flags or files.
 
 use super::checkpoint;
-use super::data::ChatOptions;
+use super::data::chat::ChatOptions;
 use crate::engine::gpu::fast_paths::FastPaths;
 use crate::engine::model::config::{DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;

@@ -263,7 +263,7 @@ impl RecordSink {
     }
 }
 
-pub use crate::probe::current_tid;
+use crate::probe::current_tid;
 
 /// A worker's phase accounting. `!Send`: it belongs to the thread that registered it.
 pub struct PhaseRecorder {

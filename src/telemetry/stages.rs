@@ -13,7 +13,7 @@ use super::names::{custom_phase, StageNames};
 use super::phase::{Phase, Role, N_CUSTOM};
 use serde::{Deserialize, Serialize};
 
-pub use super::names::Names;
+use super::names::Names;
 
 /// One stage as declared: its name and the phases its threads mark (in order; `other` implied).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 //! action). No terminal here: tests drive it directly.
 
 use super::history::History;
-pub use super::keys::Action;
+use super::keys::Action;
 use super::lanes::TimeSpan;
 use super::segments::Segments;
 use crate::summary::{RunInfo, Summary};
@@ -12,8 +12,8 @@ use crate::telemetry::Snapshot;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-pub use super::choices::{Sort, View, Window, ZOOMS_S};
-pub use super::controls::Controls;
+use super::choices::{Sort, View, Window, ZOOMS_S};
+use super::controls::Controls;
 
 mod update;
 

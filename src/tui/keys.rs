@@ -63,7 +63,7 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
         KeyCode::BackTab | KeyCode::Left | KeyCode::Char('h') => Action::PrevView,
         KeyCode::Char('?') => Action::ToggleHelp,
         KeyCode::Char(c @ '1'..='7') => Action::ShowView(c as usize - '1' as usize),
-        KeyCode::Char('t') => Action::ShowView(super::app::View::Timeline.index()),
+        KeyCode::Char('t') => Action::ShowView(super::choices::View::Timeline.index()),
         KeyCode::Down | KeyCode::Char('j') => Action::SelectNext,
         KeyCode::Up | KeyCode::Char('k') => Action::SelectPrev,
         KeyCode::Char('s') => Action::CycleSort,

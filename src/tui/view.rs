@@ -1,6 +1,7 @@
 //! Lays out the panels of each view and draws a frame from one snapshot.
 
-use super::app::{App, View, Window};
+use super::app::App;
+use super::choices::{View, Window};
 use super::panels;
 use super::theme::Theme;
 use crate::telemetry::snapshot::{GpuPanel, PhaseWindow, ThreadView};

@@ -4,8 +4,9 @@
 
 use super::fanout::{drain, pump, Fanout, Outlet, OutletRx};
 use super::protocol::*;
+use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::{Snapshot, StepSpan};
-use crate::telemetry::stages::{Names, TableError};
+use crate::telemetry::stages::TableError;
 use crate::telemetry::{Phase, Telemetry};
 use anyhow::{bail, Context, Result};
 use flate2::read::GzDecoder;

@@ -1,8 +1,8 @@
 //! `bench engine`'s lines about each thread: its phases, the CUDA calls, and the target's and the
 //! drafter's FLOP rates over their phases' device time.
 
-use crate::config::PipelineSpec;
 use crate::engine::model::flops::DrafterFlops;
+use crate::engine::spec::PipelineSpec;
 use crate::telemetry::snapshot::ThreadView;
 use crate::telemetry::{GpuTiming, Phase, Role, Snapshot};
 

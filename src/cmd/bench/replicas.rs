@@ -2,8 +2,9 @@
 //! as one rank of a job.
 
 use crate::cli::BenchArgs;
-use crate::config::{PipelineSpec, RunConfig};
+use crate::config::RunConfig;
 use crate::engine::bench::replica_check::{relative_gap, ReplicaReport};
+use crate::engine::spec::PipelineSpec;
 use anyhow::{bail, Result};
 
 /// `bench replicas`: --steps (default 20) steps of the replicas on --drafter-devices against one

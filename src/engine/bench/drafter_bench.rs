@@ -88,7 +88,7 @@ impl StepProbe for SyncedPhases {
     }
 
     fn own_stream(&self) -> bool {
-        self.device.is_cuda() && crate::engine::gpu::cuda::AVAILABLE
+        self.device.is_cuda() && crate::cuda_shim::AVAILABLE
     }
 }
 

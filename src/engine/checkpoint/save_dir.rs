@@ -19,7 +19,7 @@ pub fn fix_for(what: &str) -> &'static str {
     }
 }
 
-pub use crate::save_layout::checkpoints_in;
+use crate::save_layout::checkpoints_in;
 
 /// The process id in a temporary name a save leaves (`.step-N.tmp-PID`, `.old-PID`, `.del-PID`).
 fn temp_owner(name: &str) -> Option<u32> {

@@ -5,7 +5,7 @@
 //! position counts lines (blank and dropped ones too): a resumed run skips to it without reading
 //! what it skips, and lands on the same document in every run with that seed.
 
-pub use super::chat::ChatOptions;
+use super::chat::ChatOptions;
 use super::tokenize::{line_doc, TextTokenizer};
 use crate::engine::data::{Doc, DocSource, Rng};
 use anyhow::{bail, Context, Result};

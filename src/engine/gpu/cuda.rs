@@ -6,8 +6,8 @@
 //! target (`target_kernels`), varlen flash attention (`flash_attention`), and the optimizer's
 //! flat gradients and fused AdamW (`optimizer`).
 
+use crate::cuda_shim::AVAILABLE;
 use crate::cuda_shim::{check, ffi};
-pub use crate::cuda_shim::{device_pci, empty_cache, memory_peak, memory_total, AVAILABLE};
 use anyhow::Result;
 use std::ffi::{c_int, c_void};
 use tch::Tensor;

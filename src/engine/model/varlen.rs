@@ -70,7 +70,7 @@ impl Varlen {
 
     /// Whether the flash path can run for activations of `kind` and `head_dim` on `device`.
     pub fn usable(device: Device, kind: Kind, head_dim: i64) -> bool {
-        crate::engine::gpu::cuda::AVAILABLE
+        crate::cuda_shim::AVAILABLE
             && device.is_cuda()
             && matches!(kind, Kind::BFloat16 | Kind::Half)
             && head_dim % 8 == 0

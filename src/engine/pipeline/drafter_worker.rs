@@ -113,7 +113,7 @@ impl StepProbe for WorkerProbe<'_> {
         // (not while a graph is being captured on the device: libtorch refuses that).
         if let (true, Device::Cuda(d)) = (crate::fault::is("empty_cache"), self.device) {
             if !crate::cuda_shim::capturing(d) {
-                crate::engine::gpu::cuda::empty_cache()?;
+                crate::cuda_shim::empty_cache()?;
             }
         }
         Ok(())

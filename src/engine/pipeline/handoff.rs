@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn a_batch_from_another_gpu_is_copied_ahead_and_one_from_the_same_gpu_is_kept() {
-        if !crate::engine::gpu::cuda::AVAILABLE
+        if !crate::cuda_shim::AVAILABLE
             || !tch::Cuda::is_available()
             || tch::Cuda::device_count() < 2
         {

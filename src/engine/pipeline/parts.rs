@@ -4,7 +4,9 @@
 //! resume).
 
 use crate::engine::checkpoint;
-use crate::engine::data::{DocSource, JsonlOptions, JsonlSource, Synthetic};
+use crate::engine::data::jsonl::JsonlOptions;
+use crate::engine::data::jsonl::JsonlSource;
+use crate::engine::data::{DocSource, Synthetic};
 use crate::engine::model::config::{DrafterSpec, Qwen3Config};
 use crate::engine::model::drafter::Drafter;
 use crate::engine::model::qwen3::Qwen3Target;

@@ -2,7 +2,7 @@
 //! its own named thread, owns its device and its phase recorder, and marks every phase of its role
 //! (src/telemetry/phase.rs).
 
-pub use super::handoff::HiddenBatch;
+use super::handoff::HiddenBatch;
 use super::marks::Marks;
 use crate::cancel::CancelToken;
 use crate::engine::data::{DocSource, PackedBatch, Packer};

@@ -171,8 +171,8 @@ fn room_for_graphs(device: tch::Device) -> bool {
         return false;
     };
     match (
-        crate::engine::gpu::cuda::memory_peak(i, false),
-        crate::engine::gpu::cuda::memory_total(i),
+        crate::cuda_shim::memory_peak(i, false),
+        crate::cuda_shim::memory_total(i),
     ) {
         (Ok(peak), Ok(total)) => peak as f64 <= MEMORY_SHARE * total as f64,
         _ => false,
@@ -216,7 +216,7 @@ impl StepGraphs {
 
     /// Graphs wherever the step can run them, for up to `max_plans` window plans.
     pub fn on(max_plans: usize) -> StepGraphs {
-        StepGraphs::with(crate::engine::gpu::cuda::AVAILABLE, max_plans)
+        StepGraphs::with(crate::cuda_shim::AVAILABLE, max_plans)
     }
 
     /// Never graphs: every step eager.

@@ -112,7 +112,7 @@ impl AdamW {
             grad_buffer: None,
             clip_divisor: None,
             fused_step: device.is_cuda()
-                && crate::engine::gpu::cuda::AVAILABLE
+                && crate::cuda_shim::AVAILABLE
                 && crate::engine::gpu::fast_paths::on(
                     crate::engine::gpu::fast_paths::FastPath::FusedAdamw,
                 ),

@@ -4,7 +4,8 @@
 use super::super::view::Ctx;
 use crate::telemetry::queue_view::verdict_inputs;
 use crate::telemetry::verdict::Verdict;
-use crate::tui::app::{fmt_clock, View};
+use crate::tui::app::fmt_clock;
+use crate::tui::choices::View;
 use crate::tui::theme::Badge;
 use crate::wire::replay::ReplayPos;
 use ratatui::layout::Rect;

@@ -2,7 +2,7 @@
 //! letter; libtorch's own threads under the worker that drives them, the other unregistered ones
 //! grouped by name at the end.
 
-use super::super::app::Sort;
+use super::super::choices::Sort;
 use super::super::view::Ctx;
 use crate::telemetry::owner::comm_of;
 use crate::telemetry::snapshot::{ThreadGroupView, ThreadState, ThreadView};

@@ -2,7 +2,7 @@
 //! (waits hatched), the queue depths as strips under the lanes, the verdict's changes marked
 //! above them. `+`/`-` zoom, `[`/`]` pan (freezing the display), `e` exports what is shown.
 
-use super::super::app::ZOOMS_S;
+use super::super::choices::ZOOMS_S;
 use super::super::lanes::{lanes, queue_strip, TimeSpan};
 use super::super::theme::Theme;
 use super::super::verdict_row::verdict_row;

@@ -44,7 +44,7 @@ fn adamw_minimises_a_quadratic_and_clips() {
 /// GPU machine runs this binary); without one it says so.
 #[test]
 fn gradients_kept_in_the_flat_buffer_train_like_gathered_ones() {
-    if !crate::engine::gpu::cuda::AVAILABLE {
+    if !crate::cuda_shim::AVAILABLE {
         eprintln!("no CUDA shim in this build: gradients cannot be attached to a buffer");
         return;
     }
@@ -101,7 +101,7 @@ fn bf16_working_weights_follow_f32_ones_fed_the_same_gradients() {
         )
     };
     for flat in [false, true] {
-        if flat && !crate::engine::gpu::cuda::AVAILABLE {
+        if flat && !crate::cuda_shim::AVAILABLE {
             eprintln!("no CUDA shim in this build: gradients cannot be attached to a buffer");
             continue;
         }
