@@ -360,8 +360,8 @@ fn no_file_reaches_a_floor_above_its_own_or_the_engine_from_the_viewer() {
     assert!(uses("cmd/session.rs", "engine/pipeline.rs"));
     assert!(uses("cmd/train.rs", "cmd/session.rs"));
     // A test module's own file is test code: it may reach up, and is not in the graph.
-    assert!(!g.contains_key(&src().join("engine/train/drafter_step/tests.rs")));
-    assert!(g.contains_key(&src().join("engine/train/drafter_step.rs")));
+    assert!(!g.contains_key(&src().join("engine/train/step/tests.rs")));
+    assert!(g.contains_key(&src().join("engine/train/step.rs")));
     let bad = violations(&g);
     assert!(
         bad.is_empty(),
@@ -415,11 +415,8 @@ fn every_engine_room_is_on_an_engine_floor_and_none_reaches_up() {
     );
     // The reader finds the engine's own uses across rooms.
     let uses = |from: &str, to: &str| g[&src().join(from)].contains(&src().join(to));
-    assert!(uses("engine/pipeline.rs", "engine/train/drafter_step.rs"));
-    assert!(uses(
-        "engine/train/drafter_step.rs",
-        "engine/train/grad_mean.rs"
-    ));
+    assert!(uses("engine/pipeline.rs", "engine/train/step.rs"));
+    assert!(uses("engine/train/step.rs", "engine/train/grad_mean.rs"));
     let bad = engine_violations(&g);
     assert!(
         bad.is_empty(),

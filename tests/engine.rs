@@ -2,9 +2,9 @@
 //! loss, and bad inputs that must end in a sentence, not a panic.
 
 use dflash_top::engine::data::{doc_ids_and_positions, Doc, DocSource, Packer, Rng};
-use dflash_top::engine::model::config::{drafter_spec_for, Qwen3Config};
 use dflash_top::engine::model::drafter::Drafter;
 use dflash_top::engine::model::qwen3::{document_causal_mask, Qwen3Target};
+use dflash_top::engine::model::shapes::{drafter_spec_for, Qwen3Config};
 use dflash_top::engine::train::blocks::*;
 use dflash_top::engine::train::loss::{
     block_metrics, chunked_loss_backward, gamma_for, slot_weights,
@@ -320,7 +320,7 @@ fn target_mask_is_causal_within_each_document() {
     );
 }
 
-fn tiny() -> (Qwen3Config, dflash_top::engine::model::config::DrafterSpec) {
+fn tiny() -> (Qwen3Config, dflash_top::engine::model::shapes::DrafterSpec) {
     let p = Preset::by_name("tiny").unwrap();
     let spec = p.drafter_spec(&p.target);
     (p.target, spec)
@@ -791,7 +791,7 @@ impl DpBatch {
 
 #[test]
 fn two_replicas_stay_identical_and_match_one_drafter_with_twice_the_batch() {
-    use dflash_top::engine::model::config::drafter_spec_for;
+    use dflash_top::engine::model::shapes::drafter_spec_for;
     use dflash_top::engine::parallel::replicas::LocalGroup;
     use dflash_top::engine::train::grad_mean::Single;
     use dflash_top::engine::train::optim::AdamW;

@@ -8,7 +8,7 @@ use dflash_top::engine::checkpoint::read_drafter_spec;
 use dflash_top::engine::data::jsonl::JsonlOptions;
 use dflash_top::engine::data::jsonl::JsonlSource;
 use dflash_top::engine::data::DocSource;
-use dflash_top::engine::model::config::Qwen3Config;
+use dflash_top::engine::model::shapes::Qwen3Config;
 use dflash_top::engine::model::weights::read_all;
 use dflash_top::engine::spec::MAX_SEQ_LEN;
 use dflash_top::engine::train::optim::AdamW;

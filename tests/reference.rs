@@ -2,9 +2,9 @@
 //! inputs, the same numbers (tests/reference/make_reference.py makes them; `make test` runs it).
 
 use dflash_top::engine::checkpoint::{self, TrainerState};
-use dflash_top::engine::model::config::Qwen3Config;
 use dflash_top::engine::model::drafter::Drafter;
 use dflash_top::engine::model::qwen3::Qwen3Target;
+use dflash_top::engine::model::shapes::Qwen3Config;
 use dflash_top::engine::model::weights;
 use dflash_top::engine::train::blocks::{block_mask, Anchors};
 use dflash_top::engine::train::optim::AdamW;

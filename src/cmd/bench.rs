@@ -140,7 +140,7 @@ fn generate(args: &BenchArgs) -> Result<()> {
 fn drafter(args: &BenchArgs) -> Result<()> {
     let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let steps = args.train.steps.unwrap_or(20);
-    let times = crate::engine::bench::drafter_bench::run(&cfg, steps)?;
+    let times = crate::engine::bench::drafter::run(&cfg, steps)?;
     let f = crate::engine::model::flops::drafter_flops(
         &cfg.drafter_spec,
         cfg.seq_len,
@@ -251,7 +251,7 @@ fn engine(args: &BenchArgs) -> Result<()> {
         crate::engine::model::varlen::attention_used(),
         crate::engine::model::target_graph::state(),
         crate::engine::gpu::cuda::target_kernels_state(),
-        crate::engine::train::drafter_graph::state(),
+        crate::engine::train::step_graphs::state(),
         crate::engine::train::optim::bf16_kernel_state(),
         crate::engine::gpu::cuda::block_attention_state()
     );

@@ -4,9 +4,9 @@
 
 use crate::cli::GenerateArgs;
 use crate::engine::data::tokenize::TextTokenizer;
-use crate::engine::model::config::Qwen3Config;
 use crate::engine::model::decode::{continuations, Decoding};
 use crate::engine::model::qwen3::Qwen3Target;
+use crate::engine::model::shapes::Qwen3Config;
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 use super::FileConfig;
 use crate::cli::TrainArgs;
 use crate::engine::checkpoint;
-use crate::engine::model::config::{drafter_spec_for, DrafterSpec, Qwen3Config};
+use crate::engine::model::shapes::{drafter_spec_for, DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
 use crate::engine::train::presets::Preset;
 use crate::engine::train::recipe::Recipe;

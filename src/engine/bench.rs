@@ -1,5 +1,5 @@
-//! Measurements of the engine's parts: the drafter's step alone (drafter_bench) and replicas
+//! Measurements of the engine's parts: the drafter's step alone (drafter) and replicas
 //! against one drafter (replica_check). Uses the rooms below it; the `bench` command runs it.
 
-pub mod drafter_bench;
+pub mod drafter;
 pub mod replica_check;

@@ -7,7 +7,7 @@
 pub mod checksum;
 pub mod save_dir;
 
-use crate::engine::model::config::{DrafterSpec, Qwen3Config};
+use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 use crate::engine::train::optim::AdamW;
 use crate::engine::train::schedule::Schedule;
 use crate::scratch::Scratch;
@@ -160,7 +160,7 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
                 path.display()
             )
         })?,
-        None => crate::engine::model::config::build_target_layer_ids(
+        None => crate::engine::model::shapes::build_target_layer_ids(
             num_target_layers,
             layers.num_hidden_layers,
         ),
@@ -185,7 +185,7 @@ pub fn read_drafter_spec(dir: &Path) -> Result<DrafterSpec> {
     }
     let mask_token = pick("mask_token")
         .and_then(|x| x.as_str().map(str::to_string))
-        .unwrap_or_else(|| crate::engine::model::config::DEFAULT_MASK_TOKEN.into());
+        .unwrap_or_else(|| crate::engine::model::shapes::DEFAULT_MASK_TOKEN.into());
     Ok(DrafterSpec {
         layers,
         target_layer_ids,

@@ -1,15 +1,15 @@
-//! The models: the target's and the drafter's shapes and presets (config), their layers, the
+//! The models: the target's and the drafter's shapes (shapes), their layers, the
 //! Qwen3/Llama target (qwen3) and its CUDA graph (target_graph), the DFlash drafter and its
 //! attention in tiles (drafter, tiled), the targets' document attention (varlen), decoding,
 //! safetensors weights and the FLOP count. Uses the GPU room and the data room's types; never
 //! the step, the pipeline or the multi-process code.
 
-pub mod config;
 pub mod decode;
 pub mod drafter;
 pub mod flops;
 pub mod layers;
 pub mod qwen3;
+pub mod shapes;
 pub mod target_graph;
 pub mod tiled;
 pub mod varlen;

@@ -21,8 +21,8 @@ use crate::engine::pipeline::crew::{spawn, Crew};
 use crate::engine::pipeline::drafter_worker::{run_drafter, DrafterJob};
 use crate::engine::pipeline::handoff::HiddenBatch;
 use crate::engine::pipeline::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
-use crate::engine::train::drafter_step::DrafterStep;
 use crate::engine::train::grad_mean::Single;
+use crate::engine::train::step::DrafterStep;
 use crate::telemetry::queue::{monitored_queue, QueueRx, QueueTx};
 use crate::telemetry::Telemetry;
 use anyhow::{bail, Result};
@@ -274,7 +274,7 @@ impl Workers<'_> {
                 device: dev,
                 replicas: shared.group.member(i)?,
                 loss_chunk_mib: cfg.loss_chunk_mib,
-                graphs: crate::engine::train::drafter_graph::StepGraphs::as_installed(),
+                graphs: crate::engine::train::step_graphs::StepGraphs::as_installed(),
             },
             vs: r.vs,
             input: shared.input.clone(),

@@ -4,7 +4,7 @@
 use super::checkpoint;
 use super::data::chat::ChatOptions;
 use crate::engine::gpu::fast_paths::FastPaths;
-use crate::engine::model::config::{DrafterSpec, Qwen3Config};
+use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
 use crate::engine::train::presets::Preset;
 use crate::engine::train::schedule::Schedule;

@@ -1,4 +1,4 @@
-//! One training step as SpecForge's: the drafter step of the library (src/engine/train/drafter_step.rs:
+//! One training step as SpecForge's: the drafter step of the library (src/engine/train/step.rs:
 //! block inputs, mask and labels from given anchors, the drafter, the chunked decayed loss,
 //! backward, the clip and AdamW at the schedule's lr) against SpecForge 0.2.0's own
 //! `OnlineDFlashModel.forward`, backward and one `BF16Optimizer` step, on the same drafter
@@ -12,11 +12,11 @@
 use dflash_top::engine::checkpoint::{load_weights, read_drafter_spec};
 use dflash_top::engine::data::{Doc, DocSource, Packer};
 use dflash_top::engine::model::drafter::Drafter;
-use dflash_top::engine::train::drafter_graph::StepGraphs;
-use dflash_top::engine::train::drafter_step::{DrafterStep, StepOutcome, StepProbe};
 use dflash_top::engine::train::grad_mean::Single;
 use dflash_top::engine::train::optim::AdamW;
 use dflash_top::engine::train::schedule::Schedule;
+use dflash_top::engine::train::step::{DrafterStep, StepOutcome, StepProbe};
+use dflash_top::engine::train::step_graphs::StepGraphs;
 use dflash_top::telemetry::Phase;
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -5,9 +5,9 @@
 
 use super::{load, max_diff, reference_dir, root};
 use dflash_top::engine::checkpoint;
-use dflash_top::engine::model::config::{Arch, Qwen3Config};
 use dflash_top::engine::model::drafter::Drafter;
 use dflash_top::engine::model::qwen3::{KvCache, Qwen3Target};
+use dflash_top::engine::model::shapes::{Arch, Qwen3Config};
 use dflash_top::engine::model::weights;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

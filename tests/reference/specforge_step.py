@@ -41,7 +41,7 @@ torch.manual_seed(0)
 
 H, L, VOCAB, MASK, BLOCK = 64, 6, 256, 255, 16
 LAYER_IDS = [1, 3]
-# Our engine's recipe (src/engine/train/drafter_step.rs, loss.rs, schedule.rs, optim.rs).
+# Our engine's recipe (src/engine/train/step.rs, loss.rs, schedule.rs, optim.rs).
 SETTINGS = {
     "block_size": BLOCK,
     "loss_decay_gamma": 7.0,

@@ -16,9 +16,9 @@ use crate::engine::pipeline::{
 };
 use crate::engine::spec::PipelineSpec;
 use crate::engine::train::blocks::sample_anchors;
-use crate::engine::train::drafter_step::{DrafterStep, StepOutcome, Unprobed};
 use crate::engine::train::grad_mean::Single;
 use crate::engine::train::optim::AdamW;
+use crate::engine::train::step::{DrafterStep, StepOutcome, Unprobed};
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::ops::Range;
@@ -266,7 +266,7 @@ fn single_drafter(
         let mut one = build_drafters(cfg, &[dev])?;
         one.pop().context("a drafter was built")?
     };
-    let graphs = crate::engine::train::drafter_graph::StepGraphs::off();
+    let graphs = crate::engine::train::step_graphs::StepGraphs::off();
     let frozen = (&frozen.0, &frozen.1);
     let mut single = bench_step(cfg, frozen, (model, &vs, dev), Box::new(Single), graphs);
     single.prepare()?;
@@ -288,7 +288,7 @@ fn replica_steps(
         .into_iter()
         .enumerate()
         .map(|(i, (vs, model, dev))| {
-            let graphs = crate::engine::train::drafter_graph::StepGraphs::off();
+            let graphs = crate::engine::train::step_graphs::StepGraphs::off();
             let frozen = (&frozen.0, &frozen.1);
             let step = bench_step(cfg, frozen, (model, &vs, dev), group.member(i)?, graphs);
             Ok((vs, step))
@@ -435,7 +435,7 @@ pub(crate) fn bench_step(
         Device,
     ),
     replicas: Box<dyn crate::engine::train::grad_mean::GradMean>,
-    graphs: crate::engine::train::drafter_graph::StepGraphs,
+    graphs: crate::engine::train::step_graphs::StepGraphs,
 ) -> DrafterStep {
     DrafterStep {
         model,

@@ -3,8 +3,8 @@
 //! each writes an end-of-sequence token or reaches the length limit; a row that is done leaves the
 //! batch. Greedy continuations are the ones each prompt gets alone.
 
-use super::config::Qwen3Config;
 use super::qwen3::{KvCache, Qwen3Target};
+use crate::engine::model::shapes::Qwen3Config;
 use tch::{Device, Kind, Tensor};
 
 /// How the next token is picked.

@@ -3,10 +3,10 @@
 //! `[context, block]` (KV injection, the context never updated), then `norm`. Embeddings and the
 //! lm head are the target's, frozen. Names match z-lab's `DFlashDraftModel` state dict.
 
-use super::config::DrafterSpec;
 use super::layers::{rope_tables, Linear, RmsNorm};
 use super::qwen3::DecoderLayer;
 use super::tiled::AttnMask;
+use crate::engine::model::shapes::DrafterSpec;
 use tch::{nn, Tensor};
 
 #[derive(Debug)]

@@ -9,7 +9,7 @@
 //! kernels (src/engine/model/tiled.rs). A row's `docs` are its documents' lengths in order, summing to
 //! its length; `None` counts the row as one document, the most it can hold: an upper bound.
 
-use super::config::{DrafterSpec, Qwen3Config};
+use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 
 /// Multiply-adds of one token through a decoder layer's weights (attention projections + MLP).
 fn layer_macs(c: &Qwen3Config) -> f64 {
@@ -129,7 +129,7 @@ pub fn flop_ratio(target: &Qwen3Config, spec: &DrafterSpec, seq: i64, anchors: i
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::model::config::drafter_spec_for;
+    use crate::engine::model::shapes::drafter_spec_for;
     use crate::engine::train::presets::Preset;
 
     /// Tiny shapes: hidden 8, intermediate 16, 2 heads and 1 KV head of 4, vocab 32; a target of

@@ -2,7 +2,7 @@
 //! in fp32, rotary tables (plain or llama3-scaled), the SwiGLU MLP. Weights live in the dtype their VarStore gives them; `compute` is the dtype the
 //! matmuls run in (bf16 on GPU, f32 on CPU), so fp32 master weights train with bf16 compute.
 
-use super::config::{Qwen3Config, Rope};
+use crate::engine::model::shapes::{Qwen3Config, Rope};
 use tch::{nn, Kind, Tensor};
 
 /// Std of a fresh linear weight: `initializer_range` of the Qwen3 config that z-lab's

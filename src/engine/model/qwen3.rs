@@ -3,10 +3,10 @@
 //! Module paths spell the Hugging Face names (`model.layers.{i}.self_attn.q_proj.weight`, …).
 //! Each layer's self-attention, and the ways it runs, is in `attention`.
 
-use super::config::Qwen3Config;
 use super::layers::{rope_tables, Mlp, RmsNorm};
 use super::tiled::AttnMask;
 use super::varlen::Varlen;
+use crate::engine::model::shapes::Qwen3Config;
 use tch::{nn, Tensor};
 
 mod attention;

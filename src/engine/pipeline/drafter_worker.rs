@@ -10,7 +10,7 @@ use crate::engine::checkpoint::{self, TrainerState};
 use crate::engine::data::{PackedBatch, Rng};
 use crate::engine::gpu::cuda::Stream;
 use crate::engine::parallel::replicas::Arrival;
-use crate::engine::train::drafter_step::{DrafterStep, StepOutcome, StepProbe};
+use crate::engine::train::step::{DrafterStep, StepOutcome, StepProbe};
 use crate::telemetry::phase_recorder::{TrainMetrics, MAX_SLOTS};
 use crate::telemetry::queue::QueueRx;
 use crate::telemetry::{HubCommand, Phase, Telemetry};

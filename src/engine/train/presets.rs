@@ -1,7 +1,7 @@
 //! The named model shapes with random weights (`--preset`), each with its own recipe: the
 //! training settings of runs without `--target`.
 
-use crate::engine::model::config::{drafter_spec_for, Arch, DrafterSpec, Qwen3Config};
+use crate::engine::model::shapes::{drafter_spec_for, Arch, DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
 use crate::engine::train::recipe::Recipe;
 use anyhow::{bail, Result};

@@ -3,7 +3,7 @@
 //! random weights. Flags and the TOML file override either (src/config.rs applies them).
 
 use super::blocks::AnchorScope;
-use crate::engine::model::config::{DrafterSpec, Qwen3Config};
+use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 

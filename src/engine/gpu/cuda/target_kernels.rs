@@ -197,7 +197,7 @@ mod tests {
         let (cos, sin) = crate::engine::model::layers::rope_tables(
             &pos,
             128,
-            &crate::engine::model::config::Rope::plain(1e6),
+            &crate::engine::model::shapes::Rope::plain(1e6),
             bf16,
         );
         let vs = nn::VarStore::new(dev);

@@ -4,8 +4,8 @@
 //! queries' tokens, the causal flash kernel over documents, tiled or dense masks, or a KV cache
 //! while decoding. The drafter's layers use it with KV injection (keys from `[context, x]`).
 
-use crate::engine::model::config::Qwen3Config;
 use crate::engine::model::layers::{apply_rope, masked_attention, Linear, RmsNorm};
+use crate::engine::model::shapes::Qwen3Config;
 use crate::engine::model::tiled::{tiled_attention, AttnMask};
 use tch::{nn, Tensor};
 

@@ -6,17 +6,17 @@ use super::blocks::{
     anchors_tensor, block_input_ids, block_labels, block_positions, label_rows, planned_block_mask,
     window_plan,
 };
-use super::drafter_graph::{Forwarded, StepGraphs, StepInputs};
 use super::loss::{
     backward_from, block_metrics, chunked_loss_rows, gamma_for, slot_weights, LossOut,
 };
 use super::optim::AdamW;
 use crate::engine::data::PackedBatch;
 use crate::engine::gpu::cuda::upload;
-use crate::engine::model::config::DrafterSpec;
 use crate::engine::model::drafter::Drafter;
+use crate::engine::model::shapes::DrafterSpec;
 use crate::engine::model::tiled::{AttnMask, WindowPlan};
 use crate::engine::train::grad_mean::GradMean;
+use crate::engine::train::step_graphs::{Forwarded, StepGraphs, StepInputs};
 use crate::telemetry::Phase;
 use anyhow::Result;
 use tch::{Device, Tensor};

@@ -1,4 +1,4 @@
-//! Tests of the drafter's training step (src/engine/train/drafter_step.rs): built from a resolved
+//! Tests of the drafter's training step (src/engine/train/step.rs): built from a resolved
 //! run configuration and real data, as the pipeline builds it.
 
 use super::*;

@@ -10,8 +10,8 @@ use crate::engine::model::target_graph::TargetForward;
 use crate::engine::pipeline::workers::DataCounts;
 use crate::engine::pipeline::{build_drafters, build_target, data_source};
 use crate::engine::spec::PipelineSpec;
-use crate::engine::train::drafter_step::StepProbe;
 use crate::engine::train::grad_mean::Single;
+use crate::engine::train::step::StepProbe;
 use crate::telemetry::Phase;
 use anyhow::{Context, Result};
 use std::time::Instant;
@@ -125,7 +125,7 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<PhaseTimes> {
         (&target.embed_tokens, &target.lm_head),
         (model, &vs, dev),
         Box::new(Single),
-        crate::engine::train::drafter_graph::StepGraphs::as_installed(),
+        crate::engine::train::step_graphs::StepGraphs::as_installed(),
     );
     step.prepare()?;
     let mut probe = SyncedPhases {
