@@ -69,7 +69,16 @@ fn gpu_timing_at_start(
 }
 
 impl RunConfig {
-    /// Builds the configuration from flags (and the file they name).
+    /// Applies what the configuration asks of this process before a run starts: CUPTI's
+    /// subscription (`--cupti`), which loads a library. Reading the configuration (`from_args`)
+    /// loads nothing.
+    pub fn apply(mut self) -> Result<RunConfig> {
+        self.pipeline.cupti = self.pipeline.cupti.apply()?;
+        Ok(self)
+    }
+
+    /// Builds the configuration from flags (and the file they name); pure: no library loaded,
+    /// nothing installed.
     pub fn from_args(args: &TrainArgs) -> Result<RunConfig> {
         let file = match &args.config {
             Some(p) => FileConfig::read(p)?,
@@ -81,14 +90,13 @@ impl RunConfig {
         if let (Some(s), DataSpec::Synthetic) = (&model.resume_state, &data) {
             check_data_position(s, args.resume.as_deref())?;
         }
-        let devices = devices_of(args, &file, || {
-            crate::engine::model::flops::flop_ratio(
-                &model.target_config,
-                &model.drafter_spec,
-                model.recipe.seq_len,
-                model.recipe.anchors,
-            )
-        })?;
+        let flop_ratio = crate::engine::model::flops::flop_ratio(
+            &model.target_config,
+            &model.drafter_spec,
+            model.recipe.seq_len,
+            model.recipe.anchors,
+        );
+        let devices = devices_of(args, &file, || flop_ratio)?;
         let interval = args.interval.or(file.interval).unwrap_or(1.0);
         if !(interval > 0.0 && interval.is_finite()) {
             bail!("--interval must be a positive number of seconds");
@@ -104,7 +112,7 @@ impl RunConfig {
             None => limits.save_dir.as_ref().map(|d| d.join("flight")),
         };
         let max_viewers = limits.max_viewers;
-        let pipeline = pipeline_spec(args, &file, model, data, limits, devices)?;
+        let pipeline = pipeline_spec(args, &file, model, data, limits, devices, flop_ratio)?;
         pipeline.validate()?;
         let viewer = ViewerSettings {
             record: args.record.clone(),
@@ -238,20 +246,21 @@ fn devices_of(
     placed_devices(targets.unwrap_or("cpu"), drafters.unwrap_or("cpu"), ratio)
 }
 
-/// `--cupti` (default `auto`), applied: CUPTI subscribed where it counts (src/engine/gpu/cupti.rs).
+/// `--cupti` (default `auto`), as asked for: nothing is loaded until `RunConfig::apply`
+/// (src/engine/gpu/cupti.rs).
 fn cupti_of(
     flag: Option<&str>,
     targets: &[Device],
     drafters: &[Device],
 ) -> Result<crate::engine::gpu::cupti::CuptiState> {
-    use crate::engine::gpu::cupti::{install, Setting};
+    use crate::engine::gpu::cupti::{CuptiState, Setting};
     let setting = match flag {
         None => Setting::Auto,
         Some(s) => {
             Setting::parse(s).with_context(|| format!("--cupti `{s}`: use auto, on or off"))?
         }
     };
-    install(setting, targets.iter().chain(drafters).any(|d| d.is_cuda()))
+    CuptiState::requested(setting, targets.iter().chain(drafters).any(|d| d.is_cuda()))
 }
 
 /// The engine's spec from the parts resolved above, and the rest of the flags and TOML keys:
@@ -263,6 +272,7 @@ fn pipeline_spec(
     data: DataSpec,
     limits: Limits,
     (target_devices, drafter_devices): (Vec<Device>, Vec<Device>),
+    flop_ratio: f64,
 ) -> Result<PipelineSpec> {
     let slow_items: Vec<String> = if args.slow.is_empty() {
         file.slow.clone().unwrap_or_default()
@@ -318,6 +328,7 @@ fn pipeline_spec(
             exit_now: crate::signals::exit_now,
         },
         cupti,
+        flop_ratio,
         preset: model.preset,
     })
 }

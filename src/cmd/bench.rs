@@ -26,35 +26,61 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             "--fail-if and --flight watch `train --headless` and `attach`, not bench: leave them out"
         );
     }
-    match args.what.as_str() {
-        "telemetry" => {
-            let on = crate::telemetry::hub::measure_mark_cost();
-            println!(
-                "bench: phase mark with profiling on: {on:.1} ns (clock {})",
-                crate::telemetry::clock::source()
-            );
-        }
-        "engine" => engine(args)?,
+    let what = args.what.as_str();
+    if what == "telemetry" {
+        let on = crate::telemetry::hub::measure_mark_cost();
+        println!(
+            "bench: phase mark with profiling on: {on:.1} ns (clock {})",
+            crate::telemetry::clock::source()
+        );
+        return Ok(crate::cmd::session::signal_exit());
+    }
+    if ![
+        "engine",
+        "modes",
+        "profiling",
+        "replicas",
+        "drafter",
+        "generate",
+    ]
+    .contains(&what)
+    {
+        bail!("bench `{what}`: use engine, drafter, modes, profiling, replicas, generate or telemetry");
+    }
+    // The configuration, resolved once: `engine` trains 60 steps unless told, `modes` and
+    // `profiling` until their turns end; the others read --steps themselves.
+    let mut train = args.train.clone();
+    match what {
+        "engine" => train.steps = Some(train.steps.unwrap_or(60)),
+        "modes" | "profiling" => train.steps = None,
+        _ => {}
+    }
+    let run = RunConfig::from_args(&train)?;
+    // `generate` runs no pipeline: CUPTI stays as asked, unapplied.
+    let run = if what == "generate" {
+        run
+    } else {
+        run.apply()?
+    };
+    match what {
+        "engine" => engine(&run)?,
         "modes" => {
             let settings = GpuTiming::ALL.map(|m| Setting {
                 name: m.name(),
                 command: HubCommand::SetGpuTiming(m),
             });
-            alternate(args, &settings)?;
+            alternate(args, &run, &settings)?;
         }
         "profiling" => {
             let settings = [true, false].map(|on| Setting {
                 name: if on { "profiling-on" } else { "profiling-off" },
                 command: HubCommand::SetProfiling(on),
             });
-            alternate(args, &settings)?;
+            alternate(args, &run, &settings)?;
         }
-        "replicas" => replicas(args)?,
-        "drafter" => drafter(args)?,
-        "generate" => generate(args)?,
-        other => {
-            bail!("bench `{other}`: use engine, drafter, modes, profiling, replicas, generate or telemetry")
-        }
+        "replicas" => replicas(args, &run.pipeline)?,
+        "drafter" => drafter(args, &run.pipeline)?,
+        _ => generate(args, &run.pipeline)?,
     }
     Ok(crate::cmd::session::signal_exit())
 }
@@ -62,9 +88,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
 /// `bench generate`: the preset's target (random weights, every layer) decoding one batch of
 /// random prompts at each batch size of --gen-batches, greedy, no end token; new tokens a second
 /// each, and each batch's rate over the first's.
-fn generate(args: &BenchArgs) -> Result<()> {
+fn generate(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     use crate::engine::model::decode::{continuations, Decoding};
-    let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let numbers = |text: &str, flag: &str| -> Result<Vec<usize>> {
         text.split(',')
             .map(|x| x.trim().parse().ok().filter(|&n| n >= 1))
@@ -137,10 +162,9 @@ fn generate(args: &BenchArgs) -> Result<()> {
 
 /// `bench drafter`: the drafter alone for --steps (default 20) timed steps on hidden states its
 /// target computed first; each phase's device time and TFLOP/s-equivalent.
-fn drafter(args: &BenchArgs) -> Result<()> {
-    let cfg = RunConfig::from_args(&args.train)?.pipeline;
+fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     let steps = args.train.steps.unwrap_or(20);
-    let times = crate::engine::bench::drafter::run(&cfg, steps)?;
+    let times = crate::engine::bench::drafter::run(cfg, steps)?;
     let f = crate::engine::model::flops::drafter_flops(
         &cfg.drafter_spec,
         cfg.seq_len,
@@ -185,11 +209,8 @@ fn drafter(args: &BenchArgs) -> Result<()> {
 
 /// Trains for --steps (default 60) without printing; reports throughput over the last 10 s and
 /// per-thread phase times.
-fn engine(args: &BenchArgs) -> Result<()> {
-    let mut train = args.train.clone();
-    train.steps = Some(train.steps.unwrap_or(60));
-    let run = RunConfig::from_args(&train)?;
-    let session = Session::start(&run)?;
+fn engine(run: &RunConfig) -> Result<()> {
+    let session = Session::start(run)?;
     let cfg = &run.pipeline;
     let snapshots = session.telemetry.subscribe();
     let mut last = None;

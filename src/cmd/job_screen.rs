@@ -35,7 +35,7 @@ const HOLD_WAIT: Duration = Duration::from_secs(3600);
 /// A rank that is not its host's screen: trains until the job ends or a signal, quietly (a
 /// signal's stop says nothing either: the screen says it for the job).
 pub fn quiet(args: &TrainArgs) -> Result<ExitCode> {
-    let cfg = RunConfig::from_args(args)?;
+    let cfg = RunConfig::from_args(args)?.apply()?;
     let tag = cfg.pipeline.job.clone().context("a job's rank")?;
     let mut link = None;
     let result = (|| {
@@ -75,7 +75,7 @@ fn hold_while_the_screen_is_up(link: &JobLink, tag: &JobTag) {
 pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     use crate::tui::{terminal, EngineControls};
     let _hushed = terminal::hush_input();
-    let cfg = RunConfig::from_args(args)?;
+    let cfg = RunConfig::from_args(args)?.apply()?;
     terminal::install_panic_hook();
     crate::tui::config::load(&Default::default())?;
     let session = Session::start(&cfg)?;

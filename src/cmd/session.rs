@@ -39,12 +39,7 @@ impl Session {
         telemetry.switches().set_profiling(cfg.viewer.profiling);
         telemetry
             .switches()
-            .set_stage_ratio_flops(crate::engine::model::flops::flop_ratio(
-                &cfg.pipeline.target_config,
-                &cfg.pipeline.drafter_spec,
-                cfg.pipeline.seq_len,
-                cfg.pipeline.anchors,
-            ));
+            .set_stage_ratio_flops(cfg.pipeline.flop_ratio);
         // Why CUPTI does not count (said in snapshots and, through the switches, the hello).
         telemetry.switches().set_cupti(cfg.pipeline.cupti.why_not());
         // The job this process is one rank of, said in the hello and beside the socket.

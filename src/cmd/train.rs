@@ -12,7 +12,7 @@ use std::time::Duration;
 
 pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
     let mut gates = crate::fail_if::Gate::parse_all(&args.fail_if)?;
-    let cfg = RunConfig::from_args(args)?;
+    let cfg = RunConfig::from_args(args)?.apply()?;
     let job = cfg.pipeline.job.as_ref();
     // In a job, which rank this is (the recipe before it is what every rank agrees on).
     let rank_fields = job.map(|t| t.config_fields(cfg.pipeline.drafter_devices.len()));
@@ -75,7 +75,7 @@ pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
     // Keys typed while the run starts (the model loads) neither echo over the shell nor reach
     // the screen; the echo comes back on every way out.
     let _hushed = terminal::hush_input();
-    let cfg = RunConfig::from_args(args)?;
+    let cfg = RunConfig::from_args(args)?.apply()?;
     // Before any worker starts: a panic in any thread, from now on, restores the terminal.
     terminal::install_panic_hook();
     if let Some(file) = crate::fault::arg("hold_start") {

@@ -334,3 +334,34 @@ fn placement_advice_follows_the_rows_length() {
         text(long)
     );
 }
+
+/// Reading the configuration loads nothing: `--cupti` is kept as asked for until `apply`, which
+/// on a machine without a CUDA worker says why nothing is counted; `on` there is refused while
+/// reading, naming the flag.
+#[test]
+fn reading_the_configuration_is_pure_and_apply_installs() {
+    use crate::engine::gpu::cupti::{CuptiState, Setting};
+    let c = RunConfig::from_args(&TrainArgs::default()).unwrap();
+    assert_eq!(
+        c.pipeline.cupti,
+        CuptiState::Requested {
+            setting: Setting::Auto,
+            uses_cuda: false
+        }
+    );
+    assert!(c.pipeline.recipe_line().contains(" cupti=auto "));
+    let applied = c.apply().unwrap();
+    assert_eq!(
+        applied.pipeline.cupti,
+        CuptiState::NotCounting("no CUDA device in use".into())
+    );
+    let e = RunConfig::from_args(&TrainArgs {
+        cupti: Some("on".into()),
+        ..TrainArgs::default()
+    })
+    .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("--cupti on: no worker runs on CUDA"),
+        "{e:#}"
+    );
+}

@@ -98,8 +98,12 @@ pub struct PipelineSpec {
     pub job: Option<crate::job::JobTag>,
     /// The process's signals, as the engine may use them (a job's waits and forced exit).
     pub hooks: ProcessHooks,
-    /// Whether CUPTI counts the CUDA workers' launches and syncs (`--cupti`, resolved).
+    /// Whether CUPTI counts the CUDA workers' launches and syncs (`--cupti`: as asked for,
+    /// then as `RunConfig::apply` applied it).
     pub cupti: crate::engine::gpu::cupti::CuptiState,
+    /// The drafter stage's FLOPs a batch over the target's (src/engine/model/flops.rs), computed
+    /// once: the placement advice's estimate until steps are measured.
+    pub flop_ratio: f64,
 }
 
 impl PipelineSpec {

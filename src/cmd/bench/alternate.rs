@@ -38,17 +38,14 @@ fn snapshots_for(
 /// quantised to whole steps) over each segment less its first second, whose window still holds
 /// the previous setting — with its ratio to the first setting, and each thread's phase times in
 /// the setting's last segment.
-pub(super) fn alternate(args: &BenchArgs, settings: &[Setting]) -> Result<()> {
+pub(super) fn alternate(args: &BenchArgs, run: &RunConfig, settings: &[Setting]) -> Result<()> {
     if !(args.segment >= 2.0 && args.segment.is_finite()) {
         bail!("--segment must be at least 2 seconds");
     }
     if args.rounds == 0 {
         bail!("--rounds 0 measures nothing (the first turn is a warm-up): give 1 or more");
     }
-    let mut train = args.train.clone();
-    train.steps = None;
-    let run = RunConfig::from_args(&train)?;
-    let session = Session::start(&run)?;
+    let session = Session::start(run)?;
     let cfg = &run.pipeline;
     let rx = session.telemetry.subscribe();
     let settle = Duration::from_secs(1);

@@ -2,7 +2,6 @@
 //! as one rank of a job.
 
 use crate::cli::BenchArgs;
-use crate::config::RunConfig;
 use crate::engine::bench::replica_check::{relative_gap, ReplicaReport};
 use crate::engine::spec::PipelineSpec;
 use anyhow::{bail, Result};
@@ -10,16 +9,15 @@ use anyhow::{bail, Result};
 /// `bench replicas`: --steps (default 20) steps of the replicas on --drafter-devices against one
 /// drafter with all their rows (in a job, every rank's); fails unless the replicas end identical
 /// and the loss curves agree within --tolerance at every step.
-pub(super) fn replicas(args: &BenchArgs) -> Result<()> {
+pub(super) fn replicas(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     if !(args.tolerance > 0.0 && args.tolerance.is_finite()) {
         bail!("--tolerance must be a positive fraction (0.02 is 2%)");
     }
-    let cfg = RunConfig::from_args(&args.train)?.pipeline;
     let steps = args.train.steps.unwrap_or(20);
-    let report = crate::engine::bench::replica_check::run(&cfg, steps)?;
+    let report = crate::engine::bench::replica_check::run(cfg, steps)?;
     match &cfg.job {
-        Some(job) => rank_report(&cfg, job, steps, args.tolerance, &report),
-        None => process_report(&cfg, steps, args.tolerance, &report),
+        Some(job) => rank_report(cfg, job, steps, args.tolerance, &report),
+        None => process_report(cfg, steps, args.tolerance, &report),
     }
 }
 

@@ -58,11 +58,22 @@ impl Setting {
             _ => None,
         }
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Setting::Auto => "auto",
+            Setting::On => "on",
+            Setting::Off => "off",
+        }
+    }
 }
 
 /// What the run does about CUPTI, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CuptiState {
+    /// Asked for, not yet applied: the configuration as read (`--cupti`, and whether a worker
+    /// runs on CUDA) loads nothing; `apply` subscribes or not.
+    Requested { setting: Setting, uses_cuda: bool },
     /// CUPTI counts the CUDA threads' calls, through this library.
     Counting(PathBuf),
     /// It does not, for this reason (`off`, `no CUDA device in use`, `libcupti not found`, …).
@@ -73,6 +84,7 @@ impl CuptiState {
     /// The `cupti=` field of the run's `config:` line: `on`, `off`, or `n/a (why)`.
     pub fn field(&self) -> String {
         match self {
+            CuptiState::Requested { setting, .. } => setting.name().into(),
             CuptiState::Counting(_) => "on".into(),
             CuptiState::NotCounting(why) if why == OFF => "off".into(),
             CuptiState::NotCounting(why) => format!("n/a ({why})"),
@@ -82,13 +94,36 @@ impl CuptiState {
     /// Why the CUDA threads' calls are not counted (None: they are).
     pub fn why_not(&self) -> Option<String> {
         match self {
+            CuptiState::Requested { .. } => Some(NOT_APPLIED.into()),
             CuptiState::Counting(_) => None,
             CuptiState::NotCounting(why) => Some(why.clone()),
+        }
+    }
+
+    /// `--cupti` as read, checked without loading anything: `on` with no worker on CUDA is an
+    /// error naming the flag and the fix.
+    pub fn requested(setting: Setting, uses_cuda: bool) -> Result<CuptiState> {
+        if setting == Setting::On && !uses_cuda {
+            bail!(
+                "--cupti on: no worker runs on CUDA, so there are no kernel launches to count; \
+                 put a worker on cuda:N (--target-devices, --drafter-devices) or use --cupti \
+                 auto or off"
+            );
+        }
+        Ok(CuptiState::Requested { setting, uses_cuda })
+    }
+
+    /// Applies a requested setting (`install`); an applied state stays as it is.
+    pub fn apply(&self) -> Result<CuptiState> {
+        match self {
+            CuptiState::Requested { setting, uses_cuda } => install(*setting, *uses_cuda),
+            applied => Ok(applied.clone()),
         }
     }
 }
 
 const OFF: &str = "off";
+const NOT_APPLIED: &str = "not applied: the run has not started";
 const NO_CUDA: &str = "no CUDA device in use";
 const NOT_FOUND: &str = "libcupti not found";
 /// What `--cupti on` tells a user whose run cannot count.
@@ -428,14 +463,11 @@ fn install_from(
     uses_cuda: bool,
     candidates: impl FnOnce() -> Vec<PathBuf>,
 ) -> Result<CuptiState> {
+    CuptiState::requested(setting, uses_cuda)?;
     let mut sub = SUBSCRIPTION.lock().unwrap_or_else(|e| e.into_inner());
     let why = match (setting, uses_cuda) {
         (Setting::Off, _) => OFF.to_string(),
-        (Setting::On, false) => bail!(
-            "--cupti on: no worker runs on CUDA, so there are no kernel launches to count; put \
-             a worker on cuda:N (--target-devices, --drafter-devices) or use --cupti auto or off"
-        ),
-        (Setting::Auto, false) => NO_CUDA.to_string(),
+        (_, false) => NO_CUDA.to_string(),
         (_, true) => {
             if let Some(s) = sub.as_ref() {
                 ACTIVE.store(true, Relaxed);

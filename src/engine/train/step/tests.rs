@@ -236,7 +236,11 @@ fn marked_steps(
         ..Default::default()
     };
     extra(&mut args);
-    let cfg = RunConfig::from_args(&args).unwrap().pipeline;
+    let cfg = RunConfig::from_args(&args)
+        .unwrap()
+        .apply()
+        .unwrap()
+        .pipeline;
     let ids = &cfg.drafter_spec.target_layer_ids;
     let (_tvs, target) = build_target(&cfg, &cfg.target_config, ids, dev).unwrap();
     let (vs, model, device) = build_drafters(&cfg, &[dev]).unwrap().remove(0);
