@@ -2,7 +2,7 @@
 //! dispatch of a parsed command line to them; `session.rs` holds what they share, `job_screen.rs`
 //! train's TUI when the ranks of a job share a terminal.
 
-use crate::cli::Command;
+use crate::config::cli::Command;
 use anyhow::Result;
 use std::process::ExitCode;
 

@@ -2,7 +2,7 @@
 //! one `RunConfig` (the engine's `PipelineSpec` and the viewer's settings) with errors that name
 //! the flag or file and the fix.
 
-use crate::cli::TrainArgs;
+use crate::config::cli::TrainArgs;
 use crate::engine::spec::{DataSpec, PipelineSpec};
 use crate::engine::train::schedule::Schedule;
 use crate::telemetry::warnings::WarnConfig;
@@ -14,6 +14,7 @@ use tch::Device;
 /// at 8B shapes and no slower at 0.6B (docs/performance.md).
 pub const DEFAULT_LOSS_CHUNK_MIB: i64 = 512;
 
+pub mod cli;
 mod file;
 mod flags;
 mod model;

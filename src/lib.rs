@@ -1,7 +1,6 @@
 //! dflash-top: train a DFlash drafter on libtorch and watch every thread of the pipeline live.
 
 pub mod cancel;
-pub mod cli;
 pub mod cmd;
 pub mod config;
 pub mod cuda_shim;

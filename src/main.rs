@@ -1,5 +1,5 @@
 use clap::Parser;
-use dflash_top::cli::{Cli, Command};
+use dflash_top::config::cli::{Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

@@ -67,9 +67,6 @@ const ENGINE_FLOORS: &[&[&str]] = &[
     &["bench"],
 ];
 
-/// Rooms that are one room under two names: the command line's declaration and its resolution.
-const SAME_ROOM: &[(&str, &str)] = &[("config", "cli")];
-
 /// Rooms that must not reach another even where the floors would allow it, with the reason.
 const NEVER: &[(&str, &str, &str)] = &[(
     "tui",
@@ -77,15 +74,8 @@ const NEVER: &[(&str, &str, &str)] = &[(
     "the viewer reads snapshots; it asks the engine through a HubCommand",
 )];
 
-fn room_name(name: &str) -> &str {
-    SAME_ROOM
-        .iter()
-        .find(|(_, alias)| *alias == name)
-        .map_or(name, |(room, _)| room)
-}
-
 fn floor_of(room: &str) -> Option<usize> {
-    FLOORS.iter().position(|f| f.contains(&room_name(room)))
+    FLOORS.iter().position(|f| f.contains(&room))
 }
 
 fn src() -> PathBuf {
@@ -117,7 +107,7 @@ fn room_of(file: &Path) -> String {
     let m = module_of(file);
     match &m[..] {
         [cmd, sub, ..] if cmd == "cmd" => format!("cmd/{sub}"),
-        _ => room_name(&m[0]).to_string(),
+        _ => m[0].clone(),
     }
 }
 

@@ -1,5 +1,5 @@
 use clap::CommandFactory;
-use dflash_top::cli::Cli;
+use dflash_top::config::cli::Cli;
 
 #[test]
 fn cli_definition_is_consistent() {
@@ -58,7 +58,7 @@ fn every_documented_train_flag_parses() {
     ])
     .expect("the documented flags parse");
     match cli.command {
-        Some(dflash_top::cli::Command::Train(a)) => {
+        Some(dflash_top::config::cli::Command::Train(a)) => {
             assert!(a.headless);
             assert_eq!(a.steps, Some(3));
             assert_eq!(a.seed, Some(7));
@@ -76,7 +76,7 @@ fn every_documented_train_flag_parses() {
 #[test]
 fn cupti_parses_on_train_and_bench() {
     use clap::Parser;
-    use dflash_top::cli::Command;
+    use dflash_top::config::cli::Command;
     for (args, want) in [
         (vec!["dflash-top", "train", "--cupti", "on"], Some("on")),
         (

@@ -2,7 +2,7 @@
 //! sentence, never a panic. 64 cases per parser by default (a few seconds in all); a long run:
 //! `PROPTEST_CASES=20000 cargo test --test all fuzz` (see the README).
 
-use dflash_top::cli::TrainArgs;
+use dflash_top::config::cli::TrainArgs;
 use dflash_top::config::{parse_devices, parse_slow, RunConfig};
 use dflash_top::engine::checkpoint::read_drafter_spec;
 use dflash_top::engine::data::jsonl::JsonlOptions;

@@ -2,7 +2,7 @@
 //! control keys reach the watched process) or headless (the interval lines of `train
 //! --headless`). Leaving detaches: the watched run goes on.
 
-use crate::cli::AttachArgs;
+use crate::config::cli::AttachArgs;
 use crate::headless::{follow, Follow};
 use crate::telemetry::flight::FlightRecorder;
 use crate::telemetry::snapshot_lines::SnapshotRecorder;

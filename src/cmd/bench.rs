@@ -4,8 +4,8 @@
 //! `bench/`: `rates.rs` the per-thread lines (phases, CUDA calls, FLOP rates), `alternate.rs`
 //! the settings' turns, `replicas.rs` the replica check.
 
-use crate::cli::BenchArgs;
 use crate::cmd::session::Session;
+use crate::config::cli::BenchArgs;
 use crate::config::RunConfig;
 use crate::engine::spec::PipelineSpec;
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Role};

@@ -2,7 +2,7 @@
 //! (`input_ids` + `loss_mask`: 0 on the prompt, 1 on what the target wrote), the usual practice
 //! for training a drafter on what its target actually says.
 
-use crate::cli::GenerateArgs;
+use crate::config::cli::GenerateArgs;
 use crate::engine::data::tokenize::TextTokenizer;
 use crate::engine::model::decode::{continuations, Decoding};
 use crate::engine::model::qwen3::Qwen3Target;

@@ -7,7 +7,7 @@
 //! other one stops at the same step (saving as set).
 
 use super::session::{run_front_end, run_info, signal_exit, socket_of_rank, Session};
-use crate::cli::TrainArgs;
+use crate::config::cli::TrainArgs;
 use crate::config::RunConfig;
 use crate::engine::parallel::ranks::JobLink;
 use crate::job::JobTag;

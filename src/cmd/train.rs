@@ -2,7 +2,7 @@
 //! gates, the summary line).
 
 use super::session::{job_part, run_front_end, run_info, signal_exit, Session};
-use crate::cli::TrainArgs;
+use crate::config::cli::TrainArgs;
 use crate::config::RunConfig;
 use crate::headless::{follow, Follow, Followed};
 use crate::summary::Summary;

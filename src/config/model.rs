@@ -3,7 +3,7 @@
 //! checkpoint's, or a fresh one with its mask token), each error naming the flag or file.
 
 use super::FileConfig;
-use crate::cli::TrainArgs;
+use crate::config::cli::TrainArgs;
 use crate::engine::checkpoint;
 use crate::engine::model::shapes::{drafter_spec_for, DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;

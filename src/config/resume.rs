@@ -2,7 +2,7 @@
 //! schedule, and a data position it could have reached.
 
 use super::FileConfig;
-use crate::cli::TrainArgs;
+use crate::config::cli::TrainArgs;
 use crate::engine::checkpoint;
 use crate::engine::train::schedule::Schedule;
 use anyhow::{bail, Result};

@@ -2,8 +2,8 @@
 //! machine's drift hits them alike.
 
 use super::rates::phase_line;
-use crate::cli::BenchArgs;
 use crate::cmd::session::Session;
+use crate::config::cli::BenchArgs;
 use crate::config::RunConfig;
 use crate::telemetry::{HubCommand, Snapshot};
 use anyhow::{bail, Result};

@@ -1,7 +1,7 @@
 //! `bench replicas`: drafter replicas against one drafter with all their rows, in one process or
 //! as one rank of a job.
 
-use crate::cli::BenchArgs;
+use crate::config::cli::BenchArgs;
 use crate::engine::bench::replica_check::{relative_gap, ReplicaReport};
 use crate::engine::spec::PipelineSpec;
 use anyhow::{bail, Result};

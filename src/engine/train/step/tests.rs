@@ -3,7 +3,7 @@
 
 use super::*;
 
-use crate::cli::TrainArgs;
+use crate::config::cli::TrainArgs;
 use crate::config::RunConfig;
 use crate::engine::data::{Packer, Rng};
 use crate::engine::pipeline::workers::DataCounts;
