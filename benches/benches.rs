@@ -72,8 +72,9 @@ fn render_frame(c: &mut Criterion) {
     use dflash_top::telemetry::snapshot::*;
     use dflash_top::telemetry::N_PHASES;
     use dflash_top::tui::app::App;
+    use dflash_top::tui::panels::Badges;
     use dflash_top::tui::theme::Theme;
-    use dflash_top::tui::view::{draw, Badges};
+    use dflash_top::tui::view::draw;
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
     use std::sync::Arc;

@@ -22,13 +22,13 @@ use app::App;
 use controls::Controls;
 use crossbeam_channel::{never, select, tick, unbounded, Receiver};
 use crossterm::event::{self, Event};
+use panels::Badges;
 use ratatui::backend::Backend;
 use ratatui::Terminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use theme::Theme;
-use view::Badges;
 
 /// Redraw period: 10 frames a second, plus one right after each key.
 pub const FRAME: Duration = Duration::from_millis(100);

@@ -8,8 +8,8 @@ use dflash_top::telemetry::{Phase, Role};
 use dflash_top::tui::app::App;
 use dflash_top::tui::choices::View;
 use dflash_top::tui::keys::Action;
+use dflash_top::tui::panels::Badges;
 use dflash_top::tui::theme::Theme;
-use dflash_top::tui::view::Badges;
 use std::sync::Arc;
 
 const MS: u64 = 1_000_000;

@@ -4,7 +4,7 @@
 //! watched (and merged) in one process. `Names::builtin()` is our own loader → target → drafter;
 //! `StageTable::resolve` makes the names of a declared table.
 
-use super::phase::{Phase, Role, N_BUILTIN, N_CUSTOM};
+use super::phase::{Phase, Role};
 use super::verdict::Verdict;
 use serde::{Deserialize, Serialize};
 
@@ -177,27 +177,4 @@ impl Names {
             _ => None,
         }
     }
-}
-
-/// A custom slot's name when no names are at hand: `phase3`.
-pub fn fallback_phase(slot: usize) -> &'static str {
-    const FALLBACK: [&str; N_CUSTOM] = [
-        "phase0", "phase1", "phase2", "phase3", "phase4", "phase5", "phase6", "phase7", "phase8",
-        "phase9", "phase10", "phase11",
-    ];
-    FALLBACK[slot.min(N_CUSTOM - 1)]
-}
-
-/// A declared stage's name when no names are at hand: `stage2`.
-pub fn fallback_stage(k: usize) -> &'static str {
-    const FALLBACK: [&str; super::stages::MAX_STAGES] = [
-        "stage0", "stage1", "stage2", "stage3", "stage4", "stage5", "stage6", "stage7", "stage8",
-        "stage9", "stage10", "stage11", "stage12", "stage13", "stage14", "stage15",
-    ];
-    FALLBACK.get(k).copied().unwrap_or("stage")
-}
-
-/// The phase of a custom slot.
-pub fn custom_phase(slot: usize) -> Phase {
-    Phase::ALL[N_BUILTIN + slot.min(N_CUSTOM - 1)]
 }

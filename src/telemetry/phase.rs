@@ -103,7 +103,7 @@ impl Phase {
             Phase::Optim => "optim",
             Phase::Metrics => "metrics",
             Phase::GradSync => "grad_sync",
-            custom => super::names::fallback_phase(custom.index() - N_BUILTIN),
+            custom => fallback_phase(custom.index() - N_BUILTIN),
         }
     }
 
@@ -159,7 +159,7 @@ impl Role {
             Role::Target => "target",
             Role::Drafter => "drafter",
             Role::Hub => "hub",
-            Role::Stage(k) => super::names::fallback_stage(k as usize),
+            Role::Stage(k) => fallback_stage(k as usize),
         }
     }
 
@@ -210,6 +210,32 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), N_BUILTIN);
     }
+}
+
+/// Stages a table may declare (the verdict and the thread order index them with a byte).
+pub const MAX_STAGES: usize = 16;
+
+/// A custom slot's name when no names are at hand: `phase3`.
+pub fn fallback_phase(slot: usize) -> &'static str {
+    const FALLBACK: [&str; N_CUSTOM] = [
+        "phase0", "phase1", "phase2", "phase3", "phase4", "phase5", "phase6", "phase7", "phase8",
+        "phase9", "phase10", "phase11",
+    ];
+    FALLBACK[slot.min(N_CUSTOM - 1)]
+}
+
+/// A declared stage's name when no names are at hand: `stage2`.
+pub fn fallback_stage(k: usize) -> &'static str {
+    const FALLBACK: [&str; MAX_STAGES] = [
+        "stage0", "stage1", "stage2", "stage3", "stage4", "stage5", "stage6", "stage7", "stage8",
+        "stage9", "stage10", "stage11", "stage12", "stage13", "stage14", "stage15",
+    ];
+    FALLBACK.get(k).copied().unwrap_or("stage")
+}
+
+/// The phase of a custom slot.
+pub fn custom_phase(slot: usize) -> Phase {
+    Phase::ALL[N_BUILTIN + slot.min(N_CUSTOM - 1)]
 }
 
 thread_local! {

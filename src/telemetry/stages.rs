@@ -9,7 +9,8 @@
 //! stage with its own phases, never our built-in target (a stream resolves its threads' stage
 //! names against its own table: `StageTable::role_of`).
 
-use super::names::{custom_phase, StageNames};
+use super::names::StageNames;
+use super::phase::{custom_phase, MAX_STAGES};
 use super::phase::{Phase, Role, N_CUSTOM};
 use serde::{Deserialize, Serialize};
 
@@ -27,9 +28,6 @@ pub struct StageDecl {
 pub struct StageTable {
     pub stages: Vec<StageDecl>,
 }
-
-/// Stages a table may declare (the verdict and the thread order index them with a byte).
-pub const MAX_STAGES: usize = 16;
 
 /// Why a declared table cannot be shown.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! Loss and tok/s over time.
 
-use super::super::view::Ctx;
+use super::Ctx;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Color;
 use ratatui::symbols::Marker;

@@ -4,7 +4,7 @@
 //! throttle reasons, libtorch's caching allocator there, a util history; in the title, the
 //! placement advice from the measured stage times. No GPU: one plain line, not a panel.
 
-use super::super::view::Ctx;
+use super::Ctx;
 use crate::telemetry::snapshot::{AllocatorView, GpuPanel, GpuView};
 use ratatui::layout::Rect;
 use ratatui::text::Line;

@@ -1,7 +1,7 @@
 //! Header: step, tok/s, loss, tau, lr, elapsed, the profiling / GPU-timing / run badges, the
 //! verdict, dropped records and what the profiler costs.
 
-use super::super::view::Ctx;
+use super::Ctx;
 use crate::telemetry::queue_view::verdict_inputs;
 use crate::telemetry::verdict::Verdict;
 use crate::tui::app::fmt_clock;

@@ -3,7 +3,7 @@
 
 use super::super::choices::View;
 use super::super::glossary::{view_text, GLOSSARY};
-use super::super::view::Ctx;
+use super::Ctx;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph};

@@ -1,7 +1,7 @@
 //! Stacked per-phase wall-time bars: one bar per thread, one colour per phase, a legend, and
 //! ms per step with each phase's share.
 
-use super::super::view::Ctx;
+use super::Ctx;
 use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::PhaseWindow;
 use crate::telemetry::{GpuTiming, Phase};

@@ -2,7 +2,7 @@
 //! rates and item age. A queue whose consumers starve turns red with `▽`; one whose producers are
 //! blocked turns yellow with `△` — told apart by colour and by glyph (NO_COLOR keeps the glyph).
 
-use super::super::view::Ctx;
+use super::Ctx;
 use crate::telemetry::snapshot::QueueView;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;

@@ -3,7 +3,7 @@
 
 use super::super::critical::{stages, summary};
 use super::super::lanes::phase_columns;
-use super::super::view::Ctx;
+use super::Ctx;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};

@@ -2,8 +2,8 @@
 //! where the last checkpoint and the recording are (`crate::summary` computes it, the same
 //! numbers the exit line prints).
 
-use super::super::view::Ctx;
 use super::header::{fmt_elapsed, fmt_rate};
+use super::Ctx;
 use crate::summary::Summary;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};

@@ -4,9 +4,9 @@
 //! its host syncs by call site.
 
 use super::super::lanes::{lanes, phase_columns, TimeSpan};
-use super::super::view::Ctx;
 use super::threads::states;
 use super::timeline::{draw_lane, Palette};
+use super::Ctx;
 use crate::telemetry::names::Names;
 use crate::telemetry::snapshot::{PhaseWindow, SyncSite, ThreadView};
 use ratatui::buffer::Buffer;

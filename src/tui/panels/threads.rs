@@ -3,7 +3,7 @@
 //! grouped by name at the end.
 
 use super::super::choices::Sort;
-use super::super::view::Ctx;
+use super::Ctx;
 use crate::telemetry::owner::comm_of;
 use crate::telemetry::snapshot::{ThreadGroupView, ThreadState, ThreadView};
 use ratatui::layout::{Constraint, Rect};

@@ -6,7 +6,7 @@ use super::super::choices::ZOOMS_S;
 use super::super::lanes::{lanes, queue_strip, TimeSpan};
 use super::super::theme::Theme;
 use super::super::verdict_row::verdict_row;
-use super::super::view::Ctx;
+use super::Ctx;
 use crate::telemetry::names::Names;
 use crate::telemetry::{Phase, N_PHASES};
 use ratatui::buffer::Buffer;

@@ -1,7 +1,7 @@
 //! The warnings view: every warning in force, most severe first, with its evidence and its fix
 //! (`telemetry::warnings` finds them); the header counts them by severity.
 
-use super::super::view::Ctx;
+use super::Ctx;
 use crate::telemetry::warnings::{counts, Rule, Severity, Warning};
 use ratatui::layout::Rect;
 use ratatui::style::Style;
