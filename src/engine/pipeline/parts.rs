@@ -27,6 +27,11 @@ pub(crate) fn build_target(
     device: Device,
 ) -> Result<(VarStore, Qwen3Target)> {
     let mut vs = VarStore::new(device);
+    if device.is_cuda() {
+        // Made in bf16, not made in f32 and cast: the load's peak is the weights' bf16 bytes
+        // (59 GiB for qwen3-32b's built layers, where f32 first would peak at twice that).
+        vs.set_kind(Kind::BFloat16);
+    }
     let mut model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
     if let Some(dir) = &cfg.target {
         let tensors = crate::engine::model::weights::read_all(dir)?;
@@ -37,9 +42,6 @@ pub(crate) fn build_target(
         )?;
     }
     vs.freeze();
-    if device.is_cuda() {
-        vs.set_kind(Kind::BFloat16);
-    }
     model.fuse_projections();
     Ok((vs, model))
 }
