@@ -528,7 +528,7 @@ fn a_headless_train_is_watched_and_left_and_finishes_its_steps() {
     // Issue 28: the drafter's host syncs cross the socket (one a step, in metrics).
     let drafter_syncs = |l: &str| {
         let d = l.split(" | ").find(|p| p.starts_with("drafter-0 "))?;
-        super::runs::field(d, "metrics_syncs")
+        super::support::field(d, "metrics_syncs")
     };
     assert!(
         out.lines().any(|l| drafter_syncs(l) == Some(1.0)),

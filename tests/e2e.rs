@@ -5,7 +5,7 @@
 //! drafter's and close to the tau the trainer reported.
 
 use crate::generate::lm_dir;
-use crate::runs::{field, run, stderr};
+use crate::support::{field, run, stderr};
 use std::path::Path;
 
 const STEPS: u64 = 200;

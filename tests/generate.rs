@@ -1,7 +1,8 @@
 //! `dflash-top generate` with the language target of tests/reference/lm_target.py: the file's
 //! shape, the stop at an end token, seeded sampling, and bad inputs that leave no file behind.
 
-use crate::runs::{assert_user_error, run, stderr};
+use crate::runs::assert_user_error;
+use crate::support::{run, stderr};
 use std::path::{Path, PathBuf};
 
 pub fn lm_dir() -> PathBuf {

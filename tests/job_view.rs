@@ -4,7 +4,7 @@
 //! sentences, and the merged header on a screen.
 
 use super::tui::{screen, starved_snapshot, LIVE};
-use crate::support::{bin, free_port, wait_until};
+use crate::support::{bin, free_port, stderr, stdout, wait_until};
 use dflash_top::telemetry::verdict::Verdict;
 use dflash_top::tui::app::App;
 use dflash_top::tui::theme::Theme;
@@ -75,24 +75,9 @@ fn attach_in(runtime: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The number after ` key=` in an interval line.
+/// The number of `key=` in an interval line (the test fails where there is none).
 fn field(line: &str, key: &str) -> f64 {
-    let at = line
-        .find(&format!(" {key}="))
-        .unwrap_or_else(|| panic!("no {key}= in {line}"));
-    let rest = &line[at + key.len() + 2..];
-    let end = rest.find(' ').unwrap_or(rest.len());
-    rest[..end]
-        .parse()
-        .unwrap_or_else(|_| panic!("{key}: {line}"))
+    super::support::field(line, key).unwrap_or_else(|| panic!("no number {key}= in {line}"))
 }
 
 /// The last interval line of a headless viewer.

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::stderr;
+
 /// `step-*` checkpoint directories under `dir`, sorted.
 fn step_dirs(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -218,10 +220,6 @@ fn run_with_fault(fault: &str, args: &[&str]) -> (std::process::Output, tempfile
         .output()
         .unwrap();
     (o, dir)
-}
-
-fn stderr(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]

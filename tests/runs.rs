@@ -4,21 +4,7 @@
 use std::path::Path;
 use std::process::Output;
 
-pub use super::support::bin;
-
-pub fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("binary runs")
-}
-
-pub fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-pub fn field(line: &str, key: &str) -> Option<f64> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .and_then(|v| v.parse().ok())
-}
+use super::support::{field, run, stderr};
 
 /// Fails with the message when the run did not end in a clear user error.
 pub fn assert_user_error(o: &Output, must_mention: &[&str]) {

@@ -1,8 +1,8 @@
-//! Helpers the integration test modules share: the binary under test, the repository root, and
-//! waiting for a condition on a loaded machine.
+//! Helpers the integration test modules share: the binary under test and its output, the
+//! repository root, a headless line's fields, and waiting for a condition on a loaded machine.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// The dflash-top binary this test build made; on a GPU host, which has the test binaries but
@@ -15,6 +15,26 @@ pub fn bin() -> Command {
     } else {
         Command::new(".gpu/dflash-top")
     }
+}
+
+/// The binary run to its end with `args`.
+pub fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("binary runs")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The number of `key=` in a headless line (`step=12 loss=3.4 …`), where there is one.
+pub fn field(line: &str, key: &str) -> Option<f64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
 }
 
 /// The repository root.

@@ -100,12 +100,9 @@ fn headless_lines_list_warnings_as_rule_subject_with_counts() {
     assert!(!quiet.contains("warn="), "{quiet}");
 }
 
-use super::runs::{assert_user_error, bin, run, stderr};
+use super::runs::assert_user_error;
+use super::support::{bin, run, stderr, stdout};
 use std::process::Stdio;
-
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// The `fail-if:` line of a run's output.
 fn reason(o: &std::process::Output) -> String {
@@ -550,7 +547,7 @@ fn the_seeded_switches_add_reads_in_loss_and_vary_the_batch_length() {
     );
     // 40 steps of 2 rows of 256 tokens would be 20480.
     let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
-    let tokens = super::runs::field(summary, "tokens").unwrap();
+    let tokens = super::support::field(summary, "tokens").unwrap();
     assert!((10240.0..20480.0).contains(&tokens), "{summary}");
     // About the drafters, the stage whose steps carry the tokens; the loader's and the
     // target's steps vary as much but are not judged.
@@ -630,7 +627,7 @@ fn seeded_host_syncs_an_idle_gpu_and_varying_shapes_warn_on_cuda() {
         let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
         let (mut first_step, mut raised, mut others) = (None, None, Vec::new());
         for line in lines.map_while(Result::ok) {
-            let (Some(t), Some(step)) = (elapsed_s(&line), super::runs::field(&line, "step"))
+            let (Some(t), Some(step)) = (elapsed_s(&line), super::support::field(&line, "step"))
             else {
                 continue;
             };
