@@ -85,6 +85,10 @@ pub fn restore() {
 /// A panic message held back while the TUI owns the screen; printed once it is restored.
 static HELD: Mutex<Option<String>> = Mutex::new(None);
 static UI_THREAD: OnceLock<std::thread::ThreadId> = OnceLock::new();
+/// Held while the TUI takes the screen (raw mode, then the alternate screen) and while another
+/// thread's panic hook decides where its message goes and prints it: a message printed while
+/// the screen is being taken would land on the alternate screen and be lost with it.
+static TAKING: Mutex<()> = Mutex::new(());
 
 /// Installs the chained panic hook. A panic on the UI thread, or while no TUI is up, restores
 /// the terminal and reports as usual. A panic in another thread while the TUI is up is held
@@ -96,6 +100,8 @@ pub fn install_panic_hook() {
         std::panic::set_hook(Box::new(move |info| {
             PANICKED.store(true, Ordering::SeqCst);
             let on_ui = UI_THREAD.get() == Some(&std::thread::current().id());
+            // Not on the UI thread, which may panic while it holds the lock itself.
+            let _taking = (!on_ui).then(|| TAKING.lock().unwrap_or_else(|e| e.into_inner()));
             if RAW.load(Ordering::SeqCst) && !on_ui {
                 let thread = std::thread::current()
                     .name()
@@ -136,6 +142,9 @@ pub fn init() -> anyhow::Result<(Term, Guard)> {
     // A second signal's immediate exit gives the terminal back too.
     crate::signals::on_forced_exit(restore);
     let _ = UI_THREAD.set(std::thread::current().id());
+    // A worker's panic is either printed before the screen is taken or held until it is given
+    // back, never printed onto the alternate screen while it is being taken.
+    let taking = TAKING.lock().unwrap_or_else(|e| e.into_inner());
     terminal::enable_raw_mode()?;
     RAW.store(true, Ordering::SeqCst);
     // Keys typed while the run was starting (echoed by the shell's terminal) were not meant for
@@ -149,6 +158,7 @@ pub fn init() -> anyhow::Result<(Term, Guard)> {
         event::EnableMouseCapture,
         cursor::Hide
     )?;
+    drop(taking);
     let term = Terminal::new(CrosstermBackend::new(stdout()))?;
     Ok((term, guard))
 }
