@@ -172,10 +172,12 @@ SIZES = {
         "threads": None,
         # --target-dir (SmolLM2-135M-Instruct, docs/quality.md): docstring prompts of ~100-300
         # tokens and replies up to 512; the keys after max_new replace the size's own.
-        "real": {"train_prompts": 1600, "eval_prompts": 128, "max_new": 512,
-                 # About 0.7 of an epoch: the curves still rise at the end.
-                 "tokens": 128 * 3072,
-                 "eval_max_new": 160,
+        # 640 prompts make about 290K target tokens; 128 rows of 1,024 (131K tokens) are about
+        # half an epoch, and SpecForge at batch 1 trains them in about a minute a seed on one GPU
+        # (the whole run, sweep and curves included, fits one session's 30 device minutes).
+        "real": {"train_prompts": 640, "eval_prompts": 128, "max_new": 512,
+                 "tokens": 128 * 1024,
+                 "eval_max_new": 128,
                  # SpecForge's batch of one conversation (~450 tokens, ~250 labelled) takes up
                  # to 512 anchors of it: one anchor per two tokens or so, a step per ~450 tokens.
                  # Ours at its default (rows of 3,072, 512 anchors, one step a row) takes one per
@@ -590,8 +592,9 @@ def main():
     ap.add_argument("--target-dir", help="a prepared Hugging Face target (tokenizer with a chat "
                     "template) instead of training the synthetic one; prompts of real text "
                     "(real_prompts.py), replies by `dflash-top generate --batch`")
-    ap.add_argument("--gen-batch", type=int, default=16,
-                    help="--target-dir: prompts `dflash-top generate` decodes together (16)")
+    ap.add_argument("--gen-batch", type=int,
+                    help="--target-dir: prompts `dflash-top generate` decodes together (64 on "
+                    "cuda, 16 on cpu)")
     ap.add_argument("--mask-token-id", type=int,
                     help="--target-dir: the drafter's mask token (default: an added mask token, "
                     "else the first id the tokenizer leaves free, else its unk/pad token)")
@@ -652,7 +655,8 @@ def main():
             raise SystemExit(f"--target-dir {target_dir}: its tokenizer has no chat template; "
                              "give an instruction-tuned model's directory")  # fmt: skip
         data_dir, data_key, data_stats = qr.make_real_data(
-            work, s, args.bin, target_dir, tokenizer, gen_device, args.gen_batch
+            work, s, args.bin, target_dir, tokenizer, gen_device,
+            args.gen_batch or (64 if args.device == "cuda" else 16),
         )
         print_data(data_stats)
         if args.until == "data":

@@ -42,6 +42,16 @@ def plan_steps(samples, tokens, batch_size, max_length):
     return steps, read
 
 
+def load_target(target_dir, dtype, device):
+    """The frozen target as its own config names it (Qwen3, Llama, Qwen2...), with sdpa."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(
+        target_dir, dtype=dtype, attn_implementation="sdpa"
+    ).to(device)
+    return target.eval().requires_grad_(False)
+
+
 def train(
     *,
     target_dir,
@@ -61,7 +71,7 @@ def train(
     log,
     save_every=None,
 ):
-    from transformers import AutoConfig, Qwen3ForCausalLM
+    from transformers import AutoConfig
 
     from specforge.algorithms.common.dflash_family_data import (
         build_collator,
@@ -87,10 +97,7 @@ def train(
 
     steps, planned = plan_steps(samples, tokens, batch_size, max_length)
 
-    target = Qwen3ForCausalLM.from_pretrained(
-        target_dir, dtype=dtype, attn_implementation="sdpa"
-    ).to(device)
-    target.eval().requires_grad_(False)
+    target = load_target(target_dir, dtype, device)
 
     config = AutoConfig.from_pretrained(init_dir)
     config._attn_implementation = backend_name
