@@ -1,5 +1,7 @@
 //! Tests of the CUPTI counting (src/engine/gpu/cupti.rs).
 
+use super::install::install_from;
+use super::library::open_first;
 use super::*;
 
 /// Calls `on_api` as CUPTI would, on context 0x10.
