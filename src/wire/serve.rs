@@ -1,7 +1,9 @@
 //! The trainer's socket: `$XDG_RUNTIME_DIR/dflash-top/<pid>.sock` (else a per-user directory in
 //! the temp dir), mode 0600 in a 0700 directory, peers of another uid refused. Each viewer gets
 //! an outlet of the fan-out, a writer thread that may block on a slow viewer (only that viewer
-//! then loses frames, counted) and a reader thread for its commands.
+//! then loses frames, counted) and a reader thread for its commands (src/wire/serve/viewer.rs:
+//! one connection's handshake and threads; here the listener, its accept loop and what the
+//! viewers share).
 //!
 //! No client can stop the run or lock others out (`ServeLimits`): viewers are capped, and one
 //! more is refused with a sentence; the handshake runs on a thread of its own under a deadline,
@@ -9,13 +11,11 @@
 //! nears its open-file limit, keeping a reserve for checkpoints; checkpoints asked for over the
 //! socket are rate-limited; a viewer that paused the run and left un-pauses it.
 
-use super::fanout::{pump, Fanout, Outlet};
-use super::protocol::*;
+use super::fanout::{Fanout, Outlet};
 use crate::cancel::CancelToken;
 use crate::telemetry::{HubCommand, Telemetry};
 use anyhow::{Context, Result};
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 mod access;
+mod viewer;
 pub use access::*;
+use viewer::{refuse_now, welcome};
 
 struct Conn {
     stream: UnixStream,
@@ -292,20 +294,6 @@ impl Shared {
     }
 }
 
-/// Refuses a connection from the accept loop without waiting on it: the preamble and the
-/// reason fit the empty socket buffer.
-fn refuse_now(stream: UnixStream, reason: String) {
-    let mut s = stream;
-    if s.set_nonblocking(true).is_ok() {
-        let _ = write_preamble(&mut s);
-        let _ = write_msg(&mut s, &Msg::Refused { reason });
-        // Their preamble, if it came: unread bytes at close would reset the connection before
-        // the reason is read.
-        let _ = s.read(&mut [0u8; 64]);
-    }
-    let _ = s.shutdown(std::net::Shutdown::Write);
-}
-
 fn accept_loop(
     listener: UnixListener,
     shared: &Arc<Shared>,
@@ -374,134 +362,4 @@ fn accept_loop(
         drop(list);
         gone.into_iter().for_each(close);
     }
-}
-
-/// Reads from a stream until a deadline, whatever the pace of the bytes.
-struct Deadline<'a> {
-    stream: &'a UnixStream,
-    until: Instant,
-}
-
-impl Read for Deadline<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        self.stream.set_read_timeout(Some(left))?;
-        let mut s = self.stream;
-        s.read(buf)
-    }
-}
-
-/// The handshake, on its own thread under the deadline: our preamble, theirs (a wrong one gets
-/// a `Refused` with the reason), the uid check; then the viewer's two threads.
-fn welcome(mut stream: UnixStream, n: u64, shared: &Arc<Shared>) -> Option<Conn> {
-    handshake(&mut stream, shared)?;
-    if shared.cancel.is_cancelled() {
-        return None;
-    }
-    stream.set_read_timeout(None).ok()?;
-    stream.set_write_timeout(None).ok()?;
-    serve_viewer(stream, n, shared)
-}
-
-/// Our preamble, the uid check, theirs under the deadline; `None` when the viewer was refused
-/// (told why) or the stream failed.
-fn handshake(stream: &mut UnixStream, shared: &Shared) -> Option<()> {
-    let until = Instant::now() + shared.limits.handshake;
-    stream.set_nonblocking(false).ok()?;
-    stream
-        .set_write_timeout(Some(shared.limits.handshake))
-        .ok()?;
-    let refuse = |s: &mut UnixStream, reason: String| {
-        let _ = write_msg(s, &Msg::Refused { reason });
-        let _ = s.shutdown(std::net::Shutdown::Both);
-    };
-    write_preamble(stream).ok()?;
-    // SAFETY: getuid has no preconditions.
-    let ours = unsafe { libc::getuid() };
-    let allowed = peer_uid(stream)
-        .map_err(|e| format!("refused: cannot read the viewer's credentials ({e})"))
-        .and_then(|uid| peer_allowed(uid, ours));
-    if let Err(reason) = allowed {
-        refuse(stream, reason);
-        return None;
-    }
-    let heard = read_preamble(&mut Deadline { stream, until });
-    match heard {
-        Ok(()) => {}
-        Err(WireError::Io(e))
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-            ) =>
-        {
-            refuse(
-                stream,
-                format!(
-                    "refused: no handshake within {} s of connecting",
-                    shared.limits.handshake.as_secs_f64()
-                ),
-            );
-            return None;
-        }
-        Err(e) => {
-            refuse(stream, format!("refused: {e}"));
-            return None;
-        }
-    }
-    Some(())
-}
-
-/// The viewer's two threads: snapshots out through its outlet, commands in.
-fn serve_viewer(stream: UnixStream, n: u64, shared: &Arc<Shared>) -> Option<Conn> {
-    let (outlet, rx) = Outlet::new(VIEWER_BACKLOG);
-    let mut w = stream.try_clone().ok()?;
-    let mut r = stream.try_clone().ok()?;
-    shared.fanout.attach(outlet.clone());
-    let writer = {
-        let outlet = outlet.clone();
-        std::thread::Builder::new()
-            .name(format!("wire-out-{n}"))
-            .spawn(move || {
-                let _ = pump(&outlet, &rx, &mut w);
-                outlet.closed.store(true, Relaxed);
-                let _ = w.shutdown(std::net::Shutdown::Both);
-            })
-    };
-    let writer = match writer {
-        Ok(h) => h,
-        Err(_) => {
-            outlet.closed.store(true, Relaxed);
-            return None;
-        }
-    };
-    let reader = {
-        let (outlet, shared) = (outlet.clone(), shared.clone());
-        std::thread::Builder::new()
-            .name(format!("wire-in-{n}"))
-            .spawn(move || {
-                while let Ok(Some(m)) = read_msg(&mut r) {
-                    if let Msg::Command { cmd } = m {
-                        shared.command(n, cmd, &outlet);
-                    }
-                }
-                outlet.closed.store(true, Relaxed);
-                let _ = r.shutdown(std::net::Shutdown::Both);
-                shared.left(n);
-            })
-    };
-    let reader = match reader {
-        Ok(h) => vec![h],
-        Err(_) => {
-            outlet.closed.store(true, Relaxed);
-            Vec::new()
-        }
-    };
-    Some(Conn {
-        stream,
-        outlet,
-        threads: std::iter::once(writer).chain(reader).collect(),
-    })
 }
