@@ -1,38 +1,34 @@
 //! The hub: the one place where numbers meet. It drains step records, closes a tick every 100 ms,
 //! reads queues, CPU and GPUs at their own rates, and publishes an immutable `Snapshot` to every
-//! subscribed front-end.
+//! subscribed front-end (that thread: src/telemetry/hub/run.rs; here what the engine and the
+//! front-ends share with it).
 
-use super::allocator::AllocatorTrack;
-use super::assemble::{Assembler, TickInput};
+use super::assemble::TickInput;
 use super::clock;
 use super::names::Names;
 use super::phase_recorder::{RecordSink, Registry, StepRecord};
-use super::queue::QueueCounters;
 use super::queue::QueueProbe;
 use super::snapshot::{AllocatorView, Snapshot, SyncSite};
 use super::switches::GpuTiming;
 use super::switches::Switches;
-use super::warnings::{WarnConfig, Warnings};
-use super::window::TICK_NS;
+use super::warnings::WarnConfig;
 use crate::cancel::CancelToken;
-use crate::probe::cpu::CpuProbe;
-use crate::probe::gpu::{GpuProbe, GpuSample};
-use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender, TrySendError};
+use crate::probe::gpu::GpuSample;
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+
+mod run;
 
 /// One GPU reading of a host: its name and its GPUs.
 pub type HostGpus = (String, Vec<GpuSample>);
 
 /// Capacity of the step-record channel; beyond it records are dropped and counted.
 pub const RECORD_CHANNEL: usize = 4096;
-const CPU_EVERY_TICKS: u64 = 5;
 /// Snapshots a front-end may fall behind by (1.6 s at 10 a second) before it misses one.
 pub const SUBSCRIBER_BACKLOG: usize = 16;
-const GPU_EVERY_TICKS: u64 = 5;
 
 /// The one control path: every front-end (and the engine's own notes) sends these to the hub,
 /// which applies them — switches for the workers, window resets, requests the engine polls.
@@ -350,102 +346,6 @@ impl Telemetry {
     /// a front-end's feed, full while nobody read it, may not hold.
     pub fn last_snapshot(&self) -> Option<Arc<Snapshot>> {
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn run_hub(&self, cancel: CancelToken) {
-        let mut asm = Assembler::new(clock::now_ns());
-        asm.ns_per_mark = self.ns_per_mark.unwrap_or_else(measure_mark_cost);
-        asm.set_verdict_dwell(self.verdict_dwell_ns);
-        let mut cpu = self.probes.then(|| CpuProbe::of(self.watched_pid));
-        let taps = self.taps();
-        let gpu = if self.probes {
-            GpuProbe::open_for(self.watched_pid)
-        } else {
-            GpuProbe::Absent(String::new())
-        };
-        if let GpuProbe::Absent(why) = &gpu {
-            asm.set_gpu_absent(why);
-        }
-        // The caching allocator of this process only (a viewer's own would be a fake number).
-        let mut allocator =
-            (self.probes && self.watched_pid.is_none()).then(AllocatorTrack::default);
-        let mut rules = Warnings::new(self.warnings.clone());
-        let ticker = tick(Duration::from_nanos(TICK_NS));
-        let mut n: u64 = 0;
-        loop {
-            select! {
-                recv(self.rx) -> r => if let Ok(r) = r {
-                    asm.ingest(&r);
-                    taps.iter().for_each(|t| t.record(&r));
-                },
-                recv(self.commands.1) -> c => match c.ok().and_then(|c| self.apply(c)) {
-                    Some(HubCommand::ResetWindows) => asm.reset_windows(),
-                    Some(HubCommand::Status(s)) => {
-                        taps.iter().for_each(|t| t.status(&s));
-                        asm.set_status(s)
-                    }
-                    _ => {}
-                },
-                recv(ticker) -> _ => {
-                    let stopping = cancel.is_cancelled();
-                    while let Ok(r) = self.rx.try_recv() {
-                        asm.ingest(&r);
-                        taps.iter().for_each(|t| t.record(&r));
-                    }
-                    n += 1;
-                    if let Some(p) = cpu.as_mut().filter(|_| n % CPU_EVERY_TICKS == 1) {
-                        asm.set_cpu(p.sample());
-                        if let Some(why) = p.unavailable() {
-                            asm.set_cpu_absent(why);
-                        }
-                    }
-                    // This host's GPUs once a second (handed to the taps, which send them to
-                    // viewers elsewhere), or another host's as its samples bring them.
-                    let mut gpus_read = Vec::new();
-                    if n % GPU_EVERY_TICKS == 1 {
-                        if let Ok(g) = gpu.sample() {
-                            gpus_read = g.clone();
-                            asm.set_gpus(g);
-                        }
-                    }
-                    if let Some((host, g)) = self.take_remote_gpus() {
-                        asm.set_gpus_of(Some(&host), g);
-                    }
-                    let now = clock::now_ns();
-                    let threads = self.sink.registry.threads();
-                    let queues = self.queue_probes();
-                    let counters: Vec<QueueCounters> = queues.iter().map(|q| q.read(now)).collect();
-                    let alloc = match allocator {
-                        Some(_) => super::allocator::read(&threads),
-                        None => Vec::new(),
-                    };
-                    let input = TickInput {
-                        now_ns: now,
-                        threads: &threads,
-                        queues: &queues,
-                        counters: &counters,
-                        switches: &self.sink.switches,
-                        dropped: self.dropped(),
-                        allocator: &alloc,
-                        gpus: &gpus_read,
-                    };
-                    taps.iter().for_each(|t| t.tick(&input));
-                    asm.set_names(self.names());
-                    let mut snap = asm.tick_read(&input);
-                    snap.alerts = self.alerts();
-                    snap.allocator = match allocator.as_mut() {
-                        Some(a) => a.update(now, alloc),
-                        None => self.remote_allocator(),
-                    };
-                    snap.sync_sites = self.sync_sites();
-                    snap.warnings = rules.check(&snap);
-                    self.publish(snap);
-                    if stopping {
-                        return;
-                    }
-                }
-            }
-        }
     }
 }
 
