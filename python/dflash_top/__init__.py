@@ -12,6 +12,21 @@ Modules by job: `profiler` (the Profiler), `threads` (per-thread recorders), `qu
 queues), `cuda` (GPU timing), `wire` (framing and sockets), `protocol` (the protocol's
 constants), `serve` (the socket server), `auto` (zero-code mode: `dflash_top.auto()` or
 `python -m dflash_top run script.py`). This module only re-exports the public names.
+
+Imports go one way, down these floors (a module imports only modules of lower floors; no
+import back up, not even for types: python/tests/test_layers.py checks it):
+
+    protocol, job, sites            constants and helpers that know nothing else
+    wire, threads, queues, cuda     framing; per-thread records; measured queues; GPU timing
+    serve                           the socket server
+    profiler, auto_common           the Profiler; what zero-code mode's parts share
+    auto_queue, auto_torch          zero-code mode's queue wraps and PyTorch hooks
+    auto                            zero-code mode
+    __init__, __main__              the public names; `python -m dflash_top run`
+
+`threads` and `queues` work through what they need of a profiler (`threads.Marker`,
+`queues.Waits`), and `cuda` through what it keeps on a thread's record (`cuda.Timed`), so
+none of them imports the profiler.
 """
 
 from .auto import Auto, auto

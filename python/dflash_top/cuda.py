@@ -4,18 +4,28 @@ CUDA event at each mark whose device times are read back once the step's events 
 for a `cuda` device.
 
 And the caching allocator's figures of the devices the threads declared, for the samples
-(`read_alloc`): read only when the pipeline imported torch and initialised CUDA itself."""
+(`read_alloc`): read only when the pipeline imported torch and initialised CUDA itself.
+
+This module imports only the protocol's constants: a thread's record is anything `Timed`."""
 
 import sys
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Protocol, Tuple
 
 from .protocol import MAX_COUNT, MAX_CUDA_DEVICES, MEMORY_STATS_KEYS
-from .threads import ThreadRecord
 
-__all__ = ["CudaTiming", "cuda_index", "alloc_entry", "read_alloc"]
+__all__ = ["CudaTiming", "Timed", "cuda_index", "alloc_entry", "read_alloc"]
 
 _mono = time.monotonic_ns
+
+
+class Timed(Protocol):
+    """What GPU timing keeps on a thread's record (a `ThreadRecord`): the CUDA events of the
+    step in progress, `(phase, event)`, and of ended steps not yet complete on the device,
+    `(host end, events)`."""
+
+    events: List[Tuple[int, Any]]
+    pending: List[Tuple[int, List[Tuple[int, Any]]]]
 
 
 class CudaTiming:
@@ -32,7 +42,7 @@ class CudaTiming:
                 self._torch = False
         return bool(self._torch)
 
-    def mark(self, r: ThreadRecord, k: int, now: int, mode: str) -> int:
+    def mark(self, r: Timed, k: int, now: int, mode: str) -> int:
         """Phase `k` starts on thread `r` at host time `now`; returns the time to book it at."""
         if mode == "Sync":
             self._torch.cuda.synchronize()
@@ -44,21 +54,21 @@ class CudaTiming:
             r.events.append((k, ev))
         return now
 
-    def end_step(self, r: ThreadRecord, host_end: int) -> List[Tuple[int, List[int]]]:
-        """Closes the step's events; returns (host end, device ns per phase) of the earlier
-        steps whose events are done, oldest first."""
+    def end_step(self, r: Timed, host_end: int, k: int) -> List[Tuple[int, Dict[int, int]]]:
+        """Closes the step's events (the next step starts in phase `k`); returns (host end,
+        device ns by phase) of the earlier steps whose events are done, oldest first."""
         ev = self._torch.cuda.Event(enable_timing=True)
         ev.record()
-        r.events.append((r.other, ev))
+        r.events.append((k, ev))
         if len(r.events) > 1:
             r.pending.append((host_end, r.events))
-        r.events = [(r.other, ev)]
+        r.events = [(k, ev)]
         done = []
         while r.pending and r.pending[0][1][-1][1].query():
             end, evs = r.pending.pop(0)
-            acc = [0] * len(r.acc)
-            for (k, a), (_, b) in zip(evs, evs[1:]):
-                acc[k] += int(a.elapsed_time(b) * 1e6)
+            acc: Dict[int, int] = {}
+            for (j, a), (_, b) in zip(evs, evs[1:]):
+                acc[j] = acc.get(j, 0) + int(a.elapsed_time(b) * 1e6)
             done.append((end, acc))
         return done
 

@@ -218,12 +218,12 @@ class Profiler:
             r.acc[r.cur] += now - r.last
         timing = TIMING_HOST
         host_phases = True
-        device_steps: List[Tuple[int, List[int]]] = []
+        device_steps: List[Tuple[int, Dict[int, int]]] = []
         if r.gpu:
             timing = TIMING_OF[self.gpu_timing]
             if self.gpu_timing == "Events" and on:
                 host_phases = False
-                device_steps = self._cuda.end_step(r, now)
+                device_steps = self._cuda.end_step(r, now, r.other)
         msg: Dict[str, Any] = {
             "t": protocol.STEP,
             "th": r.id,
@@ -246,8 +246,8 @@ class Profiler:
                         "t": protocol.STEP,
                         "th": r.id,
                         "end": end,
-                        "wall": sum(acc),
-                        "ph": [[k, v] for k, v in enumerate(acc[:-1]) if v],
+                        "wall": sum(acc.values()),
+                        "ph": [[k, v] for k, v in sorted(acc.items()) if v and k != r.other],
                         "prof": True,
                         "timing": TIMING_OF["Events"],
                         "steps": 0,

@@ -1,18 +1,27 @@
 """A queue.Queue that measures itself: pushes, pops, time producers wait on it full and
 consumers on it empty (counted while they last), time-weighted depth, time empty and full, and
-the age of an item when it is taken."""
+the age of an item when it is taken.
+
+This module knows nothing of the profiler: a queue marks its waits through any `Waits` (what it
+needs of one), so it imports nothing of the package."""
 
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .profiler import Profiler
-
-__all__ = ["ProfiledQueue"]
+__all__ = ["ProfiledQueue", "Waits"]
 
 _mono = time.monotonic_ns
+
+
+class Waits(Protocol):
+    """What a `ProfiledQueue` uses of the profiler that made it: a blocked put or get shows
+    `push_wait` or `pop_wait` on the calling thread, and its previous phase after."""
+
+    def _wait_begin(self, phase: str) -> Optional[int]: ...
+
+    def _wait_end(self, prev: Optional[int]) -> None: ...
 
 
 class ProfiledQueue:
@@ -20,7 +29,7 @@ class ProfiledQueue:
     qsize, empty, full, task_done, join), measured. A thread of the profiler that blocks in
     `put` shows `push_wait`, in `get` `pop_wait`."""
 
-    def __init__(self, prof: "Profiler", q: "queue.Queue[Any]", name: str) -> None:
+    def __init__(self, prof: Waits, q: "queue.Queue[Any]", name: str) -> None:
         self._prof = prof
         self._q = q
         self.name = name

@@ -2,16 +2,17 @@
 now, when it began), and `with prof.phase(name):` on top of the profiler's marks.
 
 A mark is a clock read and three attribute writes on the thread's own record; nothing here is
-shared between threads except for reading (the sampler reads a record's live step)."""
+shared between threads except for reading (the sampler reads a record's live step).
 
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
+This module knows nothing of the profiler: a `Phase` works on any `Marker` (what it needs of
+one), so it imports only the protocol's constants."""
+
+import threading
+from typing import Any, Dict, List, Protocol, Sequence, Tuple
 
 from .protocol import OTHER
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .profiler import Profiler
-
-__all__ = ["ThreadRecord", "Phase"]
+__all__ = ["ThreadRecord", "Phase", "Marker"]
 
 # A (phase index, ns) pair as the protocol sends it.
 PhaseTimes = List[List[int]]
@@ -59,13 +60,26 @@ class ThreadRecord:
         self.last = self.step_start = now
 
 
+class Marker(Protocol):
+    """What a `Phase` uses of the profiler that made it: its switch, its per-thread records
+    (`_tls.rec`, a `ThreadRecord`), whether marks are recorded, and `mark` (for the sentence
+    an undeclared phase raises)."""
+
+    on: bool
+    _tls: threading.local
+
+    def mark(self, phase: str) -> None: ...
+
+    def _switch(self, r: ThreadRecord, k: int) -> None: ...
+
+
 class Phase:
     """`with prof.phase(name):` — the phase `name` while inside, the previous one after. One
     object per name, shared by all threads (the state is on each thread's record)."""
 
     __slots__ = ("prof", "name")
 
-    def __init__(self, prof: "Profiler", name: str) -> None:
+    def __init__(self, prof: Marker, name: str) -> None:
         self.prof = prof
         self.name = name
 
