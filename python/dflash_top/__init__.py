@@ -8,10 +8,11 @@
     prof.mark("backward"); ...
     prof.end_step(tokens=n, loss=loss)
 
-Modules by job: `profiler` (the Profiler), `threads` (per-thread recorders), `queues` (measured
-queues), `cuda` (GPU timing), `wire` (framing and sockets), `protocol` (the protocol's
-constants), `serve` (the socket server), `auto` (zero-code mode: `dflash_top.auto()` or
-`python -m dflash_top run script.py`). This module only re-exports the public names.
+Modules by job: `profiler` (the Profiler), `producer` (its base, shared with zero-code mode:
+serving, samples, commands, step records, closing), `threads` (per-thread recorders), `queues`
+(measured queues), `cuda` (GPU timing), `wire` (framing and sockets), `protocol` (the
+protocol's constants), `serve` (the socket server), `auto` (zero-code mode: `dflash_top.auto()`
+or `python -m dflash_top run script.py`). This module only re-exports the public names.
 
 Imports go one way, down these floors (a module imports only modules of lower floors; no
 import back up, not even for types: python/tests/test_layers.py checks it):
@@ -19,6 +20,7 @@ import back up, not even for types: python/tests/test_layers.py checks it):
     protocol, job, sites            constants and helpers that know nothing else
     wire, threads, queues, cuda     framing; per-thread records; measured queues; GPU timing
     serve                           the socket server
+    producer                        what the Profiler and zero-code mode share (`Producer`)
     profiler, auto_common           the Profiler; what zero-code mode's parts share
     auto_queue, auto_torch          zero-code mode's queue wraps and PyTorch hooks
     auto                            zero-code mode

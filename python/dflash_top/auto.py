@@ -22,11 +22,9 @@ Samples carry the caching allocator's figures of the CUDA devices the threads ru
 (`torch.cuda.memory_stats`).
 """
 
-import atexit
 import math
 import os
 import re
-import socket
 import threading
 import time
 import weakref
@@ -47,8 +45,8 @@ from .auto_common import (
     SYNC,
     _mono,
 )
-from .cuda import cuda_index, read_alloc
-from .protocol import TIMING_HOST, TIMING_OF
+from .producer import Producer
+from .protocol import TIMING_OF
 from .serve import Server
 
 __all__ = ["Auto", "auto", "stage_of"]
@@ -107,9 +105,9 @@ class _Rec:
         self.sites: Dict[Any, List[int]] = {}
 
 
-class Auto:
-    """The process-wide instrumentation: hooks installed by `install`, a socket served like a
-    `Profiler`'s. One per process (`auto()` makes it)."""
+class Auto(Producer):
+    """The process-wide instrumentation: hooks installed by `install`, served as a `Profiler`
+    is (both are `Producer`s). One per process (`auto()` makes it)."""
 
     def __init__(
         self,
@@ -119,13 +117,12 @@ class Auto:
         sync_sites: bool = True,
     ) -> None:
         if gpu_timing not in TIMING_OF:
-            raise ValueError("gpu_timing %r: use one of %s" % (gpu_timing, ", ".join(sorted(TIMING_OF))))
-        self.on = True
+            raise ValueError(
+                "gpu_timing %r: use one of %s" % (gpu_timing, ", ".join(sorted(TIMING_OF)))
+            )
+        super().__init__(gpu_timing)
         # Whether host syncs are kept by call site (each costs a walk up the stack).
         self.sites = sync_sites
-        self.gpu_timing = gpu_timing
-        self.paused = False
-        self.ns_per_mark = 0.0
         self._tls = threading.local()
         self._lock = threading.RLock()
         self._phases: List[str] = list(BASE_PHASES)
@@ -144,27 +141,17 @@ class Auto:
         self._last_step: Optional[int] = None
         self._tokens = 0
         self._item: Any = None
-        self._synchronize: Any = None
         self._told: Set[str] = set()
         self._order: List[str] = []
         self._threads: List[_Rec] = []
-        # The CUDA devices threads are on (their allocator's figures go in the samples).
-        self._cuda_devices: Set[int] = set()
         self._queues: List[auto_queue._QStats] = []
-        self._epoch = 0
-        self._closed = threading.Event()
         self._torch: Any = None
         self._undo: List[Callable[[], None]] = []
-        self._server: Optional[Server] = None
+        # When the stats file was last written, and the last stage's tokens then.
+        self._seen = (0.0, 0)
         self.job = job_tag(os.environ)
         if serve:
-            self.ns_per_mark = self._measure()
-            self._server = Server(path or wire.socket_path(), self._hello, self._command)
-            self._sampler = threading.Thread(
-                target=self._sample_loop, name="dflash-top-sample", daemon=True
-            )
-            self._sampler.start()
-            atexit.register(self.close)
+            self._serve(path)
             os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
@@ -182,23 +169,6 @@ class Auto:
         """The stage table as sent: stages in chain order, each with the shared phase list."""
         with self._lock:
             return [{"name": s, "phases": list(self._phases)} for s in self._order]
-
-    def _hello(self) -> Dict[str, Any]:
-        hello = {
-            "t": protocol.HELLO,
-            "pid": os.getpid(),
-            "program": "python",
-            "now_ns": _mono(),
-            "ns_per_mark": self.ns_per_mark,
-            "stages": {"stages": self.stages},
-            "can_save": False,
-            # Its host: a viewer on another host (a socket forwarded with ssh -L) knows the
-            # pipeline is not on its own.
-            "host": socket.gethostname(),
-        }
-        if self.job is not None:
-            hello["job"] = self.job
-        return hello
 
     def _reorder(self) -> None:
         """Stages in chain order: upstream of a queue before downstream; of stages free to go
@@ -262,20 +232,7 @@ class Auto:
             gpu = device.startswith("cuda") and self._torch is not None
             r = _Rec(len(self._threads), t.name, stage, _mono(), self._epoch, gpu)
             self._threads.append(r)
-            n = cuda_index(device)
-            if n is not None:
-                self._cuda_devices.add(n)
-            if self._server:
-                self._server.declare(
-                    {
-                        "t": protocol.THREAD,
-                        "id": r.id,
-                        "name": t.name,
-                        "stage": stage,
-                        "device": device,
-                        "tid": threading.get_native_id(),
-                    }
-                )
+            self._declare_thread(r.id, t.name, stage, device)
         self._tls.rec = r
         return r
 
@@ -291,7 +248,7 @@ class Auto:
     def _switch(self, r: _Rec, k: int) -> None:
         now = _mono()
         if r.gpu:
-            now = self._gpu_mark(r, k, now)
+            now = self._cuda.mark(r, k, now, self.gpu_timing)
         if r.cur >= 0:
             acc = r.acc
             while len(acc) <= r.cur:
@@ -334,23 +291,9 @@ class Auto:
             while len(r.acc) <= r.cur:
                 r.acc.append(0)
             r.acc[r.cur] += now - r.last
-        timing = TIMING_HOST
-        host_phases = True
-        device_steps: List[Tuple[int, Dict[int, int]]] = []
-        if r.gpu:
-            timing = TIMING_OF[self.gpu_timing]
-            if self.gpu_timing == "Events" and on:
-                host_phases = False
-                device_steps = self._gpu_end_step(r, now)
-        msg: Dict[str, Any] = {
-            "t": protocol.STEP,
-            "th": r.id,
-            "end": now,
-            "wall": now - r.step_start,
-            "ph": [[k, v] for k, v in enumerate(r.acc) if v],
-            "prof": on and r.epoch == self._epoch and host_phases,
-            "timing": timing,
-        }
+        # The next step starts in the phase this one ends in.
+        ph = [[k, v] for k, v in enumerate(r.acc) if v]
+        msg, device_steps = self._step_record(r, now, ph, on, r.cur)
         counts = [[k, v] for k, v in enumerate(r.n) if v]
         if counts:
             msg["n"] = counts
@@ -372,23 +315,9 @@ class Auto:
                 m["loss"] = loss
             msg["m"] = m
             self._last_step = m["step"]
-        if self._server:
-            for end, acc in device_steps:
-                self._server.broadcast(
-                    {
-                        "t": protocol.STEP,
-                        "th": r.id,
-                        "end": end,
-                        "wall": sum(acc.values()),
-                        "ph": [[k, v] for k, v in sorted(acc.items()) if v and k >= 0],
-                        "prof": True,
-                        "timing": TIMING_OF["Events"],
-                        "steps": 0,
-                    }
-                )
-            self._server.broadcast(msg)
-        while self.paused and not self._closed.is_set():
-            time.sleep(0.05)
+        # `other` is -1 here.
+        self._send_step(r, msg, device_steps, -1)
+        self._wait_while_paused()
         # The next step starts in the phase this one ended in (a put ends a step inside
         # push_wait's caller; the stack is kept).
         now = _mono()
@@ -454,56 +383,13 @@ class Auto:
             r.loss_free.append(buf)
         return value
 
-    # -- GPU timing (threads on a CUDA device) -------------------------------------------------------
-
-    def _gpu_mark(self, r: _Rec, k: int, now: int) -> int:
-        torch = self._torch
-        if self.gpu_timing == "Sync":
-            # Torch's own (the wrapped one would count our sync as the script's, and recurse).
-            self._synchronize()
-            return _mono()
-        if self.gpu_timing == "Events":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            r.events.append((k, ev))
-        return now
-
-    def _gpu_end_step(self, r: _Rec, host_end: int) -> List[Tuple[int, Dict[int, int]]]:
-        ev = self._torch.cuda.Event(enable_timing=True)
-        ev.record()
-        r.events.append((r.cur, ev))
-        if len(r.events) > 1:
-            r.pending.append((host_end, r.events))
-        r.events = [(r.cur, ev)]
-        done = []
-        while r.pending and r.pending[0][1][-1][1].query():
-            end, evs = r.pending.pop(0)
-            acc: Dict[int, int] = {}
-            for (k, a), (_, b) in zip(evs, evs[1:]):
-                acc[k] = acc.get(k, 0) + int(a.elapsed_time(b) * 1e6)
-            done.append((end, acc))
-        return done
-
     # -- viewer commands and samples ----------------------------------------------------------------
 
-    def _command(self, c: Dict[str, Any]) -> None:
-        kind, value = c.get("cmd"), c.get("value")
-        if kind == protocol.SET_PROFILING:
-            self.on = bool(value)
-            self._epoch += 1
-        elif kind == protocol.SET_GPU_TIMING and value in TIMING_OF:
-            self.gpu_timing = value
-        elif kind == protocol.SET_PAUSED:
-            self.paused = bool(value)
-        elif kind == protocol.CHECKPOINT and self._server:
-            self._server.control(
-                {"t": protocol.STATUS, "text": "zero-code mode cannot checkpoint the script"}
-            )
+    def _checkpoint(self) -> None:
+        self.status("zero-code mode cannot checkpoint the script")
 
-    def _sample(self, with_sites: bool = True) -> Dict[str, Any]:
-        """The sample; `with_sites`: with each thread's host syncs by call site (cumulative:
-        sent once a second)."""
-        now = _mono()
+    def _live(self, with_sites: bool) -> List[Dict[str, Any]]:
+        """Each thread's step; `with_sites`: with its host syncs by call site."""
         other = len(self._phases)
         live = []
         for r in list(self._threads):
@@ -514,41 +400,19 @@ class Auto:
                 entry["sites"] = sites.top(r.sites)
                 entry["steps"] = r.steps
             live.append(entry)
-        msg: Dict[str, Any] = {
-            "t": protocol.SAMPLE,
-            "now": now,
-            "prof": self.on,
-            "timing": self.gpu_timing,
-            "paused": self.paused,
-            "dropped": 0,
-            "live": live,
-            "q": [q.read(now) for q in list(self._queues)],
-        }
-        alloc = read_alloc(tuple(self._cuda_devices))
-        if alloc:
-            msg["alloc"] = alloc
-        return msg
+        return live
+
+    def _queue_samples(self, now: int) -> List[Dict[str, int]]:
+        return [q.read(now) for q in list(self._queues)]
 
     def _sample_loop(self) -> None:
-        tick = 0.1
-        nxt = time.monotonic() + tick
-        n = 0
-        seen = (time.monotonic(), self._tokens)
-        while not self._closed.wait(max(0.0, nxt - time.monotonic())):
-            nxt += tick
-            n += 1
-            server = self._server
-            if server is None:
-                continue
-            if server.viewers():
-                server.broadcast(self._sample(with_sites=n % 10 == 0))
-            if n % 10 == 0:
-                seen = self._write_stats(server, seen)
+        self._seen = (time.monotonic(), self._tokens)
+        super()._sample_loop()
 
-    def _write_stats(self, server: Server, seen: Tuple[float, int]) -> Tuple[float, int]:
-        """The stats file beside the socket (what `attach --list` shows without joining, and
-        the job `attach --job` finds the ranks by): the optimizer step (else the last stage's
-        steps), the tokens a second of the last stage since the previous write."""
+    def _each_second(self, server: Server) -> None:
+        """Writes the stats file beside the socket (what `attach --list` shows without joining,
+        and the job `attach --job` finds the ranks by): the optimizer step (else the last
+        stage's steps), the tokens a second of the last stage since the previous write."""
         now, tokens = time.monotonic(), self._tokens
         step = self._last_step
         if step is None:
@@ -556,23 +420,17 @@ class Auto:
             step = max([r.steps for r in list(self._threads) if r.stage == last] or [0])
         stats: Dict[str, Any] = {
             "step": step,
-            "tok_per_s": (tokens - seen[1]) / max(1e-3, now - seen[0]),
+            "tok_per_s": (tokens - self._seen[1]) / max(1e-3, now - self._seen[0]),
             "viewers": server.viewers(),
         }
         if self.job is not None:
             stats["job"] = self.job
         wire.write_stats(server.path, stats)
-        return now, tokens
+        self._seen = (now, tokens)
 
     def close(self) -> None:
         """Stops serving, removes the socket and the hooks."""
-        self._closed.set()
-        sampler = getattr(self, "_sampler", None)
-        if sampler is not None:
-            sampler.join(timeout=1)
-        if self._server:
-            self._server.close()
-            self._server = None
+        super().close()
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
@@ -612,7 +470,7 @@ class Auto:
             return
         self._torch = torch
         self._item = torch.Tensor.item
-        self._synchronize = torch.cuda.synchronize
+        self._cuda.use(torch, torch.cuda.synchronize)  # torch's own, before it is wrapped
         auto_torch.install(self, torch)
 
 _COUNTED_IDX = frozenset(BASE_PHASES.index(p) for p in COUNTED)

@@ -10,7 +10,7 @@ This module imports only the protocol's constants: a thread's record is anything
 
 import sys
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Tuple
 
 from .protocol import MAX_COUNT, MAX_CUDA_DEVICES, MEMORY_STATS_KEYS
 
@@ -31,6 +31,15 @@ class Timed(Protocol):
 class CudaTiming:
     def __init__(self) -> None:
         self._torch: Any = None  # None: not looked for yet; False: no torch or no CUDA
+        # What `Sync` calls; None: torch.cuda.synchronize as it is at the call.
+        self._synchronize: Optional[Callable[[], None]] = None
+
+    def use(self, torch: Any, synchronize: Callable[[], None]) -> None:
+        """Times with `torch` (imported by the caller) and syncs with `synchronize` (zero-code
+        mode passes torch's own, before its wrap: a wrapped one would count this sync as the
+        script's, and recurse)."""
+        self._torch = torch
+        self._synchronize = synchronize
 
     def available(self) -> bool:
         if self._torch is None:
@@ -45,7 +54,10 @@ class CudaTiming:
     def mark(self, r: Timed, k: int, now: int, mode: str) -> int:
         """Phase `k` starts on thread `r` at host time `now`; returns the time to book it at."""
         if mode == "Sync":
-            self._torch.cuda.synchronize()
+            if self._synchronize is not None:
+                self._synchronize()
+            else:
+                self._torch.cuda.synchronize()
             return _mono()
         if mode == "Events":
             # Each event starts phase k on the device; the next one ends it.

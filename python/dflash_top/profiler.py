@@ -4,23 +4,19 @@ steps, wraps its queues, and serves all of it on this process's dflash-top socke
 Standard library only; torch is used, when present, for CUDA-event device times of threads
 registered on a `cuda` device, and, once the pipeline initialised CUDA, for the caching
 allocator's figures of those devices in the samples. Profiling off (`p` in the viewer) costs one
-attribute read a mark.
+attribute read a mark. Serving, samples, commands and closing are the `Producer`'s
+(dflash_top/producer.py), which zero-code mode shares.
 """
 
-import atexit
 import math
-import os
 import queue as queue_module
-import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from . import protocol, wire
-from .cuda import CudaTiming, cuda_index, read_alloc
-from .protocol import POP_WAIT, PUSH_WAIT, TIMING_HOST, TIMING_OF
+from .producer import Producer
+from .protocol import POP_WAIT, PUSH_WAIT
 from .queues import ProfiledQueue
-from .serve import Server
 from .threads import Phase, ThreadRecord
 
 __all__ = ["Profiler", "StageSpec"]
@@ -38,7 +34,7 @@ def _finite(value: Any) -> Optional[float]:
     return v if math.isfinite(v) else None
 
 
-class Profiler:
+class Profiler(Producer):
     """Declares a chain of stages (upstream first), records phases per thread and serves them on
     the dflash-top socket of this process.
 
@@ -49,14 +45,6 @@ class Profiler:
 
     #: Called (on a server thread) when a viewer asks for a checkpoint; None: cannot save.
     on_checkpoint: Optional[Callable[[], None]]
-    #: Whether marks are recorded (the viewer's `p` switches it).
-    on: bool
-    #: The GPU timing mode of threads on a `cuda` device: `Async`, `Sync` or `Events`.
-    gpu_timing: str
-    #: Whether threads wait at their next `end_step` (the viewer's pause).
-    paused: bool
-    #: What one mark costs on this interpreter, ns (measured when serving).
-    ns_per_mark: float
 
     def __init__(
         self, stages: Sequence[StageSpec], serve: bool = True, path: Optional[str] = None
@@ -71,58 +59,26 @@ class Profiler:
             decls.append({"name": name, "phases": phases})
         if not decls:
             raise ValueError("Profiler needs at least one stage")
+        super().__init__()
         self._stages = decls
         self._stage_index = {d["name"]: i for i, d in enumerate(decls)}
-        self.on = True
-        self.gpu_timing = "Async"
-        self.paused = False
         self.on_checkpoint = None
-        self._epoch = 0
         self._tls = threading.local()
         self._threads: List[ThreadRecord] = []
         self._queues: List[ProfiledQueue] = []
         self._ctx: Dict[str, Phase] = {}
         self._lock = threading.Lock()
         self._steps = 0
-        self._dropped = 0
-        self._cuda = CudaTiming()
-        # The CUDA devices threads declared (their allocator's figures go in the samples).
-        self._cuda_devices: Set[int] = set()
-        self._closed = threading.Event()
-        self.ns_per_mark = 0.0
-        self._server: Optional[Server] = None
         if serve:
-            self.ns_per_mark = self._measure()
-            self._server = Server(path or wire.socket_path(), self._hello, self._command)
-            self._sampler = threading.Thread(
-                target=self._sample_loop, name="dflash-top-sample", daemon=True
-            )
-            self._sampler.start()
-            atexit.register(self.close)
-
-    @property
-    def path(self) -> Optional[str]:
-        """The socket viewers attach to (None when not serving)."""
-        return self._server.path if self._server else None
+            self._serve(path)
 
     @property
     def stages(self) -> List[Dict[str, Any]]:
         """The stage table as sent: `[{"name": ..., "phases": [...]}, ...]`, waits included."""
         return [{"name": d["name"], "phases": list(d["phases"])} for d in self._stages]
 
-    def _hello(self) -> Dict[str, Any]:
-        return {
-            "t": protocol.HELLO,
-            "pid": os.getpid(),
-            "program": "python",
-            "now_ns": _mono(),
-            "ns_per_mark": self.ns_per_mark,
-            "stages": {"stages": self._stages},
-            "can_save": self.on_checkpoint is not None,
-            # Its host: a viewer on another host (a socket forwarded with ssh -L) knows the
-            # pipeline is not on its own.
-            "host": socket.gethostname(),
-        }
+    def _can_save(self) -> bool:
+        return self.on_checkpoint is not None
 
     # -- threads and phases ------------------------------------------------------------------
 
@@ -137,21 +93,8 @@ class Profiler:
                 len(self._threads), k, self._stages[k]["phases"], _mono(), self._epoch, gpu
             )
             self._threads.append(r)
-            n = cuda_index(device)
-            if n is not None:
-                self._cuda_devices.add(n)
         self._tls.rec = r
-        if self._server:
-            self._server.declare(
-                {
-                    "t": protocol.THREAD,
-                    "id": r.id,
-                    "name": threading.current_thread().name,
-                    "stage": self._stages[k]["name"],
-                    "device": device,
-                    "tid": threading.get_native_id(),
-                }
-            )
+        self._declare_thread(r.id, threading.current_thread().name, self._stages[k]["name"], device)
         return r
 
     def _switch(self, r: ThreadRecord, k: int) -> None:
@@ -216,47 +159,16 @@ class Profiler:
         on = self.on
         if on:
             r.acc[r.cur] += now - r.last
-        timing = TIMING_HOST
-        host_phases = True
-        device_steps: List[Tuple[int, Dict[int, int]]] = []
-        if r.gpu:
-            timing = TIMING_OF[self.gpu_timing]
-            if self.gpu_timing == "Events" and on:
-                host_phases = False
-                device_steps = self._cuda.end_step(r, now, r.other)
-        msg: Dict[str, Any] = {
-            "t": protocol.STEP,
-            "th": r.id,
-            "end": now,
-            "wall": now - r.step_start,
-            "ph": r.phase_times(),
-            "prof": on and r.epoch == self._epoch and host_phases,
-            "timing": timing,
-        }
+        # The next step starts in `other`.
+        msg, device_steps = self._step_record(r, now, r.phase_times(), on, r.other)
         if tokens:
             msg["tok"] = int(tokens)
         m = self._metrics(loss, tau, lr, grad_norm, step)
         if m is not None:
             msg["m"] = m
-        if self._server:
-            # Device times of earlier steps first (as they completed), then this step.
-            for end, acc in device_steps:
-                self._server.broadcast(
-                    {
-                        "t": protocol.STEP,
-                        "th": r.id,
-                        "end": end,
-                        "wall": sum(acc.values()),
-                        "ph": [[k, v] for k, v in sorted(acc.items()) if v and k != r.other],
-                        "prof": True,
-                        "timing": TIMING_OF["Events"],
-                        "steps": 0,
-                    }
-                )
-            self._server.broadcast(msg)
+        self._send_step(r, msg, device_steps, r.other)
         epoch = self._epoch
-        while self.paused and not self._closed.is_set():
-            time.sleep(0.05)
+        self._wait_while_paused()
         r.new_step(_mono(), epoch)
 
     def _metrics(
@@ -311,17 +223,7 @@ class Profiler:
         with self._lock:
             qid = len(self._queues)
             self._queues.append(pq)
-        if self._server:
-            self._server.declare(
-                {
-                    "t": protocol.QUEUE,
-                    "id": qid,
-                    "name": name,
-                    "capacity": q.maxsize if q.maxsize > 0 else 1 << 30,
-                    "producer": producer,
-                    "consumer": consumer,
-                }
-            )
+        self._declare_queue(qid, name, q.maxsize, producer, consumer)
         return pq
 
     def _wait_begin(self, phase: str) -> Optional[int]:
@@ -344,63 +246,21 @@ class Profiler:
 
     # -- control and sampling ------------------------------------------------------------------
 
-    def _command(self, c: Dict[str, Any]) -> None:
-        kind, value = c.get("cmd"), c.get("value")
-        if kind == protocol.SET_PROFILING:
-            self.on = bool(value)
-            self._epoch += 1
-        elif kind == protocol.SET_GPU_TIMING and value in TIMING_OF:
-            self.gpu_timing = value
-        elif kind == protocol.SET_PAUSED:
-            self.paused = bool(value)
-        elif kind == protocol.CHECKPOINT:
-            if self.on_checkpoint is None:
-                self.status("no checkpoint handler: set prof.on_checkpoint")
-            else:
-                self.on_checkpoint()
+    def _checkpoint(self) -> None:
+        if self.on_checkpoint is None:
+            self.status("no checkpoint handler: set prof.on_checkpoint")
+        else:
+            self.on_checkpoint()
 
-    def status(self, text: str) -> None:
-        """A line for the viewers' header."""
-        if self._server:
-            self._server.control({"t": protocol.STATUS, "text": text})
-
-    def _sample(self) -> Dict[str, Any]:
-        now = _mono()
+    def _live(self, with_sites: bool) -> List[Dict[str, Any]]:
         live = []
         for r in list(self._threads):
             acc = [[k, v] for k, v in enumerate(r.acc[:-1]) if v]
             live.append({"th": r.id, "ph": r.cur, "ps": r.last, "ss": r.step_start, "acc": acc})
-        msg: Dict[str, Any] = {
-            "t": protocol.SAMPLE,
-            "now": now,
-            "prof": self.on,
-            "timing": self.gpu_timing,
-            "paused": self.paused,
-            "dropped": self._dropped,
-            "live": live,
-            "q": [q._read(i, now) for i, q in enumerate(list(self._queues))],
-        }
-        alloc = read_alloc(tuple(self._cuda_devices))
-        if alloc:
-            msg["alloc"] = alloc
-        return msg
+        return live
 
-    def _sample_loop(self) -> None:
-        tick = 0.1
-        nxt = time.monotonic() + tick
-        while not self._closed.wait(max(0.0, nxt - time.monotonic())):
-            nxt += tick
-            server = self._server
-            if server is not None and server.viewers():
-                server.broadcast(self._sample())
-
-    def close(self) -> None:
-        """Stops serving and removes the socket (also done at interpreter exit)."""
-        self._closed.set()
-        if self._server:
-            self._sampler.join(timeout=1)
-            self._server.close()
-            self._server = None
+    def _queue_samples(self, now: int) -> List[Dict[str, int]]:
+        return [q._read(i, now) for i, q in enumerate(list(self._queues))]
 
     def __enter__(self) -> "Profiler":
         return self

@@ -14,6 +14,7 @@ FLOORS = [
     ["protocol", "job", "sites"],
     ["wire", "threads", "queues", "cuda"],
     ["serve"],
+    ["producer"],
     ["profiler", "auto_common"],
     ["auto_queue", "auto_torch"],
     ["auto"],
