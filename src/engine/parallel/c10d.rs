@@ -3,6 +3,7 @@
 //! MASTER_ADDR:MASTER_PORT, keys under a per-job prefix) and the CPU process group
 //! (`c10d::ProcessGroupGloo`). The NCCL group of src/engine/parallel/nccl.rs meets in the same store.
 
+use super::shim::{checked, made};
 use anyhow::{bail, Result};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::time::Duration;
@@ -177,23 +178,6 @@ mod ffi {
     }
 }
 
-/// The message the shim wrote for a failed call: its first line (libtorch appends a C++
-/// backtrace after it).
-pub(crate) fn shim_error(buf: &[u8]) -> String {
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    let text = String::from_utf8_lossy(&buf[..end]);
-    text.lines().next().unwrap_or("").trim().to_string()
-}
-
-/// Calls a shim function with an error buffer; its message on a non-zero return.
-fn checked(call: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), String> {
-    let mut err = vec![0u8; 2048];
-    match call(err.as_mut_ptr() as *mut c_char, err.len()) {
-        0 => Ok(()),
-        _ => Err(shim_error(&err)),
-    }
-}
-
 fn c_text(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| anyhow::anyhow!("{s:?} holds a NUL byte"))
 }
@@ -229,22 +213,18 @@ impl JobStore {
         );
         // SAFETY: sets a logging level; no preconditions.
         unsafe { ffi::dflash_c10d_quiet() };
-        let mut ptr = std::ptr::null_mut();
-        checked(|e, l| {
-            // SAFETY: the strings live for the call; e is a writable buffer of l bytes.
-            ptr = unsafe {
-                ffi::dflash_tcpstore_new(
-                    host.as_ptr(),
-                    port as c_int,
-                    host_it as c_int,
-                    world as c_int,
-                    timeout.as_millis().min(i32::MAX as u128) as c_int,
-                    prefix.as_ptr(),
-                    e,
-                    l,
-                )
-            };
-            ptr.is_null() as c_int
+        // SAFETY: the strings live for the call; e is a writable buffer of l bytes.
+        let ptr = made(|e, l| unsafe {
+            ffi::dflash_tcpstore_new(
+                host.as_ptr(),
+                port as c_int,
+                host_it as c_int,
+                world as c_int,
+                timeout.as_millis().min(i32::MAX as u128) as c_int,
+                prefix.as_ptr(),
+                e,
+                l,
+            )
         })?;
         Ok(JobStore { ptr })
     }
@@ -336,20 +316,16 @@ impl GlooGroup {
     /// Connects rank `rank` of `size` to the others through `store`; a collective that waits
     /// longer than `timeout` for a peer fails.
     pub fn new(store: &JobStore, rank: u32, size: u32, timeout: Duration) -> Result<GlooGroup> {
-        let mut ptr = std::ptr::null_mut();
-        checked(|e, l| {
-            // SAFETY: the store is live; e is a writable buffer of l bytes.
-            ptr = unsafe {
-                ffi::dflash_gloo_new(
-                    store.raw(),
-                    rank as c_int,
-                    size as c_int,
-                    timeout.as_millis().min(i32::MAX as u128) as c_int,
-                    e,
-                    l,
-                )
-            };
-            ptr.is_null() as c_int
+        // SAFETY: the store is live; e is a writable buffer of l bytes.
+        let ptr = made(|e, l| unsafe {
+            ffi::dflash_gloo_new(
+                store.raw(),
+                rank as c_int,
+                size as c_int,
+                timeout.as_millis().min(i32::MAX as u128) as c_int,
+                e,
+                l,
+            )
         })
         .map_err(|e| anyhow::anyhow!("Gloo process group for rank {rank} of {size}: {e}"))?;
         Ok(GlooGroup { ptr, rank, size })

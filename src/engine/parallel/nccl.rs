@@ -3,14 +3,20 @@
 //! there). One rank per drafter thread; the ranks meet through an in-process store. Replica 0's
 //! weights are broadcast to all at start; the gradients are all-reduced in buckets while backward
 //! runs (one bucket per drafter layer, last layer first), on NCCL's own stream, and the worker's
-//! stream waits only for what was not done when backward ended.
+//! stream waits only for what was not done when backward ended (the buckets and the reducer:
+//! src/engine/parallel/nccl/buckets.rs).
 
+use super::shim::{checked, made};
 use crate::engine::train::grad_mean::GradMean;
 use crate::engine::train::optim::AdamW;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 use tch::Tensor;
+
+mod buckets;
+use buckets::during_backward;
+pub use buckets::{plan_buckets, Bucket};
 
 /// Whether this build carries the shim.
 pub const AVAILABLE: bool = cfg!(nccl_shim);
@@ -214,88 +220,17 @@ pub struct NcclMember {
     made: Registry,
 }
 
-/// Whether gradients are all-reduced during backward (the default) or in one piece after it
-/// (`--disable grad-sync-during-backward`, for side-by-side measurements).
-fn during_backward() -> bool {
-    crate::engine::gpu::fast_paths::on(
-        crate::engine::gpu::fast_paths::FastPath::GradSyncDuringBackward,
-    )
-}
-
-/// A group of parameters whose gradients are all-reduced together: the parameters (indices in
-/// the optimizer's order) and the contiguous spans of the flat gradient buffer they cover.
-#[derive(Debug, PartialEq)]
-pub struct Bucket {
-    pub params: Vec<usize>,
-    pub spans: Vec<(i64, i64)>,
-}
-
-/// The drafter's parameters grouped in the order backward finishes them: one bucket per decoder
-/// layer, the last layer first, then everything outside the layers (the context projection and
-/// its norm are the last gradients backward computes). `layout` is (name, (offset, numel)) in
-/// the flat buffer's order.
-pub fn plan_buckets(layout: &[(&str, (i64, i64))]) -> Vec<Bucket> {
-    let layer_of = |name: &str| -> Option<usize> {
-        name.strip_prefix("layers.")?
-            .split('.')
-            .next()?
-            .parse()
-            .ok()
-    };
-    let layers = layout.iter().filter_map(|(n, _)| layer_of(n)).max();
-    let order: Vec<Option<usize>> = match layers {
-        Some(top) => (0..=top).rev().map(Some).chain([None]).collect(),
-        None => vec![None],
-    };
-    order
-        .into_iter()
-        .filter_map(|key| {
-            let mut bucket = Bucket {
-                params: Vec::new(),
-                spans: Vec::new(),
-            };
-            for (i, (name, (off, len))) in layout.iter().enumerate() {
-                if layer_of(name) != key {
-                    continue;
-                }
-                bucket.params.push(i);
-                match bucket.spans.last_mut() {
-                    Some((o, l)) if *o + *l == *off => *l += len,
-                    _ => bucket.spans.push((*off, *len)),
-                }
-            }
-            (!bucket.params.is_empty()).then_some(bucket)
-        })
-        .collect()
-}
-
 // SAFETY: a member is used by the one drafter thread it is handed to.
 unsafe impl Send for NcclMember {}
-
-use super::c10d::shim_error as error_text;
 
 impl NcclMember {
     /// The rank's process group, made on first use on the calling thread.
     fn group(&mut self) -> Result<*mut c_void> {
-        let mut err = vec![0u8; 1024];
         if self.pg.is_null() {
-            // SAFETY: the store outlives the member (Arc); err is a writable buffer of its length.
-            self.pg = unsafe {
-                ffi::dflash_nccl_new(
-                    self.store.ptr(),
-                    self.rank as c_int,
-                    self.size as c_int,
-                    err.as_mut_ptr() as *mut c_char,
-                    err.len(),
-                )
-            };
-            if self.pg.is_null() {
-                bail!(
-                    "NCCL process group for rank {}: {}",
-                    self.rank,
-                    error_text(&err)
-                );
-            }
+            let (store, rank, size) = (self.store.ptr(), self.rank as c_int, self.size as c_int);
+            // SAFETY: the store outlives the member (Arc); e is a writable buffer of l bytes.
+            self.pg = made(|e, l| unsafe { ffi::dflash_nccl_new(store, rank, size, e, l) })
+                .map_err(|e| anyhow!("NCCL process group for rank {}: {e}", self.rank))?;
             self.made
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -312,71 +247,9 @@ impl NcclMember {
         call: impl FnOnce(*mut c_void, *mut c_void, *mut c_char, usize) -> c_int,
     ) -> Result<()> {
         let pg = self.group()?;
-        let mut err = vec![0u8; 1024];
-        let rc = call(
-            pg,
-            t.as_mut_ptr() as *mut c_void,
-            err.as_mut_ptr() as *mut c_char,
-            err.len(),
-        );
-        if rc != 0 {
-            bail!("NCCL {what} on rank {}: {}", self.rank, error_text(&err));
-        }
-        Ok(())
-    }
-
-    /// Hooks the bucketed all-reduce into backward: the gradients move into one flat buffer
-    /// (each parameter's `.grad` a view), and each bucket goes out when backward completes it.
-    fn hook_buckets(&mut self, optimizer: &mut AdamW) -> Result<()> {
-        let pg = self.group()?;
-        let mut flat = optimizer.keep_grads_flat(crate::engine::gpu::cuda::set_grad)?;
-        let layout: Vec<(&str, &Tensor, (i64, i64))> = optimizer.layout().collect();
-        let names: Vec<(&str, (i64, i64))> = layout.iter().map(|(n, _, s)| (*n, *s)).collect();
-        let buckets = plan_buckets(&names);
-        let mut param_bucket = vec![0 as c_int; layout.len()];
-        let (mut span_bucket, mut span_off, mut span_len) = (Vec::new(), Vec::new(), Vec::new());
-        for (b, bucket) in buckets.iter().enumerate() {
-            for &p in &bucket.params {
-                param_bucket[p] = b as c_int;
-            }
-            for &(off, len) in &bucket.spans {
-                span_bucket.push(b as c_int);
-                span_off.push(off);
-                span_len.push(len);
-            }
-        }
-        let params: Vec<*mut c_void> = layout
-            .iter()
-            .map(|(_, t, _)| t.as_ptr() as *mut c_void)
-            .collect();
-        let mut err = vec![0u8; 1024];
-        // SAFETY: every pointer is live for the call (tch's at::Tensor*, the vectors above); the
-        // shim copies what it keeps (tensor handles, the bucket tables).
-        let reducer = unsafe {
-            ffi::dflash_reducer_new(
-                pg,
-                params.as_ptr(),
-                params.len() as c_int,
-                flat.as_mut_ptr() as *mut c_void,
-                param_bucket.as_ptr(),
-                buckets.len() as c_int,
-                span_bucket.as_ptr(),
-                span_off.as_ptr(),
-                span_len.as_ptr(),
-                span_bucket.len() as c_int,
-                err.as_mut_ptr() as *mut c_char,
-                err.len(),
-            )
-        };
-        if reducer.is_null() {
-            bail!(
-                "NCCL gradient buckets on rank {}: {}",
-                self.rank,
-                error_text(&err)
-            );
-        }
-        self.reducer = reducer;
-        Ok(())
+        let t = t.as_mut_ptr() as *mut c_void;
+        checked(|e, l| call(pg, t, e, l))
+            .map_err(|e| anyhow!("NCCL {what} on rank {}: {e}", self.rank))
     }
 }
 
@@ -399,19 +272,10 @@ impl GradMean for NcclMember {
 
     fn mean(&mut self, optimizer: &mut AdamW) -> Result<()> {
         if !self.reducer.is_null() {
-            let mut err = vec![0u8; 1024];
-            // SAFETY: the reducer is live; err is a writable buffer of its length.
-            let rc = unsafe {
-                ffi::dflash_reducer_finish(self.reducer, err.as_mut_ptr() as *mut c_char, err.len())
-            };
-            if rc != 0 {
-                bail!(
-                    "NCCL gradient all-reduce on rank {}: {}",
-                    self.rank,
-                    error_text(&err)
-                );
-            }
-            return Ok(());
+            let reducer = self.reducer;
+            // SAFETY: the reducer is live; e is a writable buffer of l bytes.
+            return checked(|e, l| unsafe { ffi::dflash_reducer_finish(reducer, e, l) })
+                .map_err(|e| anyhow!("NCCL gradient all-reduce on rank {}: {e}", self.rank));
         }
         // SAFETY (closure): pg and tensor are live for the call.
         self.collective(
