@@ -1,19 +1,19 @@
 //! The drafter's worker loop: it takes hidden states off the HS queue, draws each row's anchors,
 //! runs a training step (alone or with its replicas), reports the step's metrics, saves
-//! checkpoints when asked or due, and saves the last good step however the loop ends.
+//! checkpoints when asked or due, and saves the last good step however the loop ends (the
+//! saves: src/engine/pipeline/drafter_worker/saves.rs).
 
 use super::handoff::{HiddenBatch, Prefetched};
 use super::marks::Marks;
 use super::workers::{device_name, slow_down, thread_name, DataCounts};
 use crate::cancel::CancelToken;
-use crate::engine::checkpoint::{self, TrainerState};
 use crate::engine::data::{PackedBatch, Rng};
 use crate::engine::gpu::cuda::Stream;
 use crate::engine::parallel::replicas::Arrival;
 use crate::engine::train::step::{DrafterStep, StepOutcome, StepProbe};
 use crate::telemetry::phase_recorder::{TrainMetrics, MAX_SLOTS};
 use crate::telemetry::queue::QueueRx;
-use crate::telemetry::{HubCommand, Phase, Telemetry};
+use crate::telemetry::{Phase, Telemetry};
 use anchors::{anchors_by_row, share_anchors};
 use anyhow::Result;
 use std::ops::ControlFlow;
@@ -23,6 +23,8 @@ use std::time::Duration;
 use tch::{nn::VarStore, Device, Tensor};
 
 pub(crate) mod anchors;
+mod saves;
+use saves::ended;
 
 pub struct DrafterJob {
     /// The replica: its model, optimizer, loss settings and replica group.
@@ -346,84 +348,6 @@ impl<'a> Worker<'a> {
         }
         Ok(())
     }
-
-    /// After a step: a save when due (--save-every) or asked for, the replicas told once a
-    /// periodic checkpoint is written, and the stop at --steps.
-    fn after_step(&mut self) -> Result<()> {
-        let done = self.job.step.optimizer.step as u64;
-        let periodic = self.job.save_dir.is_some()
-            && self.job.save_every.is_some_and(|n| done.is_multiple_of(n));
-        if self.job.saves
-            && done > self.last_saved
-            && (periodic || self.requests.checkpoint_now.swap(false, Ordering::SeqCst))
-        {
-            let saved = self.save(done);
-            // Tried: a save that failed is not tried again at the exit (one message).
-            self.last_saved = done;
-            saved?;
-        }
-        if periodic {
-            // Replicas in other processes go on once the checkpoint is written.
-            self.job.step.replicas.checkpoint_written(done)?;
-        }
-        // --steps counts optimizer steps of the run, so a resumed run stops at the same step.
-        if self.job.max_steps.is_some_and(|n| done >= n) {
-            self.cancel.cancel();
-        }
-        Ok(())
-    }
-
-    /// The last good step is saved whatever ended the loop, unless it failed inside the update
-    /// itself (then the weights may be half-written: the previous checkpoint stands).
-    fn exit(&mut self, outcome: &std::thread::Result<Result<()>>) -> Result<()> {
-        let failed = !matches!(outcome, Ok(Ok(())));
-        if failed {
-            // The run stops (so the others end quietly), and no replica is left waiting in a
-            // collective for this one.
-            self.cancel.cancel();
-            self.job.step.replicas.abort();
-        }
-        let in_update = failed && crate::telemetry::phase::current() == Some(Phase::Optim);
-        let done = self.job.step.optimizer.step as u64;
-        if self.job.saves && done > self.last_saved && !in_update {
-            self.save(done)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Saves `step-N` with the run's recipe and schedule and where it stands (nothing without
-    /// --save-dir), prunes to --keep, says so in the header.
-    fn save(&self, step: u64) -> Result<()> {
-        let job = &self.job;
-        let Some(dir) = job.save_dir.as_deref() else {
-            return Ok(());
-        };
-        let path = dir.join(format!("step-{step:06}"));
-        let (seq_len, batch) = self.shape;
-        let state = TrainerState {
-            step,
-            total_steps: job.schedule.total_steps(),
-            seed: job.seed,
-            lr: job.lr,
-            schedule: Some(job.schedule),
-            data_docs: self.data_docs,
-            anchor_rng: Some(self.rng.state()),
-            last_loss: self.last_loss,
-            seq_len: Some(seq_len),
-            batch: Some(batch),
-            anchors: Some(job.anchors),
-            anchor_scope: Some(job.anchor_scope),
-        };
-        let (spec, optimizer) = (&job.step.spec, &job.step.optimizer);
-        checkpoint::save(&path, spec, &job.vs, optimizer, &state)?;
-        if let Some(n) = job.keep {
-            checkpoint::prune(dir, n)?;
-        }
-        self.telemetry
-            .command(HubCommand::Status(format!("saved {}", path.display())));
-        Ok(())
-    }
 }
 
 /// A step's numbers for the front-end.
@@ -441,23 +365,5 @@ fn metrics_of(out: &StepOutcome, lr_now: f64, block: i64, step: i64, skipped: u6
         block_size: block.min(MAX_SLOTS as i64) as u8,
         step: step as u64,
         skipped_nonfinite: skipped,
-    }
-}
-
-/// The drafter's result from how its loop ended and how the last save went: a loop error comes
-/// first (with a failed save added), a panic goes on after the save's failure is said.
-fn ended(outcome: std::thread::Result<Result<()>>, saved: Result<()>) -> Result<()> {
-    match outcome {
-        Ok(Ok(())) => saved,
-        Ok(Err(e)) => match saved {
-            Ok(()) => Err(e),
-            Err(s) => Err(e.context(format!("and saving the last step failed: {s:#}"))),
-        },
-        Err(panic) => {
-            if let Err(s) = saved {
-                eprintln!("dflash-top: saving the last step failed: {s:#}");
-            }
-            std::panic::resume_unwind(panic)
-        }
     }
 }
