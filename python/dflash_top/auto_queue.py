@@ -10,67 +10,24 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from . import protocol
 from .auto_common import _END_PUT, _mono
 from .protocol import POP_WAIT, PUSH_WAIT
+from .queues import QueueCounters
 
 
-class _QStats:
-    """One queue.Queue's counters (what `ProfiledQueue` keeps), updated inside the queue's own
-    `_put` / `_get` (under its lock) and around blocked puts and gets."""
+class _QStats(QueueCounters):
+    """One queue.Queue's counters, updated inside the queue's own `_put` / `_get` (under its
+    lock) and around blocked puts and gets, with what zero-code mode learns of it: the stages
+    that put and take, and the tokens its items carry."""
 
     def __init__(self, q: "queue_module.Queue[Any]") -> None:
-        self.maxsize = q.maxsize
-        self.lock = threading.Lock()
-        self.at = _mono()
-        self.depth = 0
-        self.min = self.max = 0
-        self.pushes = self.pops = 0
-        self.push_wait = self.pop_wait = 0
-        self.depth_ns = self.empty_ns = self.full_ns = 0
-        self.age_sum = 0
-        self.pushers = [0, 0]
-        self.poppers = [0, 0]
+        super().__init__(q.maxsize)
         # (put time, tokens of the step that put it), oldest first (FIFO queues).
         self.items: Deque[Tuple[int, int]] = deque()
         self.producer: Optional[str] = None
         self.consumer: Optional[str] = None
         self.qid: Optional[int] = None
 
-    def advance(self, now: int, depth: int) -> None:
-        if now < self.at:
-            now = self.at
-        dt = now - self.at
-        self.depth_ns += self.depth * dt
-        if self.depth == 0:
-            self.empty_ns += dt
-        if self.maxsize > 0 and self.depth >= self.maxsize:
-            self.full_ns += dt
-        self.at = now
-        self.depth = depth
-        self.min = min(self.min, depth)
-        self.max = max(self.max, depth)
-
     def read(self, now: int) -> Dict[str, int]:
-        with self.lock:
-            self.advance(now, self.depth)
-            waits = []
-            for w in (self.pushers, self.poppers):
-                waits.append(w[0] * self.at - w[1] if w[0] else 0)
-            out = {
-                "id": self.qid or 0,
-                "at": self.at,
-                "depth": self.depth,
-                "push": self.pushes,
-                "pop": self.pops,
-                "push_wait": self.push_wait + waits[0],
-                "pop_wait": self.pop_wait + waits[1],
-                "depth_ns": self.depth_ns,
-                "empty": self.empty_ns,
-                "full": self.full_ns,
-                "age_sum": self.age_sum,
-                "min": self.min,
-                "max": self.max,
-            }
-            self.min = self.max = self.depth
-            return out
+        return self.sample(self.qid or 0, now)
 
 
 def stats_of(a: Any, q: "queue_module.Queue[Any]") -> Optional[_QStats]:
@@ -164,22 +121,13 @@ def install(a: Any) -> None:
 
     def wait(st: _QStats, waiting: List[int], total: str, r: Any, k: int,
              call: Callable[[], Any]) -> Any:
-        with st.lock:
-            start = _mono()
-            st.advance(start, st.depth)
-            waiting[0] += 1
-            waiting[1] += st.at
-            start = st.at
+        start = st.begin_wait(waiting)
         a.enter(r, k)
         try:
             return call()
         finally:
             a.leave(r)
-            with st.lock:
-                now = max(_mono(), st.at)
-                waiting[0] -= 1
-                waiting[1] -= start
-                setattr(st, total, getattr(st, total) + now - start)
+            st.end_wait(waiting, start, total)
 
     def wrap_inner_put(orig: Any) -> Any:
         def _put(self: Any, item: Any) -> None:

@@ -8,9 +8,9 @@ needs of one), so it imports nothing of the package."""
 import queue
 import threading
 import time
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
-__all__ = ["ProfiledQueue", "Waits"]
+__all__ = ["ProfiledQueue", "QueueCounters", "Waits"]
 
 _mono = time.monotonic_ns
 
@@ -24,6 +24,92 @@ class Waits(Protocol):
     def _wait_end(self, prev: Optional[int]) -> None: ...
 
 
+class QueueCounters:
+    """A queue's counters, as the protocol's queue sample carries them: pushes, pops, the time
+    pushers and poppers waited (those waiting now included), time-weighted depth, time empty and
+    full, the age of items taken, and the depth's range since the last sample. What a
+    `ProfiledQueue` keeps, and what zero-code mode keeps for each `queue.Queue`.
+
+    `depth_of`: how deep the queue is now (read under `lock`); None: `depth` as the owner keeps
+    it (it calls `advance` with the new depth at each put and get)."""
+
+    def __init__(self, maxsize: int, depth_of: Optional[Callable[[], int]] = None) -> None:
+        self.maxsize = maxsize
+        self._depth_of = depth_of
+        self.lock = threading.Lock()
+        self.at = _mono()
+        self.depth = 0
+        self.min = self.max = 0
+        self.pushes = self.pops = 0
+        self.push_wait = self.pop_wait = 0
+        self.depth_ns = self.empty_ns = self.full_ns = 0
+        self.age_sum = 0
+        # Waits in progress: (count, sum of start times), for pushers and poppers.
+        self.pushers: List[int] = [0, 0]
+        self.poppers: List[int] = [0, 0]
+
+    def _depth_now(self) -> int:
+        return self._depth_of() if self._depth_of is not None else self.depth
+
+    def advance(self, now: int, depth: int) -> None:
+        """The time-weighted counters up to `now`; the queue is `depth` deep from then on."""
+        if now < self.at:
+            now = self.at
+        dt = now - self.at
+        self.depth_ns += self.depth * dt
+        if self.depth == 0:
+            self.empty_ns += dt
+        if self.maxsize > 0 and self.depth >= self.maxsize:
+            self.full_ns += dt
+        self.at = now
+        self.depth = depth
+        if depth < self.min:
+            self.min = depth
+        if depth > self.max:
+            self.max = depth
+
+    def begin_wait(self, waiting: List[int]) -> int:
+        """A put or get blocks (`waiting`: `pushers` or `poppers`); returns when it began."""
+        with self.lock:
+            self.advance(_mono(), self._depth_now())
+            waiting[0] += 1
+            waiting[1] += self.at
+            return self.at
+
+    def end_wait(self, waiting: List[int], start: int, total: str) -> None:
+        """Ends a wait begun at `start`, adding its length to the counter named `total`
+        (`push_wait` or `pop_wait`)."""
+        with self.lock:
+            now = max(_mono(), self.at)
+            waiting[0] -= 1
+            waiting[1] -= start
+            setattr(self, total, getattr(self, total) + now - start)
+
+    def sample(self, qid: int, now: int) -> Dict[str, int]:
+        """Cumulative counters up to `now` (waits in progress included), as the protocol's
+        queue sample of queue `qid`; resets the depth range."""
+        with self.lock:
+            self.advance(now, self._depth_now())
+            at = self.at
+            out = {
+                "id": qid,
+                "at": at,
+                "depth": self.depth,
+                "push": self.pushes,
+                "pop": self.pops,
+                "push_wait": self.push_wait + self.pushers[0] * at - self.pushers[1],
+                "pop_wait": self.pop_wait + self.poppers[0] * at - self.poppers[1],
+                "depth_ns": self.depth_ns,
+                "empty": self.empty_ns,
+                "full": self.full_ns,
+                "age_sum": self.age_sum,
+                "min": self.min,
+                "max": self.max,
+            }
+            self.min = self.max = self.depth
+            return out
+
+
 class ProfiledQueue:
     """What `Profiler.queue` returns: the queue's interface (put, get, their `_nowait` forms,
     qsize, empty, full, task_done, join), measured. A thread of the profiler that blocks in
@@ -34,85 +120,46 @@ class ProfiledQueue:
         self._q = q
         self.name = name
         self.maxsize = q.maxsize
-        self._lock = threading.Lock()
-        self._at = _mono()
-        self._depth = 0
-        self._min = self._max = 0
-        self._pushes = self._pops = 0
-        self._push_wait = self._pop_wait = 0
-        self._depth_ns = self._empty_ns = self._full_ns = 0
-        self._age_sum = 0
-        # Waits in progress: (count, sum of start times), for pushers and poppers.
-        self._pushers: List[int] = [0, 0]
-        self._poppers: List[int] = [0, 0]
-
-    def _advance(self, now: int, depth: int) -> None:
-        if now < self._at:
-            now = self._at
-        dt = now - self._at
-        self._depth_ns += self._depth * dt
-        if self._depth == 0:
-            self._empty_ns += dt
-        if self.maxsize > 0 and self._depth >= self.maxsize:
-            self._full_ns += dt
-        self._at = now
-        self._depth = depth
-        if depth < self._min:
-            self._min = depth
-        if depth > self._max:
-            self._max = depth
-
-    def _begin(self, waiting: List[int]) -> int:
-        with self._lock:
-            now = _mono()
-            self._advance(now, self._q.qsize())
-            waiting[0] += 1
-            waiting[1] += self._at
-            return self._at
-
-    def _end(self, waiting: List[int], start: int, total: str) -> None:
-        """Ends a wait begun at `start`, adding its length to the counter named `total`."""
-        with self._lock:
-            now = max(_mono(), self._at)
-            waiting[0] -= 1
-            waiting[1] -= start
-            setattr(self, total, getattr(self, total) + now - start)
+        # Items go in as (item, put time); the depth is the queue's own.
+        self._counts = QueueCounters(q.maxsize, q.qsize)
 
     def put(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        c = self._counts
         try:
             self._q.put_nowait((item, _mono()))
         except queue.Full:
             if not block:
                 raise
-            start = self._begin(self._pushers)
+            start = c.begin_wait(c.pushers)
             prev = self._prof._wait_begin("push_wait")
             try:
                 self._q.put((item, _mono()), timeout=timeout)
             finally:
                 self._prof._wait_end(prev)
-                self._end(self._pushers, start, "_push_wait")
-        with self._lock:
-            self._advance(_mono(), self._q.qsize())
-            self._pushes += 1
+                c.end_wait(c.pushers, start, "push_wait")
+        with c.lock:
+            c.advance(_mono(), self._q.qsize())
+            c.pushes += 1
 
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        c = self._counts
         try:
             item, stamp = self._q.get_nowait()
         except queue.Empty:
             if not block:
                 raise
-            start = self._begin(self._poppers)
+            start = c.begin_wait(c.poppers)
             prev = self._prof._wait_begin("pop_wait")
             try:
                 item, stamp = self._q.get(timeout=timeout)
             finally:
                 self._prof._wait_end(prev)
-                self._end(self._poppers, start, "_pop_wait")
-        with self._lock:
+                c.end_wait(c.poppers, start, "pop_wait")
+        with c.lock:
             now = _mono()
-            self._advance(now, self._q.qsize())
-            self._pops += 1
-            self._age_sum += max(0, now - stamp)
+            c.advance(now, self._q.qsize())
+            c.pops += 1
+            c.age_sum += max(0, now - stamp)
         return item
 
     def put_nowait(self, item: Any) -> None:
@@ -137,25 +184,5 @@ class ProfiledQueue:
         self._q.join()
 
     def _read(self, qid: int, now: int) -> Dict[str, int]:
-        """Cumulative counters up to `now` (waits in progress included), as the protocol's
-        queue sample; resets the depth range."""
-        with self._lock:
-            self._advance(now, self._q.qsize())
-            at = self._at
-            out = {
-                "id": qid,
-                "at": at,
-                "depth": self._depth,
-                "push": self._pushes,
-                "pop": self._pops,
-                "push_wait": self._push_wait + self._pushers[0] * at - self._pushers[1],
-                "pop_wait": self._pop_wait + self._poppers[0] * at - self._poppers[1],
-                "depth_ns": self._depth_ns,
-                "empty": self._empty_ns,
-                "full": self._full_ns,
-                "age_sum": self._age_sum,
-                "min": self._min,
-                "max": self._max,
-            }
-            self._min = self._max = self._depth
-            return out
+        """The queue's sample as queue `qid` (QueueCounters.sample)."""
+        return self._counts.sample(qid, now)

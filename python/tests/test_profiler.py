@@ -174,7 +174,7 @@ def test_queue_waits_show_as_the_stage_phases(captured):
     def consumer():
         p.thread("consumer")
         assert q.get() == "x"  # waits on the empty queue: pop_wait
-        until(lambda: q._pushers[0] == 1)  # the producer is blocked on the full queue
+        until(lambda: q._counts.pushers[0] == 1)  # the producer is blocked on the full queue
         p.mark("train")
         time.sleep(0.02)
         p.end_step()
@@ -185,7 +185,7 @@ def test_queue_waits_show_as_the_stage_phases(captured):
 
     def producer():
         p.thread("producer")
-        until(lambda: q._poppers[0] == 1)  # the consumer waits
+        until(lambda: q._counts.poppers[0] == 1)  # the consumer waits
         with p.phase("make"):
             time.sleep(0.02)
         q.put("x")
