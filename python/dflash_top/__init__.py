@@ -17,14 +17,17 @@ or `python -m dflash_top run script.py`). This module only re-exports the public
 Imports go one way, down these floors (a module imports only modules of lower floors; no
 import back up, not even for types: python/tests/test_layers.py checks it):
 
-    protocol, job, sites            constants and helpers that know nothing else
-    wire, threads, queues, cuda     framing; per-thread records; measured queues; GPU timing
-    serve                           the socket server
-    producer                        what the Profiler and zero-code mode share (`Producer`)
-    profiler, auto_common           the Profiler; what zero-code mode's parts share
-    auto_queue, auto_torch          zero-code mode's queue wraps and PyTorch hooks
-    auto                            zero-code mode
-    __init__, __main__              the public names; `python -m dflash_top run`
+    protocol, job, sites               constants and helpers that know nothing else
+    wire, threads, queues, cuda,       framing; per-thread records; measured queues and their
+      auto.common                        counters; GPU timing; zero-code mode's names and limits
+    serve, auto.table, auto.record,    the socket server; zero-code mode's stages, thread
+      auto.queues                        records and queue wraps
+    producer, auto.loss                what the Profiler and zero-code mode share (`Producer`);
+                                         the loss read without a host sync
+    auto.torch_hooks                   zero-code mode's PyTorch hooks
+    profiler, auto.session             the Profiler; zero-code mode's `Auto`
+    auto                               `auto()`, zero-code mode's entry
+    __init__, __main__                 the public names; `python -m dflash_top run`
 
 `threads` and `queues` work through what they need of a profiler (`threads.Marker`,
 `queues.Waits`), and `cuda` through what it keeps on a thread's record (`cuda.Timed`), so

@@ -199,8 +199,7 @@ def test_run_starts_cuda_threads_in_the_timing_asked_for(tmp_path):
 
 def test_after_settling_only_the_top_level_modules_keep_hooks(auto, monkeypatch):
     a, c = auto
-    mod = sys.modules["dflash_top.auto"]
-    monkeypatch.setattr(mod, "SETTLE_STEPS", 5)
+    monkeypatch.setattr(sys.modules["dflash_top.auto.session"], "SETTLE_STEPS", 5)
     from torch.nn.modules import module
 
     pipeline(steps=12)

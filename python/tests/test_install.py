@@ -70,7 +70,10 @@ def test_pip_install_into_a_fresh_venv(tmp_path):
             "version": dflash_top.__version__,
             "dist": importlib.metadata.version("dflash-top"),
             "protocol": PROTOCOL_VERSION,
-            "files": sorted(f for f in os.listdir(here) if not f.startswith("__pycache__")),
+            "files": sorted(
+                os.path.relpath(os.path.join(d, f), here)
+                for d, _, fs in os.walk(here) if "__pycache__" not in d for f in fs
+            ),
             "all": dflash_top.__all__,
         }))
         """
@@ -79,10 +82,14 @@ def test_pip_install_into_a_fresh_venv(tmp_path):
     assert out["file"].startswith(os.path.join(out["prefix"], "lib")), out["file"]
     assert out["version"] == out["dist"] == dflash_top.__version__
     assert out["protocol"] == dflash_top.PROTOCOL_VERSION
-    source = sorted(
-        f for f in os.listdir(os.path.dirname(dflash_top.__file__)) if f.endswith(".py")
-    )
-    assert out["files"] == sorted(source + ["py.typed"])
+    package = os.path.dirname(dflash_top.__file__)
+    source = [
+        os.path.relpath(os.path.join(d, f), package)
+        for d, _, fs in os.walk(package)
+        for f in fs
+        if f.endswith(".py")
+    ]
+    assert out["files"] == sorted(source + ["py.typed"]), "sub-packages in pyproject.toml?"
     assert out["all"] == dflash_top.__all__
     # Zero-code mode from the install, in a venv without torch (the queue wraps only).
     script = tmp_path / "plain.py"

@@ -12,11 +12,11 @@ PACKAGE = os.path.join(PYTHON_DIR, "dflash_top")
 #: Lowest first; a module may import the modules of lower floors only.
 FLOORS = [
     ["protocol", "job", "sites"],
-    ["wire", "threads", "queues", "cuda"],
-    ["serve"],
-    ["producer"],
-    ["profiler", "auto_common"],
-    ["auto_queue", "auto_torch"],
+    ["wire", "threads", "queues", "cuda", "auto.common"],
+    ["serve", "auto.table", "auto.record", "auto.queues"],
+    ["producer", "auto.loss"],
+    ["auto.torch_hooks"],
+    ["profiler", "auto.session"],
     ["auto"],
     ["__init__", "__main__"],
 ]

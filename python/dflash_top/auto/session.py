@@ -1,108 +1,35 @@
-"""Zero-code mode: live telemetry of an unmodified PyTorch script.
+"""Zero-code mode's `Auto`: the process-wide instrumentation (python/dflash_top/auto/__init__.py
+says what it records). Its threads, their phases and steps, the stage table it grows, the
+samples and the stats file; the hooks are installed by `queues` and `torch_hooks`, serving is
+the `Producer`'s."""
 
-    python -m dflash_top run script.py [args]      # or, in the script: dflash_top.auto()
-
-Every Python thread that does work becomes a row, named by its thread name; threads group into
-stages by name (`target-0`, `target-1` -> `target`; the main thread is `main`), and stages are
-ordered by the queues between them. Phases come from PyTorch's global hooks and a few wraps:
-
-- the forward of each top-level module, named by its class (module forward hooks);
-- `backward` (`Tensor.backward`, `torch.autograd.backward`), `clip`
-  (`torch.nn.utils.clip_grad_norm_`), `optim` (optimizer step hooks): a thread's step ends at
-  its optimizer's step (a thread without one: at its queue put, else at its forward's end);
-- `data_wait` (a DataLoader's `__next__`), `pop_wait` / `push_wait` (`queue.Queue` get / put
-  blocked), with the queue's depth, waits and item age;
-- `sync`: host syncs (`.item()`, `.tolist()`, `.cpu()`, `.nonzero()`, `torch.cuda.synchronize`)
-  wherever they happen, timed and counted (the step's `n`).
-
-Tokens per step come from a top-level forward's `input_ids` (or first integer tensor argument)
-and travel with queue items to the stage that takes them; a thread that sees none reports steps
-only. The table grows as stages and phases appear: each change is a new `hello` to the viewers.
-Samples carry the caching allocator's figures of the CUDA devices the threads run on
-(`torch.cuda.memory_stats`).
-"""
-
-import math
 import os
-import re
 import threading
 import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from . import auto_queue, auto_torch, protocol, sites, wire
-from .job import job_tag
-from .auto_common import (
-    _END_NONE,
+from .. import protocol, sites, wire
+from ..job import job_tag
+from ..producer import Producer
+from ..protocol import TIMING_OF
+from ..serve import Server
+from . import loss, queues, torch_hooks
+from .common import (
     _END_OPTIM,
     BASE_PHASES,
     BUILTIN_PHASES,
     COUNTED,
-    MAX_NAME,
     MAX_STAGES,
     N_CUSTOM,
     SETTLE_STEPS,
     SYNC,
     _mono,
 )
-from .producer import Producer
-from .protocol import TIMING_OF
-from .serve import Server
+from .record import _Rec
+from .table import chain_order, stage_of
 
-__all__ = ["Auto", "auto", "stage_of"]
-
-
-def stage_of(thread_name: str) -> str:
-    """The stage of a thread by its name: `target-0` -> `target`, `MainThread` -> `main`,
-    `Thread-3 (worker)` -> `worker`."""
-    if thread_name == "MainThread":
-        return "main"
-    m = re.fullmatch(r"Thread-\d+ \((.+)\)", thread_name)
-    if m:
-        return m.group(1)[:MAX_NAME]
-    base = re.sub(r"[-_.:# ]?\d+$", "", thread_name)
-    if re.fullmatch(r"Thread", base) or not base:
-        return "thread"
-    return base[:MAX_NAME]
-
-
-class _Rec:
-    """A thread's step in progress: `acc[k]` ns in phase k (the shared list's index), `cur` the
-    phase now (-1: other), `last` when it began."""
-
-    __slots__ = (
-        "id", "name", "stage", "acc", "n", "cur", "last", "step_start", "stack", "depth", "top",
-        "tok_fwd", "tok_in", "end_kind", "opt_steps", "epoch", "gpu", "events", "pending",
-        "steps", "losses", "loss_free", "sites",
-    )
-
-    def __init__(self, tid: int, name: str, stage: str, now: int, epoch: int, gpu: bool) -> None:
-        self.id = tid
-        self.name = name
-        self.stage = stage
-        self.acc: List[int] = []
-        self.n: List[int] = []
-        self.cur = -1
-        self.last = self.step_start = now
-        self.stack: List[int] = []
-        self.depth = 0
-        # The top-level module whose forward runs now (its own post hook ends it).
-        self.top: Any = None
-        self.tok_fwd = 0
-        self.tok_in = 0
-        self.end_kind = _END_NONE
-        self.opt_steps = 0
-        self.epoch = epoch
-        self.gpu = gpu
-        self.events: List[Tuple[int, Any]] = []
-        self.pending: List[Tuple[int, List[Tuple[int, Any]]]] = []
-        # Steps ended; the losses `backward` was called on, copied without a host sync:
-        # (step, buffer, event or None), oldest first, and the buffers free for the next.
-        self.steps = 0
-        self.losses: List[Tuple[int, Any, Any]] = []
-        self.loss_free: List[Any] = []
-        # Host syncs by call site: (code, line, op) -> [count, ns] (python/dflash_top/sites.py).
-        self.sites: Dict[Any, List[int]] = {}
+__all__ = ["Auto"]
 
 
 class Auto(Producer):
@@ -129,7 +56,7 @@ class Auto(Producer):
         self._phase_idx: Dict[str, int] = {p: i for i, p in enumerate(self._phases)}
         self._module_phase: Dict[type, int] = {}
         # Top-level modules seen, and steps ended since the last new one: after SETTLE_STEPS,
-        # the global module hooks give way to hooks on these modules (see auto_torch.install).
+        # the global module hooks give way to hooks on these modules (see torch_hooks.install).
         self._tops: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._settled = 0
         self._settle: Optional[Callable[[], None]] = None
@@ -144,7 +71,7 @@ class Auto(Producer):
         self._told: Set[str] = set()
         self._order: List[str] = []
         self._threads: List[_Rec] = []
-        self._queues: List[auto_queue._QStats] = []
+        self._queues: List[queues._QStats] = []
         self._torch: Any = None
         self._undo: List[Callable[[], None]] = []
         # When the stats file was last written, and the last stage's tokens then.
@@ -171,18 +98,8 @@ class Auto(Producer):
             return [{"name": s, "phases": list(self._phases)} for s in self._order]
 
     def _reorder(self) -> None:
-        """Stages in chain order: upstream of a queue before downstream; of stages free to go
-        next, one whose steps bring no tokens first (the viewer counts tokens at the last stage:
-        a helper thread such as autograd's never ends the chain); ties: first seen."""
-        order: List[str] = []
-        left = list(self._stages)
-        while left:
-            ready = [s for s in left if not any(c == s and p in left for p, c in self._edges)]
-            ready.sort(key=lambda s: s in self._carries)
-            pick = ready[0] if ready else left[0]
-            order.append(pick)
-            left.remove(pick)
-        self._order = order
+        """The stages in chain order (table.chain_order)."""
+        self._order = chain_order(self._stages, self._edges, self._carries)
 
     def _table_changed(self) -> None:
         """Tells the attached viewers (the next ones get it in their hello)."""
@@ -308,11 +225,11 @@ class Auto(Producer):
                     self._table_changed()
             if self._order and r.stage == self._order[-1]:
                 self._tokens += tok
-        loss = self._harvest_loss(r) if r.losses else None
-        if r.end_kind == _END_OPTIM or loss is not None:
+        value = loss.harvest(r, self._item) if r.losses else None
+        if r.end_kind == _END_OPTIM or value is not None:
             m: Dict[str, Any] = {"step": r.opt_steps if r.end_kind == _END_OPTIM else r.steps}
-            if loss is not None:
-                m["loss"] = loss
+            if value is not None:
+                m["loss"] = value
             msg["m"] = m
             self._last_step = m["step"]
         # `other` is -1 here.
@@ -341,47 +258,6 @@ class Auto(Producer):
     def note_site(self, r: _Rec, frame: Any, op: str, ns: int) -> None:
         """A host sync `op` of `ns`, called from `frame`: counted at its call site."""
         sites.note(r.sites, frame, op, ns)
-
-    # -- the loss, without a host sync ----------------------------------------------------------------
-
-    def note_loss(self, r: _Rec, t: Any) -> None:
-        """`backward` is called on `t`: a one-element float tensor is copied into a buffer of
-        the thread's (pinned host memory for a CUDA tensor, copied without blocking, an event
-        after it), read once the copy is done, at a later step's end (Auto._harvest_loss)."""
-        torch = self._torch
-        try:
-            if t.numel() != 1 or not t.is_floating_point():
-                return
-            cuda = t.is_cuda
-            if r.loss_free:
-                buf = r.loss_free.pop()
-            elif len(r.losses) < 4:
-                buf = torch.empty((), dtype=torch.float32, pin_memory=cuda)
-            else:
-                return
-            with torch.no_grad():
-                buf.copy_(t.detach().reshape(()), non_blocking=cuda)
-            ev = None
-            if cuda:
-                ev = torch.cuda.Event()
-                ev.record()
-            r.losses.append((r.steps, buf, ev))
-        except Exception:  # noqa: BLE001 - reading the loss never breaks the script
-            return
-
-    def _harvest_loss(self, r: _Rec) -> Optional[float]:
-        """The newest loss of an earlier step whose copy is done (never waiting on the device):
-        a step's record carries the loss of the step before it."""
-        value = None
-        while r.losses and r.losses[0][0] < r.steps - 1:
-            step, buf, ev = r.losses[0]
-            if ev is not None and not ev.query():
-                break
-            r.losses.pop(0)
-            v = float(self._item(buf))
-            value = v if math.isfinite(v) else value
-            r.loss_free.append(buf)
-        return value
 
     # -- viewer commands and samples ----------------------------------------------------------------
 
@@ -463,7 +339,7 @@ class Auto(Producer):
 
     def install(self) -> None:
         """Installs the queue wraps, and PyTorch's hooks and wraps when torch is importable."""
-        auto_queue.install(self)
+        queues.install(self)
         try:
             import torch  # type: ignore
         except ImportError:
@@ -471,26 +347,9 @@ class Auto(Producer):
         self._torch = torch
         self._item = torch.Tensor.item
         self._cuda.use(torch, torch.cuda.synchronize)  # torch's own, before it is wrapped
-        auto_torch.install(self, torch)
+        torch_hooks.install(self, torch)
+
 
 _COUNTED_IDX = frozenset(BASE_PHASES.index(p) for p in COUNTED)
 
 
-_AUTO: Optional[Auto] = None
-
-
-def auto(
-    serve: bool = True,
-    path: Optional[str] = None,
-    gpu_timing: str = "Async",
-    sync_sites: bool = True,
-) -> Auto:
-    """Instruments this process (once; later calls return the same instance) and serves its
-    telemetry for `dflash-top attach`. `gpu_timing` is how CUDA threads' phases are timed at
-    start (`Async`, `Sync` or `Events`; a viewer can switch it); `sync_sites`: whether host
-    syncs are kept by call site."""
-    global _AUTO
-    if _AUTO is None:
-        _AUTO = Auto(serve=serve, path=path, gpu_timing=gpu_timing, sync_sites=sync_sites)
-        _AUTO.install()
-    return _AUTO

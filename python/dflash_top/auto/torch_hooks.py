@@ -1,13 +1,14 @@
 """Zero-code mode's PyTorch hooks: each top-level module's forward as a phase named by its class,
 `backward`, `clip`, `optim`, host syncs (`sync`) and DataLoader waits (`data_wait`); tokens per
-step from a forward's `input_ids` (python/dflash_top/auto.py installs them)."""
+step from a forward's `input_ids` (python/dflash_top/auto/session.py installs them)."""
 
 import dataclasses
 import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from .auto_common import (
+from . import loss
+from .common import (
     _END_FORWARD,
     _END_OPTIM,
     BACKWARD,
@@ -103,12 +104,12 @@ def install(a: Any, torch: Any) -> None:
 
     def keep_loss(r: Any, args: Any, kwargs: Any) -> None:
         """The tensor `backward` is called on, kept as the step's loss (read without a host
-        sync: Auto.note_loss)."""
+        sync: loss.keep)."""
         t = args[0] if args else kwargs.get("tensors")
         if isinstance(t, (list, tuple)) and len(t) == 1:
             t = t[0]
         if isinstance(t, torch.Tensor):
-            a.note_loss(r, t)
+            loss.keep(torch, r, t)
 
     a._patch(torch.Tensor, "backward", lambda o: timed(BACKWARD, o, keep_loss))
     a._patch(torch.autograd, "backward", lambda o: timed(BACKWARD, o, keep_loss))

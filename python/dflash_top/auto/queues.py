@@ -1,5 +1,5 @@
 """Zero-code mode's queues: `queue.Queue` wrapped so that blocked puts and gets are phases and
-every queue between two stages is counted and declared to the viewers (python/dflash_top/auto.py
+every queue between two stages is counted and declared to the viewers (python/dflash_top/auto/session.py
 installs it)."""
 
 import queue as queue_module
@@ -7,10 +7,10 @@ import threading
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-from . import protocol
-from .auto_common import _END_PUT, _mono
-from .protocol import POP_WAIT, PUSH_WAIT
-from .queues import QueueCounters
+from .. import protocol
+from ..protocol import POP_WAIT, PUSH_WAIT
+from ..queues import QueueCounters
+from .common import _END_PUT, _mono
 
 
 class _QStats(QueueCounters):

@@ -1,9 +1,9 @@
 """What the zero-code mode's parts share: the phase names it starts with, the viewer's limits,
-and the kinds of step end (python/dflash_top/auto.py holds the instrumentation itself)."""
+and the kinds of step end (python/dflash_top/auto/session.py holds the instrumentation itself)."""
 
 import time
 
-from .protocol import POP_WAIT, PUSH_WAIT
+from ..protocol import POP_WAIT, PUSH_WAIT
 
 _mono = time.monotonic_ns
 
