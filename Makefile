@@ -9,18 +9,33 @@ LIBTORCH_LINK := $(VENV)/libtorch
 CARGO ?= cargo
 
 REF_DEPS := $(VENV)/.reference-deps
+RUFF_VERSION := 0.17.5
+MYPY_VERSION := 2.4.1
+# The stamp names the versions: a new pin installs again.
+LINT_DEPS := $(VENV)/.lint-deps-ruff-$(RUFF_VERSION)-mypy-$(MYPY_VERSION)
 REFERENCE := target/reference/reference.safetensors
 PARITY := target/reference/parity/parity.json
 STEP := target/reference/parity/step/step.json
 
-.PHONY: run test venv reference tools build release bench gpu-tests clean-venv
+.PHONY: run test lint venv reference tools build release bench gpu-tests clean-venv
 
 run: venv
 	$(CARGO) run --release --
 
-test: venv reference tools
+test: venv lint reference tools
 	$(VENV)/bin/python -m pytest -q python/tests
 	$(CARGO) test --all-targets
+
+# The Python client's lint and types, before any test (settings in python/pyproject.toml;
+# python/peer is not linted here).
+lint: $(LINT_DEPS)
+	$(VENV)/bin/ruff check python/dflash_top python/tests
+	$(VENV)/bin/mypy --config-file python/pyproject.toml python/dflash_top
+
+$(LINT_DEPS): $(LIBTORCH_LINK)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check ruff==$(RUFF_VERSION) \
+		mypy==$(MYPY_VERSION)
+	touch $@
 
 # The end-to-end test drives the real binary in tmux.
 tools:

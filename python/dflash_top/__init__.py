@@ -37,7 +37,7 @@ none of them imports the profiler.
 from .auto import Auto, auto
 from .profiler import Profiler, StageSpec
 from .protocol import VERSION as PROTOCOL_VERSION
-from .protocol import __version__
+from .protocol import __version__ as __version__
 from .queues import ProfiledQueue
 from .threads import Phase, ThreadRecord
 from .wire import WireError

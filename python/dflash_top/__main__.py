@@ -50,7 +50,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = auto(gpu_timing=timing, sync_sites=sync_sites)
     if os.environ.get("DFLASH_TOP_QUIET") != "1":
         print(
-            "dflash-top: serving on %s: dflash-top attach %d" % (a._server.path if a._server else "-", os.getpid()),
+            "dflash-top: serving on %s: dflash-top attach %d"
+            % (a._server.path if a._server else "-", os.getpid()),
             file=sys.stderr,
             flush=True,
         )

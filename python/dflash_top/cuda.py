@@ -44,7 +44,7 @@ class CudaTiming:
     def available(self) -> bool:
         if self._torch is None:
             try:
-                import torch  # type: ignore
+                import torch
 
                 self._torch = torch if torch.cuda.is_available() else False
             except ImportError:

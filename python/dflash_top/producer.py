@@ -186,7 +186,9 @@ class Producer:
         }
         return msg, device_steps
 
-    def _send_step(self, r: Any, msg: Dict[str, Any], device_steps: DeviceSteps, other: int) -> None:
+    def _send_step(
+        self, r: Any, msg: Dict[str, Any], device_steps: DeviceSteps, other: int
+    ) -> None:
         """Sends the device times of earlier steps first (as they completed; phase `other` in
         the wall only), then this step's record."""
         if not self._server:

@@ -219,6 +219,7 @@ class Profiler(Producer):
         for s in (producer, consumer):
             if s not in self._stage_index:
                 raise ValueError("unknown stage %r: declare it in Profiler([...])" % s)
+        assert producer is not None and consumer is not None  # both named stages by now
         pq = ProfiledQueue(self, q, name)
         with self._lock:
             qid = len(self._queues)

@@ -18,8 +18,8 @@ VIEWER_BACKLOG = 1024
 class _Outlet:
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
-        self.ctl: "queue.SimpleQueue[bytes]" = queue.SimpleQueue()
-        self.data: "queue.Queue[bytes]" = queue.Queue(maxsize=VIEWER_BACKLOG)
+        self.ctl: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self.data: queue.Queue[bytes] = queue.Queue(maxsize=VIEWER_BACKLOG)
         # Not a queue of the pipeline (zero-code mode's queue wraps leave it alone).
         self.data.__dict__["_dft_skip"] = True
         self.dropped = 0

@@ -74,7 +74,7 @@ def in_thread(fn, name="worker"):
     def run():
         try:
             out.append(fn())
-        except BaseException as e:  # re-raised in the test's thread
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
             err.append(e)
 
     t = threading.Thread(target=run, name=name)

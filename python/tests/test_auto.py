@@ -184,10 +184,13 @@ def test_run_starts_cuda_threads_in_the_timing_asked_for(tmp_path):
     runtime = tmp_path / "rt"
     runtime.mkdir()
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR, XDG_RUNTIME_DIR=str(runtime))
-    run = lambda *a: subprocess.run(
-        [sys.executable, "-m", "dflash_top", "run", *a], env=env, capture_output=True, text=True,
-        timeout=120,
-    )
+
+    def run(*a):
+        return subprocess.run(
+            [sys.executable, "-m", "dflash_top", "run", *a], env=env, capture_output=True,
+            text=True, timeout=120,
+        )
+
     for flag in (["--gpu-timing", "events"], ["--gpu-timing=events"]):
         out = run(*flag, str(script))
         assert out.returncode == 0, out.stderr
@@ -264,7 +267,9 @@ def dict_trainer(steps=6, device="cpu"):
 
         def forward(self, batch):
             logits = self.out(self.emb(batch["input_ids"]))
-            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+            return torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), batch["labels"].flatten()
+            )
 
     def loader():
         for i in range(steps):

@@ -9,8 +9,6 @@ import pytest
 
 from conftest import Captured, in_thread
 
-from dflash_top import Profiler
-
 
 class FakeEvent:
     clock = [0]

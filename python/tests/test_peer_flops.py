@@ -1,6 +1,6 @@
 """python/peer/compare.py's `step_flops`, the MFU numerator for every stack it compares, against
-a hand count on tiny shapes: the same shapes and figures as src/engine/model/flops.rs's tests, so that
-the two counts stay one."""
+a hand count on tiny shapes: the same shapes and figures as src/engine/model/flops.rs's tests, so
+that the two counts stay one."""
 
 import importlib.util
 import os

@@ -246,7 +246,9 @@ MESSAGE_STRUCTS = {
 def rust_message_fields():
     """kind -> {field: (type, optional)} for the structs the producer's messages decode into,
     plus the sample's parts (`live`, `q`)."""
-    out = {k: fields(block(SRC, r"pub struct %s\b[^{]*\{" % s)[0]) for k, s in MESSAGE_STRUCTS.items()}
+    out = {
+        k: fields(block(SRC, r"pub struct %s\b[^{]*\{" % s)[0]) for k, s in MESSAGE_STRUCTS.items()
+    }
     out["live"] = fields(block(SRC, r"pub struct WireLive\b[^{]*\{")[0])
     out["q"] = fields(block(SRC, r"pub struct WireQueue\b[^{]*\{")[0])
     out["alloc"] = fields(block(SRC, r"pub struct WireAlloc\b[^{]*\{")[0])

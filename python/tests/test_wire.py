@@ -2,8 +2,8 @@
 decodes back."""
 
 import json
-import os
 import math
+import os
 import socket
 import struct
 

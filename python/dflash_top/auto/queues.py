@@ -1,9 +1,8 @@
 """Zero-code mode's queues: `queue.Queue` wrapped so that blocked puts and gets are phases and
-every queue between two stages is counted and declared to the viewers (python/dflash_top/auto/session.py
-installs it)."""
+every queue between two stages is counted and declared to the viewers (`Auto.install` installs
+it, python/dflash_top/auto/session.py)."""
 
 import queue as queue_module
-import threading
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
@@ -40,7 +39,7 @@ def stats_of(a: Any, q: "queue_module.Queue[Any]") -> Optional[_QStats]:
             st = q.__dict__.get("_dft")
             if st is None:
                 st = q.__dict__["_dft"] = _QStats(q)
-    return st  # type: ignore[no-any-return]
+    return st
 
 def note_side(a: Any, st: _QStats, r: Any, producer: bool) -> None:
     """Records which stage puts and which takes; a queue between two stages is declared
@@ -84,7 +83,7 @@ def install(a: Any) -> None:
     Q = queue_module.Queue
 
     def wrap_put(orig: Any) -> Any:
-        def put(self: Any, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
+        def put(self: Any, item: Any, block: bool = True, timeout: Optional[float] = None) -> Any:
             r = a._rec()
             st = stats_of(a, self) if r is not None else None
             if st is None or r is None:

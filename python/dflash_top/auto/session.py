@@ -57,7 +57,7 @@ class Auto(Producer):
         self._module_phase: Dict[type, int] = {}
         # Top-level modules seen, and steps ended since the last new one: after SETTLE_STEPS,
         # the global module hooks give way to hooks on these modules (see torch_hooks.install).
-        self._tops: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._tops: weakref.WeakSet[Any] = weakref.WeakSet()
         self._settled = 0
         self._settle: Optional[Callable[[], None]] = None
         self._stages: List[str] = []
@@ -89,7 +89,7 @@ class Auto(Producer):
         self._server = None
         self._tls = threading.local()
 
-    # -- the table -------------------------------------------------------------------------------
+    # -- the table ---------------------------------------------------------------------------------
 
     @property
     def stages(self) -> List[Dict[str, Any]]:
@@ -253,13 +253,13 @@ class Auto(Producer):
         if self._server:
             self._server.declare({"t": protocol.STATUS, "text": text})
 
-    # -- host syncs by call site ---------------------------------------------------------------------
+    # -- host syncs by call site -------------------------------------------------------------------
 
     def note_site(self, r: _Rec, frame: Any, op: str, ns: int) -> None:
         """A host sync `op` of `ns`, called from `frame`: counted at its call site."""
         sites.note(r.sites, frame, op, ns)
 
-    # -- viewer commands and samples ----------------------------------------------------------------
+    # -- viewer commands and samples ---------------------------------------------------------------
 
     def _checkpoint(self) -> None:
         self.status("zero-code mode cannot checkpoint the script")
@@ -321,7 +321,7 @@ class Auto(Producer):
             self.leave(r)
         return (_mono() - t0) / n
 
-    # -- the hooks -----------------------------------------------------------------------------------
+    # -- the hooks ---------------------------------------------------------------------------------
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         own = name in owner.__dict__
@@ -341,7 +341,7 @@ class Auto(Producer):
         """Installs the queue wraps, and PyTorch's hooks and wraps when torch is importable."""
         queues.install(self)
         try:
-            import torch  # type: ignore
+            import torch
         except ImportError:
             return
         self._torch = torch
