@@ -129,7 +129,17 @@ def fields(body):
     return out
 
 
-SRC = strip_comments(read(PROTOCOL_RS)) if os.path.exists(PROTOCOL_RS) else ""
+def protocol_src():
+    """protocol.rs and the files of its module (frame.rs, bounds.rs; not its tests), comments
+    stripped, one string."""
+    if not os.path.exists(PROTOCOL_RS):
+        return ""
+    parts = sorted(glob.glob(os.path.join(REPO, "src", "wire", "protocol", "*.rs")))
+    paths = [PROTOCOL_RS] + [p for p in parts if os.path.basename(p) != "tests.rs"]
+    return "\n".join(strip_comments(read(p)) for p in paths)
+
+
+SRC = protocol_src()
 
 
 def test_magic():
