@@ -3,7 +3,7 @@
 //! Module paths spell the Hugging Face names (`model.layers.{i}.self_attn.q_proj.weight`, …).
 //! Each layer's self-attention, and the ways it runs, is in `attention`.
 
-use super::layers::{rope_tables, Mlp, RmsNorm};
+use super::layers::{prepare_mask, rope_tables, Mlp, RmsNorm};
 use super::tiled::AttnMask;
 use super::varlen::Varlen;
 use crate::engine::model::shapes::Qwen3Config;
@@ -79,7 +79,7 @@ impl DecoderLayer {
         &self,
         x: &Tensor,
         rope: (&Tensor, &Tensor),
-        mask: &Tensor,
+        mask: &StepMask,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Tensor {
         let h = self.input_layernorm.forward(x);
@@ -225,9 +225,17 @@ impl Qwen3Target {
         let kind = self.embed_tokens.kind();
         let (cos, sin) = rope_tables(&positions, self.cfg.head_dim, &self.cfg.rope(), kind);
         let mut x = self.embed_tokens.embedding_for(ids).to_kind(kind);
+        let mut masks: Vec<(Option<i64>, StepMask)> = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
-            let mask = cached_causal_mask(start, n, self.cfg.window_of(i), pad.as_ref(), dev);
-            x = layer.forward_cached(&x, (&cos, &sin), &mask, &mut cache.layers[i]);
+            let window = self.cfg.window_of(i);
+            let at = match masks.iter().position(|(w, _)| *w == window) {
+                Some(at) => at,
+                None => {
+                    masks.push((window, StepMask::new(start, n, window, pad.as_ref(), dev)));
+                    masks.len() - 1
+                }
+            };
+            x = layer.forward_cached(&x, (&cos, &sin), &masks[at].1, &mut cache.layers[i]);
         }
         cache.len += n;
         // Only the last slot's logits are asked for: the head over one token a row.
@@ -342,6 +350,55 @@ fn cached_causal_mask(
         // [b, 1] -> keys at or after the padding, [b, 1, 1, start + n]
         Some(p) => m.logical_and(&k.ge_tensor(p).view([-1, 1, 1, start + n])),
         None => m,
+    }
+}
+
+/// Which keys the new tokens of one cached step see: made once a step for all the layers of a
+/// window (not once a layer), and no mask at all where none is needed.
+#[derive(Debug)]
+pub enum StepMask {
+    /// Every key: one new token a row, no padding, no window that cuts the row.
+    All,
+    /// Causal from slot 0: the first step of rows without padding or a cutting window.
+    Causal,
+    /// A boolean mask [b or 1, 1, n, start + n], and the query rows that see no key (padding
+    /// slots of a padded first step: their output is cleared, see `layers::attend`).
+    Masked {
+        mask: Tensor,
+        blocked: Option<Tensor>,
+    },
+}
+
+impl StepMask {
+    fn new(
+        start: i64,
+        n: i64,
+        window: Option<i64>,
+        pad: Option<&Tensor>,
+        dev: tch::Device,
+    ) -> Self {
+        let cut = window.is_some_and(|w| start + n > w);
+        if pad.is_none() && !cut {
+            if n == 1 {
+                return StepMask::All;
+            }
+            if start == 0 {
+                return StepMask::Causal;
+            }
+        }
+        let mask = cached_causal_mask(start, n, window, pad, dev);
+        if n == 1 {
+            // A new token is never padding and sees itself.
+            return StepMask::Masked {
+                mask,
+                blocked: None,
+            };
+        }
+        let (mask, blocked) = prepare_mask(&mask);
+        StepMask::Masked {
+            mask,
+            blocked: Some(blocked),
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! queries' tokens, the causal flash kernel over documents, tiled or dense masks, or a KV cache
 //! while decoding. The drafter's layers use it with KV injection (keys from `[context, x]`).
 
-use crate::engine::model::layers::{apply_rope, masked_attention, Linear, RmsNorm};
+use super::StepMask;
+use crate::engine::model::layers::{apply_rope, attend, masked_attention, Linear, RmsNorm};
 use crate::engine::model::shapes::Qwen3Config;
 use crate::engine::model::tiled::{tiled_attention, AttnMask};
 use tch::{nn, Tensor};
@@ -147,7 +148,7 @@ impl Attention {
         &self,
         x: &Tensor,
         rope: (&Tensor, &Tensor),
-        mask: &Tensor,
+        mask: &StepMask,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Tensor {
         let q = self.queries(x);
@@ -157,7 +158,18 @@ impl Attention {
             Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
             None => (k, v),
         };
-        let out = masked_attention(&q, &k, &v, mask).transpose(1, 2);
+        let sdpa = |mask: Option<&Tensor>, causal| {
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, None, true)
+        };
+        let out = match mask {
+            StepMask::All => sdpa(None, false),
+            StepMask::Causal => sdpa(None, true),
+            StepMask::Masked { mask, blocked } => match blocked {
+                Some(blocked) => attend(&q, &k, &v, mask, blocked),
+                None => sdpa(Some(mask), false),
+            },
+        }
+        .transpose(1, 2);
         *cache = Some((k, v));
         self.output(x, &out)
     }
