@@ -576,6 +576,8 @@ def main():
                     help="learning curves for the first N seeds only (all)")
     ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds of each sweep row (1)")
     ap.add_argument("--no-wall", action="store_true", help="skip the equal-wall rows")
+    ap.add_argument("--wall-seeds", type=int, default=1 << 30, metavar="N",
+                    help="equal-wall rows for the first N seeds only (all)")
     ap.add_argument("--curve", type=int, default=1, metavar="K",
                     help="learning curves: K points along each equal-tokens primary run, each "
                     "measured in dflash (the JSON's `curves`; plot_curves.py draws them)")
@@ -720,7 +722,7 @@ def main():
     # Equal wall time (first optimizer step excluded, for both): the faster trainer trains again,
     # a fresh run on its own schedule, for the tokens its pace gives in the slower one's time.
     if not args.no_wall:
-        for seed in seeds:
+        for seed in seeds[: args.wall_seeds]:
             o, f = (next(r for r in runs if r["seed"] == seed and r["trainer"] == t)
                     for t in ("dflash-top", "specforge"))  # fmt: skip
             if o["warm_s"] <= f["warm_s"]:
