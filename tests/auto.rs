@@ -412,11 +412,13 @@ fn a_torchrun_job_of_two_ranks_shows_both_ranks_merged_under_attach_job() {
     let last = lines
         .iter()
         .rev()
-        // Both ranks still running (the last lines may come after one rank ended).
+        // Both ranks still running and both paced (the last lines may come after one rank
+        // ended, or while one no longer steps: then the job names no slowest rank).
         .find(|l| {
             l.contains("| r0/MainThread step_ms=")
                 && l.contains("| r1/MainThread step_ms=")
                 && l.contains("sync_top=")
+                && l.contains(" slowest=r")
         })
         .unwrap_or_else(|| panic!("{out}"));
     for part in [
