@@ -71,7 +71,7 @@ import chat_lang as cl  # noqa: E402
 import quality_measure as qm  # noqa: E402
 import quality_real as qr  # noqa: E402
 from quality_runs import (  # noqa: E402
-    WARMUP, CLIP, digest, gamma_for, label, log, make_init, match_wall, run_ours,
+    WARMUP, CLIP, digest, gamma_for, label, log, make_init, match_wall, run_many, run_ours,
     run_specforge,
 )  # fmt: skip
 
@@ -575,6 +575,8 @@ def main():
     ap.add_argument("--curve-seeds", type=int, default=1 << 30, metavar="N",
                     help="learning curves for the first N seeds only (all)")
     ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds of each sweep row (1)")
+    ap.add_argument("--sweep-procs", type=int, default=1, metavar="N",
+                    help="sweep runs side by side (1; their seconds are then not a pace)")
     ap.add_argument("--no-wall", action="store_true", help="skip the equal-wall rows")
     ap.add_argument("--wall-seeds", type=int, default=1 << 30, metavar="N",
                     help="equal-wall rows for the first N seeds only (all)")
@@ -658,7 +660,7 @@ def main():
                              "give an instruction-tuned model's directory")  # fmt: skip
         data_dir, data_key, data_stats = qr.make_real_data(
             work, s, args.bin, target_dir, tokenizer, gen_device,
-            args.gen_batch or (64 if args.device == "cuda" else 16),
+            args.gen_batch or (64 if args.device == "cuda" else 16), gen_procs,
         )
         print_data(data_stats)
         if args.until == "data":
@@ -733,13 +735,14 @@ def main():
                 r = match_wall(f, o["warm_s"], lambda n, i, seed=seed: sf(
                     f"wall{i}", sf_set[0][1], seed, n))  # fmt: skip
                 runs += [{**o, "row": "equal wall", "same_run": True}, {**r, "row": "equal wall"}]
-    # The sweep, at equal tokens: each setting of each trainer's grid.
-    for trainer, sets, fn in [("dflash-top", ours_set, ours), ("specforge", sf_set, sf)]:
-        for i, (kind, setting) in enumerate(sets):
-            if kind != "sweep":
-                continue
-            for seed in sweep_seeds:
-                runs.append({**fn(f"sweep{i}", setting, seed, tokens), "row": "sweep"})
+    # The sweep, at equal tokens: each setting of each trainer's grid (--sweep-procs side by
+    # side: the sweep's rows compare tokens, not seconds).
+    jobs = [(trainer, f"{pre}-sweep{i}-s{seed}", setting, seed, tokens)
+            for trainer, pre, sets in [("dflash-top", "ours", ours_set), ("specforge", "sf", sf_set)]
+            for i, (kind, setting) in enumerate(sets) if kind == "sweep"
+            for seed in sweep_seeds]  # fmt: skip
+    runs += [{**r, "row": "sweep"} for r in run_many(ctx, jobs, args.sweep_procs)]
+    for trainer in ("dflash-top", "specforge"):
         if args.sweep:  # the primary setting's rows join the sweep, for its best-of
             runs += [{**r, "row": "sweep"} for r in runs
                      if r["row"] == "equal tokens" and r["trainer"] == trainer

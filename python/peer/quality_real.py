@@ -27,31 +27,43 @@ def target_id(target_dir):
     return h.hexdigest()[:16]
 
 
-def generate(work, name, binary, target_dir, msgs, max_new, device, batch):
-    prompts = os.path.join(work, f"{name}-prompts.jsonl")
-    out = os.path.join(work, f"{name}-greedy.jsonl")
-    with open(prompts, "w") as f:
-        f.writelines(json.dumps({"messages": m}) + "\n" for m in msgs)
-    cmd = [
-        binary, "generate", "--target", target_dir, "--data", prompts, "--out", out,
-        "--max-new-tokens", str(max_new), "--device", device, "--batch", str(batch),
-    ]  # fmt: skip
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr}")
-    rows = [json.loads(x) for x in open(out) if x.strip()]
-    if len(rows) != len(msgs):
-        raise SystemExit(f"{out}: {len(rows)} lines for {len(msgs)} prompts")
+def generate(work, name, binary, target_dir, msgs, max_new, device, batch, procs=1):
+    """The target's greedy replies to `msgs`, in order: one `dflash-top generate --batch` a shard
+    of `batch` prompts, up to `procs` of them side by side (a small target's decoding is bound by
+    kernel launches, so processes side by side fill the GPU one leaves idle)."""
+    shards = [msgs[i : i + batch] for i in range(0, len(msgs), batch)]
+    running, rows = [], []
+    for i, shard in enumerate(shards):
+        prompts = os.path.join(work, f"{name}-{i:03d}-prompts.jsonl")
+        out = os.path.join(work, f"{name}-{i:03d}-greedy.jsonl")
+        with open(prompts, "w") as f:
+            f.writelines(json.dumps({"messages": m}) + "\n" for m in shard)
+        cmd = [
+            binary, "generate", "--target", target_dir, "--data", prompts, "--out", out,
+            "--max-new-tokens", str(max_new), "--device", device, "--batch", str(batch),
+        ]  # fmt: skip
+        running.append((cmd, out, len(shard), subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))  # fmt: skip
+        if len(running) >= procs or i == len(shards) - 1:
+            for cmd, out, n, proc in running:
+                _, err = proc.communicate()
+                if proc.returncode != 0:
+                    raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
+                got = [json.loads(x) for x in open(out) if x.strip()]
+                if len(got) != n:
+                    raise SystemExit(f"{out}: {len(got)} lines for {n} prompts")
+                rows += got
+            running = []
     return rows
 
 
-def make_real_data(work, s, binary, target_dir, tokenizer, gen_device, batch):
+def make_real_data(work, s, binary, target_dir, tokenizer, gen_device, batch, procs=1):
     """train.jsonl (input_ids + loss_mask) and eval.jsonl (prompt + reply) as make_data writes
     them, and the data's counts."""
     d = os.path.join(work, "data")
     os.makedirs(d, exist_ok=True)
     key = digest({"target": target_id(target_dir), "real": s["real"], "python": sys.version,
-                  "v": 2})  # fmt: skip
+                  "batch": batch, "v": 3})  # fmt: skip
     stage = os.path.join(d, "quality-stage.json")
     try:
         with open(stage) as f:
@@ -65,8 +77,9 @@ def make_real_data(work, s, binary, target_dir, tokenizer, gen_device, batch):
     r = s["real"]
     train_msgs, eval_msgs = real_prompts.prompts(r["train_prompts"], r["eval_prompts"])
     eos = set(tokenizer.all_special_ids) & {tokenizer.eos_token_id} | set(r.get("eos_ids", []))
-    train = generate(d, "train", binary, target_dir, train_msgs, r["max_new"], gen_device, batch)
-    held = generate(d, "eval", binary, target_dir, eval_msgs, r["max_new"], gen_device, batch)
+    both = generate(d, "replies", binary, target_dir, train_msgs + eval_msgs, r["max_new"],
+                    gen_device, batch, procs)  # fmt: skip
+    train, held = both[: len(train_msgs)], both[len(train_msgs) :]
 
     def split(row):
         mask = row["loss_mask"]

@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import torch
 
@@ -275,3 +277,23 @@ def match_wall(base, wall, train, tries=3, within=0.1):
             break
         last = r
     return best
+
+
+def _run_one(job):
+    ctx, trainer, name, setting, seed, tokens = job
+    run = run_ours if trainer == "dflash-top" else run_specforge
+    return run(ctx, name, setting, seed, tokens)
+
+
+def run_many(ctx, jobs, procs=1):
+    """The runs of `jobs`, a list of (trainer, name, setting, seed, tokens), in order; with
+    `procs` > 1 that many side by side, each SpecForge run in a process of its own. Runs side by
+    side share the machine, so their seconds are not a pace: only rows whose tokens, not
+    seconds, are compared (the sweep) run this way."""
+    jobs = [(ctx, *j) for j in jobs]
+    if procs <= 1 or len(jobs) <= 1:
+        return [_run_one(j) for j in jobs]
+    log(f"{len(jobs)} runs, {procs} side by side")
+    with ProcessPoolExecutor(max_workers=min(procs, len(jobs)),
+                             mp_context=get_context("spawn")) as pool:  # fmt: skip
+        return list(pool.map(_run_one, jobs))
