@@ -5,7 +5,7 @@
 //! drafter's and close to the tau the trainer reported.
 
 use crate::generate::lm_dir;
-use crate::support::{field, run, stderr};
+use crate::support::{self, field, run, stderr};
 use std::path::Path;
 
 const STEPS: u64 = 200;
@@ -52,9 +52,7 @@ fn a_drafter_trained_on_target_generated_data_is_accepted_in_dflash() {
     }
     let save = tmp.path().join("runs");
     let steps = STEPS.to_string();
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = support::train(&[
         "--target",
         target.to_str().unwrap(),
         "--data",

@@ -9,19 +9,27 @@
 //! init, equal target tokens, dflash's output is the target's greedy reply, every number finite.
 //! The goal: at equal target tokens ours minus SpecForge (paired over seed and prompt) is above
 //! -MARGIN. And a regression snapshot: the equal-tokens acceptance of both trainers, which is
-//! deterministic on one pinned core (docs/quality.md has the run behind each figure).
+//! deterministic on one pinned core for given data (docs/quality.md has the run behind each
+//! figure).
 
 use serde_json::Value;
 use std::path::Path;
 
 /// The paired difference ours - SpecForge (batch 1) at equal tokens may not fall below -MARGIN:
 /// ours at least as good per target token, within a tenth of a token a round. docs/quality.md:
-/// +0.41 [+0.20, +0.62] with the harness's CPU recipe (3 optimizer steps a row).
+/// +0.61 [+0.44, +0.78] with the harness's CPU recipe (3 optimizer steps a row), 2026-12-06.
 const MARGIN: f64 = 0.1;
 
 /// Equal-tokens acceptance (mean over 3 seeds x 16 prompts) of dflash-top and SpecForge, as
 /// measured by the run in docs/quality.md; a change of recipe, data or trainer moves them.
-const SNAPSHOT: [(&str, f64); 2] = [("dflash-top", 2.20921), ("specforge", 1.81439)];
+const SNAPSHOT: [(&str, f64); 2] = [("dflash-top", 2.35040), ("specforge", 1.73928)];
+
+/// The data the snapshot was measured on (the table's `data.sha256`: train.jsonl and
+/// eval.jsonl). The target's training and its greedy replies follow the host's float kernels
+/// (AVX-512 or AVX2 paths give other rounding, and 400 steps of training carry it into the
+/// replies), so on another host's data the snapshot does not apply and is not compared; every
+/// other check still is.
+const SNAPSHOT_DATA: &str = "f1f9cadbf536398d";
 
 fn num(row: &Value, key: &str) -> f64 {
     let v = row[key]
@@ -145,6 +153,14 @@ fn drafters_of_both_trainers_are_accepted_in_dflash_side_by_side() {
                 (t_ours - t_sf).abs() <= max_length,
                 "not equal target tokens: dflash-top {t_ours}, specforge {t_sf}"
             );
+            let data = table["data"]["sha256"].as_str().expect("the data's sha256");
+            if data != SNAPSHOT_DATA {
+                eprintln!(
+                    "snapshot not compared: this host's data is {data}, the snapshot's \
+                     {SNAPSHOT_DATA}"
+                );
+                continue;
+            }
             for (trainer, want) in SNAPSHOT {
                 let got = num(by_trainer(&rs, trainer), "acceptance");
                 assert!(

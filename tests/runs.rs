@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use super::support::{field, run, stderr};
+use super::support::{field, run, stderr, train};
 
 /// Fails with the message when the run did not end in a clear user error.
 pub fn assert_user_error(o: &Output, must_mention: &[&str]) {
@@ -22,16 +22,7 @@ pub fn assert_user_error(o: &Output, must_mention: &[&str]) {
 
 #[test]
 fn headless_run_prints_interval_lines_and_its_loss_falls() {
-    let o = run(&[
-        "train",
-        "--headless",
-        "--steps",
-        "160",
-        "--interval",
-        "0.5",
-        "--seed",
-        "3",
-    ]);
+    let o = train(&["--steps", "160", "--interval", "0.5", "--seed", "3"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", stderr(&o));
     let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("t=")).collect();
@@ -95,16 +86,7 @@ fn headless_run_prints_interval_lines_and_its_loss_falls() {
 fn checkpoints_are_complete_and_resume_continues_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let save = dir.path().to_str().unwrap();
-    let o = run(&[
-        "train",
-        "--headless",
-        "--steps",
-        "6",
-        "--save-dir",
-        save,
-        "--save-every",
-        "3",
-    ]);
+    let o = train(&["--steps", "6", "--save-dir", save, "--save-every", "3"]);
     assert!(o.status.success(), "{}", stderr(&o));
     for step in ["step-000003", "step-000006"] {
         let ck = dir.path().join(step);
@@ -135,14 +117,7 @@ fn checkpoints_are_complete_and_resume_continues_the_run() {
 
     // A cosine run ends at its --steps: resuming past it is refused, not trained at lr 0.
     let resume = dir.path().join("step-000006");
-    let o = run(&[
-        "train",
-        "--headless",
-        "--steps",
-        "9",
-        "--resume",
-        resume.to_str().unwrap(),
-    ]);
+    let o = train(&["--steps", "9", "--resume", resume.to_str().unwrap()]);
     assert_user_error(&o, &["--steps 9", "trainer_state.json", "cosine over 6"]);
 }
 
@@ -284,7 +259,7 @@ fn a_target_directory_loads_and_trains_with_its_recipe() {
     write_tiny_target(dir.path(), |_| {});
     // No tokenizer: no mask token to find, and the sentence says how to give one.
     let target = dir.path().to_str().unwrap();
-    let o = run(&["train", "--headless", "--steps", "2", "--target", target]);
+    let o = train(&["--steps", "2", "--target", target]);
     assert_user_error(&o, &["tokenizer_config.json", "--mask-token-id"]);
     // With the target's tokenizer (11 ids): the mask token is the first id it leaves unused.
     crate::engine::word_tokenizer(dir.path());
@@ -339,7 +314,7 @@ fn a_bad_line_far_into_a_jsonl_file_stops_the_run_when_reached() {
         .collect();
     lines.push(r#"{"input_ids": [1, 2"#.into());
     std::fs::write(&data, lines.join("\n")).unwrap();
-    let o = run(&["train", "--headless", "--data", data.to_str().unwrap()]);
+    let o = train(&["--data", data.to_str().unwrap()]);
     assert_user_error(
         &o,
         &["loader failed", "late.jsonl line 41", "not valid JSON"],
@@ -348,16 +323,16 @@ fn a_bad_line_far_into_a_jsonl_file_stops_the_run_when_reached() {
 
 #[test]
 fn bad_inputs_end_in_a_sentence_not_a_panic() {
-    let unknown = run(&["train", "--headless", "--preset", "qwen9"]);
+    let unknown = train(&["--preset", "qwen9"]);
     assert_user_error(&unknown, &["--preset", "tiny"]);
 
-    let no_device = run(&["train", "--headless", "--target-devices", "cuda:3"]);
+    let no_device = train(&["--target-devices", "cuda:3"]);
     assert_user_error(&no_device, &["--target-devices", "cuda:3"]);
 
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty.jsonl");
     std::fs::write(&empty, "\n").unwrap();
-    let o = run(&["train", "--headless", "--data", empty.to_str().unwrap()]);
+    let o = train(&["--data", empty.to_str().unwrap()]);
     assert_user_error(&o, &["empty.jsonl", "no document"]);
 
     let bad = dir.path().join("bad.jsonl");
@@ -366,16 +341,14 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
         "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, \"x\"]}\n",
     )
     .unwrap();
-    let o = run(&["train", "--headless", "--data", bad.to_str().unwrap()]);
+    let o = train(&["--data", bad.to_str().unwrap()]);
     assert_user_error(&o, &["bad.jsonl line 2", "input_ids"]);
 
     let missing_field = tempfile::tempdir().unwrap();
     write_tiny_target(missing_field.path(), |c| {
         c.as_object_mut().unwrap().remove("intermediate_size");
     });
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--mask-token-id",
         "511",
         "--target",
@@ -387,9 +360,7 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
     write_tiny_target(wrong_shape.path(), |c| {
         c["intermediate_size"] = serde_json::json!(256)
     });
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--mask-token-id",
         "511",
         "--target",
@@ -402,9 +373,7 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
     let f = truncated.path().join("model.safetensors");
     let bytes = std::fs::read(&f).unwrap();
     std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--mask-token-id",
         "511",
         "--target",
@@ -414,18 +383,13 @@ fn bad_inputs_end_in_a_sentence_not_a_panic() {
 
     let bad_toml = dir.path().join("run.toml");
     std::fs::write(&bad_toml, "sequence_length = 5\n").unwrap();
-    let o = run(&[
-        "train",
-        "--headless",
-        "--config",
-        bad_toml.to_str().unwrap(),
-    ]);
+    let o = train(&["--config", bad_toml.to_str().unwrap()]);
     assert_user_error(&o, &["run.toml", "sequence_length"]);
 
-    let o = run(&["train", "--headless", "--resume", "/nonexistent/ckpt"]);
+    let o = train(&["--resume", "/nonexistent/ckpt"]);
     assert_user_error(&o, &["--resume", "/nonexistent/ckpt"]);
 
-    let o = run(&["train", "--headless", "--slow", "gpu=5ms"]);
+    let o = train(&["--slow", "gpu=5ms"]);
     assert_user_error(&o, &["--slow", "gpu"]);
 }
 
@@ -500,9 +464,7 @@ fn training_starts_from_a_saved_drafter_and_refuses_a_mismatched_one() {
     let dir = tempfile::tempdir().unwrap();
     let (save, again) = (dir.path().join("runs"), dir.path().join("again"));
     // 30 steps from a fresh drafter; step-000001 holds the fresh drafter's first loss.
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--steps",
         "30",
         "--save-every",
@@ -514,9 +476,7 @@ fn training_starts_from_a_saved_drafter_and_refuses_a_mismatched_one() {
     let ckpt = save.join("step-000030");
     // The same first batch (same seed, data from the start), from the trained weights, with an
     // lr so small that the step leaves them as they were.
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--steps",
         "1",
         "--lr",
@@ -555,18 +515,16 @@ fn training_starts_from_a_saved_drafter_and_refuses_a_mismatched_one() {
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     // An edited file no longer matches its checksum: refused, with the way out for an edit
     // made on purpose; without the checksums the mismatch itself is named.
-    let o = run(&["train", "--headless", "--drafter", ckpt.to_str().unwrap()]);
+    let o = train(&["--drafter", ckpt.to_str().unwrap()]);
     assert_user_error(&o, &["config.json", "checksum", "delete"]);
     std::fs::remove_file(ckpt.join("checksums.json")).unwrap();
-    let o = run(&["train", "--headless", "--drafter", ckpt.to_str().unwrap()]);
+    let o = train(&["--drafter", ckpt.to_str().unwrap()]);
     assert_user_error(&o, &["hidden_size", "64", "128"]);
 }
 
 #[test]
 fn two_cpu_drafter_replicas_train_in_step() {
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--drafter-devices",
         "cpu,cpu",
         "--steps",
@@ -659,9 +617,7 @@ fn cpu_replicas_end_identical_and_learn_like_one_drafter_with_all_their_rows() {
 fn a_recorded_run_exports_a_chrome_trace_and_keeps_its_config_line() {
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("run.jsonl");
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--steps",
         "8",
         "--record",
@@ -744,9 +700,7 @@ fn a_batch_without_loss_tokens_is_no_optimizer_step() {
     };
     std::fs::write(&data, format!("{}\n{}\n{}\n", doc(0), doc(40), doc(79))).unwrap();
     let save = dir.path().join("ck");
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--steps",
         "3",
         "--data",
@@ -779,24 +733,17 @@ fn a_batch_without_loss_tokens_is_no_optimizer_step() {
     // A file with no loss at all would never step: refused up front.
     let none = dir.path().join("none.jsonl");
     std::fs::write(&none, format!("{}\n", doc(80))).unwrap();
-    let o = run(&["train", "--headless", "--data", none.to_str().unwrap()]);
+    let o = train(&["--data", none.to_str().unwrap()]);
     assert_user_error(&o, &["none.jsonl", "loss_mask"]);
     // Nor would a file whose documents all have one loss token: refused, with the fix.
     let short = dir.path().join("short.jsonl");
     std::fs::write(&short, format!("{}\n", doc(79))).unwrap();
-    let o = run(&["train", "--headless", "--data", short.to_str().unwrap()]);
+    let o = train(&["--data", short.to_str().unwrap()]);
     assert_user_error(&o, &["short.jsonl", "two consecutive loss tokens"]);
     // A document with fewer loss tokens than two blocks (10, block 16) trains, as in SpecForge.
     let few = dir.path().join("few.jsonl");
     std::fs::write(&few, format!("{}\n", doc(70))).unwrap();
-    let o = run(&[
-        "train",
-        "--headless",
-        "--steps",
-        "1",
-        "--data",
-        few.to_str().unwrap(),
-    ]);
+    let o = train(&["--steps", "1", "--data", few.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
@@ -829,10 +776,10 @@ fn bench_generate_decodes_each_batch_and_refuses_a_bad_list() {
 /// the fix; `bench engine` says each thread's CUDA calls, or why there are none.
 #[test]
 fn cupti_is_a_flag_whose_on_needs_cuda_and_bench_engine_reports_it() {
-    let o = run(&["train", "--headless", "--steps", "1", "--cupti", "maybe"]);
+    let o = train(&["--steps", "1", "--cupti", "maybe"]);
     assert_user_error(&o, &["--cupti `maybe`", "auto, on or off"]);
     if crate::cuda_or_skip("--cupti on without a CUDA worker").is_none() {
-        let o = run(&["train", "--headless", "--steps", "1", "--cupti", "on"]);
+        let o = train(&["--steps", "1", "--cupti", "on"]);
         assert_user_error(&o, &["--cupti on", "no worker runs on CUDA", "cuda:N"]);
     }
     let o = run(&["bench", "engine", "--steps", "3", "--cupti", "off"]);

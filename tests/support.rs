@@ -22,6 +22,15 @@ pub fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("binary runs")
 }
 
+/// `dflash-top train --headless` with `args`, run to its end.
+pub fn train(args: &[&str]) -> Output {
+    bin()
+        .args(["train", "--headless"])
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

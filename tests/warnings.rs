@@ -101,7 +101,7 @@ fn headless_lines_list_warnings_as_rule_subject_with_counts() {
 }
 
 use super::runs::assert_user_error;
-use super::support::{bin, run, stderr, stdout};
+use super::support::{bin, run, stderr, stdout, train};
 use std::process::Stdio;
 
 /// The `fail-if:` line of a run's output.
@@ -116,9 +116,7 @@ fn reason(o: &std::process::Output) -> String {
 fn fail_if_tok_s_stops_the_run_saves_and_exits_3() {
     let dir = tempfile::tempdir().unwrap();
     let save = dir.path().join("ckpt");
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--save-dir",
         save.to_str().unwrap(),
         "--fail-if",
@@ -142,9 +140,7 @@ fn fail_if_tok_s_stops_the_run_saves_and_exits_3() {
 #[test]
 fn gates_that_never_hold_let_the_run_finish_with_success() {
     // `gpu_idle` has no number on the CPU: that gate stays silent; tok/s is never negative.
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--steps",
         "6",
         "--fail-if",
@@ -162,9 +158,7 @@ fn gates_that_never_hold_let_the_run_finish_with_success() {
 fn fail_if_verdict_stalled_on_a_hung_target() {
     // The target's first step takes 60 s: the pipeline stalls once it has worked 30 s in it
     // (src/telemetry/stall.rs, FIRST_STEP_NS).
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--slow",
         "target=60s",
         "--fail-if",
@@ -180,14 +174,7 @@ fn fail_if_verdict_stalled_on_a_hung_target() {
 
 #[test]
 fn fail_if_warn_at_error_on_a_hung_target() {
-    let o = run(&[
-        "train",
-        "--headless",
-        "--slow",
-        "target=60s",
-        "--fail-if",
-        "warn>=error",
-    ]);
+    let o = train(&["--slow", "target=60s", "--fail-if", "warn>=error"]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let why = reason(&o);
     assert!(why.contains("warnings: stalled:target-0"), "{why}");
@@ -202,7 +189,7 @@ fn a_bad_gate_is_one_sentence_with_the_forms() {
         "warn>=fatal",
         "loss<1 after soon",
     ] {
-        let o = run(&["train", "--headless", "--steps", "1", "--fail-if", e]);
+        let o = train(&["--steps", "1", "--fail-if", e]);
         assert_user_error(&o, &[&format!("--fail-if `{e}`"), "tok/s<12000 after 60s"]);
         assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
         let o = run(&["attach", "--headless", "--fail-if", e]);
@@ -262,9 +249,7 @@ fn a_stall_is_dumped_beside_the_save_dir_and_the_dump_replays() {
     let save = dir.path().join("ckpt");
     // The target's first step takes 60 s: the pipeline stalls once it has worked 30 s in it;
     // the gate ends the run a second into the stall.
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--slow",
         "target=60s",
         "--save-dir",
@@ -326,9 +311,7 @@ fn flight_off_writes_nothing_and_a_gate_dumps_where_flight_says() {
     let dir = tempfile::tempdir().unwrap();
     let save = dir.path().join("ckpt");
     let flight = dir.path().join("dumps");
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--save-dir",
         save.to_str().unwrap(),
         "--flight",
@@ -341,9 +324,7 @@ fn flight_off_writes_nothing_and_a_gate_dumps_where_flight_says() {
     assert_eq!(found.len(), 1, "the gate dumped: {}", stdout(&o));
     assert!(found[0].0.starts_with(&flight));
     assert!(!save.join("flight").exists());
-    let o = run(&[
-        "train",
-        "--headless",
+    let o = train(&[
         "--save-dir",
         dir.path().join("ckpt2").to_str().unwrap(),
         "--flight",
