@@ -128,7 +128,7 @@ def pin(cores):
     return sorted(want)
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="ci")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -159,7 +159,7 @@ def main():
     ap.add_argument("--ours-steps-per-batch", type=int,
                     help="dflash-top's --steps-per-batch (size's)")
     ap.add_argument("--cores", help="pin both trainers to these cores, e.g. `0` (CPU size: the "
-                    "first --threads cores this process may use)")  # fmt: skip
+                    "first --threads cores this process may use)")
     ap.add_argument("--threads", type=int, help="torch intra-op threads of the Python stages")
     ap.add_argument("--target-dir", help="a prepared Hugging Face target (tokenizer with a chat "
                     "template) instead of training the synthetic one; prompts of real text "
@@ -170,50 +170,22 @@ def main():
     ap.add_argument("--mask-token-id", type=int,
                     help="--target-dir: the drafter's mask token (default: an added mask token, "
                     "else the first id the tokenizer leaves free, else its unk/pad token)")
-    ap.add_argument(
-        "--until", choices=["target", "data", "tokens"], help="stop after this stage"
-    )
-    ap.add_argument(
-        "--measure-procs",
-        type=int,
-        help="processes measuring acceptance side by side, each with its own target (8 on "
-        "cuda, 1 on cpu)",
-    )
-    ap.add_argument(
-        "--gen-procs",
-        type=int,
-        help="concurrent `dflash-top generate` processes for the data (8 on cuda, 1 on cpu)",
-    )
-    args = ap.parse_args()
+    ap.add_argument("--until", choices=["target", "data", "tokens"], help="stop after this stage")
+    ap.add_argument("--measure-procs", type=int,
+                    help="processes measuring acceptance side by side, each with its own target "
+                    "(8 on cuda, 1 on cpu)")
+    ap.add_argument("--gen-procs", type=int,
+                    help="concurrent `dflash-top generate` processes for the data (8 on cuda, 1 "
+                    "on cpu)")
+    return ap.parse_args()  # fmt: skip
 
-    s = SIZES[args.size]
-    if args.target_dir:
-        s = {**s, **{k: v for k, v in s["real"].items() if k in REAL_OVERRIDES}}
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device")
-    threads = args.threads or s["threads"]
-    if threads:
-        torch.set_num_threads(threads)
-    if args.cores is None and threads and args.device == "cpu":
-        args.cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
-    if not os.access(args.bin, os.X_OK):
-        raise SystemExit(f"{args.bin} is not an executable: build it (cargo build --release)")
-    with open(args.bin, "rb") as f:
-        bin_id = hashlib.sha256(f.read()).hexdigest()[:16]
-    gen_procs = args.gen_procs or (8 if args.device == "cuda" else 1)
+
+def prepare_data(args, s, work):
+    """The target and its data, made or reused in `work`: (target dir, data dir, data key, data
+    counts, mask token id), or None where --until stops before the runs."""
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    tmp = None
-    work = args.work
-    if work is None:
-        tmp = tempfile.TemporaryDirectory(prefix="dflash-quality-")
-        work = tmp.name
-    os.makedirs(work, exist_ok=True)
-    random.seed(0)
-    torch.manual_seed(0)
-    started = time.time()
-
     gen_device = "cuda:0" if args.device == "cuda" else "cpu"
+    gen_procs = args.gen_procs or (8 if args.device == "cuda" else 1)
     if args.target_dir:
         # A prepared target: prompts of real text, its own greedy replies.
         from transformers import AutoConfig, AutoTokenizer
@@ -221,18 +193,17 @@ def main():
         target_dir = args.target_dir
         if not os.path.isfile(os.path.join(target_dir, "config.json")):
             raise SystemExit(f"--target-dir {target_dir}: no config.json there; give a Hugging "
-                             "Face model directory (tools/ can make one from a GGUF)")  # fmt: skip
+                             "Face model directory (python/peer/smollm2_target.py makes one)")  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(target_dir)
         if not tokenizer.chat_template:
             raise SystemExit(f"--target-dir {target_dir}: its tokenizer has no chat template; "
                              "give an instruction-tuned model's directory")  # fmt: skip
+        gen_batch = args.gen_batch or (64 if args.device == "cuda" else 16)
         data_dir, data_key, data_stats = qr.make_real_data(
-            work, s, args.bin, target_dir, tokenizer, gen_device,
-            args.gen_batch or (64 if args.device == "cuda" else 16), gen_procs,
-        )
+            work, s, args.bin, target_dir, tokenizer, gen_device, gen_batch, gen_procs)  # fmt: skip
         print_data(data_stats)
         if args.until == "data":
-            return
+            return None
         qr.check_real_data(data_stats)
         mask_id = args.mask_token_id
         if mask_id is None:
@@ -241,44 +212,28 @@ def main():
         lang = cl.Lang(**s["lang"])
         target_dir, tokenizer = make_target(work, args.size, lang, device, args.target_steps)
         if args.until == "target":
-            return
+            return None
         data_dir, data_key, data_stats = make_data(
             work, args.size, args.bin, target_dir, tokenizer, lang, gen_device, gen_procs
         )
         print_data(data_stats)
         if args.until == "data":
-            return
+            return None
         check_data(data_stats)
         mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
-    train_jsonl = os.path.join(data_dir, "train.jsonl")
     # What the data is, to the byte: the target's training and greedy replies differ from one
     # machine's float kernels to another's, and a figure holds for its data.
     h = hashlib.sha256()
     for name in ("train.jsonl", "eval.jsonl"):
         with open(os.path.join(data_dir, name), "rb") as f:
             h.update(f.read())
-    data_stats = {**data_stats, "sha256": h.hexdigest()[:16]}
-    samples = [
-        (r["input_ids"], r["loss_mask"]) for r in map(json.loads, open(train_jsonl)) if r
-    ]
-    eval_rows = [json.loads(x) for x in open(os.path.join(data_dir, "eval.jsonl")) if x.strip()]
-    cores = pin(args.cores)
-    seeds = list(range(args.seeds or s["seeds"]))
-    sweep_seeds = seeds[: max(1, args.sweep_seeds)]
-    ctx = {
-        "s": s, "work": work, "device": args.device, "bin": args.bin, "bin_id": bin_id,
-        "reuse": args.work is not None, "target_dir": target_dir, "train_jsonl": train_jsonl,
-        "samples": samples, "init": {}, "mask_id": None,
-        # (each run's key adds its setting; the cores are not in it: a run's tokens and
-        # acceptance do not depend on them)
-        "key": digest([data_key, {k: v for k, v in s.items()
-                                  if k not in ("threads", "sweep", "ours", "sf", "real")}]),
-    }  # fmt: skip
-    for seed in seeds:
-        ctx["init"][seed] = make_init(work, s, target_dir, mask_id, seed)
-    ctx["mask_id"] = mask_id
-    tokens = args.tokens or s["tokens"]
-    ours_set, sf_set = settings(s, "dflash-top", args), settings(s, "specforge", args)
+    return target_dir, data_dir, data_key, {**data_stats, "sha256": h.hexdigest()[:16]}, mask_id
+
+
+def train_rows(ctx, args, seeds, ours_set, sf_set):
+    """Every training run: equal tokens (every seed), equal wall, the sweep; or None where
+    --until tokens stops after the first."""
+    tokens = args.tokens or ctx["s"]["tokens"]
 
     def ours(name, setting, seed, n):
         return run_ours(ctx, f"ours-{name}-s{seed}", setting, seed, n)
@@ -295,7 +250,7 @@ def main():
                           points)  # fmt: skip
         runs += [{**o, "row": "equal tokens"}, {**f, "row": "equal tokens"}]
     if args.until == "tokens":
-        return
+        return None
     # Equal wall time (first optimizer step excluded, for both): the faster trainer trains again,
     # a fresh run on its own schedule, for the tokens its pace gives in the slower one's time.
     # A trainer's time is its least over the seeds (the same tokens each): the first run in a
@@ -320,28 +275,92 @@ def main():
                           "warm_s": warm["dflash-top"]},
                          {**r, "row": "equal wall"}]  # fmt: skip
     # The sweep, at equal tokens: each setting of each trainer's grid (--sweep-procs side by
-    # side: the sweep's rows compare tokens, not seconds).
+    # side: the sweep's rows compare tokens, not seconds); the primary setting's rows join it,
+    # for its best-of.
+    sweep_seeds = seeds[: max(1, args.sweep_seeds)]
     jobs = [(trainer, f"{pre}-sweep{i}-s{seed}", setting, seed, tokens)
             for trainer, pre, sets in [("dflash-top", "ours", ours_set), ("specforge", "sf", sf_set)]
             for i, (kind, setting) in enumerate(sets) if kind == "sweep"
             for seed in sweep_seeds]  # fmt: skip
     runs += [{**r, "row": "sweep"} for r in run_many(ctx, jobs, args.sweep_procs)]
-    for trainer in ("dflash-top", "specforge"):
-        if args.sweep:  # the primary setting's rows join the sweep, for its best-of
-            runs += [{**r, "row": "sweep"} for r in runs
-                     if r["row"] == "equal tokens" and r["trainer"] == trainer
-                     and r["seed"] in sweep_seeds]  # fmt: skip
+    if args.sweep:
+        runs += [{**r, "row": "sweep"} for r in runs
+                 if r["row"] == "equal tokens" and r["seed"] in sweep_seeds]  # fmt: skip
+    return runs
 
-    # Acceptance in dflash: every drafter, the curves' checkpoints too, in one pass.
-    jobs = [(ctx["init"][0], eval_rows[: s["floor_prompts"]])]
+
+def measure(args, s, init, runs, eval_rows, target_dir):
+    """Acceptance in dflash of every drafter, the untrained `init` and the curves' checkpoints
+    too, in one pass; each run gets its per-prompt figures."""
+    jobs = [(init, eval_rows[: s["floor_prompts"]])]
     jobs += [(r["drafter"], eval_rows) for r in runs]
     if args.curve > 1:
         jobs += [(c[3], eval_rows) for r in runs if r["row"] == "equal tokens" for c in r["curve"]]
     measure_procs = args.measure_procs or (8 if args.device == "cuda" else 1)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    gen_device = "cuda:0" if args.device == "cuda" else "cpu"
     measured = qm.measure_all(jobs, target_dir, gen_device, dtype, s["eval_max_new"],
                               measure_procs)  # fmt: skip
     for r in runs:
         r["per_prompt"], r["same_as_greedy"] = measured[r["drafter"]]
+    return measured
+
+
+def main():
+    args = parse_args()
+    s = SIZES[args.size]
+    if args.target_dir:
+        s = {**s, **{k: v for k, v in s["real"].items() if k in REAL_OVERRIDES}}
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    threads = args.threads or s["threads"]
+    if threads:
+        torch.set_num_threads(threads)
+    if args.cores is None and threads and args.device == "cpu":
+        args.cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])
+    if not os.access(args.bin, os.X_OK):
+        raise SystemExit(f"{args.bin} is not an executable: build it (cargo build --release)")
+    with open(args.bin, "rb") as f:
+        bin_id = hashlib.sha256(f.read()).hexdigest()[:16]
+    tmp = None
+    work = args.work
+    if work is None:
+        tmp = tempfile.TemporaryDirectory(prefix="dflash-quality-")
+        work = tmp.name
+    os.makedirs(work, exist_ok=True)
+    random.seed(0)
+    torch.manual_seed(0)
+    started = time.time()
+
+    prepared = prepare_data(args, s, work)
+    if prepared is None:
+        return
+    target_dir, data_dir, data_key, data_stats, mask_id = prepared
+    train_jsonl = os.path.join(data_dir, "train.jsonl")
+    samples = [
+        (r["input_ids"], r["loss_mask"]) for r in map(json.loads, open(train_jsonl)) if r
+    ]
+    eval_rows = [json.loads(x) for x in open(os.path.join(data_dir, "eval.jsonl")) if x.strip()]
+    cores = pin(args.cores)
+    seeds = list(range(args.seeds or s["seeds"]))
+    ctx = {
+        "s": s, "work": work, "device": args.device, "bin": args.bin, "bin_id": bin_id,
+        "reuse": args.work is not None, "target_dir": target_dir, "train_jsonl": train_jsonl,
+        "samples": samples, "init": {}, "mask_id": None,
+        # (each run's key adds its setting; the cores are not in it: a run's tokens and
+        # acceptance do not depend on them)
+        "key": digest([data_key, {k: v for k, v in s.items()
+                                  if k not in ("threads", "sweep", "ours", "sf", "real")}]),
+    }  # fmt: skip
+    for seed in seeds:
+        ctx["init"][seed] = make_init(work, s, target_dir, mask_id, seed)
+    ctx["mask_id"] = mask_id
+    ours_set, sf_set = settings(s, "dflash-top", args), settings(s, "specforge", args)
+    runs = train_rows(ctx, args, seeds, ours_set, sf_set)
+    if runs is None:
+        return
+
+    measured = measure(args, s, ctx["init"][0], runs, eval_rows, target_dir)
     curves = curves_of(runs, measured) if args.curve > 1 else []
     meta = {
         "size": args.size,
