@@ -3,7 +3,6 @@
 
 pub mod app;
 pub mod choices;
-pub mod config;
 pub mod controls;
 pub mod critical;
 pub mod glossary;
@@ -12,6 +11,7 @@ pub mod keys;
 pub mod lanes;
 pub mod panels;
 pub mod segments;
+pub mod settings;
 pub mod terminal;
 pub mod theme;
 pub mod verdict_row;

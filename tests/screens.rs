@@ -432,7 +432,7 @@ fn sort_and_selection_follow_the_keys() {
 #[test]
 fn the_ui_config_binds_keys_and_colours_and_names_the_file_when_wrong() {
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-    use dflash_top::tui::config::parse;
+    use dflash_top::tui::settings::parse;
     use ratatui::style::Color;
     let path = std::path::Path::new("/home/u/.config/dflash-top/ui.toml");
     let ui = parse(

@@ -77,7 +77,7 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     let _hushed = terminal::hush_input();
     let cfg = RunConfig::from_args(args)?.apply()?;
     terminal::install_panic_hook();
-    crate::tui::config::load(&Default::default())?;
+    crate::tui::settings::load(&Default::default())?;
     let session = Session::start(&cfg)?;
     let viewer = &cfg.viewer;
     // Every local rank merged; failing that (no socket, --max-viewers 0), this rank alone.

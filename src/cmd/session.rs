@@ -236,7 +236,7 @@ pub(crate) fn run_front_end(
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     // A bad UI config is a sentence before the screen is taken.
-    let ui = tui::config::load(&ctl.names())?;
+    let ui = tui::settings::load(&ctl.names())?;
     let (mut term, guard) = terminal::init()?;
     let stop_input = Arc::new(AtomicBool::new(false));
     let (input, input_thread) = tui::spawn_input(stop_input.clone())?;

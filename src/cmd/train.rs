@@ -84,7 +84,7 @@ pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
         }
     }
     // A bad UI config is a sentence before any worker starts (the front-end reads it again).
-    crate::tui::config::load(&Default::default())?;
+    crate::tui::settings::load(&Default::default())?;
     let session = Session::start(&cfg)?;
     let snapshots = session.telemetry.subscribe();
     let ctl = EngineControls::new(&session.telemetry, cfg.pipeline.save_dir.is_some());

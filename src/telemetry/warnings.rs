@@ -244,12 +244,12 @@ pub fn counts(w: &[Warning]) -> (usize, usize, usize) {
 }
 
 mod alloc;
-mod config;
 mod gpu_idle;
 mod jitter;
 mod rules;
 mod shapes;
-pub use config::WarnConfig;
+mod thresholds;
+pub use thresholds::WarnConfig;
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 //! Keys: the `Action` each key becomes, the default bindings, and the bindings a UI config
-//! adds on top (parsed in config.rs). No state here: `App::update` applies the actions.
+//! adds on top (parsed in settings.rs). No state here: `App::update` applies the actions.
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 

@@ -1,6 +1,6 @@
 //! Colours and glyphs. Every phase has one colour everywhere; with NO_COLOR set, phases are told
 //! apart by their fill glyph instead. A light palette for light terminals, and a colour per phase
-//! from the UI config (tui/config.rs).
+//! from the UI settings file (tui/settings.rs).
 
 use crate::telemetry::names::Names;
 use crate::telemetry::verdict::Verdict;
