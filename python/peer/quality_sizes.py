@@ -100,17 +100,19 @@ SIZES = {
         "threads": None,
         # --target-dir (SmolLM2-135M-Instruct, docs/quality.md): docstring prompts of ~100-300
         # tokens and replies up to 512; the keys after max_new replace the size's own.
-        # 640 prompts make about 290K target tokens; 128 rows of 1,024 (131K tokens) are about
-        # half an epoch, and SpecForge at batch 1 trains them in about a minute a seed on one GPU
-        # (the whole run, sweep and curves included, fits one session's 30 device minutes).
+        # 640 prompts made 181K target tokens on an H100 (283 a conversation, 219 labelled);
+        # 128 rows of 1,024 (131K tokens) are 0.7 of an epoch. SpecForge at batch 1 trained them
+        # in 30-64 s a seed there; measuring 29 drafters on 128 prompts took longer than the
+        # rest of the run (about 870 s a drafter, 14 side by side).
         "real": {"train_prompts": 640, "eval_prompts": 128, "max_new": 512,
                  "tokens": 128 * 1024,
                  "eval_max_new": 128,
-                 # SpecForge's batch of one conversation (~450 tokens, ~250 labelled) takes up
-                 # to 512 anchors of it: one anchor per two tokens or so, a step per ~450 tokens.
-                 # Ours at its default (rows of 3,072, 512 anchors, one step a row) takes one per
-                 # six, a step per 3,072. Rows of 1,024 with 512 anchors in two steps come
-                 # closest to SpecForge's step (the default is a sweep row).
+                 # SpecForge's batch of one conversation takes up to 512 anchors of it: every
+                 # labelled position, about 0.77 anchors a target token, a step per ~283 tokens.
+                 # Ours at its default (rows of 3,072, 512 anchors, one step a row) takes 0.17 a
+                 # token, a step per 3,072; rows of 1,024 with 512 anchors in two steps take 0.5
+                 # a token, a step per 512 (a sweep row: rows of 512 with 384 anchors, one step a
+                 # row, 0.75 a token; the anchors of a row are at most 512).
                  "ours": {"seq_len": 1024, "anchors": 512, "budget": "per-row",
                           "steps_per_batch": 2, "lr": 6e-4},
                  # One change at a time from each primary setting (not the whole grid: a GPU
@@ -118,6 +120,7 @@ SIZES = {
                  "sweep": {
                      "cross": True,
                      "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 4},
+                                       {"seq_len": 512, "anchors": 384, "steps_per_batch": 1},
                                        {"seq_len": 3072, "steps_per_batch": 1},
                                        {"seq_len": 3072, "steps_per_batch": 6}],
                               "lr": [1e-3, 3e-3]},
