@@ -146,13 +146,67 @@ def generate_turns(
     return msgs, last, stats, texts
 
 
-def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs=1):
-    """train.jsonl (input_ids + loss_mask, for dflash-top; SpecForge reads the same lines) and
-    eval.jsonl (prompt + the target's reply of the last turn)."""
+def write_train(d, s, tokenizer, train_msgs):
+    """train.jsonl from the training conversations through SpecForge's chat parser, with a
+    qwen-style ChatTemplate (as its `qwen` template, with our system prompt): loss on each
+    assistant turn as rendered, `<|im_end|>\n` included. (kept, dropped, tokens, supervised)."""
     from specforge.data.loss_mask import has_consecutive_supervised_tokens
     from specforge.data.parse import GeneralParser
     from specforge.data.template import ChatTemplate
 
+    parser = GeneralParser(
+        tokenizer,
+        ChatTemplate(
+            assistant_header="<|im_start|>assistant\n",
+            user_header="<|im_start|>user\n",
+            system_prompt=cl.SYSTEM_PROMPT,
+            end_of_turn_token="<|im_end|>\n",
+        ),
+    )
+    kept = dropped = tokens = supervised = 0
+    with open(os.path.join(d, "train.jsonl"), "w") as f:
+        for m in train_msgs:
+            ids, mask = parser.parse(m, s["max_length"])
+            if not has_consecutive_supervised_tokens(mask):
+                dropped += 1
+                continue
+            kept += 1
+            tokens += len(ids)
+            supervised += int(mask.sum())
+            f.write(json.dumps({"input_ids": ids.tolist(), "loss_mask": mask.tolist()}) + "\n")
+    return kept, dropped, tokens, supervised
+
+
+def write_eval(d, s, tokenizer, eval_msgs, eval_last, train_prompts, train_replies):
+    """eval.jsonl: the first `eval_convs` held-out conversations that repeat no training prompt
+    or reply (the rest dropped and counted), as prompt + the target's last reply. (prompts,
+    replies, dropped); fails with a sentence where too few are left."""
+    eval_prompts, eval_replies, leaked = [], [], 0
+    with open(os.path.join(d, "eval.jsonl"), "w") as f:
+        for m, reply in zip(eval_msgs, eval_last):
+            text = cl.render(tokenizer, m[:-1], True)
+            said = [x["content"] for x in m if x["role"] == "assistant"]
+            if text in train_prompts or any(x in train_replies for x in said):
+                leaked += 1
+                continue
+            if len(eval_prompts) == s["eval_convs"]:
+                continue
+            eval_prompts.append(text)
+            eval_replies += said
+            prompt = cl.encode(tokenizer, text)
+            f.write(json.dumps({"prompt": prompt, "reply": reply}) + "\n")
+    if len(eval_prompts) < s["eval_convs"]:
+        raise SystemExit(
+            f"{leaked} of {len(eval_msgs)} held-out conversations repeat a training reply, "
+            f"{len(eval_prompts)} are left of the {s['eval_convs']} wanted: the target misses "
+            "the seed word too often; train it longer (--target-steps)"
+        )
+    return eval_prompts, eval_replies, leaked
+
+
+def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs=1):
+    """train.jsonl (input_ids + loss_mask, for dflash-top; SpecForge reads the same lines) and
+    eval.jsonl (prompt + the target's reply of the last turn)."""
     s = SIZES[size]
     d = os.path.join(work, "data")
     os.makedirs(d, exist_ok=True)
@@ -192,28 +246,7 @@ def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs
         procs,
     )  # fmt: skip
 
-    # SpecForge's chat parser, with a qwen-style ChatTemplate (as its `qwen` template, with our
-    # system prompt): loss on each assistant turn as rendered, `<|im_end|>\n` included.
-    parser = GeneralParser(
-        tokenizer,
-        ChatTemplate(
-            assistant_header="<|im_start|>assistant\n",
-            user_header="<|im_start|>user\n",
-            system_prompt=cl.SYSTEM_PROMPT,
-            end_of_turn_token="<|im_end|>\n",
-        ),
-    )
-    kept = dropped = tokens = supervised = 0
-    with open(os.path.join(d, "train.jsonl"), "w") as f:
-        for m in train_msgs:
-            ids, mask = parser.parse(m, s["max_length"])
-            if not has_consecutive_supervised_tokens(mask):
-                dropped += 1
-                continue
-            kept += 1
-            tokens += len(ids)
-            supervised += int(mask.sum())
-            f.write(json.dumps({"input_ids": ids.tolist(), "loss_mask": mask.tolist()}) + "\n")
+    kept, dropped, tokens, supervised = write_train(d, s, tokenizer, train_msgs)
     train_prompts = {
         cl.render(tokenizer, m[: j + 1], True)
         for m in train_msgs
@@ -221,26 +254,9 @@ def make_data(work, size, binary, target_dir, tokenizer, lang, gen_device, procs
         if m[j]["role"] == "user"
     }
     train_replies = set(train_texts)
-    eval_prompts, eval_replies, leaked = [], [], 0
-    with open(os.path.join(d, "eval.jsonl"), "w") as f:
-        for m, reply in zip(eval_msgs, eval_last):
-            text = cl.render(tokenizer, m[:-1], True)
-            said = [x["content"] for x in m if x["role"] == "assistant"]
-            if text in train_prompts or any(x in train_replies for x in said):
-                leaked += 1
-                continue
-            if len(eval_prompts) == s["eval_convs"]:
-                continue
-            eval_prompts.append(text)
-            eval_replies += said
-            prompt = cl.encode(tokenizer, text)
-            f.write(json.dumps({"prompt": prompt, "reply": reply}) + "\n")
-    if len(eval_prompts) < s["eval_convs"]:
-        raise SystemExit(
-            f"{leaked} of {len(eval_msgs)} held-out conversations repeat a training reply, "
-            f"{len(eval_prompts)} are left of the {s['eval_convs']} wanted: the target misses "
-            "the seed word too often; train it longer (--target-steps)"
-        )
+    eval_prompts, eval_replies, leaked = write_eval(
+        d, s, tokenizer, eval_msgs, eval_last, train_prompts, train_replies
+    )
     both = {k: st_train[k] + st_eval[k] for k in st_train}
     stats = {
         "train_conversations": kept,
