@@ -60,32 +60,36 @@ def make_target(work, size, lang, device, steps=None):
 # 2. The data: the target's own greedy replies, turn by turn
 
 
-def generate_sharded(work, name, binary, target, lines, max_new, device, procs):
-    """The target's greedy replies to the prompts in `lines`, in their order: `procs` concurrent
-    `dflash-top generate` processes, each on a contiguous share (one prompt at a time is
-    launch-bound on a GPU, so several processes fill it)."""
-    procs = max(1, min(procs, len(lines)))
-    bounds = [len(lines) * k // procs for k in range(procs + 1)]
-    jobs = []
-    for k in range(procs):
+def generate_sharded(work, name, binary, target, lines, max_new, device, procs, batch=None):
+    """The target's greedy replies to the prompts in `lines` (JSONL), in their order, by
+    `dflash-top generate` processes side by side (one prompt at a time is launch-bound on a
+    GPU, so several processes fill it): `procs` contiguous shares at once; or, with `batch`,
+    shards of `batch` prompts decoded together (`--batch`), `procs` of them at a time."""
+    size = batch or -(-len(lines) // max(1, min(procs, len(lines))))
+    shards = [lines[i : i + size] for i in range(0, len(lines), size)]
+    rows, running = [], []
+    for k, shard in enumerate(shards):
         prompts = os.path.join(work, f"{name}-{k}-prompts.jsonl")
         out = os.path.join(work, f"{name}-{k}-greedy.jsonl")
         with open(prompts, "w") as f:
-            f.writelines(lines[bounds[k] : bounds[k + 1]])
+            f.writelines(shard)
         cmd = [
             binary, "generate", "--target", target, "--data", prompts, "--out", out,
             "--max-new-tokens", str(max_new), "--device", device,
-        ]  # fmt: skip
+        ] + (["--batch", str(batch)] if batch else [])  # fmt: skip
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        jobs.append((cmd, p, out, bounds[k + 1] - bounds[k]))
-    rows = []
-    for cmd, p, out, n in jobs:
-        err = p.communicate()[1]
-        if p.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
-        got = [json.loads(x) for x in open(out) if x.strip()]
-        assert len(got) == n, f"{out}: {len(got)} lines for {n} prompts"
-        rows += got
+        running.append((cmd, p, out, len(shard)))
+        if len(running) < procs and k < len(shards) - 1:
+            continue
+        for cmd, p, out, n in running:
+            err = p.communicate()[1]
+            if p.returncode != 0:
+                raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
+            got = [json.loads(x) for x in open(out) if x.strip()]
+            if len(got) != n:
+                raise SystemExit(f"{out}: {len(got)} lines for {n} prompts")
+            rows += got
+        running = []
     return rows
 
 

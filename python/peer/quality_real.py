@@ -8,11 +8,11 @@ prompts and replies not in training) and counted.
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 
 import real_prompts
+from quality_data import generate_sharded
 from quality_runs import digest, log
 
 
@@ -25,36 +25,6 @@ def target_id(target_dir):
             with open(os.path.join(target_dir, name), "rb") as f:
                 h.update(name.encode() + f.read(1 << 20))
     return h.hexdigest()[:16]
-
-
-def generate(work, name, binary, target_dir, msgs, max_new, device, batch, procs=1):
-    """The target's greedy replies to `msgs`, in order: one `dflash-top generate --batch` a shard
-    of `batch` prompts, up to `procs` of them side by side (a small target's decoding is bound by
-    kernel launches, so processes side by side fill the GPU one leaves idle)."""
-    shards = [msgs[i : i + batch] for i in range(0, len(msgs), batch)]
-    running, rows = [], []
-    for i, shard in enumerate(shards):
-        prompts = os.path.join(work, f"{name}-{i:03d}-prompts.jsonl")
-        out = os.path.join(work, f"{name}-{i:03d}-greedy.jsonl")
-        with open(prompts, "w") as f:
-            f.writelines(json.dumps({"messages": m}) + "\n" for m in shard)
-        cmd = [
-            binary, "generate", "--target", target_dir, "--data", prompts, "--out", out,
-            "--max-new-tokens", str(max_new), "--device", device, "--batch", str(batch),
-        ]  # fmt: skip
-        running.append((cmd, out, len(shard), subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))  # fmt: skip
-        if len(running) >= procs or i == len(shards) - 1:
-            for cmd, out, n, proc in running:
-                _, err = proc.communicate()
-                if proc.returncode != 0:
-                    raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
-                got = [json.loads(x) for x in open(out) if x.strip()]
-                if len(got) != n:
-                    raise SystemExit(f"{out}: {len(got)} lines for {n} prompts")
-                rows += got
-            running = []
-    return rows
 
 
 def make_real_data(work, s, binary, target_dir, tokenizer, gen_device, batch, procs=1):
@@ -77,8 +47,11 @@ def make_real_data(work, s, binary, target_dir, tokenizer, gen_device, batch, pr
     r = s["real"]
     train_msgs, eval_msgs = real_prompts.prompts(r["train_prompts"], r["eval_prompts"])
     eos = set(tokenizer.all_special_ids) & {tokenizer.eos_token_id} | set(r.get("eos_ids", []))
-    both = generate(d, "replies", binary, target_dir, train_msgs + eval_msgs, r["max_new"],
-                    gen_device, batch, procs)  # fmt: skip
+    # Train and held-out prompts in one pass: shards of `batch` decoded together, `procs` of
+    # them side by side (420 s for 768 replies in one process on an H200; 84 s in 12 on an H100).
+    lines = [json.dumps({"messages": m}) + "\n" for m in train_msgs + eval_msgs]
+    both = generate_sharded(d, "replies", binary, target_dir, lines, r["max_new"], gen_device,
+                            procs, batch)  # fmt: skip
     train, held = both[: len(train_msgs)], both[len(train_msgs) :]
 
     def split(row):
