@@ -144,6 +144,11 @@ impl WarnConfig {
                 self.shapes_distinct
             ));
         }
+        self.check_rules()
+    }
+
+    /// The rules named in `off` and `severity` exist, and each severity is one.
+    fn check_rules(&self) -> Result<(), String> {
         let names = || {
             Rule::ALL
                 .iter()
