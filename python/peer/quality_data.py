@@ -65,7 +65,7 @@ def generate_sharded(work, name, binary, target, lines, max_new, device, procs, 
     `dflash-top generate` processes side by side (one prompt at a time is launch-bound on a
     GPU, so several processes fill it): `procs` contiguous shares at once; or, with `batch`,
     shards of `batch` prompts decoded together (`--batch`), `procs` of them at a time."""
-    size = batch or -(-len(lines) // max(1, min(procs, len(lines))))
+    size = batch or max(1, -(-len(lines) // max(1, min(procs, len(lines)))))
     shards = [lines[i : i + size] for i in range(0, len(lines), size)]
     rows, running = [], []
     for k, shard in enumerate(shards):

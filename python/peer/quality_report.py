@@ -36,7 +36,6 @@ def mean_ci(xs):
     return m, m - h, m + h
 
 
-
 def group(runs):
     """One table row per (row, trainer, setting): its seeds' runs, acceptance pooled over
     (seed, prompt), and per prompt the mean over seeds."""
@@ -184,6 +183,13 @@ def table_of(runs, floor, curves, meta):
 ROW_OF_NAME = {"tokens": "equal tokens", "wall": "equal wall", "sweep": "sweep"}
 
 
+def row_of(run_dir):
+    """The table row of a run by its folder's name (`ours-tokens-s0-KEY`, `sf-wall1-s0-KEY`,
+    `ours-sweep3-s0-KEY`), or None for a folder that is no run of a row."""
+    parts = os.path.basename(run_dir).split("-")
+    return ROW_OF_NAME.get(parts[1].rstrip("0123456789")) if len(parts) > 1 else None
+
+
 def kept_acceptance(d):
     """(per prompt, same as greedy) kept beside the drafter in `d`, or None if not measured."""
     found = sorted(glob.glob(os.path.join(d, "acceptance-*.json")))
@@ -198,8 +204,8 @@ def kept_acceptance(d):
 
 
 def collect(work):
-    """(runs, measured, floor, missing) from the kept runs under `work` (quality.py's --work, or
-    its `q` folder). A run's drafter paths are read relative to its own folder, so a work
+    """(runs, measured, floor, missing, data counts) from the kept runs under `work` (quality.py's
+    --work, or its `q` folder). A run's drafter paths are read relative to its own folder, so a work
     directory copied from another machine will do."""
     if os.path.isdir(os.path.join(work, "q")):
         work = os.path.join(work, "q")
@@ -211,14 +217,14 @@ def collect(work):
 
     for f in sorted(glob.glob(os.path.join(work, "*", "quality-run.json"))):
         run_dir = os.path.dirname(f)
-        kind = os.path.basename(run_dir).split("-")[1]
-        if kind.rstrip("0123456789") not in ROW_OF_NAME:
+        row = row_of(run_dir)
+        if row is None:
             continue
         with open(f) as fh:
             r = json.load(fh)["result"]
         r["drafter"] = here(r["drafter"], run_dir)
         r["curve"] = [(a, b, c, here(d, run_dir)) for a, b, c, d in r.get("curve", [])]
-        r["row"] = ROW_OF_NAME[kind.rstrip("0123456789")]
+        r["row"] = row
         for d in [r["drafter"]] + [c[3] for c in r["curve"]]:
             got = kept_acceptance(d)
             if got is not None:
@@ -235,7 +241,12 @@ def collect(work):
                  if r["row"] == "equal tokens" and r["seed"] == w["seed"]
                  and r["trainer"] != w["trainer"]]  # fmt: skip
     floor = kept_acceptance(os.path.join(work, "init-0"))
-    return runs, measured, floor, missing
+    try:
+        with open(os.path.join(work, "data", "quality-stage.json")) as f:
+            data = json.load(f)["stats"]
+    except (OSError, KeyError, ValueError):
+        data = {}
+    return runs, measured, floor, missing, data
 
 
 def main():
@@ -245,19 +256,12 @@ def main():
     ap.add_argument("--size", default="collected", help="the size it ran at, for the title")
     ap.add_argument("--device", default="?", help="the device it ran on, for the title")
     args = ap.parse_args()
-    runs, measured, floor, missing = collect(args.work)
+    runs, measured, floor, missing, data = collect(args.work)
     if not runs:
         raise SystemExit(f"{args.work}: no measured runs (quality-run.json with an "
                          "acceptance-*.json beside its drafter)")  # fmt: skip
     if floor is None:
         raise SystemExit(f"{args.work}: the untrained init (init-0) was not measured")
-    try:
-        q = os.path.join(args.work, "q")
-        with open(os.path.join(q if os.path.isdir(q) else args.work, "data",
-                               "quality-stage.json")) as f:  # fmt: skip
-            data = json.load(f)["stats"]
-    except (OSError, KeyError, ValueError):
-        data = {}
     meta = {"size": args.size, "device": args.device, "cores": None,
             "eval_prompts": len(runs[0]["per_prompt"]),
             "seeds": sorted({r["seed"] for r in runs}), "data": data,

@@ -206,3 +206,6 @@ impl WarnConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
