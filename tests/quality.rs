@@ -6,7 +6,8 @@
 //! prompts.
 //!
 //! What must hold whatever the recipe: the data checks, every trained drafter above the untrained
-//! init, equal target tokens, dflash's output is the target's greedy reply, every number finite.
+//! init, equal target tokens, dflash's output is the target's greedy reply, every number finite,
+//! and the replay of dflash's rounds (the GPU runs' measurement) equal to its decoding.
 //! The goal: at equal target tokens ours minus SpecForge (paired over seed and prompt) is above
 //! -MARGIN. And a regression snapshot: the equal-tokens acceptance of both trainers, which is
 //! deterministic on one pinned core for given data (docs/quality.md has the run behind each
@@ -72,6 +73,21 @@ fn data_checks(d: &Value) {
     assert!(
         num(d, "reply_words_mean") >= 0.8 * num(d, "reply_words_asked_mean"),
         "{d}"
+    );
+}
+
+/// The CPU size decodes in dflash and replays every drafter too (python/peer/quality_replay.py,
+/// the GPU runs' way): in f32 the two give the same acceptance length on every prompt. Let
+/// replay's walk or blocks go wrong by one position and most prompts differ.
+fn replay_agrees_with_decoding(check: &Value, seeds: usize) {
+    assert_eq!(check["method"], "decode", "{check}");
+    assert_eq!(check["other"], "replay", "{check}");
+    // The untrained init and every equal-tokens and equal-wall drafter at least.
+    assert!(num(check, "drafters") >= (2 * seeds + 2) as f64, "{check}");
+    let (equal, prompts) = (num(check, "equal"), num(check, "prompts"));
+    assert!(
+        prompts > 0.0 && equal >= 0.95 * prompts && num(check, "max_abs") < 0.5,
+        "replay and dflash's decoding disagree: {check}"
     );
 }
 
@@ -171,6 +187,7 @@ fn drafters_of_both_trainers_are_accepted_in_dflash_side_by_side() {
             }
         }
     }
+    replay_agrees_with_decoding(&table["measure_check"], seeds);
     let paired = table["paired"].as_array().unwrap();
     let p = paired
         .iter()

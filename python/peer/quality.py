@@ -39,7 +39,9 @@ same settings is reused (the target, the data, each training run).
 4. Each drafter (and the untrained init, as a floor) drafts for the target in
    `dflash.model.dflash_generate` (greedy) on the held-out prompts: acceptance length per prompt
    (tokens per round); per row the mean and 95% interval over (seed, prompt), and the paired
-   difference ours minus SpecForge over the same (seed, prompt) pairs.
+   difference ours minus SpecForge over the same (seed, prompt) pairs. On a GPU the rounds are
+   replayed from one forward a prompt (quality_replay.py: the same rounds, hundreds of times
+   faster); --check N measures N drafters both ways and the table keeps the differences.
 5. Prints the table and writes it as JSON (--json); with --curve K, learning curves (acceptance
    against target tokens and against seconds after the first step) that plot_curves.py draws.
 
@@ -174,6 +176,12 @@ def parse_args():
     ap.add_argument("--measure-procs", type=int,
                     help="processes measuring acceptance side by side, each with its own target "
                     "(8 on cuda, 1 on cpu)")
+    ap.add_argument("--measure", choices=["decode", "replay"],
+                    help="acceptance by dflash_generate's decoding, or by its replay from one "
+                    "forward a prompt (quality_replay.py); decode on cpu, replay on cuda")
+    ap.add_argument("--check", type=int, metavar="N",
+                    help="also measure the first N drafters the other way and put the "
+                    "differences in the table's `measure_check` (all on cpu, 0 on cuda)")
     ap.add_argument("--gen-procs", type=int,
                     help="concurrent `dflash-top generate` processes for the data (8 on cuda, 1 "
                     "on cpu)")
@@ -299,11 +307,16 @@ def measure(args, s, init, runs, eval_rows, target_dir):
     measure_procs = args.measure_procs or (8 if args.device == "cuda" else 1)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     gen_device = "cuda:0" if args.device == "cuda" else "cpu"
+    method = args.measure or ("replay" if args.device == "cuda" else "decode")
     measured = qm.measure_all(jobs, target_dir, gen_device, dtype, s["eval_max_new"],
-                              measure_procs)  # fmt: skip
+                              measure_procs, method)  # fmt: skip
     for r in runs:
         r["per_prompt"], r["same_as_greedy"] = measured[r["drafter"]]
-    return measured
+    check = args.check if args.check is not None else (0 if args.device == "cuda" else len(jobs))
+    other = "decode" if method == "replay" else "replay"
+    checked = qm.measure_all(jobs[:check], target_dir, gen_device, dtype, s["eval_max_new"],
+                             measure_procs, other) if check else {}  # fmt: skip
+    return measured, {"method": method, **qm.compare(measured, checked, other)}
 
 
 def main():
@@ -360,7 +373,7 @@ def main():
     if runs is None:
         return
 
-    measured = measure(args, s, ctx["init"][0], runs, eval_rows, target_dir)
+    measured, measure_check = measure(args, s, ctx["init"][0], runs, eval_rows, target_dir)
     curves = curves_of(runs, measured) if args.curve > 1 else []
     meta = {
         "size": args.size,
@@ -372,6 +385,7 @@ def main():
         "recipe": {k: s[k] for k in ("block", "anchors", "max_length", "drafter_layers")}
         | {"ours": ours_set[0][1], "specforge": sf_set[0][1], "warmup": WARMUP, "clip": CLIP,
            "gamma": gamma_for(s["block"])},
+        "measure_check": measure_check,
         "elapsed_s": time.time() - started,
     }  # fmt: skip
     table = table_of(runs, measured[ctx["init"][0]][0], curves, meta)

@@ -145,6 +145,14 @@ def print_table(t):
             f"{p['mean']:+.2f} [{p['ci_low']:+.2f}, {p['ci_high']:+.2f}] over {p['n']} "
             f"(seed, prompt) pairs"
         )
+    c = t.get("measure_check")
+    if c:
+        print(f"measured by {c['method']}", end="")
+        if c["drafters"]:
+            print(f"; {c['drafters']} drafters also by {c['other']}: {c['equal']}/{c['prompts']} "
+                  f"prompts equal, max |diff| {c['max_abs']:.3f}, mean diff "
+                  f"{c['mean_diff']:+.4f}", end="")  # fmt: skip
+        print()
     print_data(t["data"])
     if "elapsed_s" in t:
         print(f"elapsed {t['elapsed_s']:.0f}s")
@@ -190,9 +198,11 @@ def row_of(run_dir):
     return ROW_OF_NAME.get(parts[1].rstrip("0123456789")) if len(parts) > 1 else None
 
 
-def kept_acceptance(d):
-    """(per prompt, same as greedy) kept beside the drafter in `d`, or None if not measured."""
-    found = sorted(glob.glob(os.path.join(d, "acceptance-*.json")))
+def kept_acceptance(d, method="decode"):
+    """(per prompt, same as greedy) kept beside the drafter in `d` by `method` (decode: the
+    `acceptance-*.json` files, replay: `replay-*.json`), or None if not measured."""
+    prefix = "acceptance" if method == "decode" else "replay"
+    found = sorted(glob.glob(os.path.join(d, f"{prefix}-*.json")))
     if len(found) > 1:
         raise SystemExit(f"{d}: {len(found)} measurements (different prompts or lengths); "
                          "keep the one this report should use")  # fmt: skip
@@ -203,7 +213,7 @@ def kept_acceptance(d):
     return got["per_prompt"], got["same_as_greedy"]
 
 
-def collect(work):
+def collect(work, method="decode"):
     """(runs, measured, floor, missing, data counts) from the kept runs under `work` (quality.py's
     --work, or its `q` folder). A run's drafter paths are read relative to its own folder, so a work
     directory copied from another machine will do."""
@@ -226,7 +236,7 @@ def collect(work):
         r["curve"] = [(a, b, c, here(d, run_dir)) for a, b, c, d in r.get("curve", [])]
         r["row"] = row
         for d in [r["drafter"]] + [c[3] for c in r["curve"]]:
-            got = kept_acceptance(d)
+            got = kept_acceptance(d, method)
             if got is not None:
                 measured[d] = got
         if r["drafter"] not in measured:
@@ -240,7 +250,7 @@ def collect(work):
         runs += [{**r, "row": "equal wall", "same_run": True} for r in runs
                  if r["row"] == "equal tokens" and r["seed"] == w["seed"]
                  and r["trainer"] != w["trainer"]]  # fmt: skip
-    floor = kept_acceptance(os.path.join(work, "init-0"))
+    floor = kept_acceptance(os.path.join(work, "init-0"), method)
     try:
         with open(os.path.join(work, "data", "quality-stage.json")) as f:
             data = json.load(f)["stats"]
@@ -255,8 +265,10 @@ def main():
     ap.add_argument("--json", help="write the table here")
     ap.add_argument("--size", default="collected", help="the size it ran at, for the title")
     ap.add_argument("--device", default="?", help="the device it ran on, for the title")
+    ap.add_argument("--measure", choices=["decode", "replay"], default="decode",
+                    help="the measurements to read: dflash decoding's or the replay's")
     args = ap.parse_args()
-    runs, measured, floor, missing, data = collect(args.work)
+    runs, measured, floor, missing, data = collect(args.work, args.measure)
     if not runs:
         raise SystemExit(f"{args.work}: no measured runs (quality-run.json with an "
                          "acceptance-*.json beside its drafter)")  # fmt: skip
@@ -269,7 +281,7 @@ def main():
                                      and r["row"] == "equal tokens"), None),
                        "specforge": next((r["setting"] for r in runs if r["trainer"] ==
                                           "specforge" and r["row"] == "equal tokens"), None)},
-            "not_measured": missing}  # fmt: skip
+            "not_measured": missing, "measure_check": {"method": args.measure, "drafters": 0}}  # fmt: skip
     table = table_of(runs, floor[0], curves_of(runs, measured), meta)
     print_table(table)
     if missing:
