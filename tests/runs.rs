@@ -172,7 +172,29 @@ fn a_resumed_jsonl_run_continues_its_shuffled_epochs_exactly() {
     resume_equals_one_go(&["--data", data.to_str().unwrap()]);
 }
 
+/// A run of 3 optimizer steps a row, resumed at a row's end without the flag: it keeps its steps
+/// a row from the checkpoint (the default would split the next row otherwise) and goes on as in
+/// one go.
+#[test]
+fn a_resumed_run_keeps_its_steps_a_row() {
+    let dir = resume_equals_one_go_with(&[], &["--steps-per-batch", "3"]);
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let state = json(&one.join("step-000003").join("trainer_state.json"));
+    assert_eq!(state["steps_per_batch"], 3, "{state}");
+    assert_eq!(
+        json(&two.join("step-000006").join("trainer_state.json"))["steps_per_batch"],
+        3
+    );
+}
+
 fn resume_equals_one_go(extra: &[&str]) {
+    resume_equals_one_go_with(extra, &[]);
+}
+
+/// Trains 6 steps in one go (with `extra`, and `first`) saving each, then resumes its step 3
+/// (with `extra` only) to 6: the losses, trainer states, weights and AdamW moments agree. The
+/// folder of both runs' saves (`one`, `two`) comes back.
+fn resume_equals_one_go_with(extra: &[&str], first: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (dir.path().join("one"), dir.path().join("two"));
     let mut common = vec!["--headless", "--save-every", "1", "--interval", "30"];
@@ -180,6 +202,7 @@ fn resume_equals_one_go(extra: &[&str]) {
     let mut args = vec!["train", "--steps", "6", "--save-dir", one.to_str().unwrap()];
     args.extend(["--seed", "4"]);
     args.extend(&common);
+    args.extend(first);
     let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let from = one.join("step-000003");
@@ -227,6 +250,7 @@ fn resume_equals_one_go(extra: &[&str]) {
         &one.join(last).join("optimizer.safetensors"),
         &two.join(last).join("optimizer.safetensors"),
     );
+    dir
 }
 
 pub fn write_tiny_target(dir: &Path, config_edit: impl FnOnce(&mut serde_json::Value)) {
@@ -269,7 +293,7 @@ fn a_target_directory_loads_and_trains_with_its_recipe() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     let line = out.lines().next().unwrap();
-    assert!(line.starts_with("config: recipe=specforge "), "{line}");
+    assert!(line.starts_with("config: recipe=target "), "{line}");
     for kv in [
         "lr=6e-4",
         "block=16",

@@ -183,7 +183,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "per-doc|per-row")]
     pub anchor_budget: Option<String>,
     /// Optimizer steps each packed batch trains, each on its share of the batch's anchors, the
-    /// target's hidden states computed once (recipe: the preset's, or 1 with --target).
+    /// target's hidden states computed once (recipe: the preset's, or 6 with --target; a
+    /// resumed run keeps its own).
     #[arg(long, value_name = "N")]
     pub steps_per_batch: Option<i64>,
     /// Peak learning rate (recipe: the preset's, or 6e-4 with --target).

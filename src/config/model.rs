@@ -44,9 +44,10 @@ impl Model {
         let preset = Preset::by_name(&preset_name)?;
         let target = args.target.clone().or(file.target.clone());
         let target_config = target_config_of(target.as_deref(), &preset)?;
-        // A --target run: SpecForge's recipe; a preset run: the preset's. Then TOML, then flags.
+        // A --target run: SpecForge's recipe in 6 steps a row; a preset run: the preset's. Then
+        // TOML, then flags.
         let (base, recipe_from) = match &target {
-            Some(_) => (Recipe::specforge(), "specforge".to_string()),
+            Some(_) => (Recipe::for_target(), "target".to_string()),
             None => (preset.recipe.clone(), format!("preset:{}", preset.name)),
         };
         let resume_state = super::resume::resume_state_of(args, file)?;
@@ -150,9 +151,11 @@ fn recipe_of(
                 None => base.anchor_scope,
             },
         },
+        // A resumed run keeps its steps a row; checkpoints without them took one.
         steps_per_batch: args
             .steps_per_batch
             .or(file.steps_per_batch)
+            .or(resume_state.map(|s| s.steps_per_batch.unwrap_or(1)))
             .unwrap_or(base.steps_per_batch),
         lr: args
             .lr

@@ -43,10 +43,12 @@ fn a_target_run_takes_specforge_recipe_not_the_tiny_preset() {
         c.drafter_spec.mask_token_id, 300,
         "the first id the tokenizer leaves unused"
     );
+    assert_eq!(c.steps_per_batch, 6, "a step per 512 target tokens");
     let line = c.recipe_line();
-    assert!(line.starts_with("config: recipe=specforge "), "{line}");
+    assert!(line.starts_with("config: recipe=target "), "{line}");
     for kv in [
         "drafter_layers=5",
+        "steps_per_batch=6",
         "seq_len=3072",
         "anchors=512 anchor_budget=per-row",
         "lr=6e-4",

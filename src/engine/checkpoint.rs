@@ -54,6 +54,9 @@ pub struct TrainerState {
     /// Absent in checkpoints of earlier versions, which budgeted per row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor_scope: Option<crate::engine::train::blocks::AnchorScope>,
+    /// Optimizer steps a batch; absent in checkpoints of earlier versions, which took one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_per_batch: Option<i64>,
 }
 
 impl TrainerState {

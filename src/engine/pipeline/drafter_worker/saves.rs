@@ -78,6 +78,7 @@ impl Worker<'_> {
             batch: Some(batch),
             anchors: Some(job.anchors),
             anchor_scope: Some(job.anchor_scope),
+            steps_per_batch: Some(job.steps_per_batch),
         };
         let (spec, optimizer) = (&job.step.spec, &job.step.optimizer);
         checkpoint::save(&path, spec, &job.vs, optimizer, &state)?;
