@@ -101,28 +101,28 @@ SIZES = {
         # --target-dir (SmolLM2-135M-Instruct, docs/quality.md): docstring prompts of ~100-300
         # tokens and replies up to 512; the keys after max_new replace the size's own.
         # 640 prompts made 181K target tokens on an H100 (283 a conversation, 219 labelled);
-        # 128 rows of 1,024 (131K tokens) are 0.7 of an epoch. SpecForge at batch 1 trained them
-        # in 30-64 s a seed there; measuring 29 drafters on 128 prompts took longer than the
-        # rest of the run (about 870 s a drafter, 14 side by side).
+        # a run reads 262K (1.45 epochs): SpecForge at batch 1 in 73-126 s a seed there, ours in
+        # 7-11 s. Measured by replay (quality_replay.py), a drafter takes about a second on 128
+        # prompts; decoding in dflash took about 870 s, 14 processes side by side.
         "real": {"train_prompts": 640, "eval_prompts": 128, "max_new": 512,
-                 "tokens": 128 * 1024,
+                 "tokens": 256 * 1024,
                  "eval_max_new": 128,
                  # SpecForge's batch of one conversation takes up to 512 anchors of it: every
                  # labelled position, about 0.77 anchors a target token, a step per ~283 tokens.
-                 # Ours at its default (rows of 3,072, 512 anchors, one step a row) takes 0.17 a
-                 # token, a step per 3,072; rows of 1,024 with 512 anchors in two steps take 0.5
-                 # a token, a step per 512 (a sweep row: rows of 512 with 384 anchors, one step a
-                 # row, 0.75 a token; the anchors of a row are at most 512).
-                 "ours": {"seq_len": 1024, "anchors": 512, "budget": "per-row",
-                          "steps_per_batch": 2, "lr": 6e-4},
+                 # Ours at its --target default (src/engine/train/recipe.rs): rows of 3,072, 512
+                 # anchors (0.17 a token), 6 steps a row (a step per 512 tokens). Rows of 512 cut
+                 # the conversations whose reply ran to 512 tokens (a quarter of them).
+                 "ours": {"seq_len": 3072, "anchors": 512, "budget": "per-row",
+                          "steps_per_batch": 6, "lr": 6e-4},
                  # One change at a time from each primary setting (not the whole grid: a GPU
-                 # call's minutes), every row shown.
+                 # call's minutes), every row shown. docs/quality.md has the 2026-12-06 sweep
+                 # (262K tokens, seed 0) these come from.
                  "sweep": {
                      "cross": True,
-                     "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 4},
-                                       {"seq_len": 512, "anchors": 384, "steps_per_batch": 1},
-                                       {"seq_len": 3072, "steps_per_batch": 1},
-                                       {"seq_len": 3072, "steps_per_batch": 6}],
+                     "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 12},
+                                       {"seq_len": 1024, "steps_per_batch": 2},
+                                       {"seq_len": 512, "anchors": 384, "steps_per_batch": 2},
+                                       {"seq_len": 512, "anchors": 384, "steps_per_batch": 4}],
                               "lr": [1e-3, 3e-3]},
                      "sf": {"step": [{"batch": 2}, {"batch": 4}], "lr": [1e-3, 3e-3]},
                  }},
