@@ -69,6 +69,9 @@ fn a_drafter_trained_on_target_generated_data_is_accepted_in_dflash() {
         "4",
         "--anchors",
         "8",
+        // One step a batch (a --target run's default is 6): 8 anchors a batch of 4 rows.
+        "--steps-per-batch",
+        "1",
         "--lr",
         "3e-3",
         "--steps",

@@ -211,7 +211,7 @@ proptest! {
     fn fuzz_trainer_state_on_resume(
         fields in prop::collection::vec(
             (prop::sample::select(&["step", "total_steps", "seed", "lr", "data_docs", "anchor_rng",
-                "seq_len", "batch", "anchors", "anchor_scope", "last_loss", "steps_per_batch"][..]), json_value()),
+                "seq_len", "batch", "anchors", "anchor_scope", "last_loss", "steps_per_batch", "batch_steps_done"][..]), json_value()),
             0..8,
         )
     ) {

@@ -177,24 +177,51 @@ fn a_resumed_jsonl_run_continues_its_shuffled_epochs_exactly() {
 /// one go.
 #[test]
 fn a_resumed_run_keeps_its_steps_a_row() {
-    let dir = resume_equals_one_go_with(&[], &["--steps-per-batch", "3"]);
+    let dir = resume_equals_one_go_with(&[], &["--steps-per-batch", "3"], 3);
     let (one, two) = (dir.path().join("one"), dir.path().join("two"));
     let state = json(&one.join("step-000003").join("trainer_state.json"));
     assert_eq!(state["steps_per_batch"], 3, "{state}");
+    assert!(state.get("batch_steps_done").is_none(), "{state}");
     assert_eq!(
         json(&two.join("step-000006").join("trainer_state.json"))["steps_per_batch"],
         3
     );
 }
 
-fn resume_equals_one_go(extra: &[&str]) {
-    resume_equals_one_go_with(extra, &[]);
+/// Saved after the first of a row's 3 steps, a run resumes into that row: it takes the same row
+/// again, draws the same anchors and trains the row's last two steps, as in one go.
+#[test]
+fn a_run_saved_partway_through_a_row_resumes_at_its_next_step() {
+    let dir = resume_equals_one_go_with(&["--steps-per-batch", "3"], &[], 4);
+    let state = json(&dir.path().join("one/step-000004/trainer_state.json"));
+    assert_eq!(state["batch_steps_done"], 1, "{state}");
+    let row_end = json(&dir.path().join("one/step-000003/trainer_state.json"));
+    for key in ["data_docs", "anchor_rng"] {
+        assert_eq!(state[key], row_end[key], "{key}: as before the row");
+    }
+    // Resumed with other steps a row, the row would be cut otherwise: refused, by name.
+    let from = dir.path().join("one/step-000004");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "6",
+        "--steps-per-batch",
+        "2",
+        "--resume",
+        from.to_str().unwrap(),
+    ]);
+    assert_user_error(&o, &["--steps-per-batch 2", "after 1 of a batch's 3 steps"]);
 }
 
-/// Trains 6 steps in one go (with `extra`, and `first`) saving each, then resumes its step 3
-/// (with `extra` only) to 6: the losses, trainer states, weights and AdamW moments agree. The
-/// folder of both runs' saves (`one`, `two`) comes back.
-fn resume_equals_one_go_with(extra: &[&str], first: &[&str]) -> tempfile::TempDir {
+fn resume_equals_one_go(extra: &[&str]) {
+    resume_equals_one_go_with(extra, &[], 3);
+}
+
+/// Trains 6 steps in one go (with `extra`, and `first`) saving each, then resumes its step
+/// `from` (with `extra` only) to 6: the losses, trainer states, weights and AdamW moments agree.
+/// The folder of both runs' saves (`one`, `two`) comes back.
+fn resume_equals_one_go_with(extra: &[&str], first: &[&str], from: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (dir.path().join("one"), dir.path().join("two"));
     let mut common = vec!["--headless", "--save-every", "1", "--interval", "30"];
@@ -205,23 +232,27 @@ fn resume_equals_one_go_with(extra: &[&str], first: &[&str]) -> tempfile::TempDi
     args.extend(first);
     let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
-    let from = one.join("step-000003");
+    let from_dir = one.join(format!("step-{from:06}"));
     // Another seed would be another run: refused, by name.
     let mut args = vec!["train", "--steps", "6", "--save-dir", two.to_str().unwrap()];
-    args.extend(["--resume", from.to_str().unwrap(), "--seed", "5"]);
+    args.extend(["--resume", from_dir.to_str().unwrap(), "--seed", "5"]);
     args.extend(&common);
     assert_user_error(&run(&args), &["`seed` 5", "trainer_state.json", "seed 4"]);
     // The seed comes back from the checkpoint: not given again here.
     let mut args = vec!["train", "--steps", "6", "--save-dir", two.to_str().unwrap()];
-    args.extend(["--resume", from.to_str().unwrap()]);
+    args.extend(["--resume", from_dir.to_str().unwrap()]);
     args.extend(&common);
     let o = run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
-    assert_eq!(field(summary, "from_step"), Some(3.0), "{summary}");
-    assert_eq!(field(summary, "steps"), Some(3.0), "{summary}");
-    for step in 4..=6 {
+    assert_eq!(field(summary, "from_step"), Some(from as f64), "{summary}");
+    assert_eq!(
+        field(summary, "steps"),
+        Some(6.0 - from as f64),
+        "{summary}"
+    );
+    for step in from + 1..=6 {
         let ck = format!("step-{step:06}");
         let (a, b) = (one.join(&ck), two.join(&ck));
         let (sa, sb) = (

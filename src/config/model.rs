@@ -58,6 +58,13 @@ impl Model {
                 recipe.steps_per_batch
             );
         }
+        if let Some(state) = &resume_state {
+            super::resume::check_batch_steps(
+                state,
+                recipe.steps_per_batch,
+                args.resume.as_deref(),
+            )?;
+        }
         let drafter = args.drafter.clone().or(file.drafter.clone());
         let explicit = Explicit {
             drafter_layers: args.drafter_layers.or(file.drafter_layers),

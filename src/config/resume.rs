@@ -36,6 +36,36 @@ pub(super) fn check_data_position(
     Ok(())
 }
 
+/// A checkpoint saved partway through a batch's steps resumes at the next of them: only with
+/// the steps a batch it was saved with, and only where fewer were taken than there are.
+pub(super) fn check_batch_steps(
+    state: &checkpoint::TrainerState,
+    steps_per_batch: i64,
+    dir: Option<&Path>,
+) -> Result<()> {
+    let Some(taken) = state.batch_steps_done else {
+        return Ok(());
+    };
+    let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
+    let saved = state.steps_per_batch.unwrap_or(1);
+    if taken == 0 || taken >= saved.max(1) as u64 {
+        bail!(
+            "{}: `batch_steps_done` {taken} is not between 1 and the {saved} steps a batch it \
+             was saved with: the checkpoint is damaged; resume from an earlier checkpoint",
+            file.display()
+        );
+    }
+    if steps_per_batch != saved {
+        bail!(
+            "--steps-per-batch {steps_per_batch}: {} was saved after {taken} of a batch's \
+             {saved} steps; resume with --steps-per-batch {saved} (or leave it out), or from a \
+             checkpoint at the end of a batch",
+            file.display()
+        );
+    }
+    Ok(())
+}
+
 /// The seed: a resumed run's is its checkpoint's (the target's random weights, the data order
 /// and the synthetic data come from it); a different one given is refused, as another run.
 pub(super) fn run_seed(
@@ -112,6 +142,27 @@ pub(super) fn resume_state_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_save_partway_through_a_batch_resumes_only_with_its_steps_a_batch() {
+        let dir = Some(Path::new("ck"));
+        let partway = |taken, of| checkpoint::TrainerState {
+            steps_per_batch: Some(of),
+            batch_steps_done: Some(taken),
+            ..Default::default()
+        };
+        assert!(check_batch_steps(&partway(2, 3), 3, dir).is_ok());
+        let e = check_batch_steps(&partway(2, 3), 6, dir).unwrap_err();
+        assert!(e.to_string().contains("--steps-per-batch 3"), "{e}");
+        for damaged in [partway(0, 3), partway(3, 3), partway(1, 0)] {
+            let e = check_batch_steps(&damaged, 3, dir).unwrap_err();
+            assert!(e.to_string().contains("ck/trainer_state.json"), "{e}");
+            assert!(e.to_string().contains("damaged"), "{e}");
+        }
+        // A save at a batch's end says nothing of it: any steps a batch will do.
+        let at_end = checkpoint::TrainerState::default();
+        assert!(check_batch_steps(&at_end, 7, dir).is_ok());
+    }
 
     #[test]
     fn a_resumed_run_keeps_its_schedule() {

@@ -57,6 +57,11 @@ pub struct TrainerState {
     /// Optimizer steps a batch; absent in checkpoints of earlier versions, which took one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps_per_batch: Option<i64>,
+    /// Saved partway through a batch's steps: the steps of that batch already taken. Then
+    /// `data_docs` and `anchor_rng` are as before the batch, so a resumed run takes the same
+    /// batch again, draws the same anchors and goes on from the next of its steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_steps_done: Option<u64>,
 }
 
 impl TrainerState {

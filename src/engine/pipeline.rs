@@ -294,6 +294,12 @@ impl Workers<'_> {
                 .and_then(|s| s.anchor_rng)
                 .filter(|_| shared.first_replica + i as u64 == 0),
             data_docs: resumed_docs(cfg),
+            batch_steps_done: cfg
+                .resume_state
+                .as_ref()
+                .and_then(|s| s.batch_steps_done)
+                .filter(|_| shared.first_replica + i as u64 == 0)
+                .unwrap_or(0),
             slow: cfg.slow.drafter,
             threads: self.threads,
             // The job's replica 0 (replica 0 of rank 0) writes the checkpoints.

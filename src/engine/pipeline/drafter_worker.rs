@@ -45,6 +45,8 @@ pub struct DrafterJob {
     pub rng_state: Option<u64>,
     /// Documents the run had taken from its source when it resumed.
     pub data_docs: u64,
+    /// Steps of the first batch the run it resumes had taken (saved partway through it).
+    pub batch_steps_done: u64,
     pub slow: Duration,
     pub threads: i32,
     /// Only the first drafter saves checkpoints.
@@ -140,8 +142,9 @@ pub fn run_drafter(job: DrafterJob, telemetry: Telemetry, cancel: CancelToken) -
 }
 
 /// A drafter worker: its job, its thread's marks and the next batch taken ahead, and where the
-/// run stands after the last batch it took (exact with one drafter; with several, replica 0's
-/// view: up to D-1 batches of the others may be seen again or skipped).
+/// run stands in the last batch it took, partway through its steps or after them (exact with
+/// one drafter; with several, replica 0's view: up to D-1 batches of the others may be seen
+/// again or skipped).
 ///
 /// Fields drop in order, as the loop's locals did: the batch taken ahead, the copy stream and
 /// the marks before the job (its model, optimizer and queue).
@@ -158,6 +161,10 @@ struct Worker<'a> {
     iteration: u64,
     rng: Rng,
     data_docs: u64,
+    /// Where the batch being trained began: the documents taken and the sampler's state before
+    /// it, and (steps taken, steps) of it; a save partway through it records these.
+    batch_start: (u64, u64),
+    batch_steps: (u64, u64),
     /// (seq_len, batch) of the last batch.
     shape: (i64, i64),
     last_loss: Option<f32>,
@@ -205,6 +212,8 @@ impl<'a> Worker<'a> {
             iteration: 0,
             rng,
             data_docs: job.data_docs,
+            batch_start: (job.data_docs, 0),
+            batch_steps: (0, 0),
             shape: (0, 0),
             last_loss: None,
             last_saved: job.step.optimizer.step as u64,
@@ -221,11 +230,15 @@ impl<'a> Worker<'a> {
         let Some((hidden, b)) = self.take()? else {
             return Ok(ControlFlow::Break(()));
         };
+        self.batch_start.1 = self.rng.state();
         let per_row = anchors_by_row(&b, self.job.anchors, self.job.anchor_scope, &mut self.rng);
         let parts = share_anchors(&per_row, self.job.steps_per_batch);
         let n = parts.len() as u64;
-        for (j, part) in parts.iter().enumerate() {
-            if j > 0 {
+        // A run resumed from a save partway through this batch goes on from its next step.
+        let done = std::mem::take(&mut self.job.batch_steps_done) as usize;
+        for (j, part) in parts.iter().enumerate().skip(done) {
+            self.batch_steps = (j as u64 + 1, n);
+            if j > done {
                 if self.cancel.is_cancelled() {
                     return Ok(ControlFlow::Break(()));
                 }
@@ -301,6 +314,7 @@ impl<'a> Worker<'a> {
         };
         self.m.mark(Phase::Anchors);
         let (hidden, b) = taken.take(self.device, self.m.stream())?;
+        self.batch_start.0 = self.data_docs;
         self.data_docs = b.docs_placed;
         self.shape = (b.seq, b.rows);
         (self.job.counts.truncated_docs).fetch_add(b.truncated, Ordering::Relaxed);

@@ -65,20 +65,29 @@ impl Worker<'_> {
         };
         let path = dir.join(format!("step-{step:06}"));
         let (seq_len, batch) = self.shape;
+        // Partway through a batch's steps: where the batch began, so that a resumed run takes it
+        // again and goes on from its next step.
+        let (taken, of) = self.batch_steps;
+        let partway = taken < of;
+        let (data_docs, anchor_rng) = match partway {
+            true => self.batch_start,
+            false => (self.data_docs, self.rng.state()),
+        };
         let state = TrainerState {
             step,
             total_steps: job.schedule.total_steps(),
             seed: job.seed,
             lr: job.lr,
             schedule: Some(job.schedule),
-            data_docs: self.data_docs,
-            anchor_rng: Some(self.rng.state()),
+            data_docs,
+            anchor_rng: Some(anchor_rng),
             last_loss: self.last_loss,
             seq_len: Some(seq_len),
             batch: Some(batch),
             anchors: Some(job.anchors),
             anchor_scope: Some(job.anchor_scope),
             steps_per_batch: Some(job.steps_per_batch),
+            batch_steps_done: partway.then_some(taken),
         };
         let (spec, optimizer) = (&job.step.spec, &job.step.optimizer);
         checkpoint::save(&path, spec, &job.vs, optimizer, &state)?;
