@@ -287,6 +287,15 @@ fn pipeline_spec(
     )?;
     let recipe = model.recipe;
     let cupti = cupti_of(args.cupti.as_deref(), &target_devices, &drafter_devices)?;
+    let job = crate::job::JobTag::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let replicas = drafter_devices.len() as u32 * job.as_ref().map_or(1, |j| j.world);
+    if recipe.steps_per_batch == crate::engine::train::recipe::STEP_PER_DOC && replicas > 1 {
+        anyhow::bail!(
+            "--steps-per-batch doc: drafter replicas step together, and each one's batch holds \
+             its own count of documents; with {replicas} drafters give a count of steps a batch \
+             (e.g. --steps-per-batch 6)"
+        );
+    }
     Ok(PipelineSpec {
         target: model.target,
         target_config: model.target_config,
@@ -323,7 +332,7 @@ fn pipeline_spec(
         data_threads: limits.data_threads,
         chat: file.chat.clone().unwrap_or_default(),
         fast_paths: fast_paths_of(args.disable.as_deref(), file.fast_paths.as_ref())?,
-        job: crate::job::JobTag::from_env().map_err(|e| anyhow::anyhow!("{e}"))?,
+        job,
         hooks: crate::engine::spec::ProcessHooks {
             stop_requested: crate::signals::requested,
             exit_now: crate::signals::exit_now,

@@ -75,6 +75,11 @@ fn packing_places_whole_documents_and_pads_the_rest_of_a_row() {
         (2, 0),
         "the third is still pending"
     );
+    assert_eq!(
+        b.doc_tokens,
+        12 - 4,
+        "the rows less their 4 tokens of padding"
+    );
     let next = packer.pack(&mut src, 1, 6).unwrap();
     assert_eq!(vec_i64(&next.input_ids), vec![1, 2, 3, 4, 5, 0]);
     assert_eq!(next.docs_placed, 3);
@@ -96,6 +101,11 @@ fn a_document_longer_than_a_row_is_truncated_and_counted_never_split() {
         vec![0, 1, 2, 3, 4, 5, 0, 1, 0, 1, 2, 3]
     );
     assert_eq!((b.truncated, b.docs_placed), (1, 2));
+    assert_eq!(
+        b.doc_tokens,
+        6 + 2,
+        "what was placed of the long one, and the short one"
+    );
     let next = packer.pack(&mut src, 1, 6).unwrap();
     assert_eq!(vec_i64(&next.input_ids), vec![1, 2, 3, 4, 5, 6]);
     assert_eq!((next.truncated, packer.truncated), (1, 2));

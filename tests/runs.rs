@@ -211,7 +211,26 @@ fn a_run_saved_partway_through_a_row_resumes_at_its_next_step() {
         "--resume",
         from.to_str().unwrap(),
     ]);
-    assert_user_error(&o, &["--steps-per-batch 2", "after 1 of a batch's 3 steps"]);
+    assert_user_error(
+        &o,
+        &[
+            "--steps-per-batch 2",
+            "after 1 of a batch's steps (--steps-per-batch 3)",
+        ],
+    );
+}
+
+/// A step a document (`--steps-per-batch doc`): the first batch of the tiny preset's data holds
+/// 4 documents, 4 steps; saved after the second, the run resumes at the third, as in one go.
+#[test]
+fn a_step_a_document_resumes_partway_through_a_batch_as_in_one_go() {
+    let dir = resume_equals_one_go_with(&["--steps-per-batch", "doc"], &[], 2);
+    let state = json(&dir.path().join("one/step-000002/trainer_state.json"));
+    assert_eq!(state["steps_per_batch"], -1, "doc, as kept: {state}");
+    assert_eq!(state["batch_steps_done"], 2, "{state}");
+    assert_eq!(state["data_docs"], 0, "as before the first batch: {state}");
+    let next_batch = json(&dir.path().join("one/step-000005/trainer_state.json"));
+    assert!(next_batch["data_docs"].as_u64() > Some(0), "{next_batch}");
 }
 
 fn resume_equals_one_go(extra: &[&str]) {
@@ -777,6 +796,13 @@ fn a_batch_without_loss_tokens_is_no_optimizer_step() {
     assert_eq!(
         field(data_line, "truncated_docs"),
         Some(skipped + 3.0),
+        "{out}"
+    );
+    // Every row is one truncated document, no padding: the data read is every token counted.
+    let summary = out.lines().find(|l| l.starts_with("summary:")).unwrap();
+    assert_eq!(
+        field(data_line, "doc_tokens"),
+        field(summary, "tokens"),
         "{out}"
     );
     // Three optimizer steps on the three batches with loss: AdamW's own count says so.

@@ -184,8 +184,9 @@ pub struct TrainArgs {
     pub anchor_budget: Option<String>,
     /// Optimizer steps each packed batch trains, each on its share of the batch's anchors, the
     /// target's hidden states computed once (recipe: the preset's, or 6 with --target; a
-    /// resumed run keeps its own).
-    #[arg(long, value_name = "N")]
+    /// resumed run keeps its own); `doc`: a step for each document, on its anchors.
+    #[arg(long, value_name = "N|doc",
+          value_parser = crate::engine::train::recipe::parse_steps_per_batch)]
     pub steps_per_batch: Option<i64>,
     /// Peak learning rate (recipe: the preset's, or 6e-4 with --target).
     #[arg(long, value_name = "LR")]

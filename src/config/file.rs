@@ -27,6 +27,8 @@ pub struct FileConfig {
     pub seq_len: Option<i64>,
     pub anchors: Option<i64>,
     pub anchor_budget: Option<String>,
+    /// A count or "doc" (`--steps-per-batch`).
+    #[serde(default, deserialize_with = "steps_per_batch_of")]
     pub steps_per_batch: Option<i64>,
     pub lr: Option<f64>,
     pub batch_queue: Option<usize>,
@@ -130,4 +132,21 @@ pub fn dwell_ns(seconds: Option<f64>) -> Result<u64> {
             bail!("`verdict_dwell` {s} in the TOML: give seconds from 0 (change at once) to 600")
         }
     }
+}
+
+/// `steps_per_batch = 3` or `steps_per_batch = "doc"`.
+fn steps_per_batch_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Count(i64),
+        Name(String),
+    }
+    let text = match Given::deserialize(d)? {
+        Given::Count(n) => n.to_string(),
+        Given::Name(s) => s,
+    };
+    crate::engine::train::recipe::parse_steps_per_batch(&text)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("`steps_per_batch` {e}")))
 }

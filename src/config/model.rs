@@ -8,8 +8,8 @@ use crate::engine::checkpoint;
 use crate::engine::model::shapes::{drafter_spec_for, DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
 use crate::engine::train::presets::Preset;
-use crate::engine::train::recipe::Recipe;
 use crate::engine::train::recipe::{mask_token_of, MaskToken};
+use crate::engine::train::recipe::{Recipe, STEP_PER_DOC};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -52,9 +52,9 @@ impl Model {
         };
         let resume_state = super::resume::resume_state_of(args, file)?;
         let recipe = recipe_of(args, file, &base, resume_state.as_ref())?;
-        if recipe.steps_per_batch < 1 {
+        if recipe.steps_per_batch < 1 && recipe.steps_per_batch != STEP_PER_DOC {
             anyhow::bail!(
-                "--steps-per-batch {}: give 1 or more optimizer steps a batch",
+                "--steps-per-batch {}: give 1 or more optimizer steps a batch, or `doc`",
                 recipe.steps_per_batch
             );
         }

@@ -4,6 +4,7 @@
 use super::FileConfig;
 use crate::config::cli::TrainArgs;
 use crate::engine::checkpoint;
+use crate::engine::train::recipe::{steps_per_batch_name, STEP_PER_DOC};
 use crate::engine::train::schedule::Schedule;
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -48,18 +49,23 @@ pub(super) fn check_batch_steps(
     };
     let file = dir.unwrap_or(Path::new(".")).join(checkpoint::TRAINER_FILE);
     let saved = state.steps_per_batch.unwrap_or(1);
-    if taken == 0 || taken >= saved.max(1) as u64 {
+    let past_the_end = saved != STEP_PER_DOC && taken >= saved.max(1) as u64;
+    if taken == 0 || past_the_end {
         bail!(
-            "{}: `batch_steps_done` {taken} is not between 1 and the {saved} steps a batch it \
-             was saved with: the checkpoint is damaged; resume from an earlier checkpoint",
+            "{}: `batch_steps_done` {taken} is not between 1 and the steps a batch it was saved \
+             with ({saved}): the checkpoint is damaged; resume from an earlier checkpoint",
             file.display()
         );
     }
     if steps_per_batch != saved {
+        let (given, saved) = (
+            steps_per_batch_name(steps_per_batch),
+            steps_per_batch_name(saved),
+        );
         bail!(
-            "--steps-per-batch {steps_per_batch}: {} was saved after {taken} of a batch's \
-             {saved} steps; resume with --steps-per-batch {saved} (or leave it out), or from a \
-             checkpoint at the end of a batch",
+            "--steps-per-batch {given}: {} was saved after {taken} of a batch's steps \
+             (--steps-per-batch {saved}); resume with --steps-per-batch {saved} (or leave it \
+             out), or from a checkpoint at the end of a batch",
             file.display()
         );
     }

@@ -113,6 +113,31 @@ fn flags_override_the_toml_file_which_overrides_the_recipe() {
     assert!(c.recipe_line().contains("steps_per_batch=3"));
     let e = train(dir.path(), |a| a.steps_per_batch = Some(0)).unwrap_err();
     assert!(format!("{e:#}").contains("--steps-per-batch 0"), "{e:#}");
+    // A step a document: `doc` on the command line and in the file, shown as `doc`.
+    use crate::engine::train::recipe::{parse_steps_per_batch, STEP_PER_DOC};
+    assert_eq!(parse_steps_per_batch("doc"), Ok(STEP_PER_DOC));
+    assert_eq!(parse_steps_per_batch("4"), Ok(4));
+    for bad in ["0", "-1", "docs"] {
+        let e = parse_steps_per_batch(bad).unwrap_err();
+        assert!(
+            e.contains(&format!("`{bad}`")) && e.contains("`doc`"),
+            "{e}"
+        );
+    }
+    std::fs::write(&toml, "steps_per_batch = \"doc\"\n").unwrap();
+    let c = train(dir.path(), |a| a.config = Some(toml.clone())).unwrap();
+    assert_eq!(c.steps_per_batch, STEP_PER_DOC);
+    assert!(c.recipe_line().contains("steps_per_batch=doc"));
+    std::fs::write(&toml, "steps_per_batch = 0\n").unwrap();
+    let e = train(dir.path(), |a| a.config = Some(toml.clone())).unwrap_err();
+    assert!(format!("{e:#}").contains("`steps_per_batch` `0`"), "{e:#}");
+    // Replicas step together; their batches hold different counts of documents.
+    let e = train(dir.path(), |a| {
+        a.steps_per_batch = Some(STEP_PER_DOC);
+        a.drafter_devices = Some("cpu,cpu".into());
+    })
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("--steps-per-batch doc"), "{e:#}");
     std::fs::write(&toml, "[chat]\nthinking = true\n").unwrap();
     let e = train(dir.path(), |a| a.config = Some(toml.clone())).unwrap_err();
     assert!(

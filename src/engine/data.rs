@@ -189,6 +189,8 @@ pub struct PackedBatch {
     pub docs_placed: u64,
     /// Documents of this batch truncated to the row length.
     pub truncated: u64,
+    /// Tokens of the documents in it (the rows less their padding).
+    pub doc_tokens: u64,
 }
 
 impl PackedBatch {
@@ -244,6 +246,8 @@ pub struct Row {
     pub loss_mask: Vec<bool>,
     /// Lengths of the documents, then of the padding when there is any.
     pub lengths: Vec<i64>,
+    /// Tokens of its documents (the row less its padding).
+    pub doc_tokens: usize,
 }
 
 impl Packer {
@@ -287,6 +291,7 @@ impl Packer {
             ids: Vec::with_capacity(seq),
             loss_mask: Vec::with_capacity(seq),
             lengths: Vec::new(),
+            doc_tokens: 0,
         };
         while row.ids.len() < seq {
             let drawn = match self.pending.take() {
@@ -304,6 +309,7 @@ impl Packer {
             row.ids.extend(doc.ids);
             row.loss_mask.extend(doc.loss_mask);
         }
+        row.doc_tokens = row.ids.len();
         let pad = seq - row.ids.len();
         if pad > 0 {
             row.lengths.push(pad as i64);
@@ -320,8 +326,10 @@ impl Packer {
         let mut all_mask = Vec::with_capacity((rows * seq) as usize);
         let mut doc_rows = Vec::with_capacity(rows as usize);
         let mut pos_rows = Vec::with_capacity(rows as usize);
+        let mut doc_tokens = 0;
         for _ in 0..rows {
             let row = self.fill_row(src, seq as usize)?;
+            doc_tokens += row.doc_tokens as u64;
             let (doc_ids, positions) = doc_ids_and_positions(&row.lengths);
             doc_rows.push(doc_ids);
             pos_rows.push(positions);
@@ -341,6 +349,7 @@ impl Packer {
             host_loss_mask: all_mask,
             docs_placed: self.docs_placed(),
             truncated: self.truncated - truncated_before,
+            doc_tokens,
         })
     }
 }

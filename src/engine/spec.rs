@@ -172,7 +172,7 @@ impl PipelineSpec {
             self.batch,
             self.anchors,
             self.anchor_scope.name(),
-            self.steps_per_batch,
+            crate::engine::train::recipe::steps_per_batch_name(self.steps_per_batch),
             self.lr,
             self.schedule.describe(),
             self.steps

@@ -234,6 +234,7 @@ mod tests {
             host_doc_ids,
             docs_placed: 0,
             truncated: 0,
+            doc_tokens: 0,
         }
     }
 

@@ -14,7 +14,7 @@ use crate::engine::train::step::{DrafterStep, StepOutcome, StepProbe};
 use crate::telemetry::phase_recorder::{TrainMetrics, MAX_SLOTS};
 use crate::telemetry::queue::QueueRx;
 use crate::telemetry::{Phase, Telemetry};
-use anchors::{anchors_by_row, share_anchors};
+use anchors::{anchors_by_row, share_anchors, share_by_doc};
 use anyhow::Result;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -232,7 +232,10 @@ impl<'a> Worker<'a> {
         };
         self.batch_start.1 = self.rng.state();
         let per_row = anchors_by_row(&b, self.job.anchors, self.job.anchor_scope, &mut self.rng);
-        let parts = share_anchors(&per_row, self.job.steps_per_batch);
+        let parts = match self.job.steps_per_batch {
+            crate::engine::train::recipe::STEP_PER_DOC => share_by_doc(&b, &per_row),
+            steps => share_anchors(&per_row, steps),
+        };
         let n = parts.len() as u64;
         // A run resumed from a save partway through this batch goes on from its next step.
         let done = std::mem::take(&mut self.job.batch_steps_done) as usize;
@@ -248,7 +251,10 @@ impl<'a> Worker<'a> {
             // The batch's tokens, shared out over its steps (they sum to the batch's).
             let j = j as u64;
             let tokens = b.tokens() * (j + 1) / n - b.tokens() * j / n;
-            if self.train_on(&hidden, &b, part, tokens)?.is_break() {
+            let doc_tokens = b.doc_tokens * (j + 1) / n - b.doc_tokens * j / n;
+            let went_on = self.train_on(&hidden, &b, part, tokens)?;
+            (self.job.counts.doc_tokens).fetch_add(doc_tokens, Ordering::Relaxed);
+            if went_on.is_break() {
                 return Ok(ControlFlow::Break(()));
             }
         }

@@ -159,6 +159,7 @@ mod tests {
                     host_loss_mask: vec![true; 8],
                     docs_placed: 1,
                     truncated: 0,
+                    doc_tokens: 0,
                 },
                 ready: Some(ready),
             }

@@ -141,16 +141,20 @@ pub struct DataCounts {
     /// JSONL documents the loader passed over for fewer than 2 x block loss tokens (or no two
     /// in a row), each time the stream reached them.
     pub dropped_docs: AtomicU64,
+    /// Tokens of documents (their rows' padding out) in the optimizer steps the drafters took:
+    /// the data a run read, whatever its rows' length.
+    pub doc_tokens: AtomicU64,
 }
 
 impl DataCounts {
-    /// `truncated_docs=N skipped_batches=M dropped_docs=K`.
+    /// `truncated_docs=N skipped_batches=M dropped_docs=K doc_tokens=T`.
     pub fn line(&self) -> String {
         format!(
-            "truncated_docs={} skipped_batches={} dropped_docs={}",
+            "truncated_docs={} skipped_batches={} dropped_docs={} doc_tokens={}",
             self.truncated_docs.load(Ordering::Relaxed),
             self.skipped_batches.load(Ordering::Relaxed),
-            self.dropped_docs.load(Ordering::Relaxed)
+            self.dropped_docs.load(Ordering::Relaxed),
+            self.doc_tokens.load(Ordering::Relaxed)
         )
     }
 }

@@ -59,6 +59,33 @@ impl Recipe {
     }
 }
 
+/// `--steps-per-batch doc`: an optimizer step for each document of a batch, on that document's
+/// anchors (SpecForge's batch of one conversation a step), the target's hidden states still
+/// computed a packed batch at a time. Kept as `steps_per_batch` (and in checkpoints) as this
+/// value.
+pub const STEP_PER_DOC: i64 = -1;
+
+/// `--steps-per-batch`'s value from its text: a count of 1 or more, or `doc`.
+pub fn parse_steps_per_batch(text: &str) -> Result<i64, String> {
+    match text {
+        "doc" => Ok(STEP_PER_DOC),
+        n => match n.parse::<i64>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!(
+                "`{text}`: give 1 or more optimizer steps a batch, or `doc` (a step a document)"
+            )),
+        },
+    }
+}
+
+/// `--steps-per-batch`'s value as a user writes it.
+pub fn steps_per_batch_name(steps: i64) -> String {
+    match steps {
+        STEP_PER_DOC => "doc".into(),
+        n => n.to_string(),
+    }
+}
+
 /// A mask token id and where it came from (shown in the `config:` line).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MaskToken {

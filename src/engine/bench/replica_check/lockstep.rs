@@ -192,5 +192,6 @@ fn slice_rows(b: &PackedBatch, rows: Range<i64>) -> PackedBatch {
         host_loss_mask: b.host_loss_mask[host].to_vec(),
         docs_placed: b.docs_placed,
         truncated: 0,
+        doc_tokens: b.doc_tokens * n as u64 / b.rows.max(1) as u64,
     }
 }

@@ -1,5 +1,6 @@
 //! A batch's anchors for the drafter's worker: each row's drawn from its documents and loss mask,
-//! and shared out over the optimizer steps a batch trains (`--steps-per-batch`).
+//! and shared out over the optimizer steps a batch trains (`--steps-per-batch`: a count, or a
+//! step a document).
 
 use crate::engine::data::{PackedBatch, Rng};
 use crate::engine::train::blocks::{sample_anchors, AnchorScope};
@@ -42,9 +43,73 @@ pub(in crate::engine) fn share_anchors(per_row: &[Vec<i64>], steps: i64) -> Vec<
         .collect()
 }
 
+/// A step for each document of the batch (`--steps-per-batch doc`): step j takes one document's
+/// anchors in its row, the other rows none; documents in row order, then in the row. Documents
+/// without anchors take no step; one step at least (then with no anchors: a skipped batch).
+pub(in crate::engine) fn share_by_doc(b: &PackedBatch, per_row: &[Vec<i64>]) -> Vec<Vec<Vec<i64>>> {
+    let seq = b.seq as usize;
+    let mut parts = Vec::new();
+    for (r, anchors) in per_row.iter().enumerate() {
+        let doc_of = |p: i64| b.host_doc_ids[r * seq + p as usize];
+        let mut rest = &anchors[..];
+        while let Some(&first) = rest.first() {
+            let n = rest
+                .iter()
+                .take_while(|&&p| doc_of(p) == doc_of(first))
+                .count();
+            let mut part = vec![Vec::new(); per_row.len()];
+            part[r] = rest[..n].to_vec();
+            parts.push(part);
+            rest = &rest[n..];
+        }
+    }
+    if parts.is_empty() {
+        parts.push(per_row.to_vec());
+    }
+    parts
+}
+
 #[cfg(test)]
 mod tests {
-    use super::share_anchors;
+    use super::{share_anchors, share_by_doc};
+    use crate::engine::data::PackedBatch;
+    use tch::Tensor;
+
+    fn batch(doc_ids: Vec<i64>, seq: i64) -> PackedBatch {
+        let rows = doc_ids.len() as i64 / seq;
+        PackedBatch {
+            rows,
+            seq,
+            input_ids: Tensor::zeros([rows, seq], tch::kind::INT64_CPU),
+            positions: Tensor::zeros([rows, seq], tch::kind::INT64_CPU),
+            doc_ids: Tensor::zeros([rows, seq], tch::kind::INT64_CPU),
+            loss_mask: Tensor::zeros([rows, seq], (tch::Kind::Bool, tch::Device::Cpu)),
+            host_loss_mask: vec![true; doc_ids.len()],
+            host_doc_ids: doc_ids,
+            docs_placed: 0,
+            truncated: 0,
+            doc_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn a_step_a_document_takes_each_documents_anchors_in_its_row() {
+        // Row 0: documents 0 (positions 0-3) and 1 (4-7); row 1: document 2, then padding (3).
+        let b = batch(vec![0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 3], 8);
+        let per_row = vec![vec![1, 2, 5], vec![0, 3, 4]];
+        let parts = share_by_doc(&b, &per_row);
+        assert_eq!(
+            parts,
+            vec![
+                vec![vec![1, 2], vec![]],
+                vec![vec![5], vec![]],
+                vec![vec![], vec![0, 3, 4]],
+            ]
+        );
+        // Nothing to train: one step with no anchors, which the worker skips.
+        let none: Vec<Vec<i64>> = vec![vec![], vec![]];
+        assert_eq!(share_by_doc(&b, &none), vec![none.clone()]);
+    }
 
     #[test]
     fn a_batch_anchors_are_shared_out_over_its_steps_each_once() {
