@@ -27,7 +27,8 @@ same settings is reused (the target, the data, each training run).
    do not hold (check_data).
 3. For each seed (3), a random DFlashDraftModel init (z-lab dflash's class); both trainers start
    from it and train on the same conversations in the same order, with the same recipe numbers
-   (4% warm-up, cosine, clip 1.0, gamma 7 for block 16), for the same number of target tokens:
+   (4% warm-up, cosine, clip 1.0, gamma 7 for block 16), for the same number of target tokens
+   (the data's: dflash-top's `doc_tokens`, the padding of its packed rows out):
    dflash-top at the size's recipe (`ours`), SpecForge at its default batch of one conversation
    a step (`sf`). Then the faster of the two trains again (a fresh run) for as many tokens as
    match the slower one's time after its first optimizer step (warm-up and compilation out, for
@@ -158,8 +159,8 @@ def parse_args():
     ap.add_argument("--ours-budget", choices=["per-row", "per-doc"],
                     help="dflash-top's --anchor-budget (size's)")
     ap.add_argument("--ours-lr", type=float, help="dflash-top's --lr (size's)")
-    ap.add_argument("--ours-steps-per-batch", type=int,
-                    help="dflash-top's --steps-per-batch (size's)")
+    ap.add_argument("--ours-steps-per-batch", type=lambda v: v if v == "doc" else int(v),
+                    help="dflash-top's --steps-per-batch, N or doc (size's)")
     ap.add_argument("--cores", help="pin both trainers to these cores, e.g. `0` (CPU size: the "
                     "first --threads cores this process may use)")
     ap.add_argument("--threads", type=int, help="torch intra-op threads of the Python stages")

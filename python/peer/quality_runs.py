@@ -48,7 +48,7 @@ def label(trainer, setting):
     if trainer == "specforge":
         return f"batch {setting['batch']}, lr {setting['lr']:g}"
     k = setting.get("steps_per_batch", 1)
-    steps = f", {k} steps/row" if k > 1 else ""
+    steps = ", a step a doc" if k == "doc" else f", {k} steps/row" if k > 1 else ""
     return (f"seq {setting['seq_len']}, {setting['anchors']} {setting['budget']}{steps}, "
             f"lr {setting['lr']:g}")  # fmt: skip
 
@@ -141,9 +141,15 @@ def run_ours(ctx, name, setting, seed, tokens, points=1):
     """dflash-top's run; with `points` > 1, checkpoints along it for a learning curve."""
     s = ctx["s"]
     k = setting.get("steps_per_batch", 1)
-    # Optimizer steps (--steps counts them): k for each packed row of seq_len tokens.
-    steps = max(1, round(tokens / setting["seq_len"])) * k
-    per_step = setting["seq_len"] / k
+    # Optimizer steps (--steps counts them): k for each packed row of seq_len tokens; with a step
+    # a document ("doc"), about one for each conversation of the data's mean length (the run's
+    # own count of tokens read is what the table keeps).
+    if k == "doc":
+        mean = sum(len(ids) for ids, _ in ctx["samples"]) / max(1, len(ctx["samples"]))
+        steps = max(1, round(tokens / mean))
+    else:
+        steps = max(1, round(tokens / setting["seq_len"])) * k
+    per_step = tokens / steps if k == "doc" else setting["seq_len"] / k
     every = max(1, steps // points)
     key = digest([ctx["key"], "ours", setting, seed, steps, ctx["device"], ctx["bin_id"], points])
     save = os.path.join(ctx["work"], f"{name}-{key[:8]}")  # one directory per run
@@ -168,6 +174,11 @@ def run_ours(ctx, name, setting, seed, tokens, points=1):
         raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr}")
     lines = r.stdout.splitlines()
     summary = next((x for x in reversed(lines) if x.startswith("summary:")), "")
+    # The data the steps read: its documents' tokens, the padding of its packed rows out
+    # (SpecForge's batch of one conversation has none), as dflash-top counts them.
+    data_line = next((x for x in reversed(lines) if x.startswith("data:")), "")
+    if field(data_line, "doc_tokens"):
+        per_step = field(data_line, "doc_tokens") / steps
     late = [
         field(x, "tau")
         for x in lines

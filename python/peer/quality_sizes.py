@@ -43,7 +43,8 @@ SIZES = {
         "sf": {"batch": 1, "lr": 3e-3},
         "sweep": {
             "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 3},
-                              {"steps_per_batch": 6}, {"seq_len": 128, "anchors": 32}],
+                              {"steps_per_batch": 6}, {"seq_len": 128, "anchors": 32},
+                              {"steps_per_batch": "doc", "budget": "per-doc"}],
                      "lr": [1e-3, 3e-3, 1e-2]},
             "sf": {"step": [{"batch": 1}, {"batch": 2}, {"batch": 4}], "lr": [1e-3, 3e-3, 1e-2]},
         },
@@ -122,7 +123,9 @@ SIZES = {
                      "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 12},
                                        {"seq_len": 1024, "steps_per_batch": 2},
                                        {"seq_len": 512, "anchors": 384, "steps_per_batch": 2},
-                                       {"seq_len": 512, "anchors": 384, "steps_per_batch": 4}],
+                                       {"seq_len": 512, "anchors": 384, "steps_per_batch": 4},
+                                       # SpecForge's recipe in our engine: a step a conversation.
+                                       {"steps_per_batch": "doc", "budget": "per-doc"}],
                               "lr": [1e-3, 3e-3]},
                      "sf": {"step": [{"batch": 2}, {"batch": 4}], "lr": [1e-3, 3e-3]},
                  }},
