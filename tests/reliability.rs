@@ -111,6 +111,57 @@ fn a_signal_stops_a_headless_run_and_saves_the_last_step() {
     }
 }
 
+/// Stopped by a signal at any step of a run of 3 steps a batch, the last save says how many of
+/// its batch's steps were taken (none said at a batch's end), and the run resumes from it.
+#[test]
+fn a_signal_partway_through_a_batch_saves_the_steps_taken_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = bin()
+        .args([
+            "train",
+            "--headless",
+            "--interval",
+            "0.2",
+            "--steps-per-batch",
+            "3",
+        ])
+        .arg("--save-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_steps(&mut child);
+    kill(&child, libc::SIGINT);
+    assert_eq!(wait_exit(&mut child).code(), Some(130));
+    let saved = step_dirs(dir.path());
+    let ck = dir.path().join(&saved[0]);
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ck.join("trainer_state.json")).unwrap())
+            .unwrap();
+    let step = state["step"].as_u64().unwrap();
+    assert_eq!(
+        state["batch_steps_done"].as_u64().unwrap_or(0),
+        step % 3,
+        "{state}"
+    );
+    let more = (step + 2).to_string();
+    let o = bin()
+        .args([
+            "train",
+            "--headless",
+            "--interval",
+            "30",
+            "--steps",
+            &more,
+            "--resume",
+        ])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 #[test]
 fn a_signal_stops_a_bench_and_saves() {
     let dir = tempfile::tempdir().unwrap();

@@ -215,7 +215,7 @@ fn a_run_saved_partway_through_a_row_resumes_at_its_next_step() {
         &o,
         &[
             "--steps-per-batch 2",
-            "after 1 of a batch's steps (--steps-per-batch 3)",
+            "after 1 of a batch's steps, with --steps-per-batch 3",
         ],
     );
 }

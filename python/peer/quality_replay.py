@@ -25,6 +25,8 @@ import torch
 def greedy_replies(target, eval_rows, device, max_new, stop_ids, batch):
     """The target's own greedy reply to each prompt, up to len(row's reply[:max_new]) tokens,
     ending at its first stop token (kept) if one comes: the S after the prompt."""
+    from transformers import GenerationConfig
+
     out = []
     for i in range(0, len(eval_rows), batch):
         rows = eval_rows[i : i + batch]
@@ -36,13 +38,15 @@ def greedy_replies(target, eval_rows, device, max_new, stop_ids, batch):
         for j, r in enumerate(rows):
             ids[j, width - len(r["prompt"]) :] = torch.tensor(r["prompt"])
             mask[j, width - len(r["prompt"]) :] = 1
+        # Plain greedy, whatever the model's own generation_config asks (a penalty, other stop
+        # tokens): dflash_generate takes the argmax and stops at the target's eos ids.
+        greedy = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=stop_ids,
+                                  pad_token_id=stop_ids[0])  # fmt: skip
         with torch.inference_mode():
             got = target.generate(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
-                max_new_tokens=n,
-                do_sample=False,
-                pad_token_id=stop_ids[0],
+                generation_config=greedy,
             )
         for j, r in enumerate(rows):
             reply = got[j, width:].tolist()[: len(r["reply"][:max_new])]
@@ -90,6 +94,10 @@ class Replay:
     def acceptance(self, drafter):
         """(acceptance length per prompt, outputs equal to the row's reply) of `drafter`, a
         dflash DFlashDraftModel on the target's device and dtype."""
+        for layer in drafter.layers:
+            if layer.self_attn.is_causal or layer.self_attn.sliding_window is not None:
+                raise SystemExit("replay takes drafters of full attention (dflash's default); "
+                                 "this one has causal or sliding layers: --measure decode")  # fmt: skip
         per, same = [], 0
         for row, reply, (s, feats, _) in zip(self.rows, self.replies,
                                              self._captured(drafter.target_layer_ids)):  # fmt: skip
@@ -97,7 +105,10 @@ class Replay:
             max_length = p + len(row["reply"][: self.max_new])
             proposed = drafts(drafter, self.target, s, feats, p, max_length) if len(s) > p + 1 else {}
             rounds = walk(s, p, max_length, proposed, self.stop_ids)
-            per.append(sum(rounds) / max(1, len(rounds)))
+            if not rounds:  # dflash_generate would divide by zero here too
+                raise SystemExit(f"held-out prompt {len(per)}: the target's reply ends at once "
+                                 "(no decoding round); drop it from the held-out set")  # fmt: skip
+            per.append(sum(rounds) / len(rounds))
             same += reply == row["reply"][: self.max_new]
         return per, same
 

@@ -59,11 +59,7 @@ impl Model {
             );
         }
         if let Some(state) = &resume_state {
-            super::resume::check_batch_steps(
-                state,
-                recipe.steps_per_batch,
-                args.resume.as_deref(),
-            )?;
+            super::resume::check_batch_steps(state, &recipe, args.resume.as_deref())?;
         }
         let drafter = args.drafter.clone().or(file.drafter.clone());
         let explicit = Explicit {

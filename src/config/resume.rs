@@ -4,7 +4,8 @@
 use super::FileConfig;
 use crate::config::cli::TrainArgs;
 use crate::engine::checkpoint;
-use crate::engine::train::recipe::{steps_per_batch_name, STEP_PER_DOC};
+use crate::engine::train::blocks::AnchorScope;
+use crate::engine::train::recipe::{steps_per_batch_name, Recipe, STEP_PER_DOC};
 use crate::engine::train::schedule::Schedule;
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -38,10 +39,11 @@ pub(super) fn check_data_position(
 }
 
 /// A checkpoint saved partway through a batch's steps resumes at the next of them: only with
-/// the steps a batch it was saved with, and only where fewer were taken than there are.
+/// the batch and its steps as they were saved (rows, their length, the anchors and their budget,
+/// the steps a batch), and only where fewer were taken than there are.
 pub(super) fn check_batch_steps(
     state: &checkpoint::TrainerState,
-    steps_per_batch: i64,
+    recipe: &Recipe,
     dir: Option<&Path>,
 ) -> Result<()> {
     let Some(taken) = state.batch_steps_done else {
@@ -57,17 +59,32 @@ pub(super) fn check_batch_steps(
             file.display()
         );
     }
-    if steps_per_batch != saved {
-        let (given, saved) = (
-            steps_per_batch_name(steps_per_batch),
+    let name = |v: Option<i64>| v.map_or_else(|| "-".into(), |v| v.to_string());
+    let scope = |s: Option<AnchorScope>| s.unwrap_or(AnchorScope::PerRow).name().to_string();
+    let flags = [
+        (
+            "steps-per-batch",
+            steps_per_batch_name(recipe.steps_per_batch),
             steps_per_batch_name(saved),
-        );
-        bail!(
-            "--steps-per-batch {given}: {} was saved after {taken} of a batch's steps \
-             (--steps-per-batch {saved}); resume with --steps-per-batch {saved} (or leave it \
-             out), or from a checkpoint at the end of a batch",
-            file.display()
-        );
+        ),
+        ("seq-len", recipe.seq_len.to_string(), name(state.seq_len)),
+        ("batch", recipe.batch.to_string(), name(state.batch)),
+        ("anchors", recipe.anchors.to_string(), name(state.anchors)),
+        (
+            "anchor-budget",
+            recipe.anchor_scope.name().to_string(),
+            scope(state.anchor_scope),
+        ),
+    ];
+    for (flag, given, saved) in flags {
+        if given != saved && saved != "-" {
+            bail!(
+                "--{flag} {given}: {} was saved after {taken} of a batch's steps, with --{flag} \
+                 {saved}; resume with --{flag} {saved} (or leave it out), or from a checkpoint \
+                 at the end of a batch",
+                file.display()
+            );
+        }
     }
     Ok(())
 }
@@ -157,17 +174,31 @@ mod tests {
             batch_steps_done: Some(taken),
             ..Default::default()
         };
-        assert!(check_batch_steps(&partway(2, 3), 3, dir).is_ok());
-        let e = check_batch_steps(&partway(2, 3), 6, dir).unwrap_err();
+        let recipe = |steps| Recipe {
+            steps_per_batch: steps,
+            ..Recipe::specforge()
+        };
+        assert!(check_batch_steps(&partway(2, 3), &recipe(3), dir).is_ok());
+        let e = check_batch_steps(&partway(2, 3), &recipe(6), dir).unwrap_err();
         assert!(e.to_string().contains("--steps-per-batch 3"), "{e}");
+        // The batch taken again must be the batch: its rows' length as saved.
+        let long_rows = checkpoint::TrainerState {
+            seq_len: Some(1024),
+            ..partway(2, 3)
+        };
+        let e = check_batch_steps(&long_rows, &recipe(3), dir).unwrap_err();
+        assert!(
+            e.to_string().contains("--seq-len 3072") && e.to_string().contains("--seq-len 1024"),
+            "{e}"
+        );
         for damaged in [partway(0, 3), partway(3, 3), partway(1, 0)] {
-            let e = check_batch_steps(&damaged, 3, dir).unwrap_err();
+            let e = check_batch_steps(&damaged, &recipe(3), dir).unwrap_err();
             assert!(e.to_string().contains("ck/trainer_state.json"), "{e}");
             assert!(e.to_string().contains("damaged"), "{e}");
         }
         // A save at a batch's end says nothing of it: any steps a batch will do.
         let at_end = checkpoint::TrainerState::default();
-        assert!(check_batch_steps(&at_end, 7, dir).is_ok());
+        assert!(check_batch_steps(&at_end, &recipe(7), dir).is_ok());
     }
 
     #[test]

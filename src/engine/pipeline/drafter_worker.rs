@@ -14,7 +14,7 @@ use crate::engine::train::step::{DrafterStep, StepOutcome, StepProbe};
 use crate::telemetry::phase_recorder::{TrainMetrics, MAX_SLOTS};
 use crate::telemetry::queue::QueueRx;
 use crate::telemetry::{Phase, Telemetry};
-use anchors::{anchors_by_row, share_anchors, share_by_doc};
+use anchors::{anchors_by_row, doc_tokens_of, share_anchors, share_by_doc};
 use anyhow::Result;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -238,43 +238,61 @@ impl<'a> Worker<'a> {
         };
         let n = parts.len() as u64;
         // A run resumed from a save partway through this batch goes on from its next step.
-        let done = std::mem::take(&mut self.job.batch_steps_done) as usize;
-        for (j, part) in parts.iter().enumerate().skip(done) {
-            self.batch_steps = (j as u64 + 1, n);
-            if j > done {
+        let done = std::mem::take(&mut self.job.batch_steps_done);
+        if done >= n.max(1) {
+            anyhow::bail!(
+                "the checkpoint resumed says {done} steps of its batch were taken, and the batch \
+                 has {n}: the checkpoint is damaged; resume from an earlier checkpoint"
+            );
+        }
+        self.batch_steps = (done, n);
+        for (j, part) in parts.iter().enumerate().skip(done as usize) {
+            if j as u64 > done {
                 if self.cancel.is_cancelled() {
                     return Ok(ControlFlow::Break(()));
                 }
                 self.m.hold_while_paused(self.cancel);
                 self.m.mark(Phase::Anchors);
             }
-            // The batch's tokens, shared out over its steps (they sum to the batch's).
+            // The batch's tokens, shared out over its steps (they sum to the batch's); of the
+            // documents', a step a document counts its own.
             let j = j as u64;
             let tokens = b.tokens() * (j + 1) / n - b.tokens() * j / n;
-            let doc_tokens = b.doc_tokens * (j + 1) / n - b.doc_tokens * j / n;
-            let went_on = self.train_on(&hidden, &b, part, tokens)?;
-            (self.job.counts.doc_tokens).fetch_add(doc_tokens, Ordering::Relaxed);
-            if went_on.is_break() {
+            let doc_tokens = match self.job.steps_per_batch {
+                crate::engine::train::recipe::STEP_PER_DOC => doc_tokens_of(&b, part),
+                _ => b.doc_tokens * (j + 1) / n - b.doc_tokens * j / n,
+            };
+            if self
+                .train_on(&hidden, &b, part, (tokens, doc_tokens))?
+                .is_break()
+            {
                 return Ok(ControlFlow::Break(()));
             }
         }
         Ok(ControlFlow::Continue(()))
     }
 
+    /// A step of the batch is taken (or skipped for no loss): counted, before anything saves.
+    fn step_taken(&mut self, doc_tokens: u64) {
+        self.batch_steps.0 += 1;
+        (self.job.counts.doc_tokens).fetch_add(doc_tokens, Ordering::Relaxed);
+    }
+
     /// One optimizer step on the batch's anchors `per_row` (`tokens`: the batch's tokens it
-    /// counts for).
+    /// counts for, all and of its documents).
     fn train_on(
         &mut self,
         hidden: &Tensor,
         b: &PackedBatch,
         per_row: &[Vec<i64>],
-        tokens: u64,
+        (tokens, doc_tokens): (u64, u64),
     ) -> Result<ControlFlow<()>> {
         match self.meet(per_row) {
             Arrival::Stop => return Ok(ControlFlow::Break(())),
             Arrival::Skip => {
                 let counts = &self.job.counts;
                 counts.skipped_batches.fetch_add(1, Ordering::Relaxed);
+                self.step_taken(doc_tokens);
                 self.m.end_step(tokens, None);
                 return Ok(ControlFlow::Continue(()));
             }
@@ -299,6 +317,7 @@ impl<'a> Worker<'a> {
             Err(_) if self.cancel.is_cancelled() => return Ok(ControlFlow::Break(())),
             Err(e) => return Err(e),
         };
+        self.step_taken(doc_tokens);
         self.report(&out, lr_now, tokens)?;
         self.after_step()?;
         Ok(ControlFlow::Continue(()))

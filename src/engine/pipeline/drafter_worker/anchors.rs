@@ -69,9 +69,22 @@ pub(in crate::engine) fn share_by_doc(b: &PackedBatch, per_row: &[Vec<i64>]) -> 
     parts
 }
 
+/// Tokens of the documents a step's anchors are in: a step a document, that document's length.
+pub(in crate::engine) fn doc_tokens_of(b: &PackedBatch, part: &[Vec<i64>]) -> u64 {
+    let seq = b.seq as usize;
+    let mut total = 0;
+    for (r, anchors) in part.iter().enumerate() {
+        let row = &b.host_doc_ids[r * seq..(r + 1) * seq];
+        let mut docs: Vec<i64> = anchors.iter().map(|&p| row[p as usize]).collect();
+        docs.dedup();
+        total += row.iter().filter(|d| docs.contains(d)).count() as u64;
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{share_anchors, share_by_doc};
+    use super::{doc_tokens_of, share_anchors, share_by_doc};
     use crate::engine::data::PackedBatch;
     use tch::Tensor;
 
@@ -106,6 +119,9 @@ mod tests {
                 vec![vec![], vec![0, 3, 4]],
             ]
         );
+        // Each step counts its own document's tokens: 4, 4 and 6 (the padding is no document).
+        let counted: Vec<u64> = parts.iter().map(|p| doc_tokens_of(&b, p)).collect();
+        assert_eq!(counted, vec![4, 4, 6]);
         // Nothing to train: one step with no anchors, which the worker skips.
         let none: Vec<Vec<i64>> = vec![vec![], vec![]];
         assert_eq!(share_by_doc(&b, &none), vec![none.clone()]);

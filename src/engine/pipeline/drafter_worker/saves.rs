@@ -66,9 +66,10 @@ impl Worker<'_> {
         let path = dir.join(format!("step-{step:06}"));
         let (seq_len, batch) = self.shape;
         // Partway through a batch's steps: where the batch began, so that a resumed run takes it
-        // again and goes on from its next step.
+        // again and goes on from its next step (with one drafter; replicas share a queue, so
+        // theirs is where the last batch ended, as before).
         let (taken, of) = self.batch_steps;
-        let partway = taken < of;
+        let partway = taken < of && self.job.gate.is_none();
         let (data_docs, anchor_rng) = match partway {
             true => self.batch_start,
             false => (self.data_docs, self.rng.state()),
@@ -87,7 +88,8 @@ impl Worker<'_> {
             anchors: Some(job.anchors),
             anchor_scope: Some(job.anchor_scope),
             steps_per_batch: Some(job.steps_per_batch),
-            batch_steps_done: partway.then_some(taken),
+            // None before the batch's first step: the batch is simply to come.
+            batch_steps_done: (partway && taken > 0).then_some(taken),
         };
         let (spec, optimizer) = (&job.step.spec, &job.step.optimizer);
         checkpoint::save(&path, spec, &job.vs, optimizer, &state)?;
