@@ -76,17 +76,24 @@ fn kill(child: &Child, sig: i32) {
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
 }
 
+/// The binary with `args` and `--save-dir dir`, its output piped.
+fn spawn_saving_in(args: &[&str], dir: &Path) -> Child {
+    bin()
+        .args(args)
+        .arg("--save-dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn a_signal_stops_a_headless_run_and_saves_the_last_step() {
     for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = bin()
-            .args(["train", "--headless", "--interval", "0.2", "--save-dir"])
-            .arg(dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let args = ["train", "--headless", "--interval", "0.2"];
+        let mut child = spawn_saving_in(&args, dir.path());
         wait_for_steps(&mut child);
         kill(&child, sig);
         let status = wait_exit(&mut child);
@@ -116,21 +123,15 @@ fn a_signal_stops_a_headless_run_and_saves_the_last_step() {
 #[test]
 fn a_signal_partway_through_a_batch_saves_the_steps_taken_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = bin()
-        .args([
-            "train",
-            "--headless",
-            "--interval",
-            "0.2",
-            "--steps-per-batch",
-            "3",
-        ])
-        .arg("--save-dir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args = [
+        "train",
+        "--headless",
+        "--interval",
+        "0.2",
+        "--steps-per-batch",
+        "3",
+    ];
+    let mut child = spawn_saving_in(&args, dir.path());
     wait_for_steps(&mut child);
     kill(&child, libc::SIGINT);
     assert_eq!(wait_exit(&mut child).code(), Some(130));
@@ -165,23 +166,17 @@ fn a_signal_partway_through_a_batch_saves_the_steps_taken_and_resumes() {
 #[test]
 fn a_signal_stops_a_bench_and_saves() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = bin()
-        .args([
-            "bench",
-            "engine",
-            "--steps",
-            "100000",
-            "--save-every",
-            "1",
-            "--keep",
-            "1",
-        ])
-        .arg("--save-dir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args = [
+        "bench",
+        "engine",
+        "--steps",
+        "100000",
+        "--save-every",
+        "1",
+        "--keep",
+        "1",
+    ];
+    let mut child = spawn_saving_in(&args, dir.path());
     // The bench prints at its end only: a first periodic checkpoint shows it is training.
     let start = Instant::now();
     while step_dirs(dir.path()).is_empty() {
