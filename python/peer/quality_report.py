@@ -220,6 +220,7 @@ def collect(work, method="decode"):
     if os.path.isdir(os.path.join(work, "q")):
         work = os.path.join(work, "q")
     runs, measured, missing = [], {}, []
+    least_warm = {}  # trainer -> least warm_s of its equal-tokens runs, measured or not
 
     def here(path, run_dir):
         name = os.path.basename(run_dir)
@@ -232,6 +233,9 @@ def collect(work, method="decode"):
             continue
         with open(f) as fh:
             r = json.load(fh)["result"]
+        if row == "equal tokens":
+            t = r["trainer"]
+            least_warm[t] = min(least_warm.get(t, r["warm_s"]), r["warm_s"])
         r["drafter"] = here(r["drafter"], run_dir)
         r["curve"] = [(a, b, c, here(d, run_dir)) for a, b, c, d in r.get("curve", [])]
         r["row"] = row
@@ -245,9 +249,11 @@ def collect(work, method="decode"):
             continue
         r["per_prompt"], r["same_as_greedy"] = measured[r["drafter"]]
         runs.append(r)
-    # An equal-wall row pairs the run made again with the other trainer's equal-tokens run.
+    # An equal-wall row pairs the run made again with the other trainer's equal-tokens run, at
+    # that trainer's least time over its seeds (what the run was matched to, as quality.py does).
     for w in [r for r in runs if r["row"] == "equal wall"]:
-        runs += [{**r, "row": "equal wall", "same_run": True} for r in runs
+        runs += [{**r, "row": "equal wall", "same_run": True, "own_warm_s": r["warm_s"],
+                  "warm_s": least_warm[r["trainer"]]} for r in runs
                  if r["row"] == "equal tokens" and r["seed"] == w["seed"]
                  and r["trainer"] != w["trainer"]]  # fmt: skip
     floor = kept_acceptance(os.path.join(work, "init-0"), method)

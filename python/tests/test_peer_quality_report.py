@@ -48,21 +48,25 @@ def test_the_table_from_the_measured_runs_of_a_cut_off_work_directory(tmp_path):
     run(q, "ours-wall0-s0-cc", "dflash-top", OURS, 0, "/step-000100", warm=20.0, tokens=9000)
     run(q, "ours-wall1-s0-dd", "dflash-top", OURS, 0, "/step-000150", warm=29.0, tokens=14000)
     measured(q / "ours-wall1-s0-dd" / "step-000150", [2.0, 2.0, 2.0, 2.0])
-    # A seed whose measurement the cut-off stopped.
+    # Seeds whose measurement the cut-off stopped; SpecForge's seed 1 ran faster than its first.
     run(q, "ours-tokens-s1-ee", "dflash-top", OURS, 1, "/step-000010")
+    run(q, "sf-tokens-s1-ff", "specforge", SF, 1, "", warm=12.0)
 
     out = tmp_path / "q.json"
     r = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "W"), "--json", str(out)],
                        capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "not measured: ours-tokens-s1-ee" in r.stdout
+    assert "not measured: ours-tokens-s1-ee, sf-tokens-s1-ff" in r.stdout
     t = json.loads(out.read_text())
-    assert t["not_measured"] == ["ours-tokens-s1-ee"]
+    assert t["not_measured"] == ["ours-tokens-s1-ee", "sf-tokens-s1-ff"]
     rows = {(x["row"], x["trainer"]): x for x in t["rows"]}
     assert rows[("floor", "untrained init")]["acceptance"] == 1.0
     assert abs(rows[("equal tokens", "dflash-top")]["acceptance"] - 1.5) < 1e-9
     wall_sf = rows[("equal wall", "specforge")]
-    assert wall_sf["same_run"] and wall_sf["warm_s"] == 30.0
+    # The equal-wall row sets ours against SpecForge's least time over its seeds, as it was
+    # matched; its own run's time is kept beside it.
+    assert wall_sf["same_run"] and wall_sf["warm_s"] == 12.0
+    assert t["runs"][-1]["own_warm_s"] == 30.0
     assert rows[("equal wall", "dflash-top")]["target_tokens"] == 14000
     paired = {p["row"]: p for p in t["paired"]}
     assert abs(paired["equal tokens"]["mean"] - (1.5 - 1.15)) < 1e-9
