@@ -124,18 +124,20 @@ def drafts(drafter, target, s, feats, first, max_length):
     starts = list(range(first, min(len(s), max_length) - 1))
     sizes = [min(block, max_length - a) for a in starts]
     ctx = starts[-1]  # the last round's block sees the positions before its start
-    ids, pos = [], []
+    # One pass over the blocks: their tokens and positions, the rows of each (`spans`), and the
+    # rows whose outputs are drafts (all but each block's first).
+    ids, pos, spans, keep = [], [], [], []
     for a, n in zip(starts, sizes):
+        spans.append((a, len(ids), n))
+        keep += range(len(ids) + 1, len(ids) + n)
         ids += [s[a]] + [drafter.mask_token_id] * (n - 1)
-        pos += list(range(a, a + n))
+        pos += range(a, a + n)
     q = len(ids)
     # Queries of the block at a see the context before a and their own block, nothing else.
     visible = torch.zeros((q, ctx + q), dtype=torch.bool, device=device)
-    at = 0
-    for a, n in zip(starts, sizes):
+    for a, at, n in spans:
         visible[at : at + n, :a] = True
         visible[at : at + n, ctx + at : ctx + at + n] = True
-        at += n
     noise = _raw_input_embeddings(
         target,
         torch.tensor([ids], device=device),
@@ -149,22 +151,13 @@ def drafts(drafter, target, s, feats, first, max_length):
             position_ids=position_ids,
             attention_mask=visible[None, None],
         )[0]
-        keep = torch.tensor([at + k for at, n in zip(_offsets(sizes), sizes)
-                             for k in range(1, n)], device=device)  # fmt: skip
+        keep = torch.tensor(keep, device=device)
         tokens = drafter.compute_logits(hidden[keep], _output_head(target)).argmax(-1).tolist()
     out, at = {}, 0
     for a, n in zip(starts, sizes):
         out[a] = tokens[at : at + n - 1]
         at += n - 1
     return out
-
-
-def _offsets(sizes):
-    at, got = 0, []
-    for n in sizes:
-        got.append(at)
-        at += n
-    return got
 
 
 def walk(s, first, max_length, proposed, stop_ids):

@@ -10,6 +10,7 @@ use crate::cancel::CancelToken;
 use crate::engine::data::{PackedBatch, Rng};
 use crate::engine::gpu::cuda::Stream;
 use crate::engine::parallel::replicas::Arrival;
+use crate::engine::train::recipe::STEP_PER_DOC;
 use crate::engine::train::step::{DrafterStep, StepOutcome, StepProbe};
 use crate::telemetry::phase_recorder::{TrainMetrics, MAX_SLOTS};
 use crate::telemetry::queue::QueueRx;
@@ -233,7 +234,7 @@ impl<'a> Worker<'a> {
         self.batch_start.1 = self.rng.state();
         let per_row = anchors_by_row(&b, self.job.anchors, self.job.anchor_scope, &mut self.rng);
         let parts = match self.job.steps_per_batch {
-            crate::engine::train::recipe::STEP_PER_DOC => share_by_doc(&b, &per_row),
+            STEP_PER_DOC => share_by_doc(&b, &per_row),
             steps => share_anchors(&per_row, steps),
         };
         let n = parts.len() as u64;
@@ -259,7 +260,7 @@ impl<'a> Worker<'a> {
             let j = j as u64;
             let tokens = b.tokens() * (j + 1) / n - b.tokens() * j / n;
             let doc_tokens = match self.job.steps_per_batch {
-                crate::engine::train::recipe::STEP_PER_DOC => doc_tokens_of(&b, part),
+                STEP_PER_DOC => doc_tokens_of(&b, part),
                 _ => b.doc_tokens * (j + 1) / n - b.doc_tokens * j / n,
             };
             if self
