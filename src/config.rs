@@ -264,6 +264,34 @@ fn cupti_of(
     CuptiState::requested(setting, targets.iter().chain(drafters).any(|d| d.is_cuda()))
 }
 
+/// A `--target` run's recipe takes a step a document, which several drafter replicas cannot
+/// (they step together; each one's batch holds its own count of documents): with more than one,
+/// the values the flags, the TOML file and a checkpoint left to the recipe come from
+/// `Recipe::for_target_replicas` instead, and the config line says `recipe=target-replicas`.
+fn recipe_for_replicas(
+    args: &TrainArgs,
+    file: &FileConfig,
+    model: &Model,
+    replicas: u32,
+) -> (crate::engine::train::recipe::Recipe, String) {
+    use crate::engine::train::recipe::{Recipe, STEP_PER_DOC};
+    let mut recipe = model.recipe.clone();
+    let steps_given = args.steps_per_batch.or(file.steps_per_batch).is_some();
+    let from_target_default = model.recipe_from == "target"
+        && recipe.steps_per_batch == STEP_PER_DOC
+        && !steps_given
+        && model.resume_state.is_none();
+    if replicas <= 1 || !from_target_default {
+        return (recipe, model.recipe_from.clone());
+    }
+    let fallback = Recipe::for_target_replicas();
+    recipe.steps_per_batch = fallback.steps_per_batch;
+    if args.anchor_budget.is_none() && file.anchor_budget.is_none() {
+        recipe.anchor_scope = fallback.anchor_scope;
+    }
+    (recipe, "target-replicas".into())
+}
+
 /// The engine's spec from the parts resolved above, and the rest of the flags and TOML keys:
 /// the seed, the schedule, deliberate slowness, fast paths, queues and the job tag.
 fn pipeline_spec(
@@ -285,10 +313,10 @@ fn pipeline_spec(
         model.resume_state.as_ref(),
         args.resume.as_deref(),
     )?;
-    let recipe = model.recipe;
     let cupti = cupti_of(args.cupti.as_deref(), &target_devices, &drafter_devices)?;
     let job = crate::job::JobTag::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
     let replicas = drafter_devices.len() as u32 * job.as_ref().map_or(1, |j| j.world);
+    let (recipe, recipe_from) = recipe_for_replicas(args, file, &model, replicas);
     if recipe.steps_per_batch == crate::engine::train::recipe::STEP_PER_DOC && replicas > 1 {
         anyhow::bail!(
             "--steps-per-batch doc: drafter replicas step together, and each one's batch holds \
@@ -300,7 +328,7 @@ fn pipeline_spec(
         target: model.target,
         target_config: model.target_config,
         drafter_spec: model.drafter_spec,
-        recipe_from: model.recipe_from,
+        recipe_from,
         mask_from: model.mask_from,
         drafter: model.drafter,
         data,

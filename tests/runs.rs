@@ -349,7 +349,8 @@ fn a_target_directory_loads_and_trains_with_its_recipe() {
         "block=16",
         "mask_token_id=11",
         "seq_len=128",
-        "anchors=4 anchor_budget=per-row",
+        "anchors=4 anchor_budget=per-doc",
+        "steps_per_batch=doc",
         "drafter_layers=2",
     ] {
         assert!(line.contains(kv), "no {kv} in {line}");

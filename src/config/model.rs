@@ -44,8 +44,8 @@ impl Model {
         let preset = Preset::by_name(&preset_name)?;
         let target = args.target.clone().or(file.target.clone());
         let target_config = target_config_of(target.as_deref(), &preset)?;
-        // A --target run: SpecForge's recipe in 6 steps a row; a preset run: the preset's. Then
-        // TOML, then flags.
+        // A --target run: SpecForge's recipe, a step a document (with several drafter replicas,
+        // 6 steps a row: src/config.rs); a preset run: the preset's. Then TOML, then flags.
         let (base, recipe_from) = match &target {
             Some(_) => (Recipe::for_target(), "target".to_string()),
             None => (preset.recipe.clone(), format!("preset:{}", preset.name)),

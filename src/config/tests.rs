@@ -3,6 +3,7 @@
 use super::*;
 use crate::engine::train::blocks::AnchorScope;
 use crate::engine::train::presets::Preset;
+use crate::engine::train::recipe::STEP_PER_DOC;
 use std::path::Path;
 
 fn target_dir(tokenizer_ids: Option<i64>) -> tempfile::TempDir {
@@ -43,14 +44,18 @@ fn a_target_run_takes_specforge_recipe_not_the_tiny_preset() {
         c.drafter_spec.mask_token_id, 300,
         "the first id the tokenizer leaves unused"
     );
-    assert_eq!(c.steps_per_batch, 6, "a step per 512 target tokens");
+    assert_eq!(
+        (c.steps_per_batch, c.anchor_scope),
+        (STEP_PER_DOC, AnchorScope::PerDoc),
+        "a step a document, on its own anchors"
+    );
     let line = c.recipe_line();
     assert!(line.starts_with("config: recipe=target "), "{line}");
     for kv in [
         "drafter_layers=5",
-        "steps_per_batch=6",
+        "steps_per_batch=doc",
         "seq_len=3072",
-        "anchors=512 anchor_budget=per-row",
+        "anchors=512 anchor_budget=per-doc",
         "lr=6e-4",
         "block=16",
         "mask_token_id=300",
@@ -68,6 +73,41 @@ fn a_target_run_takes_specforge_recipe_not_the_tiny_preset() {
         (256, 2)
     );
     assert!(tiny.recipe_line().contains("recipe=preset:tiny"));
+}
+
+#[test]
+fn a_target_run_with_several_drafters_takes_steps_a_row_not_a_step_a_document() {
+    let dir = target_dir(Some(300));
+    let two = |a: &mut TrainArgs| a.drafter_devices = Some("cpu,cpu".into());
+    let c = train(dir.path(), two).unwrap();
+    assert_eq!(
+        (c.steps_per_batch, c.anchor_scope),
+        (6, AnchorScope::PerRow),
+        "replicas step together, so the recipe's a step a document cannot hold"
+    );
+    assert!(
+        c.recipe_line()
+            .starts_with("config: recipe=target-replicas "),
+        "{}",
+        c.recipe_line()
+    );
+    // What the user gave stays: a budget per document, with the replicas' 6 steps a row.
+    let c = train(dir.path(), |a| {
+        two(a);
+        a.anchor_budget = Some("per-doc".into());
+    })
+    .unwrap();
+    assert_eq!(
+        (c.steps_per_batch, c.anchor_scope),
+        (6, AnchorScope::PerDoc)
+    );
+    // `doc` asked for by name with two drafters is still refused, by name.
+    let e = train(dir.path(), |a| {
+        two(a);
+        a.steps_per_batch = Some(STEP_PER_DOC);
+    })
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("--steps-per-batch doc"), "{e:#}");
 }
 
 #[test]
@@ -114,7 +154,7 @@ fn flags_override_the_toml_file_which_overrides_the_recipe() {
     let e = train(dir.path(), |a| a.steps_per_batch = Some(0)).unwrap_err();
     assert!(format!("{e:#}").contains("--steps-per-batch 0"), "{e:#}");
     // A step a document: `doc` on the command line and in the file, shown as `doc`.
-    use crate::engine::train::recipe::{parse_steps_per_batch, STEP_PER_DOC};
+    use crate::engine::train::recipe::parse_steps_per_batch;
     assert_eq!(parse_steps_per_batch("doc"), Ok(STEP_PER_DOC));
     assert_eq!(parse_steps_per_batch("4"), Ok(4));
     for bad in ["0", "-1", "docs"] {

@@ -45,13 +45,26 @@ impl Recipe {
         }
     }
 
-    /// A `--target` run's recipe: SpecForge's, trained in 6 optimizer steps a row (a step per
-    /// 512 target tokens; SpecForge at its batch of one conversation takes a step per
-    /// conversation). On a real target (SmolLM2-135M-Instruct, 262K target tokens, one H100,
-    /// docs/quality.md) 6 steps a row of 3,072 lifted acceptance from 1.063 to 1.106, paired
-    /// +0.043 [+0.034, +0.053] over 128 held-out prompts; the presets, which time the engine,
-    /// keep one step a row.
+    /// A `--target` run's recipe: SpecForge's, trained as SpecForge trains at its batch of one
+    /// conversation, a step a document on that document's anchors (`--steps-per-batch doc`,
+    /// `--anchor-budget per-doc`), the target's hidden states still computed a packed row at a
+    /// time. On a real target (SmolLM2-135M-Instruct, 262K target tokens, 3 seeds x 128 held-out
+    /// prompts, one H100, docs/quality.md) it reached 1.136 against SpecForge's 1.121 at batch 1,
+    /// paired +0.015 [+0.009, +0.020], where 6 steps a row of 3,072 reached 1.095 (-0.022); the
+    /// presets, which time the engine, keep one step a row.
     pub const fn for_target() -> Recipe {
+        Recipe {
+            anchor_scope: AnchorScope::PerDoc,
+            steps_per_batch: STEP_PER_DOC,
+            ..Recipe::specforge()
+        }
+    }
+
+    /// A `--target` run with several drafter replicas, which step together while each one's
+    /// batch holds its own count of documents: 6 optimizer steps a row of 3,072 on a budget per
+    /// row (a step per 512 target tokens; +0.043 [+0.034, +0.053] over one step a row on the
+    /// same real target).
+    pub const fn for_target_replicas() -> Recipe {
         Recipe {
             steps_per_batch: 6,
             ..Recipe::specforge()
