@@ -14,6 +14,8 @@
 //! - `panic:ROLE`, `error:ROLE`, `oom:ROLE`: the first worker of that role (`loader`, `target`,
 //!   `drafter`) panics, returns an error, or returns libtorch's CUDA out-of-memory message, at
 //!   its third iteration.
+//! - `oom_at_build:ROLE`: building that role's model (`target`, `drafter`) panics as tch does on
+//!   libtorch's CUDA out-of-memory, the C++ frames in its message.
 //! - `panic_at_start:THREAD`: the worker thread of that name (`drafter-0`) panics as it starts
 //!   (the tests of the terminal's restore path).
 //! - `item_in_loss`: each drafter step reads its loss back to the host 4 times in its `loss`
@@ -53,6 +55,18 @@ pub fn arg(name: &str) -> Option<&'static str> {
     faults()
         .iter()
         .find_map(|f| f.strip_prefix(name)?.strip_prefix(':'))
+}
+
+/// `oom_at_build:ROLE`: panics as tch's `unwrap` of libtorch's out-of-memory does.
+pub fn oom_at_build(role: &str) {
+    if arg("oom_at_build") == Some(role) {
+        panic!(
+            "called `Result::unwrap()` on an `Err` value: Torch(\"CUDA out of memory. Tried to \
+             allocate 9.57 GiB (injected by DFLASH_TOP_FAULT)\\nException raised from malloc at \
+             CUDACachingAllocator.cpp:1574 (most recent call first):\\nframe #0: \
+             c10::Error::Error\")"
+        );
+    }
 }
 
 /// Reads of the loss back to the host that `item_in_loss` adds to each drafter step.

@@ -536,6 +536,28 @@ fn a_failing_worker_stops_the_run_names_thread_and_phase_and_saves() {
     }
 }
 
+#[test]
+fn a_model_too_large_for_its_device_is_a_sentence_not_a_panic() {
+    // tch panics on libtorch's errors; building the models on the main thread catches it.
+    for role in ["target", "drafter"] {
+        let (o, dir) = run_with_fault(&format!("oom_at_build:{role}"), &["--steps", "2"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{role}: {err}");
+        assert!(
+            err.contains(&format!("dflash-top: building the {role} on cpu failed: ")),
+            "{role}: {err}"
+        );
+        assert!(
+            err.contains("Tried to allocate 9.57 GiB") && err.contains("--target-devices"),
+            "the error and the fix: {err}"
+        );
+        for noise in ["panicked", "RUST_BACKTRACE", "frame #0", "Exception raised"] {
+            assert!(!err.contains(noise), "{role}: no `{noise}` in {err}");
+        }
+        assert!(step_dirs(dir.path()).is_empty(), "nothing was trained");
+    }
+}
+
 use super::tmux::{tmux, Session as Tmux};
 use crate::support::bin;
 

@@ -3,6 +3,7 @@
 //! cancellation token, every thread joined, the first error reported. The models and the data
 //! source come from `parts` (src/engine/pipeline/parts.rs).
 
+pub mod caught;
 pub mod crew;
 pub mod drafter_worker;
 pub mod handoff;
@@ -17,10 +18,13 @@ use crate::engine::parallel::nccl::NcclGroup;
 use crate::engine::parallel::rank_replica::{JobGate, JobMember};
 use crate::engine::parallel::ranks::{join_job, JobLink};
 use crate::engine::parallel::replicas::{LocalGroup, StepMeet};
+use crate::engine::pipeline::caught::caught;
 use crate::engine::pipeline::crew::{spawn, Crew};
 use crate::engine::pipeline::drafter_worker::{run_drafter, DrafterJob};
 use crate::engine::pipeline::handoff::HiddenBatch;
-use crate::engine::pipeline::workers::{run_loader, run_target, DataCounts, LoaderJob, TargetJob};
+use crate::engine::pipeline::workers::{
+    device_name, run_loader, run_target, DataCounts, LoaderJob, TargetJob,
+};
 use crate::engine::train::grad_mean::Single;
 use crate::engine::train::step::DrafterStep;
 use crate::telemetry::queue::{monitored_queue, QueueRx, QueueTx};
@@ -335,8 +339,18 @@ impl Pipeline {
         let crew = Crew::new(cancel.clone(), link.clone())?;
         let threads = threads_per_worker(cfg);
         tch::manual_seed(cfg.seed as i64);
-        let targets = build_targets(cfg)?;
-        let (drafters, start_step) = drafter_replicas(cfg, &targets[0].1)?;
+        let on = |devices: &[Device]| {
+            let names: Vec<String> = devices.iter().map(|&d| device_name(d)).collect();
+            names.join(",")
+        };
+        let targets = caught(
+            &format!("building the target on {}", on(&cfg.target_devices)),
+            || build_targets(cfg),
+        )?;
+        let (drafters, start_step) = caught(
+            &format!("building the drafter on {}", on(&cfg.drafter_devices)),
+            || drafter_replicas(cfg, &targets[0].1),
+        )?;
         let (group, gates) = replica_sync(cfg, link.as_ref(), &cancel)?;
         if let Some(n) = cfg.steps {
             if start_step >= n {

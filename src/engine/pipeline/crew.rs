@@ -2,6 +2,7 @@
 //! error or a panic) turned into one sentence naming the thread and its phase, kept, told at once
 //! to the other ranks of a job, and the whole crew stopped.
 
+use super::caught::{oom_hint, panic_text, torch_message};
 use crate::cancel::CancelToken;
 use crate::engine::parallel::ranks::JobLink;
 use anyhow::{Context, Result};
@@ -86,23 +87,10 @@ pub(super) fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
         .context("cannot start a worker thread")
 }
 
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".into())
-}
-
 /// The sentence for a worker that failed: the thread, its phase, the error, and for libtorch's
 /// out-of-memory the settings that lower memory.
 pub fn worker_failure(thread: &str, phase: Option<crate::telemetry::Phase>, error: &str) -> String {
     let phase = phase.map_or("start-up".to_string(), |p| format!("phase `{}`", p.name()));
-    let mut s = format!("{thread} failed in {phase}: {error}");
-    if error.contains("out of memory") {
-        s.push_str(
-            " — out of device memory: lower `batch`, `anchors`, `seq_len` or `loss_chunk_mib` \
-             (TOML run config), or use a smaller --preset",
-        );
-    }
-    s
+    let error = torch_message(error);
+    format!("{thread} failed in {phase}: {error}{}", oom_hint(&error))
 }

@@ -132,6 +132,7 @@ pub(super) fn resumed_docs(cfg: &PipelineSpec) -> u64 {
 /// The targets, one per target device (built one after another, so that seeded random weights
 /// are the same).
 pub(super) fn build_targets(cfg: &PipelineSpec) -> Result<Vec<(VarStore, Qwen3Target)>> {
+    crate::fault::oom_at_build("target");
     let spec = &cfg.drafter_spec;
     let mut targets = Vec::new();
     for &dev in &cfg.target_devices {
@@ -166,6 +167,7 @@ pub(super) fn drafter_replicas(
         target.embed_tokens.shallow_clone(),
         target.lm_head.shallow_clone(),
     );
+    crate::fault::oom_at_build("drafter");
     let built = build_drafters(cfg, &cfg.drafter_devices)?;
     let mut start_step = 0;
     let mut drafters = Vec::new();
