@@ -101,31 +101,32 @@ SIZES = {
         "threads": None,
         # --target-dir (SmolLM2-135M-Instruct, docs/quality.md): docstring prompts of ~100-300
         # tokens and replies up to 512; the keys after max_new replace the size's own.
-        # 640 prompts made 181K target tokens on an H100 (283 a conversation, 219 labelled);
-        # a run reads 262K (1.45 epochs): SpecForge at batch 1 in 73-126 s a seed there, ours in
-        # 7-11 s. Measured by replay (quality_replay.py), a drafter takes about a second on 128
-        # prompts; decoding in dflash took about 870 s, 14 processes side by side.
+        # 640 prompts made 181-183K target tokens on an H100 (283 a conversation, 219
+        # labelled); a run reads 262K (1.45 epochs): SpecForge at batch 1 in 55-126 s a seed
+        # there, ours in 4-34 s. Measured by replay (quality_replay.py), a drafter takes about a
+        # second on 128 prompts; decoding in dflash took about 870 s, 14 processes side by side.
         "real": {"train_prompts": 640, "eval_prompts": 128, "max_new": 512,
                  "tokens": 256 * 1024,
                  "eval_max_new": 128,
                  # SpecForge's batch of one conversation takes up to 512 anchors of it: every
                  # labelled position, about 0.77 anchors a target token, a step per ~283 tokens.
-                 # Ours at its --target default (src/engine/train/recipe.rs): rows of 3,072, 512
-                 # anchors (0.17 a token), 6 steps a row (a step per 512 tokens). Rows of 512 cut
-                 # the conversations whose reply ran to 512 tokens (a quarter of them).
-                 "ours": {"seq_len": 3072, "anchors": 512, "budget": "per-row",
-                          "steps_per_batch": 6, "lr": 6e-4},
-                 # One change at a time from each primary setting (not the whole grid: a GPU
-                 # call's minutes), every row shown. docs/quality.md has the 2026-12-06 sweep
-                 # (262K tokens, seed 0) these come from.
+                 # Ours at its --target default (src/engine/train/recipe.rs): the same, a step a
+                 # conversation on its own anchors, out of rows of 3,072 whose target forward
+                 # runs a row at a time.
+                 "ours": {"seq_len": 3072, "anchors": 512, "budget": "per-doc",
+                          "steps_per_batch": "doc", "lr": 6e-4},
+                 # One change at a time from the primary setting (not the whole grid: a GPU
+                 # call's minutes), every row shown; the step rows budget anchors per row.
+                 # docs/quality.md has the 2026-12-06 sweeps (262K tokens) these come from.
                  "sweep": {
                      "cross": True,
-                     "ours": {"step": [{"steps_per_batch": 1}, {"steps_per_batch": 12},
-                                       {"seq_len": 1024, "steps_per_batch": 2},
-                                       {"seq_len": 512, "anchors": 384, "steps_per_batch": 2},
-                                       {"seq_len": 512, "anchors": 384, "steps_per_batch": 4},
-                                       # SpecForge's recipe in our engine: a step a conversation.
-                                       {"steps_per_batch": "doc", "budget": "per-doc"}],
+                     "ours": {"step": [{"steps_per_batch": n, "budget": "per-row"}
+                                       for n in (1, 6, 12)]
+                              + [{"seq_len": 1024, "steps_per_batch": 2, "budget": "per-row"},
+                                 {"seq_len": 512, "anchors": 384, "steps_per_batch": 2,
+                                  "budget": "per-row"},
+                                 {"seq_len": 512, "anchors": 384, "steps_per_batch": 4,
+                                  "budget": "per-row"}],
                               "lr": [1e-3, 3e-3]},
                      "sf": {"step": [{"batch": 2}, {"batch": 4}], "lr": [1e-3, 3e-3]},
                  }},
