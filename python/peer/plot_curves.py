@@ -37,10 +37,12 @@ def main():
             seen.add(name)
         ax.set_xlabel(unit)
         ax.set_ylabel("acceptance length in dflash")
+        # The curves' own seeds (quality.py's --curve-seeds may take fewer than the table's).
+        seeds = sorted({c["seed"] for c in curves if "seed" in c}) or table["seeds"]
         ax.set_title(f"{table['size']} size, {table['eval_prompts']} held-out prompts, "
-                     f"seeds {table['seeds']}")  # fmt: skip
+                     f"curve seeds {seeds}")  # fmt: skip
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(loc="best", fontsize="small")
         fig.tight_layout()
         out = f"{sys.argv[2]}-{axis}.png"
         fig.savefig(out, dpi=120)

@@ -178,13 +178,14 @@ pub struct TrainArgs {
     /// the preset's, or 512 with --target).
     #[arg(long, value_name = "N")]
     pub anchors: Option<i64>,
-    /// Whether --anchors is a budget for each packed row (`per-row`, the default: as good per
-    /// token, cheaper steps) or for each document (`per-doc`, SpecForge's).
+    /// Whether --anchors is a budget for each packed row (`per-row`, a preset's default: the
+    /// same drafter work a row) or for each document (`per-doc`, SpecForge's and --target's).
     #[arg(long, value_name = "per-doc|per-row")]
     pub anchor_budget: Option<String>,
     /// Optimizer steps each packed batch trains, each on its share of the batch's anchors, the
-    /// target's hidden states computed once (recipe: the preset's, or 6 with --target; a
-    /// resumed run keeps its own); `doc`: a step for each document, on its anchors.
+    /// target's hidden states computed once (recipe: the preset's; a resumed run keeps its
+    /// own); `doc`: a step for each document, on its anchors (--target's, with one drafter
+    /// replica; 6 with several).
     #[arg(long, value_name = "N|doc",
           value_parser = crate::engine::train::recipe::parse_steps_per_batch)]
     pub steps_per_batch: Option<i64>,
