@@ -15,6 +15,11 @@ pub(crate) mod ffi {
     use super::*;
     extern "C" {
         pub fn dflash_cuda_last_error() -> *const c_char;
+        pub fn dflash_kernels_start() -> c_int;
+        pub fn dflash_kernels_stop(
+            each: extern "C" fn(*mut c_void, *const c_char, u64),
+            ctx: *mut c_void,
+        ) -> c_int;
         pub fn dflash_stream_from_pool(device: c_int, out: *mut *mut c_void) -> c_int;
         pub fn dflash_stream_current(device: c_int, out: *mut *mut c_void) -> c_int;
         pub fn dflash_stream_free(s: *mut c_void);

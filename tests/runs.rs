@@ -874,3 +874,23 @@ fn cupti_is_a_flag_whose_on_needs_cuda_and_bench_engine_reports_it() {
     assert!(line.starts_with("bench: cuda_calls cupti=off | "), "{line}");
     assert!(line.contains(" | drafter-0 launches=n/a (cpu)"), "{line}");
 }
+
+#[test]
+fn bench_kernels_needs_cuda_the_engine_and_cupti_left_to_it() {
+    let o = run(&["bench", "drafter", "--kernels"]);
+    assert_user_error(&o, &["--kernels", "bench drafter"]);
+    let o = run(&[
+        "bench",
+        "engine",
+        "--steps",
+        "3",
+        "--kernels",
+        "--cupti",
+        "on",
+    ]);
+    assert_user_error(&o, &["--kernels and --cupti on", "leave --cupti out"]);
+    if crate::cuda_or_skip("bench engine --kernels without a CUDA worker").is_none() {
+        let o = run(&["bench", "engine", "--steps", "3", "--kernels"]);
+        assert_user_error(&o, &["--kernels times CUDA kernels", "--target-devices"]);
+    }
+}

@@ -50,6 +50,18 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     // The configuration, resolved once: `engine` trains 60 steps unless told, `modes` and
     // `profiling` until their turns end; the others read --steps themselves.
     let mut train = args.train.clone();
+    if args.kernels {
+        if what != "engine" {
+            bail!("--kernels times `bench engine`'s kernels: leave it out of bench {what}");
+        }
+        if train.cupti.as_deref() == Some("on") {
+            bail!(
+                "--kernels and --cupti on both need CUPTI, which takes one subscriber a process: \
+                 leave --cupti out"
+            );
+        }
+        train.cupti = Some("off".into());
+    }
     match what {
         "engine" => train.steps = Some(train.steps.unwrap_or(60)),
         "modes" | "profiling" => train.steps = None,
@@ -63,7 +75,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         run.apply()?
     };
     match what {
-        "engine" => engine(&run)?,
+        "engine" => engine(&run, args.kernels)?,
         "modes" => {
             let settings = GpuTiming::ALL.map(|m| Setting {
                 name: m.name(),
@@ -209,13 +221,29 @@ fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
 
 /// Trains for --steps (default 60) without printing; reports throughput over the last 10 s and
 /// per-thread phase times.
-fn engine(run: &RunConfig) -> Result<()> {
-    let session = Session::start(run)?;
+fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
+    use crate::engine::gpu::kernel_time::KernelWindow;
     let cfg = &run.pipeline;
+    if kernels
+        && !cfg
+            .target_devices
+            .iter()
+            .chain(&cfg.drafter_devices)
+            .any(|d| d.is_cuda())
+    {
+        bail!("--kernels times CUDA kernels: put a worker on a GPU (--target-devices, --drafter-devices)");
+    }
+    let session = Session::start(run)?;
     let snapshots = session.telemetry.subscribe();
+    // --kernels: the window opens a third of the way in (graphs captured, allocator warm).
+    let open_at = cfg.steps.unwrap_or(60) / 3;
+    let mut window: Option<(KernelWindow, u64)> = None;
     let mut last = None;
     while !session.pipeline.is_finished() && !crate::signals::requested() {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
+            if kernels && window.is_none() && s.train.step >= open_at.max(1) {
+                window = Some((KernelWindow::start()?, s.train.step));
+            }
             last = Some(s);
         }
     }
@@ -226,6 +254,13 @@ fn engine(run: &RunConfig) -> Result<()> {
     }
     let Some(s) = last else {
         bail!("the run ended before any snapshot")
+    };
+    let tally = match window {
+        Some((w, from)) => Some((w.stop()?, s.train.step.saturating_sub(from))),
+        None if kernels => {
+            bail!("--kernels: the run ended before its window opened: raise --steps")
+        }
+        None => None,
     };
     // Replicas step together: the run's rate is one replica's.
     let drafter_steps: f64 = s
@@ -276,6 +311,12 @@ fn engine(run: &RunConfig) -> Result<()> {
         crate::engine::train::optim::bf16_kernel_state(),
         crate::engine::gpu::cuda::block_attention_state()
     );
+    if let Some((tally, steps)) = tally {
+        println!("bench: {}", tally.classes_line(steps));
+        for line in tally.top_lines(steps, 12) {
+            println!("bench: {line}");
+        }
+    }
     println!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())
 }
