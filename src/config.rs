@@ -22,7 +22,7 @@ mod resume;
 use file::fast_paths_of;
 pub use file::{dwell_ns, FastPathsFile, FileConfig};
 use flags::placed_devices;
-pub use flags::{cuda_count, parse_devices, parse_slow};
+pub use flags::{cuda_count, parse_devices, parse_slow, room_on};
 use model::Model;
 use resume::{check_data_position, resumed_schedule, run_seed};
 
@@ -97,7 +97,14 @@ impl RunConfig {
             model.recipe.seq_len,
             model.recipe.anchors,
         );
-        let devices = devices_of(args, &file, || flop_ratio)?;
+        let devices = devices_of(args, &file, || {
+            let need = model.memory_need();
+            flags::Estimate {
+                ratio: flop_ratio,
+                together_gib: need.together_gib(),
+                apart_gib: need.apart_gib(),
+            }
+        })?;
         let interval = args.interval.or(file.interval).unwrap_or(1.0);
         if !(interval > 0.0 && interval.is_finite()) {
             bail!("--interval must be a positive number of seconds");
@@ -230,7 +237,7 @@ impl Limits {
 fn devices_of(
     args: &TrainArgs,
     file: &FileConfig,
-    ratio: impl FnOnce() -> f64,
+    estimate: impl FnOnce() -> flags::Estimate,
 ) -> Result<(Vec<Device>, Vec<Device>)> {
     let targets = args
         .target_devices
@@ -244,7 +251,11 @@ fn devices_of(
         (Some("all"), None) | (None, Some("all")) => (Some("all"), Some("all")),
         other => other,
     };
-    placed_devices(targets.unwrap_or("cpu"), drafters.unwrap_or("cpu"), ratio)
+    placed_devices(
+        targets.unwrap_or("cpu"),
+        drafters.unwrap_or("cpu"),
+        estimate,
+    )
 }
 
 /// `--cupti` (default `auto`), as asked for: nothing is loaded until `RunConfig::apply`

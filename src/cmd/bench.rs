@@ -294,7 +294,15 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
     }
     // The run's own FLOP estimate rides in its snapshots (set at start).
     let gpus = crate::config::cuda_count() as usize;
-    if let Some((advice, source)) = crate::telemetry::placement::for_run(&s, gpus) {
+    let need = crate::engine::model::memory::need(
+        &cfg.target_config,
+        &cfg.drafter_spec,
+        cfg.seq_len,
+        cfg.anchors,
+        cfg.batch,
+    );
+    let room = crate::config::room_on(gpus, need.together_gib(), need.apart_gib());
+    if let Some((advice, source)) = crate::telemetry::placement::for_run(&s, gpus, room) {
         println!(
             "bench: placement ({source}) {} ({})",
             advice.text(),

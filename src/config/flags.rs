@@ -2,6 +2,7 @@
 //! and deliberate slowness (`--slow target=20ms`), each error naming the flag and the fix.
 
 use crate::engine::spec::Slow;
+use crate::telemetry::placement::Room;
 use anyhow::{bail, Context, Result};
 use std::time::Duration;
 use tch::Device;
@@ -15,13 +16,36 @@ pub fn cuda_count() -> i64 {
     }
 }
 
+/// What the placement advice weighs: the drafter's cost per batch over the target's (from
+/// FLOPs) and the GiB of a target and a drafter together and apart (src/engine/model/memory.rs).
+pub(super) struct Estimate {
+    pub ratio: f64,
+    pub together_gib: f64,
+    pub apart_gib: f64,
+}
+
+/// The estimate against the smallest of `gpus` cards (none where a card's size cannot be read).
+pub fn room_on(gpus: usize, together_gib: f64, apart_gib: f64) -> Option<Room> {
+    let card = (0..gpus)
+        .map(crate::cuda_shim::memory_total)
+        .collect::<Result<Vec<u64>>>()
+        .ok()?
+        .into_iter()
+        .min()?;
+    Some(Room {
+        together_gib,
+        apart_gib,
+        card_gib: card as f64 / (1u64 << 30) as f64,
+    })
+}
+
 /// --target-devices and --drafter-devices; `all` spreads that role over every GPU by the
-/// placement advice (`ratio`: the drafter's cost per batch over the target's, estimated from
-/// FLOPs), or gives it every GPU when the other role is listed.
+/// placement advice (the stages' cost ratio, and whether a target and a drafter fit one card
+/// together), or gives it every GPU when the other role is listed.
 pub(super) fn placed_devices(
     targets: &str,
     drafters: &str,
-    ratio: impl FnOnce() -> f64,
+    estimate: impl FnOnce() -> Estimate,
 ) -> Result<(Vec<Device>, Vec<Device>)> {
     let (t_all, d_all) = (targets.trim() == "all", drafters.trim() == "all");
     if !t_all && !d_all {
@@ -42,7 +66,9 @@ pub(super) fn placed_devices(
     let every = || (0..gpus).map(Device::Cuda).collect::<Vec<_>>();
     Ok(match (t_all, d_all) {
         (true, true) => {
-            let (t, d) = crate::telemetry::placement::advise(ratio(), gpus).devices();
+            let e = estimate();
+            let room = room_on(gpus, e.together_gib, e.apart_gib);
+            let (t, d) = crate::telemetry::placement::advise_in(e.ratio, gpus, room).devices();
             (
                 t.into_iter().map(Device::Cuda).collect(),
                 d.into_iter().map(Device::Cuda).collect(),
@@ -175,25 +201,43 @@ mod tests {
     #[test]
     fn all_devices_follow_the_advice_or_say_there_is_no_gpu() {
         let gpus = cuda_count() as usize;
-        let placed = placed_devices("all", "all", || 3.1);
+        // Small models: room on any card, so the rate alone decides.
+        let small = |ratio| {
+            move || Estimate {
+                ratio,
+                together_gib: 1.0,
+                apart_gib: 0.5,
+            }
+        };
+        let placed = placed_devices("all", "all", small(3.1));
         if gpus == 0 {
             let e = placed.unwrap_err().to_string();
             assert!(
                 e.contains("--target-devices all") && e.contains("no CUDA device"),
                 "{e}"
             );
-            assert!(placed_devices("cpu", "all", || 1.0).is_err());
+            assert!(placed_devices("cpu", "all", small(1.0)).is_err());
             return;
         }
         let (t, d) = placed.unwrap();
         let (want_t, want_d) = crate::telemetry::placement::advise(3.1, gpus).devices();
         assert_eq!(t, want_t.into_iter().map(Device::Cuda).collect::<Vec<_>>());
         assert_eq!(d, want_d.into_iter().map(Device::Cuda).collect::<Vec<_>>());
-        let (t, d) = placed_devices("cuda:0", "all", || 1.0).unwrap();
+        let (t, d) = placed_devices("cuda:0", "all", small(1.0)).unwrap();
         assert_eq!(
             (t.len(), d.len()),
             (1, gpus),
             "the listed role as given, the other on every GPU"
         );
+        // Too big to share any card: on 2 or more GPUs, the roles get cards of their own.
+        if gpus >= 2 {
+            let big = || Estimate {
+                ratio: 2.0,
+                together_gib: 1e4,
+                apart_gib: 1.0,
+            };
+            let (t, d) = placed_devices("all", "all", big).unwrap();
+            assert!(t.iter().all(|x| !d.contains(x)), "{t:?} / {d:?}");
+        }
     }
 }

@@ -34,6 +34,17 @@ pub(super) struct Model {
 }
 
 impl Model {
+    /// What a target and a drafter of this run hold on a GPU (src/engine/model/memory.rs).
+    pub fn memory_need(&self) -> crate::engine::model::memory::MemoryNeed {
+        crate::engine::model::memory::need(
+            &self.target_config,
+            &self.drafter_spec,
+            self.recipe.seq_len,
+            self.recipe.anchors,
+            self.recipe.batch,
+        )
+    }
+
     /// The target, then the resumed state, then the recipe, then the drafter.
     pub fn of(args: &TrainArgs, file: &FileConfig) -> Result<Model> {
         let preset_name = args

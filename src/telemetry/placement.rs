@@ -13,6 +13,9 @@ use super::{Role, Snapshot};
 /// A split within this share of sharing every GPU is preferred.
 const SPLIT_WITHIN: f64 = 0.95;
 
+/// GiB kept free on a card beyond the estimate (CUDA's context, the allocator's slack).
+const CARD_MARGIN_GIB: f64 = 2.0;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Advice {
     /// Drafter cost per batch over the target's.
@@ -20,10 +23,57 @@ pub struct Advice {
     pub gpus: usize,
     /// GPUs of targets and of drafters; `None`: a target and a drafter on every GPU.
     pub split: Option<(usize, usize)>,
+    /// Where the memory estimate says a target and a drafter do not fit one card together.
+    pub crowded: Option<Room>,
+}
+
+/// The memory a target and a drafter need (estimated from the shapes,
+/// src/engine/model/memory.rs) against the smallest card's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Room {
+    /// GiB of a target and a drafter on one card.
+    pub together_gib: f64,
+    /// GiB of the larger of the two on a card of its own.
+    pub apart_gib: f64,
+    pub card_gib: f64,
+}
+
+impl Room {
+    fn holds(&self, gib: f64) -> bool {
+        gib <= self.card_gib - CARD_MARGIN_GIB
+    }
 }
 
 /// The advice for `gpus` GPUs (at least 1) and a drafter stage `ratio` times the target's.
 pub fn advise(ratio: f64, gpus: usize) -> Advice {
+    advise_in(ratio, gpus, None)
+}
+
+/// As `advise`, on cards of `room`: where a target and a drafter do not fit one card together,
+/// the best split with each on cards of their own (on one GPU: the advice says it needs two).
+pub fn advise_in(ratio: f64, gpus: usize, room: Option<Room>) -> Advice {
+    let crowded = room.filter(|r| !r.holds(r.together_gib));
+    let fastest = advise_by_rate(ratio, gpus);
+    match crowded {
+        Some(_) if fastest.gpus >= 2 => {
+            let g = fastest.gpus;
+            let best = (1..g)
+                .max_by(|&a, &b| {
+                    let rate = |t: usize| (t as f64).min((g - t) as f64 / fastest.ratio);
+                    rate(a).total_cmp(&rate(b))
+                })
+                .unwrap_or(1);
+            Advice {
+                split: Some((best, g - best)),
+                crowded,
+                ..fastest
+            }
+        }
+        _ => Advice { crowded, ..fastest },
+    }
+}
+
+fn advise_by_rate(ratio: f64, gpus: usize) -> Advice {
     let ratio = if ratio.is_finite() && ratio > 0.0 {
         ratio
     } else {
@@ -40,6 +90,7 @@ pub fn advise(ratio: f64, gpus: usize) -> Advice {
         ratio,
         gpus: g,
         split,
+        crowded: None,
     }
 }
 
@@ -70,7 +121,22 @@ impl Advice {
             None if self.gpus == 1 => "target and drafter share the GPU".to_string(),
             None => format!("a target and a drafter on each of the {} GPUs", self.gpus),
         };
-        format!("{stage}: {how}")
+        match self.crowded {
+            None => format!("{stage}: {how}"),
+            Some(r) if self.gpus == 1 => format!(
+                "{stage}: a target and a drafter need about {:.0} GiB together, more than the \
+                 GPU's {:.0} GiB: give each a GPU of its own (2 GPUs){}",
+                r.together_gib,
+                r.card_gib,
+                r.too_big_alone()
+            ),
+            Some(r) => format!(
+                "{stage}: {how} (together about {:.0} GiB, more than a {:.0} GiB GPU holds){}",
+                r.together_gib,
+                r.card_gib,
+                r.too_big_alone()
+            ),
+        }
     }
 
     /// The flags that place the workers so.
@@ -83,6 +149,20 @@ impl Advice {
         };
         let (t, d) = self.devices();
         format!("--target-devices {} --drafter-devices {}", list(t), list(d))
+    }
+}
+
+impl Room {
+    /// What to add where even a card of its own is too small for the larger of the two.
+    fn too_big_alone(&self) -> String {
+        if self.holds(self.apart_gib) {
+            String::new()
+        } else {
+            format!(
+                "; even alone the larger needs about {:.0} GiB: lower seq_len, batch or anchors",
+                self.apart_gib
+            )
+        }
     }
 }
 
@@ -125,14 +205,15 @@ pub fn measured_ratio(s: &Snapshot) -> Option<f64> {
 }
 
 /// The advice for a running pipeline on `gpus` GPUs: from the measured stage times where they
-/// can be told apart, else from the FLOP estimate; with which it came from.
-pub fn for_run(s: &Snapshot, gpus: usize) -> Option<(Advice, &'static str)> {
+/// can be told apart, else from the FLOP estimate; with which it came from. `room`: the run's
+/// memory estimate against its cards, where known (a view from snapshots alone has none).
+pub fn for_run(s: &Snapshot, gpus: usize, room: Option<Room>) -> Option<(Advice, &'static str)> {
     if gpus == 0 {
         return None;
     }
     match (measured_ratio(s), s.stage_ratio_flops) {
-        (Some(r), _) => Some((advise(r, gpus), "measured")),
-        (None, Some(r)) => Some((advise(r, gpus), "from FLOPs")),
+        (Some(r), _) => Some((advise_in(r, gpus, room), "measured")),
+        (None, Some(r)) => Some((advise_in(r, gpus, room), "from FLOPs")),
         (None, None) => None,
     }
 }
@@ -148,7 +229,7 @@ pub fn for_snapshot(s: &Snapshot) -> Option<(Advice, &'static str)> {
                     .filter(|o| o.cuda.is_some() && &o.host == host)
                     .count()
             };
-            for_run(s, g.iter().map(|o| on(&o.host)).max().unwrap_or(0))
+            for_run(s, g.iter().map(|o| on(&o.host)).max().unwrap_or(0), None)
         }
         _ => None,
     }
@@ -180,8 +261,8 @@ mod tests {
             ..Snapshot::default()
         };
         let (advice, _) = for_snapshot(&s).expect("advice");
-        assert_eq!(advice, for_run(&s, 2).unwrap().0);
-        assert_ne!(advice, for_run(&s, 4).unwrap().0);
+        assert_eq!(advice, for_run(&s, 2, None).unwrap().0);
+        assert_ne!(advice, for_run(&s, 4, None).unwrap().0);
     }
 
     #[test]
@@ -196,6 +277,49 @@ mod tests {
             a.flags(),
             "--target-devices cuda:0 --drafter-devices cuda:1,cuda:2,cuda:3"
         );
+    }
+
+    /// Qwen3-32B's shapes on 80 GB cards: about 104 GiB together (src/engine/model/memory.rs),
+    /// so the workers go on cards of their own even where sharing would be faster.
+    #[test]
+    fn a_target_and_drafter_too_big_for_one_card_get_cards_of_their_own() {
+        let room = Room {
+            together_gib: 104.0,
+            apart_gib: 69.0,
+            card_gib: 79.2,
+        };
+        // Drafter 2x: sharing 2 GPUs would move 2/3 of a batch a target-time, a split 1/2.
+        assert_eq!(advise(2.0, 2).split, None);
+        let a = advise_in(2.0, 2, Some(room));
+        assert_eq!(a.split, Some((1, 1)));
+        assert_eq!(
+            a.text(),
+            "drafter stage 2.0x the target's: 1 target + 1 drafter per 2 GPUs (together about \
+             104 GiB, more than a 79 GiB GPU holds)"
+        );
+        let one = advise_in(2.0, 1, Some(room));
+        assert_eq!(one.split, None);
+        assert!(
+            one.text()
+                .contains("need about 104 GiB together, more than the GPU's 79 GiB")
+                && one.text().contains("(2 GPUs)"),
+            "{}",
+            one.text()
+        );
+        // On an H200 (140 GiB) they share; the advice is the rate's alone.
+        let big = Room {
+            card_gib: 140.4,
+            ..room
+        };
+        assert_eq!(advise_in(2.0, 2, Some(big)), advise(2.0, 2));
+        // Where even one side alone is too big, the advice says what lowers it.
+        let huge = Room {
+            apart_gib: 90.0,
+            ..room
+        };
+        assert!(advise_in(2.0, 2, Some(huge)).text().ends_with(
+            "even alone the larger needs about 90 GiB: lower seq_len, batch or anchors"
+        ));
     }
 
     #[test]

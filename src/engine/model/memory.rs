@@ -1,0 +1,83 @@
+//! What a run's workers hold on a GPU, estimated from the shapes, for the placement advice (is
+//! there room for a target and a drafter on one card?):
+//! - the target: its layers up to the deepest one the drafter reads (the others are never built,
+//!   src/engine/pipeline/parts.rs), its embedding and head, in bf16;
+//! - the drafter: its layers and `fc` at 16 bytes a parameter on a GPU (bf16 weight and gradient,
+//!   f32 master, m and v: src/engine/train/optim.rs); it reads the target's embedding and head
+//!   (a copy of them on a device of its own);
+//! - activations, fitted to the peaks measured on an H100 (docs/performance.md): 64 bytes a row
+//!   token a unit of width for the target's side (its captured states, its forward's working
+//!   set; the slope from 3K to 32K tokens at 8B), 225 bytes a drafter token (anchors x block) a
+//!   unit of width for the drafter's, and 1 GiB for the loss's chunk of logits: within 3% of
+//!   the four peaks measured (0.6B, 8B at 3K and 32K, 14B; src/config/tests.rs holds them).
+
+use super::shapes::{DrafterSpec, Qwen3Config};
+
+const GIB: f64 = (1u64 << 30) as f64;
+/// Activation bytes a row token a unit of hidden width (target side).
+const TARGET_ACT: f64 = 64.0;
+/// Activation bytes a drafter token a unit of hidden width (drafter side, the loss's chunk in).
+const DRAFTER_ACT: f64 = 225.0;
+/// Bytes a drafter parameter takes on a GPU.
+const DRAFTER_PARAM: f64 = 16.0;
+/// The loss's chunk of logits over the vocabulary and its gradient (512 MiB each at the default
+/// `loss_chunk_mib`).
+const LOSS_CHUNK_GIB: f64 = 1.0;
+
+/// GiB each side needs on a GPU; `shared` is the frozen embedding and head both read (held once
+/// where they share a card, on each card where they do not).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryNeed {
+    pub target_gib: f64,
+    pub drafter_gib: f64,
+    pub shared_gib: f64,
+}
+
+impl MemoryNeed {
+    /// A target and a drafter on one card.
+    pub fn together_gib(&self) -> f64 {
+        self.target_gib + self.drafter_gib + self.shared_gib
+    }
+
+    /// The larger of the two, each on a card of its own.
+    pub fn apart_gib(&self) -> f64 {
+        self.target_gib.max(self.drafter_gib) + self.shared_gib
+    }
+}
+
+/// Parameters of one decoder layer (projections; norms left out).
+fn layer_params(c: &Qwen3Config) -> f64 {
+    let (h, d) = (c.hidden_size as f64, c.head_dim as f64);
+    let q = c.num_attention_heads as f64 * d;
+    let kv = c.num_key_value_heads as f64 * d;
+    h * (2.0 * q + 2.0 * kv) + 3.0 * h * c.intermediate_size as f64
+}
+
+/// The estimate for `batch` rows of `seq_len` tokens and `anchors` a row.
+pub fn need(
+    target: &Qwen3Config,
+    spec: &DrafterSpec,
+    seq_len: i64,
+    anchors: i64,
+    batch: i64,
+) -> MemoryNeed {
+    let h = target.hidden_size as f64;
+    let built = spec
+        .target_layer_ids
+        .iter()
+        .max()
+        .map_or(target.num_hidden_layers, |m| m + 1);
+    let heads = if target.tie_word_embeddings { 1.0 } else { 2.0 };
+    let shared = heads * target.vocab_size as f64 * h * 2.0;
+    let target_weights = built as f64 * layer_params(target) * 2.0;
+    let fc = spec.target_layer_ids.len() as f64 * h * h;
+    let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
+    let rows = batch.max(1) as f64;
+    let target_act = TARGET_ACT * h * (seq_len as f64) * rows;
+    let drafter_act = DRAFTER_ACT * h * (anchors * spec.block_size) as f64 * rows;
+    MemoryNeed {
+        target_gib: (target_weights + target_act) / GIB,
+        drafter_gib: (drafter_params * DRAFTER_PARAM + drafter_act) / GIB + LOSS_CHUNK_GIB,
+        shared_gib: shared / GIB,
+    }
+}
