@@ -275,32 +275,40 @@ fn cupti_of(
     CuptiState::requested(setting, targets.iter().chain(drafters).any(|d| d.is_cuda()))
 }
 
-/// A `--target` run's recipe takes a step a document, which several drafter replicas cannot
-/// (they step together; each one's batch holds its own count of documents): with more than one,
-/// the values the flags, the TOML file and a checkpoint left to the recipe come from
-/// `Recipe::for_target_replicas` instead, and the config line says `recipe=target-replicas`.
+/// A `--target` run's recipe takes a step a document on a budget per document, which several
+/// drafter replicas cannot (they step together; each one's batch holds its own count of
+/// documents): with more than one, each of the two values the flags and the TOML file left to the
+/// recipe comes from `Recipe::for_target_replicas` instead (6 steps a row, a budget per row), and
+/// the config line says `recipe=target-replicas`. A resumed run keeps its checkpoint's.
 fn recipe_for_replicas(
     args: &TrainArgs,
     file: &FileConfig,
     model: &Model,
     replicas: u32,
 ) -> (crate::engine::train::recipe::Recipe, String) {
-    use crate::engine::train::recipe::{Recipe, STEP_PER_DOC};
+    use crate::engine::train::recipe::Recipe;
     let mut recipe = model.recipe.clone();
-    let steps_given = args.steps_per_batch.or(file.steps_per_batch).is_some();
-    let from_target_default = model.recipe_from == "target"
-        && recipe.steps_per_batch == STEP_PER_DOC
-        && !steps_given
-        && model.resume_state.is_none();
-    if replicas <= 1 || !from_target_default {
+    if replicas <= 1 || model.recipe_from != "target" || model.resume_state.is_some() {
         return (recipe, model.recipe_from.clone());
     }
     let fallback = Recipe::for_target_replicas();
-    recipe.steps_per_batch = fallback.steps_per_batch;
-    if args.anchor_budget.is_none() && file.anchor_budget.is_none() {
-        recipe.anchor_scope = fallback.anchor_scope;
+    let base = Recipe::for_target();
+    let mut changed = false;
+    if args.steps_per_batch.or(file.steps_per_batch).is_none()
+        && recipe.steps_per_batch == base.steps_per_batch
+    {
+        recipe.steps_per_batch = fallback.steps_per_batch;
+        changed = true;
     }
-    (recipe, "target-replicas".into())
+    if args.anchor_budget.is_none()
+        && file.anchor_budget.is_none()
+        && recipe.anchor_scope == base.anchor_scope
+    {
+        recipe.anchor_scope = fallback.anchor_scope;
+        changed = true;
+    }
+    let from = if changed { "target-replicas" } else { "target" };
+    (recipe, from.into())
 }
 
 /// The engine's spec from the parts resolved above, and the rest of the flags and TOML keys:
@@ -329,10 +337,17 @@ fn pipeline_spec(
     let replicas = drafter_devices.len() as u32 * job.as_ref().map_or(1, |j| j.world);
     let (recipe, recipe_from) = recipe_for_replicas(args, file, &model, replicas);
     if recipe.steps_per_batch == crate::engine::train::recipe::STEP_PER_DOC && replicas > 1 {
+        let from = match (
+            args.resume.as_deref(),
+            args.steps_per_batch.or(file.steps_per_batch),
+        ) {
+            (Some(dir), None) => format!("the checkpoint {} trains", dir.display()),
+            _ => "--steps-per-batch doc trains".into(),
+        };
         anyhow::bail!(
-            "--steps-per-batch doc: drafter replicas step together, and each one's batch holds \
-             its own count of documents; with {replicas} drafters give a count of steps a batch \
-             (e.g. --steps-per-batch 6)"
+            "{from} a step a document: drafter replicas step together, and each one's batch \
+             holds its own count of documents; with {replicas} drafters give a count of steps a \
+             batch (e.g. --steps-per-batch 6 --anchor-budget per-row)"
         );
     }
     Ok(PipelineSpec {

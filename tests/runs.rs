@@ -355,6 +355,35 @@ fn a_target_directory_loads_and_trains_with_its_recipe() {
     ] {
         assert!(line.contains(kv), "no {kv} in {line}");
     }
+    // Its checkpoint trains a step a document: resumed with two drafters, which cannot, the
+    // sentence names the checkpoint, not a flag the user never gave, and the fix.
+    let saves = dir.path().join("saves");
+    let mut saving = args.clone();
+    saving.extend(["--save-dir", saves.to_str().unwrap()]);
+    let o = run(&saving);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let step = saves.join("step-000002");
+    let o = run(&[
+        "train",
+        "--headless",
+        "--steps",
+        "4",
+        "--target",
+        target,
+        "--resume",
+        step.to_str().unwrap(),
+        "--drafter-devices",
+        "cpu,cpu",
+    ]);
+    assert_user_error(
+        &o,
+        &[
+            "the checkpoint",
+            "step-000002",
+            "a step a document",
+            "--steps-per-batch 6",
+        ],
+    );
     // Chat data with a tokenizer that has no chat template: refused at start, by name.
     let chat = dir.path().join("chat.jsonl");
     std::fs::write(
@@ -889,8 +918,7 @@ fn bench_kernels_needs_cuda_the_engine_and_cupti_left_to_it() {
         "on",
     ]);
     assert_user_error(&o, &["--kernels and --cupti on", "leave --cupti out"]);
-    if crate::cuda_or_skip("bench engine --kernels without a CUDA worker").is_none() {
-        let o = run(&["bench", "engine", "--steps", "3", "--kernels"]);
-        assert_user_error(&o, &["--kernels times CUDA kernels", "--target-devices"]);
-    }
+    // The workers' devices default to the CPU, GPU or not.
+    let o = run(&["bench", "engine", "--steps", "3", "--kernels"]);
+    assert_user_error(&o, &["--kernels times CUDA kernels", "--target-devices"]);
 }

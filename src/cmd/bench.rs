@@ -235,32 +235,65 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
     }
     let session = Session::start(run)?;
     let snapshots = session.telemetry.subscribe();
-    // --kernels: the window opens a third of the way in (graphs captured, allocator warm).
-    let open_at = cfg.steps.unwrap_or(60) / 3;
-    let mut window: Option<(KernelWindow, u64)> = None;
+    let start_step = session.pipeline.start_step;
+    // --kernels: the window opens a third of the way into the steps this run takes (graphs
+    // captured, allocator warm); its first step is the first one seen after the profiler is on.
+    let end = cfg.steps.unwrap_or(60);
+    let open_at = (start_step + end.saturating_sub(start_step) / 3).max(start_step + 1);
+    let mut window: Option<KernelWindow> = None;
+    let mut from: Option<u64> = None;
+    let mut failed: Option<anyhow::Error> = None;
     let mut last = None;
     while !session.pipeline.is_finished() && !crate::signals::requested() {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
-            if kernels && window.is_none() && s.train.step >= open_at.max(1) {
-                window = Some((KernelWindow::start()?, s.train.step));
+            if window.is_some() && from.is_none() {
+                from = Some(s.train.step);
+            }
+            if kernels && window.is_none() && s.train.step >= open_at {
+                match KernelWindow::start() {
+                    Ok(w) => window = Some(w),
+                    // The run stops (finish, below) before the error is told.
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
             }
             last = Some(s);
         }
     }
-    let start_step = session.pipeline.start_step;
     session.finish()?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
     while let Ok(s) = snapshots.try_recv() {
         last = Some(s);
     }
     let Some(s) = last else {
         bail!("the run ended before any snapshot")
     };
-    let tally = match window {
-        Some((w, from)) => Some((w.stop()?, s.train.step.saturating_sub(from))),
-        None if kernels => {
+    let tally = match (window, from) {
+        (Some(w), Some(from)) => {
+            let tally = w.stop()?;
+            let steps = s.train.step.saturating_sub(from);
+            if steps == 0 || tally.total_ns() == 0 {
+                bail!(
+                    "--kernels: no step, or no CUDA kernel, was recorded in the window ({steps} \
+                     steps, {} kernels): raise --steps, and check that CUPTI is there and free \
+                     (not under nsys or ncu)",
+                    tally.by_class.iter().map(|c| c.0).sum::<u64>()
+                );
+            }
+            Some((tally, steps))
+        }
+        (Some(w), None) => {
+            w.stop()?;
+            bail!("--kernels: the run ended as its window opened: raise --steps")
+        }
+        (None, _) if kernels => {
             bail!("--kernels: the run ended before its window opened: raise --steps")
         }
-        None => None,
+        (None, _) => None,
     };
     // Replicas step together: the run's rate is one replica's.
     let drafter_steps: f64 = s

@@ -179,7 +179,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub anchors: Option<i64>,
     /// Whether --anchors is a budget for each packed row (`per-row`, a preset's default: the
-    /// same drafter work a row) or for each document (`per-doc`, SpecForge's and --target's).
+    /// same drafter work a row) or for each document (`per-doc`, SpecForge's, and --target's
+    /// with one drafter replica).
     #[arg(long, value_name = "per-doc|per-row")]
     pub anchor_budget: Option<String>,
     /// Optimizer steps each packed batch trains, each on its share of the batch's anchors, the

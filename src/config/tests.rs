@@ -101,6 +101,40 @@ fn a_target_run_with_several_drafters_takes_steps_a_row_not_a_step_a_document() 
         (c.steps_per_batch, c.anchor_scope),
         (6, AnchorScope::PerDoc)
     );
+    // The step count given, the budget not: the budget still falls back (and the other way).
+    let c = train(dir.path(), |a| {
+        two(a);
+        a.steps_per_batch = Some(3);
+    })
+    .unwrap();
+    assert_eq!(
+        (c.steps_per_batch, c.anchor_scope),
+        (3, AnchorScope::PerRow)
+    );
+    assert!(c.recipe_line().contains("recipe=target-replicas "));
+    let toml = dir.path().join("budget.toml");
+    std::fs::write(&toml, "anchor_budget = \"per-doc\"\n").unwrap();
+    let c = train(dir.path(), |a| {
+        two(a);
+        a.config = Some(toml.clone());
+    })
+    .unwrap();
+    assert_eq!(
+        (c.steps_per_batch, c.anchor_scope),
+        (6, AnchorScope::PerDoc)
+    );
+    // Both given: the recipe is the user's, and named `target`.
+    let c = train(dir.path(), |a| {
+        two(a);
+        a.steps_per_batch = Some(2);
+        a.anchor_budget = Some("per-row".into());
+    })
+    .unwrap();
+    assert!(
+        c.recipe_line().contains("recipe=target "),
+        "{}",
+        c.recipe_line()
+    );
     // `doc` asked for by name with two drafters is still refused, by name.
     let e = train(dir.path(), |a| {
         two(a);

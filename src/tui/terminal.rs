@@ -98,6 +98,10 @@ pub fn install_panic_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
+            // A panic the pipeline's build reports as an error is no panic of the run's.
+            if crate::engine::pipeline::caught::quiet_here() {
+                return previous(info);
+            }
             PANICKED.store(true, Ordering::SeqCst);
             let on_ui = UI_THREAD.get() == Some(&std::thread::current().id());
             // Not on the UI thread, which may panic while it holds the lock itself.

@@ -86,12 +86,22 @@ fn target_rates(flops: f64, s: &Snapshot) -> Option<String> {
 }
 
 /// The drafter's rate per phase in TFLOP/s-equivalent (`engine::flops::drafter_flops` over each
-/// phase's device time, a row counted as one document: an upper bound), per drafter worker.
+/// phase's device time, a row counted as one document: an upper bound), per drafter worker. A
+/// batch trained in N steps gives each step the row's context and an N-th of its anchors; with a
+/// step a document each step's share varies, and the line says so instead.
 pub(super) fn drafter_rate_line(cfg: &PipelineSpec, s: &Snapshot) -> Option<String> {
+    if cfg.steps_per_batch == crate::engine::train::recipe::STEP_PER_DOC {
+        return Some(
+            "drafter TFLOP/s-equivalent: n/a with a step a document (each step's share of the \
+             batch differs)"
+                .into(),
+        );
+    }
+    // Each of the N steps: the row's context, an N-th of its anchors.
     let f = crate::engine::model::flops::drafter_flops(
         &cfg.drafter_spec,
         cfg.seq_len,
-        cfg.anchors,
+        (cfg.anchors / cfg.steps_per_batch.max(1)).max(1),
         None,
     );
     drafter_rates(f, cfg.batch as f64, s)

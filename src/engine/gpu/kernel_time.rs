@@ -15,22 +15,25 @@ pub enum KernelClass {
     Gemm,
     /// Flash, cuDNN and our block attention kernels.
     Attention,
-    /// Softmax, log-softmax and the loss's reductions over the vocabulary.
+    /// Softmax and log-softmax kernels (the loss's over the vocabulary; a non-flash attention's
+    /// softmax lands here too). The loss's max and sum reductions are `Reduce`.
     Loss,
-    /// RMSNorm, RoPE and the fused norm kernels.
+    /// RMSNorm, LayerNorm, RoPE and the fused norm kernels.
     NormRope,
     /// The fused AdamW steps.
     Optimizer,
-    /// Reductions (sums, norms for clipping, means).
+    /// Reductions (sums, maxima, means, the clipping norm).
     Reduce,
-    /// Element-wise kernels (activations, casts, adds, masks).
+    /// Element-wise kernels (activations, adds, multiplies, masks).
     Elementwise,
-    /// Copies, memcpy and memset (host to device and on the device).
+    /// Copies (casts too: ATen runs them as `direct_copy_kernel`), memcpy and memset.
     Copy,
+    /// NCCL's collectives (with several replicas; their time includes waiting for the peers).
+    Comm,
     Other,
 }
 
-pub const CLASSES: [KernelClass; 9] = [
+pub const CLASSES: [KernelClass; 10] = [
     KernelClass::Gemm,
     KernelClass::Attention,
     KernelClass::Loss,
@@ -39,6 +42,7 @@ pub const CLASSES: [KernelClass; 9] = [
     KernelClass::Reduce,
     KernelClass::Elementwise,
     KernelClass::Copy,
+    KernelClass::Comm,
     KernelClass::Other,
 ];
 
@@ -53,31 +57,54 @@ impl KernelClass {
             KernelClass::Reduce => "reduce",
             KernelClass::Elementwise => "elementwise",
             KernelClass::Copy => "copy",
+            KernelClass::Comm => "comm",
             KernelClass::Other => "other",
         }
     }
 }
 
 /// The class of a kernel by its name (as CUPTI reports it, demangled). The first rule that
-/// matches wins: copies before element-wise kernels (`direct_copy_kernel` is one), attention
-/// before GEMMs (flash kernels are CUTLASS templates), reductions before norms (a clipping
-/// norm is a reduction).
+/// matches wins: NCCL first (its all-reduce is no reduction kernel), copies before element-wise
+/// kernels (`direct_copy_kernel` is one), attention before GEMMs (flash kernels are CUTLASS
+/// templates), reductions before norms (the clipping norm's `NormTwoOps` is a reduction).
 pub fn classify(name: &str) -> KernelClass {
     let n = name.to_ascii_lowercase();
     let any = |words: &[&str]| words.iter().any(|w| n.contains(w));
-    if n.starts_with("memcpy") || n.starts_with("memset") || any(&["copy_kernel", "batchedcopy"]) {
+    if n.starts_with("nccl") || any(&["ncclkernel", "nccldevkernel"]) {
+        KernelClass::Comm
+    } else if n.starts_with("memcpy")
+        || n.starts_with("memset")
+        || any(&["copy_kernel", "batchedcopy"])
+    {
         KernelClass::Copy
     } else if any(&["adam"]) {
         KernelClass::Optimizer
     } else if any(&["attention", "flash", "fmha", "sdpa"]) {
         KernelClass::Attention
-    } else if any(&["gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul"]) {
+    } else if any(&[
+        "gemm",
+        "gemv",
+        "cutlass",
+        "xmma",
+        "nvjet",
+        "cublas",
+        "matmul",
+        "dot_kernel",
+    ]) {
         KernelClass::Gemm
     } else if any(&["softmax", "nll_loss", "cross_entropy", "logsumexp"]) {
         KernelClass::Loss
-    } else if any(&["reduce_kernel", "reduce"]) {
+    } else if any(&["reduce", "lpnorm", "normtwo"]) {
         KernelClass::Reduce
-    } else if any(&["norm", "rope", "rotary"]) {
+    } else if any(&[
+        "rms_norm",
+        "rmsnorm",
+        "layer_norm",
+        "layernorm",
+        "norm_rope",
+        "rope",
+        "rotary",
+    ]) {
         KernelClass::NormRope
     } else if any(&["elementwise", "silu", "unrolled", "vectorized"]) {
         KernelClass::Elementwise
@@ -220,6 +247,11 @@ mod tests {
             ("Memcpy HtoD (Pinned -> Device)", KernelClass::Copy),
             ("Memset (Device)", KernelClass::Copy),
             ("void at::native::index_select_kernel<float>", KernelClass::Other),
+            ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", KernelClass::Comm),
+            ("void at::native::normal_kernel<float>", KernelClass::Other),
+            ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<LpNormFunctor<float, 2>>", KernelClass::Reduce),
+            ("void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4>", KernelClass::Gemm),
+            ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", KernelClass::NormRope),
         ] {
             assert_eq!(classify(name), class, "{name}");
         }

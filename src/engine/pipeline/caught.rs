@@ -5,41 +5,81 @@
 //! its message ("Exception raised from ...") are cut.
 
 use anyhow::{anyhow, Result};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
 thread_local! {
     /// Set while `caught` runs `f` on this thread: its panics are reported by `caught`, so the
-    /// panic hook keeps quiet about them.
+    /// panic hooks keep quiet about them.
     static QUIET: Cell<u32> = const { Cell::new(0) };
+    /// Where the last quiet panic of this thread happened (`file:line`).
+    static WHERE: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 static HOOK: Once = Once::new();
 
-/// Runs `f`; a panic inside it comes back as an error naming `what` (with the settings that
-/// lower memory when it was libtorch's out-of-memory).
+/// Whether a panic on this thread now is one `caught` reports (the TUI's hook asks, so that it
+/// neither restores the terminal nor flags the run for it).
+pub fn quiet_here() -> bool {
+    QUIET.with(|q| q.get()) > 0
+}
+
+/// `QUIET` raised for its life.
+struct Quiet;
+
+impl Quiet {
+    fn new() -> Quiet {
+        QUIET.with(|q| q.set(q.get() + 1));
+        Quiet
+    }
+}
+
+impl Drop for Quiet {
+    fn drop(&mut self) {
+        QUIET.with(|q| q.set(q.get() - 1));
+    }
+}
+
+/// Runs `f`; a panic inside it comes back as an error naming `what` (with what lowers memory
+/// when it was libtorch's out-of-memory, and where it happened when it was no libtorch error).
 pub fn caught<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     install_quiet_hook();
-    QUIET.with(|q| q.set(q.get() + 1));
-    let outcome = catch_unwind(AssertUnwindSafe(f));
-    QUIET.with(|q| q.set(q.get() - 1));
+    let outcome = {
+        let _quiet = Quiet::new();
+        catch_unwind(AssertUnwindSafe(f))
+    };
     match outcome {
         Ok(result) => result,
         Err(payload) => {
-            let text = torch_message(&panic_text(payload.as_ref()));
-            Err(anyhow!("{what} failed: {text}{}", oom_hint(&text)))
+            let raw = panic_text(payload.as_ref());
+            let text = torch_message(&raw);
+            let place = WHERE.with(|w| w.borrow_mut().take());
+            let at = match place {
+                Some(p) if !raw.contains("Torch(\"") => format!(" (at {p})"),
+                _ => String::new(),
+            };
+            Err(anyhow!(
+                "{what} failed: {text}{at}{}",
+                build_oom_hint(&text)
+            ))
         }
     }
 }
 
-/// Chains a hook that says nothing for a panic `caught` reports (installed once, on top of
-/// whatever hook is there: the TUI's restores the terminal for every other panic).
+/// Chains a hook that says nothing for a panic `caught` reports, keeping where it happened
+/// (installed once, on top of whatever hook is there: the TUI's restores the terminal for every
+/// other panic).
 fn install_quiet_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if QUIET.with(|q| q.get()) == 0 {
+            if quiet_here() {
+                let place = info
+                    .location()
+                    .map(|l| format!("{}:{}", l.file(), l.line()));
+                WHERE.with(|w| *w.borrow_mut() = place);
+            } else {
                 previous(info);
             }
         }));
@@ -54,13 +94,20 @@ pub fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".into())
 }
 
-/// libtorch's message alone: what tch's `unwrap` wraps around it (`... Torch("...")`) and the
-/// C++ frames it appends ("Exception raised from ...", with tch's escaped newlines or real ones)
-/// cut away.
+/// What tch's `unwrap` puts before libtorch's error.
+const UNWRAP: &str = "called `Result::unwrap()` on an `Err` value: ";
+
+/// libtorch's message alone: tch's `unwrap` wrapping around it (`... Torch("...")`, its quotes
+/// escaped) taken off, what came before it kept, and the C++ frames it appends ("Exception
+/// raised from ...", with tch's escaped newlines or real ones) cut away.
 pub fn torch_message(text: &str) -> String {
-    let (inner, wrapped) = match text.find("Torch(\"") {
-        Some(at) => (&text[at + "Torch(\"".len()..], true),
-        None => (text, false),
+    let (head, inner, wrapped) = match text.find("Torch(\"") {
+        Some(at) => {
+            let head = &text[..at];
+            let head = head.strip_suffix(UNWRAP).unwrap_or(head);
+            (head, &text[at + "Torch(\"".len()..], true)
+        }
+        None => ("", text, false),
     };
     let cut = ["\\nException raised from", "\nException raised from"]
         .iter()
@@ -71,15 +118,32 @@ pub fn torch_message(text: &str) -> String {
         (None, true) => inner.strip_suffix("\")").unwrap_or(inner),
         (None, false) => inner,
     };
-    message.trim_end().to_string()
+    let message = if wrapped {
+        message.replace("\\\"", "\"")
+    } else {
+        message.to_string()
+    };
+    format!("{head}{}", message.trim_end())
 }
 
-/// The settings that lower memory, for libtorch's out-of-memory (empty otherwise).
+/// The settings that lower a running step's memory, for libtorch's out-of-memory (empty
+/// otherwise).
 pub fn oom_hint(error: &str) -> &'static str {
     if error.contains("out of memory") {
         " — out of device memory: lower `batch`, `anchors`, `seq_len` or `loss_chunk_mib` \
-         (TOML run config), use a smaller --preset, or give the target and the drafters GPUs of \
-         their own (--target-devices, --drafter-devices)"
+         (flags or TOML run config), use a smaller --preset, or give the target and the drafters \
+         GPUs of their own (--target-devices, --drafter-devices)"
+    } else {
+        ""
+    }
+}
+
+/// The same while the models are built, where their weights are what does not fit.
+fn build_oom_hint(error: &str) -> &'static str {
+    if error.contains("out of memory") {
+        " — out of device memory while the weights are made: give the target and the drafters \
+         GPUs of their own (--target-devices, --drafter-devices; `bench engine` prints the \
+         placement advice with its memory estimate), or use a smaller --preset"
     } else {
         ""
     }
@@ -103,7 +167,7 @@ mod tests {
         assert!(
             text.starts_with(
                 "building the drafter on cuda:0 failed: CUDA out of memory. Tried to allocate \
-                 9.57 GiB. — out of device memory"
+                 9.57 GiB. — out of device memory while the weights are made"
             ),
             "{text}"
         );
@@ -111,11 +175,19 @@ mod tests {
             !text.contains("frame #0") && !text.contains("Exception raised"),
             "{text}"
         );
+        assert!(
+            !text.contains("(at "),
+            "a libtorch error needs no place: {text}"
+        );
         assert!(text.contains("--target-devices"), "the fix: {text}");
+        assert!(
+            !quiet_here(),
+            "the thread's panics are its own again afterwards"
+        );
     }
 
     #[test]
-    fn errors_and_values_pass_through_and_other_panics_carry_no_memory_hint() {
+    fn errors_and_values_pass_through_and_other_panics_say_where() {
         assert_eq!(caught("x", || Ok(7)).unwrap(), 7);
         let e = caught("x", || -> Result<()> { Err(anyhow!("plain")) }).unwrap_err();
         assert_eq!(format!("{e:#}"), "plain");
@@ -123,16 +195,36 @@ mod tests {
             panic!("index out of range")
         })
         .unwrap_err();
-        assert_eq!(format!("{e:#}"), "reading y failed: index out of range");
+        let text = format!("{e:#}");
+        assert!(
+            text.starts_with(
+                "reading y failed: index out of range (at src/engine/pipeline/caught.rs:"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("out of device memory"), "{text}");
+        assert!(!quiet_here());
+    }
+
+    #[test]
+    fn libtorch_messages_keep_what_came_before_and_lose_the_wrapping() {
         assert_eq!(
             torch_message("called `Result::unwrap()` on an `Err` value: Torch(\"bad shape\")"),
             "bad shape"
         );
         assert_eq!(
+            torch_message(
+                "panicked: called `Result::unwrap()` on an `Err` value: Torch(\"a \\\"b\\\" c\")"
+            ),
+            "panicked: a \"b\" c"
+        );
+        assert_eq!(
+            torch_message("loading w: Torch(\"boom\\nException raised from x\\nframe #0\")"),
+            "loading w: boom"
+        );
+        assert_eq!(
             torch_message("boom\nException raised from x\nframe #0"),
             "boom"
         );
-        // The thread's panics are its own again afterwards.
-        assert_eq!(QUIET.with(|q| q.get()), 0);
     }
 }
