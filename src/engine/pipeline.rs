@@ -317,6 +317,47 @@ impl Workers<'_> {
     }
 }
 
+/// For libtorch's out-of-memory while the models are built: what the shapes need
+/// (src/engine/model/memory.rs) against the smallest GPU the run uses, so that the sentence says
+/// by how much it does not fit.
+fn with_memory_note(e: anyhow::Error, cfg: &PipelineSpec) -> anyhow::Error {
+    let text = format!("{e:#}");
+    if !text.contains("out of memory") {
+        return e;
+    }
+    let need = crate::engine::model::memory::need(
+        &cfg.target_config,
+        &cfg.drafter_spec,
+        cfg.seq_len,
+        cfg.anchors,
+        cfg.batch,
+    );
+    let shared = cfg
+        .target_devices
+        .iter()
+        .any(|d| cfg.drafter_devices.contains(d));
+    let (who, gib) = match shared {
+        true => ("a target and a drafter together need", need.together_gib()),
+        false => (
+            "the larger of a target and a drafter needs",
+            need.apart_gib(),
+        ),
+    };
+    let card = cfg
+        .target_devices
+        .iter()
+        .chain(&cfg.drafter_devices)
+        .filter_map(|d| match d {
+            Device::Cuda(i) => crate::cuda_shim::memory_total(*i).ok(),
+            _ => None,
+        })
+        .min();
+    let holds = card.map_or(String::new(), |b| {
+        format!(", the GPU holds {:.0} GiB", b as f64 / (1u64 << 30) as f64)
+    });
+    anyhow::anyhow!("{text} (by the shapes {who} about {gib:.0} GiB{holds})")
+}
+
 impl Pipeline {
     pub fn start(cfg: &PipelineSpec, telemetry: &Telemetry) -> Result<Pipeline> {
         crate::engine::gpu::fast_paths::install(cfg.fast_paths);
@@ -346,11 +387,13 @@ impl Pipeline {
         let targets = caught(
             &format!("building the target on {}", on(&cfg.target_devices)),
             || build_targets(cfg),
-        )?;
+        )
+        .map_err(|e| with_memory_note(e, cfg))?;
         let (drafters, start_step) = caught(
             &format!("building the drafter on {}", on(&cfg.drafter_devices)),
             || drafter_replicas(cfg, &targets[0].1),
-        )?;
+        )
+        .map_err(|e| with_memory_note(e, cfg))?;
         let (group, gates) = replica_sync(cfg, link.as_ref(), &cancel)?;
         if let Some(n) = cfg.steps {
             if start_step >= n {
