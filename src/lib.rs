@@ -11,6 +11,7 @@ pub mod headless;
 pub mod job;
 pub mod probe;
 pub mod progress;
+pub mod quiet_panic;
 pub mod save_layout;
 pub mod scratch;
 pub mod signals;

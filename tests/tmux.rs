@@ -181,6 +181,28 @@ fn a_panic_in_a_worker_thread_restores_the_terminal() {
     assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
 }
 
+/// A model too large for its GPU, in the TUI: the build's panic is one sentence after the
+/// terminal is back, no panic text, no "a thread panicked".
+#[test]
+fn a_model_too_large_in_the_tui_is_a_sentence_on_a_restored_terminal() {
+    let name = format!("dflash-oom-{}", std::process::id());
+    let cmd = format!(
+        "DFLASH_TOP_FAULT=oom_at_build:drafter {} train; echo EXITED=$?; sleep 600",
+        env!("CARGO_BIN_EXE_dflash-top")
+    );
+    let s = Session::start(name, &cmd);
+    let after = s.wait_for("the process to exit", |x| x.contains("EXITED="));
+    assert!(after.contains("EXITED=1"), "{after}");
+    assert!(
+        after.contains("dflash-top: building the drafter on cpu failed: CUDA out of memory"),
+        "{after}"
+    );
+    for noise in ["panicked", "RUST_BACKTRACE"] {
+        assert!(!after.contains(noise), "no `{noise}`: {after}");
+    }
+    assert_eq!(s.display("#{alternate_on}"), "0", "alternate screen left");
+}
+
 #[test]
 fn a_recording_replays_in_the_tui() {
     let dir = tempfile::tempdir().unwrap();

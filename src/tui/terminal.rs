@@ -98,8 +98,8 @@ pub fn install_panic_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            // A panic the pipeline's build reports as an error is no panic of the run's.
-            if crate::engine::pipeline::caught::quiet_here() {
+            // A panic its caller reports as an error (the pipeline's build) is no panic of the run's.
+            if crate::quiet_panic::here() {
                 return previous(info);
             }
             PANICKED.store(true, Ordering::SeqCst);

@@ -4,47 +4,13 @@
 //! fix and a non-zero exit, not a panic's message and backtrace. The libtorch frames that follow
 //! its message ("Exception raised from ...") are cut.
 
+use crate::quiet_panic::{self, Quiet};
 use anyhow::{anyhow, Result};
-use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Once;
-
-thread_local! {
-    /// Set while `caught` runs `f` on this thread: its panics are reported by `caught`, so the
-    /// panic hooks keep quiet about them.
-    static QUIET: Cell<u32> = const { Cell::new(0) };
-    /// Where the last quiet panic of this thread happened (`file:line`).
-    static WHERE: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-static HOOK: Once = Once::new();
-
-/// Whether a panic on this thread now is one `caught` reports (the TUI's hook asks, so that it
-/// neither restores the terminal nor flags the run for it).
-pub fn quiet_here() -> bool {
-    QUIET.with(|q| q.get()) > 0
-}
-
-/// `QUIET` raised for its life.
-struct Quiet;
-
-impl Quiet {
-    fn new() -> Quiet {
-        QUIET.with(|q| q.set(q.get() + 1));
-        Quiet
-    }
-}
-
-impl Drop for Quiet {
-    fn drop(&mut self) {
-        QUIET.with(|q| q.set(q.get() - 1));
-    }
-}
 
 /// Runs `f`; a panic inside it comes back as an error naming `what` (with what lowers memory
 /// when it was libtorch's out-of-memory, and where it happened when it was no libtorch error).
 pub fn caught<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    install_quiet_hook();
     let outcome = {
         let _quiet = Quiet::new();
         catch_unwind(AssertUnwindSafe(f))
@@ -54,8 +20,7 @@ pub fn caught<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         Err(payload) => {
             let raw = panic_text(payload.as_ref());
             let text = torch_message(&raw);
-            let place = WHERE.with(|w| w.borrow_mut().take());
-            let at = match place {
+            let at = match quiet_panic::take_place() {
                 Some(p) if !raw.contains("Torch(\"") => format!(" (at {p})"),
                 _ => String::new(),
             };
@@ -65,25 +30,6 @@ pub fn caught<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
             ))
         }
     }
-}
-
-/// Chains a hook that says nothing for a panic `caught` reports, keeping where it happened
-/// (installed once, on top of whatever hook is there: the TUI's restores the terminal for every
-/// other panic).
-fn install_quiet_hook() {
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if quiet_here() {
-                let place = info
-                    .location()
-                    .map(|l| format!("{}:{}", l.file(), l.line()));
-                WHERE.with(|w| *w.borrow_mut() = place);
-            } else {
-                previous(info);
-            }
-        }));
-    });
 }
 
 /// A panic's message, whatever its payload.
@@ -181,7 +127,7 @@ mod tests {
         );
         assert!(text.contains("--target-devices"), "the fix: {text}");
         assert!(
-            !quiet_here(),
+            !quiet_panic::here(),
             "the thread's panics are its own again afterwards"
         );
     }
@@ -203,7 +149,7 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("out of device memory"), "{text}");
-        assert!(!quiet_here());
+        assert!(!quiet_panic::here());
     }
 
     #[test]
