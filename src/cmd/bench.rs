@@ -327,13 +327,7 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
     }
     // The run's own FLOP estimate rides in its snapshots (set at start).
     let gpus = crate::config::cuda_count() as usize;
-    let need = crate::engine::model::memory::need(
-        &cfg.target_config,
-        &cfg.drafter_spec,
-        cfg.seq_len,
-        cfg.anchors,
-        cfg.batch,
-    );
+    let need = cfg.memory_need();
     let room = crate::config::room_on(gpus, need.together_gib(), need.apart_gib());
     if let Some((advice, source)) = crate::telemetry::placement::for_run(&s, gpus, room) {
         println!(

@@ -78,66 +78,72 @@ fn a_target_run_takes_specforge_recipe_not_the_tiny_preset() {
 #[test]
 fn a_target_run_with_several_drafters_takes_steps_a_row_not_a_step_a_document() {
     let dir = target_dir(Some(300));
-    let two = |a: &mut TrainArgs| a.drafter_devices = Some("cpu,cpu".into());
-    let c = train(dir.path(), two).unwrap();
-    assert_eq!(
-        (c.steps_per_batch, c.anchor_scope),
-        (6, AnchorScope::PerRow),
-        "replicas step together, so the recipe's a step a document cannot hold"
-    );
-    assert!(
-        c.recipe_line()
-            .starts_with("config: recipe=target-replicas "),
-        "{}",
-        c.recipe_line()
-    );
-    // What the user gave stays: a budget per document, with the replicas' 6 steps a row.
-    let c = train(dir.path(), |a| {
-        two(a);
-        a.anchor_budget = Some("per-doc".into());
-    })
-    .unwrap();
-    assert_eq!(
-        (c.steps_per_batch, c.anchor_scope),
-        (6, AnchorScope::PerDoc)
-    );
-    // The step count given, the budget not: the budget still falls back (and the other way).
-    let c = train(dir.path(), |a| {
-        two(a);
-        a.steps_per_batch = Some(3);
-    })
-    .unwrap();
-    assert_eq!(
-        (c.steps_per_batch, c.anchor_scope),
-        (3, AnchorScope::PerRow)
-    );
-    assert!(c.recipe_line().contains("recipe=target-replicas "));
     let toml = dir.path().join("budget.toml");
     std::fs::write(&toml, "anchor_budget = \"per-doc\"\n").unwrap();
-    let c = train(dir.path(), |a| {
-        two(a);
-        a.config = Some(toml.clone());
-    })
-    .unwrap();
-    assert_eq!(
-        (c.steps_per_batch, c.anchor_scope),
-        (6, AnchorScope::PerDoc)
-    );
-    // Both given: the recipe is the user's, and named `target`.
-    let c = train(dir.path(), |a| {
-        two(a);
-        a.steps_per_batch = Some(2);
-        a.anchor_budget = Some("per-row".into());
-    })
-    .unwrap();
-    assert!(
-        c.recipe_line().contains("recipe=target "),
-        "{}",
-        c.recipe_line()
-    );
+    type Given = fn(&mut TrainArgs, &Path);
+    // (what the user gives beside two drafters, steps a batch, budget, the config line's recipe):
+    // each of the two values left to the recipe falls back to 6 steps a row on a budget per
+    // row; what the user gave, by flag or TOML, stays.
+    let cases: [(&str, Given, i64, AnchorScope, &str); 5] = [
+        (
+            "nothing",
+            |_, _| {},
+            6,
+            AnchorScope::PerRow,
+            "target-replicas",
+        ),
+        (
+            "a budget per document",
+            |a, _| a.anchor_budget = Some("per-doc".into()),
+            6,
+            AnchorScope::PerDoc,
+            "target-replicas",
+        ),
+        (
+            "3 steps a batch",
+            |a, _| a.steps_per_batch = Some(3),
+            3,
+            AnchorScope::PerRow,
+            "target-replicas",
+        ),
+        (
+            "the budget in TOML",
+            |a, toml| a.config = Some(toml.to_path_buf()),
+            6,
+            AnchorScope::PerDoc,
+            "target-replicas",
+        ),
+        (
+            "both",
+            |a, _| {
+                a.steps_per_batch = Some(2);
+                a.anchor_budget = Some("per-row".into());
+            },
+            2,
+            AnchorScope::PerRow,
+            "target",
+        ),
+    ];
+    for (given, set, steps, scope, from) in cases {
+        let c = train(dir.path(), |a| {
+            a.drafter_devices = Some("cpu,cpu".into());
+            set(a, &toml);
+        })
+        .unwrap();
+        assert_eq!(
+            (c.steps_per_batch, c.anchor_scope),
+            (steps, scope),
+            "{given}"
+        );
+        let line = c.recipe_line();
+        assert!(
+            line.starts_with(&format!("config: recipe={from} ")),
+            "{given}: {line}"
+        );
+    }
     // `doc` asked for by name with two drafters is still refused, by name.
     let e = train(dir.path(), |a| {
-        two(a);
+        a.drafter_devices = Some("cpu,cpu".into());
         a.steps_per_batch = Some(STEP_PER_DOC);
     })
     .unwrap_err();
@@ -415,27 +421,6 @@ fn long_rows_are_taken_up_to_the_cap_and_refused_past_it() {
     );
 }
 
-/// The placement advice follows the row's length: at 8B shapes the drafter's work is per anchor
-/// (512 a row at any length) while the target's grows with the row, so on long rows the drafter's
-/// share falls and the advice gives the target more of the GPUs (on 8 GPUs: 3 targets + 5
-/// drafters at 3K, a target and a drafter on each GPU at 32K).
-#[test]
-fn placement_advice_follows_the_rows_length() {
-    let p = Preset::by_name("qwen3-8b").unwrap();
-    let spec = p.drafter_spec(&p.target);
-    let ratio = |seq| crate::engine::model::flops::flop_ratio(&p.target, &spec, seq, 512);
-    let (short, long) = (ratio(3072), ratio(32768));
-    assert!(short > 1.0 && long < 0.5, "3K {short}, 32K {long}");
-    let targets = |r| crate::telemetry::placement::advise(r, 8).devices().0.len();
-    let text = |r| crate::telemetry::placement::advise(r, 8).text();
-    assert!(
-        targets(long) > targets(short),
-        "{} / {}",
-        text(short),
-        text(long)
-    );
-}
-
 /// Reading the configuration loads nothing: `--cupti` is kept as asked for until `apply`, which
 /// on a machine without a CUDA worker says why nothing is counted; `on` there is refused while
 /// reading, naming the flag.
@@ -467,71 +452,4 @@ fn reading_the_configuration_is_pure_and_apply_installs() {
     );
 }
 
-fn memory_of(preset: &str, seq: i64) -> crate::engine::model::memory::MemoryNeed {
-    let p = Preset::by_name(preset).unwrap();
-    let spec = p.drafter_spec(&p.target);
-    crate::engine::model::memory::need(&p.target, &spec, seq, 512, 1)
-}
-
-/// The memory estimate (src/engine/model/memory.rs) against the peaks `bench engine` measured
-/// with a target and a drafter sharing one H100 (docs/performance.md, peak_allocated_gib): each
-/// within 5%.
-#[test]
-fn the_memory_estimate_is_near_the_peaks_measured_on_one_card() {
-    for (preset, seq, measured) in [
-        ("qwen3-0.6b", 3072, 5.14),
-        ("qwen3-8b", 3072, 38.72),
-        ("qwen3-8b", 32768, 46.1),
-        ("qwen3-14b", 3072, 64.36),
-    ] {
-        let est = memory_of(preset, seq).together_gib();
-        assert!(
-            (est / measured - 1.0).abs() < 0.05,
-            "{preset} at {seq}: estimated {est:.1} GiB, measured {measured}"
-        );
-    }
-}
-
-/// Hand counts (docs/multi-host.md): Qwen3-32B's drafter is 2.569B parameters, 38.3 GiB at 16
-/// bytes; its target builds 62 layers of 487.6M, and its embedding and head are 151,936 x 5,120
-/// each. Together more than an 80 GB card holds, so two such cards take a role each.
-#[test]
-fn qwen3_32b_is_counted_by_hand_and_gets_a_card_for_each_role() {
-    const GIB: f64 = (1u64 << 30) as f64;
-    let n = memory_of("qwen3-32b", 3072);
-    let drafter_act = 225.0 * 5120.0 * 512.0 * 16.0 / GIB;
-    assert!(
-        (n.drafter_gib - drafter_act - 1.0 - 38.28).abs() < 0.05,
-        "{n:?}"
-    );
-    let target_act = 64.0 * 5120.0 * 3072.0 / GIB;
-    let layers = 62.0 * 487.6e6 * 2.0 / GIB;
-    assert!((n.target_gib - target_act - layers).abs() < 0.1, "{n:?}");
-    assert!((n.shared_gib - 2.0 * 151_936.0 * 5120.0 * 2.0 / GIB).abs() < 1e-9);
-    use crate::telemetry::placement::{advise_in, Room};
-    let h100 = Room {
-        together_gib: n.together_gib(),
-        apart_gib: n.apart_gib(),
-        card_gib: 79.2,
-    };
-    assert!(n.together_gib() > 79.2 && n.apart_gib() < 77.0, "{n:?}");
-    let p = Preset::by_name("qwen3-32b").unwrap();
-    let spec = p.drafter_spec(&p.target);
-    let ratio = crate::engine::model::flops::flop_ratio(&p.target, &spec, 3072, 512);
-    let (t, d) = advise_in(ratio, 2, Some(h100)).devices();
-    assert_eq!(
-        (t, d),
-        (vec![0], vec![1]),
-        "{}",
-        advise_in(ratio, 2, Some(h100)).text()
-    );
-    // On an H200 (140 GiB) they share, as the rate says.
-    let h200 = Room {
-        card_gib: 140.4,
-        ..h100
-    };
-    assert_eq!(advise_in(ratio, 2, Some(h200)).crowded, None);
-    // 8B fits an 80 GB card together.
-    let n8 = memory_of("qwen3-8b", 3072);
-    assert!(n8.together_gib() < 77.0, "{n8:?}");
-}
+mod placement;

@@ -325,13 +325,7 @@ fn with_memory_note(e: anyhow::Error, cfg: &PipelineSpec) -> anyhow::Error {
     if !text.contains("out of memory") {
         return e;
     }
-    let need = crate::engine::model::memory::need(
-        &cfg.target_config,
-        &cfg.drafter_spec,
-        cfg.seq_len,
-        cfg.anchors,
-        cfg.batch,
-    );
+    let need = cfg.memory_need();
     let shared = cfg
         .target_devices
         .iter()

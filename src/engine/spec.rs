@@ -107,6 +107,17 @@ pub struct PipelineSpec {
 }
 
 impl PipelineSpec {
+    /// What a target and a drafter of this run hold on a GPU (src/engine/model/memory.rs).
+    pub fn memory_need(&self) -> crate::engine::model::memory::MemoryNeed {
+        crate::engine::model::memory::need(
+            &self.target_config,
+            &self.drafter_spec,
+            self.seq_len,
+            self.anchors,
+            self.batch,
+        )
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.batch < 1 {
             bail!("`batch` must be at least 1");
