@@ -61,6 +61,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             );
         }
         train.cupti = Some("off".into());
+        // Snapshots every 0.1 s: the window's first step is read within a tenth of a second of
+        // the profiler going on.
+        train.interval = Some(train.interval.unwrap_or(0.1));
     }
     match what {
         "engine" => train.steps = Some(train.steps.unwrap_or(60)),
