@@ -14,6 +14,7 @@ const FLOORS: &[&[&str]] = &[
     // ground: no knowledge of anything else
     &[
         "cancel",
+        "quiet_panic",
         "fault",
         "progress",
         "scratch",

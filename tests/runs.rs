@@ -681,8 +681,11 @@ fn bench_drafter_times_each_phase_of_the_drafter_alone() {
         names.iter().all(|n| field(phases, n).unwrap() > 0.0),
         "{phases}"
     );
+    // Each figure is printed to 0.1 ms: the sum can part from the step by half of that for
+    // each of the phases and for the step.
+    let rounding = 0.05 * (names.len() + 1) as f64 + 1e-9;
     assert!(
-        (sum - step).abs() < 0.2,
+        (sum - step).abs() <= rounding,
         "the phases add up to the step: {sum} vs {step}"
     );
 }
