@@ -97,13 +97,9 @@ impl RunConfig {
             model.recipe.seq_len,
             model.recipe.anchors,
         );
-        let devices = devices_of(args, &file, || {
-            let need = model.memory_need();
-            flags::Estimate {
-                ratio: flop_ratio,
-                together_gib: need.together_gib(),
-                apart_gib: need.apart_gib(),
-            }
+        let devices = devices_of(args, &file, || flags::Estimate {
+            ratio: flop_ratio,
+            need: model.memory_need(),
         })?;
         let interval = args.interval.or(file.interval).unwrap_or(1.0);
         if !(interval > 0.0 && interval.is_finite()) {
@@ -291,23 +287,21 @@ fn recipe_for_replicas(
     if replicas <= 1 || model.recipe_from != "target" || model.resume_state.is_some() {
         return (recipe, model.recipe_from.clone());
     }
+    // Without a checkpoint, a value neither the flags nor the TOML file gave is the recipe's.
     let fallback = Recipe::for_target_replicas();
-    let base = Recipe::for_target();
-    let mut changed = false;
-    if args.steps_per_batch.or(file.steps_per_batch).is_none()
-        && recipe.steps_per_batch == base.steps_per_batch
-    {
+    let steps_left = args.steps_per_batch.or(file.steps_per_batch).is_none();
+    let budget_left = args.anchor_budget.is_none() && file.anchor_budget.is_none();
+    if steps_left {
         recipe.steps_per_batch = fallback.steps_per_batch;
-        changed = true;
     }
-    if args.anchor_budget.is_none()
-        && file.anchor_budget.is_none()
-        && recipe.anchor_scope == base.anchor_scope
-    {
+    if budget_left {
         recipe.anchor_scope = fallback.anchor_scope;
-        changed = true;
     }
-    let from = if changed { "target-replicas" } else { "target" };
+    let from = if steps_left || budget_left {
+        "target-replicas"
+    } else {
+        "target"
+    };
     (recipe, from.into())
 }
 

@@ -330,8 +330,7 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
     }
     // The run's own FLOP estimate rides in its snapshots (set at start).
     let gpus = crate::config::cuda_count() as usize;
-    let need = cfg.memory_need();
-    let room = crate::config::room_on(gpus, need.together_gib(), need.apart_gib());
+    let room = crate::config::room_on(gpus, &cfg.memory_need());
     if let Some((advice, source)) = crate::telemetry::placement::for_run(&s, gpus, room) {
         println!(
             "bench: placement ({source}) {} ({})",

@@ -1,6 +1,7 @@
 //! Parsers of the flags whose values are small languages: device lists (`cpu`, `cuda:N`, `all`)
 //! and deliberate slowness (`--slow target=20ms`), each error naming the flag and the fix.
 
+use crate::engine::model::memory::MemoryNeed;
 use crate::engine::spec::Slow;
 use crate::telemetry::placement::Room;
 use anyhow::{bail, Context, Result};
@@ -20,12 +21,12 @@ pub fn cuda_count() -> i64 {
 /// FLOPs) and the GiB of a target and a drafter together and apart (src/engine/model/memory.rs).
 pub(super) struct Estimate {
     pub ratio: f64,
-    pub together_gib: f64,
-    pub apart_gib: f64,
+    pub need: MemoryNeed,
 }
 
-/// The estimate against the smallest of `gpus` cards (none where a card's size cannot be read).
-pub fn room_on(gpus: usize, together_gib: f64, apart_gib: f64) -> Option<Room> {
+/// What a target and a drafter need against the smallest of `gpus` cards (none where a card's
+/// size cannot be read).
+pub fn room_on(gpus: usize, need: &MemoryNeed) -> Option<Room> {
     let card = (0..gpus)
         .map(crate::cuda_shim::memory_total)
         .collect::<Result<Vec<u64>>>()
@@ -33,8 +34,8 @@ pub fn room_on(gpus: usize, together_gib: f64, apart_gib: f64) -> Option<Room> {
         .into_iter()
         .min()?;
     Some(Room {
-        together_gib,
-        apart_gib,
+        together_gib: need.together_gib(),
+        apart_gib: need.apart_gib(),
         card_gib: card as f64 / (1u64 << 30) as f64,
     })
 }
@@ -67,7 +68,7 @@ pub(super) fn placed_devices(
     Ok(match (t_all, d_all) {
         (true, true) => {
             let e = estimate();
-            let room = room_on(gpus, e.together_gib, e.apart_gib);
+            let room = room_on(gpus, &e.need);
             let (t, d) = crate::telemetry::placement::advise_in(e.ratio, gpus, room).devices();
             (
                 t.into_iter().map(Device::Cuda).collect(),
@@ -202,11 +203,15 @@ mod tests {
     fn all_devices_follow_the_advice_or_say_there_is_no_gpu() {
         let gpus = cuda_count() as usize;
         // Small models: room on any card, so the rate alone decides.
+        let need = |gib| MemoryNeed {
+            target_gib: gib,
+            drafter_gib: gib,
+            shared_gib: 0.0,
+        };
         let small = |ratio| {
             move || Estimate {
                 ratio,
-                together_gib: 1.0,
-                apart_gib: 0.5,
+                need: need(0.5),
             }
         };
         let placed = placed_devices("all", "all", small(3.1));
@@ -233,8 +238,11 @@ mod tests {
         if gpus >= 2 {
             let big = || Estimate {
                 ratio: 2.0,
-                together_gib: 1e4,
-                apart_gib: 1.0,
+                need: MemoryNeed {
+                    target_gib: 1e4,
+                    drafter_gib: 1.0,
+                    shared_gib: 0.0,
+                },
             };
             let (t, d) = placed_devices("all", "all", big).unwrap();
             assert!(t.iter().all(|x| !d.contains(x)), "{t:?} / {d:?}");
