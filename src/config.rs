@@ -347,6 +347,7 @@ fn pipeline_spec(
     Ok(PipelineSpec {
         target: model.target,
         target_config: model.target_config,
+        target_precision: model.target_precision,
         drafter_spec: model.drafter_spec,
         recipe_from,
         mask_from: model.mask_from,

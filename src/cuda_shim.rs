@@ -107,6 +107,13 @@ pub(crate) mod ffi {
             out: *mut c_void,
             eps: f64,
         ) -> c_int;
+        pub fn dflash_quantize_rows_e4m3(
+            x: *mut c_void,
+            q: *mut c_void,
+            scale: *mut c_void,
+            min_amax: f64,
+            max_e4m3: f64,
+        ) -> c_int;
         pub fn dflash_graph_new(out: *mut *mut c_void) -> c_int;
         pub fn dflash_graph_free(g: *mut c_void);
         pub fn dflash_graph_capture_begin(
@@ -253,6 +260,15 @@ pub(crate) mod ffi {
         _: *mut c_void,
         _: *mut c_void,
         _: *mut c_void,
+        _: f64,
+    ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_quantize_rows_e4m3(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: f64,
         _: f64,
     ) -> c_int {
         1

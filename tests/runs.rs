@@ -925,3 +925,57 @@ fn bench_kernels_needs_cuda_the_engine_and_cupti_left_to_it() {
     let o = run(&["bench", "engine", "--steps", "3", "--kernels"]);
     assert_user_error(&o, &["--kernels times CUDA kernels", "--target-devices"]);
 }
+
+/// `--target-precision fp8` on the CPU (the FP8 GEMMs emulated in f32): a run trains with the
+/// target's projections in e4m3 and says so in its config line; `bench precision` finds each
+/// captured layer's states near the bf16 target's but not equal to them (a quantization that did
+/// nothing, or a broken one, fails); a value that is neither is one sentence naming the flag.
+#[test]
+fn an_fp8_target_trains_and_its_states_are_near_the_bf16_ones() {
+    let o = train(&[
+        "--preset",
+        "tiny",
+        "--steps",
+        "4",
+        "--target-precision",
+        "fp8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = super::support::stdout(&o);
+    assert!(out.contains("target_precision=fp8"), "{out}");
+    assert!(out.contains("step=4"), "{out}");
+
+    let o = run(&["bench", "precision", "--preset", "tiny", "--steps", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = super::support::stdout(&o);
+    let layers: Vec<(f64, f64)> = out
+        .lines()
+        .filter(|l| l.starts_with("bench: captured layer"))
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let after = |key: &str| {
+                let at = words.iter().position(|w| *w == key).expect(key);
+                words[at + 1].parse::<f64>().unwrap()
+            };
+            (after("error"), after("cosine"))
+        })
+        .collect();
+    assert_eq!(layers.len(), 2, "tiny's two captured layers: {out}");
+    for (error, cosine) in layers {
+        assert!(
+            error > 1e-4 && error < 0.05,
+            "relative error {error}: {out}"
+        );
+        assert!(cosine > 0.99, "cosine {cosine}: {out}");
+    }
+
+    let o = train(&[
+        "--preset",
+        "tiny",
+        "--steps",
+        "1",
+        "--target-precision",
+        "fp4",
+    ]);
+    assert_user_error(&o, &["--target-precision `fp4`", "bf16 or fp8"]);
+}

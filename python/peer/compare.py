@@ -138,11 +138,11 @@ def peer_steps(steps, seq):
     return max(4, steps * 3072 // max(seq, 3072))
 
 
-def ours(binary, preset, batch, steps, device, seq=3072):
+def ours(binary, preset, batch, steps, device, seq=3072, extra=()):
     out = run(
         [binary, "bench", "engine", "--preset", preset, "--batch", str(batch),
          "--seq-len", str(seq), "--target-devices", device, "--drafter-devices", device,
-         "--steps", str(steps)],
+         "--steps", str(steps), *extra],
         timeout=600,
     )
     tok = float(re.search(r"tok/s=([0-9.]+) \(last 10 s\)", out).group(1))
@@ -185,6 +185,8 @@ def main():
     ap.add_argument("--fit", help="preset whose largest batch each stack is asked to fit")
     ap.add_argument("--fit-ours", default="16,24,32,40", help="batches tried for dflash-top")
     ap.add_argument("--fit-python", default="2,3,4,5,6", help="batches tried for Python")
+    ap.add_argument("--ours-args", default="",
+                    help="more `dflash-top bench engine` flags, e.g. \"--target-precision fp8\"")
     ap.add_argument("--peers", default="python,specforge",
                     help="the Python peers to run: python (dflash_peer.py), specforge (sf_peer.py)")
     args = ap.parse_args()
@@ -202,7 +204,7 @@ def main():
         n_peer = peer_steps(args.peer_steps, seq)
         stacks = [("ours", lambda: ours(args.bin, preset, batch,
                                         ours_steps(preset, batch, args.steps, seq), args.device,
-                                        seq)),
+                                        seq, args.ours_args.split())),
                   ("python", lambda: python(preset, batch, n_peer, args.device, seq=seq)),
                   ("specforge", lambda: specforge(preset, batch, n_peer, args.device, seq=seq))]
         peers = args.peers.split(",")
@@ -251,7 +253,8 @@ def main():
               f"({ratio}; batches tried: ours {args.fit_ours}, Python {args.fit_python})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"peak_tflops": peak, "rows": rows, "fit": fit}, f, indent=1)
+            json.dump({"peak_tflops": peak, "ours_args": args.ours_args, "rows": rows, "fit": fit},
+                      f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

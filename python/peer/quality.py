@@ -86,7 +86,7 @@ def settings(s, trainer, args):
     key = "ours" if trainer == "dflash-top" else "sf"
     primary = dict(s[key])
     if key == "ours":
-        for name in ("seq_len", "anchors", "budget", "steps_per_batch", "lr"):
+        for name in ("seq_len", "anchors", "budget", "steps_per_batch", "lr", "target_precision"):
             if getattr(args, f"ours_{name}") is not None:
                 primary[name] = getattr(args, f"ours_{name}")
     out = [("primary", primary)]
@@ -161,6 +161,12 @@ def parse_args():
     ap.add_argument("--ours-lr", type=float, help="dflash-top's --lr (size's)")
     ap.add_argument("--ours-steps-per-batch", type=lambda v: v if v == "doc" else int(v),
                     help="dflash-top's --steps-per-batch, N or doc (size's)")
+    ap.add_argument("--ours-target-precision", choices=["bf16", "fp8"],
+                    help="dflash-top's --target-precision (left out: its default, bf16); the "
+                    "drafter is measured against the bf16 target either way")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="dflash-top's equal-tokens runs only (no SpecForge, wall or sweep rows): "
+                    "two of its settings compared across tables by quality_pair.py")
     ap.add_argument("--cores", help="pin both trainers to these cores, e.g. `0` (CPU size: the "
                     "first --threads cores this process may use)")
     ap.add_argument("--threads", type=int, help="torch intra-op threads of the Python stages")
@@ -255,11 +261,15 @@ def train_rows(ctx, args, seeds, ours_set, sf_set):
     for seed in seeds:
         points = args.curve if seed < args.curve_seeds else 1
         o = run_ours(ctx, f"ours-tokens-s{seed}", ours_set[0][1], seed, tokens, points)
-        f = run_specforge(ctx, f"sf-tokens-s{seed}", sf_set[0][1], seed, o["target_tokens"],
-                          points)  # fmt: skip
-        runs += [{**o, "row": "equal tokens"}, {**f, "row": "equal tokens"}]
+        runs.append({**o, "row": "equal tokens"})
+        if not args.ours_only:
+            f = run_specforge(ctx, f"sf-tokens-s{seed}", sf_set[0][1], seed, o["target_tokens"],
+                              points)  # fmt: skip
+            runs.append({**f, "row": "equal tokens"})
     if args.until == "tokens":
         return None
+    if args.ours_only:
+        return runs
     # Equal wall time (first optimizer step excluded, for both): the faster trainer trains again,
     # a fresh run on its own schedule, for the tokens its pace gives in the slower one's time.
     # A trainer's time is its least over the seeds (the same tokens each): the first run in a

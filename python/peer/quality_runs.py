@@ -167,6 +167,8 @@ def run_ours(ctx, name, setting, seed, tokens, points=1):
         "--batch", "1", "--steps-per-batch", str(k), "--lr", str(setting["lr"]), "--mask-token-id", str(ctx["mask_id"]),
         "--target-devices", dev, "--drafter-devices", dev,
     ]  # fmt: skip
+    if setting.get("target_precision"):
+        cmd += ["--target-precision", setting["target_precision"]]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     process_s = time.perf_counter() - t0

@@ -42,10 +42,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         "replicas",
         "drafter",
         "generate",
+        "precision",
     ]
     .contains(&what)
     {
-        bail!("bench `{what}`: use engine, drafter, modes, profiling, replicas, generate or telemetry");
+        bail!(
+            "bench `{what}`: use engine, drafter, modes, profiling, replicas, generate, precision \
+             or telemetry"
+        );
     }
     // The configuration, resolved once: `engine` trains 60 steps unless told, `modes` and
     // `profiling` until their turns end; the others read --steps themselves.
@@ -95,6 +99,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         }
         "replicas" => replicas(args, &run.pipeline)?,
         "drafter" => drafter(args, &run.pipeline)?,
+        "precision" => precision(args, &run.pipeline)?,
         _ => generate(args, &run.pipeline)?,
     }
     Ok(crate::cmd::session::signal_exit())
@@ -170,6 +175,33 @@ fn generate(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
             crate::engine::pipeline::workers::device_name(device),
             batches[0],
             rate / base
+        );
+    }
+    Ok(())
+}
+
+/// `bench precision`: the target in bf16 and in FP8 on --steps (default 4) batches of the run's
+/// data; each captured layer's relative error and cosine.
+fn precision(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
+    let batches = args.train.steps.unwrap_or(4) as usize;
+    let gap = crate::engine::bench::precision::run(cfg, batches)?;
+    println!(
+        "bench: target precision fp8 against bf16 target={} device={:?} batches={} tokens={} \
+         row_kernel={}",
+        cfg.target
+            .as_ref()
+            .map_or(format!("preset:{}", cfg.preset.name), |d| d
+                .display()
+                .to_string()),
+        cfg.target_devices[0],
+        batches.max(1),
+        gap.tokens,
+        crate::engine::gpu::cuda::fp8_kernel_state(),
+    );
+    for l in &gap.layers {
+        println!(
+            "bench: captured layer {}: relative error {:.4} cosine {:.6}",
+            l.layer, l.relative_error, l.cosine
         );
     }
     Ok(())

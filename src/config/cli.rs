@@ -122,6 +122,11 @@ pub struct TrainArgs {
     /// grad-sync-during-backward, single-replica-shortcut.
     #[arg(long, value_name = "LIST")]
     pub disable: Option<String>,
+    /// How the frozen target's linear layers compute: `bf16` (the default) or `fp8` (weights
+    /// e4m3 per channel, inputs per token, on FP8 tensor cores: compute capability 8.9 and up;
+    /// half the target's weight memory; the CPU emulates it, for its numbers, not for speed).
+    #[arg(long, value_name = "bf16|fp8")]
+    pub target_precision: Option<String>,
     /// Continue a run from a checkpoint directory.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
@@ -257,8 +262,10 @@ pub struct AttachArgs {
 pub struct BenchArgs {
     /// What to measure: `engine` (training step), `modes` (async / events / sync side by side),
     /// `profiling` (profiling on vs off side by side), `telemetry` (phase-mark cost),
-    /// `replicas` (drafter replicas against one drafter with their rows: equal weights, same loss)
-    /// or `generate` (the preset's target decoding at each of --gen-batches, side by side).
+    /// `replicas` (drafter replicas against one drafter with their rows: equal weights, same loss),
+    /// `generate` (the preset's target decoding at each of --gen-batches, side by side) or
+    /// `precision` (the target in FP8 against bf16: each captured layer's error, on --steps
+    /// batches).
     #[arg(default_value = "engine")]
     pub what: String,
     /// `modes` and `profiling`: seconds each setting runs before the next takes over.

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 pub struct FileConfig {
     pub preset: Option<String>,
     pub target: Option<PathBuf>,
+    /// `bf16` or `fp8` (`--target-precision`).
+    pub target_precision: Option<String>,
     pub drafter: Option<PathBuf>,
     pub data: Option<String>,
     pub steps: Option<u64>,

@@ -5,6 +5,7 @@
 use super::FileConfig;
 use crate::config::cli::TrainArgs;
 use crate::engine::checkpoint;
+use crate::engine::model::fp8::TargetPrecision;
 use crate::engine::model::shapes::{drafter_spec_for, DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
 use crate::engine::train::presets::Preset;
@@ -19,6 +20,8 @@ pub(super) struct Model {
     /// The target's directory (`--target`); None: the preset's random target.
     pub target: Option<PathBuf>,
     pub target_config: Qwen3Config,
+    /// How the target's linear layers compute (`--target-precision`).
+    pub target_precision: TargetPrecision,
     /// `specforge` or `preset:NAME`: the base the recipe started from.
     pub recipe_from: String,
     pub recipe: Recipe,
@@ -38,6 +41,7 @@ impl Model {
     pub fn memory_need(&self) -> crate::engine::model::memory::MemoryNeed {
         crate::engine::model::memory::need(
             &self.target_config,
+            self.target_precision,
             &self.drafter_spec,
             self.recipe.seq_len,
             self.recipe.anchors,
@@ -55,6 +59,15 @@ impl Model {
         let preset = Preset::by_name(&preset_name)?;
         let target = args.target.clone().or(file.target.clone());
         let target_config = target_config_of(target.as_deref(), &preset)?;
+        let target_precision = match args
+            .target_precision
+            .as_deref()
+            .or(file.target_precision.as_deref())
+        {
+            Some(name) => TargetPrecision::parse(name)
+                .with_context(|| format!("--target-precision `{name}`: use bf16 or fp8"))?,
+            None => TargetPrecision::default(),
+        };
         // A --target run: SpecForge's recipe, a step a document (with several drafter replicas,
         // 6 steps a row: src/config.rs); a preset run: the preset's. Then TOML, then flags.
         let (base, recipe_from) = match &target {
@@ -91,6 +104,7 @@ impl Model {
             preset,
             target,
             target_config,
+            target_precision,
             recipe_from,
             recipe,
             lr_given: args.lr.or(file.lr),

@@ -187,6 +187,23 @@ fn flags_override_the_toml_file_which_overrides_the_recipe() {
         format!("{e:#}").contains("--anchor-budget `per-batch`"),
         "{e:#}"
     );
+    // The target's precision: bf16 unless the flag or the file says fp8; the line shows it; a
+    // value of neither is named with the fix.
+    use crate::engine::model::fp8::TargetPrecision;
+    assert_eq!(c.target_precision, TargetPrecision::Bf16);
+    assert!(c.recipe_line().contains("target_precision=bf16"));
+    let c = train(dir.path(), |a| a.target_precision = Some("fp8".into())).unwrap();
+    assert_eq!(c.target_precision, TargetPrecision::Fp8);
+    assert!(c.recipe_line().contains("target_precision=fp8"));
+    let fp8_toml = dir.path().join("fp8.toml");
+    std::fs::write(&fp8_toml, "target_precision = \"fp8\"\n").unwrap();
+    let c = train(dir.path(), |a| a.config = Some(fp8_toml)).unwrap();
+    assert_eq!(c.target_precision, TargetPrecision::Fp8);
+    let e = train(dir.path(), |a| a.target_precision = Some("int8".into())).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("--target-precision `int8`: use bf16 or fp8"),
+        "{e:#}"
+    );
     // Optimizer steps a batch: from the flag (the recipe line shows them), at least one.
     let c = train(dir.path(), |a| a.steps_per_batch = Some(3)).unwrap();
     assert_eq!(c.steps_per_batch, 3);

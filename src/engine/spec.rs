@@ -4,6 +4,7 @@
 use super::checkpoint;
 use super::data::chat::ChatOptions;
 use crate::engine::gpu::fast_paths::FastPaths;
+use crate::engine::model::fp8::TargetPrecision;
 use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
 use crate::engine::train::presets::Preset;
@@ -52,6 +53,8 @@ pub struct PipelineSpec {
     pub target: Option<PathBuf>,
     /// The target's shapes: --target's config.json, or the preset's.
     pub target_config: Qwen3Config,
+    /// How the target's linear layers compute (bf16, or FP8: src/engine/model/fp8.rs).
+    pub target_precision: TargetPrecision,
     /// The drafter: read from --resume / --drafter, or a fresh one from the recipe.
     pub drafter_spec: DrafterSpec,
     /// Where the recipe came from: `preset:NAME` or `specforge` (a --target run).
@@ -111,6 +114,7 @@ impl PipelineSpec {
     pub fn memory_need(&self) -> crate::engine::model::memory::MemoryNeed {
         crate::engine::model::memory::need(
             &self.target_config,
+            self.target_precision,
             &self.drafter_spec,
             self.seq_len,
             self.anchors,
@@ -166,12 +170,13 @@ impl PipelineSpec {
         };
         let ids: Vec<String> = s.target_layer_ids.iter().map(|i| i.to_string()).collect();
         format!(
-            "config: recipe={} target={} hidden={} target_layers={} drafter_layers={} \
+            "config: recipe={} target={} target_precision={} hidden={} target_layers={} drafter_layers={} \
              target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
              anchors={} anchor_budget={} steps_per_batch={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
              seed={} data={} cupti={} fast_paths={}",
             self.recipe_from,
             target,
+            self.target_precision.name(),
             s.layers.hidden_size,
             s.num_target_layers,
             s.layers.num_hidden_layers,

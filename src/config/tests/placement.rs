@@ -1,6 +1,7 @@
 //! Tests of the placement advice's inputs from the run's shapes: the FLOP ratio by the row's
 //! length, and the memory estimate (src/engine/model/memory.rs) against the measured peaks.
 
+use crate::engine::model::fp8::TargetPrecision;
 use crate::engine::train::presets::Preset;
 
 /// The placement advice follows the row's length: at 8B shapes the drafter's work is per anchor
@@ -25,9 +26,33 @@ fn placement_advice_follows_the_rows_length() {
 }
 
 fn memory_of(preset: &str, seq: i64) -> crate::engine::model::memory::MemoryNeed {
+    memory_at(preset, seq, TargetPrecision::Bf16)
+}
+
+fn memory_at(
+    preset: &str,
+    seq: i64,
+    precision: TargetPrecision,
+) -> crate::engine::model::memory::MemoryNeed {
     let p = Preset::by_name(preset).unwrap();
     let spec = p.drafter_spec(&p.target);
-    crate::engine::model::memory::need(&p.target, &spec, seq, 512, 1)
+    crate::engine::model::memory::need(&p.target, precision, &spec, seq, 512, 1)
+}
+
+/// With the target in FP8 its layers take a byte a weight: at 8B the estimate falls by the
+/// 6.1 GiB that `bench engine` measured on one H100 (38.72 to 32.65 GiB peak,
+/// docs/runs/fp8-abba-h100.txt), and the drafter's side is unchanged.
+#[test]
+fn an_fp8_target_is_estimated_at_a_byte_a_weight() {
+    let (bf16, fp8) = (
+        memory_of("qwen3-8b", 3072),
+        memory_at("qwen3-8b", 3072, TargetPrecision::Fp8),
+    );
+    assert_eq!(fp8.drafter_gib, bf16.drafter_gib);
+    assert_eq!(fp8.shared_gib, bf16.shared_gib);
+    let est = fp8.together_gib();
+    assert!((est / 32.65 - 1.0).abs() < 0.05, "estimated {est:.1} GiB");
+    assert!(bf16.together_gib() - est > 5.5, "{bf16:?} {fp8:?}");
 }
 
 /// The memory estimate (src/engine/model/memory.rs) against the peaks `bench engine` measured

@@ -107,6 +107,49 @@ extern "C" __global__ void add_rms_norm(const bf16* x, const bf16* d, const bf16
 
 const dflash::rtc::Program kProgram{"target_kernels.cu", kSource};
 
+// FP8 for the frozen target (`--target-precision fp8`), a program of its own: the e4m3
+// conversion instruction exists from sm_89 on, and an older card must still compile the kernels
+// above.
+const char* kFp8Source = R"(
+#include "bf16.h"
+// Each row of x [rows, cols] (cols a multiple of 8) in e4m3 with a scale of its own: scale =
+// max(amax, min_amax) / max_e4m3, q = x / scale rounded to nearest even, saturated to the finite
+// range. One block of 256 threads a row; the second pass reads the row back from cache. Rounds as
+// the ATen ops of `quantize_rows_ops` (src/engine/model/fp8.rs) do: f32 divisions, one rounding.
+extern "C" __global__ void quantize_rows_e4m3(const bf16* x, unsigned char* q, float* scale,
+                                              int cols, float min_amax, float max_e4m3) {
+  long long base = (long long)blockIdx.x * cols;
+  float m = 0.f;
+  for (int at = threadIdx.x * 8; at < cols; at += blockDim.x * 8) {
+    uint4 xv = *reinterpret_cast<const uint4*>(x + base + at);
+    const bf16* xs = reinterpret_cast<const bf16*>(&xv);
+    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(up(xs[i])));
+  }
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if ((threadIdx.x & 31) == 0) partial[warp] = m;
+  __syncthreads();
+  float amax = 0.f;
+  for (int i = 0; i < warps; ++i) amax = fmaxf(amax, partial[i]);
+  float s = fmaxf(amax, min_amax) / max_e4m3;
+  if (threadIdx.x == 0) scale[blockIdx.x] = s;
+  for (int at = threadIdx.x * 8; at < cols; at += blockDim.x * 8) {
+    uint4 xv = *reinterpret_cast<const uint4*>(x + base + at);
+    const bf16* xs = reinterpret_cast<const bf16*>(&xv);
+    unsigned short pairs[4];
+    for (int i = 0; i < 4; ++i) {
+      float lo = up(xs[2 * i]) / s, hi = up(xs[2 * i + 1]) / s;
+      // The first source lands in the upper byte: element 2i+1 above element 2i, as in memory.
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pairs[i]) : "f"(hi), "f"(lo));
+    }
+    *reinterpret_cast<uint2*>(q + base + at) = *reinterpret_cast<const uint2*>(pairs);
+  }
+}
+)";
+
+const dflash::rtc::Program kFp8Program{"fp8_kernels.cu", kFp8Source};
+
 void launch(int device, const char* name, long long threads_needed, void** args) {
   dflash::rtc::launch(kProgram, device, name, threads_needed, args);
 }
@@ -199,6 +242,34 @@ int dflash_add_rms_norm(void* x, void* d, void* w, void* sum, void* out, double 
     float e = static_cast<float>(eps);
     void* args[] = {&xp, &dp, &wp, &sp, &op, &c, &e};
     launch(xt.get_device(), "add_rms_norm", rows * 256, args);
+  });
+}
+
+// q [rows, cols] e4m3 and scale [rows, 1] f32 from x [rows, cols] bf16 (cols a multiple of 8),
+// all contiguous on one GPU: each row over its largest magnitude (at least `min_amax`) times
+// `max_e4m3`, rounded to nearest even and saturated.
+int dflash_quantize_rows_e4m3(void* x, void* q, void* scale, double min_amax, double max_e4m3) {
+  return dflash::guarded([&] {
+    const at::Tensor &xt = tensor(x), &qt = tensor(q), &st = tensor(scale);
+    check_bf16_cuda({&xt});
+    TORCH_CHECK(xt.dim() == 2 && xt.is_contiguous() && xt.size(1) % 8 == 0 && xt.size(1) > 0,
+                "quantize_rows: x contiguous [rows, cols], cols a multiple of 8");
+    TORCH_CHECK(qt.scalar_type() == at::kFloat8_e4m3fn && qt.is_contiguous() &&
+                    qt.sizes() == xt.sizes() && qt.device() == xt.device(),
+                "quantize_rows: q e4m3 of x's shape on its GPU");
+    TORCH_CHECK(st.scalar_type() == at::kFloat && st.is_contiguous() &&
+                    st.numel() == xt.size(0) && st.device() == xt.device(),
+                "quantize_rows: scale f32 [rows, 1] on x's GPU");
+    check_aligned({&xt});
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(qt.data_ptr()) % 8 == 0, "q 8-byte aligned");
+    long long rows = xt.size(0);
+    if (rows == 0) return;
+    const void* xp = xt.data_ptr();
+    void *qp = qt.data_ptr(), *sp = st.data_ptr();
+    int c = static_cast<int>(xt.size(1));
+    float lo = static_cast<float>(min_amax), top = static_cast<float>(max_e4m3);
+    void* args[] = {&xp, &qp, &sp, &c, &lo, &top};
+    dflash::rtc::launch(kFp8Program, xt.get_device(), "quantize_rows_e4m3", rows * 256, args);
   });
 }
 }

@@ -3,7 +3,7 @@
 //! marks, and the cross-stream hand-off. Where the shim is not built, every call says so.
 //!
 //! The shim's other calls live in rooms of their own: CUDA graphs (`graph`), our kernels for the
-//! target (`target_kernels`), varlen flash attention (`flash_attention`), and the optimizer's
+//! target (`target_kernels`, and its FP8 rows: `fp8_kernels`), varlen flash attention (`flash_attention`), and the optimizer's
 //! flat gradients and fused AdamW (`optimizer`).
 
 use crate::cuda_shim::AVAILABLE;
@@ -14,11 +14,13 @@ use tch::Tensor;
 
 mod block_attention;
 mod flash_attention;
+mod fp8_kernels;
 mod graph;
 mod optimizer;
 mod target_kernels;
 pub use block_attention::{block_attention, block_attention_state};
 pub use flash_attention::flash_varlen;
+pub use fp8_kernels::{fp8_kernel_state, quantize_rows_e4m3};
 pub use graph::{graphs_wanted, Graph};
 pub use optimizer::{adamw_bf16, fused_adamw, set_grad, AdamWHyper, AdamWState};
 pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};

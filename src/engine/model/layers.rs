@@ -2,6 +2,7 @@
 //! in fp32, rotary tables (plain or llama3-scaled), the SwiGLU MLP. Weights live in the dtype their VarStore gives them; `compute` is the dtype the
 //! matmuls run in (bf16 on GPU, f32 on CPU), so fp32 master weights train with bf16 compute.
 
+use crate::engine::model::fp8::Fp8Weight;
 use crate::engine::model::shapes::{Qwen3Config, Rope};
 use tch::{nn, Kind, Tensor};
 
@@ -15,6 +16,9 @@ pub const INITIALIZER_RANGE: f64 = 0.02;
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
+    /// The weight in e4m3 (a frozen target's with `--target-precision fp8`: src/engine/model/
+    /// fp8.rs), which the forward then multiplies by; `weight` is emptied.
+    fp8: Option<Fp8Weight>,
 }
 
 impl Linear {
@@ -35,12 +39,39 @@ impl Linear {
                 },
             ),
             bias: bias.then(|| p.var("bias", &[out], nn::Init::Const(0.0))),
+            fp8: None,
         }
+    }
+
+    /// A layer of given tensors (a fused projection's).
+    pub fn of(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Linear {
+            weight,
+            bias,
+            fp8: None,
+        }
+    }
+
+    /// From now on the forward multiplies by `w` (this layer's weight in e4m3), and the weight's
+    /// own memory is given back (a frozen model's, once loaded and final).
+    pub fn use_fp8(&mut self, w: Fp8Weight) {
+        let _g = tch::no_grad_guard();
+        let empty = Tensor::empty([0], (self.weight.kind(), self.weight.device()));
+        self.weight.set_data(&empty);
+        self.fp8 = Some(w);
+    }
+
+    /// `use_fp8` with this layer's weight quantized.
+    pub fn quantize_fp8(&mut self) {
+        self.use_fp8(Fp8Weight::quantize(&self.weight));
     }
 
     // [.., in] -> [.., out]
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let y = x.matmul(&self.weight.to_kind(x.kind()).tr());
+        let y = match &self.fp8 {
+            Some(w) => w.matmul(x),
+            None => x.matmul(&self.weight.to_kind(x.kind()).tr()),
+        };
         match &self.bias {
             Some(b) => y + b.to_kind(x.kind()),
             None => y,
@@ -106,6 +137,13 @@ impl Mlp {
             gate: Linear::with_bias(&p / "gate_proj", h, i, bias),
             up: Linear::with_bias(&p / "up_proj", h, i, bias),
             down: Linear::with_bias(&p / "down_proj", i, h, bias),
+        }
+    }
+
+    /// Its three projections in FP8 (a frozen model's).
+    pub fn quantize_fp8(&mut self) {
+        for l in [&mut self.gate, &mut self.up, &mut self.down] {
+            l.quantize_fp8();
         }
     }
 

@@ -1,7 +1,8 @@
 //! What a run's workers hold on a GPU, estimated from the shapes, for the placement advice (is
 //! there room for a target and a drafter on one card?):
 //! - the target: its layers up to the deepest one the drafter reads (the others are never built,
-//!   src/engine/pipeline/parts.rs), its embedding and head, in bf16;
+//!   src/engine/pipeline/parts.rs) in bf16 or, with `--target-precision fp8`, a byte a weight;
+//!   its embedding and head in bf16;
 //! - the drafter: its layers and `fc` at 16 bytes a parameter on a GPU (bf16 weight and gradient,
 //!   f32 master, m and v: src/engine/train/optim.rs); it reads the target's embedding and head
 //!   (a copy of them on a device of its own);
@@ -11,6 +12,7 @@
 //!   unit of width for the drafter's, and 1 GiB for the loss's chunk of logits: within 3% of
 //!   the four peaks measured (0.6B, 8B at 3K and 32K, 14B; src/config/tests.rs holds them).
 
+use super::fp8::TargetPrecision;
 use super::shapes::{DrafterSpec, Qwen3Config};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -56,6 +58,7 @@ fn layer_params(c: &Qwen3Config) -> f64 {
 /// The estimate for `batch` rows of `seq_len` tokens and `anchors` a row.
 pub fn need(
     target: &Qwen3Config,
+    precision: TargetPrecision,
     spec: &DrafterSpec,
     seq_len: i64,
     anchors: i64,
@@ -69,7 +72,7 @@ pub fn need(
         .map_or(target.num_hidden_layers, |m| m + 1);
     let heads = if target.tie_word_embeddings { 1.0 } else { 2.0 };
     let shared = heads * target.vocab_size as f64 * h * 2.0;
-    let target_weights = built as f64 * layer_params(target) * 2.0;
+    let target_weights = built as f64 * layer_params(target) * precision.weight_bytes();
     let fc = spec.target_layer_ids.len() as f64 * h * h;
     let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
     let rows = batch.max(1) as f64;

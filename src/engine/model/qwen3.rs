@@ -38,6 +38,12 @@ impl DecoderLayer {
         }
     }
 
+    /// Its projections in FP8 (a frozen model's, once loaded).
+    pub fn quantize_fp8(&mut self) {
+        self.self_attn.quantize_fp8();
+        self.mlp.quantize_fp8();
+    }
+
     /// One pre-norm block. `context`, when given, is injected as extra keys/values (already
     /// normalised by the caller, never updated here).
     pub fn forward(
@@ -151,6 +157,16 @@ impl Qwen3Target {
     pub fn fuse_projections(&mut self) {
         for layer in &mut self.layers {
             layer.self_attn.fuse_projections();
+        }
+    }
+
+    /// Every layer's linear projections in FP8 (`--target-precision fp8`, src/engine/model/
+    /// fp8.rs), once the weights are loaded and final: their bf16 memory is given back. The
+    /// embedding, the norms and the lm head stay as they are.
+    pub fn quantize_fp8(&mut self) {
+        let _g = tch::no_grad_guard();
+        for layer in &mut self.layers {
+            layer.quantize_fp8();
         }
     }
 

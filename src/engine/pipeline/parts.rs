@@ -8,6 +8,7 @@ use crate::engine::data::jsonl::JsonlOptions;
 use crate::engine::data::jsonl::JsonlSource;
 use crate::engine::data::{DocSource, Synthetic};
 use crate::engine::model::drafter::Drafter;
+use crate::engine::model::fp8::TargetPrecision;
 use crate::engine::model::qwen3::Qwen3Target;
 use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 use crate::engine::pipeline::workers::DataCounts;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use tch::{nn::VarStore, Device, Kind};
 
 /// The target: shapes from --target's config.json or the preset, weights from the directory or
-/// random (seeded).
+/// random (seeded); its linear layers in FP8 with `--target-precision fp8`.
 pub(crate) fn build_target(
     cfg: &PipelineSpec,
     target_cfg: &Qwen3Config,
@@ -43,6 +44,10 @@ pub(crate) fn build_target(
     }
     vs.freeze();
     model.fuse_projections();
+    if cfg.target_precision == TargetPrecision::Fp8 {
+        crate::engine::model::fp8::check_device(device)?;
+        model.quantize_fp8();
+    }
     Ok((vs, model))
 }
 

@@ -5,6 +5,7 @@
 //! while decoding. The drafter's layers use it with KV injection (keys from `[context, x]`).
 
 use super::StepMask;
+use crate::engine::model::fp8::Fp8Weight;
 use crate::engine::model::layers::{apply_rope, attend, masked_attention, Linear, RmsNorm};
 use crate::engine::model::shapes::Qwen3Config;
 use crate::engine::model::tiled::{tiled_attention, AttnMask};
@@ -22,11 +23,10 @@ pub struct Attention {
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
-    /// [q; k; v] weights in one tensor (the three projections' weights are views into it) once
-    /// `fuse_projections` ran: one GEMM where queries, keys and values come from the same tokens.
-    qkv: Option<Tensor>,
-    /// Their biases likewise, where they have them.
-    qkv_bias: Option<Tensor>,
+    /// [q; k; v] weights (and biases, where they have them) in one layer, the three
+    /// projections' being views into it, once `fuse_projections` ran: one GEMM where queries,
+    /// keys and values come from the same tokens.
+    qkv: Option<Linear>,
 }
 
 impl Attention {
@@ -49,7 +49,6 @@ impl Attention {
             kv_heads: nkv,
             head_dim: d,
             qkv: None,
-            qkv_bias: None,
         }
     }
 
@@ -75,8 +74,27 @@ impl Attention {
             }
             at += rows;
         }
-        self.qkv = Some(fused);
-        self.qkv_bias = fused_bias;
+        self.qkv = Some(Linear::of(fused, fused_bias));
+    }
+
+    /// The projections in FP8 (a frozen model's, after `fuse_projections`): the fused q/k/v
+    /// weight quantized once, the three projections' views of its channels, and o's.
+    pub fn quantize_fp8(&mut self) {
+        if self.qkv.is_none() {
+            self.fuse_projections();
+        }
+        let Some(fused) = self.qkv.as_mut() else {
+            return;
+        };
+        let w = Fp8Weight::quantize(&fused.weight);
+        let mut at = 0;
+        for l in [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj] {
+            let rows = l.weight.size()[0];
+            l.use_fp8(w.rows(at, rows));
+            at += rows;
+        }
+        fused.use_fp8(w);
+        self.o_proj.quantize_fp8();
     }
 
     /// Queries from `x`; keys and values from `kv_sources` concatenated along the sequence, each
@@ -180,15 +198,12 @@ impl Attention {
     fn fused(
         &self,
         x: &Tensor,
-        w: &Tensor,
+        w: &Linear,
         rope: Option<(&Tensor, &Tensor)>,
     ) -> (Tensor, Tensor, Tensor, bool) {
         let (b, l) = (x.size()[0], x.size()[1]);
         let (nq, nkv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
-        let mut qkv = x.matmul(&w.to_kind(x.kind()).tr());
-        if let Some(bias) = &self.qkv_bias {
-            qkv += bias.to_kind(x.kind());
-        }
+        let qkv = w.forward(x);
         let part = |at, n, heads| qkv.narrow(2, at, n).view([b, l, heads, self.head_dim]);
         let v = part(nq + nkv, nkv, self.kv_heads);
         let norms = self.q_norm.as_ref().zip(self.k_norm.as_ref());
@@ -315,5 +330,34 @@ mod tests {
         assert!(target.layers[0].self_attn.q_proj.weight.equal(&q_before));
         let gap = f64::try_from((&after - &before).abs().max()).unwrap();
         assert!(gap < 1e-5, "fused forward differs by {gap}");
+
+        // In FP8 every projection's own weight is given back (the VarStore's tensors are empty),
+        // the forward stays within e4m3's rounding of the bf16 one, and q, k and v (read through
+        // the unfused path, as decoding does) are views of the fused e4m3 weight's channels.
+        target.quantize_fp8();
+        let empty: Vec<String> = vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.numel() == 0)
+            .map(|(n, _)| n)
+            .collect();
+        let projections =
+            crate::engine::model::qwen3::built_layers(&p.target, &spec.target_layer_ids) * 7;
+        assert_eq!(empty.len() as i64, projections, "{empty:?}");
+        assert!(
+            empty.iter().all(|n| n.ends_with("_proj.weight")),
+            "{empty:?}"
+        );
+        let fp8 = tch::no_grad(|| target.forward(&ids, &pos, &docs));
+        let rel = f64::try_from((&fp8 - &before).norm() / before.norm()).unwrap();
+        assert!(
+            rel > 1e-4 && rel < 0.05,
+            "FP8 forward {rel} from the bf16 one"
+        );
+        let attn = &target.layers[0].self_attn;
+        let x = Tensor::randn([1, 3, p.target.hidden_size], (Kind::Float, Device::Cpu));
+        let fused = attn.qkv.as_ref().unwrap().forward(&x);
+        let q = attn.q_proj.forward(&x);
+        assert!(q.equal(&fused.narrow(2, 0, q.size()[2])));
     }
 }
