@@ -1018,6 +1018,22 @@ fn doctor_reports_nvml_in_one_line_present_or_not() {
     let nvml: Vec<&str> = out.lines().filter(|l| l.starts_with("NVML")).collect();
     assert_eq!(nvml.len(), 1, "{out}");
     assert!(!stderr(&o).contains("panicked"));
+    // Where `--target-precision fp8` runs: on the CPU emulated, on a GPU its FP8 tensor cores or
+    // why not.
+    let fp8: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("FP8 target"))
+        .collect();
+    assert_eq!(fp8.len(), 1, "{out}");
+    let cuda = out
+        .lines()
+        .any(|l| l.starts_with("CUDA ") && l.contains("available,"));
+    let expected = if cuda {
+        "cuda:0"
+    } else {
+        "emulated on the CPU"
+    };
+    assert!(fp8[0].contains(expected), "{out}");
 }
 
 #[test]

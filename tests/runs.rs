@@ -977,5 +977,8 @@ fn an_fp8_target_trains_and_its_states_are_near_the_bf16_ones() {
         "--target-precision",
         "fp4",
     ]);
-    assert_user_error(&o, &["--target-precision `fp4`", "bf16 or fp8"]);
+    assert_user_error(&o, &["--target-precision", "`fp4`", "bf16 or fp8"]);
+    // Decoding runs the target in bf16: the flag there is refused, not ignored.
+    let o = run(&["bench", "generate", "--target-precision", "fp8"]);
+    assert_user_error(&o, &["--target-precision fp8", "bench generate"]);
 }

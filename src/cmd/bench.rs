@@ -75,6 +75,13 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         _ => {}
     }
     let run = RunConfig::from_args(&train)?;
+    let fp8 = crate::engine::model::fp8::TargetPrecision::Fp8;
+    if what == "generate" && run.pipeline.target_precision == fp8 {
+        bail!(
+            "--target-precision fp8 (or the TOML's target_precision) sets training's target; bench \
+             generate decodes in bf16: leave it out"
+        );
+    }
     // `generate` runs no pipeline: CUPTI stays as asked, unapplied.
     let run = if what == "generate" {
         run
@@ -186,8 +193,13 @@ fn precision(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     let batches = args.train.steps.unwrap_or(4) as usize;
     let gap = crate::engine::bench::precision::run(cfg, batches)?;
     println!(
-        "bench: target precision fp8 against bf16 target={} device={:?} batches={} tokens={} \
+        "bench: target precision fp8 against {} target={} device={:?} batches={} tokens={} \
          row_kernel={}",
+        if cfg.target_devices[0].is_cuda() {
+            "bf16"
+        } else {
+            "f32 (the CPU's)"
+        },
         cfg.target
             .as_ref()
             .map_or(format!("preset:{}", cfg.preset.name), |d| d
@@ -371,8 +383,10 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
         );
     }
     println!(
-        "bench: target_attention={} target_forward={} target_kernels={} drafter_step={} \
-         adamw_bf16={} drafter_attention={}",
+        "bench: target_precision={} fp8_rows={} target_attention={} target_forward={} \
+         target_kernels={} drafter_step={} adamw_bf16={} drafter_attention={}",
+        cfg.target_precision.name(),
+        crate::engine::gpu::cuda::fp8_kernel_state(),
         crate::engine::model::varlen::attention_used(),
         crate::engine::model::target_graph::state(),
         crate::engine::gpu::cuda::target_kernels_state(),

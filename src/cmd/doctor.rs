@@ -56,6 +56,7 @@ pub fn report() -> String {
         };
         let _ = writeln!(out, "our kernels     {kernels}");
     }
+    let _ = writeln!(out, "FP8 target      {}", fp8_target_line(cuda));
     gpu_lines(&mut out);
     cpu_lines(&mut out);
     let _ = writeln!(out, "profiler clock  {}", clock::source());
@@ -66,6 +67,20 @@ pub fn report() -> String {
         tch::get_num_threads()
     );
     out
+}
+
+/// Whether `--target-precision fp8` runs on cuda:0's FP8 tensor cores (one small scaled GEMM), or
+/// on the CPU only emulated.
+fn fp8_target_line(cuda: bool) -> String {
+    if !cuda {
+        return "emulated on the CPU (--target-precision fp8 shows its numbers, at no gain in \
+                speed)"
+            .into();
+    }
+    match crate::engine::model::fp8::check_device(tch::Device::Cuda(0)) {
+        Ok(()) => "FP8 GEMMs run on cuda:0 (--target-precision fp8)".into(),
+        Err(why) => format!("unavailable on cuda:0: {why:#}"),
+    }
 }
 
 /// NVML: each device, the `cuda:N` it is in this process, bandwidth, throttle reasons.
@@ -236,6 +251,11 @@ mod tests {
         assert_eq!(
             lines,
             ["our kernels     compiled with NVRTC and ran on cuda:0 (the target's, AdamW's)"],
+            "{report}"
+        );
+        // An H100 or H200 (the GPU host's) has FP8 tensor cores.
+        assert!(
+            report.contains("FP8 target      FP8 GEMMs run on cuda:0"),
             "{report}"
         );
     }

@@ -205,6 +205,7 @@ mod tests {
         // Small models: room on any card, so the rate alone decides.
         let need = |gib| MemoryNeed {
             target_gib: gib,
+            target_load_gib: gib,
             drafter_gib: gib,
             shared_gib: 0.0,
         };
@@ -240,6 +241,7 @@ mod tests {
                 ratio: 2.0,
                 need: MemoryNeed {
                     target_gib: 1e4,
+                    target_load_gib: 1e4,
                     drafter_gib: 1.0,
                     shared_gib: 0.0,
                 },

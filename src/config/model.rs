@@ -64,8 +64,11 @@ impl Model {
             .as_deref()
             .or(file.target_precision.as_deref())
         {
-            Some(name) => TargetPrecision::parse(name)
-                .with_context(|| format!("--target-precision `{name}`: use bf16 or fp8"))?,
+            Some(name) => TargetPrecision::parse(name).with_context(|| {
+                format!(
+                    "--target-precision (or the TOML's target_precision) `{name}`: use bf16 or fp8"
+                )
+            })?,
             None => TargetPrecision::default(),
         };
         // A --target run: SpecForge's recipe, a step a document (with several drafter replicas,

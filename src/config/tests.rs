@@ -201,7 +201,7 @@ fn flags_override_the_toml_file_which_overrides_the_recipe() {
     assert_eq!(c.target_precision, TargetPrecision::Fp8);
     let e = train(dir.path(), |a| a.target_precision = Some("int8".into())).unwrap_err();
     assert!(
-        format!("{e:#}").contains("--target-precision `int8`: use bf16 or fp8"),
+        format!("{e:#}").contains("target_precision) `int8`: use bf16 or fp8"),
         "{e:#}"
     );
     // Optimizer steps a batch: from the flag (the recipe line shows them), at least one.

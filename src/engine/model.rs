@@ -1,8 +1,9 @@
 //! The models: the target's and the drafter's shapes (shapes), their layers, the
 //! Qwen3/Llama target (qwen3) and its CUDA graph (target_graph), the DFlash drafter and its
 //! attention in tiles (drafter, tiled), the targets' document attention (varlen), decoding,
-//! safetensors weights, the target's FP8 GEMMs (fp8), the FLOP count and the memory estimate. Uses the GPU room and the data room's types; never
-//! the step, the pipeline or the multi-process code.
+//! safetensors weights, the target's FP8 GEMMs (fp8), the FLOP count and the memory estimate.
+//! Uses the GPU room and the data room's types; never the step, the pipeline or the
+//! multi-process code.
 
 pub mod decode;
 pub mod drafter;

@@ -53,6 +53,15 @@ fn an_fp8_target_is_estimated_at_a_byte_a_weight() {
     let est = fp8.together_gib();
     assert!((est / 32.65 - 1.0).abs() < 0.05, "estimated {est:.1} GiB");
     assert!(bf16.together_gib() - est > 5.5, "{bf16:?} {fp8:?}");
+    // It loads in bf16 and quantizes after, before the drafter is built: the load's peak is the
+    // bf16 layers, which a card of its own must hold.
+    assert_eq!(fp8.target_load_gib, bf16.target_load_gib);
+    assert!(fp8.target_load_gib > fp8.target_gib, "{fp8:?}");
+    let lone = crate::engine::model::memory::MemoryNeed {
+        drafter_gib: 0.0,
+        ..fp8
+    };
+    assert_eq!(lone.apart_gib(), fp8.target_load_gib + fp8.shared_gib);
 }
 
 /// The memory estimate (src/engine/model/memory.rs) against the peaks `bench engine` measured

@@ -3,8 +3,8 @@
 //! marks, and the cross-stream hand-off. Where the shim is not built, every call says so.
 //!
 //! The shim's other calls live in rooms of their own: CUDA graphs (`graph`), our kernels for the
-//! target (`target_kernels`, and its FP8 rows: `fp8_kernels`), varlen flash attention (`flash_attention`), and the optimizer's
-//! flat gradients and fused AdamW (`optimizer`).
+//! target (`target_kernels`, and its FP8 rows: `fp8_kernels`), varlen flash attention
+//! (`flash_attention`), and the optimizer's flat gradients and fused AdamW (`optimizer`).
 
 use crate::cuda_shim::AVAILABLE;
 use crate::cuda_shim::{check, ffi};

@@ -106,7 +106,7 @@ pub fn classify(name: &str) -> KernelClass {
         "rotary",
     ]) {
         KernelClass::NormRope
-    } else if any(&["elementwise", "silu", "unrolled", "vectorized"]) {
+    } else if any(&["elementwise", "silu", "unrolled", "vectorized", "quantize"]) {
         KernelClass::Elementwise
     } else {
         KernelClass::Other
@@ -242,6 +242,9 @@ mod tests {
             ("add_rms_norm", KernelClass::NormRope),
             ("norm_rope", KernelClass::NormRope),
             ("silu_mul", KernelClass::Elementwise),
+            // The FP8 target's row quantization (ours) and libtorch's row-wise scaled GEMM.
+            ("quantize_rows_e4m3", KernelClass::Elementwise),
+            ("void cutlass::device_kernel<at::cuda::detail::f8f8bf16_rowwise_kernel>", KernelClass::Gemm),
             ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", KernelClass::Elementwise),
             ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>", KernelClass::Copy),
             ("Memcpy HtoD (Pinned -> Device)", KernelClass::Copy),

@@ -71,6 +71,14 @@ impl Fp8Weight {
         }
     }
 
+    /// Whether a weight [out, in] on its device runs as FP8 at full speed: anywhere but CUDA (the
+    /// CPU emulates all), and on CUDA where both sides are multiples of 16, as the tensor-core
+    /// GEMM needs (another layer keeps its bf16 weight: no slow path per call).
+    pub fn fits(w: &Tensor) -> bool {
+        let size = w.size();
+        !w.device().is_cuda() || (size.len() == 2 && size[0] % 16 == 0 && size[1] % 16 == 0)
+    }
+
     /// Output channels `at..at + n` (a view of the same e4m3 values).
     pub fn rows(&self, at: i64, n: i64) -> Fp8Weight {
         Fp8Weight {
@@ -103,7 +111,8 @@ impl Fp8Weight {
                 false,
             )
         } else {
-            // The same products and scales, summed in f32.
+            // The same products and scales, summed in f32 (the CPU; on CUDA only a layer that
+            // `fits` refused could come here, and none is quantized).
             let sums = xq
                 .to_kind(Kind::Float)
                 .matmul(&self.q.to_kind(Kind::Float).tr());
@@ -263,6 +272,10 @@ mod tests {
         let sums = (xq.to_kind(Kind::Float) * xs).matmul(&fp8.dequantized(Kind::Float).tr());
         let gap = rel_gap(&y.reshape([-1, 768]), &sums);
         assert!(gap < 4e-3, "the FP8 GEMM is {gap} from the f32 sums");
+        // A view of some channels (q, k, v of a fused projection) multiplies as they did.
+        let part = fp8.rows(256, 512).matmul(&x).reshape([-1, 512]);
+        let gap = rel_gap(&part, &sums.narrow(1, 256, 512));
+        assert!(gap < 4e-3, "a view of channels is {gap} from the f32 sums");
         check_device(dev).expect("an FP8 GPU");
     }
 

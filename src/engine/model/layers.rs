@@ -61,9 +61,11 @@ impl Linear {
         self.fp8 = Some(w);
     }
 
-    /// `use_fp8` with this layer's weight quantized.
+    /// `use_fp8` with this layer's weight quantized, where it `fits` FP8's GEMM (else it stays).
     pub fn quantize_fp8(&mut self) {
-        self.use_fp8(Fp8Weight::quantize(&self.weight));
+        if Fp8Weight::fits(&self.weight) {
+            self.use_fp8(Fp8Weight::quantize(&self.weight));
+        }
     }
 
     // [.., in] -> [.., out]

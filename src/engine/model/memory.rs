@@ -2,7 +2,8 @@
 //! there room for a target and a drafter on one card?):
 //! - the target: its layers up to the deepest one the drafter reads (the others are never built,
 //!   src/engine/pipeline/parts.rs) in bf16 or, with `--target-precision fp8`, a byte a weight;
-//!   its embedding and head in bf16;
+//!   its embedding and head in bf16. An FP8 target is loaded in bf16 and quantized after, before
+//!   the drafter is built: its bf16 layers are the peak while it loads;
 //! - the drafter: its layers and `fc` at 16 bytes a parameter on a GPU (bf16 weight and gradient,
 //!   f32 master, m and v: src/engine/train/optim.rs); it reads the target's embedding and head
 //!   (a copy of them on a device of its own);
@@ -31,19 +32,25 @@ const LOSS_CHUNK_GIB: f64 = 1.0;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MemoryNeed {
     pub target_gib: f64,
+    /// The target's peak while its weights load (its layers in bf16; an FP8 target quantizes
+    /// them after, before the drafter is built).
+    pub target_load_gib: f64,
     pub drafter_gib: f64,
     pub shared_gib: f64,
 }
 
 impl MemoryNeed {
-    /// A target and a drafter on one card.
+    /// A target and a drafter on one card (or the target's load, where that is more).
     pub fn together_gib(&self) -> f64 {
-        self.target_gib + self.drafter_gib + self.shared_gib
+        (self.target_gib + self.drafter_gib).max(self.target_load_gib) + self.shared_gib
     }
 
     /// The larger of the two, each on a card of its own.
     pub fn apart_gib(&self) -> f64 {
-        self.target_gib.max(self.drafter_gib) + self.shared_gib
+        self.target_gib
+            .max(self.target_load_gib)
+            .max(self.drafter_gib)
+            + self.shared_gib
     }
 }
 
@@ -72,7 +79,9 @@ pub fn need(
         .map_or(target.num_hidden_layers, |m| m + 1);
     let heads = if target.tie_word_embeddings { 1.0 } else { 2.0 };
     let shared = heads * target.vocab_size as f64 * h * 2.0;
-    let target_weights = built as f64 * layer_params(target) * precision.weight_bytes();
+    let layers = built as f64 * layer_params(target);
+    let target_weights = layers * precision.weight_bytes();
+    let load = layers * TargetPrecision::Bf16.weight_bytes();
     let fc = spec.target_layer_ids.len() as f64 * h * h;
     let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
     let rows = batch.max(1) as f64;
@@ -80,6 +89,7 @@ pub fn need(
     let drafter_act = DRAFTER_ACT * h * (anchors * spec.block_size) as f64 * rows;
     MemoryNeed {
         target_gib: (target_weights + target_act) / GIB,
+        target_load_gib: load / GIB,
         drafter_gib: (drafter_params * DRAFTER_PARAM + drafter_act) / GIB + LOSS_CHUNK_GIB,
         shared_gib: shared / GIB,
     }

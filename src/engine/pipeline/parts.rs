@@ -27,6 +27,10 @@ pub(crate) fn build_target(
     capture: &[i64],
     device: Device,
 ) -> Result<(VarStore, Qwen3Target)> {
+    if cfg.target_precision == TargetPrecision::Fp8 {
+        // Before anything is read: a GPU without FP8 GEMMs is told at once.
+        crate::engine::model::fp8::check_device(device)?;
+    }
     let mut vs = VarStore::new(device);
     if device.is_cuda() {
         // Made in bf16, not made in f32 and cast: the load's peak is the weights' bf16 bytes
@@ -45,7 +49,6 @@ pub(crate) fn build_target(
     vs.freeze();
     model.fuse_projections();
     if cfg.target_precision == TargetPrecision::Fp8 {
-        crate::engine::model::fp8::check_device(device)?;
         model.quantize_fp8();
     }
     Ok((vs, model))

@@ -1,8 +1,9 @@
 //! The FP8 target's kernel of our own (src/engine/cxx/target_kernels.cpp, a program of its own
 //! compiled at run time with NVRTC): a bf16 matrix's rows in e4m3, each with its scale, in one
-//! pass over the row (libtorch's ops take five: abs, amax, a cast, a division, a clamp and the
-//! cast to e4m3). `None` where it cannot run, and the caller runs the ops
-//! (src/engine/model/fp8.rs).
+//! pass over the row (libtorch's ops take six: abs, amax, a cast, a division, a clamp and the
+//! cast to e4m3). A row holding a NaN differs: the kernel's max passes it over, libtorch's amax
+//! keeps it (a NaN scale); the NaN itself comes out a NaN either way. `None` where it cannot
+//! run, and the caller runs the ops (src/engine/model/fp8.rs).
 
 use super::{check, ffi, AVAILABLE};
 use crate::engine::gpu::fast_paths::PathState;

@@ -83,9 +83,14 @@ impl Attention {
         if self.qkv.is_none() {
             self.fuse_projections();
         }
+        self.o_proj.quantize_fp8();
         let Some(fused) = self.qkv.as_mut() else {
             return;
         };
+        let parts = [&self.q_proj, &self.k_proj, &self.v_proj];
+        if !Fp8Weight::fits(&fused.weight) || !parts.iter().all(|l| Fp8Weight::fits(&l.weight)) {
+            return;
+        }
         let w = Fp8Weight::quantize(&fused.weight);
         let mut at = 0;
         for l in [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj] {
@@ -94,7 +99,6 @@ impl Attention {
             at += rows;
         }
         fused.use_fp8(w);
-        self.o_proj.quantize_fp8();
     }
 
     /// Queries from `x`; keys and values from `kv_sources` concatenated along the sequence, each
@@ -301,6 +305,16 @@ mod tests {
     use crate::engine::train::presets::Preset;
     use tch::{Device, Kind};
 
+    fn attn_fused_numel(target: &Qwen3Target) -> i64 {
+        target.layers[0]
+            .self_attn
+            .qkv
+            .as_ref()
+            .unwrap()
+            .weight
+            .numel() as i64
+    }
+
     /// The fused q/k/v projection gives the forward it replaces (a wrong split — k and v
     /// swapped, a misplaced offset — changes it), and the three weights keep their values.
     #[test]
@@ -348,6 +362,8 @@ mod tests {
             empty.iter().all(|n| n.ends_with("_proj.weight")),
             "{empty:?}"
         );
+        // The fused weight, which the VarStore does not hold, is given back too.
+        assert_eq!(attn_fused_numel(&target), 0);
         let fp8 = tch::no_grad(|| target.forward(&ids, &pos, &docs));
         let rel = f64::try_from((&fp8 - &before).norm() / before.norm()).unwrap();
         assert!(
