@@ -2,8 +2,9 @@
 //! there room for a target and a drafter on one card?):
 //! - the target: its layers up to the deepest one the drafter reads (the others are never built,
 //!   src/engine/pipeline/parts.rs) in bf16 or, with `--target-precision fp8`, a byte a weight;
-//!   its embedding and head in bf16. An FP8 target is loaded in bf16 and quantized after, before
-//!   the drafter is built: its bf16 layers are the peak while it loads;
+//!   its embedding and head in bf16. A bf16 target's load peaks at its layers; an FP8 target
+//!   is loaded and quantized a layer at a time, before the drafter is built: its FP8 layers and
+//!   one layer in bf16;
 //! - the drafter: its layers and `fc` at 16 bytes a parameter on a GPU (bf16 weight and gradient,
 //!   f32 master, m and v: src/engine/train/optim.rs); it reads the target's embedding and head
 //!   (a copy of them on a device of its own);
@@ -32,8 +33,8 @@ const LOSS_CHUNK_GIB: f64 = 1.0;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MemoryNeed {
     pub target_gib: f64,
-    /// The target's peak while its weights load (its layers in bf16; an FP8 target quantizes
-    /// them after, before the drafter is built).
+    /// The target's peak while its weights load, before the drafter is built (an FP8 target's
+    /// layers are loaded and quantized one at a time: one of them in bf16 beside the others).
     pub target_load_gib: f64,
     pub drafter_gib: f64,
     pub shared_gib: f64,
@@ -81,7 +82,11 @@ pub fn need(
     let shared = heads * target.vocab_size as f64 * h * 2.0;
     let layers = built as f64 * layer_params(target);
     let target_weights = layers * precision.weight_bytes();
-    let load = layers * TargetPrecision::Bf16.weight_bytes();
+    let one_layer_bf16 = layer_params(target) * TargetPrecision::Bf16.weight_bytes();
+    let load = match precision {
+        TargetPrecision::Bf16 => target_weights,
+        TargetPrecision::Fp8 => target_weights + one_layer_bf16,
+    };
     let fc = spec.target_layer_ids.len() as f64 * h * h;
     let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
     let rows = batch.max(1) as f64;

@@ -152,6 +152,21 @@ impl Qwen3Target {
         Self::build(root, cfg, capture, built_layers(cfg, capture), embed_std)
     }
 
+    /// `new`, each layer handed to `each` as soon as it is made and before the next one is: an
+    /// FP8 target loads and quantizes it there, so that no more than one layer's bf16 weights
+    /// are on the device at a time (src/engine/pipeline/parts.rs). The weights are drawn in the
+    /// same order as `new` draws them.
+    pub fn new_layer_by_layer(
+        root: &nn::Path,
+        cfg: &Qwen3Config,
+        capture: &[i64],
+        embed_std: f64,
+        each: &mut dyn FnMut(i64, &mut DecoderLayer) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Qwen3Target> {
+        let depth = built_layers(cfg, capture);
+        Self::build_each(root, cfg, capture, depth, embed_std, each)
+    }
+
     /// Each layer's q, k and v weights in one tensor (see `Attention::fuse_projections`): once
     /// the weights are loaded and final.
     pub fn fuse_projections(&mut self) {
@@ -182,6 +197,18 @@ impl Qwen3Target {
         depth: i64,
         embed_std: f64,
     ) -> Qwen3Target {
+        Self::build_each(root, cfg, capture, depth, embed_std, &mut |_, _| Ok(()))
+            .expect("a build whose layers are left as made cannot fail")
+    }
+
+    fn build_each(
+        root: &nn::Path,
+        cfg: &Qwen3Config,
+        capture: &[i64],
+        depth: i64,
+        embed_std: f64,
+        each: &mut dyn FnMut(i64, &mut DecoderLayer) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Qwen3Target> {
         let model = root / "model";
         let embed_tokens = (&model / "embed_tokens").var(
             "weight",
@@ -191,9 +218,12 @@ impl Qwen3Target {
                 stdev: embed_std,
             },
         );
-        let layers = (0..depth)
-            .map(|i| DecoderLayer::new(&model / "layers" / i, cfg))
-            .collect();
+        let mut layers = Vec::new();
+        for i in 0..depth {
+            let mut layer = DecoderLayer::new(&model / "layers" / i, cfg);
+            each(i, &mut layer)?;
+            layers.push(layer);
+        }
         let norm = RmsNorm::new(&model / "norm", cfg.hidden_size, cfg.rms_norm_eps);
         let lm_head = if cfg.tie_word_embeddings {
             embed_tokens.shallow_clone()
@@ -207,14 +237,14 @@ impl Qwen3Target {
                 },
             )
         };
-        Qwen3Target {
+        Ok(Qwen3Target {
             cfg: cfg.clone(),
             embed_tokens,
             layers,
             capture: capture.to_vec(),
             norm,
             lm_head,
-        }
+        })
     }
 
     /// Next-token logits (f32) after feeding `ids` at positions `cache.len()..`, the keys and

@@ -86,8 +86,24 @@ pub fn copy_into(
     tensors: &HashMap<String, Tensor>,
     source: &Path,
 ) -> Result<Vec<String>> {
-    let vars = vs.variables();
-    let mut missing: Vec<&String> = vars.keys().filter(|k| !tensors.contains_key(*k)).collect();
+    copy_matching(vs, tensors, source, &|_| true)
+}
+
+/// `copy_into` for the variables whose names `wanted` takes (a target loaded a layer at a time);
+/// the names returned are those no variable of `vs` takes, wanted or not.
+pub fn copy_matching(
+    vs: &VarStore,
+    tensors: &HashMap<String, Tensor>,
+    source: &Path,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    let all = vs.variables();
+    let vars: HashMap<&String, &Tensor> = all.iter().filter(|(k, _)| wanted(k)).collect();
+    let mut missing: Vec<&String> = vars
+        .keys()
+        .copied()
+        .filter(|k| !tensors.contains_key(*k))
+        .collect();
     if !missing.is_empty() {
         missing.sort();
         let shown: Vec<_> = missing.iter().take(5).map(|s| s.as_str()).collect();
@@ -99,8 +115,9 @@ pub fn copy_into(
         );
     }
     let _guard = tch::no_grad_guard();
-    for (name, mut var) in vars.iter().map(|(k, v)| (k.clone(), v.shallow_clone())) {
-        let t = &tensors[&name];
+    for (name, var) in &vars {
+        let mut var = var.shallow_clone();
+        let t = &tensors[*name];
         if t.size() != var.size() {
             bail!(
                 "{}: tensor `{name}` has shape {:?} but the config asks for {:?}: the config.json \
@@ -114,7 +131,7 @@ pub fn copy_into(
     }
     let mut unused: Vec<String> = tensors
         .keys()
-        .filter(|k| !vars.contains_key(*k))
+        .filter(|k| !all.contains_key(*k))
         .cloned()
         .collect();
     unused.sort();

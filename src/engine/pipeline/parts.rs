@@ -9,7 +9,7 @@ use crate::engine::data::jsonl::JsonlSource;
 use crate::engine::data::{DocSource, Synthetic};
 use crate::engine::model::drafter::Drafter;
 use crate::engine::model::fp8::TargetPrecision;
-use crate::engine::model::qwen3::Qwen3Target;
+use crate::engine::model::qwen3::{DecoderLayer, Qwen3Target};
 use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 use crate::engine::pipeline::workers::DataCounts;
 use crate::engine::spec::{DataSpec, PipelineSpec};
@@ -20,14 +20,17 @@ use std::sync::Arc;
 use tch::{nn::VarStore, Device, Kind};
 
 /// The target: shapes from --target's config.json or the preset, weights from the directory or
-/// random (seeded); its linear layers in FP8 with `--target-precision fp8`.
+/// random (seeded); its linear layers in FP8 with `--target-precision fp8`, each layer loaded and
+/// quantized before the next one is made (one layer's bf16 weights on the device at a time).
 pub(crate) fn build_target(
     cfg: &PipelineSpec,
     target_cfg: &Qwen3Config,
     capture: &[i64],
     device: Device,
 ) -> Result<(VarStore, Qwen3Target)> {
-    if cfg.target_precision == TargetPrecision::Fp8 {
+    use crate::engine::model::weights::{copy_matching, read_all, weights_label};
+    let fp8 = cfg.target_precision == TargetPrecision::Fp8;
+    if fp8 {
         // Before anything is read: a GPU without FP8 GEMMs is told at once.
         crate::engine::model::fp8::check_device(device)?;
     }
@@ -37,19 +40,34 @@ pub(crate) fn build_target(
         // (59 GiB for qwen3-32b's built layers, where f32 first would peak at twice that).
         vs.set_kind(Kind::BFloat16);
     }
-    let mut model = Qwen3Target::new(&vs.root(), target_cfg, capture, cfg.preset.embed_std);
-    if let Some(dir) = &cfg.target {
-        let tensors = crate::engine::model::weights::read_all(dir)?;
-        crate::engine::model::weights::copy_into(
-            &vs,
-            &tensors,
-            &crate::engine::model::weights::weights_label(dir),
-        )?;
+    let weights = match &cfg.target {
+        Some(dir) => Some((read_all(dir)?, weights_label(dir))),
+        None => None,
+    };
+    let std = cfg.preset.embed_std;
+    let mut model = if fp8 {
+        let mut each = |i: i64, layer: &mut DecoderLayer| -> Result<()> {
+            if let Some((tensors, label)) = &weights {
+                let prefix = format!("model.layers.{i}.");
+                copy_matching(&vs, tensors, label, &|n| n.starts_with(&prefix))?;
+            }
+            layer.quantize_fp8();
+            Ok(())
+        };
+        Qwen3Target::new_layer_by_layer(&vs.root(), target_cfg, capture, std, &mut each)?
+    } else {
+        Qwen3Target::new(&vs.root(), target_cfg, capture, std)
+    };
+    if let Some((tensors, label)) = &weights {
+        // Everything a layer-by-layer load left (all of a bf16 target).
+        copy_matching(&vs, tensors, label, &|n| {
+            !fp8 || !n.starts_with("model.layers.")
+        })?;
     }
     vs.freeze();
-    model.fuse_projections();
-    if cfg.target_precision == TargetPrecision::Fp8 {
-        model.quantize_fp8();
+    if !fp8 {
+        // (An FP8 layer fused its q, k and v as it was quantized.)
+        model.fuse_projections();
     }
     Ok((vs, model))
 }
