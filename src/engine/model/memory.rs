@@ -3,8 +3,8 @@
 //! - the target: its layers up to the deepest one the drafter reads (the others are never built,
 //!   src/engine/pipeline/parts.rs) in bf16 or, with `--target-precision fp8`, a byte a weight;
 //!   its embedding and head in bf16. A bf16 target's load peaks at its layers; an FP8 target
-//!   is loaded and quantized a layer at a time, before the drafter is built: its FP8 layers and
-//!   one layer in bf16;
+//!   is loaded and quantized a layer at a time, before the drafter is built: its FP8 layers, one
+//!   layer in bf16 and the copies quantizing its largest weight takes (13 bytes a weight);
 //! - the drafter: its layers and `fc` at 16 bytes a parameter on a GPU (bf16 weight and gradient,
 //!   f32 master, m and v: src/engine/train/optim.rs); it reads the target's embedding and head
 //!   (a copy of them on a device of its own);
@@ -22,6 +22,9 @@ const GIB: f64 = (1u64 << 30) as f64;
 const TARGET_ACT: f64 = 64.0;
 /// Activation bytes a drafter token a unit of hidden width (drafter side, the loss's chunk in).
 const DRAFTER_ACT: f64 = 225.0;
+/// Bytes a weight takes while it is quantized (src/engine/model/fp8.rs): its f32 copy, the copy
+/// divided by the scales, that clamped (4 bytes each) and the e4m3 result, at once.
+const QUANTIZE_COPIES: f64 = 13.0;
 /// Bytes a drafter parameter takes on a GPU.
 const DRAFTER_PARAM: f64 = 16.0;
 /// The loss's chunk of logits over the vocabulary and its gradient (512 MiB each at the default
@@ -83,9 +86,11 @@ pub fn need(
     let layers = built as f64 * layer_params(target);
     let target_weights = layers * precision.weight_bytes();
     let one_layer_bf16 = layer_params(target) * TargetPrecision::Bf16.weight_bytes();
+    let q_kv = (target.num_attention_heads + 2 * target.num_key_value_heads) * target.head_dim;
+    let largest = h * target.intermediate_size.max(q_kv) as f64;
     let load = match precision {
         TargetPrecision::Bf16 => target_weights,
-        TargetPrecision::Fp8 => target_weights + one_layer_bf16,
+        TargetPrecision::Fp8 => target_weights + one_layer_bf16 + QUANTIZE_COPIES * largest,
     };
     let fc = spec.target_layer_ids.len() as f64 * h * h;
     let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
