@@ -87,7 +87,8 @@ impl Fp8Weight {
         }
     }
 
-    /// The weight as `kind` again (what the GEMM multiplies by).
+    /// The weight as `kind` again (what the GEMM multiplies by), for the tests' f32 sums.
+    #[cfg(test)]
     pub fn dequantized(&self, kind: Kind) -> Tensor {
         (self.q.to_kind(Kind::Float) * self.scale.tr()).to_kind(kind)
     }
