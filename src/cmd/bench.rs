@@ -200,11 +200,7 @@ fn precision(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
         } else {
             "f32 (the CPU's)"
         },
-        cfg.target
-            .as_ref()
-            .map_or(format!("preset:{}", cfg.preset.name), |d| d
-                .display()
-                .to_string()),
+        cfg.target_label(),
         cfg.target_devices[0],
         batches.max(1),
         gap.tokens,

@@ -156,14 +156,19 @@ impl PipelineSpec {
         Ok(())
     }
 
+    /// The target as the config line names it: its directory, or `preset:NAME`.
+    pub fn target_label(&self) -> String {
+        match &self.target {
+            Some(d) => d.display().to_string(),
+            None => format!("preset:{}", self.preset.name),
+        }
+    }
+
     /// The resolved recipe as one `config: key=value ...` line (headless prints it at start;
     /// the TUI can show it).
     pub fn recipe_line(&self) -> String {
         let s = &self.drafter_spec;
-        let target = match &self.target {
-            Some(d) => d.display().to_string(),
-            None => format!("preset:{}", self.preset.name),
-        };
+        let target = self.target_label();
         let data = match &self.data {
             DataSpec::Synthetic => "synthetic".to_string(),
             DataSpec::Jsonl(p) => p.display().to_string(),

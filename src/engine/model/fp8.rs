@@ -10,7 +10,7 @@
 //! CPU) the same e4m3 values are multiplied in f32: the numbers of FP8, for checking its effect,
 //! at no gain in speed.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 
 /// The largest finite e4m3 value.
 pub const E4M3_MAX: f64 = 448.0;
@@ -93,6 +93,20 @@ impl Fp8Weight {
         (self.q.to_kind(Kind::Float) * self.scale.tr()).to_kind(kind)
     }
 
+    /// libtorch's row-wise scaled GEMM of rows `xq` (e4m3, [rows, in]) with their scales
+    /// (f32 [rows, 1]) by this weight, written in `out`.
+    fn scaled_mm(&self, xq: &Tensor, x_scale: &Tensor, out: Kind) -> Result<Tensor, TchError> {
+        xq.f_internal_scaled_mm(
+            &self.q.tr(),
+            x_scale,
+            &self.scale,
+            None::<Tensor>,
+            None::<Tensor>,
+            out,
+            false,
+        )
+    }
+
     /// `x W^T` [.., out] for `x` [.., in], in `x`'s dtype.
     pub fn matmul(&self, x: &Tensor) -> Tensor {
         let mut shape = x.size();
@@ -102,15 +116,9 @@ impl Fp8Weight {
         let (xq, x_scale) = quantize_rows(&rows);
         let tensor_cores = x.device().is_cuda() && inp % 16 == 0 && out % 16 == 0;
         let y = if tensor_cores {
-            xq.internal_scaled_mm(
-                &self.q.tr(),
-                &x_scale,
-                &self.scale,
-                None::<Tensor>,
-                None::<Tensor>,
-                x.kind(),
-                false,
-            )
+            // `check_device` ran this GEMM when the target was built: a failure here is a bug.
+            self.scaled_mm(&xq, &x_scale, x.kind())
+                .unwrap_or_else(|e| panic!("the FP8 GEMM failed: {e}"))
         } else {
             // The same products and scales, summed in f32 (the CPU; on CUDA only a layer that
             // `fits` refused could come here, and none is quantized).
@@ -156,25 +164,17 @@ pub fn check_device(device: Device) -> anyhow::Result<()> {
     let w = Fp8Weight::quantize(&Tensor::ones([16, 16], (Kind::BFloat16, device)));
     let x = Tensor::ones([16, 16], (Kind::BFloat16, device));
     let (xq, x_scale) = quantize_rows_ops(&x);
-    xq.f_internal_scaled_mm(
-        &w.q.tr(),
-        &x_scale,
-        &w.scale,
-        None::<Tensor>,
-        None::<Tensor>,
-        Kind::BFloat16,
-        false,
-    )
-    .map(|_| ())
-    .map_err(|e| {
-        let first = e.to_string();
-        let first = first.lines().next().unwrap_or("").to_string();
-        anyhow::anyhow!(
-            "--target-precision fp8: {device:?} cannot run FP8 matmuls (they need FP8 tensor \
+    w.scaled_mm(&xq, &x_scale, Kind::BFloat16)
+        .map(|_| ())
+        .map_err(|e| {
+            let first = e.to_string();
+            let first = first.lines().next().unwrap_or("").to_string();
+            anyhow::anyhow!(
+                "--target-precision fp8: {device:?} cannot run FP8 matmuls (they need FP8 tensor \
              cores: compute capability 8.9 or newer, e.g. an L4, H100 or H200; libtorch says: \
              {first}); leave the flag out to run the target in bf16"
-        )
-    })
+            )
+        })
 }
 
 #[cfg(test)]
