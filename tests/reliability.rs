@@ -517,6 +517,11 @@ fn a_failing_worker_stops_the_run_names_thread_and_phase_and_saves() {
             err.contains(&format!("dflash-top: {thread} failed in phase `{phase}`")),
             "{fault}: {err}"
         );
+        if fault.starts_with("panic:") {
+            // Said once, in the sentence with where it happened: not by the panic hook too.
+            assert!(err.contains("(at src/fault.rs:"), "{fault}: {err}");
+            assert!(!err.contains("panicked at"), "{fault}: {err}");
+        }
         if fault.starts_with("error:drafter") {
             // The drafter made two steps before it failed: the last good one is saved.
             assert_eq!(step_dirs(dir.path()), ["step-000002"], "{fault}: {err}");

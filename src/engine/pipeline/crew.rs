@@ -65,13 +65,26 @@ pub(super) fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
             if crate::fault::panic_at_start(&label) {
                 panic!("injected panic in {label} (DFLASH_TOP_FAULT=panic_at_start:{label})");
             }
-            // A panic is caught here (after the panic hook ran) so that the others stop and
-            // the report names the thread and its phase, like an error.
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            // A panic is caught here, quietly (libtorch's errors, an allocation past the GPU's
+            // memory among them, are panics in tch), so that the others stop and the report
+            // names the thread and its phase, like an error, and where it happened unless it was
+            // libtorch's error.
+            let outcome = {
+                let _quiet = crate::quiet_panic::Quiet::new();
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            };
             let failure = match outcome {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => format!("{e:#}"),
-                Err(p) => format!("panicked: {}", panic_text(p.as_ref())),
+                Err(p) => {
+                    let raw = panic_text(p.as_ref());
+                    match crate::quiet_panic::take_place() {
+                        Some(at) if !raw.contains("Torch(\"") => {
+                            format!("panicked: {raw} (at {at})")
+                        }
+                        _ => format!("panicked: {raw}"),
+                    }
+                }
             };
             let sentence = worker_failure(&label, crate::telemetry::phase::current(), &failure);
             // The other ranks of a job learn it now, unless this failure follows theirs.
