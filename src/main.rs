@@ -3,6 +3,8 @@ use dflash_top::config::cli::{Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Before any thread starts or CUDA is used (libtorch reads it then).
+    dflash_top::engine::gpu::alloc_conf::install_default();
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::Train(Default::default()));
     match dflash_top::cmd::run(command) {

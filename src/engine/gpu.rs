@@ -3,6 +3,7 @@
 //! device time by kernel class over a window (kernel_time).
 //! Near the ground: it uses nothing else of the engine but the spec's types.
 
+pub mod alloc_conf;
 pub mod cuda;
 pub mod cupti;
 pub mod fast_paths;
