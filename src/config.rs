@@ -348,6 +348,7 @@ fn pipeline_spec(
         target: model.target,
         target_config: model.target_config,
         target_precision: model.target_precision,
+        optimizer_states: model.optimizer_states,
         drafter_spec: model.drafter_spec,
         recipe_from,
         mask_from: model.mask_from,

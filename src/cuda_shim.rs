@@ -69,14 +69,14 @@ pub(crate) mod ffi {
             found_inf: *mut c_void,
         ) -> c_int;
         /// `hyper`: lr, beta1, beta2, weight decay, eps, bias correction 1, sqrt of bias
-        /// correction 2.
+        /// correction 2, the step count (the noise keys of bf16 moments).
         pub fn dflash_adamw_bf16(
             master: *mut c_void,
             grad: *mut c_void,
             m: *mut c_void,
             v: *mut c_void,
             work: *mut c_void,
-            hyper: *const [f64; 7],
+            hyper: *const [f64; 8],
             grad_scale: *mut c_void,
             found_inf: *mut c_void,
         ) -> c_int;
@@ -222,7 +222,7 @@ pub(crate) mod ffi {
         _: *mut c_void,
         _: *mut c_void,
         _: *mut c_void,
-        _: *const [f64; 7],
+        _: *const [f64; 8],
         _: *mut c_void,
         _: *mut c_void,
     ) -> c_int {

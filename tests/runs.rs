@@ -188,6 +188,34 @@ fn a_resumed_run_keeps_its_steps_a_row() {
     );
 }
 
+/// A run with its AdamW moments in bf16 (`--optimizer-states bf16`), resumed without the flag:
+/// it keeps bf16 moments from the checkpoint (f32 ones would step apart from one go) and goes on
+/// as in one go; the optimizer file holds the moments in bf16, the masters in f32.
+#[test]
+fn a_run_with_bf16_moments_resumes_with_them() {
+    let dir = resume_equals_one_go_with(&[], &["--optimizer-states", "bf16"], 3);
+    for run in ["one", "two"] {
+        let last = dir.path().join(run).join("step-000006");
+        let state = json(&last.join("trainer_state.json"));
+        assert_eq!(state["optimizer_states"], "bf16", "{run}: {state}");
+        let saved = tensors(&last.join("optimizer.safetensors"));
+        let kinds = |prefix: &str| {
+            let mut k: Vec<_> = saved
+                .iter()
+                .filter(|(n, _)| n.starts_with(prefix))
+                .map(|(_, t)| t.kind())
+                .collect();
+            k.dedup();
+            k
+        };
+        assert_eq!(kinds("exp_avg_sq."), [tch::Kind::BFloat16], "{run}");
+        assert_eq!(kinds("exp_avg."), [tch::Kind::BFloat16], "{run}");
+        assert_eq!(kinds("master."), [tch::Kind::Float], "{run}");
+    }
+    let o = train(&["--steps", "1", "--optimizer-states", "int8"]);
+    assert_user_error(&o, &["--optimizer-states", "`int8`", "f32 or bf16"]);
+}
+
 /// Saved after the first of a row's 3 steps, a run resumes into that row: it takes the same row
 /// again, draws the same anchors and trains the row's last two steps, as in one go.
 #[test]

@@ -379,10 +379,12 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
         );
     }
     println!(
-        "bench: target_precision={} fp8_rows={} target_attention={} target_forward={} \
-         target_kernels={} drafter_step={} adamw_bf16={} drafter_attention={}",
+        "bench: target_precision={} fp8_rows={} optimizer_states={} cuda_alloc_conf={} target_attention={} \
+         target_forward={} target_kernels={} drafter_step={} adamw_bf16={} drafter_attention={}",
         cfg.target_precision.name(),
         crate::engine::gpu::cuda::fp8_kernel_state(),
+        cfg.optimizer_states.name(),
+        crate::engine::gpu::alloc_conf::describe(),
         crate::engine::model::varlen::attention_used(),
         crate::engine::model::target_graph::state(),
         crate::engine::gpu::cuda::target_kernels_state(),

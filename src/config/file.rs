@@ -17,6 +17,8 @@ pub struct FileConfig {
     pub target: Option<PathBuf>,
     /// `bf16` or `fp8` (`--target-precision`).
     pub target_precision: Option<String>,
+    /// `f32` or `bf16` (`--optimizer-states`).
+    pub optimizer_states: Option<String>,
     pub drafter: Option<PathBuf>,
     pub data: Option<String>,
     pub steps: Option<u64>,

@@ -8,6 +8,7 @@ use crate::engine::checkpoint;
 use crate::engine::model::fp8::TargetPrecision;
 use crate::engine::model::shapes::{drafter_spec_for, DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
+use crate::engine::train::optim::moments::MomentPrecision;
 use crate::engine::train::presets::Preset;
 use crate::engine::train::recipe::{mask_token_of, MaskToken};
 use crate::engine::train::recipe::{Recipe, STEP_PER_DOC};
@@ -22,6 +23,8 @@ pub(super) struct Model {
     pub target_config: Qwen3Config,
     /// How the target's linear layers compute (`--target-precision`).
     pub target_precision: TargetPrecision,
+    /// How the drafter's AdamW keeps its moments (`--optimizer-states`).
+    pub optimizer_states: MomentPrecision,
     /// `specforge` or `preset:NAME`: the base the recipe started from.
     pub recipe_from: String,
     pub recipe: Recipe,
@@ -42,6 +45,7 @@ impl Model {
         crate::engine::model::memory::need(
             &self.target_config,
             self.target_precision,
+            self.optimizer_states.bytes(),
             &self.drafter_spec,
             self.recipe.seq_len,
             self.recipe.anchors,
@@ -79,6 +83,35 @@ impl Model {
         };
         let resume_state = super::resume::resume_state_of(args, file)?;
         let recipe = recipe_of(args, file, &base, resume_state.as_ref())?;
+        // As given, else as the resumed run kept them, else f32.
+        let saved_states = resume_state
+            .as_ref()
+            .and_then(|s| s.optimizer_states.clone());
+        let optimizer_states = match args
+            .optimizer_states
+            .clone()
+            .or(file.optimizer_states.clone())
+        {
+            Some(name) => MomentPrecision::parse(&name).with_context(|| {
+                format!(
+                    "--optimizer-states (or the TOML's optimizer_states) `{name}`: use f32 or bf16"
+                )
+            })?,
+            None => match saved_states {
+                Some(name) => MomentPrecision::parse(&name).with_context(|| {
+                    format!(
+                        "{}: `optimizer_states` is `{name}`, neither f32 nor bf16: the \
+                         checkpoint is damaged; give --optimizer-states",
+                        args.resume
+                            .as_deref()
+                            .unwrap_or(Path::new("--resume"))
+                            .join("trainer_state.json")
+                            .display()
+                    )
+                })?,
+                None => MomentPrecision::default(),
+            },
+        };
         if recipe.steps_per_batch < 1 && recipe.steps_per_batch != STEP_PER_DOC {
             anyhow::bail!(
                 "--steps-per-batch {}: give 1 or more optimizer steps a batch, or `doc`",
@@ -108,6 +141,7 @@ impl Model {
             target,
             target_config,
             target_precision,
+            optimizer_states,
             recipe_from,
             recipe,
             lr_given: args.lr.or(file.lr),

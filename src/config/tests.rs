@@ -453,4 +453,5 @@ fn reading_the_configuration_is_pure_and_apply_installs() {
 }
 
 mod fp8;
+mod optimizer_states;
 mod placement;

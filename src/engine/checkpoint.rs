@@ -62,6 +62,10 @@ pub struct TrainerState {
     /// batch again, draws the same anchors and goes on from the next of its steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_steps_done: Option<u64>,
+    /// How the AdamW moments are kept (`f32` or `bf16`); absent in checkpoints of earlier
+    /// versions, whose moments were f32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_states: Option<String>,
 }
 
 impl TrainerState {

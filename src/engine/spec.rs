@@ -7,6 +7,7 @@ use crate::engine::gpu::fast_paths::FastPaths;
 use crate::engine::model::fp8::TargetPrecision;
 use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
+use crate::engine::train::optim::moments::MomentPrecision;
 use crate::engine::train::presets::Preset;
 use crate::engine::train::schedule::Schedule;
 use anyhow::{bail, Result};
@@ -55,6 +56,8 @@ pub struct PipelineSpec {
     pub target_config: Qwen3Config,
     /// How the target's linear layers compute (bf16, or FP8: src/engine/model/fp8.rs).
     pub target_precision: TargetPrecision,
+    /// How the drafter's AdamW keeps its moments (src/engine/train/optim/moments.rs).
+    pub optimizer_states: MomentPrecision,
     /// The drafter: read from --resume / --drafter, or a fresh one from the recipe.
     pub drafter_spec: DrafterSpec,
     /// Where the recipe came from: `preset:NAME` or `specforge` (a --target run).
@@ -115,6 +118,7 @@ impl PipelineSpec {
         crate::engine::model::memory::need(
             &self.target_config,
             self.target_precision,
+            self.optimizer_states.bytes(),
             &self.drafter_spec,
             self.seq_len,
             self.anchors,
@@ -175,13 +179,14 @@ impl PipelineSpec {
         };
         let ids: Vec<String> = s.target_layer_ids.iter().map(|i| i.to_string()).collect();
         format!(
-            "config: recipe={} target={} target_precision={} hidden={} target_layers={} drafter_layers={} \
+            "config: recipe={} target={} target_precision={} optimizer_states={} hidden={} target_layers={} drafter_layers={} \
              target_layer_ids={} block={} mask_token_id={} mask_from={} seq_len={} batch={} \
              anchors={} anchor_budget={} steps_per_batch={} lr={:e} schedule={} grad_clip=1.0 init=normal(0.02) steps={} \
              seed={} data={} cupti={} fast_paths={}",
             self.recipe_from,
             target,
             self.target_precision.name(),
+            self.optimizer_states.name(),
             s.layers.hidden_size,
             s.num_target_layers,
             s.layers.num_hidden_layers,

@@ -168,7 +168,8 @@ fn our_step(kind: Kind, change: impl FnOnce(&mut DrafterStep)) -> Ours {
     let vs = VarStore::new(Device::Cpu);
     let model = Drafter::new(&vs.root(), &spec);
     load_weights(&drafter_dir, &vs).unwrap();
-    let mut optimizer = AdamW::for_drafter(vs.variables().into_iter().collect());
+    let mut optimizer =
+        AdamW::for_drafter(vs.variables().into_iter().collect(), Default::default());
     if kind == Kind::BFloat16 {
         optimizer = optimizer.with_bf16_weights();
     }

@@ -8,6 +8,10 @@
 // update, in f32 with the hyper-parameters rounded to f32: an H200 run of it showed (1 - beta2)
 // taken in f32), so the masters follow the same trajectory as through it. Compiled at run time
 // (runtime_kernels.h).
+//
+// With `--optimizer-states bf16` the moments are read and written in bf16, rounded
+// stochastically by a hash of each element's index and the step: the bits
+// src/engine/train/optim/moments.rs draws for the same element and step.
 #include <ATen/core/Tensor.h>
 
 #include "runtime_kernels.h"
@@ -71,6 +75,74 @@ extern "C" __global__ void adamw_bf16(float* master, const bf16* grad, float* m,
     work[i] = down(master[i]);
   }
 }
+// MurmurHash3's 32-bit finaliser.
+__device__ unsigned int fmix32(unsigned int h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  return h ^ (h >> 16);
+}
+
+// Element `i`'s noise under `key` (see moments.rs).
+__device__ unsigned int noise(long long i, unsigned int key) {
+  unsigned int high = (unsigned int)((unsigned long long)i >> 32);
+  return fmix32((unsigned int)i ^ fmix32(key ^ high * 0x9e3779b9u));
+}
+
+// f32 to bf16, up with the probability of the dropped low half (infinities and NaN to nearest).
+__device__ bf16 down_stochastic(float f, unsigned int r) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return down(f);
+  return (bf16)((u + (r & 0xffffu)) >> 16);
+}
+
+// adamw_bf16 with the moments in bf16: widened, stepped in f32, rounded stochastically under
+// `key_m` and `key_v`.
+extern "C" __global__ void adamw_bf16_states(float* master, const bf16* grad, bf16* m, bf16* v,
+                                             bf16* work, long long n, Hyper h,
+                                             const float* grad_scale, const float* found_inf,
+                                             unsigned int key_m, unsigned int key_v) {
+  if (found_inf && *found_inf != 0.f) return;
+  long long at = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 4;
+  if (at >= n) return;
+  float scale = grad_scale ? *grad_scale : 1.f;
+  if (at + 4 <= n) {
+    float4 p = *reinterpret_cast<float4*>(master + at);
+    uint2 gv = *reinterpret_cast<const uint2*>(grad + at);
+    uint2 av = *reinterpret_cast<uint2*>(m + at);
+    uint2 bv = *reinterpret_cast<uint2*>(v + at);
+    const bf16* g = reinterpret_cast<const bf16*>(&gv);
+    bf16* a = reinterpret_cast<bf16*>(&av);
+    bf16* b = reinterpret_cast<bf16*>(&bv);
+    float* ps = &p.x;
+    uint2 wv;
+    bf16* w = reinterpret_cast<bf16*>(&wv);
+    for (int i = 0; i < 4; ++i) {
+      float gi = up(g[i]);
+      if (grad_scale) gi /= scale;
+      float ai = up(a[i]), bi = up(b[i]);
+      adamw_one(ps[i], ai, bi, gi, h);
+      w[i] = down(ps[i]);
+      a[i] = down_stochastic(ai, noise(at + i, key_m));
+      b[i] = down_stochastic(bi, noise(at + i, key_v));
+    }
+    *reinterpret_cast<float4*>(master + at) = p;
+    *reinterpret_cast<uint2*>(m + at) = av;
+    *reinterpret_cast<uint2*>(v + at) = bv;
+    *reinterpret_cast<uint2*>(work + at) = wv;
+    return;
+  }
+  for (long long i = at; i < n; ++i) {
+    float gi = up(grad[i]);
+    if (grad_scale) gi /= scale;
+    float ai = up(m[i]), bi = up(v[i]);
+    adamw_one(master[i], ai, bi, gi, h);
+    work[i] = down(master[i]);
+    m[i] = down_stochastic(ai, noise(i, key_m));
+    v[i] = down_stochastic(bi, noise(i, key_v));
+  }
+}
 )";
 
 const dflash::rtc::Program kProgram{"optimizer_kernels.cu", kSource};
@@ -86,20 +158,26 @@ const at::Tensor& tensor(void* p) { return *static_cast<at::Tensor*>(p); }
 
 extern "C" {
 
-// One AdamW step: `master`, `m`, `v` f32 and `grad`, `work` bf16, contiguous, of one length, on
-// one GPU (16-byte aligned); `work` receives the updated masters in bf16. `grad_scale` and
-// `found_inf` (f32 scalars on that GPU, or null) as libtorch's fused AdamW takes them.
-// `hyper`: lr, beta1, beta2, weight decay, eps, 1 - beta1^step, sqrt(1 - beta2^step).
+// One AdamW step: `master` f32, `m` and `v` both f32 or both bf16 (rounded stochastically), and
+// `grad`, `work` bf16, contiguous, of one length, on one GPU (16-byte aligned); `work` receives
+// the updated masters in bf16. `grad_scale` and `found_inf` (f32 scalars on that GPU, or null)
+// as libtorch's fused AdamW takes them. `hyper`: lr, beta1, beta2, weight decay, eps,
+// 1 - beta1^step, sqrt(1 - beta2^step), the step (the bf16 moments' noise keys).
 int dflash_adamw_bf16(void* master, void* grad, void* m, void* v, void* work, const double* hyper,
                       void* grad_scale, void* found_inf) {
   return dflash::guarded([&] {
     const at::Tensor &pt = tensor(master), &gt = tensor(grad), &mt = tensor(m), &vt = tensor(v),
                      &wt = tensor(work);
     long long n = pt.numel();
-    for (const at::Tensor* t : {&pt, &mt, &vt}) {
-      TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous() &&
+    TORCH_CHECK(pt.is_cuda() && pt.scalar_type() == at::kFloat && pt.is_contiguous(),
+                "adamw_bf16: master f32, contiguous, on a GPU");
+    const bool bf16_states = mt.scalar_type() == at::kBFloat16;
+    const auto states = bf16_states ? at::kBFloat16 : at::kFloat;
+    for (const at::Tensor* t : {&mt, &vt}) {
+      TORCH_CHECK(t->is_cuda() && t->scalar_type() == states && t->is_contiguous() &&
                       t->numel() == n && t->get_device() == pt.get_device(),
-                  "adamw_bf16: master, m and v f32, contiguous, one length, one GPU");
+                  "adamw_bf16: m and v both f32 or both bf16, contiguous, of the masters' "
+                  "length and GPU");
     }
     for (const at::Tensor* t : {&gt, &wt}) {
       TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kBFloat16 && t->is_contiguous() &&
@@ -125,6 +203,13 @@ int dflash_adamw_bf16(void* master, void* grad, void* m, void* v, void* work, co
     Hyper h{f(0), f(1), f(2), f(3), f(4), f(5), f(6)};
     void *pp = pt.data_ptr(), *mp = mt.data_ptr(), *vp = vt.data_ptr(), *wp = wt.data_ptr();
     const void* gp = gt.data_ptr();
+    if (bf16_states) {
+      unsigned int step = static_cast<unsigned int>(static_cast<long long>(hyper[7]));
+      unsigned int key_m = step * 2u, key_v = step * 2u + 1u;
+      void* args[] = {&pp, &gp, &mp, &vp, &wp, &n, &h, &scale, &inf, &key_m, &key_v};
+      dflash::rtc::launch(kProgram, pt.get_device(), "adamw_bf16_states", (n + 3) / 4, args);
+      return;
+    }
     void* args[] = {&pp, &gp, &mp, &vp, &wp, &n, &h, &scale, &inf};
     dflash::rtc::launch(kProgram, pt.get_device(), "adamw_bf16", (n + 3) / 4, args);
   });

@@ -6,13 +6,16 @@
 //!   is loaded and quantized a layer at a time, before the drafter is built: its FP8 layers, one
 //!   layer in bf16 and the copies quantizing its largest weight takes (13 bytes a weight);
 //! - the drafter: its layers and `fc` at 16 bytes a parameter on a GPU (bf16 weight and gradient,
-//!   f32 master, m and v: src/engine/train/optim.rs); it reads the target's embedding and head
-//!   (a copy of them on a device of its own);
+//!   f32 master, m and v: src/engine/train/optim.rs), 12 with `--optimizer-states bf16`; it reads
+//!   the target's embedding and head (a copy of them on a device of its own);
 //! - activations, fitted to the peaks measured on an H100 (docs/performance.md): 64 bytes a row
 //!   token a unit of width for the target's side (its captured states, its forward's working
-//!   set; the slope from 3K to 32K tokens at 8B), 225 bytes a drafter token (anchors x block) a
-//!   unit of width for the drafter's, and 1 GiB for the loss's chunk of logits: within 3% of
-//!   the four peaks measured (0.6B, 8B at 3K and 32K, 14B; src/config/tests.rs holds them).
+//!   set; the slope from 3K to 32K tokens at 8B); for the drafter's, a drafter token (anchors x
+//!   block) takes 50.7 bytes a unit of hidden width and 58.1 a unit of MLP width (fitted to 8B,
+//!   whose MLP is 3x its width, and 32B, 5x: 225 bytes a unit of hidden width at 3x), and 1 GiB
+//!   for the loss's chunk of logits: within 5% of the six peaks measured (0.6B, 8B at 3K and
+//!   32K, 8B with bf16 moments, 14B, 32B with an FP8 target and bf16 moments;
+//!   src/config/tests/placement.rs holds them).
 
 use super::fp8::TargetPrecision;
 use super::shapes::{DrafterSpec, Qwen3Config};
@@ -20,13 +23,15 @@ use super::shapes::{DrafterSpec, Qwen3Config};
 const GIB: f64 = (1u64 << 30) as f64;
 /// Activation bytes a row token a unit of hidden width (target side).
 const TARGET_ACT: f64 = 64.0;
-/// Activation bytes a drafter token a unit of hidden width (drafter side, the loss's chunk in).
-const DRAFTER_ACT: f64 = 225.0;
+/// Activation bytes a drafter token a unit of hidden width and a unit of MLP width (drafter side).
+const DRAFTER_ACT_HIDDEN: f64 = 50.7;
+const DRAFTER_ACT_MLP: f64 = 58.1;
 /// Bytes a weight takes while it is quantized (src/engine/model/fp8.rs): its f32 copy, the copy
 /// divided by the scales, that clamped (4 bytes each) and the e4m3 result, at once.
 const QUANTIZE_COPIES: f64 = 13.0;
-/// Bytes a drafter parameter takes on a GPU.
-const DRAFTER_PARAM: f64 = 16.0;
+/// Bytes a drafter parameter takes on a GPU besides its moments: the bf16 weight and gradient
+/// and the f32 master.
+const DRAFTER_PARAM: f64 = 8.0;
 /// The loss's chunk of logits over the vocabulary and its gradient (512 MiB each at the default
 /// `loss_chunk_mib`).
 const LOSS_CHUNK_GIB: f64 = 1.0;
@@ -66,10 +71,12 @@ fn layer_params(c: &Qwen3Config) -> f64 {
     h * (2.0 * q + 2.0 * kv) + 3.0 * h * c.intermediate_size as f64
 }
 
-/// The estimate for `batch` rows of `seq_len` tokens and `anchors` a row.
+/// The estimate for `batch` rows of `seq_len` tokens and `anchors` a row, the drafter's AdamW
+/// moments taking `moment_bytes` a parameter (8 in f32, 4 in bf16).
 pub fn need(
     target: &Qwen3Config,
     precision: TargetPrecision,
+    moment_bytes: f64,
     spec: &DrafterSpec,
     seq_len: i64,
     anchors: i64,
@@ -96,11 +103,13 @@ pub fn need(
     let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
     let rows = batch.max(1) as f64;
     let target_act = TARGET_ACT * h * (seq_len as f64) * rows;
-    let drafter_act = DRAFTER_ACT * h * (anchors * spec.block_size) as f64 * rows;
+    let per_token = DRAFTER_ACT_HIDDEN * h + DRAFTER_ACT_MLP * spec.layers.intermediate_size as f64;
+    let drafter_act = per_token * (anchors * spec.block_size) as f64 * rows;
     MemoryNeed {
         target_gib: (target_weights + target_act) / GIB,
         target_load_gib: load / GIB,
-        drafter_gib: (drafter_params * DRAFTER_PARAM + drafter_act) / GIB + LOSS_CHUNK_GIB,
+        drafter_gib: (drafter_params * (DRAFTER_PARAM + moment_bytes) + drafter_act) / GIB
+            + LOSS_CHUNK_GIB,
         shared_gib: shared / GIB,
     }
 }

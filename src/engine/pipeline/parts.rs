@@ -199,7 +199,7 @@ pub(super) fn drafter_replicas(
     let mut drafters = Vec::new();
     for (vs, model, dev) in built {
         let params: Vec<_> = vs.variables().into_iter().collect();
-        let mut optimizer = AdamW::for_drafter(params);
+        let mut optimizer = AdamW::for_drafter(params, cfg.optimizer_states);
         if let (Some(dir), Some(state)) = (&cfg.resume, &cfg.resume_state) {
             optimizer.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
             optimizer.step = state.step as i64;

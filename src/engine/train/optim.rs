@@ -1,8 +1,9 @@
 //! AdamW over fp32 master weights and gradient clipping — written out so that the optimizer
 //! state can be saved beside the checkpoint and resumed (the learning-rate schedule is in
-//! schedule.rs).
+//! schedule.rs; the moments' precision in moments.rs).
 
 use anyhow::Result;
+use moments::{noise_key, round_stochastic, MomentPrecision};
 use tch::{Kind, Tensor};
 
 /// Whether the AdamW kernel for bf16 weights ran in this process (libtorch's fused kernel over
@@ -57,8 +58,10 @@ pub struct AdamW {
     flat: Tensor,
     /// The bf16 weights the parameters are views into, where they are not views of `flat`.
     working: Option<Tensor>,
+    /// The moments, f32 or bf16 (`moments`).
     m: Tensor,
     v: Tensor,
+    moments: MomentPrecision,
     /// The gradients gathered by `clip_grad_norm`, used by `step`.
     flat_grad: Option<Tensor>,
     /// Where the parameters' `.grad` live once `keep_grads_flat` ran (a view each).
@@ -77,10 +80,16 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// Over `params` (name, tensor), sorted by name so that the state file is stable. The
-    /// parameters are moved into one buffer: every handle to them (the VarStore, the modules)
-    /// sees the same storage afterwards.
-    pub fn new(mut params: Vec<(String, Tensor)>) -> AdamW {
+    /// Over `params` (name, tensor), sorted by name so that the state file is stable, with f32
+    /// moments. The parameters are moved into one buffer: every handle to them (the VarStore,
+    /// the modules) sees the same storage afterwards.
+    pub fn new(params: Vec<(String, Tensor)>) -> AdamW {
+        AdamW::new_in(params, MomentPrecision::F32)
+    }
+
+    /// `new` with the moments made in `moments` at once (at qwen3-32b's drafter, f32 moments
+    /// made first and narrowed after would hold 20 GB more while the drafter is built).
+    pub fn new_in(mut params: Vec<(String, Tensor)>, moments: MomentPrecision) -> AdamW {
         params.sort_by(|a, b| a.0.cmp(&b.0));
         let device = params
             .first()
@@ -104,8 +113,9 @@ impl AdamW {
         AdamW {
             params,
             spans,
-            m: flat.zeros_like(),
-            v: flat.zeros_like(),
+            m: Tensor::zeros([total], (moments.kind(), device)),
+            v: Tensor::zeros([total], (moments.kind(), device)),
+            moments,
             flat,
             working: None,
             flat_grad: None,
@@ -124,11 +134,12 @@ impl AdamW {
         }
     }
 
-    /// `new`, and for a drafter on a GPU (unless `--disable bf16-weights`) the parameters made
-    /// views of one flat bf16 buffer beside the f32 masters: the drafter computes in bf16 there,
-    /// so its forward reads them with no cast, and backward leaves bf16 gradients.
-    pub fn for_drafter(params: Vec<(String, Tensor)>) -> AdamW {
-        let opt = AdamW::new(params);
+    /// `new` with the moments in `moments`, and for a drafter on a GPU (unless `--disable
+    /// bf16-weights`) the parameters made views of one flat bf16 buffer beside the f32 masters:
+    /// the drafter computes in bf16 there, so its forward reads them with no cast, and backward
+    /// leaves bf16 gradients.
+    pub fn for_drafter(params: Vec<(String, Tensor)>, moments: MomentPrecision) -> AdamW {
+        let opt = AdamW::new_in(params, moments);
         let on = crate::engine::gpu::fast_paths::on(
             crate::engine::gpu::fast_paths::FastPath::Bf16Weights,
         );
@@ -137,6 +148,19 @@ impl AdamW {
         } else {
             opt
         }
+    }
+
+    /// The moments kept in `moments` (their values rounded to nearest where they change kind).
+    pub fn with_moments(mut self, moments: MomentPrecision) -> AdamW {
+        self.m = self.m.to_kind(moments.kind());
+        self.v = self.v.to_kind(moments.kind());
+        self.moments = moments;
+        self
+    }
+
+    /// How the moments are kept.
+    pub fn moment_precision(&self) -> MomentPrecision {
+        self.moments
     }
 
     /// The parameters made views of one flat bf16 buffer, the masters rounded (on any device:
@@ -329,14 +353,19 @@ impl AdamW {
             let _ = g.masked_fill_(&ok.logical_not(), 0.0);
             ok.to_kind(Kind::Float)
         });
+        // The moments in f32: themselves, or bf16 ones widened (rounded back below).
+        let (mut m, mut v) = match self.moments {
+            MomentPrecision::F32 => (self.m.shallow_clone(), self.v.shallow_clone()),
+            MomentPrecision::Bf16 => (self.m.to_kind(Kind::Float), self.v.to_kind(Kind::Float)),
+        };
         match &gate {
             Some(k) => {
-                let _ = self.m.lerp_tensor_(&g, &(k * (1.0 - self.beta1)));
-                let _ = self.v.lerp_tensor_(&(&g * &g), &(k * (1.0 - self.beta2)));
+                let _ = m.lerp_tensor_(&g, &(k * (1.0 - self.beta1)));
+                let _ = v.lerp_tensor_(&(&g * &g), &(k * (1.0 - self.beta2)));
             }
             None => {
-                let _ = self.m.lerp_(&g, 1.0 - self.beta1);
-                let _ = self.v.lerp_(&(&g * &g), 1.0 - self.beta2);
+                let _ = m.lerp_(&g, 1.0 - self.beta1);
+                let _ = v.lerp_(&(&g * &g), 1.0 - self.beta2);
             }
         }
         if self.weight_decay > 0.0 {
@@ -350,12 +379,17 @@ impl AdamW {
                 }
             }
         }
-        let denom = (self.v.sqrt() / bc2.sqrt()) + self.eps;
-        let delta = &self.m / denom * (lr / bc1);
+        let denom = (v.sqrt() / bc2.sqrt()) + self.eps;
+        let delta = &m / denom * (lr / bc1);
         let _ = match &gate {
             Some(k) => self.flat.g_sub_(&(delta * k)),
             None => self.flat.g_sub_(&delta),
         };
+        if self.moments == MomentPrecision::Bf16 {
+            // A gated-off step's moments are bf16 values already: they round to themselves.
+            self.m.copy_(&round_stochastic(&m, noise_key(self.step, 0)));
+            self.v.copy_(&round_stochastic(&v, noise_key(self.step, 1)));
+        }
         self.refresh_working();
         self.zero_grads();
     }
@@ -372,7 +406,10 @@ impl AdamW {
         ok: Option<&Tensor>,
         divisor: Option<&Tensor>,
     ) -> bool {
-        if !self.fused_step {
+        // libtorch's fused kernel keeps f32 moments; bf16 ones step in our kernel over bf16
+        // weights, else in the plain path.
+        let bf16_moments = self.moments == MomentPrecision::Bf16;
+        if !self.fused_step || (bf16_moments && self.working.is_none()) {
             return false;
         }
         let found_inf = ok.map(|ok| ok.logical_not().to_kind(Kind::Float));
@@ -399,8 +436,8 @@ impl AdamW {
 
     /// The fused step over bf16 working weights: our kernel (bf16 gradients in, the masters,
     /// moments and working weights out, one pass), or where it cannot run libtorch's fused
-    /// kernel over the gradients widened to f32 and the working weights rounded after; false
-    /// where neither ran (the plain path runs).
+    /// kernel over the gradients widened to f32 and the working weights rounded after (f32
+    /// moments only); false where neither ran (the plain path runs).
     fn step_bf16(
         &self,
         work: &Tensor,
@@ -424,10 +461,14 @@ impl AdamW {
                 Err(e) => BF16_KERNEL.failed(&e),
             }
         }
+        if self.moments == MomentPrecision::Bf16 {
+            return false;
+        }
         widened_adamw(weights, moments, work, at, divisor, found_inf)
     }
 }
 
+pub mod moments;
 mod state_file;
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! What the optimizer's flat path asks of the shim: a parameter's gradient kept as a view of one
 //! flat buffer (`set_grad`), AdamW over the flat parameters in libtorch's fused CUDA kernel
 //! (`fused_adamw`), and AdamW over f32 masters with bf16 gradients and weights in one kernel of
-//! our own (`adamw_bf16`, src/engine/cxx/optimizer_kernels.cpp).
+//! our own (`adamw_bf16`, src/engine/cxx/optimizer_kernels.cpp; its moments f32 or bf16).
 
 use super::{check, ffi};
 use anyhow::Result;
@@ -71,10 +71,12 @@ pub fn fused_adamw(
     )
 }
 
-/// One AdamW step over f32 masters whose weights the model reads in bf16: `master`, `m` and `v`
-/// f32; `grad` and `work` bf16, all of one length, contiguous, on one GPU. `work` receives the
-/// updated masters rounded to bf16. The arithmetic is `fused_adamw`'s, the bias corrections
-/// from `step` (the step count after this step); `grad_scale` and `found_inf` as there.
+/// One AdamW step over f32 masters whose weights the model reads in bf16: `master` f32; `m` and
+/// `v` both f32, or both bf16 (rounded stochastically, keyed by `step`:
+/// src/engine/train/optim/moments.rs); `grad` and `work` bf16, all of one length, contiguous, on
+/// one GPU. `work` receives the updated masters rounded to bf16. The arithmetic is
+/// `fused_adamw`'s, the bias corrections from `step` (the step count after this step);
+/// `grad_scale` and `found_inf` as there.
 pub fn adamw_bf16(
     (master, grad): (&Tensor, &Tensor),
     (m, v): (&Tensor, &Tensor),
@@ -91,6 +93,7 @@ pub fn adamw_bf16(
         h.eps,
         1.0 - h.beta1.powf(step),
         (1.0 - h.beta2.powf(step)).sqrt(),
+        step,
     ];
     let p = |t: &Tensor| t.as_ptr() as *mut c_void;
     let opt = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), p);

@@ -90,6 +90,7 @@ impl Worker<'_> {
             steps_per_batch: Some(job.steps_per_batch),
             // None before the batch's first step: the batch is simply to come.
             batch_steps_done: (partway && taken > 0).then_some(taken),
+            optimizer_states: Some(job.step.optimizer.moment_precision().name().into()),
         };
         let (spec, optimizer) = (&job.step.spec, &job.step.optimizer);
         checkpoint::save(&path, spec, &job.vs, optimizer, &state)?;

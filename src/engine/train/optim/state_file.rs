@@ -1,5 +1,6 @@
-//! The optimizer's state file beside a checkpoint: the f32 master weights, both moments and the
-//! step, as safetensors; a resumed run continues from it exactly.
+//! The optimizer's state file beside a checkpoint: the f32 master weights, both moments (f32, or
+//! bf16 with `--optimizer-states bf16`) and the step, as safetensors; a resumed run continues
+//! from it exactly (moments of the other kind load widened or rounded to nearest).
 
 use super::AdamW;
 use anyhow::{Context, Result};

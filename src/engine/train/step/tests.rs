@@ -246,7 +246,7 @@ fn marked_steps(
     let (vs, model, device) = build_drafters(&cfg, &[dev]).unwrap().remove(0);
     let mut step = DrafterStep {
         model,
-        optimizer: AdamW::for_drafter(vs.variables().into_iter().collect()),
+        optimizer: AdamW::for_drafter(vs.variables().into_iter().collect(), Default::default()),
         spec: cfg.drafter_spec.clone(),
         embed: frozen_on(&target.embed_tokens, device),
         lm_head: frozen_on(&target.lm_head, device),
