@@ -86,7 +86,8 @@ def settings(s, trainer, args):
     key = "ours" if trainer == "dflash-top" else "sf"
     primary = dict(s[key])
     if key == "ours":
-        for name in ("seq_len", "anchors", "budget", "steps_per_batch", "lr", "target_precision"):
+        for name in ("seq_len", "anchors", "budget", "steps_per_batch", "lr", "target_precision",
+                     "optimizer_states"):
             if getattr(args, f"ours_{name}") is not None:
                 primary[name] = getattr(args, f"ours_{name}")
     out = [("primary", primary)]
@@ -164,6 +165,8 @@ def parse_args():
     ap.add_argument("--ours-target-precision", choices=["bf16", "fp8"],
                     help="dflash-top's --target-precision (left out: its default, bf16); the "
                     "drafter is measured against the bf16 target either way")
+    ap.add_argument("--ours-optimizer-states", choices=["f32", "bf16"],
+                    help="dflash-top's --optimizer-states (left out: its default, f32)")
     ap.add_argument("--ours-only", action="store_true",
                     help="dflash-top's equal-tokens runs only (no SpecForge, wall or sweep rows): "
                     "two of its settings compared across tables by quality_pair.py")

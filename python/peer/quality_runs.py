@@ -169,6 +169,8 @@ def run_ours(ctx, name, setting, seed, tokens, points=1):
     ]  # fmt: skip
     if setting.get("target_precision"):
         cmd += ["--target-precision", setting["target_precision"]]
+    if setting.get("optimizer_states"):
+        cmd += ["--optimizer-states", setting["optimizer_states"]]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     process_s = time.perf_counter() - t0
