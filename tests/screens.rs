@@ -586,6 +586,7 @@ fn a_finished_run_says_so_and_stays_at_its_last_window() {
         save_dir: None,
         recording: Some("runs/tiny.rec".into()),
         steps: None,
+        model: Some("qwen3-32b · target fp8 · moments bf16".into()),
     };
     app.finished = true;
     app.end_run();
@@ -617,6 +618,11 @@ fn a_finished_run_says_so_and_stays_at_its_last_window() {
     assert!(before.contains("1000 (step 200 → 1200)"), "{before}");
     assert!(before.contains("runs/tiny.rec"), "{before}");
     assert!(before.contains("none (no --save-dir)"), "{before}");
+    let second = before.lines().nth(1).unwrap();
+    assert!(
+        second.ends_with("qwen3-32b · target fp8 · moments bf16"),
+        "what trains, on the header's second line: {second}"
+    );
     insta::assert_snapshot!("finished_1_overview_160x45", before);
     insta::assert_snapshot!(
         "finished_1_overview_80x24",

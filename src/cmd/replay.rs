@@ -13,7 +13,14 @@ use std::process::ExitCode;
 pub fn run(file: &std::path::Path) -> Result<ExitCode> {
     use crate::tui::{terminal, PlayerControls};
     use crate::wire::replay::{Player, Source};
-    let source = Source::new(recording::read(file)?)?;
+    let msgs = recording::read(file)?;
+    let model = match &msgs {
+        recording::Recording::Frames(frames) => {
+            recording::config_line(frames).and_then(crate::summary::model_of_config_line)
+        }
+        _ => None,
+    };
+    let source = Source::new(msgs)?;
     terminal::install_panic_hook();
     let player = Player::start(source)?;
     let ctl = PlayerControls { player: &player };
@@ -25,6 +32,7 @@ pub fn run(file: &std::path::Path) -> Result<ExitCode> {
     };
     let info = RunInfo {
         recording: Some(file.to_path_buf()),
+        model,
         ..RunInfo::default()
     };
     let shown = run_front_end(&ctl, &player.snapshots, &finished, info.clone());

@@ -115,7 +115,8 @@ fn train_line(c: &Ctx, width: u16) -> Line<'static> {
     Line::from(line1)
 }
 
-/// The second line: the profiling, GPU-timing and run badges, the verdict, the warnings' count.
+/// The second line: the profiling, GPU-timing and run badges, the verdict, the warnings' count and
+/// what trains (the target, the precisions off their defaults).
 fn status_line(c: &Ctx) -> Line<'static> {
     let s = c.snap;
     let t = c.theme;
@@ -149,6 +150,9 @@ fn status_line(c: &Ctx) -> Line<'static> {
     let (verdict, verdict_style) = verdict_text(c);
     line2.push(Span::styled(verdict, verdict_style));
     line2.extend(super::warnings::count_span(c));
+    if let Some(model) = &c.app.run_info.model {
+        line2.push(Span::styled(format!("  {model}"), t.dim()));
+    }
     Line::from(line2)
 }
 
