@@ -43,7 +43,7 @@ pub fn follow(snapshots: &Receiver<Arc<Snapshot>>, gates: &mut [Gate], how: &Fol
     {
         if let Ok(s) = snapshots.recv_timeout(Duration::from_millis(50)) {
             if Instant::now() >= next {
-                println!("{}", with_rank(interval_line(&s), how.job));
+                crate::signals::print_line(&with_rank(interval_line(&s), how.job));
                 next += how.interval;
             }
             print_dumps(how.flight);
@@ -55,7 +55,7 @@ pub fn follow(snapshots: &Receiver<Arc<Snapshot>>, gates: &mut [Gate], how: &Fol
         }
     }
     if let Some(why) = &tripped {
-        println!("{why}");
+        crate::signals::print_line(why);
         dump_now(how.flight, why);
     }
     Followed { last, tripped }
@@ -64,14 +64,14 @@ pub fn follow(snapshots: &Receiver<Arc<Snapshot>>, gates: &mut [Gate], how: &Fol
 /// Prints the flight recorder's new dumps, one `flight:` line each.
 fn print_dumps(flight: Option<&FlightRecorder>) {
     for d in flight.map(FlightRecorder::take_new).unwrap_or_default() {
-        println!("{}", d.line());
+        crate::signals::print_line(&d.line());
     }
 }
 
 /// A dump because a `--fail-if` gate held (unless one was written in the last minute).
 fn dump_now(flight: Option<&FlightRecorder>, why: &str) {
     match flight.and_then(|f| f.dump_now(why)) {
-        Some(Ok(d)) => println!("{}", d.line()),
+        Some(Ok(d)) => crate::signals::print_line(&d.line()),
         Some(Err(e)) => eprintln!("dflash-top: {e:#}"),
         None => {}
     }

@@ -3,6 +3,10 @@
 //! pipeline stops, saves the last good step when --save-dir is set, the terminal is restored.
 //! A second signal (250 ms or more after the first) exits at once, with the terminal restored.
 //!
+//! A reader that goes away (`train --headless | head`) is a first signal too: Rust ignores
+//! SIGPIPE, so a line written to a closed pipe fails instead, and `print_line` asks for the
+//! graceful stop then (println! would panic there) and prints nothing more.
+//!
 //! Exiting at once must not leave a checkpoint half written: the exit removes what is held as
 //! scratch (src/scratch.rs). Nor a terminal in raw mode: the screen registers its restore as the
 //! exit hook (`on_forced_exit`), so that nothing here knows the screen.
@@ -71,4 +75,24 @@ pub fn exit_now(code: i32, message: &str) -> ! {
 /// Whether a stop was asked for by a signal.
 pub fn requested() -> bool {
     SIGNALS.load(Ordering::SeqCst) > 0
+}
+
+/// Set once stdout's reader is gone.
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes `line` and a newline to stdout. Where the reader is gone (a closed pipe) it asks for
+/// the graceful stop, as a first signal does, and from then on writes nothing.
+pub fn print_line(line: &str) {
+    use std::io::Write;
+    if STDOUT_GONE.load(Ordering::SeqCst) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    let written = writeln!(out, "{line}").and_then(|()| out.flush());
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            STDOUT_GONE.store(true, Ordering::SeqCst);
+            SIGNALS.fetch_max(1, Ordering::SeqCst);
+        }
+    }
 }

@@ -118,6 +118,29 @@ fn a_signal_stops_a_headless_run_and_saves_the_last_step() {
     }
 }
 
+/// `train --headless | head`: once the reader of its lines is gone, the run stops as after a
+/// signal (no panic on the closed pipe), saving its last step.
+#[test]
+fn a_headless_run_whose_reader_leaves_stops_and_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["train", "--headless", "--interval", "0.1"];
+    let mut child = spawn_saving_in(&args, dir.path());
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("step=") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "no interval line");
+    }
+    drop(out);
+    let status = wait_exit(&mut child);
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+    assert_eq!(step_dirs(dir.path()).len(), 1, "the last step saved: {err}");
+}
+
 /// Stopped by a signal at any step of a run of 3 steps a batch, the last save says how many of
 /// its batch's steps were taken (none said at a batch's end), and the run resumes from it.
 #[test]

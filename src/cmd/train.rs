@@ -16,18 +16,18 @@ pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
     let job = cfg.pipeline.job.as_ref();
     // In a job, which rank this is (the recipe before it is what every rank agrees on).
     let rank_fields = job.map(|t| t.config_fields(cfg.pipeline.drafter_devices.len()));
-    println!(
+    crate::signals::print_line(&format!(
         "{}{}",
         cfg.pipeline.recipe_line(),
         rank_fields.unwrap_or_default()
-    );
+    ));
     let session = Session::start(&cfg)?;
     if let Some(s) = &session.server {
-        println!(
+        crate::signals::print_line(&format!(
             "attach: dflash-top attach {} (socket {})",
             std::process::id(),
             s.path.display()
-        );
+        ));
     }
     let snapshots = session.telemetry.subscribe();
     let start_step = session.pipeline.start_step;
@@ -52,9 +52,9 @@ pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
     if let Some(s) = last {
         let mut summary = Summary::of(&s, &run_info(&cfg, start_step));
         summary.job = link.as_deref().map(|l| job_part(l, &summary));
-        println!("{}", summary.line());
+        crate::signals::print_line(&summary.line());
     }
-    println!("data: {}", counts.line());
+    crate::signals::print_line(&format!("data: {}", counts.line()));
     if tripped.is_some() {
         return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
     }
@@ -100,7 +100,7 @@ pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
     finish?;
     // The run's summary, after the last save (a run stopped by `q` saves on the way out).
     if let Some(s) = last {
-        println!("{}", Summary::of(&s, &info).line());
+        crate::signals::print_line(&Summary::of(&s, &info).line());
     }
     Ok(signal_exit())
 }
