@@ -1,6 +1,7 @@
 //! Panics that a caller reports itself, kept quiet: while `Quiet` is held on a thread, the panic
-//! hook it chains prints nothing for that thread's panics and keeps where each happened, and the
-//! TUI's hook leaves them alone (src/engine/pipeline/caught.rs turns them into errors).
+//! hook it chains prints nothing for that thread's panics and keeps where each happened (and its
+//! backtrace, where RUST_BACKTRACE asks for one), and the TUI's hook leaves them alone
+//! (src/engine/pipeline/caught.rs and the pipeline's crew turn them into errors).
 
 use std::cell::{Cell, RefCell};
 use std::sync::Once;
@@ -52,9 +53,15 @@ fn install_hook() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             if here() {
+                // With RUST_BACKTRACE set, the backtrace the hook would have printed follows.
+                let trace = std::backtrace::Backtrace::capture();
+                let trace = match trace.status() {
+                    std::backtrace::BacktraceStatus::Captured => format!("\n{trace}"),
+                    _ => String::new(),
+                };
                 let place = info
                     .location()
-                    .map(|l| format!("{}:{}", l.file(), l.line()));
+                    .map(|l| format!("{}:{}{trace}", l.file(), l.line()));
                 WHERE.with(|w| *w.borrow_mut() = place);
             } else {
                 previous(info);

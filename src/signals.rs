@@ -80,19 +80,34 @@ pub fn requested() -> bool {
 /// Set once stdout's reader is gone.
 static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Writes `line` and a newline to stdout. Where the reader is gone (a closed pipe) it asks for
-/// the graceful stop, as a first signal does, and from then on writes nothing.
+/// Writes `line` and a newline to stdout while the run goes on. Where the reader is gone (a
+/// closed pipe) it asks for the graceful stop, as a first signal does, and from then on writes
+/// nothing.
 pub fn print_line(line: &str) {
+    if write_line(line) {
+        SIGNALS.fetch_max(1, Ordering::SeqCst);
+    }
+}
+
+/// `print_line` for what a run prints after it ended (its summary): a reader gone then changes
+/// nothing (the run is not said to have been stopped).
+pub fn print_result_line(line: &str) {
+    write_line(line);
+}
+
+/// Writes `line` unless stdout's reader is gone; true when it just found it gone.
+fn write_line(line: &str) -> bool {
     use std::io::Write;
     if STDOUT_GONE.load(Ordering::SeqCst) {
-        return;
+        return false;
     }
     let mut out = std::io::stdout().lock();
     let written = writeln!(out, "{line}").and_then(|()| out.flush());
-    if let Err(e) = written {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
             STDOUT_GONE.store(true, Ordering::SeqCst);
-            SIGNALS.fetch_max(1, Ordering::SeqCst);
+            true
         }
+        _ => false,
     }
 }

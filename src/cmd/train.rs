@@ -52,9 +52,9 @@ pub fn headless(args: &TrainArgs) -> Result<ExitCode> {
     if let Some(s) = last {
         let mut summary = Summary::of(&s, &run_info(&cfg, start_step));
         summary.job = link.as_deref().map(|l| job_part(l, &summary));
-        crate::signals::print_line(&summary.line());
+        crate::signals::print_result_line(&summary.line());
     }
-    crate::signals::print_line(&format!("data: {}", counts.line()));
+    crate::signals::print_result_line(&format!("data: {}", counts.line()));
     if tripped.is_some() {
         return Ok(ExitCode::from(crate::fail_if::EXIT_CODE));
     }
@@ -100,7 +100,7 @@ pub fn tui(args: &TrainArgs) -> Result<ExitCode> {
     finish?;
     // The run's summary, after the last save (a run stopped by `q` saves on the way out).
     if let Some(s) = last {
-        crate::signals::print_line(&Summary::of(&s, &info).line());
+        crate::signals::print_result_line(&Summary::of(&s, &info).line());
     }
     Ok(signal_exit())
 }

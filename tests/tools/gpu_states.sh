@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bf16 AdamW moments (`--optimizer-states bf16`) on one GPU host (docs/performance.md, "bf16
 # optimizer states"): the GPU tests of the AdamW kernels, `bench engine` with f32 and bf16
-# moments taking turns (A B B A) at PRESET, then the large preset through python/peer/compare.py
-# with bf16 moments and with f32 ones (which may not fit: then that is the figure), in one call.
+# moments taking turns (A B B A) at PRESET, then `bench engine` at the large preset with bf16
+# moments and with f32 ones (which may not fit: then that is the figure), in one call.
 #
 #   bash tests/tools/gpu_states.sh BIN LIBTESTS OUT [PRESET] [LARGE] [LARGE_ARGS]
 #
@@ -25,10 +25,11 @@ for s in f32 bf16 bf16 f32; do
     grep -E "^(bench|config):|error|memory" | tee -a "$OUT/abba.txt"
 done
 for s in bf16 f32; do
-  echo "== $LARGE $LARGE_ARGS optimizer_states $s"
-  timeout "${LARGE_LIMIT:-200}" python3 python/peer/compare.py --bin "$BIN" \
-    --configs "$LARGE:1" --peers none --ours-args "$LARGE_ARGS --optimizer-states $s --cupti off" \
-    --json "$OUT/$LARGE-$s.json" > "$OUT/$LARGE-$s.log" 2>&1
-  echo "exit $?"
-  tail -n 6 "$OUT/$LARGE-$s.log"
+  echo "== $LARGE $LARGE_ARGS optimizer_states $s" | tee -a "$OUT/$LARGE.txt"
+  # shellcheck disable=SC2086
+  timeout "${LARGE_LIMIT:-200}" "$BIN" bench engine --preset "$LARGE" --batch 1 $LARGE_ARGS \
+    --optimizer-states "$s" --steps 40 --cupti off --target-devices cuda:0 \
+    --drafter-devices cuda:0 > "$OUT/$LARGE-$s.txt" 2>&1
+  echo "exit $?" | tee -a "$OUT/$LARGE.txt"
+  grep -E "^(bench|summary):|out of memory" "$OUT/$LARGE-$s.txt" | cut -c1-600 | tee -a "$OUT/$LARGE.txt"
 done

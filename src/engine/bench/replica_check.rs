@@ -260,7 +260,7 @@ pub(crate) fn bench_step(
 ) -> DrafterStep {
     DrafterStep {
         model,
-        optimizer: AdamW::for_drafter(vs.variables().into_iter().collect(), Default::default()),
+        optimizer: AdamW::for_drafter(vs.variables().into_iter().collect(), cfg.optimizer_states),
         spec: cfg.drafter_spec.clone(),
         embed: frozen_on(frozen.0, dev),
         lm_head: frozen_on(frozen.1, dev),

@@ -2,9 +2,9 @@
 //! set `PYTORCH_CUDA_ALLOC_CONF` (or `PYTORCH_ALLOC_CONF`) themselves. With fixed segments a
 //! run near a card's size fails on blocks freed but too fragmented to reuse: qwen3-32b with an
 //! FP8 target and bf16 moments on one 80 GB H100 ran out with 74.0 GiB allocated and 3.9 GiB
-//! reserved unused; with expandable segments it trained at a peak of 75.0 GiB
-//! (docs/performance.md). libtorch reads the variable when CUDA is first used, so this runs
-//! before anything else (src/main.rs).
+//! reserved unused; the same build with expandable segments trained at a peak of 75.0 GiB
+//! (docs/performance.md, docs/runs/qwen3-32b-fp8-bf16-states-h100.txt). libtorch reads the
+//! variable when CUDA is first used, so this runs before anything else (src/main.rs).
 
 /// The variable libtorch's CUDA allocator reads, and the value set where the user set none.
 pub const VAR: &str = "PYTORCH_CUDA_ALLOC_CONF";
@@ -28,7 +28,7 @@ pub fn install_default() {
     }
 }
 
-/// What the allocator runs with, for `bench` and `doctor`: the variable's value, or "default".
+/// What the allocator runs with, for `bench engine`'s line: the variable's value, or "default".
 pub fn describe() -> String {
     std::env::var(VAR)
         .or_else(|_| std::env::var("PYTORCH_ALLOC_CONF"))

@@ -45,6 +45,18 @@ fn widened_adamw(
     true
 }
 
+/// What the plain step's spans share: the learning rate, the bias corrections and the gate
+/// (1.0 or 0.0 on the device, where the step is gated).
+struct PlainStep<'a> {
+    lr: f64,
+    bc1: f64,
+    bc2: f64,
+    gate: Option<&'a Tensor>,
+}
+
+/// Elements a span of the plain step with bf16 moments (64 MiB of f32 each moment).
+const SPAN_ELEMENTS: i64 = 1 << 24;
+
 /// AdamW whose parameters live in one flat f32 buffer (each parameter a view into it), so that
 /// clipping and the update are a handful of whole-buffer kernels instead of a few per tensor.
 /// For a drafter on a GPU (`for_drafter`) the parameters are instead views of a flat bf16
@@ -62,6 +74,8 @@ pub struct AdamW {
     m: Tensor,
     v: Tensor,
     moments: MomentPrecision,
+    /// Elements a span of the plain step with bf16 moments (`SPAN_ELEMENTS`; tests take less).
+    span_elements: i64,
     /// The gradients gathered by `clip_grad_norm`, used by `step`.
     flat_grad: Option<Tensor>,
     /// Where the parameters' `.grad` live once `keep_grads_flat` ran (a view each).
@@ -116,6 +130,7 @@ impl AdamW {
             m: Tensor::zeros([total], (moments.kind(), device)),
             v: Tensor::zeros([total], (moments.kind(), device)),
             moments,
+            span_elements: SPAN_ELEMENTS,
             flat,
             working: None,
             flat_grad: None,
@@ -235,6 +250,11 @@ impl AdamW {
         Ok(buffer)
     }
 
+    /// Whether the gradients live in one flat buffer (`keep_grads_flat` ran).
+    pub fn grads_are_flat(&self) -> bool {
+        self.grad_buffer.is_some()
+    }
+
     /// The parameters (sorted by name) and each one's (offset, numel) in the flat buffers.
     pub fn layout(&self) -> impl Iterator<Item = (&str, &Tensor, (i64, i64))> {
         self.params
@@ -346,52 +366,82 @@ impl AdamW {
         if let Some(d) = &divisor {
             let _ = g.g_div_(d);
         }
-        let bc1 = 1.0 - self.beta1.powf(t);
-        let bc2 = 1.0 - self.beta2.powf(t);
         // 1.0 or 0.0 on the device: scales every change of this step.
         let gate = ok.map(|ok| {
             let _ = g.masked_fill_(&ok.logical_not(), 0.0);
             ok.to_kind(Kind::Float)
         });
-        // The moments in f32: themselves, or bf16 ones widened (rounded back below).
-        let (mut m, mut v) = match self.moments {
-            MomentPrecision::F32 => (self.m.shallow_clone(), self.v.shallow_clone()),
-            MomentPrecision::Bf16 => (self.m.to_kind(Kind::Float), self.v.to_kind(Kind::Float)),
+        let at = PlainStep {
+            lr,
+            bc1: 1.0 - self.beta1.powf(t),
+            bc2: 1.0 - self.beta2.powf(t),
+            gate: gate.as_ref(),
         };
-        match &gate {
-            Some(k) => {
-                let _ = m.lerp_tensor_(&g, &(k * (1.0 - self.beta1)));
-                let _ = v.lerp_tensor_(&(&g * &g), &(k * (1.0 - self.beta2)));
+        match self.moments {
+            MomentPrecision::F32 => {
+                let (mut m, mut v) = (self.m.shallow_clone(), self.v.shallow_clone());
+                self.plain_span(&mut self.flat.shallow_clone(), &g, (&mut m, &mut v), &at);
             }
-            None => {
-                let _ = m.lerp_(&g, 1.0 - self.beta1);
-                let _ = v.lerp_(&(&g * &g), 1.0 - self.beta2);
-            }
-        }
-        if self.weight_decay > 0.0 {
-            let decay = lr * self.weight_decay;
-            match &gate {
-                Some(k) => {
-                    let _ = self.flat.g_mul_(&(k * -decay + 1.0));
+            // Widened, stepped and rounded back a span at a time: the rounding's integer
+            // temporaries over the whole buffer would take tens of bytes a parameter.
+            MomentPrecision::Bf16 => {
+                let total = self.flat.numel() as i64;
+                for off in (0..total).step_by(self.span_elements as usize) {
+                    let n = self.span_elements.min(total - off);
+                    let part = |t: &Tensor| t.narrow(0, off, n);
+                    let (mut m, mut v) = (
+                        part(&self.m).to_kind(Kind::Float),
+                        part(&self.v).to_kind(Kind::Float),
+                    );
+                    let mut flat = part(&self.flat);
+                    self.plain_span(&mut flat, &part(&g), (&mut m, &mut v), &at);
+                    // A gated-off step's moments are bf16 values already: they round to
+                    // themselves.
+                    part(&self.m).copy_(&round_stochastic(&m, noise_key(self.step, 0), off));
+                    part(&self.v).copy_(&round_stochastic(&v, noise_key(self.step, 1), off));
                 }
-                None => {
-                    let _ = self.flat.g_mul_scalar_(1.0 - decay);
-                }
             }
-        }
-        let denom = (v.sqrt() / bc2.sqrt()) + self.eps;
-        let delta = &m / denom * (lr / bc1);
-        let _ = match &gate {
-            Some(k) => self.flat.g_sub_(&(delta * k)),
-            None => self.flat.g_sub_(&delta),
-        };
-        if self.moments == MomentPrecision::Bf16 {
-            // A gated-off step's moments are bf16 values already: they round to themselves.
-            self.m.copy_(&round_stochastic(&m, noise_key(self.step, 0)));
-            self.v.copy_(&round_stochastic(&v, noise_key(self.step, 1)));
         }
         self.refresh_working();
         self.zero_grads();
+    }
+
+    /// The plain step over one span: `flat` (the masters), `g` (f32 gradients, clipped and
+    /// gated), `m` and `v` (f32) of one length, updated in place.
+    fn plain_span(
+        &self,
+        flat: &mut Tensor,
+        g: &Tensor,
+        (m, v): (&mut Tensor, &mut Tensor),
+        at: &PlainStep,
+    ) {
+        match at.gate {
+            Some(k) => {
+                let _ = m.lerp_tensor_(g, &(k * (1.0 - self.beta1)));
+                let _ = v.lerp_tensor_(&(g * g), &(k * (1.0 - self.beta2)));
+            }
+            None => {
+                let _ = m.lerp_(g, 1.0 - self.beta1);
+                let _ = v.lerp_(&(g * g), 1.0 - self.beta2);
+            }
+        }
+        if self.weight_decay > 0.0 {
+            let decay = at.lr * self.weight_decay;
+            match at.gate {
+                Some(k) => {
+                    let _ = flat.g_mul_(&(k * -decay + 1.0));
+                }
+                None => {
+                    let _ = flat.g_mul_scalar_(1.0 - decay);
+                }
+            }
+        }
+        let denom = (v.sqrt() / at.bc2.sqrt()) + self.eps;
+        let delta = &*m / denom * (at.lr / at.bc1);
+        let _ = match at.gate {
+            Some(k) => flat.g_sub_(&(delta * k)),
+            None => flat.g_sub_(&delta),
+        };
     }
 
     /// The step through libtorch's fused CUDA kernel (each element read and written once; the

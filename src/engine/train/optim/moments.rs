@@ -102,10 +102,10 @@ fn noise(offset: i64, n: i64, key: u32, device: tch::Device) -> Tensor {
     fmix32(&low.bitwise_xor_tensor(&inner))
 }
 
-/// `x` (f32, flat) rounded to bf16 stochastically: up with the probability of what rounding
-/// down drops, the noise of each element's index under `key`. Values bf16 holds exactly stay;
-/// infinities and NaN round to nearest.
-pub fn round_stochastic(x: &Tensor, key: u32) -> Tensor {
+/// `x` (f32, flat: elements `offset..` of a buffer) rounded to bf16 stochastically: up with the
+/// probability of what rounding down drops, the noise of each element's index in the buffer
+/// under `key`. Values bf16 holds exactly stay; infinities and NaN round to nearest.
+pub fn round_stochastic(x: &Tensor, key: u32, offset: i64) -> Tensor {
     let _g = tch::no_grad_guard();
     let n = x.numel() as i64;
     let bits = x
@@ -113,7 +113,7 @@ pub fn round_stochastic(x: &Tensor, key: u32) -> Tensor {
         .view_dtype(Kind::Int)
         .to_kind(Kind::Int64)
         .bitwise_and(MASK32);
-    let r = noise(0, n, key, x.device()).bitwise_and(0xffff);
+    let r = noise(offset, n, key, x.device()).bitwise_and(0xffff);
     let up = (bits + r).bitwise_and(0xffff_0000_i64);
     // Back to int32's range, then read as f32: the low half is zero, so bf16 holds it.
     let signed = (&up - (1_i64 << 32) * up.ge(1_i64 << 31).to_kind(Kind::Int64)).to_kind(Kind::Int);

@@ -33,7 +33,7 @@ fn stochastic_rounding_is_unbiased_and_keeps_what_bf16_holds() {
     let n = 1 << 16;
     for sign in [1.0, -1.0] {
         let x = Tensor::full([n], sign * (1.0 + 2f64.powi(-10)), (Kind::Float, CPU));
-        let r = round_stochastic(&x, 3).to_kind(Kind::Float);
+        let r = round_stochastic(&x, 3, 0).to_kind(Kind::Float);
         let ups = f64::try_from(r.abs().gt(1.0).to_kind(Kind::Double).mean(Kind::Double)).unwrap();
         assert!((ups - 0.125).abs() < 0.01, "rounded up {ups} of the time");
         let lows = r.abs().eq(1.0).logical_or(&r.abs().eq(1.0 + 2f64.powi(-7)));
@@ -44,13 +44,13 @@ fn stochastic_rounding_is_unbiased_and_keeps_what_bf16_holds() {
         let mean = f64::try_from(r.mean(Kind::Double)).unwrap();
         let want = sign * (1.0 + 2f64.powi(-10));
         assert!((mean - want).abs() < 2e-4, "mean {mean} against {want}");
-        assert!(r.equal(&round_stochastic(&x, 3).to_kind(Kind::Float)));
-        assert!(!r.equal(&round_stochastic(&x, 4).to_kind(Kind::Float)));
+        assert!(r.equal(&round_stochastic(&x, 3, 0).to_kind(Kind::Float)));
+        assert!(!r.equal(&round_stochastic(&x, 4, 0).to_kind(Kind::Float)));
     }
     let held = Tensor::randn([4096], (Kind::Float, CPU)).to_kind(Kind::BFloat16);
-    assert!(round_stochastic(&held.to_kind(Kind::Float), 9).equal(&held));
+    assert!(round_stochastic(&held.to_kind(Kind::Float), 9, 0).equal(&held));
     let odd = Tensor::from_slice(&[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0]);
-    let r = Vec::<f32>::try_from(round_stochastic(&odd, 1).to_kind(Kind::Float)).unwrap();
+    let r = Vec::<f32>::try_from(round_stochastic(&odd, 1, 0).to_kind(Kind::Float)).unwrap();
     assert_eq!(r[..2], [f32::INFINITY, f32::NEG_INFINITY]);
     assert!(r[2].is_nan());
     assert_eq!(r[3], 0.0);
@@ -152,6 +152,35 @@ fn bf16_moments_resume_to_the_bit_and_load_f32_states() {
     assert!(narrow.v.equal(&wide.v.to_kind(Kind::BFloat16)));
 }
 
+/// The plain step with bf16 moments goes a span at a time: spans of 7 elements step as one
+/// span of all 300 does, to the bit (each element's noise is its index in the buffer's), through
+/// weight decay, clipping and a gated-off step.
+#[test]
+fn bf16_moments_step_alike_in_spans_of_any_length() {
+    let init = Tensor::randn([300], (Kind::Float, CPU));
+    let run = |span: i64| {
+        let w = init.copy().set_requires_grad(true);
+        let mut opt =
+            AdamW::new(vec![("w".into(), w.shallow_clone())]).with_moments(MomentPrecision::Bf16);
+        opt.span_elements = span;
+        opt.weight_decay = 0.1;
+        for i in 0..6 {
+            (&w * &w * (i + 1) as f64).sum(Kind::Float).backward();
+            let _ = opt.clip_grad_norm(3.0);
+            opt.step_if(0.02, &Tensor::from(i != 2));
+        }
+        (opt.flat.copy(), opt.m.copy(), opt.v.copy())
+    };
+    let (whole, spans) = (run(1 << 24), run(7));
+    assert!(whole.0.equal(&spans.0), "the masters differ");
+    assert!(
+        whole.1.equal(&spans.1) && whole.2.equal(&spans.2),
+        "the moments differ"
+    );
+    let moved = f64::try_from((&whole.0 - &init).abs().max()).unwrap();
+    assert!(moved > 0.01, "the steps moved the masters: {moved}");
+}
+
 /// Our kernel with bf16 moments against the plain path's ops on the same GPU: the moments
 /// within two bf16 steps (the f32 values they round from may differ in their last bit) and
 /// mostly equal, the masters within float rounding but where a moment rounded apart, the
@@ -181,7 +210,7 @@ fn the_kernel_with_bf16_moments_follows_the_ops_on_cuda() {
             .to_device(dev)
             .to_kind(Kind::BFloat16);
         let ok = Tensor::from(i != 5).to_device(dev);
-        let before = kernel.flat.copy();
+        let before = (kernel.flat.copy(), kernel.m.copy(), kernel.v.copy());
         for opt in [&mut kernel, &mut ops] {
             (&opt.params[0].1 * &c).sum(Kind::Float).backward();
             let _ = opt.clip_grad_norm(20.0);
@@ -190,9 +219,10 @@ fn the_kernel_with_bf16_moments_follows_the_ops_on_cuda() {
         assert_eq!(super::super::bf16_kernel_state(), "kernel");
         if i == 5 {
             assert!(
-                kernel.flat.equal(&before),
+                kernel.flat.equal(&before.0),
                 "a gated-off step moved the masters"
             );
+            assert!(kernel.m.equal(&before.1) && kernel.v.equal(&before.2));
         }
         // A moment rounded a bf16 step apart moves its master by up to 1% of a step (0.01 at
         // this lr): the masters agree to float rounding but where that happened.
