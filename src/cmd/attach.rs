@@ -259,5 +259,14 @@ fn tui(session: &Watched, deadline: Option<Instant>, label: String) -> Result<()
                 run_ended: false,
             })
     };
-    crate::cmd::session::run_front_end(&ctl, &snapshots, &finished, Default::default()).map(|_| ())
+    // What trains, from the watched run's config line (a Python pipeline's hello has none).
+    let config = match session {
+        Watched::One(s) => s.hello.config.as_deref(),
+        Watched::Many(m) => m.sessions.first().and_then(|s| s.hello.config.as_deref()),
+    };
+    let info = crate::summary::RunInfo {
+        model: config.and_then(crate::summary::model_of_config_line),
+        ..Default::default()
+    };
+    crate::cmd::session::run_front_end(&ctl, &snapshots, &finished, info).map(|_| ())
 }
