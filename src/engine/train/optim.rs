@@ -1,61 +1,13 @@
 //! AdamW over fp32 master weights and gradient clipping — written out so that the optimizer
 //! state can be saved beside the checkpoint and resumed (the learning-rate schedule is in
-//! schedule.rs; the moments' precision in moments.rs).
+//! schedule.rs). Its rooms: the moments' precision (moments.rs), the step in fused kernels
+//! (fused.rs) or in ops (plain.rs), the state file (state_file.rs).
 
 use anyhow::Result;
+pub use fused::bf16_kernel_state;
 use moments::{noise_key, round_stochastic, MomentPrecision};
+use plain::{PlainStep, SPAN_ELEMENTS};
 use tch::{Kind, Tensor};
-
-/// Whether the AdamW kernel for bf16 weights ran in this process (libtorch's fused kernel over
-/// widened gradients from the first failure on).
-static BF16_KERNEL: crate::engine::gpu::fast_paths::PathState =
-    crate::engine::gpu::fast_paths::PathState::untried();
-
-/// "kernel" once the AdamW kernel for bf16 weights ran, "ops (failed: ...)" after it failed,
-/// else "ops" (no drafter with bf16 weights stepped on a GPU).
-pub fn bf16_kernel_state() -> String {
-    BF16_KERNEL.describe("kernel", "ops")
-}
-
-/// What stands in for the AdamW kernel for bf16 weights where it cannot run: libtorch's fused
-/// AdamW over the gradients widened to f32, then the working weights rounded from the masters
-/// (two passes and an f32 gradient buffer more). Arguments as `cuda::adamw_bf16`'s; false where
-/// libtorch's kernel did not run either.
-fn widened_adamw(
-    (master, grad): (&Tensor, &Tensor),
-    (m, v): (&Tensor, &Tensor),
-    work: &Tensor,
-    (hyper, t): (&crate::engine::gpu::cuda::AdamWHyper, f64),
-    divisor: Option<&Tensor>,
-    found_inf: Option<&Tensor>,
-) -> bool {
-    let step = Tensor::full([], t, (Kind::Float, master.device()));
-    let grad = grad.to_kind(Kind::Float);
-    let state = crate::engine::gpu::cuda::AdamWState {
-        param: master,
-        grad: &grad,
-        m,
-        v,
-        step: &step,
-    };
-    if crate::engine::gpu::cuda::fused_adamw(&state, hyper, divisor, found_inf).is_err() {
-        return false;
-    }
-    work.shallow_clone().copy_(master);
-    true
-}
-
-/// What the plain step's spans share: the learning rate, the bias corrections and the gate
-/// (1.0 or 0.0 on the device, where the step is gated).
-struct PlainStep<'a> {
-    lr: f64,
-    bc1: f64,
-    bc2: f64,
-    gate: Option<&'a Tensor>,
-}
-
-/// Elements a span of the plain step with bf16 moments (64 MiB of f32 each moment).
-const SPAN_ELEMENTS: i64 = 1 << 24;
 
 /// AdamW whose parameters live in one flat f32 buffer (each parameter a view into it), so that
 /// clipping and the update are a handful of whole-buffer kernels instead of a few per tensor.
@@ -405,121 +357,14 @@ impl AdamW {
         self.refresh_working();
         self.zero_grads();
     }
-
-    /// The plain step over one span: `flat` (the masters), `g` (f32 gradients, clipped and
-    /// gated), `m` and `v` (f32) of one length, updated in place.
-    fn plain_span(
-        &self,
-        flat: &mut Tensor,
-        g: &Tensor,
-        (m, v): (&mut Tensor, &mut Tensor),
-        at: &PlainStep,
-    ) {
-        match at.gate {
-            Some(k) => {
-                let _ = m.lerp_tensor_(g, &(k * (1.0 - self.beta1)));
-                let _ = v.lerp_tensor_(&(g * g), &(k * (1.0 - self.beta2)));
-            }
-            None => {
-                let _ = m.lerp_(g, 1.0 - self.beta1);
-                let _ = v.lerp_(&(g * g), 1.0 - self.beta2);
-            }
-        }
-        if self.weight_decay > 0.0 {
-            let decay = at.lr * self.weight_decay;
-            match at.gate {
-                Some(k) => {
-                    let _ = flat.g_mul_(&(k * -decay + 1.0));
-                }
-                None => {
-                    let _ = flat.g_mul_scalar_(1.0 - decay);
-                }
-            }
-        }
-        let denom = (v.sqrt() / at.bc2.sqrt()) + self.eps;
-        let delta = &*m / denom * (at.lr / at.bc1);
-        let _ = match at.gate {
-            Some(k) => flat.g_sub_(&(delta * k)),
-            None => flat.g_sub_(&delta),
-        };
-    }
-
-    /// The step through libtorch's fused CUDA kernel (each element read and written once; the
-    /// gate as its `found_inf`, the clipping as its `grad_scale`, a divisor); false where it does
-    /// not run (CPU, no shim, or `--disable fused-adamw` for side-by-side measurements), and
-    /// the plain path runs.
-    fn fused(
-        &self,
-        g: &Tensor,
-        lr: f64,
-        t: f64,
-        ok: Option<&Tensor>,
-        divisor: Option<&Tensor>,
-    ) -> bool {
-        // libtorch's fused kernel keeps f32 moments; bf16 ones step in our kernel over bf16
-        // weights, else in the plain path.
-        let bf16_moments = self.moments == MomentPrecision::Bf16;
-        if !self.fused_step || (bf16_moments && self.working.is_none()) {
-            return false;
-        }
-        let found_inf = ok.map(|ok| ok.logical_not().to_kind(Kind::Float));
-        let hyper = crate::engine::gpu::cuda::AdamWHyper {
-            lr,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            weight_decay: self.weight_decay,
-            eps: self.eps,
-        };
-        if let Some(work) = &self.working {
-            return self.step_bf16(work, g, (&hyper, t), divisor, found_inf.as_ref());
-        }
-        let step = Tensor::full([], t, (Kind::Float, self.flat.device()));
-        let state = crate::engine::gpu::cuda::AdamWState {
-            param: &self.flat,
-            grad: g,
-            m: &self.m,
-            v: &self.v,
-            step: &step,
-        };
-        crate::engine::gpu::cuda::fused_adamw(&state, &hyper, divisor, found_inf.as_ref()).is_ok()
-    }
-
-    /// The fused step over bf16 working weights: our kernel (bf16 gradients in, the masters,
-    /// moments and working weights out, one pass), or where it cannot run libtorch's fused
-    /// kernel over the gradients widened to f32 and the working weights rounded after (f32
-    /// moments only); false where neither ran (the plain path runs).
-    fn step_bf16(
-        &self,
-        work: &Tensor,
-        g: &Tensor,
-        (hyper, t): (&crate::engine::gpu::cuda::AdamWHyper, f64),
-        divisor: Option<&Tensor>,
-        found_inf: Option<&Tensor>,
-    ) -> bool {
-        let (weights, moments, at) = ((&self.flat, g), (&self.m, &self.v), (hyper, t));
-        if !BF16_KERNEL.has_failed() {
-            match crate::engine::gpu::cuda::adamw_bf16(
-                weights, moments, work, at, divisor, found_inf,
-            ) {
-                Ok(()) => {
-                    // A failure elsewhere (another replica's) stays the state.
-                    if !BF16_KERNEL.has_failed() {
-                        BF16_KERNEL.ran();
-                    }
-                    return true;
-                }
-                Err(e) => BF16_KERNEL.failed(&e),
-            }
-        }
-        if self.moments == MomentPrecision::Bf16 {
-            return false;
-        }
-        widened_adamw(weights, moments, work, at, divisor, found_inf)
-    }
 }
 
+mod fused;
 pub mod moments;
+mod plain;
 mod state_file;
 
+#[cfg(test)]
+use fused::widened_adamw;
 #[cfg(test)]
 mod tests;
