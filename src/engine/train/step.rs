@@ -81,9 +81,23 @@ fn chunk_rows(vocab: i64, mib: i64) -> i64 {
 
 impl DrafterStep {
     /// Once, on the thread that runs the steps, before the first: joins the replica group (on
-    /// GPUs: replica 0's weights broadcast to all, gradients reduced during backward).
+    /// GPUs: replica 0's weights broadcast to all, gradients reduced during backward). A lone
+    /// replica on a GPU keeps its gradients in one flat buffer as well, so that the clip reads
+    /// them in place instead of gathering a copy of them each step (5 GB at qwen3-32b).
     pub fn prepare(&mut self) -> Result<()> {
-        self.replicas.prepare(&mut self.optimizer)
+        self.replicas.prepare(&mut self.optimizer)?;
+        let lone_on_gpu = !self.replicas.syncs() && self.device.is_cuda();
+        if lone_on_gpu && crate::cuda_shim::AVAILABLE && !self.optimizer.grads_are_flat() {
+            // The buffer stays the optimizer's (the parameters' `.grad` are views of it); where
+            // it cannot be made, the gradients are gathered each step as before.
+            if let Err(e) = self
+                .optimizer
+                .keep_grads_flat(crate::engine::gpu::cuda::set_grad)
+            {
+                eprintln!("dflash-top: note: gradients gathered each step ({e:#})");
+            }
+        }
+        Ok(())
     }
 
     /// One step on `hidden` (on this replica's device) and batch `b`, with `per_row` anchors (at
