@@ -63,18 +63,13 @@ impl Model {
         let preset = Preset::by_name(&preset_name)?;
         let target = args.target.clone().or(file.target.clone());
         let target_config = target_config_of(target.as_deref(), &preset)?;
-        let target_precision = match args
-            .target_precision
-            .as_deref()
-            .or(file.target_precision.as_deref())
-        {
-            Some(name) => TargetPrecision::parse(name).with_context(|| {
-                format!(
-                    "--target-precision (or the TOML's target_precision) `{name}`: use bf16 or fp8"
-                )
-            })?,
-            None => TargetPrecision::default(),
-        };
+        let given = args.target_precision.as_deref();
+        let target_precision = choice(
+            ("--target-precision", "target_precision", "bf16 or fp8"),
+            given.or(file.target_precision.as_deref()),
+            TargetPrecision::parse,
+        )?
+        .unwrap_or_default();
         // A --target run: SpecForge's recipe, a step a document (with several drafter replicas,
         // 6 steps a row: src/config.rs); a preset run: the preset's. Then TOML, then flags.
         let (base, recipe_from) = match &target {
@@ -83,35 +78,7 @@ impl Model {
         };
         let resume_state = super::resume::resume_state_of(args, file)?;
         let recipe = recipe_of(args, file, &base, resume_state.as_ref())?;
-        // As given, else as the resumed run kept them, else f32.
-        let saved_states = resume_state
-            .as_ref()
-            .and_then(|s| s.optimizer_states.clone());
-        let optimizer_states = match args
-            .optimizer_states
-            .clone()
-            .or(file.optimizer_states.clone())
-        {
-            Some(name) => MomentPrecision::parse(&name).with_context(|| {
-                format!(
-                    "--optimizer-states (or the TOML's optimizer_states) `{name}`: use f32 or bf16"
-                )
-            })?,
-            None => match saved_states {
-                Some(name) => MomentPrecision::parse(&name).with_context(|| {
-                    format!(
-                        "{}: `optimizer_states` is `{name}`, neither f32 nor bf16: the \
-                         checkpoint is damaged; give --optimizer-states",
-                        args.resume
-                            .as_deref()
-                            .unwrap_or(Path::new("--resume"))
-                            .join("trainer_state.json")
-                            .display()
-                    )
-                })?,
-                None => MomentPrecision::default(),
-            },
-        };
+        let optimizer_states = optimizer_states_of(args, file, resume_state.as_ref())?;
         if recipe.steps_per_batch < 1 && recipe.steps_per_batch != STEP_PER_DOC {
             anyhow::bail!(
                 "--steps-per-batch {}: give 1 or more optimizer steps a batch, or `doc`",
@@ -151,6 +118,53 @@ impl Model {
             mask_from,
         })
     }
+}
+
+/// A named choice given by a flag or a TOML key (`names`: the flag, the key, the values
+/// allowed), parsed; a value of none is one sentence naming both and the values.
+fn choice<T>(
+    (flag, key, allowed): (&str, &str, &str),
+    given: Option<&str>,
+    parse: fn(&str) -> Option<T>,
+) -> Result<Option<T>> {
+    given
+        .map(|name| {
+            parse(name)
+                .with_context(|| format!("{flag} (or the TOML's {key}) `{name}`: use {allowed}"))
+        })
+        .transpose()
+}
+
+/// How the AdamW moments are kept: as the flag or the TOML file says, else as the resumed run
+/// kept them (its trainer_state.json), else f32.
+fn optimizer_states_of(
+    args: &TrainArgs,
+    file: &FileConfig,
+    resumed: Option<&checkpoint::TrainerState>,
+) -> Result<MomentPrecision> {
+    let given = args.optimizer_states.as_deref();
+    let names = ("--optimizer-states", "optimizer_states", "f32 or bf16");
+    if let Some(m) = choice(
+        names,
+        given.or(file.optimizer_states.as_deref()),
+        MomentPrecision::parse,
+    )? {
+        return Ok(m);
+    }
+    let Some(name) = resumed.and_then(|s| s.optimizer_states.as_deref()) else {
+        return Ok(MomentPrecision::default());
+    };
+    MomentPrecision::parse(name).with_context(|| {
+        format!(
+            "{}: `optimizer_states` is `{name}`, neither f32 nor bf16: the checkpoint is \
+             damaged; give --optimizer-states",
+            args.resume
+                .as_deref()
+                .unwrap_or(Path::new("--resume"))
+                .join("trainer_state.json")
+                .display()
+        )
+    })
 }
 
 /// The target's shapes: its directory's config.json, else the preset's.

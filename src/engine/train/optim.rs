@@ -118,6 +118,7 @@ impl AdamW {
     }
 
     /// The moments kept in `moments` (their values rounded to nearest where they change kind).
+    #[cfg(test)]
     pub fn with_moments(mut self, moments: MomentPrecision) -> AdamW {
         self.m = self.m.to_kind(moments.kind());
         self.v = self.v.to_kind(moments.kind());
