@@ -19,35 +19,8 @@ pub struct RunInfo {
     /// `--steps`: where the run stops (the header shows `step 163/300` and an ETA).
     pub steps: Option<u64>,
     /// What trains, for the header: the target's name and the precisions set off their
-    /// defaults (`model_of_config_line`).
+    /// defaults (`crate::engine::spec::model_label`).
     pub model: Option<String>,
-}
-
-/// What a run trains, from its `config:` line: the target's name (a preset's, or its
-/// directory's last component) and, where they are not the defaults, the target's precision and
-/// the AdamW moments' (`qwen3-32b · target fp8 · moments bf16`). None for a line without a
-/// target.
-pub fn model_of_config_line(line: &str) -> Option<String> {
-    let field = |key: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-    };
-    let target = field("target")?;
-    let name = match target.strip_prefix("preset:") {
-        Some(preset) => preset,
-        None => Path::new(target)
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or(target),
-    };
-    let mut label = name.to_string();
-    if let Some(p) = field("target_precision").filter(|p| *p != "bf16") {
-        label.push_str(&format!(" · target {p}"));
-    }
-    if let Some(m) = field("optimizer_states").filter(|m| *m != "f32") {
-        label.push_str(&format!(" · moments {m}"));
-    }
-    Some(label)
 }
 
 /// The numbers of a run's last snapshot and where its files are.
@@ -202,23 +175,6 @@ fn last_checkpoint(dir: &Path) -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    /// The target's name and only the precisions set off their defaults; a line without a
-    /// target, nothing.
-    #[test]
-    fn the_model_label_names_the_target_and_what_is_off_default() {
-        use super::model_of_config_line as label;
-        let line = "config: recipe=preset:qwen3-32b target=preset:qwen3-32b target_precision=fp8 \
-                    optimizer_states=bf16 hidden=5120";
-        assert_eq!(
-            label(line).as_deref(),
-            Some("qwen3-32b · target fp8 · moments bf16")
-        );
-        let line = "config: recipe=target target=/models/Qwen3-8B target_precision=bf16 \
-                    optimizer_states=f32";
-        assert_eq!(label(line).as_deref(), Some("Qwen3-8B"));
-        assert_eq!(label("config: recipe=target seed=3"), None);
-    }
-
     use super::*;
 
     #[test]

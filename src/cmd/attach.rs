@@ -265,7 +265,7 @@ fn tui(session: &Watched, deadline: Option<Instant>, label: String) -> Result<()
         Watched::Many(m) => m.sessions.first().and_then(|s| s.hello.config.as_deref()),
     };
     let info = crate::summary::RunInfo {
-        model: config.and_then(crate::summary::model_of_config_line),
+        model: config.and_then(crate::engine::spec::model_label),
         ..Default::default()
     };
     crate::cmd::session::run_front_end(&ctl, &snapshots, &finished, info).map(|_| ())

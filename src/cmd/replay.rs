@@ -16,7 +16,7 @@ pub fn run(file: &std::path::Path) -> Result<ExitCode> {
     let msgs = recording::read(file)?;
     let model = match &msgs {
         recording::Recording::Frames(frames) => {
-            recording::config_line(frames).and_then(crate::summary::model_of_config_line)
+            recording::config_line(frames).and_then(crate::engine::spec::model_label)
         }
         _ => None,
     };

@@ -207,7 +207,7 @@ pub(crate) fn run_info(cfg: &RunConfig, start_step: u64) -> RunInfo {
         save_dir: cfg.pipeline.save_dir.clone(),
         recording: cfg.viewer.record.clone(),
         steps: cfg.pipeline.steps,
-        model: crate::summary::model_of_config_line(&cfg.pipeline.recipe_line()),
+        model: crate::engine::spec::model_label(&cfg.pipeline.recipe_line()),
     }
 }
 

@@ -211,3 +211,88 @@ impl PipelineSpec {
         )
     }
 }
+
+/// The fields of a `config: k=v k=v ...` line (`PipelineSpec::recipe_line`), in order; a value
+/// with spaces (a path) keeps them: a token without `=` belongs to the field before it.
+pub fn config_fields(line: &str) -> Vec<(String, String)> {
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for token in line.trim_start_matches("config:").split_whitespace() {
+        match token.split_once('=') {
+            Some((k, v)) => fields.push((k.to_string(), v.to_string())),
+            None => {
+                if let Some((_, v)) = fields.last_mut() {
+                    v.push(' ');
+                    v.push_str(token);
+                }
+            }
+        }
+    }
+    fields
+}
+
+/// What a run trains, from its `config:` line, for the TUI's header: the target's name (a
+/// preset's, or its directory's last component) and, where they are not the defaults, the
+/// target's precision and the AdamW moments' (`qwen3-32b · target fp8 · moments bf16`). None
+/// for a line without a target.
+pub fn model_label(line: &str) -> Option<String> {
+    let fields = config_fields(line);
+    let field = |key: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let target = field("target")?;
+    let name = match target.strip_prefix("preset:") {
+        Some(preset) => preset,
+        None => std::path::Path::new(target)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(target),
+    };
+    let mut label = name.to_string();
+    if let Some(p) = field("target_precision").filter(|p| *p != "bf16") {
+        label.push_str(&format!(" · target {p}"));
+    }
+    if let Some(m) = field("optimizer_states").filter(|m| *m != "f32") {
+        label.push_str(&format!(" · moments {m}"));
+    }
+    Some(label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_lines_split_into_fields_keeping_spaces_in_a_value() {
+        let f = config_fields("config: recipe=preset:tiny lr=6e-4 data=/a b/c.jsonl seed=1");
+        assert_eq!(
+            f,
+            vec![
+                ("recipe".into(), "preset:tiny".into()),
+                ("lr".into(), "6e-4".into()),
+                ("data".into(), "/a b/c.jsonl".into()),
+                ("seed".into(), "1".into())
+            ]
+        );
+    }
+
+    /// The target's name and only the precisions set off their defaults; a target directory
+    /// with a space in its path named whole; a line without a target, nothing.
+    #[test]
+    fn the_model_label_names_the_target_and_what_is_off_default() {
+        let line = "config: recipe=preset:qwen3-32b target=preset:qwen3-32b target_precision=fp8 \
+                    optimizer_states=bf16 hidden=5120";
+        assert_eq!(
+            model_label(line).as_deref(),
+            Some("qwen3-32b · target fp8 · moments bf16")
+        );
+        let line = "config: recipe=target target=/models/Qwen3-8B target_precision=bf16 \
+                    optimizer_states=f32";
+        assert_eq!(model_label(line).as_deref(), Some("Qwen3-8B"));
+        let line = "config: recipe=target target=/my models/Qwen3 8B target_precision=bf16";
+        assert_eq!(model_label(line).as_deref(), Some("Qwen3 8B"));
+        assert_eq!(model_label("config: recipe=target seed=3"), None);
+    }
+}

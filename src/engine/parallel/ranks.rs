@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 mod agreement;
 mod watch;
 pub(crate) use agreement::join_job;
-pub use agreement::{config_fields, file_digest, first_mismatch};
+pub use agreement::{file_digest, first_mismatch};
 
 /// A rank whose heartbeat has not moved for this long is taken as gone.
 pub const LOST_AFTER: Duration = Duration::from_secs(5);

@@ -2,7 +2,7 @@
 //! rank's `config:` line (its drafter, recipe and data), the job's size, the step it resumes
 //! from and its data file's digest, compared with rank 0's at the rendezvous (src/engine/parallel/ranks.rs).
 
-use crate::engine::spec::{DataSpec, PipelineSpec};
+use crate::engine::spec::{config_fields, DataSpec, PipelineSpec};
 use anyhow::{anyhow, Result};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,23 +30,6 @@ pub(crate) fn join_job(cfg: &PipelineSpec, tag: &crate::job::JobTag) -> Result<A
         fields.push(("data_digest".into(), file_digest(p)?));
     }
     JobLink::join(tag, per_rank, &fields, JOIN_WAIT, cfg.hooks)
-}
-
-/// The fields of a `config: k=v k=v ...` line, in order (a value with spaces keeps them).
-pub fn config_fields(line: &str) -> Vec<(String, String)> {
-    let mut fields: Vec<(String, String)> = Vec::new();
-    for token in line.trim_start_matches("config:").split_whitespace() {
-        match token.split_once('=') {
-            Some((k, v)) => fields.push((k.to_string(), v.to_string())),
-            None => {
-                if let Some((_, v)) = fields.last_mut() {
-                    v.push(' ');
-                    v.push_str(token);
-                }
-            }
-        }
-    }
-    fields
 }
 
 /// The first field in which `theirs` (rank `rank`'s) differs from rank 0's, as the sentence.
@@ -96,17 +79,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_lines_split_into_fields_and_a_difference_names_rank_and_field() {
+    fn a_difference_in_the_config_fields_names_rank_and_field() {
         let f = config_fields("config: recipe=preset:tiny lr=6e-4 data=/a b/c.jsonl seed=1");
-        assert_eq!(
-            f,
-            vec![
-                ("recipe".into(), "preset:tiny".into()),
-                ("lr".into(), "6e-4".into()),
-                ("data".into(), "/a b/c.jsonl".into()),
-                ("seed".into(), "1".into())
-            ]
-        );
         let a: BTreeMap<String, String> = f.iter().cloned().collect();
         assert_eq!(first_mismatch(1, &a, &a), None);
         let mut b = a.clone();
