@@ -95,6 +95,16 @@ pub fn print_result_line(line: &str) {
     write_line(line);
 }
 
+/// `println!` for the lines a command prints as its result (bench's figures, replay's summary,
+/// attach's list, export's report): through `print_result_line`, so that a reader that left
+/// (`bench engine | head -1`) ends the output quietly where println! would panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::signals::print_result_line(&format!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
 /// Writes `line` unless stdout's reader is gone; true when it just found it gone.
 fn write_line(line: &str) -> bool {
     use std::io::Write;

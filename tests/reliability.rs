@@ -220,6 +220,25 @@ fn a_signal_stops_a_bench_and_saves() {
     assert_eq!(step_dirs(dir.path()).len(), 1, "{err}");
 }
 
+/// `bench engine | head -1`: a reader gone before the figures come ends them quietly (println!
+/// panicked there, with a backtrace), and the bench exits as it would have.
+#[test]
+fn a_bench_whose_reader_left_ends_quietly() {
+    let mut child = bin()
+        .args(["bench", "engine", "--preset", "tiny", "--steps", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before anything is written: every line meets a closed pipe.
+    drop(child.stdout.take());
+    let status = wait_exit(&mut child);
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+}
 /// Waits until a save has begun in `dir` (its temporary directory is there), then past the
 /// 250 ms in which further signals count as the first (a hang-up sends several).
 fn wait_for_a_save_to_begin(dir: &Path) {

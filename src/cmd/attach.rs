@@ -157,7 +157,7 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut tripped = None;
     let result = if args.headless {
-        println!("attached to {who}");
+        crate::signals::outln!("attached to {who}");
         let how = Follow {
             interval: Duration::from_secs_f64(args.interval),
             deadline,
@@ -191,9 +191,9 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
 fn list_sessions() {
     let found = sessions();
     if found.is_empty() {
-        println!("no running session in {}", socket_dir().display());
+        crate::signals::outln!("no running session in {}", socket_dir().display());
     } else {
-        println!("{}", list_text(&found));
+        crate::signals::outln!("{}", list_text(&found));
     }
 }
 

@@ -29,7 +29,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let what = args.what.as_str();
     if what == "telemetry" {
         let on = crate::telemetry::hub::measure_mark_cost();
-        println!(
+        crate::signals::outln!(
             "bench: phase mark with profiling on: {on:.1} ns (clock {})",
             crate::telemetry::clock::source()
         );
@@ -175,7 +175,7 @@ fn generate(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     for &b in &batches {
         let rate = decode(b, new)?;
         let base = *first.get_or_insert(rate);
-        println!(
+        crate::signals::outln!(
             "bench: generate preset={} device={} batch={b} prompt={prompt_len} new={new} \
              tok/s={rate:.0} vs_batch{}={:.2}x",
             cfg.preset.name,
@@ -192,7 +192,7 @@ fn generate(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
 fn precision(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     let batches = args.train.steps.unwrap_or(4) as usize;
     let gap = crate::engine::bench::precision::run(cfg, batches)?;
-    println!(
+    crate::signals::outln!(
         "bench: target precision fp8 against {} target={} device={:?} batches={} tokens={} \
          row_kernel={}",
         if cfg.target_devices[0].is_cuda() {
@@ -207,9 +207,11 @@ fn precision(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
         crate::engine::gpu::cuda::fp8_kernel_state(),
     );
     for l in &gap.layers {
-        println!(
+        crate::signals::outln!(
             "bench: captured layer {}: relative error {:.4} cosine {:.6}",
-            l.layer, l.relative_error, l.cosine
+            l.layer,
+            l.relative_error,
+            l.cosine
         );
     }
     Ok(())
@@ -227,7 +229,7 @@ fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
         None,
     );
     let rows = cfg.batch as f64;
-    println!(
+    crate::signals::outln!(
         "bench: drafter alone preset={} batch={} seq_len={} anchors={} device={:?} steps={steps} \
          step_ms={:.1} tok/s={:.0}",
         cfg.preset.name,
@@ -243,14 +245,14 @@ fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
         .iter()
         .map(|(p, _)| format!("{}={:.1}", p.name(), times.per_step(*p)))
         .collect();
-    println!("bench: drafter ms a step: {}", phases.join(" "));
+    crate::signals::outln!("bench: drafter ms a step: {}", phases.join(" "));
     let rate = |flops: f64, ms: f64| flops * rows / (ms / 1e3) / 1e12;
     let (fw, lo, bw) = (
         times.per_step(Phase::Forward),
         times.per_step(Phase::Loss),
         times.per_step(Phase::Backward),
     );
-    println!(
+    crate::signals::outln!(
         "bench: drafter TFLOP/s-equivalent alone ({:.1} TFLOP a batch): forward={:.0} loss={:.0} \
          backward={:.0} together={:.0}",
         f.step() * rows / 1e12,
@@ -345,7 +347,7 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
         .filter(|t| t.role == Role::Drafter)
         .map(|t| t.w10.steps_per_s())
         .fold(0.0, f64::max);
-    println!(
+    crate::signals::outln!(
         "bench: preset={} steps={} steps/s={:.2} tok/s={:.0} (last 10 s) devices target={:?} drafter={:?} timing={}",
         cfg.preset.name,
         s.train.step,
@@ -356,29 +358,29 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
         s.gpu_timing.map(|m| m.name()).unwrap_or("host")
     );
     for t in &s.threads {
-        println!("bench: {}", phase_line(t));
+        crate::signals::outln!("bench: {}", phase_line(t));
     }
-    println!("bench: {}", cuda_calls_line(cfg, &s));
+    crate::signals::outln!("bench: {}", cuda_calls_line(cfg, &s));
     if let Some(line) = target_rate_line(cfg, &s) {
-        println!("bench: {line}");
+        crate::signals::outln!("bench: {line}");
     }
     if let Some(line) = drafter_rate_line(cfg, &s) {
-        println!("bench: {line}");
+        crate::signals::outln!("bench: {line}");
     }
     for line in memory_lines(cfg) {
-        println!("bench: {line}");
+        crate::signals::outln!("bench: {line}");
     }
     // The run's own FLOP estimate rides in its snapshots (set at start).
     let gpus = crate::config::cuda_count() as usize;
     let room = crate::config::room_on(gpus, &cfg.memory_need());
     if let Some((advice, source)) = crate::telemetry::placement::for_run(&s, gpus, room) {
-        println!(
+        crate::signals::outln!(
             "bench: placement ({source}) {} ({})",
             advice.text(),
             advice.flags()
         );
     }
-    println!(
+    crate::signals::outln!(
         "bench: target_precision={} fp8_rows={} optimizer_states={} cuda_alloc_conf={} target_attention={} \
          target_forward={} target_kernels={} drafter_step={} adamw_bf16={} drafter_attention={}",
         cfg.target_precision.name(),
@@ -393,12 +395,12 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
         crate::engine::gpu::cuda::block_attention_state()
     );
     if let Some((tally, steps)) = tally {
-        println!("bench: {}", tally.classes_line(steps));
+        crate::signals::outln!("bench: {}", tally.classes_line(steps));
         for line in tally.top_lines(steps, 12) {
-            println!("bench: {line}");
+            crate::signals::outln!("bench: {line}");
         }
     }
-    println!("{}", crate::headless::summary_line(&s, start_step));
+    crate::signals::outln!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())
 }
 

@@ -14,7 +14,7 @@ pub fn run(
     let (mut spans, names) = match recording::read(file)? {
         Recording::Frames(msgs) => {
             if let Some(line) = recording::config_line(&msgs) {
-                println!("recorded run: {line}");
+                crate::signals::outln!("recorded run: {line}");
             }
             recording::spans(&msgs)?
         }
@@ -37,7 +37,7 @@ pub fn run(
         spans = trace::last_seconds(&spans, s);
     }
     trace::write_trace(out, &spans, &names)?;
-    println!(
+    crate::signals::outln!(
         "wrote {} ({}) — open it in https://ui.perfetto.dev",
         out.display(),
         trace::describe(&spans)

@@ -58,7 +58,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     };
     out.finish()?;
     let secs = started.elapsed().as_secs_f64();
-    println!(
+    crate::signals::outln!(
         "wrote {}: {} sequences, {} new tokens ({} ended at an end token), {:.0} tok/s",
         args.out.display(),
         prompts.len(),

@@ -130,7 +130,7 @@ pub fn screen(args: &TrainArgs, tag: &JobTag) -> Result<ExitCode> {
     finish?;
     // The job's summary on this host (the ranks' steps and tokens merged).
     if let Some(s) = last {
-        println!("{}", Summary::of(&s, &info).line());
+        crate::signals::outln!("{}", Summary::of(&s, &info).line());
     }
     Ok(signal_exit())
 }

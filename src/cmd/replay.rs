@@ -40,8 +40,8 @@ pub fn run(file: &std::path::Path) -> Result<ExitCode> {
     player.stop();
     let last = shown?;
     match last {
-        Some(s) if pos.at_end => println!("{}", Summary::of(&s, &info).line()),
-        _ => println!(
+        Some(s) if pos.at_end => crate::signals::outln!("{}", Summary::of(&s, &info).line()),
+        _ => crate::signals::outln!(
             "replay left at t={} / {}",
             crate::tui::app::fmt_clock(pos.position_s),
             crate::tui::app::fmt_clock(pos.duration_s)

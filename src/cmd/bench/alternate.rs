@@ -78,12 +78,16 @@ pub(super) fn alternate(args: &BenchArgs, run: &RunConfig, settings: &[Setting])
     }
     session.finish()?;
     let rate = |i: usize| rates[i].iter().sum::<f64>() / rates[i].len().max(1) as f64;
-    println!(
+    crate::signals::outln!(
         "bench: preset={} devices target={:?} drafter={:?} rounds={} segment={}s",
-        cfg.preset.name, cfg.target_devices, cfg.drafter_devices, args.rounds, args.segment
+        cfg.preset.name,
+        cfg.target_devices,
+        cfg.drafter_devices,
+        args.rounds,
+        args.segment
     );
     for (i, s) in settings.iter().enumerate() {
-        println!(
+        crate::signals::outln!(
             "bench: {} tok/s={:.0} ratio={:.4} (vs {})",
             s.name,
             rate(i),
@@ -92,7 +96,7 @@ pub(super) fn alternate(args: &BenchArgs, run: &RunConfig, settings: &[Setting])
         );
         if let Some(snap) = &last[i] {
             for t in &snap.threads {
-                println!("bench: {} {}", s.name, phase_line(t));
+                crate::signals::outln!("bench: {} {}", s.name, phase_line(t));
             }
         }
     }

@@ -28,7 +28,7 @@ fn process_report(
     tolerance: f64,
     report: &ReplicaReport,
 ) -> Result<()> {
-    println!(
+    crate::signals::outln!(
         "bench: replicas preset={} drafters={:?} (each {} rows) vs one drafter on {:?} ({} rows) \
          steps={steps}",
         cfg.preset.name,
@@ -40,12 +40,12 @@ fn process_report(
     print_steps("", report);
     let identical = report.replica_diff == 0.0;
     let gap = report.step_gap();
-    println!(
+    crate::signals::outln!(
         "bench: replicas identical after {steps} steps: {} (max |w0 - wN| = {:e})",
         if identical { "yes" } else { "no" },
         report.replica_diff
     );
-    println!(
+    crate::signals::outln!(
         "bench: loss gap, replicas' mean vs one drafter with all their rows: max {:.3}% over the \
          steps (tolerance {:.1}%); weights max |w0 - w_single| = {:.3e}",
         gap * 100.0,
@@ -57,7 +57,7 @@ fn process_report(
             "the replica check failed: the replicas differ or their loss left the single drafter's"
         );
     }
-    println!("bench: replica check passed");
+    crate::signals::outln!("bench: replica check passed");
     Ok(())
 }
 
@@ -72,7 +72,7 @@ fn rank_report(
 ) -> Result<()> {
     let r = job.rank;
     let here = cfg.drafter_devices.len();
-    println!(
+    crate::signals::outln!(
         "bench: replicas rank {r} of {}, {here} here on {:?} (each {} rows) vs one drafter with \
          all {} rows steps={steps}",
         job.world,
@@ -83,7 +83,7 @@ fn rank_report(
     print_steps(&format!("rank {r} "), report);
     let identical = report.replica_diff == 0.0;
     let gap = report.step_gap();
-    println!(
+    crate::signals::outln!(
         "bench: rank {r} identical to rank 0 after {steps} steps: {} (max |w0 - w{r}| = {:e}); \
          loss gap max {:.3}% (tolerance {:.1}%); max |w{r} - w_single| = {:.3e}",
         if identical { "yes" } else { "no" },
@@ -95,14 +95,14 @@ fn rank_report(
     if !identical || gap > tolerance {
         bail!("the replica check failed on rank {r}: the replicas differ or their loss left the single drafter's");
     }
-    println!("bench: replica check passed on rank {r}");
+    crate::signals::outln!("bench: replica check passed on rank {r}");
     Ok(())
 }
 
 /// A line a step: `bench: {who}step N loss replicas=… single=… gap=…%`.
 fn print_steps(who: &str, report: &ReplicaReport) {
     for (i, (m, s)) in report.losses.iter().enumerate() {
-        println!(
+        crate::signals::outln!(
             "bench: {who}step {} loss replicas={m:.4} single={s:.4} gap={:.3}%",
             i + 1,
             relative_gap(*m as f64, *s as f64) * 100.0
