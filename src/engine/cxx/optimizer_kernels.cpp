@@ -35,46 +35,6 @@ __device__ void adamw_one(float& param, float& exp_avg, float& exp_avg_sq, float
   param -= step_size * exp_avg / denom;
 }
 
-// Four elements a thread: float4 and 8-byte loads where all four are there, one at a time at
-// the end. A non-zero `found_inf` leaves everything as it was; `grad_scale` divides the
-// gradients (the clip).
-extern "C" __global__ void adamw_bf16(float* master, const bf16* grad, float* m, float* v,
-                                      bf16* work, long long n, Hyper h, const float* grad_scale,
-                                      const float* found_inf) {
-  if (found_inf && *found_inf != 0.f) return;
-  long long at = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 4;
-  if (at >= n) return;
-  float scale = grad_scale ? *grad_scale : 1.f;
-  if (at + 4 <= n) {
-    float4 p = *reinterpret_cast<float4*>(master + at);
-    float4 a = *reinterpret_cast<float4*>(m + at);
-    float4 b = *reinterpret_cast<float4*>(v + at);
-    uint2 gv = *reinterpret_cast<const uint2*>(grad + at);
-    const bf16* g = reinterpret_cast<const bf16*>(&gv);
-    float* ps = &p.x;
-    float* as = &a.x;
-    float* bs = &b.x;
-    uint2 wv;
-    bf16* w = reinterpret_cast<bf16*>(&wv);
-    for (int i = 0; i < 4; ++i) {
-      float gi = up(g[i]);
-      if (grad_scale) gi /= scale;
-      adamw_one(ps[i], as[i], bs[i], gi, h);
-      w[i] = down(ps[i]);
-    }
-    *reinterpret_cast<float4*>(master + at) = p;
-    *reinterpret_cast<float4*>(m + at) = a;
-    *reinterpret_cast<float4*>(v + at) = b;
-    *reinterpret_cast<uint2*>(work + at) = wv;
-    return;
-  }
-  for (long long i = at; i < n; ++i) {
-    float gi = up(grad[i]);
-    if (grad_scale) gi /= scale;
-    adamw_one(master[i], m[i], v[i], gi, h);
-    work[i] = down(master[i]);
-  }
-}
 // MurmurHash3's 32-bit finaliser.
 __device__ unsigned int fmix32(unsigned int h) {
   h ^= h >> 16;
@@ -97,12 +57,60 @@ __device__ bf16 down_stochastic(float f, unsigned int r) {
   return (bf16)((u + (r & 0xffffu)) >> 16);
 }
 
-// adamw_bf16 with the moments in bf16: widened, stepped in f32, rounded stochastically under
-// `key_m` and `key_v`.
-extern "C" __global__ void adamw_bf16_states(float* master, const bf16* grad, bf16* m, bf16* v,
-                                             bf16* work, long long n, Hyper h,
-                                             const float* grad_scale, const float* found_inf,
-                                             unsigned int key_m, unsigned int key_v) {
+// The moments in f32, read and written as they are: four at `at` (16-byte loads) or one.
+struct F32Moments {
+  float* m;
+  float* v;
+  __device__ void load4(long long at, float* a, float* b) const {
+    *reinterpret_cast<float4*>(a) = *reinterpret_cast<const float4*>(m + at);
+    *reinterpret_cast<float4*>(b) = *reinterpret_cast<const float4*>(v + at);
+  }
+  __device__ void store4(long long at, const float* a, const float* b) const {
+    *reinterpret_cast<float4*>(m + at) = *reinterpret_cast<const float4*>(a);
+    *reinterpret_cast<float4*>(v + at) = *reinterpret_cast<const float4*>(b);
+  }
+  __device__ void load1(long long i, float& a, float& b) const { a = m[i]; b = v[i]; }
+  __device__ void store1(long long i, float a, float b) const { m[i] = a; v[i] = b; }
+};
+
+// The moments in bf16: widened on load, rounded stochastically under `key_m` and `key_v` on
+// store (8-byte loads and stores for four).
+struct Bf16Moments {
+  bf16* m;
+  bf16* v;
+  unsigned int key_m, key_v;
+  __device__ void load4(long long at, float* a, float* b) const {
+    uint2 av = *reinterpret_cast<const uint2*>(m + at);
+    uint2 bv = *reinterpret_cast<const uint2*>(v + at);
+    const bf16* as = reinterpret_cast<const bf16*>(&av);
+    const bf16* bs = reinterpret_cast<const bf16*>(&bv);
+    for (int i = 0; i < 4; ++i) { a[i] = up(as[i]); b[i] = up(bs[i]); }
+  }
+  __device__ void store4(long long at, const float* a, const float* b) const {
+    uint2 av, bv;
+    bf16* as = reinterpret_cast<bf16*>(&av);
+    bf16* bs = reinterpret_cast<bf16*>(&bv);
+    for (int i = 0; i < 4; ++i) {
+      as[i] = down_stochastic(a[i], noise(at + i, key_m));
+      bs[i] = down_stochastic(b[i], noise(at + i, key_v));
+    }
+    *reinterpret_cast<uint2*>(m + at) = av;
+    *reinterpret_cast<uint2*>(v + at) = bv;
+  }
+  __device__ void load1(long long i, float& a, float& b) const { a = up(m[i]); b = up(v[i]); }
+  __device__ void store1(long long i, float a, float b) const {
+    m[i] = down_stochastic(a, noise(i, key_m));
+    v[i] = down_stochastic(b, noise(i, key_v));
+  }
+};
+
+// Four elements a thread: 16- and 8-byte loads where all four are there, one at a time at the
+// end. A non-zero `found_inf` leaves everything as it was; `grad_scale` divides the gradients
+// (the clip). `Moments` reads and writes m and v (F32Moments, Bf16Moments).
+template <class Moments>
+__device__ void adamw_four(float* master, const bf16* grad, const Moments& mo, bf16* work,
+                           long long n, const Hyper& h, const float* grad_scale,
+                           const float* found_inf) {
   if (found_inf && *found_inf != 0.f) return;
   long long at = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 4;
   if (at >= n) return;
@@ -110,38 +118,48 @@ extern "C" __global__ void adamw_bf16_states(float* master, const bf16* grad, bf
   if (at + 4 <= n) {
     float4 p = *reinterpret_cast<float4*>(master + at);
     uint2 gv = *reinterpret_cast<const uint2*>(grad + at);
-    uint2 av = *reinterpret_cast<uint2*>(m + at);
-    uint2 bv = *reinterpret_cast<uint2*>(v + at);
     const bf16* g = reinterpret_cast<const bf16*>(&gv);
-    bf16* a = reinterpret_cast<bf16*>(&av);
-    bf16* b = reinterpret_cast<bf16*>(&bv);
+    __align__(16) float a[4];
+    __align__(16) float b[4];
+    mo.load4(at, a, b);
     float* ps = &p.x;
     uint2 wv;
     bf16* w = reinterpret_cast<bf16*>(&wv);
     for (int i = 0; i < 4; ++i) {
       float gi = up(g[i]);
       if (grad_scale) gi /= scale;
-      float ai = up(a[i]), bi = up(b[i]);
-      adamw_one(ps[i], ai, bi, gi, h);
+      adamw_one(ps[i], a[i], b[i], gi, h);
       w[i] = down(ps[i]);
-      a[i] = down_stochastic(ai, noise(at + i, key_m));
-      b[i] = down_stochastic(bi, noise(at + i, key_v));
     }
     *reinterpret_cast<float4*>(master + at) = p;
-    *reinterpret_cast<uint2*>(m + at) = av;
-    *reinterpret_cast<uint2*>(v + at) = bv;
+    mo.store4(at, a, b);
     *reinterpret_cast<uint2*>(work + at) = wv;
     return;
   }
   for (long long i = at; i < n; ++i) {
     float gi = up(grad[i]);
     if (grad_scale) gi /= scale;
-    float ai = up(m[i]), bi = up(v[i]);
-    adamw_one(master[i], ai, bi, gi, h);
+    float a, b;
+    mo.load1(i, a, b);
+    adamw_one(master[i], a, b, gi, h);
+    mo.store1(i, a, b);
     work[i] = down(master[i]);
-    m[i] = down_stochastic(ai, noise(i, key_m));
-    v[i] = down_stochastic(bi, noise(i, key_v));
   }
+}
+
+extern "C" __global__ void adamw_bf16(float* master, const bf16* grad, float* m, float* v,
+                                      bf16* work, long long n, Hyper h, const float* grad_scale,
+                                      const float* found_inf) {
+  adamw_four(master, grad, F32Moments{m, v}, work, n, h, grad_scale, found_inf);
+}
+
+// adamw_bf16 with the moments in bf16: widened, stepped in f32, rounded stochastically under
+// `key_m` and `key_v`.
+extern "C" __global__ void adamw_bf16_states(float* master, const bf16* grad, bf16* m, bf16* v,
+                                             bf16* work, long long n, Hyper h,
+                                             const float* grad_scale, const float* found_inf,
+                                             unsigned int key_m, unsigned int key_v) {
+  adamw_four(master, grad, Bf16Moments{m, v, key_m, key_v}, work, n, h, grad_scale, found_inf);
 }
 )";
 
