@@ -13,11 +13,16 @@
 // The kernels run on the tensor cores through mma.sync (bf16 in, f32 accumulated), one warp per
 // query head and block in the forward and dq kernels (the head's 16 queries against tiles of 64
 // keys held in shared memory by the block's KV head), one warp per 16 keys in the dk/dv kernel
-// (each tile of 64 keys against every block that sees it). No atomics: every output element is
+// (each tile of 64 keys against every block that sees it). A KV head's query heads (its group:
+// 4 at Qwen3-8B's shapes, 5 at 14B's, 8 at 32B's) go four at a time at most (a chunk): a forward
+// or dq block takes one chunk, and the dk/dv kernel steps through a seeing block's chunks one
+// after another. Where the group is not a multiple of four, the last chunk's spare warps repeat
+// its last head's work and write nothing. No atomics: every output element is
 // written by one warp. Operands come from shared memory through ldmatrix, and each kernel copies
 // its next tile (cp.async) into a second set of shared tiles while it computes on the current
 // one. Compiled at run time (runtime_kernels.h).
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "runtime_kernels.h"
@@ -155,22 +160,37 @@ __device__ void load_tile(bf16* ks, bf16* vs, unsigned char* ok, const bf16* k, 
     ok[r] = r < kn && (docs == 0 || docs[r] == doc);
 }
 
-// What a block's warps share: where its queries are, its span, and its tiles of keys.
+// At most this many query heads a block: the forward and dq kernels' 128 threads.
+#define CHUNK 4
+
+// A KV head's query heads a chunk, and its chunks.
+__device__ __forceinline__ int chunk_heads(int group) { return min(group, CHUNK); }
+__device__ __forceinline__ int chunks_of(int group) {
+  return (group + CHUNK - 1) / CHUNK;
+}
+
+// What a block's warps share: where its queries are, its span, and its tiles of keys. `head` is
+// the warp's query head, `writes` false for a spare warp of a group's last chunk (it repeats the
+// chunk's last head).
 struct Block {
   int j, kvh, row, head, warp, g, t;
+  bool writes;
   long long lq, lk, qpitch, kpitch;
   int start, end, doc, own, ctx_tiles, tiles;
 };
 
 __device__ Block block_of(const int* spans, int a, int s, int hq, int hkv) {
   Block b;
+  const int group = hq / hkv, chunks = chunks_of(group);
   b.j = blockIdx.x;
-  b.kvh = blockIdx.y;
+  b.kvh = blockIdx.y / chunks;
   b.row = blockIdx.z;
   b.warp = threadIdx.x >> 5;
   b.g = (threadIdx.x & 31) >> 2;
   b.t = threadIdx.x & 3;
-  b.head = b.kvh * (hq / hkv) + b.warp;
+  const int in_group = (blockIdx.y % chunks) * chunk_heads(group) + b.warp;
+  b.writes = in_group < group;
+  b.head = b.kvh * group + min(in_group, group - 1);
   b.lq = 16LL * a;
   b.lk = s + b.lq;
   b.qpitch = (long long)hq * D;
@@ -320,6 +340,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_fwd(
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  if (!b.writes) return;
   bf16* ob = out + ((b.row * b.lq + 16LL * b.j) * hq + b.head) * D;
 #pragma unroll
   for (int dt = 0; dt < 16; ++dt) {
@@ -405,6 +426,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dq(
     }
     __syncthreads();
   }
+  if (!b.writes) return;
   bf16* ob = dq + q0 * D;
 #pragma unroll
   for (int dt = 0; dt < 16; ++dt) {
@@ -427,8 +449,9 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);
   bf16* vs = ks + KT * SP;
-  // Two sets of a block's rows (q, dO, their log-sum-exp and delta) and of the tile keys'
-  // visibility to it: one computed on while the next seeing block's copies land in the other.
+  // Two sets of a block's rows of a chunk of heads (q, dO, their log-sum-exp and delta) and of
+  // the tile keys' visibility to it: one computed on while the next chunk's or seeing block's
+  // copies land in the other.
   bf16* rows_at = vs + KT * SP;
   auto qs_of = [&](int set) { return rows_at + set * 2 * 64 * SP; };
   auto dos_of = [&](int set) { return qs_of(set) + 64 * SP; };
@@ -438,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
   auto ok_of = [&](int set) { return reinterpret_cast<unsigned char*>(stats + 256) + set * KT; };
   const int tile = blockIdx.x, kvh = blockIdx.y, row = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int group = hq / hkv, rows = group * 16;
+  const int group = hq / hkv, per = chunk_heads(group), chunks = chunks_of(group);
   const long long lq = 16LL * a, lk = s + lq, kpitch = (long long)hkv * D;
   const int ctx_tiles = (s + KT - 1) / KT;
   const bool block_keys = tile >= ctx_tiles;
@@ -459,8 +482,9 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
     }
     return jj;
   };
-  // Starts loading block jj's rows into `set` (nothing past jhi); always commits a group.
-  auto start_rows = [&](int jj, int set) {
+  // Starts loading the rows of chunk `ch` of block jj's query heads into `set` (nothing past
+  // jhi); always commits a group.
+  auto start_rows = [&](int jj, int ch, int set) {
     if (jj < jhi) {
       const int* sp = spans_row + jj * 4;
       const int st = sp[0], en = sp[1], dc = sp[2];
@@ -471,24 +495,24 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
                                       : (key >= st && key < en && docs_row[key] == dc));
       }
       bf16 *qs = qs_of(set), *dos = dos_of(set);
+      const int h0 = kvh * group + ch * per, rows = 16 * min(per, group - ch * per);
       for (int i = threadIdx.x; i < rows * (D / 8); i += blockDim.x) {
         const int r = i >> 4, c = (i & 15) * 8;
-        const long long at =
-            ((row * lq + 16LL * jj + (r & 15)) * hq + kvh * group + (r >> 4)) * D + c;
+        const long long at = ((row * lq + 16LL * jj + (r & 15)) * hq + h0 + (r >> 4)) * D + c;
         cp16(qs + r * SP + c, q + at, true);
         cp16(dos + r * SP + c, dout + at, true);
       }
       float *ls = ls_of(set), *ds = ds_of(set);
       for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        const long long at = (row * lq + 16LL * jj + (r & 15)) * hq + kvh * group + (r >> 4);
+        const long long at = (row * lq + 16LL * jj + (r & 15)) * hq + h0 + (r >> 4);
         ls[r] = lse[at];
         ds[r] = delta[at];
       }
     }
     cp_commit();
   };
-  int jj = next_seeing(jlo);
-  start_rows(jj, 0);
+  int jj = next_seeing(jlo), ch = 0;
+  start_rows(jj, 0, 0);
   cp_wait_all();
   __syncthreads();
   // The warp's 16 keys and values as A fragments, for every block.
@@ -505,8 +529,10 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
     dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.f;
   }
   for (int set = 0; jj < jhi; set ^= 1) {
-    const int jn = next_seeing(jj + 1);
-    start_rows(jn, set ^ 1);
+    // Next: this block's next chunk of heads, else the next seeing block's first.
+    const int cn = ch + 1 < chunks ? ch + 1 : 0;
+    const int jn = cn ? jj : next_seeing(jj + 1);
+    start_rows(jn, cn, set ^ 1);
     cp_wait_one();
     __syncthreads();
     const bf16 *qs = qs_of(set), *dos = dos_of(set);
@@ -514,7 +540,8 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
     const unsigned char* ok = ok_of(set);
     const bool seen0 = ok[16 * warp + g], seen1 = ok[16 * warp + g + 8];
     const bool warp_sees = __any_sync(0xffffffffu, seen0 || seen1);
-    for (int hh = 0; hh < (warp_sees ? group : 0); ++hh) {
+    const int heads = min(per, group - ch * per);
+    for (int hh = 0; hh < (warp_sees ? heads : 0); ++hh) {
       const bf16* qh = qs + hh * 16 * SP;
       const bf16* dh = dos + hh * 16 * SP;
       float st_[2][4], dpt[2][4];
@@ -557,6 +584,7 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
     }
     __syncthreads();
     jj = jn;
+    ch = cn;
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -608,8 +636,8 @@ Dims check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(k.sizes() == v.sizes(), "block attention: k and v of one shape");
   Dims d{static_cast<int>(q.size(1) / 16), static_cast<int>(k.size(1) - q.size(1)),
          static_cast<int>(q.size(2)), static_cast<int>(k.size(2))};
-  TORCH_CHECK(d.hq % d.hkv == 0 && (d.hq / d.hkv == 1 || d.hq / d.hkv == 2 || d.hq / d.hkv == 4),
-              "block attention: 1, 2 or 4 query heads a KV head");
+  TORCH_CHECK(d.hkv > 0 && d.hq % d.hkv == 0,
+              "block attention: query heads a whole multiple of the KV heads");
   TORCH_CHECK(spans.is_cuda() && spans.scalar_type() == at::kInt && spans.is_contiguous() &&
                   spans.dim() == 3 && spans.size(0) == q.size(0) && spans.size(1) == d.a &&
                   spans.size(2) == 4,
@@ -622,6 +650,16 @@ Dims check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// The forward and dq kernels' grid over `rows` rows: a block of 16 queries by a KV head's chunk
+// of query heads (CHUNK in the kernels: four at most, a warp each) by a row.
+dflash::rtc::Shape query_grid(const Dims& d, unsigned rows) {
+  constexpr int kChunk = 4;
+  const int group = d.hq / d.hkv;
+  const int per = std::min(group, kChunk), chunks = (group + kChunk - 1) / kChunk;
+  return dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv * chunks),
+                            rows, static_cast<unsigned>(32 * per), kBlockShared};
+}
+
 struct BlockAttention : public torch::autograd::Function<BlockAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& spans, const at::Tensor& docs) {
@@ -633,9 +671,7 @@ struct BlockAttention : public torch::autograd::Function<BlockAttention> {
                *sp = spans.data_ptr(), *dp = docs.data_ptr();
     void *op = out.data_ptr(), *lp = lse.data_ptr();
     void* args[] = {&qp, &kp, &vp, &sp, &dp, &op, &lp, &d.a, &d.s, &d.hq, &d.hkv, &scale_log2};
-    auto grid = dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv),
-                                   static_cast<unsigned>(q.size(0)),
-                                   static_cast<unsigned>(32 * (d.hq / d.hkv)), kBlockShared};
+    auto grid = query_grid(d, static_cast<unsigned>(q.size(0)));
     if (q.numel() > 0) {
       // The backward's kernels compiled now: a failure then shows here, where the caller can
       // take another path, not inside backward.
@@ -667,11 +703,8 @@ struct BlockAttention : public torch::autograd::Function<BlockAttention> {
     if (q.numel() > 0) {
       void* dq_args[] = {&qp, &kp, &vp, &gp, &lp, &ep, &sp, &dp, &dqp,
                          &d.a, &d.s, &d.hq, &d.hkv, &scale_log2, &scale};
-      dflash::rtc::launch_shaped(
-          kProgram, q.get_device(), "block_attention_dq",
-          dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv), rows,
-                             static_cast<unsigned>(32 * (d.hq / d.hkv)), kBlockShared},
-          dq_args);
+      dflash::rtc::launch_shaped(kProgram, q.get_device(), "block_attention_dq",
+                                 query_grid(d, rows), dq_args);
       void* kv_args[] = {&qp, &kp, &vp, &gp, &lp, &ep, &sp, &dp, &dkp, &dvp,
                          &d.a, &d.s, &d.hq, &d.hkv, &scale_log2, &scale};
       unsigned key_tiles = static_cast<unsigned>((d.s + kTile - 1) / kTile +
