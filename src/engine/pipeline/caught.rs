@@ -77,8 +77,9 @@ pub fn torch_message(text: &str) -> String {
 pub fn oom_hint(error: &str) -> &'static str {
     if error.contains("out of memory") {
         " — out of device memory: lower `batch`, `anchors`, `seq_len` or `loss_chunk_mib` \
-         (flags or TOML run config), use a smaller --preset, or give the target and the drafters \
-         GPUs of their own (--target-devices, --drafter-devices)"
+         (flags or TOML run config), keep the target in FP8 (--target-precision fp8) or the \
+         AdamW moments in bf16 (--optimizer-states bf16), use a smaller --preset, or give the \
+         target and the drafters GPUs of their own (--target-devices, --drafter-devices)"
     } else {
         ""
     }
@@ -87,9 +88,11 @@ pub fn oom_hint(error: &str) -> &'static str {
 /// The same while the models are built, where their weights are what does not fit.
 fn build_oom_hint(error: &str) -> &'static str {
     if error.contains("out of memory") {
-        " — out of device memory while the weights are made: give the target and the drafters \
-         GPUs of their own (--target-devices, --drafter-devices; `bench engine` prints the \
-         placement advice with its memory estimate), or use a smaller --preset"
+        " — out of device memory while the weights are made: keep the target in FP8 \
+         (--target-precision fp8: half its weights' memory) and the AdamW moments in bf16 \
+         (--optimizer-states bf16), give the target and the drafters GPUs of their own \
+         (--target-devices, --drafter-devices; `bench engine` prints the placement advice with \
+         its memory estimate), or use a smaller --preset"
     } else {
         ""
     }
@@ -125,7 +128,14 @@ mod tests {
             !text.contains("(at "),
             "a libtorch error needs no place: {text}"
         );
-        assert!(text.contains("--target-devices"), "the fix: {text}");
+        for fix in [
+            "--target-devices",
+            "--target-precision fp8",
+            "--optimizer-states bf16",
+        ] {
+            assert!(text.contains(fix), "the fix {fix}: {text}");
+            assert!(oom_hint(&text).contains(fix), "a running step's: {fix}");
+        }
         assert!(
             !quiet_panic::here(),
             "the thread's panics are its own again afterwards"
