@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 42's items that need an H200 (139 GiB), in two stages, each within one device call:
 #
-#   bash tests/tools/gpu_h200.sh goals BIN OUT   # 8B batch 1 and 4 (+0.6B batch 1) against
-#                                                # SpecForge 0.2.0, ours bf16, then ours FP8
+#   bash tests/tools/gpu_h200.sh goals BIN OUT   # 8B batch 1 and 4: ours FP8 against SpecForge
+#                                                # 0.2.0, then ours bf16; 0.6B batch 1
 #   bash tests/tools/gpu_h200.sh large BIN OUT   # 32B with a bf16 target (bf16 and f32 moments),
 #                                                # SpecForge at 32B, SpecForge's long rows
 #
@@ -18,12 +18,17 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu-
 cat "$OUT/gpu-$STAGE.txt"
 case $STAGE in
 goals)
-  timeout 330 python3 python/peer/compare.py --bin "$BIN" \
-    --configs qwen3-8b:1,qwen3-8b:4,qwen3-0.6b:1 --peers specforge \
-    --json "$OUT/goals-bf16.json" 2>&1 | tee "$OUT/goals-bf16.log" | grep -vE '^\s*$' | tail -n 12
+  # Ours at its best setting (FP8 target) against SpecForge as it ships, side by side, then ours
+  # at its defaults (bf16 target) and 0.6B's batch 1.
+  timeout 300 python3 python/peer/compare.py --bin "$BIN" \
+    --configs qwen3-8b:1,qwen3-8b:4 --peers specforge --ours-args "--target-precision fp8" \
+    --json "$OUT/goals-fp8-vs-specforge.json" 2>&1 | tee "$OUT/goals-fp8.log" | grep -vE '^\s*$' | tail -n 8
   timeout 150 python3 python/peer/compare.py --bin "$BIN" \
-    --configs qwen3-8b:1,qwen3-8b:4 --peers none --ours-args "--target-precision fp8" \
-    --json "$OUT/goals-fp8.json" 2>&1 | tee "$OUT/goals-fp8.log" | grep -vE '^\s*$' | tail -n 6
+    --configs qwen3-8b:1,qwen3-8b:4,qwen3-0.6b:1 --peers none \
+    --json "$OUT/goals-bf16.json" 2>&1 | tee "$OUT/goals-bf16.log" | grep -vE '^\s*$' | tail -n 8
+  timeout 120 python3 python/peer/compare.py --bin "$BIN" \
+    --configs qwen3-0.6b:1 --peers specforge \
+    --json "$OUT/goals-0.6b-vs-specforge.json" 2>&1 | tee "$OUT/goals-0.6b.log" | grep -vE '^\s*$' | tail -n 5
   ;;
 large)
   for s in bf16 f32; do
