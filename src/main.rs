@@ -8,6 +8,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::Train(Default::default()));
     match dflash_top::cmd::run(command) {
+        // Output lost to a failing stdout (a full disk) is a failure, whatever the command.
+        Ok(_) if dflash_top::signals::stdout_failed() => ExitCode::from(1),
         Ok(code) => code,
         Err(e) => {
             eprintln!("dflash-top: {e:#}");

@@ -77,14 +77,16 @@ pub fn requested() -> bool {
     SIGNALS.load(Ordering::SeqCst) > 0
 }
 
-/// Set once stdout's reader is gone.
+/// Set once stdout's reader is gone (or stdout failed otherwise).
 static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set when a write to stdout failed for another reason than a closed pipe (a full disk).
+static STDOUT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Writes `line` and a newline to stdout while the run goes on. Where the reader is gone (a
-/// closed pipe) it asks for the graceful stop, as a first signal does, and from then on writes
-/// nothing.
+/// closed pipe, found by this line or an earlier one) it asks for the graceful stop, as a first
+/// signal does, and from then on writes nothing.
 pub fn print_line(line: &str) {
-    if write_line(line) {
+    if write_line(line) || STDOUT_GONE.load(Ordering::SeqCst) {
         SIGNALS.fetch_max(1, Ordering::SeqCst);
     }
 }
@@ -105,19 +107,27 @@ macro_rules! outln {
 }
 pub(crate) use outln;
 
-/// Writes `line` unless stdout's reader is gone; true when it just found it gone.
+/// Whether a write to stdout failed for another reason than a closed pipe (said on stderr
+/// then): the command's output is incomplete, and it exits non-zero (src/main.rs).
+pub fn stdout_failed() -> bool {
+    STDOUT_FAILED.load(Ordering::SeqCst)
+}
+
+/// Writes `line` unless stdout is gone; true when this write found it gone. A closed pipe is the
+/// reader leaving; any other error (a full disk under `> file`) is said once on stderr.
 fn write_line(line: &str) -> bool {
     use std::io::Write;
     if STDOUT_GONE.load(Ordering::SeqCst) {
         return false;
     }
     let mut out = std::io::stdout().lock();
-    let written = writeln!(out, "{line}").and_then(|()| out.flush());
-    match written {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-            STDOUT_GONE.store(true, Ordering::SeqCst);
-            true
-        }
-        _ => false,
+    let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) else {
+        return false;
+    };
+    STDOUT_GONE.store(true, Ordering::SeqCst);
+    if e.kind() != std::io::ErrorKind::BrokenPipe {
+        STDOUT_FAILED.store(true, Ordering::SeqCst);
+        eprintln!("dflash-top: cannot write to stdout ({e}); nothing more is written there");
     }
+    true
 }

@@ -239,6 +239,25 @@ fn a_bench_whose_reader_left_ends_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(!err.contains("Broken pipe"), "{err}");
 }
+
+/// `bench engine > file` on a full disk (/dev/full): the lost output is said on stderr, once,
+/// and the exit is non-zero (println! panicked; a closed pipe alone exits 0).
+#[test]
+fn a_bench_whose_output_cannot_be_written_says_so_and_fails() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = bin()
+        .args(["bench", "engine", "--preset", "tiny", "--steps", "2"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("cannot write to stdout").count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
 /// Waits until a save has begun in `dir` (its temporary directory is there), then past the
 /// 250 ms in which further signals count as the first (a hang-up sends several).
 fn wait_for_a_save_to_begin(dir: &Path) {

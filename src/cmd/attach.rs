@@ -157,7 +157,8 @@ pub fn run(args: &AttachArgs) -> Result<ExitCode> {
         .map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut tripped = None;
     let result = if args.headless {
-        crate::signals::outln!("attached to {who}");
+        // Before the run's lines, not a result: a reader already gone stops the following.
+        crate::signals::print_line(&format!("attached to {who}"));
         let how = Follow {
             interval: Duration::from_secs_f64(args.interval),
             deadline,

@@ -173,16 +173,20 @@ fn generate(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     decode(batches[0], 4)?; // warm-up
     let mut first = None;
     for &b in &batches {
+        // A signal, or a reader that left (`print_line` below), ends the batches left.
+        if crate::signals::requested() {
+            break;
+        }
         let rate = decode(b, new)?;
         let base = *first.get_or_insert(rate);
-        crate::signals::outln!(
+        crate::signals::print_line(&format!(
             "bench: generate preset={} device={} batch={b} prompt={prompt_len} new={new} \
              tok/s={rate:.0} vs_batch{}={:.2}x",
             cfg.preset.name,
             crate::engine::pipeline::workers::device_name(device),
             batches[0],
             rate / base
-        );
+        ));
     }
     Ok(())
 }

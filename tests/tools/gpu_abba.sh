@@ -6,12 +6,13 @@
 #
 # Each run's whole output goes to OUT/NAME-<i>-<A|B>.txt; OUT/NAME.txt gathers the lines that
 # matter (tok/s, phases, memory, which paths ran) and the summary. The target and the drafter
-# share cuda:0. LIMIT_S (150) bounds each run.
+# share cuda:0. LIMIT_S (120) bounds each run: four of them stay inside one 600 s device call.
 set -uo pipefail
-A=$1 B=$2 OUT=$3 NAME=$4 FLAGS=$5 LIMIT=${6:-150}
+A=$1 B=$2 OUT=$3 NAME=$4 FLAGS=$5 LIMIT=${6:-120}
 TL=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__)+"/lib")')
-export LD_LIBRARY_PATH=$TL
+export LD_LIBRARY_PATH=$TL${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$OUT"
+: > "$OUT/$NAME.txt"
 i=0
 for which in A B B A; do
   i=$((i + 1))

@@ -16,8 +16,8 @@
 // (each tile of 64 keys against every block that sees it). A KV head's query heads (its group:
 // 4 at Qwen3-8B's shapes, 5 at 14B's, 8 at 32B's) go four at a time at most (a chunk): a forward
 // or dq block takes one chunk, and the dk/dv kernel steps through a seeing block's chunks one
-// after another. Where the group is not a multiple of four, the last chunk's spare warps repeat
-// its last head's work and write nothing. No atomics: every output element is
+// after another. Where the group is above four and not a multiple of four, the last chunk's
+// spare warps repeat its last head's work and write nothing. No atomics: every output element is
 // written by one warp. Operands come from shared memory through ldmatrix, and each kernel copies
 // its next tile (cp.async) into a second set of shared tiles while it computes on the current
 // one. Compiled at run time (runtime_kernels.h).
@@ -160,7 +160,9 @@ __device__ void load_tile(bf16* ks, bf16* vs, unsigned char* ok, const bf16* k, 
     ok[r] = r < kn && (docs == 0 || docs[r] == doc);
 }
 
-// At most this many query heads a block: the forward and dq kernels' 128 threads.
+// At most this many query heads a block: the forward and dq kernels' 128 threads, and the dk/dv
+// kernel's 64 rows a set of shared tiles. The host's kChunk (query_grid) launches by it: change
+// both together.
 #define CHUNK 4
 
 // A KV head's query heads a chunk, and its chunks.
@@ -653,7 +655,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // The forward and dq kernels' grid over `rows` rows: a block of 16 queries by a KV head's chunk
 // of query heads (CHUNK in the kernels: four at most, a warp each) by a row.
 dflash::rtc::Shape query_grid(const Dims& d, unsigned rows) {
-  constexpr int kChunk = 4;
+  constexpr int kChunk = 4;  // CHUNK in the kernels' source: change both together
+  static_assert(kChunk * 16 <= kTile, "the dk/dv kernel's shared sets hold 64 rows");
   const int group = d.hq / d.hkv;
   const int per = std::min(group, kChunk), chunks = (group + kChunk - 1) / kChunk;
   return dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv * chunks),
