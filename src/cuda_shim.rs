@@ -52,6 +52,11 @@ pub(crate) mod ffi {
         ) -> c_int;
         pub fn dflash_memory_peak(device: c_int, reset: c_int, peak: *mut u64) -> c_int;
         pub fn dflash_memory_total(device: c_int, total: *mut u64) -> c_int;
+        pub fn dflash_compute_capability(
+            device: c_int,
+            major: *mut c_int,
+            minor: *mut c_int,
+        ) -> c_int;
         pub fn dflash_empty_cache() -> c_int;
         pub fn dflash_allocator_stats(device: c_int, out: *mut i64) -> c_int;
         pub fn dflash_fused_adamw(
@@ -190,6 +195,9 @@ pub(crate) mod ffi {
         1
     }
     pub unsafe fn dflash_memory_total(_: c_int, _: *mut u64) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_compute_capability(_: c_int, _: *mut c_int, _: *mut c_int) -> c_int {
         1
     }
     pub unsafe fn dflash_empty_cache() -> c_int {
@@ -344,6 +352,17 @@ pub fn memory_total(device: usize) -> Result<u64> {
         "CUDA device properties",
     )?;
     Ok(total)
+}
+
+/// The compute capability of CUDA device `device`, as (major, minor).
+pub fn compute_capability(device: usize) -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: valid out pointers.
+    check(
+        unsafe { ffi::dflash_compute_capability(device as c_int, &mut major, &mut minor) },
+        "CUDA device properties",
+    )?;
+    Ok((major, minor))
 }
 
 /// Gives the caching allocator's unused cached blocks back to the device (libtorch's

@@ -597,6 +597,9 @@ fn a_failing_worker_stops_the_run_names_thread_and_phase_and_saves() {
         "anchors",
         "seq_len",
         "loss_chunk_mib",
+        "--optimizer-states bf16",
+        // what the shapes need (src/engine/pipeline.rs memory_note)
+        "(by the shapes a target and a drafter together need about",
     ] {
         assert!(err.contains(knob), "oom names `{knob}`: {err}");
     }

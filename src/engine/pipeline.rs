@@ -48,6 +48,8 @@ pub struct Pipeline {
     pub counts: Arc<DataCounts>,
     /// The other ranks of a multi-process job.
     link: Option<Arc<JobLink>>,
+    /// Said after a worker's out-of-memory (`memory_note`).
+    memory_note: String,
 }
 
 pub(crate) enum Replicas {
@@ -317,39 +319,37 @@ impl Workers<'_> {
     }
 }
 
-/// For libtorch's out-of-memory while the models are built: what the shapes need
-/// (src/engine/model/memory.rs) against the smallest GPU the run uses, so that the sentence says
-/// by how much it does not fit.
-fn with_memory_note(e: anyhow::Error, cfg: &PipelineSpec) -> anyhow::Error {
-    let text = format!("{e:#}");
-    if !text.contains("out of memory") {
-        return e;
-    }
-    let need = cfg.memory_need();
-    let shared = cfg
-        .target_devices
-        .iter()
-        .any(|d| cfg.drafter_devices.contains(d));
-    let (who, gib) = match shared {
-        true => ("a target and a drafter together need", need.together_gib()),
-        false => (
-            "the larger of a target and a drafter needs",
-            need.apart_gib(),
-        ),
-    };
-    let card = cfg
+/// For libtorch's out-of-memory: what the shapes need against the smallest GPU the run uses and
+/// the first memory lever that would fit it (`PipelineSpec::memory_note`; on the CPU what the
+/// shapes need). Computed at start, while the GPUs can still be asked.
+fn memory_note(cfg: &PipelineSpec) -> String {
+    let gpus: Vec<usize> = cfg
         .target_devices
         .iter()
         .chain(&cfg.drafter_devices)
         .filter_map(|d| match d {
-            Device::Cuda(i) => crate::cuda_shim::memory_total(*i).ok(),
+            Device::Cuda(i) => Some(*i),
             _ => None,
         })
+        .collect();
+    let card = gpus
+        .iter()
+        .filter_map(|&i| crate::cuda_shim::memory_total(i).ok())
         .min();
-    let holds = card.map_or(String::new(), |b| {
-        format!(", the GPU holds {:.0} GiB", b as f64 / (1u64 << 30) as f64)
-    });
-    anyhow::anyhow!("{text} (by the shapes {who} about {gib:.0} GiB{holds})")
+    // FP8 GEMMs from compute capability 8.9 on (src/engine/model/fp8.rs).
+    let fp8 = gpus
+        .iter()
+        .all(|&i| crate::cuda_shim::compute_capability(i).is_ok_and(|c| c >= (8, 9)));
+    let card_gib = card.map(|b| b as f64 / (1u64 << 30) as f64);
+    cfg.memory_note(card_gib, fp8)
+}
+
+/// `error` with the memory note after it where it is libtorch's out-of-memory.
+fn with_memory_note(error: &str, note: &str) -> String {
+    match error.contains("out of memory") {
+        true => format!("{error} ({note})"),
+        false => error.to_string(),
+    }
 }
 
 impl Pipeline {
@@ -372,6 +372,15 @@ impl Pipeline {
     ) -> Result<Pipeline> {
         let cancel = CancelToken::new();
         let crew = Crew::new(cancel.clone(), link.clone())?;
+        let note = memory_note(cfg);
+        // A build's out-of-memory with the note; any other error as it was.
+        let noted = |e: anyhow::Error| {
+            let text = format!("{e:#}");
+            match text.contains("out of memory") {
+                true => anyhow::anyhow!(with_memory_note(&text, &note)),
+                false => e,
+            }
+        };
         let threads = threads_per_worker(cfg);
         tch::manual_seed(cfg.seed as i64);
         let on = |devices: &[Device]| {
@@ -382,12 +391,12 @@ impl Pipeline {
             &format!("building the target on {}", on(&cfg.target_devices)),
             || build_targets(cfg),
         )
-        .map_err(|e| with_memory_note(e, cfg))?;
+        .map_err(noted)?;
         let (drafters, start_step) = caught(
             &format!("building the drafter on {}", on(&cfg.drafter_devices)),
             || drafter_replicas(cfg, &targets[0].1),
         )
-        .map_err(|e| with_memory_note(e, cfg))?;
+        .map_err(noted)?;
         let (group, gates) = replica_sync(cfg, link.as_ref(), &cancel)?;
         if let Some(n) = cfg.steps {
             if start_step >= n {
@@ -428,6 +437,7 @@ impl Pipeline {
             start_step,
             counts,
             link,
+            memory_note: note,
         })
     }
 
@@ -437,11 +447,13 @@ impl Pipeline {
         if let Some(why) = self.link.as_ref().and_then(|l| l.fault()) {
             return Some(why);
         }
-        self.errors
+        let first = self
+            .errors
             .lock()
             .expect("errors poisoned")
             .first()
-            .cloned()
+            .cloned()?;
+        Some(with_memory_note(&first, &self.memory_note))
     }
 
     /// The other ranks of this process's job (None outside a job).

@@ -5,6 +5,7 @@ use super::checkpoint;
 use super::data::chat::ChatOptions;
 use crate::engine::gpu::fast_paths::FastPaths;
 use crate::engine::model::fp8::TargetPrecision;
+use crate::engine::model::memory::MemoryNeed;
 use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
 use crate::engine::train::blocks::AnchorScope;
 use crate::engine::train::optim::moments::MomentPrecision;
@@ -114,16 +115,82 @@ pub struct PipelineSpec {
 
 impl PipelineSpec {
     /// What a target and a drafter of this run hold on a GPU (src/engine/model/memory.rs).
-    pub fn memory_need(&self) -> crate::engine::model::memory::MemoryNeed {
+    pub fn memory_need(&self) -> MemoryNeed {
+        self.memory_need_with(self.target_precision, self.optimizer_states)
+    }
+
+    /// The same with the target's precision and the AdamW moments' set otherwise.
+    fn memory_need_with(&self, target: TargetPrecision, moments: MomentPrecision) -> MemoryNeed {
         crate::engine::model::memory::need(
             &self.target_config,
-            self.target_precision,
-            self.optimizer_states.bytes(),
+            target,
+            moments.bytes(),
             &self.drafter_spec,
             self.seq_len,
             self.anchors,
             self.batch,
         )
+    }
+
+    /// Whether a target and a drafter share a GPU.
+    pub fn shares_a_gpu(&self) -> bool {
+        self.target_devices
+            .iter()
+            .any(|d| self.drafter_devices.contains(d))
+    }
+
+    /// The memory levers this run has not set, in the order we suggest them (bf16 AdamW moments,
+    /// then an FP8 target where `fp8` says the GPUs run FP8 GEMMs, then both), each with its
+    /// flags and what the run would need with it.
+    pub fn memory_levers(&self, fp8: bool) -> Vec<(&'static str, MemoryNeed)> {
+        use MomentPrecision::Bf16;
+        let moments = self.optimizer_states != Bf16;
+        let target = fp8 && self.target_precision != TargetPrecision::Fp8;
+        let mut levers = Vec::new();
+        if moments {
+            let need = self.memory_need_with(self.target_precision, Bf16);
+            levers.push(("--optimizer-states bf16", need));
+        }
+        if target {
+            let need = self.memory_need_with(TargetPrecision::Fp8, self.optimizer_states);
+            levers.push(("--target-precision fp8", need));
+        }
+        if moments && target {
+            let need = self.memory_need_with(TargetPrecision::Fp8, Bf16);
+            levers.push(("--target-precision fp8 --optimizer-states bf16", need));
+        }
+        levers
+    }
+
+    /// For libtorch's out-of-memory on GPUs of `card_gib` (the smallest the run uses; None on the
+    /// CPU): what the shapes need against it and, where one fits with 3% to spare, the first
+    /// memory lever (`memory_levers`) and what the run would need with it.
+    pub fn memory_note(&self, card_gib: Option<f64>, fp8: bool) -> String {
+        let shared = self.shares_a_gpu();
+        let gib = |n: &MemoryNeed| match shared {
+            true => n.together_gib(),
+            false => n.apart_gib(),
+        };
+        let who = match shared {
+            true => "a target and a drafter together need",
+            false => "the larger of a target and a drafter needs",
+        };
+        let mut note = format!(
+            "by the shapes {who} about {:.0} GiB",
+            gib(&self.memory_need())
+        );
+        let Some(card_gib) = card_gib else {
+            return note;
+        };
+        note.push_str(&format!(", the GPU holds {card_gib:.0} GiB"));
+        let fits = self
+            .memory_levers(fp8)
+            .into_iter()
+            .find(|(_, n)| gib(n) < 0.97 * card_gib);
+        if let Some((flags, need)) = fits {
+            note.push_str(&format!("; with {flags} about {:.0} GiB", gib(&need)));
+        }
+        note
     }
 
     pub fn validate(&self) -> Result<()> {

@@ -69,3 +69,48 @@ fn bf16_moments_take_four_bytes_a_drafter_parameter_off_the_estimate() {
     let bf16 = at(TargetPrecision::Bf16, MomentPrecision::Bf16).together_gib();
     assert!(bf16 > 90.0, "a bf16 32B target needs an H200: {bf16:.1}");
 }
+
+/// After an out-of-memory, the note names the first memory lever that would fit the card:
+/// Qwen3-32B on an 80 GB card (79.2 GiB) needs both levers in bf16 (112.8 GiB as set, 75.0
+/// with both), only bf16 moments with an FP8 target (84.6 → 75.0), none where one is set and
+/// the other alone does not fit; a GPU without FP8 GEMMs is offered only the moments.
+#[test]
+fn the_memory_note_names_the_first_lever_that_fits_the_card() {
+    let spec = |extra: &dyn Fn(&mut crate::config::cli::TrainArgs)| {
+        let mut a = crate::config::cli::TrainArgs {
+            preset: Some("qwen3-32b".into()),
+            ..Default::default()
+        };
+        extra(&mut a);
+        crate::config::RunConfig::from_args(&a).unwrap().pipeline
+    };
+    let card = Some(79.2);
+    let bf16 = spec(&|_| {});
+    let note = bf16.memory_note(card, true);
+    assert!(
+        note.starts_with("by the shapes a target and a drafter together need about 113 GiB, the GPU holds 79 GiB; with --target-precision fp8 --optimizer-states bf16 about 75 GiB"),
+        "{note}"
+    );
+    assert!(
+        !bf16.memory_note(card, false).contains("with --"),
+        "no FP8 there"
+    );
+    let fp8 = spec(&|a| a.target_precision = Some("fp8".into()));
+    let note = fp8.memory_note(card, true);
+    assert!(
+        note.ends_with("; with --optimizer-states bf16 about 75 GiB"),
+        "{note}"
+    );
+    let both = spec(&|a| {
+        a.target_precision = Some("fp8".into());
+        a.optimizer_states = Some("bf16".into());
+    });
+    assert!(both.memory_levers(true).is_empty());
+    assert!(!both.memory_note(card, true).contains("with --"));
+    // On a card of 139 GiB (an H200) the bf16 target with bf16 moments fits first.
+    let note = bf16.memory_note(Some(139.7), true);
+    assert!(
+        note.ends_with("; with --optimizer-states bf16 about 103 GiB"),
+        "{note}"
+    );
+}

@@ -194,6 +194,15 @@ int dflash_memory_total(int device, uint64_t* total) {
   });
 }
 
+// The device's compute capability (9.0 on an H100 or H200).
+int dflash_compute_capability(int device, int* major, int* minor) {
+  return guarded([&] {
+    auto* props = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+    *major = props->major;
+    *minor = props->minor;
+  });
+}
+
 // CUDA graphs: the work a thread queues on its current (non-default) stream between
 // capture_begin and capture_end is recorded once and replayed with one launch. Thread-local
 // capture mode, so other threads keep using the device meanwhile.
