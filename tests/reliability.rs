@@ -132,13 +132,20 @@ fn a_headless_run_whose_reader_leaves_stops_and_saves() {
         assert!(out.read_line(&mut line).unwrap() > 0, "no interval line");
     }
     drop(out);
-    let status = wait_exit(&mut child);
+    let err = exits_quietly_with(&mut child, 130);
+    assert_eq!(step_dirs(dir.path()).len(), 1, "the last step saved: {err}");
+}
+
+/// Waits for `child` and checks it exited with `code` and no panic or broken-pipe message on
+/// stderr; gives back its stderr.
+fn exits_quietly_with(child: &mut Child, code: i32) -> String {
+    let status = wait_exit(child);
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(130), "{err}");
+    assert_eq!(status.code(), Some(code), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(!err.contains("Broken pipe"), "{err}");
-    assert_eq!(step_dirs(dir.path()).len(), 1, "the last step saved: {err}");
+    err
 }
 
 /// Stopped by a signal at any step of a run of 3 steps a batch, the last save says how many of
@@ -232,12 +239,7 @@ fn a_bench_whose_reader_left_ends_quietly() {
         .unwrap();
     // Closed before anything is written: every line meets a closed pipe.
     drop(child.stdout.take());
-    let status = wait_exit(&mut child);
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(0), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(!err.contains("Broken pipe"), "{err}");
+    exits_quietly_with(&mut child, 0);
 }
 
 /// `bench engine > file` on a full disk (/dev/full): the lost output is said on stderr, once,
@@ -258,6 +260,7 @@ fn a_bench_whose_output_cannot_be_written_says_so_and_fails() {
     assert_eq!(err.matches("cannot write to stdout").count(), 1, "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
 /// Waits until a save has begun in `dir` (its temporary directory is there), then past the
 /// 250 ms in which further signals count as the first (a hang-up sends several).
 fn wait_for_a_save_to_begin(dir: &Path) {
