@@ -344,12 +344,11 @@ fn memory_note(cfg: &PipelineSpec) -> String {
     cfg.memory_note(card_gib, fp8)
 }
 
-/// `error` with the memory note after it where it is libtorch's out-of-memory.
-fn with_memory_note(error: &str, note: &str) -> String {
-    match error.contains("out of memory") {
-        true => format!("{error} ({note})"),
-        false => error.to_string(),
-    }
+/// `error` with the memory note after it where it is libtorch's out-of-memory; None otherwise.
+fn with_memory_note(error: &str, note: &str) -> Option<String> {
+    error
+        .contains("out of memory")
+        .then(|| format!("{error} ({note})"))
 }
 
 impl Pipeline {
@@ -374,12 +373,9 @@ impl Pipeline {
         let crew = Crew::new(cancel.clone(), link.clone())?;
         let note = memory_note(cfg);
         // A build's out-of-memory with the note; any other error as it was.
-        let noted = |e: anyhow::Error| {
-            let text = format!("{e:#}");
-            match text.contains("out of memory") {
-                true => anyhow::anyhow!(with_memory_note(&text, &note)),
-                false => e,
-            }
+        let noted = |e: anyhow::Error| match with_memory_note(&format!("{e:#}"), &note) {
+            Some(text) => anyhow::anyhow!(text),
+            None => e,
         };
         let threads = threads_per_worker(cfg);
         tch::manual_seed(cfg.seed as i64);
@@ -453,7 +449,7 @@ impl Pipeline {
             .expect("errors poisoned")
             .first()
             .cloned()?;
-        Some(with_memory_note(&first, &self.memory_note))
+        Some(with_memory_note(&first, &self.memory_note).unwrap_or(first))
     }
 
     /// The other ranks of this process's job (None outside a job).
