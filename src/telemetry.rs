@@ -21,6 +21,7 @@ pub mod stall;
 pub mod switches;
 pub mod trace;
 pub mod verdict;
+pub mod warning;
 pub mod warnings;
 pub mod window;
 

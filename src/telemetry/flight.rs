@@ -14,7 +14,7 @@
 use super::hub::{HubCommand, Telemetry};
 use super::snapshot::{GpuPanel, Snapshot};
 use super::verdict::Verdict;
-use super::warnings::Severity;
+use super::warning::Severity;
 use crate::cancel::CancelToken;
 use anyhow::{Context, Result};
 use crossbeam_channel::RecvTimeoutError;

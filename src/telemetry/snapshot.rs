@@ -245,7 +245,7 @@ pub struct Snapshot {
     pub steps: Vec<StepSpan>,
     /// The warnings in force, most severe first (`telemetry::warnings`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<super::warnings::Warning>,
+    pub warnings: Vec<super::warning::Warning>,
     /// A merged view of several sessions (`attach --job`, `attach A B`): each one's own numbers,
     /// in rank order; empty for one process.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
