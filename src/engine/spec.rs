@@ -163,8 +163,10 @@ impl PipelineSpec {
     }
 
     /// For libtorch's out-of-memory on GPUs of `card_gib` (the smallest the run uses; None on the
-    /// CPU): what the shapes need against it and, where one fits with 3% to spare, the first
-    /// memory lever (`memory_levers`) and what the run would need with it.
+    /// CPU): what the shapes need against it and the memory levers this run has not set
+    /// (`memory_levers`): the first that fits with 3% to spare and what the run would need with
+    /// it, or where none fits what it would need even with all of them. On the CPU, with no card
+    /// to fit, the first lever.
     pub fn memory_note(&self, card_gib: Option<f64>, fp8: bool) -> String {
         let shared = self.shares_a_gpu();
         let gib = |n: &MemoryNeed| match shared {
@@ -179,16 +181,19 @@ impl PipelineSpec {
             "by the shapes {who} about {:.0} GiB",
             gib(&self.memory_need())
         );
-        let Some(card_gib) = card_gib else {
-            return note;
+        let levers = self.memory_levers(fp8);
+        let said = match card_gib {
+            None => levers.first().map(|lever| ("with", lever)),
+            Some(card_gib) => {
+                note.push_str(&format!(", the GPU holds {card_gib:.0} GiB"));
+                match levers.iter().find(|(_, n)| gib(n) < 0.97 * card_gib) {
+                    Some(lever) => Some(("with", lever)),
+                    None => levers.last().map(|lever| ("even with", lever)),
+                }
+            }
         };
-        note.push_str(&format!(", the GPU holds {card_gib:.0} GiB"));
-        let fits = self
-            .memory_levers(fp8)
-            .into_iter()
-            .find(|(_, n)| gib(n) < 0.97 * card_gib);
-        if let Some((flags, need)) = fits {
-            note.push_str(&format!("; with {flags} about {:.0} GiB", gib(&need)));
+        if let Some((how, (flags, need))) = said {
+            note.push_str(&format!("; {how} {flags} about {:.0} GiB", gib(need)));
         }
         note
     }

@@ -69,17 +69,41 @@ pub fn torch_message(text: &str) -> String {
     } else {
         message.to_string()
     };
-    format!("{head}{}", message.trim_end())
+    let message = without_allocator_advice(message.trim_end(), expandable_segments());
+    format!("{head}{message}")
+}
+
+/// Whether this process's CUDA allocator runs with expandable segments (src/engine/gpu/
+/// alloc_conf.rs sets them unless the user set the allocator).
+fn expandable_segments() -> bool {
+    crate::engine::gpu::alloc_conf::describe().contains(crate::engine::gpu::alloc_conf::EXPANDABLE)
+}
+
+/// libtorch's out-of-memory advice to turn on expandable segments, with the documentation link
+/// after it, cut where `expandable` says they are on already.
+fn without_allocator_advice(message: &str, expandable: bool) -> String {
+    const ADVICE: &str = "If reserved but unallocated memory is large try setting";
+    let Some(at) = message.find(ADVICE).filter(|_| expandable) else {
+        return message.to_string();
+    };
+    let rest = &message[at..];
+    // The advice ends with the link's closing parenthesis.
+    let end = rest.find(')').map_or(rest.len(), |e| e + 1);
+    let after = rest[end..].trim();
+    match after.is_empty() {
+        true => message[..at].trim_end().to_string(),
+        false => format!("{} {after}", message[..at].trim_end()),
+    }
 }
 
 /// The settings that lower a running step's memory, for libtorch's out-of-memory (empty
-/// otherwise).
+/// otherwise). The precision levers (an FP8 target, bf16 moments) are offered by the memory
+/// note said after it (src/engine/spec.rs `memory_note`), which knows which are set.
 pub fn oom_hint(error: &str) -> &'static str {
     if error.contains("out of memory") {
         " — out of device memory: lower `batch`, `anchors`, `seq_len` or `loss_chunk_mib` \
-         (flags or TOML run config), keep the target in FP8 (--target-precision fp8) or the \
-         AdamW moments in bf16 (--optimizer-states bf16), use a smaller --preset, or give the \
-         target and the drafters GPUs of their own (--target-devices, --drafter-devices)"
+         (flags or TOML run config), use a smaller --preset, or give the target and the \
+         drafters GPUs of their own (--target-devices, --drafter-devices)"
     } else {
         ""
     }
@@ -88,11 +112,9 @@ pub fn oom_hint(error: &str) -> &'static str {
 /// The same while the models are built, where their weights are what does not fit.
 fn build_oom_hint(error: &str) -> &'static str {
     if error.contains("out of memory") {
-        " — out of device memory while the weights are made: keep the target in FP8 \
-         (--target-precision fp8: half its weights' memory) and the AdamW moments in bf16 \
-         (--optimizer-states bf16), give the target and the drafters GPUs of their own \
-         (--target-devices, --drafter-devices; `bench engine` prints the placement advice with \
-         its memory estimate), or use a smaller --preset"
+        " — out of device memory while the weights are made: give the target and the drafters \
+         GPUs of their own (--target-devices, --drafter-devices; `bench engine` prints the \
+         placement advice with its memory estimate), or use a smaller --preset"
     } else {
         ""
     }
@@ -128,14 +150,12 @@ mod tests {
             !text.contains("(at "),
             "a libtorch error needs no place: {text}"
         );
-        for fix in [
-            "--target-devices",
-            "--target-precision fp8",
-            "--optimizer-states bf16",
-        ] {
+        for fix in ["--target-devices", "--preset"] {
             assert!(text.contains(fix), "the fix {fix}: {text}");
             assert!(oom_hint(&text).contains(fix), "a running step's: {fix}");
         }
+        // The precision levers come from the memory note, which knows which are set.
+        assert!(!text.contains("--target-precision") && !oom_hint(&text).contains("--optimizer"));
         assert!(
             !quiet_panic::here(),
             "the thread's panics are its own again afterwards"
@@ -182,5 +202,25 @@ mod tests {
             torch_message("boom\nException raised from x\nframe #0"),
             "boom"
         );
+    }
+
+    /// libtorch's advice to turn on expandable segments goes where they are on (as dflash-top
+    /// sets them), and stays where the user turned them off.
+    #[test]
+    fn the_allocator_advice_goes_where_expandable_segments_are_on() {
+        let oom = "CUDA out of memory. Tried to allocate 9.57 GiB. Of the allocated memory 78.35 \
+                   GiB is allocated by PyTorch. If reserved but unallocated memory is large try \
+                   setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid \
+                   fragmentation.  See documentation for Memory Management  \
+                   (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing)";
+        assert_eq!(
+            without_allocator_advice(oom, true),
+            "CUDA out of memory. Tried to allocate 9.57 GiB. Of the allocated memory 78.35 GiB \
+             is allocated by PyTorch."
+        );
+        assert_eq!(without_allocator_advice(oom, false), oom);
+        let more = format!("{oom} (more)");
+        assert!(without_allocator_advice(&more, true).ends_with("by PyTorch. (more)"));
+        assert_eq!(without_allocator_advice("bad shape", true), "bad shape");
     }
 }
