@@ -1,7 +1,7 @@
 """Compiles the CUDA C that src/engine/cxx/*.cpp hand to NVRTC at run time, here, without a GPU:
 a kernel that does not compile is found before a device call is spent on it. Each raw string
-`const char* kXxxSource = R"(...)";` is compiled for the architecture given, with the `bf16.h`
-header of runtime_kernels.h, and NVRTC's log printed; `--ptxas` adds ptxas's report of each
+`const char* kXxxSource = R"(...)";` (or `constexpr char kXxxSource[] = R"(...)";`) is compiled
+for the architecture given, with the `bf16.h` header of runtime_kernels.h, and NVRTC's log printed; `--ptxas` adds ptxas's report of each
 kernel's registers, spills and shared memory (compiled for a real architecture, as the engine
 does).
 
@@ -19,7 +19,10 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CXX = ROOT / "src" / "engine" / "cxx"
-RAW = re.compile(r'const char\*\s+(k\w*Source|k\w*Header)\s*=\s*R"\((.*?)\)";', re.S)
+RAW = re.compile(
+    r'(?:const char\*\s+|constexpr char\s+)(k\w*Source|k\w*Header)(?:\[\])?\s*=\s*R"\((.*?)\)";',
+    re.S,
+)
 
 
 def sources(path):

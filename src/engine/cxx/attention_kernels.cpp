@@ -29,7 +29,7 @@
 
 namespace {
 
-const char* kSource = R"(
+constexpr char kSource[] = R"(
 #include "bf16.h"
 
 #define D 128
@@ -161,8 +161,7 @@ __device__ void load_tile(bf16* ks, bf16* vs, unsigned char* ok, const bf16* k, 
 }
 
 // At most this many query heads a block: the forward and dq kernels' 128 threads, and the dk/dv
-// kernel's 64 rows a set of shared tiles. The host's kChunk (query_grid) launches by it: change
-// both together.
+// kernel's 64 rows a set of shared tiles. The host reads this line at compile time (kChunk).
 #define CHUNK 4
 
 // A KV head's query heads a chunk, and its chunks.
@@ -606,6 +605,26 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
 
 const dflash::rtc::Program kProgram{"attention_kernels.cu", kSource};
 
+// The single-digit value of `#define NAME d` in a kernel source, read at compile time; 0 where
+// there is none.
+constexpr int defined_digit(const char* source, const char* name) {
+  for (const char* at = source; *at; ++at) {
+    const char* d = "#define ";
+    const char* p = at;
+    while (*d && *p == *d) ++d, ++p;
+    if (*d) continue;
+    const char* n = name;
+    while (*n && *p == *n) ++n, ++p;
+    if (!*n && *p == ' ' && p[1] >= '1' && p[1] <= '9' && (p[2] == '\n' || p[2] == ' '))
+      return p[1] - '0';
+  }
+  return 0;
+}
+
+// Query heads a block at most: the kernels' CHUNK.
+constexpr int kChunk = defined_digit(kSource, "CHUNK");
+static_assert(kChunk > 0, "the kernel source defines CHUNK as one digit");
+
 constexpr int kTile = 64;
 constexpr int kPitch = 136;
 // The forward and dq kernels' shared memory: two sets of key and value tiles and the keys'
@@ -655,7 +674,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 // The forward and dq kernels' grid over `rows` rows: a block of 16 queries by a KV head's chunk
 // of query heads (CHUNK in the kernels: four at most, a warp each) by a row.
 dflash::rtc::Shape query_grid(const Dims& d, unsigned rows) {
-  constexpr int kChunk = 4;  // CHUNK in the kernels' source: change both together
   static_assert(kChunk * 16 <= kTile, "the dk/dv kernel's shared sets hold 64 rows");
   const int group = d.hq / d.hkv;
   const int per = std::min(group, kChunk), chunks = (group + kChunk - 1) / kChunk;
