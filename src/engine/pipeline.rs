@@ -48,8 +48,6 @@ pub struct Pipeline {
     pub counts: Arc<DataCounts>,
     /// The other ranks of a multi-process job.
     link: Option<Arc<JobLink>>,
-    /// Said after a worker's out-of-memory (`memory_note`).
-    memory_note: String,
 }
 
 pub(crate) enum Replicas {
@@ -320,8 +318,9 @@ impl Workers<'_> {
 }
 
 /// For libtorch's out-of-memory: what the shapes need against the smallest GPU the run uses and
-/// the first memory lever that would fit it (`PipelineSpec::memory_note`; on the CPU what the
-/// shapes need). Computed at start, while the GPUs can still be asked.
+/// the memory levers not set (`PipelineSpec::memory_note`; on the CPU what the shapes need and
+/// the first lever that lowers it). Computed at start, while the GPUs can still be asked; said
+/// after a build's out-of-memory and a worker's, here and to a job's other ranks.
 fn memory_note(cfg: &PipelineSpec) -> String {
     let gpus: Vec<usize> = cfg
         .target_devices
@@ -337,9 +336,10 @@ fn memory_note(cfg: &PipelineSpec) -> String {
         .filter_map(|&i| crate::cuda_shim::memory_total(i).ok())
         .min();
     // FP8 GEMMs from compute capability 8.9 on (src/engine/model/fp8.rs).
-    let fp8 = gpus
-        .iter()
-        .all(|&i| crate::cuda_shim::compute_capability(i).is_ok_and(|c| c >= (8, 9)));
+    let fp8 = !gpus.is_empty()
+        && gpus
+            .iter()
+            .all(|&i| crate::cuda_shim::compute_capability(i).is_ok_and(|c| c >= (8, 9)));
     let card_gib = card.map(|b| b as f64 / (1u64 << 30) as f64);
     cfg.memory_note(card_gib, fp8)
 }
@@ -370,8 +370,8 @@ impl Pipeline {
         link: Option<Arc<JobLink>>,
     ) -> Result<Pipeline> {
         let cancel = CancelToken::new();
-        let crew = Crew::new(cancel.clone(), link.clone())?;
         let note = memory_note(cfg);
+        let crew = Crew::new(cancel.clone(), link.clone(), note.clone())?;
         // A build's out-of-memory with the note; any other error as it was.
         let noted = |e: anyhow::Error| match with_memory_note(&format!("{e:#}"), &note) {
             Some(text) => anyhow::anyhow!(text),
@@ -433,7 +433,6 @@ impl Pipeline {
             start_step,
             counts,
             link,
-            memory_note: note,
         })
     }
 
@@ -443,13 +442,11 @@ impl Pipeline {
         if let Some(why) = self.link.as_ref().and_then(|l| l.fault()) {
             return Some(why);
         }
-        let first = self
-            .errors
+        self.errors
             .lock()
             .expect("errors poisoned")
             .first()
-            .cloned()?;
-        Some(with_memory_note(&first, &self.memory_note).unwrap_or(first))
+            .cloned()
     }
 
     /// The other ranks of this process's job (None outside a job).

@@ -166,7 +166,7 @@ impl PipelineSpec {
     /// CPU): what the shapes need against it and the memory levers this run has not set
     /// (`memory_levers`): the first that fits with 3% to spare and what the run would need with
     /// it, or where none fits what it would need even with all of them. On the CPU, with no card
-    /// to fit, the first lever.
+    /// to fit, the first lever. A lever that saves less than a rounded GiB is not offered.
     pub fn memory_note(&self, card_gib: Option<f64>, fp8: bool) -> String {
         let shared = self.shares_a_gpu();
         let gib = |n: &MemoryNeed| match shared {
@@ -177,11 +177,14 @@ impl PipelineSpec {
             true => "a target and a drafter together need",
             false => "the larger of a target and a drafter needs",
         };
-        let mut note = format!(
-            "by the shapes {who} about {:.0} GiB",
-            gib(&self.memory_need())
-        );
-        let levers = self.memory_levers(fp8);
+        let now = gib(&self.memory_need());
+        let mut note = format!("by the shapes {who} about {now:.0} GiB");
+        // A lever that saves less than the note's rounding is not offered.
+        let levers: Vec<_> = self
+            .memory_levers(fp8)
+            .into_iter()
+            .filter(|(_, n)| gib(n).round() < now.round())
+            .collect();
         let said = match card_gib {
             None => levers.first().map(|lever| ("with", lever)),
             Some(card_gib) => {

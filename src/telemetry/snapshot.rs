@@ -243,7 +243,7 @@ pub struct Snapshot {
     /// The steps that ended since the previous snapshot (for traces); empty when not kept.
     #[serde(default)]
     pub steps: Vec<StepSpan>,
-    /// The warnings in force, most severe first (`telemetry::warnings`).
+    /// The warnings in force, most severe first (raised by `telemetry::warnings`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<super::warning::Warning>,
     /// A merged view of several sessions (`attach --job`, `attach A B`): each one's own numbers,

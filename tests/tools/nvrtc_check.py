@@ -1,9 +1,9 @@
 """Compiles the CUDA C that src/engine/cxx/*.cpp hand to NVRTC at run time, here, without a GPU:
 a kernel that does not compile is found before a device call is spent on it. Each raw string
 `const char* kXxxSource = R"(...)";` (or `constexpr char kXxxSource[] = R"(...)";`) is compiled
-for the architecture given, with the `bf16.h` header of runtime_kernels.h, and NVRTC's log printed; `--ptxas` adds ptxas's report of each
-kernel's registers, spills and shared memory (compiled for a real architecture, as the engine
-does).
+for the architecture given, with the `bf16.h` header of runtime_kernels.h, and NVRTC's log
+printed; `--ptxas` adds ptxas's report of each kernel's registers, spills and shared memory
+(compiled for a real architecture, as the engine does).
 
     python3 tests/tools/nvrtc_check.py LIBNVRTC [--arch sm_90] [--ptxas] [FILE.cpp ...]
 

@@ -76,7 +76,8 @@ pub fn torch_message(text: &str) -> String {
 /// Whether this process's CUDA allocator runs with expandable segments (src/engine/gpu/
 /// alloc_conf.rs sets them unless the user set the allocator).
 fn expandable_segments() -> bool {
-    crate::engine::gpu::alloc_conf::describe().contains(crate::engine::gpu::alloc_conf::EXPANDABLE)
+    let conf = crate::engine::gpu::alloc_conf::describe().replace(' ', "");
+    conf.contains(crate::engine::gpu::alloc_conf::EXPANDABLE)
 }
 
 /// libtorch's out-of-memory advice to turn on expandable segments, with the documentation link
@@ -89,11 +90,12 @@ fn without_allocator_advice(message: &str, expandable: bool) -> String {
     let rest = &message[at..];
     // The advice ends with the link's closing parenthesis.
     let end = rest.find(')').map_or(rest.len(), |e| e + 1);
-    let after = rest[end..].trim();
-    match after.is_empty() {
-        true => message[..at].trim_end().to_string(),
-        false => format!("{} {after}", message[..at].trim_end()),
-    }
+    let parts = [message[..at].trim_end(), rest[end..].trim()];
+    parts
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The settings that lower a running step's memory, for libtorch's out-of-memory (empty
@@ -222,5 +224,7 @@ mod tests {
         let more = format!("{oom} (more)");
         assert!(without_allocator_advice(&more, true).ends_with("by PyTorch. (more)"));
         assert_eq!(without_allocator_advice("bad shape", true), "bad shape");
+        let first = "If reserved but unallocated memory is large try setting it (link) after";
+        assert_eq!(without_allocator_advice(first, true), "after");
     }
 }

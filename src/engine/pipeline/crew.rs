@@ -1,8 +1,10 @@
 //! The pipeline's worker threads as one crew: each started on a named thread, a failure (an
-//! error or a panic) turned into one sentence naming the thread and its phase, kept, told at once
-//! to the other ranks of a job, and the whole crew stopped.
+//! error or a panic) turned into one sentence naming the thread and its phase (and after an
+//! out-of-memory the memory note), kept, told at once to the other ranks of a job, and the whole
+//! crew stopped.
 
 use super::caught::{oom_hint, panic_text, torch_message};
+use super::with_memory_note;
 use crate::cancel::CancelToken;
 use crate::engine::parallel::ranks::JobLink;
 use anyhow::{Context, Result};
@@ -17,16 +19,24 @@ pub(super) struct Crew {
     running: Arc<AtomicUsize>,
     /// In a job: the other ranks, told at once when a worker here fails.
     link: Option<Arc<JobLink>>,
+    /// Said after a worker's out-of-memory (`super::memory_note`), here and to the other ranks.
+    memory_note: String,
 }
 
 impl Crew {
     /// A crew stopped by `cancel`; in a job, watched by the other ranks (a fault there stops it).
-    pub(super) fn new(cancel: CancelToken, link: Option<Arc<JobLink>>) -> Result<Crew> {
+    /// `memory_note` follows a worker's out-of-memory.
+    pub(super) fn new(
+        cancel: CancelToken,
+        link: Option<Arc<JobLink>>,
+        memory_note: String,
+    ) -> Result<Crew> {
         let crew = Crew {
             errors: Arc::new(Mutex::new(Vec::new())),
             cancel,
             running: Arc::new(AtomicUsize::new(0)),
             link,
+            memory_note,
         };
         if let Some(l) = &crew.link {
             l.watch(crew.cancel.clone(), crew.running.clone())?;
@@ -54,6 +64,7 @@ pub(super) fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
     let errors = crew.errors.clone();
     let cancel = crew.cancel.clone();
     let link = crew.link.clone();
+    let note = crew.memory_note.clone();
     let label = name.clone();
     crew.running.fetch_add(1, Ordering::SeqCst);
     let leaving = Leaving(crew.running.clone());
@@ -87,6 +98,7 @@ pub(super) fn spawn<F: FnOnce() -> Result<()> + Send + 'static>(
                 }
             };
             let sentence = worker_failure(&label, crate::telemetry::phase::current(), &failure);
+            let sentence = with_memory_note(&sentence, &note).unwrap_or(sentence);
             // The other ranks of a job learn it now, unless this failure follows theirs.
             if let Some(l) = link.as_ref().filter(|l| l.fault().is_none()) {
                 l.say_failed(&sentence);
@@ -106,4 +118,33 @@ pub fn worker_failure(thread: &str, phase: Option<crate::telemetry::Phase>, erro
     let phase = phase.map_or("start-up".to_string(), |p| format!("phase `{}`", p.name()));
     let error = torch_message(error);
     format!("{thread} failed in {phase}: {error}{}", oom_hint(&error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker's out-of-memory is kept (and so told to a job's other ranks, the same sentence)
+    /// with the memory note after it; another error without.
+    #[test]
+    fn a_workers_out_of_memory_carries_the_memory_note() {
+        let crew = Crew::new(CancelToken::new(), None, "the note".into()).unwrap();
+        let failing = |error: &'static str| -> Result<()> { Err(anyhow::anyhow!(error)) };
+        for (name, error) in [("oom", "CUDA out of memory."), ("other", "bad shape")] {
+            spawn(name.into(), &crew, move || failing(error))
+                .unwrap()
+                .join()
+                .unwrap();
+        }
+        let errors = crew.errors.lock().unwrap().clone();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with("oom failed in start-up: CUDA out of memory.")
+                && errors[0].ends_with(" (the note)"),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(errors[1], "other failed in start-up: bad shape");
+        assert!(crew.cancel.is_cancelled(), "a failure stops the crew");
+    }
 }
