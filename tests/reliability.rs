@@ -635,6 +635,42 @@ fn a_model_too_large_for_its_device_is_a_sentence_not_a_panic() {
     }
 }
 
+/// A preset whose weights alone are more than the host's memory, on the CPU: a sentence with the
+/// fix before anything is built (the kernel's out-of-memory killer ended it mid-build before).
+#[test]
+fn a_preset_larger_than_the_hosts_memory_is_refused_before_it_is_built() {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    // Qwen3-32B's weights in f32 on the CPU are about 157 GiB.
+    if kib / (1u64 << 20) as f64 > 150.0 {
+        eprintln!("skipped: this host has room for qwen3-32b's weights");
+        return;
+    }
+    let start = Instant::now();
+    let o = crate::support::bin()
+        .args(["bench", "engine", "--preset", "qwen3-32b", "--steps", "1"])
+        .args(["--target-devices", "cpu", "--drafter-devices", "cpu"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(
+            "dflash-top: --preset qwen3-32b on the CPU: its weights alone take about 157 GiB of \
+             host memory"
+        ) && err.contains("train it on GPUs (--target-devices cuda:0"),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "refused before the weights are made"
+    );
+}
+
 use super::tmux::{tmux, Session as Tmux};
 use crate::support::bin;
 

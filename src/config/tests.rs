@@ -453,5 +453,6 @@ fn reading_the_configuration_is_pure_and_apply_installs() {
 }
 
 mod fp8;
+mod host_memory;
 mod optimizer_states;
 mod placement;

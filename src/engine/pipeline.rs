@@ -344,6 +344,14 @@ fn memory_note(cfg: &PipelineSpec) -> String {
     cfg.memory_note(card_gib, fp8)
 }
 
+/// Host memory available now (/proc/meminfo's MemAvailable), GiB; None where it cannot be read.
+fn host_available_gib() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / (1u64 << 20) as f64)
+}
+
 /// `error` with the memory note after it where it is libtorch's out-of-memory; None otherwise.
 fn with_memory_note(error: &str, note: &str) -> Option<String> {
     error
@@ -370,6 +378,9 @@ impl Pipeline {
         link: Option<Arc<JobLink>>,
     ) -> Result<Pipeline> {
         let cancel = CancelToken::new();
+        if let Some(refusal) = host_available_gib().and_then(|gib| cfg.host_memory_refusal(gib)) {
+            anyhow::bail!(refusal);
+        }
         let note = memory_note(cfg);
         let crew = Crew::new(cancel.clone(), link.clone(), note.clone())?;
         // A build's out-of-memory with the note; any other error as it was.

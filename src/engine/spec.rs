@@ -132,6 +132,42 @@ impl PipelineSpec {
         )
     }
 
+    /// Where the target or the drafter trains on the CPU: what their weights alone take in host
+    /// memory (src/engine/model/memory.rs `host_weights_gib`); None where both are on GPUs.
+    pub fn host_weights_gib(&self) -> Option<f64> {
+        let on_cpu = |devices: &[Device]| devices.contains(&Device::Cpu);
+        let (target, drafter) = (on_cpu(&self.target_devices), on_cpu(&self.drafter_devices));
+        (target || drafter).then(|| {
+            crate::engine::model::memory::host_weights_gib(
+                &self.target_config,
+                self.target_precision,
+                self.optimizer_states.bytes(),
+                &self.drafter_spec,
+                target,
+                drafter,
+            )
+        })
+    }
+
+    /// Refused before anything is built where the weights on the CPU alone are more than the
+    /// host's `available_gib`: the sentence says so and what to do (the kernel would otherwise
+    /// kill the process mid-build, a terminal left raw).
+    pub fn host_memory_refusal(&self, available_gib: f64) -> Option<String> {
+        let need = self.host_weights_gib()?;
+        let model = match &self.target {
+            Some(dir) => format!("the target {}", dir.display()),
+            None => format!("--preset {}", self.preset.name),
+        };
+        (need > available_gib).then(|| {
+            format!(
+                "{model} on the CPU: its weights alone take about {need:.0} GiB of host memory \
+                 (in f32 there), and this machine has {available_gib:.0} GiB available; train \
+                 it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or pick a smaller \
+                 --preset (tiny, qwen3-0.6b)"
+            )
+        })
+    }
+
     /// Whether a target and a drafter share a GPU.
     pub fn shares_a_gpu(&self) -> bool {
         self.target_devices

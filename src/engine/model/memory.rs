@@ -113,3 +113,44 @@ pub fn need(
         shared_gib: shared / GIB,
     }
 }
+
+/// GiB the weights alone take in host memory where a side trains on the CPU, in f32 there: the
+/// target's built layers (a byte a weight in FP8), its embedding and head (held once), and the
+/// drafter's weight, gradient and AdamW moments (`moment_bytes` a parameter). A floor, not an
+/// estimate: activations come on top.
+pub fn host_weights_gib(
+    target: &Qwen3Config,
+    precision: TargetPrecision,
+    moment_bytes: f64,
+    spec: &DrafterSpec,
+    target_on_cpu: bool,
+    drafter_on_cpu: bool,
+) -> f64 {
+    let h = target.hidden_size as f64;
+    let built = spec
+        .target_layer_ids
+        .iter()
+        .max()
+        .map_or(target.num_hidden_layers, |m| m + 1);
+    let heads = if target.tie_word_embeddings { 1.0 } else { 2.0 };
+    let shared = heads * target.vocab_size as f64 * h * 4.0;
+    let layer_bytes = match precision {
+        TargetPrecision::Bf16 => 4.0,
+        TargetPrecision::Fp8 => 1.0,
+    };
+    let target_bytes = built as f64 * layer_params(target) * layer_bytes;
+    let fc = spec.target_layer_ids.len() as f64 * h * h;
+    let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
+    let drafter_bytes = drafter_params * (8.0 + moment_bytes);
+    let mut bytes = 0.0;
+    if target_on_cpu {
+        bytes += target_bytes;
+    }
+    if drafter_on_cpu {
+        bytes += drafter_bytes;
+    }
+    if target_on_cpu || drafter_on_cpu {
+        bytes += shared;
+    }
+    bytes / GIB
+}
