@@ -605,11 +605,11 @@ fn block_spans_hold_exactly_the_keys_the_mask_shows() {
 
 /// The block attention kernels against the dense mask on CUDA in bf16 (libtorch's sdpa):
 /// output and q, k, v gradients, at the 8B drafter's heads (32 query heads over 8 KV heads), the
-/// 0.6B's (16 over 8), the 14B's (40 over 8: a group of 5, its last chunk of heads one head and
-/// three spare warps), the 32B's (64 over 8: two chunks of 4), a group of 3 (one chunk of 3
-/// warps), of 9 (three chunks, the last of one head) and of 7 over a single KV head (spare
-/// warps), with padding blocks, blocks that see only their own keys, and a document that comes
-/// back in a row.
+/// 0.6B's (16 over 8), the 14B's (40 over 8: a group of 5 in chunks of 3 and 2, the last with a
+/// spare warp), the 32B's (64 over 8: two chunks of 4), a group of 3 (one chunk of 3 warps), of 9
+/// (three chunks of 3), of 10 (4 + 4 + 2: two spare warps) and of 7 over a single KV head (4 + 3),
+/// with padding blocks, blocks that see only their own keys, and a document that comes back in a
+/// row.
 #[test]
 #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn the_block_attention_kernels_equal_the_dense_mask_on_cuda() {
@@ -625,7 +625,16 @@ fn the_block_attention_kernels_equal_the_dense_mask_on_cuda() {
     let dense = block_mask(&docs, &anchors, block);
     let spans = block_spans(&context_mask(&docs, &anchors), &docs, &anchors);
     let docs32 = docs.to_kind(Kind::Int);
-    for (hq, hkv) in [(32, 8), (16, 8), (40, 8), (64, 8), (6, 2), (18, 2), (7, 1)] {
+    for (hq, hkv) in [
+        (32, 8),
+        (16, 8),
+        (40, 8),
+        (64, 8),
+        (6, 2),
+        (18, 2),
+        (20, 2),
+        (7, 1),
+    ] {
         let (b, lq) = (2, anchors.pos.size()[1] * block);
         // Token-major, as the drafter's layers make them: [b, l, heads, 128].
         let rand = |h: i64, l: i64| {

@@ -14,10 +14,11 @@
 // query head and block in the forward and dq kernels (the head's 16 queries against tiles of 64
 // keys held in shared memory by the block's KV head), one warp per 16 keys in the dk/dv kernel
 // (each tile of 64 keys against every block that sees it). A KV head's query heads (its group:
-// 4 at Qwen3-8B's shapes, 5 at 14B's, 8 at 32B's) go four at a time at most (a chunk): a forward
-// or dq block takes one chunk, and the dk/dv kernel steps through a seeing block's chunks one
-// after another. Where the group is above four and not a multiple of four, the last chunk's
-// spare warps repeat its last head's work and write nothing. No atomics: every output element is
+// 4 at Qwen3-8B's shapes, 5 at 14B's, 8 at 32B's) go four at a time at most (a chunk), split as
+// evenly as that allows (14B's 5 as 3 + 2): a forward or dq block takes one chunk, and the dk/dv
+// kernel steps through a seeing block's chunks one after another. Where the chunks are uneven,
+// the last chunk's spare warps (fewer than the chunks) repeat its last head's work and write
+// nothing. No atomics: every output element is
 // written by one warp. Operands come from shared memory through ldmatrix, and each kernel copies
 // its next tile (cp.async) into a second set of shared tiles while it computes on the current
 // one. Compiled at run time (runtime_kernels.h).
@@ -164,10 +165,14 @@ __device__ void load_tile(bf16* ks, bf16* vs, unsigned char* ok, const bf16* k, 
 // kernel's 64 rows a set of shared tiles. The host reads this line at compile time (kChunk).
 #define CHUNK 4
 
-// A KV head's query heads a chunk, and its chunks.
-__device__ __forceinline__ int chunk_heads(int group) { return min(group, CHUNK); }
+// A KV head's chunks, and its query heads a chunk: the group split as evenly as chunks of CHUNK
+// at most allow (5 as 3 + 2, 9 as 3 + 3 + 3), so a last chunk has fewer spare warps than there
+// are chunks.
 __device__ __forceinline__ int chunks_of(int group) {
   return (group + CHUNK - 1) / CHUNK;
+}
+__device__ __forceinline__ int chunk_heads(int group) {
+  return (group + chunks_of(group) - 1) / chunks_of(group);
 }
 
 // What a block's warps share: where its queries are, its span, and its tiles of keys. `head` is
@@ -676,7 +681,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 dflash::rtc::Shape query_grid(const Dims& d, unsigned rows) {
   static_assert(kChunk * 16 <= kTile, "the dk/dv kernel's shared sets hold 64 rows");
   const int group = d.hq / d.hkv;
-  const int per = std::min(group, kChunk), chunks = (group + kChunk - 1) / kChunk;
+  const int chunks = (group + kChunk - 1) / kChunk, per = (group + chunks - 1) / chunks;
   return dflash::rtc::Shape{static_cast<unsigned>(d.a), static_cast<unsigned>(d.hkv * chunks),
                             rows, static_cast<unsigned>(32 * per), kBlockShared};
 }
