@@ -71,6 +71,27 @@ fn layer_params(c: &Qwen3Config) -> f64 {
     h * (2.0 * q + 2.0 * kv) + 3.0 * h * c.intermediate_size as f64
 }
 
+/// The target's layers that are built: up to the deepest one the drafter reads.
+fn built_layers(target: &Qwen3Config, spec: &DrafterSpec) -> i64 {
+    spec.target_layer_ids
+        .iter()
+        .max()
+        .map_or(target.num_hidden_layers, |m| m + 1)
+}
+
+/// The target's embedding and head (one where they are tied), in weights.
+fn embedding_and_head(target: &Qwen3Config) -> f64 {
+    let heads = if target.tie_word_embeddings { 1.0 } else { 2.0 };
+    heads * target.vocab_size as f64 * target.hidden_size as f64
+}
+
+/// The drafter's trained parameters: its layers and `fc` over the captured layers.
+fn drafter_params(target: &Qwen3Config, spec: &DrafterSpec) -> f64 {
+    let h = target.hidden_size as f64;
+    let fc = spec.target_layer_ids.len() as f64 * h * h;
+    spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc
+}
+
 /// The estimate for `batch` rows of `seq_len` tokens and `anchors` a row, the drafter's AdamW
 /// moments taking `moment_bytes` a parameter (8 in f32, 4 in bf16).
 pub fn need(
@@ -83,14 +104,8 @@ pub fn need(
     batch: i64,
 ) -> MemoryNeed {
     let h = target.hidden_size as f64;
-    let built = spec
-        .target_layer_ids
-        .iter()
-        .max()
-        .map_or(target.num_hidden_layers, |m| m + 1);
-    let heads = if target.tie_word_embeddings { 1.0 } else { 2.0 };
-    let shared = heads * target.vocab_size as f64 * h * 2.0;
-    let layers = built as f64 * layer_params(target);
+    let shared = embedding_and_head(target) * 2.0;
+    let layers = built_layers(target, spec) as f64 * layer_params(target);
     let target_weights = layers * precision.weight_bytes();
     let one_layer_bf16 = layer_params(target) * TargetPrecision::Bf16.weight_bytes();
     let q_kv = (target.num_attention_heads + 2 * target.num_key_value_heads) * target.head_dim;
@@ -99,8 +114,7 @@ pub fn need(
         TargetPrecision::Bf16 => target_weights,
         TargetPrecision::Fp8 => target_weights + one_layer_bf16 + QUANTIZE_COPIES * largest,
     };
-    let fc = spec.target_layer_ids.len() as f64 * h * h;
-    let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
+    let drafter_params = drafter_params(target, spec);
     let rows = batch.max(1) as f64;
     let target_act = TARGET_ACT * h * (seq_len as f64) * rows;
     let per_token = DRAFTER_ACT_HIDDEN * h + DRAFTER_ACT_MLP * spec.layers.intermediate_size as f64;
@@ -126,22 +140,13 @@ pub fn host_weights_gib(
     target_on_cpu: bool,
     drafter_on_cpu: bool,
 ) -> f64 {
-    let h = target.hidden_size as f64;
-    let built = spec
-        .target_layer_ids
-        .iter()
-        .max()
-        .map_or(target.num_hidden_layers, |m| m + 1);
-    let heads = if target.tie_word_embeddings { 1.0 } else { 2.0 };
-    let shared = heads * target.vocab_size as f64 * h * 4.0;
+    let shared = embedding_and_head(target) * 4.0;
     let layer_bytes = match precision {
         TargetPrecision::Bf16 => 4.0,
         TargetPrecision::Fp8 => 1.0,
     };
-    let target_bytes = built as f64 * layer_params(target) * layer_bytes;
-    let fc = spec.target_layer_ids.len() as f64 * h * h;
-    let drafter_params = spec.layers.num_hidden_layers as f64 * layer_params(&spec.layers) + fc;
-    let drafter_bytes = drafter_params * (8.0 + moment_bytes);
+    let target_bytes = built_layers(target, spec) as f64 * layer_params(target) * layer_bytes;
+    let drafter_bytes = drafter_params(target, spec) * (8.0 + moment_bytes);
     let mut bytes = 0.0;
     if target_on_cpu {
         bytes += target_bytes;
