@@ -149,23 +149,54 @@ impl PipelineSpec {
         })
     }
 
-    /// Refused before anything is built where the weights on the CPU alone are more than the
-    /// host's `available_gib`: the sentence says so and what to do (the kernel would otherwise
-    /// kill the process mid-build, a terminal left raw).
-    pub fn host_memory_refusal(&self, available_gib: f64) -> Option<String> {
-        let need = self.host_weights_gib()?;
+    /// Refused before anything is built where the host memory the run needs at least is more
+    /// than the host's `available_gib`: the checkpoint of a `--target` (`checkpoint_gib`: it is
+    /// read whole into host memory, whatever the devices) and the weights of a side on the CPU
+    /// (`host_weights_gib`). The sentence says what takes it and what to do (the kernel would
+    /// otherwise kill the process mid-build, a terminal left raw).
+    pub fn host_memory_refusal(&self, available_gib: f64, checkpoint_gib: f64) -> Option<String> {
+        let weights = self.host_weights_gib();
+        let need = weights.unwrap_or(0.0) + checkpoint_gib;
+        if need <= available_gib {
+            return None;
+        }
         let model = match &self.target {
             Some(dir) => format!("the target {}", dir.display()),
             None => format!("--preset {}", self.preset.name),
         };
-        (need > available_gib).then(|| {
-            format!(
-                "{model} on the CPU: its weights alone take about {need:.0} GiB of host memory \
-                 (in f32 there), and this machine has {available_gib:.0} GiB available; train \
-                 it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or pick a smaller \
-                 --preset (tiny, qwen3-0.6b)"
-            )
-        })
+        let on_cpu = |devices: &[Device]| devices.contains(&Device::Cpu);
+        let sides = match (on_cpu(&self.target_devices), on_cpu(&self.drafter_devices)) {
+            (true, true) => " with the target and the drafter on the CPU",
+            (true, false) => " with the target on the CPU",
+            (false, true) => " with the drafter on the CPU",
+            (false, false) => "",
+        };
+        let mut parts = Vec::new();
+        if checkpoint_gib > 0.0 {
+            parts.push(format!(
+                "its checkpoint, read whole: {checkpoint_gib:.1} GiB"
+            ));
+        }
+        if let Some(w) = weights {
+            parts.push(format!("the weights on the CPU, f32 there: {w:.1} GiB"));
+        }
+        let fix = match (weights.is_some(), self.target.is_some()) {
+            (true, false) => {
+                "train it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or pick a \
+                 smaller --preset (tiny, qwen3-0.6b)"
+            }
+            (true, true) => {
+                "train it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or on a \
+                 machine with more memory"
+            }
+            (false, _) => "run it on a machine with more memory",
+        };
+        Some(format!(
+            "{model}{sides} needs at least {need:.1} GiB of host memory ({}), and this machine \
+             has {available_gib:.1} GiB available (free memory and swap, within its cgroup's \
+             limit); {fix}",
+            parts.join("; ")
+        ))
     }
 
     /// Whether a target and a drafter share a GPU.

@@ -38,30 +38,77 @@ fn the_host_floor_counts_the_weights_in_f32() {
     assert!((saved - (5.0 * layer + fc) * 4.0 / (1u64 << 30) as f64).abs() < 1e-9);
 }
 
-/// Refused where the floor is more than the host has, with the preset, both figures and the fix;
-/// not where it fits, nor where both sides are on GPUs.
+/// Refused where the host memory needed is more than the host has, with the preset, the sides on
+/// the CPU, both figures and the fix; not where it fits, nor where both sides are on GPUs with no
+/// checkpoint to read; a `--target`'s checkpoint counts whatever the devices.
 #[test]
 fn a_preset_too_large_for_the_host_is_refused_with_the_fix() {
     let big = spec("qwen3-32b", &|_| {});
     let need = big.host_weights_gib().unwrap();
-    let text = big.host_memory_refusal(23.0).unwrap();
+    let text = big.host_memory_refusal(23.0, 0.0).unwrap();
     assert!(
         text.starts_with(&format!(
-            "--preset qwen3-32b on the CPU: its weights alone take about {need:.0} GiB of host \
-             memory (in f32 there), and this machine has 23 GiB available; train it on GPUs \
-             (--target-devices cuda:0"
+            "--preset qwen3-32b with the target and the drafter on the CPU needs at least \
+             {need:.1} GiB of host memory (the weights on the CPU, f32 there: {need:.1} GiB), and \
+             this machine has 23.0 GiB available"
         )),
         "{text}"
     );
-    assert!(text.ends_with("--preset (tiny, qwen3-0.6b)"), "{text}");
-    assert_eq!(big.host_memory_refusal(need + 1.0), None);
+    assert!(
+        text.ends_with("train it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or pick a smaller --preset (tiny, qwen3-0.6b)"),
+        "{text}"
+    );
+    assert_eq!(big.host_memory_refusal(need + 1.0, 0.0), None);
     let tiny = spec("tiny", &|_| {});
     assert!(tiny.host_weights_gib().unwrap() < 0.5);
-    assert_eq!(tiny.host_memory_refusal(23.0), None);
-    // (set on the spec: this machine may have no GPU for the flags to name)
+    assert_eq!(tiny.host_memory_refusal(23.0, 0.0), None);
+    // (devices set on the spec: this machine may have no GPU for the flags to name)
     let mut on_gpus = spec("qwen3-32b", &|_| {});
     on_gpus.target_devices = vec![tch::Device::Cuda(0)];
     on_gpus.drafter_devices = vec![tch::Device::Cuda(0)];
     assert_eq!(on_gpus.host_weights_gib(), None);
-    assert_eq!(on_gpus.host_memory_refusal(1.0), None);
+    assert_eq!(on_gpus.host_memory_refusal(1.0, 0.0), None);
+    // A checkpoint of 61 GiB read whole on a host of 23 GiB, the models on GPUs.
+    on_gpus.target = Some("/models/Qwen3-32B".into());
+    let text = on_gpus.host_memory_refusal(23.0, 61.0).unwrap();
+    assert_eq!(
+        text,
+        "the target /models/Qwen3-32B needs at least 61.0 GiB of host memory (its checkpoint, \
+         read whole: 61.0 GiB), and this machine has 23.0 GiB available (free memory and swap, \
+         within its cgroup's limit); run it on a machine with more memory"
+    );
+    assert_eq!(on_gpus.host_memory_refusal(70.0, 61.0), None);
+}
+
+/// Each side on the CPU counts its own weights, the embedding and head once with either, and an
+/// FP8 target's layers a byte a weight.
+#[test]
+fn each_side_on_the_cpu_counts_its_own_weights() {
+    let both = spec("qwen3-8b", &|_| {});
+    let mut target_only = both.clone();
+    target_only.drafter_devices = vec![tch::Device::Cuda(0)];
+    let mut drafter_only = both.clone();
+    drafter_only.target_devices = vec![tch::Device::Cuda(0)];
+    let (all, t, d) = (
+        both.host_weights_gib().unwrap(),
+        target_only.host_weights_gib().unwrap(),
+        drafter_only.host_weights_gib().unwrap(),
+    );
+    // The embedding and head, 2 x 151936 x 4096 in f32, are in each and once in both.
+    let shared = 2.0 * 151936.0 * 4096.0 * 4.0 / (1u64 << 30) as f64;
+    assert!(
+        (t + d - shared - all).abs() < 1e-9,
+        "{t} + {d} - {shared} against {all}"
+    );
+    assert!(t > d, "the target's layers are more than the drafter's");
+    let text = drafter_only.host_memory_refusal(1.0, 0.0).unwrap();
+    assert!(text.starts_with("--preset qwen3-8b with the drafter on the CPU needs"));
+    let mut fp8 = target_only.clone();
+    fp8.target_precision = crate::engine::model::fp8::TargetPrecision::Fp8;
+    let layers = t - shared;
+    let fp8_layers = fp8.host_weights_gib().unwrap() - shared;
+    assert!(
+        (fp8_layers * 4.0 - layers).abs() < 1e-9,
+        "{fp8_layers} against {layers}"
+    );
 }
