@@ -4,7 +4,7 @@
 //! crew stopped.
 
 use super::caught::{oom_hint, panic_text, torch_message};
-use super::with_memory_note;
+use super::memory_checks::with_memory_note;
 use crate::cancel::CancelToken;
 use crate::engine::parallel::ranks::JobLink;
 use anyhow::{Context, Result};
