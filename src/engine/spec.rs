@@ -132,11 +132,16 @@ impl PipelineSpec {
         )
     }
 
+    /// Whether a target and whether a drafter train on the CPU.
+    fn on_cpu(&self) -> (bool, bool) {
+        let cpu = |devices: &[Device]| devices.contains(&Device::Cpu);
+        (cpu(&self.target_devices), cpu(&self.drafter_devices))
+    }
+
     /// Where the target or the drafter trains on the CPU: what their weights alone take in host
     /// memory (src/engine/model/memory.rs `host_weights_gib`); None where both are on GPUs.
     pub fn host_weights_gib(&self) -> Option<f64> {
-        let on_cpu = |devices: &[Device]| devices.contains(&Device::Cpu);
-        let (target, drafter) = (on_cpu(&self.target_devices), on_cpu(&self.drafter_devices));
+        let (target, drafter) = self.on_cpu();
         (target || drafter).then(|| {
             crate::engine::model::memory::host_weights_gib(
                 &self.target_config,
@@ -164,8 +169,7 @@ impl PipelineSpec {
             Some(dir) => format!("the target {}", dir.display()),
             None => format!("--preset {}", self.preset.name),
         };
-        let on_cpu = |devices: &[Device]| devices.contains(&Device::Cpu);
-        let sides = match (on_cpu(&self.target_devices), on_cpu(&self.drafter_devices)) {
+        let sides = match self.on_cpu() {
             (true, true) => " with the target and the drafter on the CPU",
             (true, false) => " with the target on the CPU",
             (false, true) => " with the drafter on the CPU",

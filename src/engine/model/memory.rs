@@ -20,7 +20,8 @@
 use super::fp8::TargetPrecision;
 use super::shapes::{DrafterSpec, Qwen3Config};
 
-const GIB: f64 = (1u64 << 30) as f64;
+/// Bytes a GiB.
+pub const GIB: f64 = (1u64 << 30) as f64;
 /// Activation bytes a row token a unit of hidden width (target side).
 const TARGET_ACT: f64 = 64.0;
 /// Activation bytes a drafter token a unit of hidden width and a unit of MLP width (drafter side).
@@ -71,12 +72,10 @@ fn layer_params(c: &Qwen3Config) -> f64 {
     h * (2.0 * q + 2.0 * kv) + 3.0 * h * c.intermediate_size as f64
 }
 
-/// The target's layers that are built: up to the deepest one the drafter reads.
+/// The target's layers that are built, as the target counts them (up to the deepest one the
+/// drafter reads).
 fn built_layers(target: &Qwen3Config, spec: &DrafterSpec) -> i64 {
-    spec.target_layer_ids
-        .iter()
-        .max()
-        .map_or(target.num_hidden_layers, |m| m + 1)
+    super::qwen3::built_layers(target, &spec.target_layer_ids)
 }
 
 /// The target's embedding and head (one where they are tied), in weights.

@@ -3,6 +3,7 @@
 //! libtorch's out-of-memory, the note of what the shapes need against the GPU and the memory
 //! lever that would fit it.
 
+use crate::engine::model::memory::GIB;
 use crate::engine::spec::PipelineSpec;
 use tch::Device;
 
@@ -30,7 +31,7 @@ pub(super) fn memory_note(cfg: &PipelineSpec) -> String {
     let fp8 = cfg.target_devices.iter().all(|d| {
         cuda(d).is_some_and(|i| crate::cuda_shim::compute_capability(i).is_ok_and(|c| c >= (8, 9)))
     });
-    let card_gib = card.map(|b| b as f64 / (1u64 << 30) as f64);
+    let card_gib = card.map(|b| b as f64 / GIB);
     cfg.memory_note(card_gib, fp8)
 }
 
@@ -66,7 +67,7 @@ fn available_from(
         _ => None,
     };
     let bytes = limit.map_or(host, |l| l.min(host));
-    Some(bytes / (1u64 << 30) as f64)
+    Some(bytes / GIB)
 }
 
 /// GiB of a `--target`'s safetensors files, which the build reads whole into host memory (0
@@ -81,7 +82,7 @@ pub(super) fn checkpoint_gib(cfg: &PipelineSpec) -> f64 {
         .filter_map(|f| std::fs::metadata(f).ok())
         .map(|m| m.len())
         .sum();
-    bytes as f64 / (1u64 << 30) as f64
+    bytes as f64 / GIB
 }
 
 /// `error` with the memory note after it where it is libtorch's out-of-memory; None otherwise.
