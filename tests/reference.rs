@@ -55,7 +55,12 @@ fn load_models() -> Loaded {
     let cfg = Qwen3Config::from_dir(&tdir).unwrap();
     let target_vs = VarStore::new(Device::Cpu);
     let target = Qwen3Target::new(&target_vs.root(), &cfg, &[1, 3], 0.02);
-    weights::copy_into(&target_vs, &weights::read_all(&tdir).unwrap(), &tdir).unwrap();
+    weights::copy_into(
+        &target_vs,
+        &weights::WeightFiles::open(&tdir).unwrap(),
+        &tdir,
+    )
+    .unwrap();
     let ddir = dir.join("drafter");
     let spec = checkpoint::read_drafter_spec(&ddir).unwrap();
     let drafter_vs = VarStore::new(Device::Cpu);

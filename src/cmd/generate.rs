@@ -102,13 +102,12 @@ fn load_target(
     let loading = crate::progress::Ticker::new();
     let mut vs = VarStore::new(device);
     let model = Qwen3Target::new_full(&vs.root(), cfg, 0.02);
-    let tensors = crate::engine::model::weights::read_all(&args.target)?;
+    let weights = crate::engine::model::weights::WeightFiles::open(&args.target)?;
     crate::engine::model::weights::copy_into(
         &vs,
-        &tensors,
+        &weights,
         &crate::engine::model::weights::weights_label(&args.target),
     )?;
-    drop(tensors);
     vs.freeze();
     if device.is_cuda() {
         vs.set_kind(Kind::BFloat16);

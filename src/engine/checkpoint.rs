@@ -407,8 +407,8 @@ pub fn load_weights(dir: &Path, vs: &VarStore) -> Result<()> {
             file.display()
         );
     }
-    let tensors = crate::engine::model::weights::read_all(dir)?;
-    let unused = crate::engine::model::weights::copy_into(vs, &tensors, &file)?;
+    let weights = crate::engine::model::weights::WeightFiles::open(dir)?;
+    let unused = crate::engine::model::weights::copy_into(vs, &weights, &file)?;
     if !unused.is_empty() {
         eprintln!(
             "dflash-top: note: {} tensor(s) in {} are not part of the drafter and were skipped (e.g. {})",

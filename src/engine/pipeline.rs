@@ -36,7 +36,7 @@ use tch::{nn::VarStore, Device};
 
 mod memory_checks;
 mod parts;
-use memory_checks::{checkpoint_gib, host_available_gib, memory_note, with_memory_note};
+use memory_checks::{host_available_gib, memory_note, with_memory_note};
 pub(crate) use parts::{build_drafters, build_target, data_source, frozen_on};
 use parts::{build_targets, drafter_replicas, resumed_docs, DrafterReplica};
 
@@ -338,8 +338,7 @@ impl Pipeline {
         link: Option<Arc<JobLink>>,
     ) -> Result<Pipeline> {
         let cancel = CancelToken::new();
-        let refusal =
-            host_available_gib().and_then(|gib| cfg.host_memory_refusal(gib, checkpoint_gib(cfg)));
+        let refusal = host_available_gib().and_then(|gib| cfg.host_memory_refusal(gib));
         if let Some(refusal) = refusal {
             anyhow::bail!(refusal);
         }

@@ -154,14 +154,13 @@ impl PipelineSpec {
         })
     }
 
-    /// Refused before anything is built where the host memory the run needs at least is more
-    /// than the host's `available_gib`: the checkpoint of a `--target` (`checkpoint_gib`: it is
-    /// read whole into host memory, whatever the devices) and the weights of a side on the CPU
-    /// (`host_weights_gib`). The sentence says what takes it and what to do (the kernel would
-    /// otherwise kill the process mid-build, a terminal left raw).
-    pub fn host_memory_refusal(&self, available_gib: f64, checkpoint_gib: f64) -> Option<String> {
-        let weights = self.host_weights_gib();
-        let need = weights.unwrap_or(0.0) + checkpoint_gib;
+    /// Refused before anything is built where the weights of a side on the CPU
+    /// (`host_weights_gib`) are more than the host's `available_gib`. The sentence says what takes
+    /// it and what to do (the kernel would otherwise kill the process mid-build, a terminal left
+    /// raw). A `--target`'s checkpoint does not count: it is read a tensor at a time
+    /// (src/engine/model/tensor_file.rs).
+    pub fn host_memory_refusal(&self, available_gib: f64) -> Option<String> {
+        let need = self.host_weights_gib()?;
         if need <= available_gib {
             return None;
         }
@@ -170,36 +169,21 @@ impl PipelineSpec {
             None => format!("--preset {}", self.preset.name),
         };
         let sides = match self.on_cpu() {
-            (true, true) => " with the target and the drafter on the CPU",
-            (true, false) => " with the target on the CPU",
-            (false, true) => " with the drafter on the CPU",
-            (false, false) => "",
+            (true, true) => "the target and the drafter",
+            (true, false) => "the target",
+            _ => "the drafter",
         };
-        let mut parts = Vec::new();
-        if checkpoint_gib > 0.0 {
-            parts.push(format!(
-                "its checkpoint, read whole: {checkpoint_gib:.1} GiB"
-            ));
-        }
-        if let Some(w) = weights {
-            parts.push(format!("the weights on the CPU, f32 there: {w:.1} GiB"));
-        }
-        let fix = match (weights.is_some(), self.target.is_some()) {
-            (true, false) => {
-                "train it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or pick a \
-                 smaller --preset (tiny, qwen3-0.6b)"
-            }
-            (true, true) => {
-                "train it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or on a \
-                 machine with more memory"
-            }
-            (false, _) => "run it on a machine with more memory",
+        let fix = if self.target.is_some() {
+            "train it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or on a machine \
+             with more memory"
+        } else {
+            "train it on GPUs (--target-devices cuda:0 --drafter-devices cuda:0) or pick a smaller \
+             --preset (tiny, qwen3-0.6b)"
         };
         Some(format!(
-            "{model}{sides} needs at least {need:.1} GiB of host memory ({}), and this machine \
-             has {available_gib:.1} GiB available (free memory and swap, within its cgroup's \
-             limit); {fix}",
-            parts.join("; ")
+            "{model} with {sides} on the CPU needs at least {need:.1} GiB of host memory (the \
+             weights on the CPU, f32 there), and this machine has {available_gib:.1} GiB available \
+             (free memory and swap, within its cgroup's limit); {fix}"
         ))
     }
 

@@ -31,7 +31,7 @@ fn target(dir: &Path, capture: &[i64]) -> (VarStore, Qwen3Target) {
     } else {
         Qwen3Target::new(&vs.root(), &cfg, capture, 0.02)
     };
-    let unused = weights::copy_into(&vs, &weights::read_all(dir).unwrap(), dir).unwrap();
+    let unused = weights::copy_into(&vs, &weights::WeightFiles::open(dir).unwrap(), dir).unwrap();
     let depth = capture
         .iter()
         .max()

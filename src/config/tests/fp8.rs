@@ -35,7 +35,7 @@ fn the_target_precision_comes_from_the_flag_or_the_file() {
 #[test]
 fn an_fp8_target_loaded_layer_by_layer_is_the_one_quantized_after() {
     use crate::engine::model::qwen3::{built_layers, Qwen3Target};
-    use crate::engine::model::weights::{copy_into, read_all};
+    use crate::engine::model::weights::{copy_into, WeightFiles};
     use tch::{Device, Kind, Tensor};
     let dir =
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/reference/lm/target");
@@ -60,7 +60,7 @@ fn an_fp8_target_loaded_layer_by_layer_is_the_one_quantized_after() {
     let (_, plain) = build(&bf16);
     let vs = tch::nn::VarStore::new(Device::Cpu);
     let mut whole = Qwen3Target::new(&vs.root(), &fp8.target_config, &capture, 0.02);
-    copy_into(&vs, &read_all(&dir).unwrap(), &dir).unwrap();
+    copy_into(&vs, &WeightFiles::open(&dir).unwrap(), &dir).unwrap();
     whole.fuse_projections();
     whole.quantize_fp8();
 

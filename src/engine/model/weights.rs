@@ -1,9 +1,12 @@
-//! Loading Hugging Face safetensors (one file or a sharded index) into a VarStore, with errors
-//! that name the file, the tensor and the fix.
+//! Loading Hugging Face safetensors (one file or a sharded index) into a VarStore, a tensor
+//! read from disk at a time (src/engine/model/tensor_file.rs), with errors that name the file,
+//! the tensor and the fix.
 
+use super::tensor_file::TensorFile;
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use tch::{nn::VarStore, Tensor};
 
 /// The safetensors files of a model directory.
@@ -40,60 +43,121 @@ pub fn weights_label(dir: &Path) -> PathBuf {
     }
 }
 
-/// Every tensor of the directory's safetensors files, by name.
-pub fn read_all(dir: &Path) -> Result<HashMap<String, Tensor>> {
-    let mut out = HashMap::new();
-    let files = safetensors_files(dir)?;
-    let mut ticker = crate::progress::Ticker::new();
-    for (i, file) in files.iter().enumerate() {
-        ticker.tick(|secs| {
-            format!(
-                "weights: reading file {}/{} of {} ({secs:.0}s)",
-                i + 1,
-                files.len(),
-                dir.display()
-            )
-        });
-        if !file.exists() {
-            bail!(
-                "{} is listed in the index but missing: download it again",
-                file.display()
-            );
-        }
-        let tensors = Tensor::read_safetensors(file).map_err(|e| {
-            anyhow::anyhow!(
-                "{} is not a readable safetensors file ({e}); it may be truncated: download or \
-                 save it again",
-                file.display()
-            )
-        })?;
-        out.extend(tensors);
-    }
-    if ticker.took_long() {
-        eprintln!(
-            "weights: {} read in {:.1}s",
-            dir.display(),
-            ticker.seconds()
-        );
-    }
-    Ok(out)
+/// The tensors of a directory's safetensors files, each read from disk when it is asked for.
+pub struct WeightFiles {
+    dir: PathBuf,
+    files: Vec<TensorFile>,
+    /// Each tensor's file, by name.
+    owner: HashMap<String, usize>,
+    /// A progress line while a long load reads.
+    ticker: Mutex<crate::progress::Ticker>,
 }
 
-/// Copies `tensors` into every variable of `vs` (names must match, shapes too). Returns the
-/// names in `tensors` that no variable took.
-pub fn copy_into(
-    vs: &VarStore,
-    tensors: &HashMap<String, Tensor>,
-    source: &Path,
-) -> Result<Vec<String>> {
-    copy_matching(vs, tensors, source, &|_| true)
+impl WeightFiles {
+    /// Opens the directory's files and checks their headers (a file missing, truncated or not
+    /// safetensors is a sentence naming it); no tensor is read yet.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let paths = safetensors_files(dir)?;
+        let mut files = Vec::with_capacity(paths.len());
+        let mut owner = HashMap::new();
+        for path in &paths {
+            if !path.exists() {
+                bail!(
+                    "{} is listed in the index but missing: download it again",
+                    path.display()
+                );
+            }
+            let file = TensorFile::open(path).map_err(|why| {
+                anyhow::anyhow!(
+                    "{} is not a readable safetensors file ({why}); download or save it again",
+                    path.display()
+                )
+            })?;
+            for name in file.names() {
+                owner.insert(name.clone(), files.len());
+            }
+            files.push(file);
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            files,
+            owner,
+            ticker: Mutex::new(crate::progress::Ticker::new()),
+        })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.owner.contains_key(name)
+    }
+
+    fn file_of(&self, name: &str) -> Result<&TensorFile> {
+        match self.owner.get(name) {
+            Some(&i) => Ok(&self.files[i]),
+            None => bail!("no file holds tensor `{name}`"),
+        }
+    }
+
+    pub fn shape(&self, name: &str) -> Option<&[i64]> {
+        self.owner
+            .get(name)
+            .and_then(|&i| self.files[i].shape(name))
+    }
+
+    /// The tensor `name`, read from its file now (on the CPU, in the file's kind).
+    pub fn read(&self, name: &str) -> Result<Tensor> {
+        let tensor = self.file_of(name)?.read(name)?;
+        if let Ok(mut ticker) = self.ticker.lock() {
+            ticker.tick(|secs| {
+                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                let total = self.files.iter().map(|f| f.tensor_bytes()).sum();
+                format!(
+                    "weights: {:.1} of {:.1} GiB read from {} ({secs:.0}s)",
+                    gib(self.bytes_read()),
+                    gib(total),
+                    self.dir.display()
+                )
+            });
+        }
+        Ok(tensor)
+    }
+
+    /// A line saying how long the load took, where it took more than a second.
+    pub fn report_done(&self) {
+        if let Ok(ticker) = self.ticker.lock() {
+            if ticker.took_long() {
+                eprintln!(
+                    "weights: {} read in {:.1}s",
+                    self.dir.display(),
+                    ticker.seconds()
+                );
+            }
+        }
+    }
+
+    /// Every tensor's name, sorted.
+    pub fn names(&self) -> Vec<&String> {
+        let mut names: Vec<&String> = self.owner.keys().collect();
+        names.sort();
+        names
+    }
+
+    /// The tensor bytes read from disk so far, over all files.
+    pub fn bytes_read(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes_read()).sum()
+    }
+}
+
+/// Copies the tensors of `weights` into every variable of `vs` (names must match, shapes too), a
+/// tensor read from disk at a time. Returns the names in `weights` that no variable took.
+pub fn copy_into(vs: &VarStore, weights: &WeightFiles, source: &Path) -> Result<Vec<String>> {
+    copy_matching(vs, weights, source, &|_| true)
 }
 
 /// `copy_into` for the variables whose names `wanted` takes (a target loaded a layer at a time);
 /// the names returned are those no variable of `vs` takes, wanted or not.
 pub fn copy_matching(
     vs: &VarStore,
-    tensors: &HashMap<String, Tensor>,
+    weights: &WeightFiles,
     source: &Path,
     wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<String>> {
@@ -102,7 +166,7 @@ pub fn copy_matching(
     let mut missing: Vec<&String> = vars
         .keys()
         .copied()
-        .filter(|k| !tensors.contains_key(*k))
+        .filter(|k| !weights.contains(k))
         .collect();
     if !missing.is_empty() {
         missing.sort();
@@ -117,23 +181,66 @@ pub fn copy_matching(
     let _guard = tch::no_grad_guard();
     for (name, var) in &vars {
         let mut var = var.shallow_clone();
-        let t = &tensors[*name];
-        if t.size() != var.size() {
+        let shape = weights.shape(name).unwrap_or_default();
+        if shape != var.size().as_slice() {
             bail!(
-                "{}: tensor `{name}` has shape {:?} but the config asks for {:?}: the config.json \
-                 and the weights do not belong together",
+                "{}: tensor `{name}` has shape {shape:?} but the config asks for {:?}: the \
+                 config.json and the weights do not belong together",
                 source.display(),
-                t.size(),
                 var.size()
             );
         }
-        var.copy_(t);
+        var.copy_(&weights.read(name)?);
     }
-    let mut unused: Vec<String> = tensors
-        .keys()
+    Ok(weights
+        .names()
+        .into_iter()
         .filter(|k| !all.contains_key(*k))
         .cloned()
-        .collect();
-    unused.sort();
-    Ok(unused)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{copy_matching, WeightFiles};
+    use tch::{nn::VarStore, Device, Kind, Tensor};
+
+    /// A load copies what it is asked for and reads from disk only those tensors' bytes: a layer
+    /// loaded alone reads that layer, the rest reads the rest, and nothing is read twice. Across
+    /// two shards of an index; the names no variable takes are returned.
+    #[test]
+    fn a_layer_loaded_alone_reads_only_its_own_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        tch::manual_seed(11);
+        let t = |n: i64| Tensor::randn([n, 8], (Kind::Float, Device::Cpu));
+        let first = [("layers.0.w", t(4)), ("layers.0.b", t(1))];
+        let second = [("layers.1.w", t(6)), ("extra", t(2))];
+        Tensor::write_safetensors(&first, dir.path().join("a.safetensors")).unwrap();
+        Tensor::write_safetensors(&second, dir.path().join("b.safetensors")).unwrap();
+        let index = serde_json::json!({"weight_map": {
+            "layers.0.w": "a.safetensors", "layers.0.b": "a.safetensors",
+            "layers.1.w": "b.safetensors", "extra": "b.safetensors"}});
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
+        let vs = VarStore::new(Device::Cpu);
+        let root = vs.root();
+        for (layer, name, rows) in [("0", "w", 4), ("0", "b", 1), ("1", "w", 6)] {
+            let _ = (&root / "layers" / layer).zeros(name, &[rows, 8]);
+        }
+        let files = WeightFiles::open(dir.path()).unwrap();
+        assert_eq!(files.bytes_read(), 0);
+        let unused =
+            copy_matching(&vs, &files, dir.path(), &|n| n.starts_with("layers.0.")).unwrap();
+        assert_eq!(files.bytes_read(), (4 + 1) * 8 * 4);
+        assert_eq!(unused, ["extra"]);
+        copy_matching(&vs, &files, dir.path(), &|n| !n.starts_with("layers.0.")).unwrap();
+        assert_eq!(files.bytes_read(), (4 + 1 + 6) * 8 * 4);
+        let vars = vs.variables();
+        for (name, want) in first.iter().chain(&second[..1]) {
+            assert!(vars[*name].equal(want), "{name}");
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! The pipeline's checks of memory: before anything is built, whether the host has the memory the
-//! run needs at least (a `--target`'s checkpoint, the weights of a side on the CPU); after
+//! run needs at least (the weights of a side on the CPU); after
 //! libtorch's out-of-memory, the note of what the shapes need against the GPU and the memory
 //! lever that would fit it.
 
@@ -68,21 +68,6 @@ fn available_from(
     };
     let bytes = limit.map_or(host, |l| l.min(host));
     Some(bytes / GIB)
-}
-
-/// GiB of a `--target`'s safetensors files, which the build reads whole into host memory (0
-/// without one, or where they cannot be listed: the read then says why).
-pub(super) fn checkpoint_gib(cfg: &PipelineSpec) -> f64 {
-    let Some(dir) = &cfg.target else {
-        return 0.0;
-    };
-    let files = crate::engine::model::weights::safetensors_files(dir).unwrap_or_default();
-    let bytes: u64 = files
-        .iter()
-        .filter_map(|f| std::fs::metadata(f).ok())
-        .map(|m| m.len())
-        .sum();
-    bytes as f64 / GIB
 }
 
 /// `error` with the memory note after it where it is libtorch's out-of-memory; None otherwise.

@@ -19,16 +19,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tch::{nn::VarStore, Device, Kind};
 
-/// The target: shapes from --target's config.json or the preset, weights from the directory or
-/// random (seeded); its linear layers in FP8 with `--target-precision fp8`, each layer loaded and
-/// quantized before the next one is made (one layer's bf16 weights on the device at a time).
+/// The target: shapes from --target's config.json or the preset, weights from the directory (a
+/// tensor read from disk at a time: one tensor in host memory at once) or random (seeded); its
+/// linear layers in FP8 with `--target-precision fp8`, each layer loaded and quantized before the
+/// next one is made (one layer's bf16 weights on the device at a time).
 pub(crate) fn build_target(
     cfg: &PipelineSpec,
     target_cfg: &Qwen3Config,
     capture: &[i64],
     device: Device,
 ) -> Result<(VarStore, Qwen3Target)> {
-    use crate::engine::model::weights::{copy_matching, read_all, weights_label};
+    use crate::engine::model::weights::{copy_matching, weights_label, WeightFiles};
     let fp8 = cfg.target_precision == TargetPrecision::Fp8;
     if fp8 {
         // Before anything is read: a GPU without FP8 GEMMs is told at once.
@@ -41,15 +42,15 @@ pub(crate) fn build_target(
         vs.set_kind(Kind::BFloat16);
     }
     let weights = match &cfg.target {
-        Some(dir) => Some((read_all(dir)?, weights_label(dir))),
+        Some(dir) => Some((WeightFiles::open(dir)?, weights_label(dir))),
         None => None,
     };
     let std = cfg.preset.embed_std;
     let mut model = if fp8 {
         let mut each = |i: i64, layer: &mut DecoderLayer| -> Result<()> {
-            if let Some((tensors, label)) = &weights {
+            if let Some((files, label)) = &weights {
                 let prefix = format!("model.layers.{i}.");
-                copy_matching(&vs, tensors, label, &|n| n.starts_with(&prefix))?;
+                copy_matching(&vs, files, label, &|n| n.starts_with(&prefix))?;
             }
             layer.quantize_fp8();
             Ok(())
@@ -58,11 +59,12 @@ pub(crate) fn build_target(
     } else {
         Qwen3Target::new(&vs.root(), target_cfg, capture, std)
     };
-    if let Some((tensors, label)) = &weights {
+    if let Some((files, label)) = &weights {
         // Everything a layer-by-layer load left (all of a bf16 target).
-        copy_matching(&vs, tensors, label, &|n| {
+        copy_matching(&vs, files, label, &|n| {
             !fp8 || !n.starts_with("model.layers.")
         })?;
+        files.report_done();
     }
     vs.freeze();
     if !fp8 {

@@ -3,8 +3,8 @@
 //! from it exactly (moments of the other kind load widened or rounded to nearest).
 
 use super::AdamW;
+use crate::engine::model::tensor_file::TensorFile;
 use anyhow::{Context, Result};
-use std::collections::HashMap;
 use std::path::Path;
 use tch::Tensor;
 
@@ -29,54 +29,51 @@ impl AdamW {
             .with_context(|| format!("cannot write optimizer state {}", path.display()))
     }
 
+    /// Loads what `save` wrote, a tensor read from disk at a time (no whole copy of the state in
+    /// host memory).
     pub fn load(&mut self, path: &Path) -> Result<()> {
-        let tensors: HashMap<String, Tensor> = Tensor::read_safetensors(path)
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "{}: not a readable optimizer state ({e}); the checkpoint is damaged: resume \
-                     from an earlier checkpoint, or start from its weights alone with --drafter",
+        let damaged = |why: &dyn std::fmt::Display| {
+            anyhow::anyhow!(
+                "{}: not a readable optimizer state ({why}); the checkpoint is damaged: resume \
+                 from an earlier checkpoint, or start from its weights alone with --drafter",
+                path.display()
+            )
+        };
+        let file = TensorFile::open(path).map_err(|why| damaged(&why))?;
+        let read = |key: &str, want: &[i64]| -> Result<Tensor> {
+            let shape = file.shape(key).unwrap_or_default();
+            if shape != want {
+                anyhow::bail!(
+                    "{}: `{key}` has shape {shape:?}, expected {want:?}",
                     path.display()
-                )
-            })?
-            .into_iter()
-            .collect();
+                );
+            }
+            file.read(key).map_err(|e| damaged(&e))
+        };
         let _g = tch::no_grad_guard();
         for (i, ((name, p), (off, n))) in self.params.iter().zip(&self.spans).enumerate() {
             // The master weights (absent in checkpoints of earlier versions, whose weights file
             // held them in fp32).
-            if let Some(master) = tensors.get(&format!("master.{name}")) {
-                if master.size() != p.size() {
-                    anyhow::bail!(
-                        "{}: `master.{name}` has shape {:?}, expected {:?}",
-                        path.display(),
-                        master.size(),
-                        p.size()
-                    );
-                }
-                self.master(i).copy_(master);
+            let key = format!("master.{name}");
+            if file.contains(&key) {
+                self.master(i).copy_(&read(&key, &p.size())?);
             }
             for (prefix, buf) in [("exp_avg", &self.m), ("exp_avg_sq", &self.v)] {
                 let mut dst = buf.narrow(0, *off, *n).view(p.size().as_slice());
                 let key = format!("{prefix}.{name}");
-                let t = tensors.get(&key).with_context(|| {
-                    format!(
+                if !file.contains(&key) {
+                    anyhow::bail!(
                         "{} lacks `{key}`: it does not belong to this drafter",
                         path.display()
-                    )
-                })?;
-                if t.size() != dst.size() {
-                    anyhow::bail!(
-                        "{}: `{key}` has shape {:?}, expected {:?}",
-                        path.display(),
-                        t.size(),
-                        dst.size()
                     );
                 }
-                dst.copy_(t);
+                dst.copy_(&read(&key, &dst.size())?);
             }
         }
-        self.step = tensors
-            .get("step")
+        self.step = file
+            .contains("step")
+            .then(|| file.read("step").ok())
+            .flatten()
             .and_then(|t| Vec::<i64>::try_from(t).ok())
             .and_then(|v| v.first().copied())
             .with_context(|| format!("{} lacks `step`", path.display()))?;

@@ -1,0 +1,293 @@
+//! A safetensors file read a tensor at a time: its header is read and checked when it is opened
+//! (every tensor's kind, shape and bytes inside the file), and a tensor's bytes are read from
+//! disk only when it is asked for. A 65 GB target thus never sits whole in host memory: a load
+//! holds one tensor on the host at a time.
+
+use anyhow::{bail, Result};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tch::{Kind, Tensor};
+
+/// The largest header we read (the format's own limit is 100 MB).
+const MAX_HEADER_BYTES: u64 = 100 << 20;
+
+/// One tensor's place in its file.
+#[derive(Debug, Clone)]
+struct Entry {
+    kind: Kind,
+    shape: Vec<i64>,
+    /// Byte offsets into the data that follows the header, end exclusive.
+    start: u64,
+    end: u64,
+}
+
+/// An open safetensors file whose header has been checked.
+#[derive(Debug)]
+pub struct TensorFile {
+    path: PathBuf,
+    file: File,
+    data_start: u64,
+    entries: BTreeMap<String, Entry>,
+    bytes_read: AtomicU64,
+}
+
+impl TensorFile {
+    /// Opens `path` and checks its header; the error is the reason alone (the caller names the
+    /// file and says what to do, which depends on what the file is).
+    pub fn open(path: &Path) -> std::result::Result<Self, String> {
+        let file = File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
+        let len = file
+            .metadata()
+            .map_err(|e| format!("cannot read its size: {e}"))?
+            .len();
+        let mut prefix = [0u8; 8];
+        if len < 8 || file.read_exact_at(&mut prefix, 0).is_err() {
+            return Err(format!("{len} bytes, too short for a header"));
+        }
+        let header_len = u64::from_le_bytes(prefix);
+        if header_len > MAX_HEADER_BYTES || 8 + header_len > len {
+            return Err(format!(
+                "its header says {header_len} bytes but the file has {len}"
+            ));
+        }
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact_at(&mut header, 8)
+            .map_err(|e| format!("cannot read its header: {e}"))?;
+        let data_start = 8 + header_len;
+        let entries = parse_header(&header, len - data_start)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            data_start,
+            entries,
+            bytes_read: AtomicU64::new(0),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The tensors' names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.entries.keys()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    pub fn shape(&self, name: &str) -> Option<&[i64]> {
+        self.entries.get(name).map(|e| e.shape.as_slice())
+    }
+
+    /// The tensor `name`, read from disk now (on the CPU, in the file's kind).
+    pub fn read(&self, name: &str) -> Result<Tensor> {
+        let Some(e) = self.entries.get(name) else {
+            bail!("{} has no tensor `{name}`", self.path.display());
+        };
+        let mut bytes = vec![0u8; (e.end - e.start) as usize];
+        self.file
+            .read_exact_at(&mut bytes, self.data_start + e.start)
+            .map_err(|err| {
+                anyhow::anyhow!(
+                    "{}: cannot read tensor `{name}` ({err}); the file may have changed or be \
+                     damaged: download or save it again",
+                    self.path.display()
+                )
+            })?;
+        self.bytes_read
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(Tensor::f_from_data_size(&bytes, &e.shape, e.kind)?)
+    }
+
+    /// The bytes of all its tensors.
+    pub fn tensor_bytes(&self) -> u64 {
+        self.entries.values().map(|e| e.end - e.start).sum()
+    }
+
+    /// The tensor bytes read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+}
+
+/// The header's tensors, each checked against the `data_len` bytes after the header.
+fn parse_header(
+    header: &[u8],
+    data_len: u64,
+) -> std::result::Result<BTreeMap<String, Entry>, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(header).map_err(|e| format!("its header is not JSON: {e}"))?;
+    let map = value.as_object().ok_or("its header is not a JSON object")?;
+    let mut entries = BTreeMap::new();
+    for (name, v) in map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let entry = parse_entry(v, data_len).map_err(|why| format!("tensor `{name}`: {why}"))?;
+        entries.insert(name.clone(), entry);
+    }
+    Ok(entries)
+}
+
+fn parse_entry(v: &serde_json::Value, data_len: u64) -> std::result::Result<Entry, String> {
+    let dtype = v
+        .get("dtype")
+        .and_then(|d| d.as_str())
+        .ok_or("no `dtype` string")?;
+    let kind =
+        kind_of(dtype).ok_or_else(|| format!("dtype {dtype} is not one dflash-top reads"))?;
+    let dims = v
+        .get("shape")
+        .and_then(|s| s.as_array())
+        .ok_or("no `shape` list")?;
+    let mut shape = Vec::with_capacity(dims.len());
+    for d in dims {
+        let d = d
+            .as_u64()
+            .filter(|&d| d <= i64::MAX as u64)
+            .ok_or("a dimension of its shape is not a count")?;
+        shape.push(d as i64);
+    }
+    let offsets: Vec<u64> = v
+        .get("data_offsets")
+        .and_then(|o| o.as_array())
+        .map(|o| o.iter().filter_map(|x| x.as_u64()).collect())
+        .unwrap_or_default();
+    let [start, end] = offsets[..] else {
+        return Err("no `data_offsets` pair".into());
+    };
+    if start > end || end > data_len {
+        return Err(format!(
+            "its bytes {start}..{end} are not within the file's {data_len}; it may be truncated"
+        ));
+    }
+    let want = shape
+        .iter()
+        .try_fold(kind.elt_size_in_bytes() as u64, |n, &d| {
+            n.checked_mul(d as u64)
+        });
+    if want != Some(end - start) {
+        return Err(format!(
+            "shape {shape:?} of {dtype} does not take its {} bytes",
+            end - start
+        ));
+    }
+    Ok(Entry {
+        kind,
+        shape,
+        start,
+        end,
+    })
+}
+
+/// The libtorch kind of a safetensors dtype.
+fn kind_of(dtype: &str) -> Option<Kind> {
+    Some(match dtype {
+        "F64" => Kind::Double,
+        "F32" => Kind::Float,
+        "F16" => Kind::Half,
+        "BF16" => Kind::BFloat16,
+        "F8_E4M3" => Kind::Float8e4m3fn,
+        "F8_E5M2" => Kind::Float8e5m2,
+        "I64" => Kind::Int64,
+        "I32" => Kind::Int,
+        "I16" => Kind::Int16,
+        "I8" => Kind::Int8,
+        "U8" => Kind::Uint8,
+        "BOOL" => Kind::Bool,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TensorFile;
+    use tch::{Device, Kind, Tensor};
+
+    /// Every kind a checkpoint holds reads back as tch wrote it, and only the bytes of the
+    /// tensors asked for are read.
+    #[test]
+    fn tensors_read_one_at_a_time_are_the_ones_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        tch::manual_seed(3);
+        let named = [
+            ("a.f32", Tensor::randn([3, 5], (Kind::Float, Device::Cpu))),
+            ("b.bf16", Tensor::randn([7], (Kind::BFloat16, Device::Cpu))),
+            ("c.i64", Tensor::from_slice(&[4i64, -9, 12])),
+            ("d.f16", Tensor::randn([2, 2, 2], (Kind::Half, Device::Cpu))),
+            ("e.empty", Tensor::zeros([0, 4], (Kind::Float, Device::Cpu))),
+        ];
+        Tensor::write_safetensors(&named, &path).unwrap();
+        let file = TensorFile::open(&path).unwrap();
+        let names: Vec<&String> = file.names().collect();
+        assert_eq!(names, ["a.f32", "b.bf16", "c.i64", "d.f16", "e.empty"]);
+        assert_eq!(file.bytes_read(), 0, "opening reads the header alone");
+        let b = file.read("b.bf16").unwrap();
+        assert_eq!(file.bytes_read(), 7 * 2, "one tensor's bytes, no more");
+        for (name, t) in &named {
+            let got = file.read(name).unwrap();
+            assert_eq!(got.kind(), t.kind(), "{name}");
+            assert_eq!(got.size(), t.size(), "{name}");
+            assert!(got.equal(t), "{name}");
+        }
+        assert!(b.equal(&named[1].1));
+        assert_eq!(file.shape("a.f32"), Some(&[3i64, 5][..]));
+        assert!(!file.contains("z") && file.read("z").is_err());
+    }
+
+    /// A damaged file is refused when it is opened, with the reason.
+    #[test]
+    fn a_damaged_header_or_short_data_is_refused_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let t = Tensor::arange(64, (Kind::Float, Device::Cpu));
+        Tensor::write_safetensors(&[("t", &t)], &path).unwrap();
+        let whole = std::fs::read(&path).unwrap();
+        let header_len = u64::from_le_bytes(whole[..8].try_into().unwrap()) as usize;
+        let header = std::str::from_utf8(&whole[8..8 + header_len])
+            .unwrap()
+            .to_string();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (whole[..whole.len() - 4].to_vec(), "not within"),
+            (whole[..5].to_vec(), "too short"),
+            (b"\xff\xff\xff\xff\0\0\0\0{}".to_vec(), "header says"),
+            (
+                {
+                    let mut b = whole.clone();
+                    b[8] = b'[';
+                    b
+                },
+                "not JSON",
+            ),
+            (
+                [
+                    &whole[..8],
+                    header.replace("F32", "F99").as_bytes(),
+                    &whole[8 + header_len..],
+                ]
+                .concat(),
+                "dtype F99",
+            ),
+            (
+                [
+                    &whole[..8],
+                    header.replace("[64]", "[65]").as_bytes(),
+                    &whole[8 + header_len..],
+                ]
+                .concat(),
+                "does not take",
+            ),
+        ];
+        for (bytes, why) in cases {
+            std::fs::write(&path, &bytes).unwrap();
+            let err = TensorFile::open(&path).unwrap_err();
+            assert!(err.contains(why), "{why}: {err}");
+        }
+    }
+}
