@@ -8,6 +8,7 @@ pub mod checksum;
 pub mod save_dir;
 
 use crate::engine::model::shapes::{DrafterSpec, Qwen3Config};
+use crate::engine::model::tensor_file::{write_one_at_a_time, Pending};
 use crate::engine::train::optim::AdamW;
 use crate::engine::train::schedule::Schedule;
 use crate::scratch::Scratch;
@@ -314,16 +315,22 @@ fn write_files(
     }
     // Weights on the CPU in bf16, what a serving engine loads; the fp32 master weights go
     // into the optimizer file, from which a resumed run continues exactly.
-    let mut named: Vec<(String, tch::Tensor)> = vs
-        .variables()
-        .into_iter()
-        .map(|(k, v)| {
-            let v = v.detach().to_device(tch::Device::Cpu);
-            (k, v.to_kind(tch::Kind::BFloat16).contiguous())
+    // A tensor brought to the host and written at a time (src/engine/model/tensor_file.rs).
+    let mut vars: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let pending: Vec<Pending> = vars
+        .iter()
+        .map(|(name, v)| Pending {
+            name: name.clone(),
+            kind: tch::Kind::BFloat16,
+            shape: v.size(),
+            make: Box::new(move || {
+                let v = v.detach().to_device(tch::Device::Cpu);
+                v.to_kind(tch::Kind::BFloat16)
+            }),
         })
         .collect();
-    named.sort_by(|a, b| a.0.cmp(&b.0));
-    tch::Tensor::write_safetensors(&named, tmp.join(MODEL_FILE))?;
+    write_one_at_a_time(&tmp.join(MODEL_FILE), &pending)?;
     opt.save(&tmp.join(OPTIMIZER_FILE))?;
     std::fs::write(tmp.join(TRAINER_FILE), serde_json::to_string_pretty(state)?)?;
     let files = ["config.json", MODEL_FILE, OPTIMIZER_FILE, TRAINER_FILE];

@@ -1,11 +1,13 @@
-//! A safetensors file read a tensor at a time: its header is read and checked when it is opened
-//! (every tensor's kind, shape and bytes inside the file), and a tensor's bytes are read from
-//! disk only when it is asked for. A 65 GB target thus never sits whole in host memory: a load
-//! holds one tensor on the host at a time.
+//! A safetensors file read or written a tensor at a time. Read: its header is read and checked
+//! when it is opened (every tensor's kind, shape and bytes inside the file), and a tensor's bytes
+//! are read from disk only when it is asked for. Written: the header first, then each tensor made
+//! (on any device), brought to the host and written before the next is made. A 65 GB target or a
+//! large drafter's optimizer state thus never sits whole in host memory: one tensor at a time.
 
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -185,23 +187,84 @@ fn parse_entry(v: &serde_json::Value, data_len: u64) -> std::result::Result<Entr
     })
 }
 
+/// The safetensors dtypes and the libtorch kinds they are.
+const DTYPES: [(&str, Kind); 12] = [
+    ("F64", Kind::Double),
+    ("F32", Kind::Float),
+    ("F16", Kind::Half),
+    ("BF16", Kind::BFloat16),
+    ("F8_E4M3", Kind::Float8e4m3fn),
+    ("F8_E5M2", Kind::Float8e5m2),
+    ("I64", Kind::Int64),
+    ("I32", Kind::Int),
+    ("I16", Kind::Int16),
+    ("I8", Kind::Int8),
+    ("U8", Kind::Uint8),
+    ("BOOL", Kind::Bool),
+];
+
 /// The libtorch kind of a safetensors dtype.
 fn kind_of(dtype: &str) -> Option<Kind> {
-    Some(match dtype {
-        "F64" => Kind::Double,
-        "F32" => Kind::Float,
-        "F16" => Kind::Half,
-        "BF16" => Kind::BFloat16,
-        "F8_E4M3" => Kind::Float8e4m3fn,
-        "F8_E5M2" => Kind::Float8e5m2,
-        "I64" => Kind::Int64,
-        "I32" => Kind::Int,
-        "I16" => Kind::Int16,
-        "I8" => Kind::Int8,
-        "U8" => Kind::Uint8,
-        "BOOL" => Kind::Bool,
-        _ => return None,
-    })
+    DTYPES.iter().find(|(d, _)| *d == dtype).map(|(_, k)| *k)
+}
+
+/// A tensor to write: its name, kind and shape (for the header), and how to make it when its
+/// turn comes (on any device, in that kind and shape).
+pub struct Pending<'a> {
+    pub name: String,
+    pub kind: Kind,
+    pub shape: Vec<i64>,
+    pub make: Box<dyn Fn() -> Tensor + 'a>,
+}
+
+/// Writes `tensors` to `path` as safetensors, in the order given: the header, then each tensor
+/// made, brought to the host and written before the next is made (host memory holds one tensor,
+/// not the file). The caller makes the file durable (fsync) and atomic (a temporary place).
+pub fn write_one_at_a_time(path: &Path, tensors: &[Pending]) -> Result<()> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut offset = 0u64;
+    for t in tensors {
+        let Some((dtype, _)) = DTYPES.iter().find(|(_, k)| *k == t.kind) else {
+            bail!(
+                "tensor `{}`: kind {:?} has no safetensors dtype",
+                t.name,
+                t.kind
+            );
+        };
+        let bytes = t.shape.iter().product::<i64>() as u64 * t.kind.elt_size_in_bytes() as u64;
+        header.insert(
+            t.name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": t.shape, "data_offsets": [offset, offset + bytes]}),
+        );
+        offset += bytes;
+    }
+    let mut text = serde_json::to_string(&header)?.into_bytes();
+    // Padded with spaces to 8 bytes, as the format's own writer does (the data then aligned).
+    text.resize(text.len().div_ceil(8) * 8, b' ');
+    let mut file = File::create(path)?;
+    file.write_all(&(text.len() as u64).to_le_bytes())?;
+    file.write_all(&text)?;
+    let _guard = tch::no_grad_guard();
+    for t in tensors {
+        let made = (t.make)().to_device(tch::Device::Cpu).contiguous();
+        if made.kind() != t.kind || made.size() != t.shape {
+            bail!(
+                "tensor `{}` was made as {:?} {:?}, its header says {:?} {:?}",
+                t.name,
+                made.kind(),
+                made.size(),
+                t.kind,
+                t.shape
+            );
+        }
+        let numel = made.numel();
+        let mut bytes = vec![0u8; numel * t.kind.elt_size_in_bytes()];
+        made.f_copy_data_u8(&mut bytes, numel)?;
+        drop(made);
+        file.write_all(&bytes)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -239,6 +302,60 @@ mod tests {
         assert!(b.equal(&named[1].1));
         assert_eq!(file.shape("a.f32"), Some(&[3i64, 5][..]));
         assert!(!file.contains("z") && file.read("z").is_err());
+    }
+
+    /// A file written a tensor at a time reads back (by tch's own reader and by ours) as the
+    /// tensors were; each tensor is made only after the one before it is on disk; a tensor made
+    /// unlike its header is refused.
+    #[test]
+    fn a_file_written_one_tensor_at_a_time_is_safetensors_and_streams() {
+        use super::{write_one_at_a_time, Pending};
+        use std::cell::RefCell;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        tch::manual_seed(4);
+        let named = [
+            ("z.f32", Tensor::randn([3, 5], (Kind::Float, Device::Cpu))),
+            ("a.bf16", Tensor::randn([9], (Kind::BFloat16, Device::Cpu))),
+            ("m.i64", Tensor::from_slice(&[7i64])),
+        ];
+        let seen = RefCell::new(Vec::new());
+        let pending: Vec<Pending> = named
+            .iter()
+            .map(|(name, t)| Pending {
+                name: name.to_string(),
+                kind: t.kind(),
+                shape: t.size(),
+                make: Box::new(|| {
+                    seen.borrow_mut()
+                        .push(std::fs::metadata(&path).unwrap().len());
+                    t.shallow_clone()
+                }),
+            })
+            .collect();
+        write_one_at_a_time(&path, &pending).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        let data = 15 * 4 + 9 * 2 + 8;
+        let header = len - data;
+        assert_eq!(header % 8, 0, "the data starts aligned");
+        assert_eq!(*seen.borrow(), [header, header + 60, header + 60 + 18]);
+        let by_tch: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&path)
+            .unwrap()
+            .into_iter()
+            .collect();
+        let ours = TensorFile::open(&path).unwrap();
+        for (name, t) in &named {
+            assert!(by_tch[*name].equal(t), "{name}");
+            assert!(ours.read(name).unwrap().equal(t), "{name}");
+        }
+        let wrong = [Pending {
+            name: "x".into(),
+            kind: Kind::Float,
+            shape: vec![2],
+            make: Box::new(|| Tensor::zeros([3], (Kind::Float, Device::Cpu))),
+        }];
+        let err = write_one_at_a_time(&path, &wrong).unwrap_err().to_string();
+        assert!(err.contains("`x` was made as"), "{err}");
     }
 
     /// A damaged file is refused when it is opened, with the reason.

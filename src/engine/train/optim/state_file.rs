@@ -3,29 +3,42 @@
 //! from it exactly (moments of the other kind load widened or rounded to nearest).
 
 use super::AdamW;
-use crate::engine::model::tensor_file::TensorFile;
+use crate::engine::model::tensor_file::{write_one_at_a_time, Pending, TensorFile};
 use anyhow::{Context, Result};
 use std::path::Path;
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 impl AdamW {
-    /// Saves the fp32 master weights, m, v and the step (safetensors + the step in `step`).
+    /// Saves the fp32 master weights, m, v and the step (safetensors + the step in `step`), a
+    /// tensor brought to the host and written at a time.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let mut named: Vec<(String, Tensor)> = Vec::new();
+        let mut pending: Vec<Pending> = Vec::new();
         for (i, ((name, p), (off, n))) in self.params.iter().zip(&self.spans).enumerate() {
-            let master = self.master(i).to_device(tch::Device::Cpu).contiguous();
-            named.push((format!("master.{name}"), master));
-            let slice = |t: &Tensor| {
-                t.narrow(0, *off, *n)
-                    .view(p.size().as_slice())
-                    .to_device(tch::Device::Cpu)
-                    .contiguous()
-            };
-            named.push((format!("exp_avg.{name}"), slice(&self.m)));
-            named.push((format!("exp_avg_sq.{name}"), slice(&self.v)));
+            let shape = p.size();
+            pending.push(Pending {
+                name: format!("master.{name}"),
+                kind: Kind::Float,
+                shape: shape.clone(),
+                make: Box::new(move || self.master(i)),
+            });
+            for (prefix, buf) in [("exp_avg", &self.m), ("exp_avg_sq", &self.v)] {
+                let shape = shape.clone();
+                pending.push(Pending {
+                    name: format!("{prefix}.{name}"),
+                    kind: buf.kind(),
+                    shape: shape.clone(),
+                    make: Box::new(move || buf.narrow(0, *off, *n).view(shape.as_slice())),
+                });
+            }
         }
-        named.push(("step".into(), Tensor::from_slice(&[self.step])));
-        Tensor::write_safetensors(&named, path)
+        let step = self.step;
+        pending.push(Pending {
+            name: "step".into(),
+            kind: Kind::Int64,
+            shape: vec![1],
+            make: Box::new(move || Tensor::from_slice(&[step])),
+        });
+        write_one_at_a_time(path, &pending)
             .with_context(|| format!("cannot write optimizer state {}", path.display()))
     }
 
