@@ -165,7 +165,7 @@ impl PipelineSpec {
             return None;
         }
         let model = match &self.target {
-            Some(dir) => format!("the target {}", dir.display()),
+            Some(dir) => format!("--target {}", dir.display()),
             None => format!("--preset {}", self.preset.name),
         };
         let sides = match self.on_cpu() {

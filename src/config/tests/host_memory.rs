@@ -74,7 +74,7 @@ fn a_preset_too_large_for_the_host_is_refused_with_the_fix() {
     let text = real.host_memory_refusal(23.0).unwrap();
     assert!(
         text.starts_with(
-            "the target /models/Qwen3-32B with the target and the drafter on the CPU needs"
+            "--target /models/Qwen3-32B with the target and the drafter on the CPU needs"
         ),
         "{text}"
     );
