@@ -108,6 +108,7 @@ fn load_target(
         &weights,
         &crate::engine::model::weights::weights_label(&args.target),
     )?;
+    weights.report_done();
     vs.freeze();
     if device.is_cuda() {
         vs.set_kind(Kind::BFloat16);

@@ -416,6 +416,7 @@ pub fn load_weights(dir: &Path, vs: &VarStore) -> Result<()> {
     }
     let weights = crate::engine::model::weights::WeightFiles::open(dir)?;
     let unused = crate::engine::model::weights::copy_into(vs, &weights, &file)?;
+    weights.report_done();
     if !unused.is_empty() {
         eprintln!(
             "dflash-top: note: {} tensor(s) in {} are not part of the drafter and were skipped (e.g. {})",

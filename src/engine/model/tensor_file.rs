@@ -91,24 +91,32 @@ impl TensorFile {
         let Some(e) = self.entries.get(name) else {
             bail!("{} has no tensor `{name}`", self.path.display());
         };
-        let mut bytes = vec![0u8; (e.end - e.start) as usize];
-        self.file
-            .read_exact_at(&mut bytes, self.data_start + e.start)
-            .map_err(|err| {
-                anyhow::anyhow!(
-                    "{}: cannot read tensor `{name}` ({err}); the file may have changed or be \
-                     damaged: download or save it again",
-                    self.path.display()
-                )
-            })?;
-        self.bytes_read
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        Ok(Tensor::f_from_data_size(&bytes, &e.shape, e.kind)?)
+        let tensor = Tensor::f_empty(e.shape.as_slice(), (e.kind, tch::Device::Cpu))
+            .map_err(|err| anyhow::anyhow!("{}: tensor `{name}`: {err}", self.path.display()))?;
+        let len = (e.end - e.start) as usize;
+        if len > 0 {
+            // Read straight into the tensor's own storage: one host copy of it, not two.
+            // SAFETY: a fresh contiguous CPU tensor of this kind and shape holds exactly `len`
+            // bytes (the header's check: shape x element size = end - start), and nothing else
+            // refers to it yet.
+            let bytes =
+                unsafe { std::slice::from_raw_parts_mut(tensor.data_ptr() as *mut u8, len) };
+            self.file
+                .read_exact_at(bytes, self.data_start + e.start)
+                .map_err(|err| {
+                    anyhow::anyhow!(
+                        "cannot read tensor `{name}` from {} ({err})",
+                        self.path.display()
+                    )
+                })?;
+        }
+        self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(tensor)
     }
 
-    /// The bytes of all its tensors.
-    pub fn tensor_bytes(&self) -> u64 {
-        self.entries.values().map(|e| e.end - e.start).sum()
+    /// Where tensor `name`'s bytes start in the file (to read a file's tensors in their order).
+    pub fn offset(&self, name: &str) -> Option<u64> {
+        self.entries.get(name).map(|e| e.start)
     }
 
     /// The tensor bytes read so far.
@@ -133,6 +141,23 @@ fn parse_header(
         let entry = parse_entry(v, data_len).map_err(|why| format!("tensor `{name}`: {why}"))?;
         entries.insert(name.clone(), entry);
     }
+    // The tensors' bytes tile the data with no gap or overlap, as the format requires.
+    let mut spans: Vec<(u64, u64)> = entries.values().map(|e| (e.start, e.end)).collect();
+    spans.sort_unstable();
+    let mut at = 0;
+    for (start, end) in spans {
+        if start != at {
+            return Err(format!(
+                "its tensors' bytes leave a gap or overlap at byte {at} of the data"
+            ));
+        }
+        at = end;
+    }
+    if at != data_len {
+        return Err(format!(
+            "its tensors take {at} bytes but {data_len} follow the header"
+        ));
+    }
     Ok(entries)
 }
 
@@ -155,14 +180,24 @@ fn parse_entry(v: &serde_json::Value, data_len: u64) -> std::result::Result<Entr
             .ok_or("a dimension of its shape is not a count")?;
         shape.push(d as i64);
     }
-    let offsets: Vec<u64> = v
+    let offsets: Option<Vec<u64>> = v
         .get("data_offsets")
         .and_then(|o| o.as_array())
-        .map(|o| o.iter().filter_map(|x| x.as_u64()).collect())
-        .unwrap_or_default();
-    let [start, end] = offsets[..] else {
-        return Err("no `data_offsets` pair".into());
+        .and_then(|o| o.iter().map(|x| x.as_u64()).collect());
+    let Some([start, end]) = offsets.as_deref() else {
+        return Err("no `data_offsets` pair of byte counts".into());
     };
+    let (start, end) = (*start, *end);
+    // Elements libtorch can index (a zero-length dimension does not excuse the others).
+    let indexable = shape
+        .iter()
+        .filter(|&&d| d > 0)
+        .try_fold(1i64, |n, &d| n.checked_mul(d));
+    if indexable.is_none() {
+        return Err(format!(
+            "shape {shape:?} holds more elements than can be indexed"
+        ));
+    }
     if start > end || end > data_len {
         return Err(format!(
             "its bytes {start}..{end} are not within the file's {data_len}; it may be truncated"
@@ -372,6 +407,7 @@ mod tests {
             .to_string();
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (whole[..whole.len() - 4].to_vec(), "not within"),
+            ([&whole[..], b"extra"].concat(), "follow the header"),
             (whole[..5].to_vec(), "too short"),
             (b"\xff\xff\xff\xff\0\0\0\0{}".to_vec(), "header says"),
             (
@@ -401,7 +437,45 @@ mod tests {
                 "does not take",
             ),
         ];
-        for (bytes, why) in cases {
+        let made = |header: &str, data: &[u8]| {
+            [
+                &(header.len() as u64).to_le_bytes()[..],
+                header.as_bytes(),
+                data,
+            ]
+            .concat()
+        };
+        let more: Vec<(Vec<u8>, &str)> = vec![
+            (
+                made(
+                    r#"{"t":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}}"#,
+                    b"",
+                ),
+                "more elements than can be indexed",
+            ),
+            (
+                made(
+                    r#"{"t":{"dtype":"U8","shape":[2],"data_offsets":[0,"x",2]}}"#,
+                    b"ab",
+                ),
+                "no `data_offsets` pair",
+            ),
+            (
+                made(
+                    r#"{"t":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#,
+                    b"ab",
+                ),
+                "gap or overlap",
+            ),
+            (
+                made(
+                    r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}"#,
+                    b"abc",
+                ),
+                "gap or overlap",
+            ),
+        ];
+        for (bytes, why) in cases.into_iter().chain(more) {
             std::fs::write(&path, &bytes).unwrap();
             let err = TensorFile::open(&path).unwrap_err();
             assert!(err.contains(why), "{why}: {err}");

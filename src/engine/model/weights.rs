@@ -74,6 +74,15 @@ impl WeightFiles {
                 )
             })?;
             for name in file.names() {
+                if let Some(&first) = owner.get(name) {
+                    let first: &TensorFile = &files[first];
+                    bail!(
+                        "tensor `{name}` is in both {} and {}: the files are not one checkpoint; \
+                         download it again",
+                        first.path().display(),
+                        path.display()
+                    );
+                }
                 owner.insert(name.clone(), files.len());
             }
             files.push(file);
@@ -105,20 +114,28 @@ impl WeightFiles {
 
     /// The tensor `name`, read from its file now (on the CPU, in the file's kind).
     pub fn read(&self, name: &str) -> Result<Tensor> {
-        let tensor = self.file_of(name)?.read(name)?;
+        let tensor = self.file_of(name)?.read(name).map_err(|e| {
+            anyhow::anyhow!("{e:#}; the file may have changed or be damaged: download it again")
+        })?;
         if let Ok(mut ticker) = self.ticker.lock() {
             ticker.tick(|secs| {
-                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-                let total = self.files.iter().map(|f| f.tensor_bytes()).sum();
                 format!(
-                    "weights: {:.1} of {:.1} GiB read from {} ({secs:.0}s)",
-                    gib(self.bytes_read()),
-                    gib(total),
+                    "weights: {:.1} GiB read from {} ({secs:.0}s)",
+                    self.bytes_read() as f64 / (1u64 << 30) as f64,
                     self.dir.display()
                 )
             });
         }
         Ok(tensor)
+    }
+
+    /// Where tensor `name` lies: its file's place in the list and its bytes' offset there (a load
+    /// reads in this order, each file from its start to its end).
+    pub fn position(&self, name: &str) -> (usize, u64) {
+        match self.owner.get(name) {
+            Some(&i) => (i, self.files[i].offset(name).unwrap_or(0)),
+            None => (usize::MAX, 0),
+        }
     }
 
     /// A line saying how long the load took, where it took more than a second.
@@ -179,7 +196,9 @@ pub fn copy_matching(
         );
     }
     let _guard = tch::no_grad_guard();
-    for (name, var) in &vars {
+    let mut order: Vec<(&String, &Tensor)> = vars.into_iter().collect();
+    order.sort_by_key(|(name, _)| weights.position(name));
+    for (name, var) in order {
         let mut var = var.shallow_clone();
         let shape = weights.shape(name).unwrap_or_default();
         if shape != var.size().as_slice() {
@@ -242,5 +261,27 @@ mod tests {
         for (name, want) in first.iter().chain(&second[..1]) {
             assert!(vars[*name].equal(want), "{name}");
         }
+    }
+
+    /// A tensor in two shards of an index is refused at open, naming both files.
+    #[test]
+    fn a_tensor_in_two_shards_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+        for f in ["a.safetensors", "b.safetensors"] {
+            Tensor::write_safetensors(&[("w", &t)], dir.path().join(f)).unwrap();
+        }
+        let index = serde_json::json!({"weight_map": {"w": "a.safetensors", "v": "b.safetensors"}});
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
+        let err = format!("{:#}", WeightFiles::open(dir.path()).err().unwrap());
+        assert!(
+            err.contains("a.safetensors") && err.contains("b.safetensors"),
+            "{err}"
+        );
+        assert!(err.contains("tensor `w` is in both"), "{err}");
     }
 }

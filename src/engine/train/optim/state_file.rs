@@ -83,13 +83,24 @@ impl AdamW {
                 dst.copy_(&read(&key, &dst.size())?);
             }
         }
-        self.step = file
-            .contains("step")
-            .then(|| file.read("step").ok())
-            .flatten()
-            .and_then(|t| Vec::<i64>::try_from(t).ok())
+        // One count, shape [1] as written (or a scalar).
+        let one = file
+            .shape("step")
+            .filter(|s| s.iter().product::<i64>() == 1);
+        if one.is_none() {
+            anyhow::bail!(
+                "{} lacks `step` (a single count): the checkpoint is damaged: resume from an \
+                 earlier checkpoint, or start from its weights alone with --drafter",
+                path.display()
+            );
+        }
+        let step = file.read("step").map_err(|e| damaged(&e))?;
+        self.step = step
+            .f_to_kind(Kind::Int64)
+            .ok()
+            .and_then(|t| Vec::<i64>::try_from(t.reshape([1])).ok())
             .and_then(|v| v.first().copied())
-            .with_context(|| format!("{} lacks `step`", path.display()))?;
+            .with_context(|| format!("{}: `step` is not a count", path.display()))?;
         self.refresh_working();
         Ok(())
     }

@@ -271,3 +271,44 @@ fn fused_cuda_adamw_follows_the_plain_one() {
     assert!(moved > 0.05, "the steps moved the weights: {moved}");
     assert!(diff < 1e-5, "fused and plain AdamW differ by {diff}");
 }
+
+/// The state file's `step`: saved and loaded back, taken as a scalar too, and refused with a
+/// sentence naming the file where it is not a single count (no panic, no silent zero).
+#[test]
+fn the_saved_step_loads_back_and_a_damaged_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("optimizer.safetensors");
+    let w = Tensor::ones([2, 3], (Kind::Float, tch::Device::Cpu));
+    let mut opt = AdamW::new(vec![("w".into(), w)]);
+    opt.step = 41;
+    opt.save(&path).unwrap();
+    let fresh = || {
+        AdamW::new(vec![(
+            "w".into(),
+            Tensor::zeros([2, 3], tch::kind::FLOAT_CPU),
+        )])
+    };
+    let mut loaded = fresh();
+    loaded.load(&path).unwrap();
+    assert_eq!(loaded.step, 41);
+    let saved: Vec<(String, Tensor)> = Tensor::read_safetensors(&path).unwrap();
+    let with_step = |step: Tensor| {
+        let mut named: Vec<(String, Tensor)> = saved
+            .iter()
+            .filter(|(n, _)| n != "step")
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        named.push(("step".into(), step));
+        Tensor::write_safetensors(&named, &path).unwrap();
+    };
+    with_step(Tensor::from(7i64));
+    let mut scalar = fresh();
+    scalar.load(&path).unwrap();
+    assert_eq!(scalar.step, 7);
+    with_step(Tensor::from_slice(&[1i64, 2, 3]));
+    let err = format!("{:#}", fresh().load(&path).unwrap_err());
+    assert!(
+        err.contains(&path.display().to_string()) && err.contains("lacks `step`"),
+        "{err}"
+    );
+}
