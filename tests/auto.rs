@@ -314,13 +314,14 @@ fn an_unmodified_trainer_shows_its_tokens_loss_steps_and_the_line_of_its_item() 
     assert_eq!(item["thread"], "MainThread", "{sites:?}");
     assert_eq!(item["at"], format!("{script}:{line_no}"), "{sites:?}");
     // One a step (the sites come once a second): every step but the first, which ended at its
-    // forward before an optimizer step was seen.
+    // forward before an optimizer step was seen; a sample taken between a step's optimizer step
+    // (where it ends) and its `.item()` has that step's not yet counted.
     let (count, steps) = (
         item["count"].as_u64().unwrap(),
         item["steps"].as_u64().unwrap(),
     );
     assert!(
-        count + 1 == steps && count > 50,
+        (count + 1 == steps || count + 2 == steps) && count > 50,
         "one .item() a step: {sites:?}"
     );
     assert!(item["ns"].as_u64().unwrap() > 0, "{sites:?}");

@@ -273,8 +273,15 @@ class Auto(Producer):
             cur = r.cur if r.cur >= 0 else other
             entry = {"th": r.id, "ph": cur, "ps": r.last, "ss": r.step_start, "acc": acc}
             if with_sites and r.sites:
-                entry["sites"] = sites.top(r.sites)
-                entry["steps"] = r.steps
+                # The counts and the steps of one moment: the thread runs on while they are
+                # read, so they are read again where a step ended meanwhile.
+                for _ in range(3):
+                    steps = r.steps
+                    counted = sites.top(r.sites)
+                    if r.steps == steps:
+                        break
+                entry["sites"] = counted
+                entry["steps"] = steps
             live.append(entry)
         return live
 
