@@ -293,11 +293,14 @@ pub fn write_one_at_a_time(path: &Path, tensors: &[Pending]) -> Result<()> {
                 t.shape
             );
         }
-        let numel = made.numel();
-        let mut bytes = vec![0u8; numel * t.kind.elt_size_in_bytes()];
-        made.f_copy_data_u8(&mut bytes, numel)?;
-        drop(made);
-        file.write_all(&bytes)?;
+        let len = made.numel() * t.kind.elt_size_in_bytes();
+        if len > 0 {
+            // Written from the tensor's own storage: one host copy of it, not two.
+            // SAFETY: `made` is a contiguous CPU tensor of this kind and shape (checked above),
+            // so its storage holds exactly `len` bytes, and it lives until the write returns.
+            let bytes = unsafe { std::slice::from_raw_parts(made.data_ptr() as *const u8, len) };
+            file.write_all(bytes)?;
+        }
     }
     Ok(())
 }
