@@ -130,12 +130,10 @@ impl WeightFiles {
     }
 
     /// Where tensor `name` lies: its file's place in the list and its bytes' offset there (a load
-    /// reads in this order, each file from its start to its end).
-    pub fn position(&self, name: &str) -> (usize, u64) {
-        match self.owner.get(name) {
-            Some(&i) => (i, self.files[i].offset(name).unwrap_or(0)),
-            None => (usize::MAX, 0),
-        }
+    /// reads in this order, each file from its start to its end); `None` for a name no file holds.
+    pub fn position(&self, name: &str) -> Option<(usize, u64)> {
+        let &i = self.owner.get(name)?;
+        Some((i, self.files[i].offset(name)?))
     }
 
     /// A line saying how long the load took, where it took more than a second.
@@ -197,6 +195,7 @@ pub fn copy_matching(
     }
     let _guard = tch::no_grad_guard();
     let mut order: Vec<(&String, &Tensor)> = vars.into_iter().collect();
+    // Every name is held by some file (checked above), so none sorts as `None`.
     order.sort_by_key(|(name, _)| weights.position(name));
     for (name, var) in order {
         let mut var = var.shallow_clone();

@@ -45,14 +45,14 @@ impl AdamW {
     /// Loads what `save` wrote, a tensor read from disk at a time (no whole copy of the state in
     /// host memory).
     pub fn load(&mut self, path: &Path) -> Result<()> {
-        let damaged = |why: &dyn std::fmt::Display| {
+        const FIX: &str = "the checkpoint is damaged: resume from an earlier checkpoint, or \
+                           start from its weights alone with --drafter";
+        let file = TensorFile::open(path).map_err(|why| {
             anyhow::anyhow!(
-                "{}: not a readable optimizer state ({why}); the checkpoint is damaged: resume \
-                 from an earlier checkpoint, or start from its weights alone with --drafter",
+                "{}: not a readable optimizer state ({why}); {FIX}",
                 path.display()
             )
-        };
-        let file = TensorFile::open(path).map_err(|why| damaged(&why))?;
+        })?;
         let read = |key: &str, want: &[i64]| -> Result<Tensor> {
             let shape = file.shape(key).unwrap_or_default();
             if shape != want {
@@ -61,7 +61,8 @@ impl AdamW {
                     path.display()
                 );
             }
-            file.read(key).map_err(|e| damaged(&e))
+            // The reader's error names the file and the tensor already.
+            file.read(key).map_err(|e| anyhow::anyhow!("{e:#}; {FIX}"))
         };
         let _g = tch::no_grad_guard();
         for (i, ((name, p), (off, n))) in self.params.iter().zip(&self.spans).enumerate() {
@@ -88,13 +89,11 @@ impl AdamW {
             .shape("step")
             .filter(|s| s.iter().product::<i64>() == 1);
         if one.is_none() {
-            anyhow::bail!(
-                "{} lacks `step` (a single count): the checkpoint is damaged: resume from an \
-                 earlier checkpoint, or start from its weights alone with --drafter",
-                path.display()
-            );
+            anyhow::bail!("{} lacks `step` (a single count): {FIX}", path.display());
         }
-        let step = file.read("step").map_err(|e| damaged(&e))?;
+        let step = file
+            .read("step")
+            .map_err(|e| anyhow::anyhow!("{e:#}; {FIX}"))?;
         self.step = step
             .f_to_kind(Kind::Int64)
             .ok()

@@ -311,4 +311,13 @@ fn the_saved_step_loads_back_and_a_damaged_one_is_refused() {
         err.contains(&path.display().to_string()) && err.contains("lacks `step`"),
         "{err}"
     );
+    // A file cut short: refused at open, the file named once with the way out.
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+    let err = format!("{:#}", fresh().load(&path).unwrap_err());
+    assert_eq!(err.matches(&path.display().to_string()).count(), 1, "{err}");
+    assert!(
+        err.contains("not a readable optimizer state") && err.contains("--drafter"),
+        "{err}"
+    );
 }
