@@ -479,8 +479,13 @@ fn the_ui_config_binds_keys_and_colours_and_names_the_file_when_wrong() {
         ("[colors]\ntheme = \"sepia\"\n", "use \"light\" or \"dark\""),
         ("[keys\n", "ui.toml: line 1, column 6: "),
         ("[colours]\n", "unknown field `colours`"),
+        (
+            "[keys]\nquit = 5\n",
+            "ui.toml: line 2, column 8: a key in [keys] is given in quotes",
+        ),
     ] {
         let e = format!("{:#}", parse(text, path, true).unwrap_err());
+        assert!(!e.contains("OneOrMany"), "a type name leaked: {e}");
         assert!(
             e.contains("/home/u/.config/dflash-top/ui.toml") && e.contains(says),
             "{e}"

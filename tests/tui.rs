@@ -595,7 +595,18 @@ fn below_the_minimum_size_one_line_says_so() {
     let s = screen(&app, 70, 20, Theme::from_color(true), LIVE);
     let lines: Vec<&str> = s.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(lines.len(), 1, "{s}");
-    assert!(lines[0].contains("too small: 70x20") && lines[0].contains("80x24"));
+    assert!(
+        lines[0].contains("too small: 70x20, dflash-top needs 80x24; enlarge it (q quits)"),
+        "{s}"
+    );
+    // Narrower than the sentence: wrapped, never cut.
+    let s = screen(&app, 30, 10, Theme::from_color(true), LIVE);
+    let words: Vec<&str> = s.split_whitespace().collect();
+    assert_eq!(
+        words.join(" "),
+        "too small: 30x10, dflash-top needs 80x24; enlarge it (q quits)",
+        "{s}"
+    );
 }
 
 #[test]

@@ -346,13 +346,17 @@ fn fresh_drafter(
     mask: MaskToken,
 ) -> Result<(DrafterSpec, String)> {
     if recipe.drafter_layers < 1 {
-        bail!("`drafter_layers` must be at least 1");
+        bail!(
+            "--drafter-layers must be at least 1 ({})",
+            crate::engine::spec::in_config("drafter_layers")
+        );
     }
     if !(2..=crate::telemetry::phase_recorder::MAX_SLOTS as i64).contains(&recipe.block_size) {
         bail!(
-            "`block_size` {} is out of range: use 2..={}",
+            "--block-size {} is out of range: use 2..={} ({})",
             recipe.block_size,
-            crate::telemetry::phase_recorder::MAX_SLOTS
+            crate::telemetry::phase_recorder::MAX_SLOTS,
+            crate::engine::spec::in_config("block_size")
         );
     }
     let mut spec = drafter_spec_for(

@@ -416,7 +416,9 @@ fn long_rows_are_taken_up_to_the_cap_and_refused_past_it() {
     }
     let e = train(dir.path(), |a| a.seq_len = Some(65_537)).unwrap_err();
     assert!(
-        format!("{e:#}").contains("`seq_len` 65537 is out of range: use 32..=65536"),
+        format!("{e:#}").contains(
+            "--seq-len 65537 is out of range: use 32..=65536 (`seq_len` in a --config file)"
+        ),
         "{e:#}"
     );
 }

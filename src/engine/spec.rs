@@ -258,19 +258,24 @@ impl PipelineSpec {
 
     pub fn validate(&self) -> Result<()> {
         if self.batch < 1 {
-            bail!("`batch` must be at least 1");
+            bail!("--batch must be at least 1 ({})", in_config("batch"));
         }
         if !(32..=MAX_SEQ_LEN).contains(&self.seq_len) {
             bail!(
-                "`seq_len` {} is out of range: use 32..={MAX_SEQ_LEN}",
-                self.seq_len
+                "--seq-len {} is out of range: use 32..={MAX_SEQ_LEN} ({})",
+                self.seq_len,
+                in_config("seq_len")
             );
         }
         if self.anchors < 1 || self.anchors > 512 {
-            bail!("`anchors` {} is out of range: use 1..=512", self.anchors);
+            bail!(
+                "--anchors {} is out of range: use 1..=512 ({})",
+                self.anchors,
+                in_config("anchors")
+            );
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
-            bail!("`lr` must be a positive number");
+            bail!("--lr must be a positive number ({})", in_config("lr"));
         }
         if !(16..=65536).contains(&self.loss_chunk_mib) {
             bail!(
@@ -388,6 +393,11 @@ pub fn model_label(line: &str) -> Option<String> {
         label.push_str(&format!(" · moments {m}"));
     }
     Some(label)
+}
+
+/// Where a training setting sits in a `--config` file, for an error that names the flag first.
+pub(crate) fn in_config(key: &str) -> String {
+    format!("`{key}` in a --config file")
 }
 
 #[cfg(test)]

@@ -60,7 +60,10 @@ struct File {
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a key in [keys] is given in quotes (\"x\", \"ctrl-n\") or as a list of them"
+)]
 enum OneOrMany {
     One(String),
     Many(Vec<String>),
@@ -89,7 +92,7 @@ pub fn parse_for(text: &str, path: &Path, color: bool, names: &Names) -> Result<
             format!(" line {line}, column {col}:")
         });
         anyhow::anyhow!(
-            "{shown}:{at} {}: fix the file (a UI config has sections [keys] and [colors], as the README shows)",
+            "{shown}:{at} {}: fix the file (a UI config has sections [keys], action = \"key\", and [colors], phase = \"colour\")",
             e.message().trim_end().trim_end_matches('.')
         )
     })?;

@@ -8,7 +8,7 @@ use crate::telemetry::snapshot::GpuPanel;
 use crate::telemetry::Snapshot;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::Line;
-use ratatui::widgets::Paragraph;
+use ratatui::widgets::{Paragraph, Wrap};
 use ratatui::Frame;
 
 pub const MIN_WIDTH: u16 = 80;
@@ -18,10 +18,14 @@ pub fn draw(f: &mut Frame, app: &App, theme: Theme, badges: Badges) {
     let area = f.area();
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
         let msg = format!(
-            "terminal too small: {}x{}, dflash-top needs {}x{} — enlarge it (q quits)",
+            "too small: {}x{}, dflash-top needs {}x{}; enlarge it (q quits)",
             area.width, area.height, MIN_WIDTH, MIN_HEIGHT
         );
-        f.render_widget(Paragraph::new(Line::from(msg)), Rect { height: 1, ..area });
+        // Wrapped, so that a terminal narrower than the sentence still shows all of it.
+        f.render_widget(
+            Paragraph::new(Line::from(msg)).wrap(Wrap { trim: true }),
+            area,
+        );
         return;
     }
     app.hits.borrow_mut().clear();
