@@ -936,9 +936,11 @@ fn cupti_is_a_flag_whose_on_needs_cuda_and_bench_engine_reports_it() {
 }
 
 #[test]
-fn bench_kernels_needs_cuda_the_engine_and_cupti_left_to_it() {
-    let o = run(&["bench", "drafter", "--kernels"]);
-    assert_user_error(&o, &["--kernels", "bench drafter"]);
+fn bench_kernels_needs_cuda_the_engine_or_drafter_and_cupti_left_to_it() {
+    let o = run(&["bench", "telemetry", "--kernels"]);
+    assert_user_error(&o, &["--kernels", "bench telemetry"]);
+    let o = run(&["bench", "drafter", "--steps", "1", "--kernels"]);
+    assert_user_error(&o, &["--kernels times CUDA kernels", "--drafter-devices"]);
     let o = run(&[
         "bench",
         "engine",

@@ -27,14 +27,6 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         );
     }
     let what = args.what.as_str();
-    if what == "telemetry" {
-        let on = crate::telemetry::hub::measure_mark_cost();
-        crate::signals::outln!(
-            "bench: phase mark with profiling on: {on:.1} ns (clock {})",
-            crate::telemetry::clock::source()
-        );
-        return Ok(crate::cmd::session::signal_exit());
-    }
     if ![
         "engine",
         "modes",
@@ -43,6 +35,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         "drafter",
         "generate",
         "precision",
+        "telemetry",
     ]
     .contains(&what)
     {
@@ -51,13 +44,24 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
              or telemetry"
         );
     }
+    if args.kernels && what != "engine" && what != "drafter" {
+        bail!(
+            "--kernels times the kernels of `bench engine` or `bench drafter`: leave it out of \
+             bench {what}"
+        );
+    }
+    if what == "telemetry" {
+        let on = crate::telemetry::hub::measure_mark_cost();
+        crate::signals::outln!(
+            "bench: phase mark with profiling on: {on:.1} ns (clock {})",
+            crate::telemetry::clock::source()
+        );
+        return Ok(crate::cmd::session::signal_exit());
+    }
     // The configuration, resolved once: `engine` trains 60 steps unless told, `modes` and
     // `profiling` until their turns end; the others read --steps themselves.
     let mut train = args.train.clone();
     if args.kernels {
-        if what != "engine" {
-            bail!("--kernels times `bench engine`'s kernels: leave it out of bench {what}");
-        }
         if train.cupti.as_deref() == Some("on") {
             bail!(
                 "--kernels and --cupti on both need CUPTI, which takes one subscriber a process: \
@@ -225,7 +229,10 @@ fn precision(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
 /// target computed first; each phase's device time and TFLOP/s-equivalent.
 fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     let steps = args.train.steps.unwrap_or(20);
-    let times = crate::engine::bench::drafter::run(cfg, steps)?;
+    if args.kernels && !cfg.drafter_devices[0].is_cuda() {
+        bail!("--kernels times CUDA kernels: put the drafter on a GPU (--drafter-devices)");
+    }
+    let (times, tally) = crate::engine::bench::drafter::run(cfg, steps, args.kernels)?;
     let f = crate::engine::model::flops::drafter_flops(
         &cfg.drafter_spec,
         cfg.seq_len,
@@ -265,6 +272,9 @@ fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
         rate(f.backward, bw),
         rate(f.step(), fw + lo + bw)
     );
+    if let Some(tally) = tally {
+        kernel_lines(&tally, steps);
+    }
     Ok(())
 }
 
@@ -399,13 +409,18 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
         crate::engine::gpu::cuda::block_attention_state()
     );
     if let Some((tally, steps)) = tally {
-        crate::signals::outln!("bench: {}", tally.classes_line(steps));
-        for line in tally.top_lines(steps, 12) {
-            crate::signals::outln!("bench: {line}");
-        }
+        kernel_lines(&tally, steps);
     }
     crate::signals::outln!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())
+}
+
+/// `--kernels`' lines: device ms a step by class, then the 12 kernels with the most.
+fn kernel_lines(tally: &crate::engine::gpu::kernel_time::KernelTally, steps: u64) {
+    crate::signals::outln!("bench: {}", tally.classes_line(steps));
+    for line in tally.top_lines(steps, 12) {
+        crate::signals::outln!("bench: {line}");
+    }
 }
 
 /// The caching allocator's peak per CUDA device the run used (what the batch, anchors and

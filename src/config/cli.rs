@@ -288,9 +288,10 @@ pub struct BenchArgs {
     /// `generate`: prompt tokens and new tokens per row.
     #[arg(long, value_name = "PROMPT,NEW", default_value = "256,64")]
     pub gen_lengths: String,
-    /// `engine` on CUDA: device time by kernel class (GEMM, attention, loss, norm/RoPE,
-    /// optimizer, reductions, element-wise, copies) a step, over the run's last two thirds, from
-    /// libtorch's profiler (turns --cupti off: CUPTI takes one subscriber).
+    /// `engine` or `drafter` on CUDA: device time by kernel class (GEMM, attention, loss,
+    /// norm/RoPE, optimizer, reductions, element-wise, copies) a step, from libtorch's profiler:
+    /// engine's over the run's last two thirds, drafter's over its timed steps (turns --cupti
+    /// off: CUPTI takes one subscriber).
     #[arg(long)]
     pub kernels: bool,
     #[command(flatten)]

@@ -6,6 +6,7 @@
 //! the drafter's phases).
 
 use crate::engine::data::{PackedBatch, Packer};
+use crate::engine::gpu::kernel_time::{KernelTally, KernelWindow};
 use crate::engine::model::target_graph::TargetForward;
 use crate::engine::pipeline::workers::DataCounts;
 use crate::engine::pipeline::{build_drafters, build_target, data_source};
@@ -94,8 +95,13 @@ impl StepProbe for SyncedPhases {
 
 /// Trains the drafter of `cfg` for `steps` timed steps (after a warm-up) on `BATCHES` batches of
 /// hidden states from its target; the target on `cfg.target_devices[0]`, the drafter on
-/// `cfg.drafter_devices[0]`.
-pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<PhaseTimes> {
+/// `cfg.drafter_devices[0]`. With `kernels`, libtorch's profiler reads every kernel of the timed
+/// steps (the drafter's alone: the target's ran before them) into a tally by class.
+pub fn run(
+    cfg: &PipelineSpec,
+    steps: u64,
+    kernels: bool,
+) -> Result<(PhaseTimes, Option<KernelTally>)> {
     crate::engine::gpu::fast_paths::install(cfg.fast_paths);
     tch::manual_seed(cfg.seed as i64);
     let (target_dev, dev) = (cfg.target_devices[0], cfg.drafter_devices[0]);
@@ -135,8 +141,12 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<PhaseTimes> {
         times: PhaseTimes::default(),
         timing: false,
     };
+    let mut window = None;
     for s in 0..WARM_UP + steps {
         probe.timing = s >= WARM_UP;
+        if kernels && s == WARM_UP {
+            window = Some(KernelWindow::start()?);
+        }
         let (hidden, b) = &batches[s as usize % BATCHES];
         let anchors = super::replica_check::anchors_by_row(b, cfg, s);
         let lr = cfg.schedule.lr(cfg.lr, s);
@@ -144,5 +154,6 @@ pub fn run(cfg: &PipelineSpec, steps: u64) -> Result<PhaseTimes> {
         probe.close();
     }
     probe.times.steps = steps;
-    Ok(probe.times)
+    let tally = window.map(KernelWindow::stop).transpose()?;
+    Ok((probe.times, tally))
 }
