@@ -7,6 +7,7 @@
 use crate::cmd::session::Session;
 use crate::config::cli::BenchArgs;
 use crate::config::RunConfig;
+use crate::engine::gpu::kernel_time::KernelTally;
 use crate::engine::spec::PipelineSpec;
 use crate::telemetry::{GpuTiming, HubCommand, Phase, Role};
 use anyhow::{bail, Context, Result};
@@ -20,6 +21,18 @@ use alternate::{alternate, Setting};
 use rates::{cuda_calls_line, drafter_rate_line, phase_line, target_rate_line};
 use replicas::replicas;
 
+/// What `bench` measures, by the name its first argument gives.
+const BENCHES: [&str; 8] = [
+    "engine",
+    "drafter",
+    "modes",
+    "profiling",
+    "replicas",
+    "generate",
+    "precision",
+    "telemetry",
+];
+
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if !args.train.fail_if.is_empty() || args.train.flight.is_some() {
         bail!(
@@ -27,22 +40,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         );
     }
     let what = args.what.as_str();
-    if ![
-        "engine",
-        "modes",
-        "profiling",
-        "replicas",
-        "drafter",
-        "generate",
-        "precision",
-        "telemetry",
-    ]
-    .contains(&what)
-    {
-        bail!(
-            "bench `{what}`: use engine, drafter, modes, profiling, replicas, generate, precision \
-             or telemetry"
-        );
+    if !BENCHES.contains(&what) {
+        let (last, rest) = BENCHES.split_last().expect("benches are named");
+        bail!("bench `{what}`: use {} or {last}", rest.join(", "));
     }
     if args.kernels && what != "engine" && what != "drafter" {
         bail!(
@@ -273,6 +273,7 @@ fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
         rate(f.step(), fw + lo + bw)
     );
     if let Some(tally) = tally {
+        check_recorded(&tally, steps)?;
         kernel_lines(&tally, steps);
     }
     Ok(())
@@ -335,14 +336,7 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
         (Some(w), Some(from)) => {
             let tally = w.stop()?;
             let steps = s.train.step.saturating_sub(from);
-            if steps == 0 || tally.total_ns() == 0 {
-                bail!(
-                    "--kernels: no step, or no CUDA kernel, was recorded in the window ({steps} \
-                     steps, {} kernels): raise --steps, and check that CUPTI is there and free \
-                     (not under nsys or ncu)",
-                    tally.by_class.iter().map(|c| c.0).sum::<u64>()
-                );
-            }
+            check_recorded(&tally, steps)?;
             Some((tally, steps))
         }
         (Some(w), None) => {
@@ -415,8 +409,22 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
     Ok(())
 }
 
+/// A `--kernels` window that holds no step or no kernel (CUPTI taken by nsys or ncu, or
+/// missing) is an error, not a table of zeros.
+fn check_recorded(tally: &KernelTally, steps: u64) -> Result<()> {
+    if steps == 0 || tally.total_ns() == 0 {
+        bail!(
+            "--kernels: no step, or no CUDA kernel, was recorded in the window ({steps} steps, {} \
+             kernels): raise --steps, and check that CUPTI is there and free (not under nsys or \
+             ncu)",
+            tally.by_class.iter().map(|c| c.0).sum::<u64>()
+        );
+    }
+    Ok(())
+}
+
 /// `--kernels`' lines: device ms a step by class, then the 12 kernels with the most.
-fn kernel_lines(tally: &crate::engine::gpu::kernel_time::KernelTally, steps: u64) {
+fn kernel_lines(tally: &KernelTally, steps: u64) {
     crate::signals::outln!("bench: {}", tally.classes_line(steps));
     for line in tally.top_lines(steps, 12) {
         crate::signals::outln!("bench: {line}");
