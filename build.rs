@@ -94,12 +94,14 @@ fn build_nccl_shim(lib: &std::path::Path) {
         .file("src/engine/cxx/target_kernels.cpp")
         .file("src/engine/cxx/optimizer_kernels.cpp")
         .file("src/engine/cxx/attention_kernels.cpp")
+        .file("src/engine/cxx/loss_kernels.cpp")
         .file("src/engine/cxx/kernel_profile.cpp")
         .compile("dflash_cuda_shim");
     for file in [
         "target_kernels.cpp",
         "optimizer_kernels.cpp",
         "attention_kernels.cpp",
+        "loss_kernels.cpp",
         "kernel_profile.cpp",
         "runtime_kernels.h",
     ] {

@@ -96,6 +96,25 @@ pub(crate) mod ffi {
             eps: f64,
         ) -> c_int;
         pub fn dflash_silu_mul(g: *mut c_void, u: *mut c_void, out: *mut c_void) -> c_int;
+        pub fn dflash_loss_rows(
+            logits: *mut c_void,
+            labels: *mut c_void,
+            nll: *mut c_void,
+            hit: *mut c_void,
+        ) -> c_int;
+        pub fn dflash_silu_mul_trained(
+            g: *mut c_void,
+            u: *mut c_void,
+            out: *mut *mut c_void,
+        ) -> c_int;
+        pub fn dflash_norm_rope_trained(
+            x: *mut c_void,
+            w: *mut c_void,
+            cos: *mut c_void,
+            sin: *mut c_void,
+            eps: f64,
+            out: *mut *mut c_void,
+        ) -> c_int;
         pub fn dflash_block_attention(
             q: *mut c_void,
             k: *mut c_void,
@@ -250,6 +269,31 @@ pub(crate) mod ffi {
         1
     }
     pub unsafe fn dflash_silu_mul(_: *mut c_void, _: *mut c_void, _: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_loss_rows(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+    ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_silu_mul_trained(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut *mut c_void,
+    ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_norm_rope_trained(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: f64,
+        _: *mut *mut c_void,
+    ) -> c_int {
         1
     }
     pub unsafe fn dflash_block_attention(

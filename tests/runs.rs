@@ -941,6 +941,12 @@ fn bench_kernels_needs_cuda_the_engine_or_drafter_and_cupti_left_to_it() {
     assert_user_error(&o, &["--kernels", "bench telemetry"]);
     let o = run(&["bench", "drafter", "--steps", "1", "--kernels"]);
     assert_user_error(&o, &["--kernels times CUDA kernels", "--drafter-devices"]);
+    // A count of kernels to list is taken (and checked the same way); a count that is not one
+    // is clap's usage error.
+    let o = run(&["bench", "drafter", "--steps", "1", "--kernels", "40"]);
+    assert_user_error(&o, &["--kernels times CUDA kernels", "--drafter-devices"]);
+    let o = run(&["bench", "drafter", "--kernels", "many"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
     let o = run(&[
         "bench",
         "engine",

@@ -44,7 +44,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         let (last, rest) = BENCHES.split_last().expect("benches are named");
         bail!("bench `{what}`: use {} or {last}", rest.join(", "));
     }
-    if args.kernels && what != "engine" && what != "drafter" {
+    if args.kernels.is_some() && what != "engine" && what != "drafter" {
         bail!(
             "--kernels times the kernels of `bench engine` or `bench drafter`: leave it out of \
              bench {what}"
@@ -61,7 +61,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     // The configuration, resolved once: `engine` trains 60 steps unless told, `modes` and
     // `profiling` until their turns end; the others read --steps themselves.
     let mut train = args.train.clone();
-    if args.kernels {
+    if args.kernels.is_some() {
         if train.cupti.as_deref() == Some("on") {
             bail!(
                 "--kernels and --cupti on both need CUPTI, which takes one subscriber a process: \
@@ -229,10 +229,10 @@ fn precision(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
 /// target computed first; each phase's device time and TFLOP/s-equivalent.
 fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     let steps = args.train.steps.unwrap_or(20);
-    if args.kernels && !cfg.drafter_devices[0].is_cuda() {
+    if args.kernels.is_some() && !cfg.drafter_devices[0].is_cuda() {
         bail!("--kernels times CUDA kernels: put the drafter on a GPU (--drafter-devices)");
     }
-    let (times, tally) = crate::engine::bench::drafter::run(cfg, steps, args.kernels)?;
+    let (times, tally) = crate::engine::bench::drafter::run(cfg, steps, args.kernels.is_some())?;
     let f = crate::engine::model::flops::drafter_flops(
         &cfg.drafter_spec,
         cfg.seq_len,
@@ -274,14 +274,16 @@ fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
     );
     if let Some(tally) = tally {
         check_recorded(&tally, steps)?;
-        kernel_lines(&tally, steps);
+        kernel_lines(&tally, steps, args.kernels.unwrap_or(12));
     }
     Ok(())
 }
 
 /// Trains for --steps (default 60) without printing; reports throughput over the last 10 s and
 /// per-thread phase times.
-fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
+fn engine(run: &RunConfig, kernels: Option<usize>) -> Result<()> {
+    let lines = kernels.unwrap_or(12);
+    let kernels = kernels.is_some();
     use crate::engine::gpu::kernel_time::KernelWindow;
     let cfg = &run.pipeline;
     if kernels
@@ -390,7 +392,8 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
     }
     crate::signals::outln!(
         "bench: target_precision={} fp8_rows={} optimizer_states={} cuda_alloc_conf={} target_attention={} \
-         target_forward={} target_kernels={} drafter_step={} adamw_bf16={} drafter_attention={}",
+         target_forward={} target_kernels={} drafter_step={} adamw_bf16={} drafter_attention={} \
+         drafter_kernels={}",
         cfg.target_precision.name(),
         crate::engine::gpu::cuda::fp8_kernel_state(),
         cfg.optimizer_states.name(),
@@ -400,10 +403,11 @@ fn engine(run: &RunConfig, kernels: bool) -> Result<()> {
         crate::engine::gpu::cuda::target_kernels_state(),
         crate::engine::train::step_graphs::state(),
         crate::engine::train::optim::bf16_kernel_state(),
-        crate::engine::gpu::cuda::block_attention_state()
+        crate::engine::gpu::cuda::block_attention_state(),
+        crate::engine::gpu::cuda::drafter_kernels_state()
     );
     if let Some((tally, steps)) = tally {
-        kernel_lines(&tally, steps);
+        kernel_lines(&tally, steps, lines);
     }
     crate::signals::outln!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())
@@ -423,10 +427,10 @@ fn check_recorded(tally: &KernelTally, steps: u64) -> Result<()> {
     Ok(())
 }
 
-/// `--kernels`' lines: device ms a step by class, then the 12 kernels with the most.
-fn kernel_lines(tally: &KernelTally, steps: u64) {
+/// `--kernels`' lines: device ms a step by class, then the `top` kernels with the most.
+fn kernel_lines(tally: &KernelTally, steps: u64, top: usize) {
     crate::signals::outln!("bench: {}", tally.classes_line(steps));
-    for line in tally.top_lines(steps, 12) {
+    for line in tally.top_lines(steps, top) {
         crate::signals::outln!("bench: {line}");
     }
 }

@@ -119,7 +119,7 @@ pub struct TrainArgs {
     pub data_threads: Option<usize>,
     /// Turn fast paths off for a side-by-side run, comma-separated: graphs, drafter-graph,
     /// target-kernels, fused-adamw, bf16-weights, flash-target, block-attention,
-    /// grad-sync-during-backward, single-replica-shortcut.
+    /// drafter-kernels, grad-sync-during-backward, single-replica-shortcut.
     #[arg(long, value_name = "LIST")]
     pub disable: Option<String>,
     /// How the frozen target's linear layers compute: `bf16` (the default) or `fp8` (weights
@@ -291,9 +291,10 @@ pub struct BenchArgs {
     /// `engine` or `drafter` on CUDA: device time by kernel class (GEMM, attention, loss,
     /// norm/RoPE, optimizer, reductions, element-wise, copies) a step, from libtorch's profiler:
     /// engine's over the run's last two thirds, drafter's over its timed steps (turns --cupti
-    /// off: CUPTI takes one subscriber).
-    #[arg(long)]
-    pub kernels: bool,
+    /// off: CUPTI takes one subscriber). The heaviest N kernels are listed by name (12 when N
+    /// is left out).
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "12")]
+    pub kernels: Option<usize>,
     #[command(flatten)]
     pub train: TrainArgs,
 }

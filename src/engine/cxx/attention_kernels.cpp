@@ -606,6 +606,23 @@ extern "C" __global__ void __launch_bounds__(128) block_attention_dkdv(
     }
   }
 }
+
+// delta [rows] = each (query, head) row's sum over its 128 of dO * O in f32, for the backward
+// kernels (one pass over both; a warp a row, 4 elements a lane).
+extern "C" __global__ void block_attention_delta(const bf16* dout, const bf16* out, float* delta,
+                                                 long long rows) {
+  long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5;
+  int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  uint2 dv = *reinterpret_cast<const uint2*>(dout + row * D + lane * 4);
+  uint2 ov = *reinterpret_cast<const uint2*>(out + row * D + lane * 4);
+  const bf16* ds = reinterpret_cast<const bf16*>(&dv);
+  const bf16* os = reinterpret_cast<const bf16*>(&ov);
+  float sum = 0.f;
+  for (int i = 0; i < 4; ++i) sum += up(ds[i]) * up(os[i]);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) delta[row] = sum;
+}
 )";
 
 const dflash::rtc::Program kProgram{"attention_kernels.cu", kSource};
@@ -701,7 +718,8 @@ struct BlockAttention : public torch::autograd::Function<BlockAttention> {
     if (q.numel() > 0) {
       // The backward's kernels compiled now: a failure then shows here, where the caller can
       // take another path, not inside backward.
-      for (const char* name : {"block_attention_dq", "block_attention_dkdv"})
+      for (const char* name : {"block_attention_delta", "block_attention_dq",
+                               "block_attention_dkdv"})
         dflash::rtc::kernel_for(kProgram, q.get_device(), name);
       dflash::rtc::launch_shaped(kProgram, q.get_device(), "block_attention_fwd", grid, args);
     }
@@ -715,7 +733,7 @@ struct BlockAttention : public torch::autograd::Function<BlockAttention> {
                      &lse = saved[4], &spans = saved[5], &docs = saved[6];
     Dims d = check_inputs(q, k, v, spans, docs);
     at::Tensor dout = grads[0].to(at::kBFloat16).contiguous();
-    at::Tensor delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).contiguous();
+    at::Tensor delta = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     auto dq = at::empty_like(q);
     auto dk = at::empty_like(k);
     auto dv = at::empty_like(v);
@@ -727,6 +745,17 @@ struct BlockAttention : public torch::autograd::Function<BlockAttention> {
     void *dqp = dq.data_ptr(), *dkp = dk.data_ptr(), *dvp = dv.data_ptr();
     const unsigned rows = static_cast<unsigned>(q.size(0));
     if (q.numel() > 0) {
+      long long rows_of_128 = q.numel() / 128;
+      const void* op = out.data_ptr();
+      void* dp_out = delta.data_ptr();
+      void* delta_args[] = {&gp, &op, &dp_out, &rows_of_128};
+      // The delta kernel reads 8 bytes at a time; a gradient that is a view at an odd offset
+      // takes the ops.
+      if (reinterpret_cast<uintptr_t>(gp) % 8 == 0)
+        dflash::rtc::launch(kProgram, q.get_device(), "block_attention_delta", rows_of_128 * 32,
+                            delta_args);
+      else
+        delta.copy_((dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1));
       void* dq_args[] = {&qp, &kp, &vp, &gp, &lp, &ep, &sp, &dp, &dqp,
                          &d.a, &d.s, &d.hq, &d.hkv, &scale_log2, &scale};
       dflash::rtc::launch_shaped(kProgram, q.get_device(), "block_attention_dq",

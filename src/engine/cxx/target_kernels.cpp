@@ -10,8 +10,16 @@
 //   back from memory by a second kernel.
 // Each rounds where the ops it replaces round, so the two agree to the bit or nearly. They are
 // compiled at run time (runtime_kernels.h).
-#include <ATen/core/Tensor.h>
+//
+// norm_rope and silu_mul also serve the drafter's training step, as autograd ops (`NormRope`,
+// whose q/k norms are trained, and `SiluMul`) with a backward kernel each: norm_rope_backward
+// takes each row's gradient through the rotation and the norm in one pass, and the norm weight's
+// gradient as one partial sum a block (summed after, in a fixed order: the same inputs give the
+// same gradient bit for bit); silu_mul_backward both inputs' gradients in one pass.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <initializer_list>
 
 #include "runtime_kernels.h"
@@ -46,6 +54,53 @@ extern "C" __global__ void norm_rope(const bf16* x, long long token_stride, int 
   for (int i = 0; i < 4; ++i) dst[i] = down(r(n[i] * up(c[i])) + p[i] * up(s[i]));
 }
 
+// The gradient of norm_rope over rows [tokens, heads, 128] (x contiguous as such): with
+// n = x * inv * w (inv = rsqrt(mean(x^2) + eps)) and out[c] = n[c] cos[c] + n[c^64] sin[c],
+// dn[c] = dy[c] cos[c] + dy[c^64] sin[c^64]; dx = inv (dn w) - x inv^3 sum(dn w x) / 128; and
+// dw[c] = sum over rows of dn[c] x[c] inv, one partial sum a block in dw_part [blocks, 128].
+// Blocks of 256 threads (8 warps), a warp a row at a time, rows strided by the grid.
+extern "C" __global__ void norm_rope_backward(const bf16* x, const bf16* w, const bf16* cos_t,
+                                              const bf16* sin_t, const bf16* dy, bf16* dx,
+                                              float* dw_part, long long rows, int heads,
+                                              float eps) {
+  __shared__ float part[8][128];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float wl[4], acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int i = 0; i < 4; ++i) wl[i] = up(w[lane * 4 + i]);
+  for (long long row = (long long)blockIdx.x * 8 + warp; row < rows;
+       row += (long long)gridDim.x * 8) {
+    long long t = row / heads;
+    long long at = row * 128 + lane * 4;
+    float v[4], d[4], ds[4], c[4], ss = 0.f;
+    for (int i = 0; i < 4; ++i) {
+      v[i] = up(x[at + i]);
+      ss += v[i] * v[i];
+      d[i] = up(dy[at + i]);
+      c[i] = up(cos_t[t * 128 + lane * 4 + i]);
+      ds[i] = d[i] * up(sin_t[t * 128 + lane * 4 + i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float inv = rsqrtf(ss / 128.f + eps);
+    float g[4], dot = 0.f;
+    for (int i = 0; i < 4; ++i) {
+      float dn = d[i] * c[i] + __shfl_xor_sync(0xffffffffu, ds[i], 16);
+      acc[i] += dn * v[i] * inv;
+      g[i] = dn * wl[i];
+      dot += g[i] * v[i];
+    }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    float k = inv * inv * inv * dot / 128.f;
+    for (int i = 0; i < 4; ++i) dx[at + i] = down(inv * g[i] - v[i] * k);
+  }
+  for (int i = 0; i < 4; ++i) part[warp][lane * 4 + i] = acc[i];
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    float sum = 0.f;
+    for (int j = 0; j < 8; ++j) sum += part[j][threadIdx.x];
+    dw_part[(long long)blockIdx.x * 128 + threadIdx.x] = sum;
+  }
+}
+
 // out = silu(g) * u elementwise, 8 elements a thread (n a multiple of 8, 16-byte aligned).
 extern "C" __global__ void silu_mul(const bf16* g, const bf16* u, bf16* out, long long n) {
   long long at = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 8;
@@ -61,6 +116,32 @@ extern "C" __global__ void silu_mul(const bf16* g, const bf16* u, bf16* out, lon
     os[i] = down(r(x / (1.0f + expf(-x))) * up(us[i]));
   }
   *reinterpret_cast<uint4*>(out + at) = ov;
+}
+
+// The gradients of out = silu(g) * u: with s = sigmoid(g), du = dy silu(g) (silu rounded to bf16
+// first, as the forward multiplies it) and dg = dy u s (1 + g (1 - s)), in f32, each rounded once.
+// 8 elements a thread (n a multiple of 8, 16-byte aligned).
+extern "C" __global__ void silu_mul_backward(const bf16* g, const bf16* u, const bf16* dy,
+                                             bf16* dg, bf16* du, long long n) {
+  long long at = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 8;
+  if (at >= n) return;
+  uint4 gv = *reinterpret_cast<const uint4*>(g + at);
+  uint4 uv = *reinterpret_cast<const uint4*>(u + at);
+  uint4 dv = *reinterpret_cast<const uint4*>(dy + at);
+  const bf16* gs = reinterpret_cast<const bf16*>(&gv);
+  const bf16* us = reinterpret_cast<const bf16*>(&uv);
+  const bf16* ds = reinterpret_cast<const bf16*>(&dv);
+  uint4 gout, uout;
+  bf16* go = reinterpret_cast<bf16*>(&gout);
+  bf16* uo = reinterpret_cast<bf16*>(&uout);
+  for (int i = 0; i < 8; ++i) {
+    float x = up(gs[i]), d = up(ds[i]);
+    float s = 1.0f / (1.0f + expf(-x));
+    uo[i] = down(d * r(x * s));
+    go[i] = down(d * up(us[i]) * s * (1.0f + x * (1.0f - s)));
+  }
+  *reinterpret_cast<uint4*>(dg + at) = gout;
+  *reinterpret_cast<uint4*>(du + at) = uout;
 }
 
 // sum = x + d, rounded as the bf16 add rounds; out = sum * rsqrt(mean(sum^2) + eps) * w in f32,
@@ -169,9 +250,123 @@ void check_aligned(std::initializer_list<const at::Tensor*> ts) {
   }
 }
 
+// Blocks of norm_rope_backward at most: enough to fill a card, few partial sums to add.
+constexpr long long kBackwardBlocks = 1024;
+
+// norm_rope as an autograd op over x [.., tokens, heads, 128] (contiguous), differentiable in x
+// and the norm weight w [128]; cos and sin [.., tokens, 128] are constants.
+struct NormRope : public torch::autograd::Function<NormRope> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w, const at::Tensor& cos, const at::Tensor& sin,
+                            double eps) {
+    check_bf16_cuda({&x, &w, &cos, &sin});
+    TORCH_CHECK(x.dim() >= 3 && x.size(-1) == 128 && x.is_contiguous(),
+                "norm_rope: x [.., tokens, heads, 128], contiguous");
+    long long heads = x.size(-2), rows = x.numel() / 128, tokens = rows / std::max(heads, 1LL);
+    TORCH_CHECK(w.numel() == 128 && w.is_contiguous() && cos.is_contiguous() &&
+                    sin.is_contiguous() && cos.numel() == tokens * 128 &&
+                    sin.numel() == tokens * 128,
+                "norm_rope: weight [128], cos and sin [tokens, 128]");
+    auto out = at::empty_like(x);
+    if (rows > 0) {
+      // The backward's kernel compiled now: a failure then shows here, where the caller can
+      // take the ops, not inside backward.
+      dflash::rtc::kernel_for(kProgram, x.get_device(), "norm_rope_backward");
+      long long token_stride = heads * 128, col0 = 0;
+      const void *xp = x.data_ptr(), *wp = w.data_ptr(), *cp = cos.data_ptr(),
+                 *sp = sin.data_ptr();
+      void* op = out.data_ptr();
+      int c0 = static_cast<int>(col0), h = static_cast<int>(heads);
+      float e = static_cast<float>(eps);
+      void* args[] = {&xp, &token_stride, &c0, &h, &wp, &cp, &sp, &op, &rows, &e};
+      launch(x.get_device(), "norm_rope", rows * 32, args);
+    }
+    ctx->save_for_backward({x, w, cos, sin});
+    ctx->saved_data["eps"] = eps;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &cos = saved[2], &sin = saved[3];
+    float eps = static_cast<float>(ctx->saved_data["eps"].toDouble());
+    at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
+    auto dx = at::empty_like(x);
+    long long rows = x.numel() / 128;
+    int heads = static_cast<int>(x.size(-2));
+    long long blocks = std::min(kBackwardBlocks, std::max(1LL, (rows + 7) / 8));
+    auto part = at::empty({blocks, 128}, x.options().dtype(at::kFloat));
+    if (rows > 0) {
+      const void *xp = x.data_ptr(), *wp = w.data_ptr(), *cp = cos.data_ptr(),
+                 *sp = sin.data_ptr(), *gp = dy.data_ptr();
+      void *dxp = dx.data_ptr(), *pp = part.data_ptr();
+      void* args[] = {&xp, &wp, &cp, &sp, &gp, &dxp, &pp, &rows, &heads, &eps};
+      dflash::rtc::launch_shaped(
+          kProgram, x.get_device(), "norm_rope_backward",
+          dflash::rtc::Shape{static_cast<unsigned>(blocks), 1, 1, 256, 0}, args);
+    }
+    return {dx, part.sum(0).to(w.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// silu(g) * u as an autograd op over g and u (bf16 on one GPU, contiguous, of one size, a
+// multiple of 8): the forward keeps g and u, not silu(g), for its backward.
+struct SiluMul : public torch::autograd::Function<SiluMul> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g,
+                            const at::Tensor& u) {
+    check_bf16_cuda({&g, &u});
+    TORCH_CHECK(g.is_contiguous() && u.is_contiguous() && g.sizes() == u.sizes() &&
+                    g.numel() % 8 == 0,
+                "silu_mul: contiguous tensors of one shape, a multiple of 8 elements");
+    check_aligned({&g, &u});
+    auto out = at::empty_like(g);
+    long long n = g.numel();
+    if (n > 0) {
+      dflash::rtc::kernel_for(kProgram, g.get_device(), "silu_mul_backward");
+      const void *gp = g.data_ptr(), *up = u.data_ptr();
+      void* op = out.data_ptr();
+      void* args[] = {&gp, &up, &op, &n};
+      launch(g.get_device(), "silu_mul", n / 8, args);
+    }
+    ctx->save_for_backward({g, u});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &g = saved[0], &u = saved[1];
+    at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
+    auto dg = at::empty_like(g);
+    auto du = at::empty_like(u);
+    long long n = g.numel();
+    if (n > 0) {
+      check_aligned({&dy});
+      const void *gp = g.data_ptr(), *up = u.data_ptr(), *dp = dy.data_ptr();
+      void *dgp = dg.data_ptr(), *dup = du.data_ptr();
+      void* args[] = {&gp, &up, &dp, &dgp, &dup, &n};
+      launch(g.get_device(), "silu_mul_backward", n / 8, args);
+    }
+    return {dg, du};
+  }
+};
+
 }  // namespace
 
 extern "C" {
+
+// SiluMul (above) on g and u: a new tensor in `out`, differentiable in both.
+int dflash_silu_mul_trained(void* g, void* u, void** out) {
+  return dflash::guarded([&] { *out = new at::Tensor(SiluMul::apply(tensor(g), tensor(u))); });
+}
+
+// NormRope (above) on x, w, cos and sin: a new tensor in `out`, differentiable in x and w.
+int dflash_norm_rope_trained(void* x, void* w, void* cos, void* sin, double eps, void** out) {
+  return dflash::guarded([&] {
+    *out = new at::Tensor(NormRope::apply(tensor(x), tensor(w), tensor(cos), tensor(sin), eps));
+  });
+}
 
 // out [tokens, heads, 128] = rope(rms_norm(x[token, col0 + head * 128 ..][:128]) * w) for every
 // token and head; x [.., tokens, >= col0 + heads * 128] contiguous, cos and sin [tokens, 128]

@@ -3,7 +3,8 @@
 //! marks, and the cross-stream hand-off. Where the shim is not built, every call says so.
 //!
 //! The shim's other calls live in rooms of their own: CUDA graphs (`graph`), our kernels for the
-//! target (`target_kernels`, and its FP8 rows: `fp8_kernels`), varlen flash attention
+//! target (`target_kernels`, and its FP8 rows: `fp8_kernels`) and the drafter
+//! (`drafter_kernels`), varlen flash attention
 //! (`flash_attention`), and the optimizer's flat gradients and fused AdamW (`optimizer`).
 
 use crate::cuda_shim::AVAILABLE;
@@ -13,17 +14,47 @@ use std::ffi::{c_int, c_void};
 use tch::Tensor;
 
 mod block_attention;
+mod drafter_kernels;
 mod flash_attention;
 mod fp8_kernels;
 mod graph;
 mod optimizer;
 mod target_kernels;
 pub use block_attention::{block_attention, block_attention_state};
+pub use drafter_kernels::{drafter_kernels_state, loss_rows, norm_rope_trained, silu_mul_trained};
 pub use flash_attention::flash_varlen;
 pub use fp8_kernels::{fp8_kernel_state, quantize_rows_e4m3};
 pub use graph::{graphs_wanted, Graph};
 pub use optimizer::{adamw_bf16, fused_adamw, set_grad, AdamWHyper, AdamWState};
 pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};
+
+/// Whether a call of the shim that runs a fast path (`state`) succeeded: noted in `state`, and a
+/// failure turns the path off from then on.
+fn ran(state: &crate::engine::gpu::fast_paths::PathState, status: c_int, what: &str) -> bool {
+    match check(status, what) {
+        Ok(()) => {
+            state.ran();
+            true
+        }
+        Err(e) => {
+            state.failed(&e);
+            false
+        }
+    }
+}
+
+/// The tensor a shim call of `state`'s path handed over in `out` (a heap-allocated
+/// `at::Tensor`), or `None` where the call failed (see `ran`).
+fn adopt(
+    state: &crate::engine::gpu::fast_paths::PathState,
+    status: c_int,
+    out: *mut c_void,
+    what: &str,
+) -> Option<Tensor> {
+    // SAFETY: on success the shim handed over a heap-allocated `at::Tensor`, which `from_ptr`
+    // takes.
+    ran(state, status, what).then(|| unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
+}
 
 /// Whether our kernels (the target's and AdamW's for bf16 weights, compiled at run time with
 /// NVRTC) compile and run on `device`: each run once on a few zeros. Where they cannot, the

@@ -29,6 +29,10 @@ pub enum FastPath {
     /// The drafter's attention in our own kernels over each block's visible keys only (off: the
     /// tiled sdpa calls).
     BlockAttention,
+    /// Our kernels in the drafter's step: the q/k RMSNorm with RoPE and silu(gate) x up, each one
+    /// pass forward and one backward, and the loss over the logits in two passes (off:
+    /// libtorch's ops, and their backward).
+    DrafterKernels,
     /// Gradients all-reduced in buckets during backward (off: in one piece after it).
     GradSyncDuringBackward,
     /// One drafter replica skips the gradient average (off: even one GPU drafter goes through
@@ -37,7 +41,7 @@ pub enum FastPath {
 }
 
 /// Every path, its name in `--disable` and the TOML, and what turning it off means.
-pub const ALL: [(FastPath, &str, &str); 9] = [
+pub const ALL: [(FastPath, &str, &str); 10] = [
     (FastPath::Graphs, "graphs", "every CUDA graph off"),
     (
         FastPath::DrafterGraph,
@@ -64,6 +68,11 @@ pub const ALL: [(FastPath, &str, &str); 9] = [
         FastPath::BlockAttention,
         "block-attention",
         "the drafter's attention as tiled sdpa calls",
+    ),
+    (
+        FastPath::DrafterKernels,
+        "drafter-kernels",
+        "the drafter's q/k norm + RoPE, silu x up and loss as libtorch's ops",
     ),
     (
         FastPath::GradSyncDuringBackward,

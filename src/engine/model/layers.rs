@@ -152,10 +152,13 @@ impl Mlp {
     // [.., hidden] -> [.., hidden]
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let (gate, up) = (self.gate.forward(x), self.up.forward(x));
-        // A frozen model's forward (nothing to differentiate) takes the one-pass kernel.
-        let fused = (!gate.requires_grad())
-            .then(|| crate::engine::gpu::cuda::silu_mul(&gate, &up))
-            .flatten();
+        // One pass where a kernel runs: a frozen model's forward, or the drafter's op with its
+        // backward kernel.
+        let fused = if gate.requires_grad() || up.requires_grad() {
+            crate::engine::gpu::cuda::silu_mul_trained(&gate, &up)
+        } else {
+            crate::engine::gpu::cuda::silu_mul(&gate, &up)
+        };
         self.down
             .forward(&fused.unwrap_or_else(|| gate.silu() * up))
     }

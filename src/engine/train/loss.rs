@@ -140,9 +140,23 @@ struct ChunkLoss {
 // x [n, h], head [v, h], labels [n], scale [n] f32 (weight / denominator) -> ChunkLoss
 fn chunk_loss_grad(x: &Tensor, head: &Tensor, labels: &Tensor, scale: &Tensor) -> ChunkLoss {
     let kind = x.kind();
-    let logits = x.matmul(&head.tr());
+    let mut logits = x.matmul(&head.tr());
+    // One kernel where it runs (CUDA, bf16): the steps of `loss_rows_ops` in two passes.
+    let (p, nll, hit) = match crate::engine::gpu::cuda::loss_rows(&mut logits, labels) {
+        Some((nll, hit)) => (logits, nll, hit),
+        None => loss_rows_ops(logits, labels),
+    };
+    let loss = (nll * scale).sum(Kind::Float);
+    let grad = (p.matmul(head).to_kind(Kind::Float) * scale.unsqueeze(1)).to_kind(kind);
+    ChunkLoss { loss, grad, hit }
+}
+
+/// `p - onehot(label)` of each row of `logits` [n, v] (in their dtype, the label's entry
+/// written as minus the sum of the others), each row's negative log-likelihood [n] f32 and
+/// whether its argmax is the label [n] bool.
+fn loss_rows_ops(logits: Tensor, labels: &Tensor) -> (Tensor, Tensor, Tensor) {
     let hit = logits.argmax(-1, false).eq_tensor(labels);
-    let mut p = logits.softmax(-1, kind);
+    let mut p = logits.softmax(-1, logits.kind());
     drop(logits);
     let y = labels.unsqueeze(1);
     let total = p.sum_dim_intlist(&[-1i64][..], false, Kind::Float);
@@ -153,10 +167,8 @@ fn chunk_loss_grad(x: &Tensor, head: &Tensor, labels: &Tensor, scale: &Tensor) -
         .log()
         .neg()
         .where_self(&p_label.lt(0.5), &others.neg().log1p().neg());
-    let loss = (nll * scale).sum(Kind::Float);
-    let _ = p.scatter_(1, &y, &others.neg().to_kind(kind).unsqueeze(1));
-    let grad = (p.matmul(head).to_kind(Kind::Float) * scale.unsqueeze(1)).to_kind(kind);
-    ChunkLoss { loss, grad, hit }
+    let _ = p.scatter_(1, &y, &others.neg().to_kind(p.kind()).unsqueeze(1));
+    (p, nll, hit)
 }
 
 /// Per-slot accuracy and tau. tau = 1 + the mean over valid blocks of the labelled slots
@@ -186,6 +198,65 @@ pub fn block_metrics(correct: &Tensor, valid: &Tensor, anchor_valid: &Tensor) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The loss kernel against the ops it replaces, on rows of random logits and rows where the
+    /// label's probability is near 1 (the `-log1p(-others)` branch): the gradient rows within a
+    /// bf16 step of each other, the label's entry included, the losses within f32 summation
+    /// order, and the argmax hits equal where a row's largest logit is unique. A vocabulary not
+    /// a multiple of a block's 8,192 elements a pass. Skipped without a GPU and the CUDA shim.
+    #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
+    fn the_loss_kernel_gives_the_ops_on_cuda() {
+        let Some(dev) = crate::engine::gpu::cuda::cuda_or_skip("the loss kernel") else {
+            return;
+        };
+        tch::manual_seed(14);
+        let (rows, vocab) = (37, 10_000);
+        let labels = Tensor::randint(vocab, [rows], (Kind::Int64, dev));
+        let logits = Tensor::randn([rows, vocab], (Kind::Float, dev)) * 3.0;
+        // The first 10 rows confident in their label, 3 of them in another token.
+        let confident = Tensor::zeros([rows, vocab], (Kind::Float, dev)).scatter_value(
+            1,
+            &labels.unsqueeze(1),
+            40.0,
+        );
+        let first = |t: &Tensor, n| t.narrow(0, 0, n);
+        let _ = first(&logits, 10).g_add_(&first(&confident, 10));
+        let _ = logits.narrow(0, 7, 3).narrow(1, 0, 1).fill_(80.0);
+        let logits = logits.to_kind(Kind::BFloat16);
+        let (p_ops, nll_ops, hit_ops) = loss_rows_ops(logits.copy(), &labels);
+        let mut p_kernel = logits.copy();
+        let (nll_kernel, hit_kernel) = crate::engine::gpu::cuda::loss_rows(&mut p_kernel, &labels)
+            .unwrap_or_else(|| {
+                panic!(
+                    "did not run: {}",
+                    crate::engine::gpu::cuda::drafter_kernels_state()
+                )
+            });
+        let f = |t: &Tensor| t.to_kind(Kind::Float);
+        let gap = f64::try_from((f(&p_kernel) - f(&p_ops)).abs().max()).unwrap();
+        assert!(gap <= 1.0 / 256.0, "gradients apart by {gap}");
+        let label_gap = (f(&p_kernel) - f(&p_ops))
+            .gather(1, &labels.unsqueeze(1), false)
+            .abs()
+            .max();
+        assert!(f64::try_from(label_gap).unwrap() <= 1.0 / 256.0);
+        let nll_gap = f64::try_from((&nll_kernel - &nll_ops).abs().max()).unwrap();
+        let nll_top = f64::try_from(nll_ops.abs().max()).unwrap();
+        assert!(nll_gap <= 1e-3 * nll_top.max(1.0), "nll apart by {nll_gap}");
+        // Confident rows: a small loss on their own label, a large one where another led.
+        let small = f64::try_from(nll_ops.narrow(0, 0, 7).max()).unwrap();
+        assert!(small < 1e-3, "{small}");
+        let unique = f(&logits)
+            .eq_tensor(&f(&logits).amax(&[1i64][..], true))
+            .sum_dim_intlist(&[1i64][..], false, Kind::Int64)
+            .eq(1);
+        assert!(i64::try_from(unique.sum(Kind::Int64)).unwrap() > 30);
+        assert!(hit_kernel
+            .masked_select(&unique)
+            .equal(&hit_ops.masked_select(&unique)));
+        assert!(bool::try_from(hit_ops.narrow(0, 0, 7).all()).unwrap());
+    }
 
     #[test]
     fn tau_runs_through_unlabelled_slots_without_counting_them() {

@@ -3,7 +3,7 @@
 //! span and its own 16 keys, nothing else computed, forward and backward as one autograd op.
 //! Returns `None` where it cannot run, and the caller takes the tiled sdpa path.
 
-use super::{check, ffi, AVAILABLE};
+use super::{adopt, ffi, AVAILABLE};
 use crate::engine::gpu::fast_paths::PathState;
 use std::ffi::c_void;
 use tch::{Kind, Tensor};
@@ -58,15 +58,5 @@ pub fn block_attention(
     // and, on success, hands over a heap-allocated `at::Tensor` that `from_ptr` takes.
     let status =
         unsafe { ffi::dflash_block_attention(p(&q), p(&k), p(&v), p(spans), p(docs), &mut out) };
-    match check(status, "the block attention kernels") {
-        Ok(()) => {
-            STATE.ran();
-            // SAFETY: see above.
-            Some(unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
-        }
-        Err(e) => {
-            STATE.failed(&e);
-            None
-        }
-    }
+    adopt(&STATE, status, out, "the block attention kernels")
 }

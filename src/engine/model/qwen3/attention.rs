@@ -121,6 +121,11 @@ impl Attention {
             (Some(w), [only]) if same_tensor(only, x) => {
                 self.fused(x, w, (documents && one_table).then_some(q_rope))
             }
+            // The block attention kernels take q and k sequence-major: the drafter's norms
+            // and RoPE go through one trained kernel each way where it runs.
+            _ if matches!(mask, AttnMask::Tiled(m) if m.block_spans().is_some()) => {
+                self.projected_and_rotated(x, kv_sources, q_rope, k_rope)
+            }
             _ => {
                 let (k, v) = self.keys_values(kv_sources);
                 (self.queries(x), k, v, false)
@@ -141,8 +146,14 @@ impl Attention {
             }
             AttnMask::Tiled(m) if m.block_spans().is_some() => {
                 // The block attention kernels where they run, else the tiled sdpa calls.
-                let q = apply_rope(&q, q_rope.0, q_rope.1, 2);
-                let k = apply_rope(&k, k_rope.0, k_rope.1, 2);
+                let (q, k) = if rotated {
+                    (q, k)
+                } else {
+                    (
+                        apply_rope(&q, q_rope.0, q_rope.1, 2),
+                        apply_rope(&k, k_rope.0, k_rope.1, 2),
+                    )
+                };
                 let (spans, docs) = m.block_spans().expect("checked above");
                 crate::engine::gpu::cuda::block_attention(&q, &k, &v, spans, docs).unwrap_or_else(
                     || {
@@ -236,18 +247,53 @@ impl Attention {
         )
     }
 
+    /// q, k and v projected from `x` and `kv_sources` (each its own projections), q and k normed
+    /// and rotated by one trained kernel each where it runs (the last value says whether they
+    /// were: else they are normed only, as `queries` and `keys_values` give them).
+    // x [b, lq, h], kv_sources [b, lk_i, h] -> q [b, lq, heads, d], k, v [b, lk, kv_heads, d]
+    fn projected_and_rotated(
+        &self,
+        x: &Tensor,
+        kv_sources: &[&Tensor],
+        q_rope: (&Tensor, &Tensor),
+        k_rope: (&Tensor, &Tensor),
+    ) -> (Tensor, Tensor, Tensor, bool) {
+        let (q, (k, v)) = (self.raw_queries(x), self.raw_keys_values(kv_sources));
+        let norms = self.q_norm.as_ref().zip(self.k_norm.as_ref());
+        if let Some((q_norm, k_norm)) = norms.filter(|_| self.head_dim == 128) {
+            let trained = |t: &Tensor, norm: &RmsNorm, tables: (&Tensor, &Tensor)| {
+                crate::engine::gpu::cuda::norm_rope_trained(t, (&norm.weight, norm.eps()), tables)
+            };
+            if let Some(qr) = trained(&q, q_norm, q_rope) {
+                if let Some(kr) = trained(&k, k_norm, k_rope) {
+                    return (qr, kr, v, true);
+                }
+            }
+        }
+        (normed(&self.q_norm, q), normed(&self.k_norm, k), v, false)
+    }
+
     // x [b, l, h] -> [b, l, heads, d], normed (Qwen3)
     fn queries(&self, x: &Tensor) -> Tensor {
+        normed(&self.q_norm, self.raw_queries(x))
+    }
+
+    // x [b, l, h] -> [b, l, heads, d], before the norm
+    fn raw_queries(&self, x: &Tensor) -> Tensor {
         let (b, l) = (x.size()[0], x.size()[1]);
-        let q = self
-            .q_proj
+        self.q_proj
             .forward(x)
-            .view([b, l, self.heads, self.head_dim]);
-        normed(&self.q_norm, q)
+            .view([b, l, self.heads, self.head_dim])
     }
 
     // sources [b, l_i, h] -> k, v [b, sum l_i, kv_heads, d]; k normed (Qwen3)
     fn keys_values(&self, sources: &[&Tensor]) -> (Tensor, Tensor) {
+        let (k, v) = self.raw_keys_values(sources);
+        (normed(&self.k_norm, k), v)
+    }
+
+    // sources [b, l_i, h] -> k, v [b, sum l_i, kv_heads, d], k before the norm
+    fn raw_keys_values(&self, sources: &[&Tensor]) -> (Tensor, Tensor) {
         let b = sources[0].size()[0];
         let heads = |t: Tensor| t.view([b, -1, self.kv_heads, self.head_dim]);
         // One source: its projections as they are (a concatenation of one would copy them).
@@ -258,8 +304,7 @@ impl Attention {
                 Tensor::cat(&parts, 1)
             }
         };
-        let k = normed(&self.k_norm, heads(project(&self.k_proj)));
-        (k, heads(project(&self.v_proj)))
+        (heads(project(&self.k_proj)), heads(project(&self.v_proj)))
     }
 
     // out [b, lq, heads, d] -> [b, lq, h]
