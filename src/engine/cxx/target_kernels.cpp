@@ -296,7 +296,9 @@ struct NormRope : public torch::autograd::Function<NormRope> {
     long long rows = x.numel() / 128;
     int heads = static_cast<int>(x.size(-2));
     long long blocks = std::min(kBackwardBlocks, std::max(1LL, (rows + 7) / 8));
-    auto part = at::empty({blocks, 128}, x.options().dtype(at::kFloat));
+    // Every block writes its row of partial sums; with no rows no block runs, and the sum is 0.
+    auto part = rows > 0 ? at::empty({blocks, 128}, x.options().dtype(at::kFloat))
+                         : at::zeros({blocks, 128}, x.options().dtype(at::kFloat));
     if (rows > 0) {
       const void *xp = x.data_ptr(), *wp = w.data_ptr(), *cp = cos.data_ptr(),
                  *sp = sin.data_ptr(), *gp = dy.data_ptr();
@@ -338,11 +340,12 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &g = saved[0], &u = saved[1];
     at::Tensor dy = grads[0].to(at::kBFloat16).contiguous();
+    // Read 8 at a time: a gradient that is a view at an odd offset is copied first.
+    if (reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16 != 0) dy = dy.clone();
     auto dg = at::empty_like(g);
     auto du = at::empty_like(u);
     long long n = g.numel();
     if (n > 0) {
-      check_aligned({&dy});
       const void *gp = g.data_ptr(), *up = u.data_ptr(), *dp = dy.data_ptr();
       void *dgp = dg.data_ptr(), *dup = du.data_ptr();
       void* args[] = {&gp, &up, &dp, &dgp, &dup, &n};

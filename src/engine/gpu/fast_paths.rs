@@ -182,9 +182,23 @@ pub fn tile_anchors() -> i64 {
     TILE_ANCHORS.load(Relaxed)
 }
 
-/// Whether `p` may be taken in this process.
+thread_local! {
+    /// Paths the calling thread has turned off for a while (`without`), beside the process's.
+    static OFF_HERE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether `p` may be taken in this process, on this thread.
 pub fn on(p: FastPath) -> bool {
-    OFF.load(Relaxed) & bit(p) == 0
+    (OFF.load(Relaxed) | OFF_HERE.with(|o| o.get())) & bit(p) == 0
+}
+
+/// `f` run with `p` off on the calling thread only (the process's setting and other threads
+/// untouched): a side-by-side check of a path against the plain one inside one process.
+pub fn without<T>(p: FastPath, f: impl FnOnce() -> T) -> T {
+    let before = OFF_HERE.with(|o| o.replace(o.get() | bit(p)));
+    let out = f();
+    OFF_HERE.with(|o| o.set(before));
+    out
 }
 
 /// Runs of tiles a layer for a batch of `rows` rows: as installed, or by default 2 for one row
@@ -206,6 +220,27 @@ fn groups_for(setting: i64, rows: usize) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `without` turns a path off for its closure on its thread only, and back on after.
+    #[test]
+    fn without_turns_a_path_off_on_this_thread_for_a_while() {
+        assert!(on(FastPath::DrafterKernels));
+        let inside = without(FastPath::DrafterKernels, || {
+            let elsewhere = std::thread::Builder::new()
+                .name("other".into())
+                .spawn(|| on(FastPath::DrafterKernels))
+                .unwrap()
+                .join()
+                .unwrap();
+            (
+                on(FastPath::DrafterKernels),
+                on(FastPath::Graphs),
+                elsewhere,
+            )
+        });
+        assert_eq!(inside, (false, true, true));
+        assert!(on(FastPath::DrafterKernels));
+    }
 
     #[test]
     fn names_turn_paths_off_and_describe_says_which() {

@@ -17,7 +17,8 @@ use crate::engine::gpu::fast_paths::PathState;
 use std::ffi::c_void;
 use tch::{Kind, Tensor};
 
-/// Whether the drafter's norm + RoPE kernels ran in this process (the ops from a failure on).
+/// Whether the drafter's kernels ran in this process (the ops, all three, from the first
+/// failure of any on).
 static STATE: PathState = PathState::untried();
 
 /// "kernels" once they ran, "ops (failed: ...)" after one failed, else "ops".
@@ -70,6 +71,11 @@ pub fn silu_mul_trained(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
         return None;
     }
     let (gate, up) = (gate.contiguous(), up.contiguous());
+    // The kernels read 8 at a time: a view at an odd offset takes the ops.
+    let aligned = |t: &Tensor| (t.data_ptr() as usize).is_multiple_of(16);
+    if !aligned(&gate) || !aligned(&up) {
+        return None;
+    }
     let p = |t: &Tensor| t.as_ptr() as *mut c_void;
     let mut out = std::ptr::null_mut();
     // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.

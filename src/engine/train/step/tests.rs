@@ -47,13 +47,23 @@ fn flat(step: &mut DrafterStep) -> Tensor {
 fn side_by_side_on_cuda(
     make: impl Fn(&tch::nn::VarStore, usize) -> AdamW,
 ) -> (Vec<(StepOutcome, StepOutcome)>, [DrafterStep; 2], Tensor) {
+    side_by_side_of("tiny", None, make)
+}
+
+/// `side_by_side_on_cuda` of `preset`'s drafter, the second copy's steps run with `plain`
+/// turned off (on the test's thread) where one is given.
+fn side_by_side_of(
+    preset: &str,
+    plain: Option<crate::engine::gpu::fast_paths::FastPath>,
+    make: impl Fn(&tch::nn::VarStore, usize) -> AdamW,
+) -> (Vec<(StepOutcome, StepOutcome)>, [DrafterStep; 2], Tensor) {
     // The last GPU: on a host of two, not the thread's current device (a capture must find
     // the worker's stream on the worker's device).
     let last = tch::Cuda::device_count() as usize - 1;
     let dev = Device::Cuda(last);
     let _stream = crate::engine::gpu::cuda::Stream::own(dev).unwrap();
     let args = TrainArgs {
-        preset: Some("tiny".into()),
+        preset: Some(preset.into()),
         target_devices: Some(format!("cuda:{last}")),
         drafter_devices: Some(format!("cuda:{last}")),
         anchors: Some(64),
@@ -108,7 +118,11 @@ fn side_by_side_on_cuda(
         let hidden = tch::no_grad(|| target.forward(&b.input_ids, &b.positions, &b.doc_ids));
         let [x, y] = &mut pair;
         let a = x.run(&hidden, &b, &per_row, 3e-3, &mut OwnStream).unwrap();
-        let e = y.run(&hidden, &b, &per_row, 3e-3, &mut OwnStream).unwrap();
+        let mut second = || y.run(&hidden, &b, &per_row, 3e-3, &mut OwnStream).unwrap();
+        let e = match plain {
+            Some(p) => crate::engine::gpu::fast_paths::without(p, second),
+            None => second(),
+        };
         assert!(a.finite && e.finite, "step {i}: {a:?} {e:?}");
         outcomes.push((a, e));
     }
@@ -213,6 +227,27 @@ fn bf16_weights_train_like_f32_weights_on_cuda() {
         kinds(&f32)
     );
     assert_eq!(super::super::optim::bf16_kernel_state(), "kernel");
+}
+
+/// The drafter with its own kernels (q/k norm + RoPE, silu x up, the loss's rows; through the
+/// graphs, as a run takes them) against a copy running libtorch's ops eagerly
+/// (`--disable drafter-kernels` on the copy's thread), at 0.6B's shapes: heads of 128, as the
+/// norm + RoPE kernel and the block attention need (the tiny preset's 32 take the ops). Both
+/// round in bf16 at different places, so the losses and the weights after agree to bf16's
+/// rounding; RoPE applied twice, a norm skipped, or a kernel's gradient lost fails it.
+#[test]
+#[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
+fn the_drafters_kernels_train_like_libtorchs_ops_on_cuda() {
+    use crate::engine::gpu::fast_paths::FastPath;
+    if crate::engine::gpu::cuda::cuda_or_skip("the drafter's kernels").is_none() {
+        return;
+    }
+    let run = side_by_side_of("qwen3-0.6b", Some(FastPath::DrafterKernels), |vs, _| {
+        AdamW::new(vs.variables().into_iter().collect()).with_bf16_weights()
+    });
+    assert_trained_alike(run, (1e-2, 3e-2));
+    assert_eq!(crate::engine::gpu::cuda::drafter_kernels_state(), "kernels");
+    assert_eq!(crate::engine::gpu::cuda::block_attention_state(), "kernel");
 }
 
 /// A probe that marks the phases through a worker's `Marks`, as the drafter worker's does.
