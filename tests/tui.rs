@@ -316,6 +316,26 @@ fn actions_change_the_engine_switches_and_the_app() {
     assert!(app.quit);
 }
 
+/// A live run's question names the keys that quit: a key a UI config binds to quit, then `q`
+/// (the defaults stay) unless the config gave `q` to another action.
+#[test]
+fn the_quit_question_names_the_configured_quit_key() {
+    let ask = |toml: &str| {
+        let cfg =
+            dflash_top::tui::settings::parse(toml, std::path::Path::new("ui.toml"), false).unwrap();
+        let mut app = App::new();
+        app.keys = cfg.keys;
+        let (ctl, _t) = controls(false);
+        app.update(Action::Quit, &ctl);
+        assert!(!app.quit, "a live run asks once");
+        app.note.unwrap()
+    };
+    assert!(ask("").starts_with("q again to stop training"));
+    assert!(ask("[keys]\nquit = \"x\"\n").starts_with("x or q again to stop training"));
+    let taken = ask("[keys]\nquit = \"x\"\nprofiling = \"q\"\n");
+    assert!(taken.starts_with("x again to stop training"), "{taken}");
+}
+
 #[test]
 fn esc_closes_the_overlay_and_never_quits() {
     let (ctl, _t) = controls(false);

@@ -6,13 +6,35 @@ use crate::tui::lanes::spans_in;
 use crate::wire::replay::SEEK_STEP_S;
 
 impl App {
+    /// The keys that quit, as the question names them: those a UI config binds to quit, then
+    /// `q` unless the config gave `q` to another action.
+    fn quit_keys(&self) -> String {
+        let mut keys: Vec<&str> = self
+            .keys
+            .described
+            .iter()
+            .filter(|(_, action)| action == "quit")
+            .map(|(key, _)| key.as_str())
+            .collect();
+        let q_taken = self.keys.bound.iter().any(|(code, ctrl, action)| {
+            *code == crossterm::event::KeyCode::Char('q') && !*ctrl && *action != Action::Quit
+        });
+        if !q_taken && !keys.contains(&"q") {
+            keys.push("q");
+        }
+        keys.join(" or ")
+    }
+
     pub fn update(&mut self, action: Action, ctl: &dyn Controls) {
         let armed = std::mem::take(&mut self.quit_armed);
         match action {
             Action::Quit if armed || !ctl.quit_stops_run() || self.finished => self.quit = true,
             Action::Quit => {
                 self.quit_armed = true;
-                self.note = Some("q again to stop training (the run saves as configured)".into());
+                self.note = Some(format!(
+                    "{} again to stop training (the run saves as configured)",
+                    self.quit_keys()
+                ));
             }
             Action::QuitNow => self.quit = true,
             Action::Back => self.back(),
