@@ -272,21 +272,20 @@ fn drafter(args: &BenchArgs, cfg: &PipelineSpec) -> Result<()> {
         rate(f.backward, bw),
         rate(f.step(), fw + lo + bw)
     );
-    if let Some(tally) = tally {
+    if let (Some(tally), Some(top)) = (tally, args.kernels) {
         check_recorded(&tally, steps)?;
-        kernel_lines(&tally, steps, args.kernels.unwrap_or(12));
+        kernel_lines(&tally, steps, top);
     }
     Ok(())
 }
 
 /// Trains for --steps (default 60) without printing; reports throughput over the last 10 s and
-/// per-thread phase times.
+/// per-thread phase times; with `kernels` (how many to list), device time by class and kernel
+/// over the run's last two thirds.
 fn engine(run: &RunConfig, kernels: Option<usize>) -> Result<()> {
-    let lines = kernels.unwrap_or(12);
-    let kernels = kernels.is_some();
     use crate::engine::gpu::kernel_time::KernelWindow;
     let cfg = &run.pipeline;
-    if kernels
+    if kernels.is_some()
         && !cfg
             .target_devices
             .iter()
@@ -311,7 +310,7 @@ fn engine(run: &RunConfig, kernels: Option<usize>) -> Result<()> {
             if window.is_some() && from.is_none() {
                 from = Some(s.train.step);
             }
-            if kernels && window.is_none() && s.train.step >= open_at {
+            if kernels.is_some() && window.is_none() && s.train.step >= open_at {
                 match KernelWindow::start() {
                     Ok(w) => window = Some(w),
                     // The run stops (finish, below) before the error is told.
@@ -345,7 +344,7 @@ fn engine(run: &RunConfig, kernels: Option<usize>) -> Result<()> {
             w.stop()?;
             bail!("--kernels: the run ended as its window opened: raise --steps")
         }
-        (None, _) if kernels => {
+        (None, _) if kernels.is_some() => {
             bail!("--kernels: the run ended before its window opened: raise --steps")
         }
         (None, _) => None,
@@ -406,8 +405,8 @@ fn engine(run: &RunConfig, kernels: Option<usize>) -> Result<()> {
         crate::engine::gpu::cuda::block_attention_state(),
         crate::engine::gpu::cuda::drafter_kernels_state()
     );
-    if let Some((tally, steps)) = tally {
-        kernel_lines(&tally, steps, lines);
+    if let (Some((tally, steps)), Some(top)) = (tally, kernels) {
+        kernel_lines(&tally, steps, top);
     }
     crate::signals::outln!("{}", crate::headless::summary_line(&s, start_step));
     Ok(())

@@ -253,33 +253,45 @@ void check_aligned(std::initializer_list<const at::Tensor*> ts) {
 // Blocks of norm_rope_backward at most: enough to fill a card, few partial sums to add.
 constexpr long long kBackwardBlocks = 1024;
 
+// out [tokens, heads, 128] = norm_rope of the heads at feature `col0` of every token of x
+// [.., tokens, features] (contiguous), on the current stream of x's GPU; checks the shapes.
+void norm_rope_into(const at::Tensor& xt, long long col0, long long heads, const at::Tensor& wt,
+                    const at::Tensor& ct, const at::Tensor& st, const at::Tensor& ot, double eps) {
+  check_bf16_cuda({&xt, &wt, &ct, &st, &ot});
+  TORCH_CHECK(xt.is_contiguous() && xt.dim() >= 2, "x: contiguous rows of features");
+  long long token_stride = xt.size(-1);
+  long long tokens = token_stride > 0 ? xt.numel() / token_stride : 0;
+  TORCH_CHECK(col0 % 4 == 0 && token_stride % 4 == 0 && col0 + heads * 128 <= token_stride,
+              "x: the heads inside a row, aligned to 4 elements");
+  TORCH_CHECK(wt.numel() == 128 && wt.is_contiguous() && ct.is_contiguous() &&
+                  st.is_contiguous() && ct.numel() == tokens * 128 && st.numel() == tokens * 128,
+              "weight [128], cos and sin [tokens, 128]");
+  TORCH_CHECK(ot.is_contiguous() && ot.numel() == tokens * heads * 128, "out [tokens, heads, 128]");
+  long long rows = tokens * heads;
+  if (rows == 0) return;
+  const void *xp = xt.data_ptr(), *wp = wt.data_ptr(), *cp = ct.data_ptr(), *sp = st.data_ptr();
+  void* op = ot.data_ptr();
+  int c0 = static_cast<int>(col0), h = static_cast<int>(heads);
+  float e = static_cast<float>(eps);
+  void* args[] = {&xp, &token_stride, &c0, &h, &wp, &cp, &sp, &op, &rows, &e};
+  launch(xt.get_device(), "norm_rope", rows * 32, args);
+}
+
 // norm_rope as an autograd op over x [.., tokens, heads, 128] (contiguous), differentiable in x
 // and the norm weight w [128]; cos and sin [.., tokens, 128] are constants.
 struct NormRope : public torch::autograd::Function<NormRope> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& w, const at::Tensor& cos, const at::Tensor& sin,
                             double eps) {
-    check_bf16_cuda({&x, &w, &cos, &sin});
     TORCH_CHECK(x.dim() >= 3 && x.size(-1) == 128 && x.is_contiguous(),
                 "norm_rope: x [.., tokens, heads, 128], contiguous");
-    long long heads = x.size(-2), rows = x.numel() / 128, tokens = rows / std::max(heads, 1LL);
-    TORCH_CHECK(w.numel() == 128 && w.is_contiguous() && cos.is_contiguous() &&
-                    sin.is_contiguous() && cos.numel() == tokens * 128 &&
-                    sin.numel() == tokens * 128,
-                "norm_rope: weight [128], cos and sin [tokens, 128]");
+    long long heads = x.size(-2);
     auto out = at::empty_like(x);
-    if (rows > 0) {
+    if (x.numel() > 0) {
       // The backward's kernel compiled now: a failure then shows here, where the caller can
       // take the ops, not inside backward.
       dflash::rtc::kernel_for(kProgram, x.get_device(), "norm_rope_backward");
-      long long token_stride = heads * 128, col0 = 0;
-      const void *xp = x.data_ptr(), *wp = w.data_ptr(), *cp = cos.data_ptr(),
-                 *sp = sin.data_ptr();
-      void* op = out.data_ptr();
-      int c0 = static_cast<int>(col0), h = static_cast<int>(heads);
-      float e = static_cast<float>(eps);
-      void* args[] = {&xp, &token_stride, &c0, &h, &wp, &cp, &sp, &op, &rows, &e};
-      launch(x.get_device(), "norm_rope", rows * 32, args);
+      norm_rope_into(x.view({-1, heads * 128}), 0, heads, w, cos, sin, out, eps);
     }
     ctx->save_for_backward({x, w, cos, sin});
     ctx->saved_data["eps"] = eps;
@@ -312,25 +324,33 @@ struct NormRope : public torch::autograd::Function<NormRope> {
   }
 };
 
+// out = silu(g) * u, all bf16, contiguous, of one size (a multiple of 8) on one GPU, on its
+// current stream; checks the shapes.
+void silu_mul_into(const at::Tensor& gt, const at::Tensor& ut, const at::Tensor& ot) {
+  check_bf16_cuda({&gt, &ut, &ot});
+  TORCH_CHECK(gt.is_contiguous() && ut.is_contiguous() && ot.is_contiguous() &&
+                  gt.numel() == ut.numel() && gt.numel() == ot.numel() && gt.numel() % 8 == 0,
+              "silu_mul: contiguous tensors of one size, a multiple of 8");
+  check_aligned({&gt, &ut, &ot});
+  long long n = gt.numel();
+  if (n == 0) return;
+  const void *gp = gt.data_ptr(), *up = ut.data_ptr();
+  void* op = ot.data_ptr();
+  void* args[] = {&gp, &up, &op, &n};
+  launch(gt.get_device(), "silu_mul", n / 8, args);
+}
+
 // silu(g) * u as an autograd op over g and u (bf16 on one GPU, contiguous, of one size, a
 // multiple of 8): the forward keeps g and u, not silu(g), for its backward.
 struct SiluMul : public torch::autograd::Function<SiluMul> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g,
                             const at::Tensor& u) {
-    check_bf16_cuda({&g, &u});
-    TORCH_CHECK(g.is_contiguous() && u.is_contiguous() && g.sizes() == u.sizes() &&
-                    g.numel() % 8 == 0,
-                "silu_mul: contiguous tensors of one shape, a multiple of 8 elements");
-    check_aligned({&g, &u});
+    TORCH_CHECK(g.sizes() == u.sizes(), "silu_mul: gate and up of one shape");
     auto out = at::empty_like(g);
-    long long n = g.numel();
-    if (n > 0) {
+    if (g.numel() > 0) {
       dflash::rtc::kernel_for(kProgram, g.get_device(), "silu_mul_backward");
-      const void *gp = g.data_ptr(), *up = u.data_ptr();
-      void* op = out.data_ptr();
-      void* args[] = {&gp, &up, &op, &n};
-      launch(g.get_device(), "silu_mul", n / 8, args);
     }
+    silu_mul_into(g, u, out);
     ctx->save_for_backward({g, u});
     return out;
   }
@@ -378,43 +398,13 @@ int dflash_norm_rope_trained(void* x, void* w, void* cos, void* sin, double eps,
 int dflash_norm_rope(void* x, long long col0, long long heads, void* w, void* cos, void* sin,
                      void* out, double eps) {
   return dflash::guarded([&] {
-    const at::Tensor &xt = tensor(x), &wt = tensor(w), &ct = tensor(cos), &st = tensor(sin),
-                     &ot = tensor(out);
-    check_bf16_cuda({&xt, &wt, &ct, &st, &ot});
-    TORCH_CHECK(xt.is_contiguous() && xt.dim() >= 2, "x: contiguous rows of features");
-    long long token_stride = xt.size(-1);
-    long long tokens = xt.numel() / token_stride;
-    TORCH_CHECK(col0 % 4 == 0 && token_stride % 4 == 0 && col0 + heads * 128 <= token_stride,
-                "x: the heads inside a row, aligned to 4 elements");
-    TORCH_CHECK(wt.numel() == 128 && ct.is_contiguous() && st.is_contiguous() &&
-                    ct.numel() == tokens * 128 && st.numel() == tokens * 128,
-                "weight [128], cos and sin [tokens, 128]");
-    TORCH_CHECK(ot.is_contiguous() && ot.numel() == tokens * heads * 128, "out [tokens, heads, 128]");
-    long long rows = tokens * heads;
-    const void *xp = xt.data_ptr(), *wp = wt.data_ptr(), *cp = ct.data_ptr(), *sp = st.data_ptr();
-    void* op = ot.data_ptr();
-    int c0 = static_cast<int>(col0), h = static_cast<int>(heads);
-    float e = static_cast<float>(eps);
-    void* args[] = {&xp, &token_stride, &c0, &h, &wp, &cp, &sp, &op, &rows, &e};
-    launch(xt.get_device(), "norm_rope", rows * 32, args);
+    norm_rope_into(tensor(x), col0, heads, tensor(w), tensor(cos), tensor(sin), tensor(out), eps);
   });
 }
 
 // out = silu(g) * u, all bf16, contiguous, of one size (a multiple of 8) on one GPU.
 int dflash_silu_mul(void* g, void* u, void* out) {
-  return dflash::guarded([&] {
-    const at::Tensor &gt = tensor(g), &ut = tensor(u), &ot = tensor(out);
-    check_bf16_cuda({&gt, &ut, &ot});
-    TORCH_CHECK(gt.is_contiguous() && ut.is_contiguous() && ot.is_contiguous() &&
-                    gt.numel() == ut.numel() && gt.numel() == ot.numel() && gt.numel() % 8 == 0,
-                "silu_mul: contiguous tensors of one size, a multiple of 8");
-    check_aligned({&gt, &ut, &ot});
-    long long n = gt.numel();
-    const void *gp = gt.data_ptr(), *up = ut.data_ptr();
-    void* op = ot.data_ptr();
-    void* args[] = {&gp, &up, &op, &n};
-    launch(gt.get_device(), "silu_mul", n / 8, args);
-  });
+  return dflash::guarded([&] { silu_mul_into(tensor(g), tensor(u), tensor(out)); });
 }
 
 // sum = x + d and out = rms_norm(sum) * w over the last axis: x, d, sum and out contiguous of

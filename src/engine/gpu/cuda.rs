@@ -28,23 +28,8 @@ pub use graph::{graphs_wanted, Graph};
 pub use optimizer::{adamw_bf16, fused_adamw, set_grad, AdamWHyper, AdamWState};
 pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};
 
-/// Whether a call of the shim that runs a fast path (`state`) succeeded: noted in `state`, and a
-/// failure turns the path off from then on.
-fn ran(state: &crate::engine::gpu::fast_paths::PathState, status: c_int, what: &str) -> bool {
-    match check(status, what) {
-        Ok(()) => {
-            state.ran();
-            true
-        }
-        Err(e) => {
-            state.failed(&e);
-            false
-        }
-    }
-}
-
 /// The tensor a shim call of `state`'s path handed over in `out` (a heap-allocated
-/// `at::Tensor`), or `None` where the call failed (see `ran`).
+/// `at::Tensor`), or `None` where the call failed (noted in `state`: `PathState::took`).
 fn adopt(
     state: &crate::engine::gpu::fast_paths::PathState,
     status: c_int,
@@ -53,7 +38,9 @@ fn adopt(
 ) -> Option<Tensor> {
     // SAFETY: on success the shim handed over a heap-allocated `at::Tensor`, which `from_ptr`
     // takes.
-    ran(state, status, what).then(|| unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
+    state
+        .took(check(status, what))
+        .then(|| unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
 }
 
 /// Whether our kernels (the target's and AdamW's for bf16 weights, compiled at run time with

@@ -244,7 +244,7 @@ mod tests {
         let nll_gap = f64::try_from((&nll_kernel - &nll_ops).abs().max()).unwrap();
         let nll_top = f64::try_from(nll_ops.abs().max()).unwrap();
         assert!(nll_gap <= 1e-3 * nll_top.max(1.0), "nll apart by {nll_gap}");
-        // Confident rows: a small loss on their own label, a large one where another led.
+        // Rows confident in their own label: a small loss, and a hit.
         let small = f64::try_from(nll_ops.narrow(0, 0, 7).max()).unwrap();
         assert!(small < 1e-3, "{small}");
         let unique = f(&logits)

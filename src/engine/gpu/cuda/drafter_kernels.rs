@@ -12,7 +12,7 @@
 //!
 //! Each returns `None` where it cannot run, and the caller runs the ops.
 
-use super::{adopt, ffi, ran, AVAILABLE};
+use super::{adopt, check, ffi, AVAILABLE};
 use crate::engine::gpu::fast_paths::PathState;
 use std::ffi::c_void;
 use tch::{Kind, Tensor};
@@ -38,6 +38,12 @@ fn usable(ts: &[&Tensor]) -> bool {
             .all(|t| t.kind() == Kind::BFloat16 && t.device().is_cuda())
 }
 
+/// Whether `t`'s data starts on 16 bytes: the kernels read 8 bf16 at a time, and a view at an
+/// odd offset takes the ops (the shim would refuse it, and a failure turns every kernel here off).
+fn aligned(t: &Tensor) -> bool {
+    (t.data_ptr() as usize).is_multiple_of(16)
+}
+
 /// The loss of rows of `logits` [rows, vocab] (bf16 on CUDA, contiguous, vocab a multiple of
 /// 8) against `labels` [rows] (int64, each a token of the vocabulary): `logits` becomes `p -
 /// onehot(label)` in place, the label's entry written as minus the sum of the others' (see
@@ -49,6 +55,7 @@ pub fn loss_rows(logits: &mut Tensor, labels: &Tensor) -> Option<(Tensor, Tensor
         && shape[1] > 0
         && shape[1] % 8 == 0
         && logits.is_contiguous()
+        && aligned(logits)
         && labels.kind() == Kind::Int64
         && labels.size() == [shape[0]];
     if !fits || !usable(&[logits]) {
@@ -60,7 +67,9 @@ pub fn loss_rows(logits: &mut Tensor, labels: &Tensor) -> Option<(Tensor, Tensor
     let p = |t: &Tensor| t.as_ptr() as *mut c_void;
     // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
     let status = unsafe { ffi::dflash_loss_rows(p(logits), p(&labels), p(&nll), p(&hit)) };
-    ran(&STATE, status, "the drafter's loss kernel").then_some((nll, hit))
+    STATE
+        .took(check(status, "the drafter's loss kernel"))
+        .then_some((nll, hit))
 }
 
 /// `silu(gate) * up` (bf16 on CUDA, one shape, a multiple of 8 elements), differentiable in
@@ -71,8 +80,6 @@ pub fn silu_mul_trained(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
         return None;
     }
     let (gate, up) = (gate.contiguous(), up.contiguous());
-    // The kernels read 8 at a time: a view at an odd offset takes the ops.
-    let aligned = |t: &Tensor| (t.data_ptr() as usize).is_multiple_of(16);
     if !aligned(&gate) || !aligned(&up) {
         return None;
     }

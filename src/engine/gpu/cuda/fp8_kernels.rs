@@ -37,14 +37,7 @@ pub fn quantize_rows_e4m3(x: &Tensor, min_amax: f64, max_e4m3: f64) -> Option<(T
     // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
     let status =
         unsafe { ffi::dflash_quantize_rows_e4m3(p(&x), p(&q), p(&scale), min_amax, max_e4m3) };
-    match check(status, "the e4m3 row quantization kernel") {
-        Ok(()) => {
-            STATE.ran();
-            Some((q, scale))
-        }
-        Err(e) => {
-            STATE.failed(&e);
-            None
-        }
-    }
+    STATE
+        .took(check(status, "the e4m3 row quantization kernel"))
+        .then_some((q, scale))
 }

@@ -29,16 +29,7 @@ fn target_kernels_for(x: &Tensor) -> bool {
 
 /// `out` after a target kernel's launch: `None` (and no kernel from then on) when it failed.
 fn target_kernel_ran(status: c_int, what: &str, out: Tensor) -> Option<Tensor> {
-    match check(status, what) {
-        Ok(()) => {
-            STATE.ran();
-            Some(out)
-        }
-        Err(e) => {
-            STATE.failed(&e);
-            None
-        }
-    }
+    STATE.took(check(status, what)).then_some(out)
 }
 
 /// The attention's q or k RMSNorm and RoPE in one kernel: for `heads` heads of 128 starting at

@@ -23,6 +23,20 @@ impl PathState {
         self.state.store(1, Ordering::Relaxed);
     }
 
+    /// Notes one attempt's `outcome` (ran, or failed and left from now on); whether it ran.
+    pub fn took(&self, outcome: anyhow::Result<()>) -> bool {
+        match outcome {
+            Ok(()) => {
+                self.ran();
+                true
+            }
+            Err(e) => {
+                self.failed(&e);
+                false
+            }
+        }
+    }
+
     /// The path failed and is left from now on.
     pub fn failed(&self, why: &anyhow::Error) {
         let _ = self.reason.set(format!("{why:#}"));

@@ -116,6 +116,10 @@ impl Attention {
         // The fused kernel rotates q and k as it normalises them where both take one table
         // (the target's documents path).
         let documents = matches!(mask, AttnMask::Documents { .. });
+        let block_spans = match mask {
+            AttnMask::Tiled(m) => m.block_spans(),
+            _ => None,
+        };
         let one_table = same_tensor(q_rope.0, k_rope.0) && same_tensor(q_rope.1, k_rope.1);
         let (q, k, v, rotated) = match (&self.qkv, kv_sources) {
             (Some(w), [only]) if same_tensor(only, x) => {
@@ -123,45 +127,34 @@ impl Attention {
             }
             // The block attention kernels take q and k sequence-major: the drafter's norms
             // and RoPE go through one trained kernel each way where it runs.
-            _ if matches!(mask, AttnMask::Tiled(m) if m.block_spans().is_some()) => {
-                self.projected_and_rotated(x, kv_sources, q_rope, k_rope)
-            }
+            _ if block_spans.is_some() => self.projected_and_rotated(x, kv_sources, q_rope, k_rope),
             _ => {
                 let (k, v) = self.keys_values(kv_sources);
                 (self.queries(x), k, v, false)
             }
         };
-        let out = match mask {
-            AttnMask::Documents { docs, window } => {
-                let (q, k) = if rotated {
-                    (q, k)
-                } else {
-                    (
-                        apply_rope(&q, q_rope.0, q_rope.1, 2),
-                        apply_rope(&k, k_rope.0, k_rope.1, 2),
-                    )
-                };
-                docs.attention(&q, &k, &v, *window)
-                    .unwrap_or_else(|e| panic!("{e:#}"))
-            }
-            AttnMask::Tiled(m) if m.block_spans().is_some() => {
-                // The block attention kernels where they run, else the tiled sdpa calls.
-                let (q, k) = if rotated {
-                    (q, k)
-                } else {
-                    (
-                        apply_rope(&q, q_rope.0, q_rope.1, 2),
-                        apply_rope(&k, k_rope.0, k_rope.1, 2),
-                    )
-                };
-                let (spans, docs) = m.block_spans().expect("checked above");
-                crate::engine::gpu::cuda::block_attention(&q, &k, &v, spans, docs).unwrap_or_else(
-                    || {
-                        let heads = |t: &Tensor| t.transpose(1, 2);
-                        tiled_attention(&heads(&q), &heads(&k), &heads(&v), m).transpose(1, 2)
-                    },
-                )
-            }
+        // The sequence-major paths (documents, block attention) rotate q and k here unless a
+        // kernel did; the others rotate them heads-major below.
+        let (q, k) = if (documents || block_spans.is_some()) && !rotated {
+            (
+                apply_rope(&q, q_rope.0, q_rope.1, 2),
+                apply_rope(&k, k_rope.0, k_rope.1, 2),
+            )
+        } else {
+            (q, k)
+        };
+        let out = match (mask, block_spans) {
+            (AttnMask::Documents { docs, window }, _) => docs
+                .attention(&q, &k, &v, *window)
+                .unwrap_or_else(|e| panic!("{e:#}")),
+            // The block attention kernels where they run, else the tiled sdpa calls.
+            (AttnMask::Tiled(m), Some((spans, docs))) => crate::engine::gpu::cuda::block_attention(
+                &q, &k, &v, spans, docs,
+            )
+            .unwrap_or_else(|| {
+                let heads = |t: &Tensor| t.transpose(1, 2);
+                tiled_attention(&heads(&q), &heads(&k), &heads(&v), m).transpose(1, 2)
+            }),
             _ => {
                 let (q, k, v) = heads_major(&q, &k, &v, q_rope, k_rope);
                 let out = match mask {
