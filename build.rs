@@ -95,6 +95,7 @@ fn build_nccl_shim(lib: &std::path::Path) {
         .file("src/engine/cxx/optimizer_kernels.cpp")
         .file("src/engine/cxx/attention_kernels.cpp")
         .file("src/engine/cxx/loss_kernels.cpp")
+        .file("src/engine/cxx/projection_ops.cpp")
         .file("src/engine/cxx/kernel_profile.cpp")
         .compile("dflash_cuda_shim");
     for file in [
@@ -102,6 +103,7 @@ fn build_nccl_shim(lib: &std::path::Path) {
         "optimizer_kernels.cpp",
         "attention_kernels.cpp",
         "loss_kernels.cpp",
+        "projection_ops.cpp",
         "kernel_profile.cpp",
         "runtime_kernels.h",
     ] {

@@ -115,6 +115,21 @@ pub(crate) mod ffi {
             eps: f64,
             out: *mut *mut c_void,
         ) -> c_int;
+        pub fn dflash_add_rms_norm_trained(
+            x: *mut c_void,
+            d: *mut c_void,
+            w: *mut c_void,
+            eps: f64,
+            sum: *mut *mut c_void,
+            out: *mut *mut c_void,
+        ) -> c_int;
+        pub fn dflash_project_into(
+            x: *mut c_void,
+            ws: *mut *mut c_void,
+            grads: *mut *mut c_void,
+            n: c_int,
+            out: *mut *mut c_void,
+        ) -> c_int;
         pub fn dflash_block_attention(
             q: *mut c_void,
             k: *mut c_void,
@@ -292,6 +307,25 @@ pub(crate) mod ffi {
         _: *mut c_void,
         _: *mut c_void,
         _: f64,
+        _: *mut *mut c_void,
+    ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_add_rms_norm_trained(
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: f64,
+        _: *mut *mut c_void,
+        _: *mut *mut c_void,
+    ) -> c_int {
+        1
+    }
+    pub unsafe fn dflash_project_into(
+        _: *mut c_void,
+        _: *mut *mut c_void,
+        _: *mut *mut c_void,
+        _: c_int,
         _: *mut *mut c_void,
     ) -> c_int {
         1

@@ -392,7 +392,7 @@ fn engine(run: &RunConfig, kernels: Option<usize>) -> Result<()> {
     crate::signals::outln!(
         "bench: target_precision={} fp8_rows={} optimizer_states={} cuda_alloc_conf={} target_attention={} \
          target_forward={} target_kernels={} drafter_step={} adamw_bf16={} drafter_attention={} \
-         drafter_kernels={}",
+         drafter_kernels={} gemm_grads={}",
         cfg.target_precision.name(),
         crate::engine::gpu::cuda::fp8_kernel_state(),
         cfg.optimizer_states.name(),
@@ -403,7 +403,8 @@ fn engine(run: &RunConfig, kernels: Option<usize>) -> Result<()> {
         crate::engine::train::step_graphs::state(),
         crate::engine::train::optim::bf16_kernel_state(),
         crate::engine::gpu::cuda::block_attention_state(),
-        crate::engine::gpu::cuda::drafter_kernels_state()
+        crate::engine::gpu::cuda::drafter_kernels_state(),
+        crate::engine::gpu::cuda::gemm_grads_state()
     );
     if let (Some((tally, steps)), Some(top)) = (tally, kernels) {
         kernel_lines(&tally, steps, top);

@@ -119,7 +119,7 @@ pub struct TrainArgs {
     pub data_threads: Option<usize>,
     /// Turn fast paths off for a side-by-side run, comma-separated: graphs, drafter-graph,
     /// target-kernels, fused-adamw, bf16-weights, flash-target, block-attention,
-    /// drafter-kernels, grad-sync-during-backward, single-replica-shortcut.
+    /// drafter-kernels, gemm-grads, grad-sync-during-backward, single-replica-shortcut.
     #[arg(long, value_name = "LIST")]
     pub disable: Option<String>,
     /// How the frozen target's linear layers compute: `bf16` (the default) or `fp8` (weights

@@ -15,7 +15,11 @@
 // whose q/k norms are trained, and `SiluMul`) with a backward kernel each: norm_rope_backward
 // takes each row's gradient through the rotation and the norm in one pass, and the norm weight's
 // gradient as one partial sum a block (summed after, in a fixed order: the same inputs give the
-// same gradient bit for bit); silu_mul_backward both inputs' gradients in one pass.
+// same gradient bit for bit); silu_mul_backward both inputs' gradients in one pass. So does
+// add_rms_norm (`AddRmsNorm`: the drafter's residual adds and the norms after them, trained):
+// add_rms_norm_backward takes the norm's gradient, adds the one the sum gets from the residual
+// stream in the same pass (where autograd would add the two after), and the weight's gradient
+// as partial sums a block.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -182,6 +186,88 @@ extern "C" __global__ void add_rms_norm(const bf16* x, const bf16* d, const bf16
     bf16* os = reinterpret_cast<bf16*>(&ov);
     for (int i = 0; i < 8; ++i) os[i] = down(up(ss8[i]) * inv * up(ws[i]));
     *reinterpret_cast<uint4*>(out + base + at) = ov;
+  }
+}
+
+// The gradient of add_rms_norm, trained: with s the forward's sum, inv = rsqrt(mean(s^2) + eps)
+// and g = dout w, the sum's gradient is dsum (what it gets elsewhere: the residual stream; null
+// for none) + inv g - s inv^3 sum(g s) / cols, in f32 and rounded once, written to dx (x's and
+// d's gradient both); dw = sum over rows of dout s inv, one partial sum a block in dw_part
+// [blocks, cols]. Blocks of 256 threads (8 warps), a block a row at a time, rows strided by the
+// grid; a thread holds the 8 columns at threadIdx.x * 8 + k * 2048, k < 4 (cols <= 8192, a
+// multiple of 8, rows 16-byte aligned).
+#define NORM_CHUNKS 4
+extern "C" __global__ void __launch_bounds__(256) add_rms_norm_backward(
+    const bf16* s, const bf16* w, const bf16* dout, const bf16* dsum, bf16* dx, float* dw_part,
+    long long rows, int cols, float eps) {
+  __shared__ float red[2][2][8];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // The row's values are kept as loaded (8 bf16 in a uint4): half the registers of floats.
+  uint4 wv[NORM_CHUNKS], sv[NORM_CHUNKS], dv[NORM_CHUNKS];
+  float acc[NORM_CHUNKS][8];
+  for (int k = 0; k < NORM_CHUNKS; ++k) {
+    int at = threadIdx.x * 8 + k * 2048;
+    wv[k] = at < cols ? *reinterpret_cast<const uint4*>(w + at) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < 8; ++i) acc[k][i] = 0.f;
+  }
+  int turn = 0;
+  for (long long row = blockIdx.x; row < rows; row += gridDim.x, turn ^= 1) {
+    long long base = row * cols;
+    float ss = 0.f, dot = 0.f;
+    for (int k = 0; k < NORM_CHUNKS; ++k) {
+      int at = threadIdx.x * 8 + k * 2048;
+      if (at >= cols) continue;
+      sv[k] = *reinterpret_cast<const uint4*>(s + base + at);
+      dv[k] = *reinterpret_cast<const uint4*>(dout + base + at);
+      const bf16* s8 = reinterpret_cast<const bf16*>(&sv[k]);
+      const bf16* d8 = reinterpret_cast<const bf16*>(&dv[k]);
+      const bf16* w8 = reinterpret_cast<const bf16*>(&wv[k]);
+      for (int i = 0; i < 8; ++i) {
+        float v = up(s8[i]);
+        ss += v * v;
+        dot += up(d8[i]) * up(w8[i]) * v;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    }
+    // Two sets of slots taken in turn: a row's writes never meet the reads of the row before.
+    if (lane == 0) {
+      red[turn][0][warp] = ss;
+      red[turn][1][warp] = dot;
+    }
+    __syncthreads();
+    float total = 0.f, gs = 0.f;
+    for (int i = 0; i < 8; ++i) {
+      total += red[turn][0][i];
+      gs += red[turn][1][i];
+    }
+    float inv = rsqrtf(total / cols + eps);
+    float kk = inv * inv * inv * gs / cols;
+    for (int k = 0; k < NORM_CHUNKS; ++k) {
+      int at = threadIdx.x * 8 + k * 2048;
+      if (at >= cols) continue;
+      uint4 ev = dsum != nullptr ? *reinterpret_cast<const uint4*>(dsum + base + at)
+                                 : make_uint4(0, 0, 0, 0);
+      const bf16* e8 = reinterpret_cast<const bf16*>(&ev);
+      const bf16* s8 = reinterpret_cast<const bf16*>(&sv[k]);
+      const bf16* d8 = reinterpret_cast<const bf16*>(&dv[k]);
+      const bf16* w8 = reinterpret_cast<const bf16*>(&wv[k]);
+      uint4 ov;
+      bf16* o8 = reinterpret_cast<bf16*>(&ov);
+      for (int i = 0; i < 8; ++i) {
+        float v = up(s8[i]), d = up(d8[i]);
+        o8[i] = down(up(e8[i]) + inv * d * up(w8[i]) - v * kk);
+        acc[k][i] += d * v * inv;
+      }
+      *reinterpret_cast<uint4*>(dx + base + at) = ov;
+    }
+  }
+  for (int k = 0; k < NORM_CHUNKS; ++k) {
+    int at = threadIdx.x * 8 + k * 2048;
+    if (at >= cols) continue;
+    for (int i = 0; i < 8; ++i) dw_part[(long long)blockIdx.x * cols + at + i] = acc[k][i];
   }
 }
 )";
@@ -375,6 +461,88 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
   }
 };
 
+// sum = x + d and out = rms_norm(sum) * w (see dflash_add_rms_norm), on the current stream of
+// x's GPU; checks the shapes.
+void add_rms_norm_into(const at::Tensor& xt, const at::Tensor& dt, const at::Tensor& wt,
+                       const at::Tensor& st, const at::Tensor& ot, double eps) {
+  check_bf16_cuda({&xt, &dt, &wt, &st, &ot});
+  long long cols = xt.dim() > 0 ? xt.size(-1) : 0;
+  for (const at::Tensor* t : {&xt, &dt, &st, &ot}) {
+    TORCH_CHECK(t->is_contiguous() && t->sizes() == xt.sizes(),
+                "add_rms_norm: x, d, sum and out contiguous of one shape");
+  }
+  TORCH_CHECK(cols > 0 && cols % 8 == 0 && wt.is_contiguous() && wt.numel() == cols,
+              "add_rms_norm: rows a multiple of 8 wide, weight of one row's width");
+  check_aligned({&xt, &dt, &wt, &st, &ot});
+  long long rows = xt.numel() / cols;
+  if (rows == 0) return;
+  const void *xp = xt.data_ptr(), *dp = dt.data_ptr(), *wp = wt.data_ptr();
+  void *sp = st.data_ptr(), *op = ot.data_ptr();
+  int c = static_cast<int>(cols);
+  float e = static_cast<float>(eps);
+  void* args[] = {&xp, &dp, &wp, &sp, &op, &c, &e};
+  launch(xt.get_device(), "add_rms_norm", rows * 256, args);
+}
+
+// Blocks of add_rms_norm_backward at most: a few a multiprocessor, few partial sums to add.
+constexpr long long kNormBackwardBlocks = 512;
+
+// add_rms_norm as an autograd op over x and d [.., cols] and the trained weight w [cols] (bf16
+// on one GPU, contiguous, cols a multiple of 8 up to 8192): (sum, out), both differentiable;
+// the backward's kernel adds the gradient the sum gets elsewhere in the pass that takes the
+// norm's, and the weight's as partial sums added in a fixed order.
+struct AddRmsNorm : public torch::autograd::Function<AddRmsNorm> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& x, const at::Tensor& d,
+                                                const at::Tensor& w, double eps) {
+    TORCH_CHECK(x.dim() >= 1 && x.size(-1) <= 8192, "add_rms_norm: rows of at most 8192");
+    auto sum = at::empty_like(x);
+    auto out = at::empty_like(x);
+    if (x.numel() > 0) {
+      dflash::rtc::kernel_for(kProgram, x.get_device(), "add_rms_norm_backward");
+    }
+    add_rms_norm_into(x, d, w, sum, out, eps);
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({sum, w});
+    ctx->saved_data["eps"] = eps;
+    return {sum, out};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &sum = saved[0], &w = saved[1];
+    float eps = static_cast<float>(ctx->saved_data["eps"].toDouble());
+    long long cols = sum.size(-1), rows = sum.numel() / cols;
+    // Read 8 at a time: a gradient that is a view at an odd offset is copied first.
+    auto dense = [](const at::Tensor& g) {
+      at::Tensor t = g.to(at::kBFloat16).contiguous();
+      return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
+    };
+    at::Tensor dsum = grads[0].defined() ? dense(grads[0]) : at::Tensor();
+    if (!grads[1].defined()) {
+      at::Tensor through = dsum.defined() ? dsum : at::zeros_like(sum);
+      return {through, through, at::Tensor(), at::Tensor()};
+    }
+    at::Tensor dout = dense(grads[1]);
+    auto dx = at::empty_like(sum);
+    long long blocks = std::min(kNormBackwardBlocks, std::max(1LL, rows));
+    auto part = rows > 0 ? at::empty({blocks, cols}, sum.options().dtype(at::kFloat))
+                         : at::zeros({blocks, cols}, sum.options().dtype(at::kFloat));
+    if (rows > 0) {
+      const void *sp = sum.data_ptr(), *wp = w.data_ptr(), *op = dout.data_ptr(),
+                 *ep = dsum.defined() ? dsum.data_ptr() : nullptr;
+      void *dxp = dx.data_ptr(), *pp = part.data_ptr();
+      int c = static_cast<int>(cols);
+      void* args[] = {&sp, &wp, &op, &ep, &dxp, &pp, &rows, &c, &eps};
+      dflash::rtc::launch_shaped(
+          kProgram, sum.get_device(), "add_rms_norm_backward",
+          dflash::rtc::Shape{static_cast<unsigned>(blocks), 1, 1, 256, 0}, args);
+    }
+    return {dx, dx, part.sum(0).to(w.scalar_type()), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -411,25 +579,17 @@ int dflash_silu_mul(void* g, void* u, void* out) {
 // one shape [.., cols], w [cols], cols a multiple of 8, all bf16 on one GPU.
 int dflash_add_rms_norm(void* x, void* d, void* w, void* sum, void* out, double eps) {
   return dflash::guarded([&] {
-    const at::Tensor &xt = tensor(x), &dt = tensor(d), &wt = tensor(w), &st = tensor(sum),
-                     &ot = tensor(out);
-    check_bf16_cuda({&xt, &dt, &wt, &st, &ot});
-    long long cols = xt.dim() > 0 ? xt.size(-1) : 0;
-    for (const at::Tensor* t : {&xt, &dt, &st, &ot}) {
-      TORCH_CHECK(t->is_contiguous() && t->sizes() == xt.sizes(),
-                  "add_rms_norm: x, d, sum and out contiguous of one shape");
-    }
-    TORCH_CHECK(cols > 0 && cols % 8 == 0 && wt.is_contiguous() && wt.numel() == cols,
-                "add_rms_norm: rows a multiple of 8 wide, weight of one row's width");
-    check_aligned({&xt, &dt, &wt, &st, &ot});
-    long long rows = xt.numel() / cols;
-    if (rows == 0) return;
-    const void *xp = xt.data_ptr(), *dp = dt.data_ptr(), *wp = wt.data_ptr();
-    void *sp = st.data_ptr(), *op = ot.data_ptr();
-    int c = static_cast<int>(cols);
-    float e = static_cast<float>(eps);
-    void* args[] = {&xp, &dp, &wp, &sp, &op, &c, &e};
-    launch(xt.get_device(), "add_rms_norm", rows * 256, args);
+    add_rms_norm_into(tensor(x), tensor(d), tensor(w), tensor(sum), tensor(out), eps);
+  });
+}
+
+// AddRmsNorm (above) on x, d and w: the sum and the normed sum, new tensors in `sum` and `out`,
+// differentiable in all three.
+int dflash_add_rms_norm_trained(void* x, void* d, void* w, double eps, void** sum, void** out) {
+  return dflash::guarded([&] {
+    auto both = AddRmsNorm::apply(tensor(x), tensor(d), tensor(w), eps);
+    *sum = new at::Tensor(std::move(both[0]));
+    *out = new at::Tensor(std::move(both[1]));
   });
 }
 

@@ -4,7 +4,8 @@
 //!
 //! The shim's other calls live in rooms of their own: CUDA graphs (`graph`), our kernels for the
 //! target (`target_kernels`, and its FP8 rows: `fp8_kernels`) and the drafter
-//! (`drafter_kernels`), varlen flash attention
+//! (`drafter_kernels`), weight gradients accumulated in their GEMMs (`gemm_grads`), varlen flash
+//! attention
 //! (`flash_attention`), and the optimizer's flat gradients and fused AdamW (`optimizer`).
 
 use crate::cuda_shim::AVAILABLE;
@@ -17,13 +18,17 @@ mod block_attention;
 mod drafter_kernels;
 mod flash_attention;
 mod fp8_kernels;
+mod gemm_grads;
 mod graph;
 mod optimizer;
 mod target_kernels;
 pub use block_attention::{block_attention, block_attention_state};
-pub use drafter_kernels::{drafter_kernels_state, loss_rows, norm_rope_trained, silu_mul_trained};
+pub use drafter_kernels::{
+    add_rms_norm_trained, drafter_kernels_state, loss_rows, norm_rope_trained, silu_mul_trained,
+};
 pub use flash_attention::flash_varlen;
 pub use fp8_kernels::{fp8_kernel_state, quantize_rows_e4m3};
+pub use gemm_grads::{gemm_grads_state, project_into, with_gemm_grads};
 pub use graph::{graphs_wanted, Graph};
 pub use optimizer::{adamw_bf16, fused_adamw, set_grad, AdamWHyper, AdamWState};
 pub use target_kernels::{add_rms_norm, norm_rope, silu_mul, target_kernels_state};

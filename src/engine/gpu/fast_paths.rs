@@ -29,10 +29,14 @@ pub enum FastPath {
     /// The drafter's attention in our own kernels over each block's visible keys only (off: the
     /// tiled sdpa calls).
     BlockAttention,
-    /// Our kernels in the drafter's step: the q/k RMSNorm with RoPE and silu(gate) x up, each one
-    /// pass forward and one backward, and the loss over the logits in two passes (off:
-    /// libtorch's ops, and their backward).
+    /// Our kernels in the drafter's step: the q/k RMSNorm with RoPE, silu(gate) x up and each
+    /// residual add with the RMSNorm after it, each one pass forward and one backward, and the
+    /// loss over the logits in two passes (off: libtorch's ops, and their backward).
     DrafterKernels,
+    /// A lone drafter replica's weight gradients added into their `.grad` by the GEMMs that make
+    /// them, and an input's gradients from several projections summed the same way (off:
+    /// autograd adds each after its GEMM).
+    GemmGrads,
     /// Gradients all-reduced in buckets during backward (off: in one piece after it).
     GradSyncDuringBackward,
     /// One drafter replica skips the gradient average (off: even one GPU drafter goes through
@@ -41,7 +45,7 @@ pub enum FastPath {
 }
 
 /// Every path, its name in `--disable` and the TOML, and what turning it off means.
-pub const ALL: [(FastPath, &str, &str); 10] = [
+pub const ALL: [(FastPath, &str, &str); 11] = [
     (FastPath::Graphs, "graphs", "every CUDA graph off"),
     (
         FastPath::DrafterGraph,
@@ -72,7 +76,12 @@ pub const ALL: [(FastPath, &str, &str); 10] = [
     (
         FastPath::DrafterKernels,
         "drafter-kernels",
-        "the drafter's q/k norm + RoPE, silu x up and loss as libtorch's ops",
+        "the drafter's q/k norm + RoPE, silu x up, add + norm and loss as libtorch's ops",
+    ),
+    (
+        FastPath::GemmGrads,
+        "gemm-grads",
+        "the drafter's weight gradients added to .grad after their GEMMs",
     ),
     (
         FastPath::GradSyncDuringBackward,

@@ -64,6 +64,10 @@ impl Drafter {
         let all_pos = Tensor::cat(&[ctx_pos, block_pos], 1);
         let (kc, ks) = rope_tables(&all_pos, c.head_dim, &c.rope(), kind);
         let mut x = block_emb.shallow_clone();
+        let Some(first) = self.layers.first() else {
+            return self.norm.forward(&x);
+        };
+        let mut h = first.input_norm().forward(&x);
         for (i, layer) in self.layers.iter().enumerate() {
             let windowed;
             let layer_mask = if c.is_sliding(i) {
@@ -73,9 +77,18 @@ impl Drafter {
             } else {
                 mask
             };
-            x = layer.forward(&x, Some(&context), (&qc, &qs), (&kc, &ks), layer_mask);
+            let rope = ((&qc, &qs), (&kc, &ks));
+            let (mid, mlp_out) =
+                layer.attention_then_mlp(&x, &h, Some(&context), rope.0, rope.1, layer_mask);
+            // The MLP's residual add in the norm after it (one pass each way where the kernel
+            // runs): the next layer's input norm, after the last the drafter's own.
+            let next = self
+                .layers
+                .get(i + 1)
+                .map_or(&self.norm, |n| n.input_norm());
+            (x, h) = next.add_forward(&mid, &mlp_out);
         }
-        self.norm.forward(&x)
+        h
     }
 }
 

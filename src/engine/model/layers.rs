@@ -68,8 +68,20 @@ impl Linear {
         }
     }
 
+    /// The weight, where the layer is a plain one (no bias, not FP8) whose gradient `project`
+    /// may accumulate in its GEMM.
+    fn trained_weight(&self) -> Option<&Tensor> {
+        (self.bias.is_none() && self.fp8.is_none()).then_some(&self.weight)
+    }
+
     // [.., in] -> [.., out]
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        if let Some(mut y) = self
+            .trained_weight()
+            .and_then(|w| crate::engine::gpu::cuda::project_into(x, &[w]))
+        {
+            return y.remove(0);
+        }
         let y = match &self.fp8 {
             Some(w) => w.matmul(x),
             None => x.matmul(&self.weight.to_kind(x.kind()).tr()),
@@ -79,6 +91,18 @@ impl Linear {
             None => y,
         }
     }
+}
+
+/// `x` through each of `layers` (one input, several projections: q, k and v; gate and up). In a
+/// drafter step that takes it (`cuda::project_into`), one op whose backward adds the weights'
+/// gradients into their `.grad` with its GEMMs and sums the input's gradient the same way; else
+/// each layer's forward.
+// x [.., in] -> [.., out_j] each
+pub fn project(x: &Tensor, layers: &[&Linear]) -> Vec<Tensor> {
+    let weights: Option<Vec<&Tensor>> = layers.iter().map(|l| l.trained_weight()).collect();
+    weights
+        .and_then(|ws| crate::engine::gpu::cuda::project_into(x, &ws))
+        .unwrap_or_else(|| layers.iter().map(|l| l.forward(x)).collect())
 }
 
 /// Qwen3 RMSNorm: normalise in fp32, scale, return in the input dtype.
@@ -109,18 +133,22 @@ impl RmsNorm {
         x.rms_norm([dim], Some(self.weight.to_kind(x.kind())), self.eps)
     }
 
-    /// `x + delta` and it normalised: (sum, normalised sum). With nothing to differentiate (a
-    /// frozen model) one kernel does both where it can run (`cuda::add_rms_norm`).
+    /// `x + delta` and it normalised: (sum, normalised sum), in one kernel where it can run: a
+    /// frozen model's (`cuda::add_rms_norm`), or the drafter's op with its backward kernel
+    /// (`cuda::add_rms_norm_trained`).
     pub fn add_forward(&self, x: &Tensor, delta: &Tensor) -> (Tensor, Tensor) {
         let frozen = !x.requires_grad() && !delta.requires_grad();
-        frozen
-            .then(|| crate::engine::gpu::cuda::add_rms_norm(x, delta, (&self.weight, self.eps)))
-            .flatten()
-            .unwrap_or_else(|| {
-                let sum = x + delta;
-                let normed = self.forward(&sum);
-                (sum, normed)
-            })
+        let weight = (&self.weight, self.eps);
+        let fused = if frozen {
+            crate::engine::gpu::cuda::add_rms_norm(x, delta, weight)
+        } else {
+            crate::engine::gpu::cuda::add_rms_norm_trained(x, delta, weight)
+        };
+        fused.unwrap_or_else(|| {
+            let sum = x + delta;
+            let normed = self.forward(&sum);
+            (sum, normed)
+        })
     }
 }
 
@@ -151,7 +179,9 @@ impl Mlp {
 
     // [.., hidden] -> [.., hidden]
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let (gate, up) = (self.gate.forward(x), self.up.forward(x));
+        let [gate, up]: [Tensor; 2] = project(x, &[&self.gate, &self.up])
+            .try_into()
+            .expect("two projections");
         // One pass where a kernel runs: a frozen model's forward, or the drafter's op with its
         // backward kernel.
         let fused = if gate.requires_grad() || up.requires_grad() {

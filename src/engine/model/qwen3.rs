@@ -59,10 +59,15 @@ impl DecoderLayer {
         x + mlp_out
     }
 
+    /// The norm `x` goes through first.
+    pub fn input_norm(&self) -> &RmsNorm {
+        &self.input_layernorm
+    }
+
     /// The block from `h` (`x` through the input norm): `x` after the attention's residual add,
-    /// and the MLP's output, which the caller adds to it (the target fuses that add into the next
-    /// layer's input norm: `RmsNorm::add_forward`).
-    fn attention_then_mlp(
+    /// and the MLP's output, which the caller adds to it (the target and the drafter fuse that
+    /// add into the next norm: `RmsNorm::add_forward`).
+    pub fn attention_then_mlp(
         &self,
         x: &Tensor,
         h: &Tensor,

@@ -180,8 +180,19 @@ impl DrafterStep {
     /// The forward, through the CUDA graph where one can run, else eagerly; and whether it ran
     /// through the graph.
     fn forward_step(&mut self, p: &Prepared) -> (Forwarded, bool) {
+        // A lone replica's weight gradients go into their `.grad` inside backward's GEMMs where
+        // those are views of the flat buffer (on a GPU, from the first step: `prepare`), zeroed
+        // after each update; replicas' are hooked as autograd accumulates them. (On the CPU the
+        // `.grad` exist from the second step only: a resumed run would take the op a step later
+        // than one run in one go, and round differently.)
+        let lone = !self.replicas.syncs() && self.optimizer.grads_are_flat();
         let planned = |x: &StepInputs, plan: &WindowPlan| {
-            forward(&self.model, &self.embed, &self.spec, x, plan)
+            let run = || forward(&self.model, &self.embed, &self.spec, x, plan);
+            if lone {
+                crate::engine::gpu::cuda::with_gemm_grads(run)
+            } else {
+                run()
+            }
         };
         // A failed capture falls back to this eager forward (and says why in `bench`).
         let graphed = if p.graphable {

@@ -6,6 +6,9 @@
 //! - the MLP's silu(gate) x up: unfused a silu and a multiply forward, two multiplies and silu's
 //!   backward after, over [rows, intermediate] (201 MB a layer at 8B shapes), with silu(gate)
 //!   kept for the backward besides gate and up.
+//! - a residual add and the RMSNorm after it (the trained norm weight too): backward adds the
+//!   gradient the sum gets from the residual stream in the pass that takes the norm's, where
+//!   autograd adds the two after, and the weight's gradient in the same pass;
 //! - the loss over a chunk of logits (src/engine/cxx/loss_kernels.cpp): the probabilities
 //!   written over the logits as their gradient, each row's negative log-likelihood and whether
 //!   its argmax is the label, in two passes where the ops take five.
@@ -88,6 +91,42 @@ pub fn silu_mul_trained(gate: &Tensor, up: &Tensor) -> Option<Tensor> {
     // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
     let status = unsafe { ffi::dflash_silu_mul_trained(p(&gate), p(&up), &mut out) };
     adopt(&STATE, status, out, "the drafter's silu * up kernels")
+}
+
+/// `x + delta` and it through an RMSNorm over the last axis (`weight` [cols], trained, and
+/// `eps`): (sum, normed), both differentiable in all three (bf16 on CUDA, one shape [.., cols],
+/// cols a multiple of 8 up to 8,192). Backward takes the norm's gradient and the one the sum
+/// gets elsewhere (the residual stream) in one pass. `None` where it cannot run (see
+/// `usable`): the caller runs the ops.
+pub fn add_rms_norm_trained(
+    x: &Tensor,
+    delta: &Tensor,
+    (weight, eps): (&Tensor, f64),
+) -> Option<(Tensor, Tensor)> {
+    let cols = x.size().last().copied().unwrap_or(0);
+    let fits = x.size() == delta.size()
+        && cols > 0
+        && cols % 8 == 0
+        && cols <= 8192
+        && weight.numel() as i64 == cols;
+    if !fits || !usable(&[x, delta]) {
+        return None;
+    }
+    let weight = weight.to_kind(Kind::BFloat16);
+    let (x, delta) = (x.contiguous(), delta.contiguous());
+    if !aligned(&x) || !aligned(&delta) || !aligned(&weight) {
+        return None;
+    }
+    let p = |t: &Tensor| t.as_ptr() as *mut c_void;
+    let (mut sum, mut out) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: live tensors (`at::Tensor*`) for the duration of the call; the shim checks shapes.
+    let status = unsafe {
+        ffi::dflash_add_rms_norm_trained(p(&x), p(&delta), p(&weight), eps, &mut sum, &mut out)
+    };
+    let sum = adopt(&STATE, status, sum, "the drafter's add + RMSNorm kernels")?;
+    // SAFETY: on success the shim handed over a second heap-allocated `at::Tensor`.
+    let out = unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) };
+    Some((sum, out))
 }
 
 /// `x` [.., tokens, heads, 128] (contiguous, bf16 on CUDA) through an RMSNorm over each head
@@ -173,6 +212,61 @@ mod tests {
         let ops = grads(Kind::BFloat16, false);
         let kernel = grads(Kind::BFloat16, true);
         assert_near("silu * up", &kernel, &ops, &reference);
+    }
+
+    /// The sum and the normed sum of the add + RMSNorm kernels, and the gradients of x, delta
+    /// and the weight, against libtorch's bf16 ops and both against the ops in f32 (see
+    /// `assert_near`): with the sum used elsewhere too (its gradient added in the kernel's pass)
+    /// and not. The residual's gradient dropped, the norm's backward missing a term, or the
+    /// weight's gradient summed over the wrong rows is off by far more; the weight's gradient is
+    /// the same bit for bit on a second backward. Rows of 1,000 (chunks of 2,048 cut short),
+    /// 4,096 and 8,192 (the widest), row counts not a multiple of the grid.
+    #[test]
+    #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
+    fn the_drafter_add_rms_norm_kernels_give_the_ops_and_their_gradients_on_cuda() {
+        let Some(dev) = super::super::cuda_or_skip("the drafter's add + RMSNorm kernels") else {
+            return;
+        };
+        tch::manual_seed(14);
+        for (rows, cols, sum_used) in [(37, 1000, true), (600, 4096, true), (45, 8192, false)] {
+            let x32 = Tensor::randn([1, rows, cols], (Kind::Float, dev)) * 2.0;
+            let d32 = Tensor::randn([1, rows, cols], (Kind::Float, dev));
+            let w32 = Tensor::rand([cols], (Kind::Float, dev)) + 0.5;
+            let (ds32, dy32) = (
+                Tensor::randn([1, rows, cols], (Kind::Float, dev)),
+                Tensor::randn([1, rows, cols], (Kind::Float, dev)),
+            );
+            let grads = |kind: Kind, kernel: bool| {
+                let leaf = |t: &Tensor| t.detach().to_kind(kind).set_requires_grad(true);
+                let (x, d, w) = (leaf(&x32), leaf(&d32), leaf(&w32));
+                let (sum, out) = if kernel {
+                    add_rms_norm_trained(&x, &d, (&w, 1e-6))
+                        .unwrap_or_else(|| panic!("did not run: {}", drafter_kernels_state()))
+                } else {
+                    let sum = &x + &d;
+                    let out = sum.rms_norm([cols], Some(&w), 1e-6);
+                    (sum, out)
+                };
+                let mut loss = (&out * dy32.to_kind(kind)).sum(Kind::Float);
+                if sum_used {
+                    loss += (&sum * ds32.to_kind(kind)).sum(Kind::Float);
+                }
+                loss.backward();
+                [sum.detach(), out.detach(), x.grad(), d.grad(), w.grad()]
+            };
+            let reference = grads(Kind::Float, false);
+            let ops = grads(Kind::BFloat16, false);
+            let kernel = grads(Kind::BFloat16, true);
+            let what = format!("add + RMSNorm over {rows}x{cols}");
+            // sum and out, then x's gradient with the weight's; d's is x's.
+            assert_near(&what, &kernel[..3], &ops[..3], &reference[..3]);
+            assert_near(&what, &kernel[3..], &ops[3..], &reference[3..]);
+            let again = grads(Kind::BFloat16, true);
+            assert!(
+                again[4].equal(&kernel[4]),
+                "{what}: the weight's gradient again"
+            );
+        }
     }
 
     /// The output and both gradients (of x and of the norm weight) of the one-pass kernels, and

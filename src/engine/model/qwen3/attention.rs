@@ -6,7 +6,9 @@
 
 use super::StepMask;
 use crate::engine::model::fp8::Fp8Weight;
-use crate::engine::model::layers::{apply_rope, attend, masked_attention, Linear, RmsNorm};
+use crate::engine::model::layers::{
+    apply_rope, attend, masked_attention, project, Linear, RmsNorm,
+};
 use crate::engine::model::shapes::Qwen3Config;
 use crate::engine::model::tiled::{tiled_attention, AttnMask};
 use tch::{nn, Tensor};
@@ -129,8 +131,9 @@ impl Attention {
             // and RoPE go through one trained kernel each way where it runs.
             _ if block_spans.is_some() => self.projected_and_rotated(x, kv_sources, q_rope, k_rope),
             _ => {
-                let (k, v) = self.keys_values(kv_sources);
-                (self.queries(x), k, v, false)
+                let (q, k, v) = self.raw_projections(x, kv_sources);
+                let (q, k) = (normed(&self.q_norm, q), normed(&self.k_norm, k));
+                (q, k, v, false)
             }
         };
         // The sequence-major paths (documents, block attention) rotate q and k here unless a
@@ -177,8 +180,8 @@ impl Attention {
         mask: &StepMask,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Tensor {
-        let q = self.queries(x);
-        let (k, v) = self.keys_values(&[x]);
+        let (q, k, v) = self.raw_projections(x, &[x]);
+        let (q, k) = (normed(&self.q_norm, q), normed(&self.k_norm, k));
         let (q, k, v) = heads_major(&q, &k, &v, rope, rope);
         let (k, v) = match cache.take() {
             Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
@@ -251,7 +254,7 @@ impl Attention {
         q_rope: (&Tensor, &Tensor),
         k_rope: (&Tensor, &Tensor),
     ) -> (Tensor, Tensor, Tensor, bool) {
-        let (q, (k, v)) = (self.raw_queries(x), self.raw_keys_values(kv_sources));
+        let (q, k, v) = self.raw_projections(x, kv_sources);
         let norms = self.q_norm.as_ref().zip(self.k_norm.as_ref());
         if let Some((q_norm, k_norm)) = norms.filter(|_| self.head_dim == 128) {
             let trained = |t: &Tensor, norm: &RmsNorm, tables: (&Tensor, &Tensor)| {
@@ -266,38 +269,38 @@ impl Attention {
         (normed(&self.q_norm, q), normed(&self.k_norm, k), v, false)
     }
 
-    // x [b, l, h] -> [b, l, heads, d], normed (Qwen3)
-    fn queries(&self, x: &Tensor) -> Tensor {
-        normed(&self.q_norm, self.raw_queries(x))
-    }
-
-    // x [b, l, h] -> [b, l, heads, d], before the norm
-    fn raw_queries(&self, x: &Tensor) -> Tensor {
-        let (b, l) = (x.size()[0], x.size()[1]);
-        self.q_proj
-            .forward(x)
-            .view([b, l, self.heads, self.head_dim])
-    }
-
-    // sources [b, l_i, h] -> k, v [b, sum l_i, kv_heads, d]; k normed (Qwen3)
-    fn keys_values(&self, sources: &[&Tensor]) -> (Tensor, Tensor) {
-        let (k, v) = self.raw_keys_values(sources);
-        (normed(&self.k_norm, k), v)
-    }
-
-    // sources [b, l_i, h] -> k, v [b, sum l_i, kv_heads, d], k before the norm
-    fn raw_keys_values(&self, sources: &[&Tensor]) -> (Tensor, Tensor) {
-        let b = sources[0].size()[0];
-        let heads = |t: Tensor| t.view([b, -1, self.kv_heads, self.head_dim]);
+    /// q from `x`, k and v from `kv_sources` concatenated along the sequence, before the norms:
+    /// each source projected once by the weights it feeds (`x`, where it is a source, by q, k
+    /// and v together), so that a drafter step accumulates each input's and weight's gradient
+    /// in the GEMMs (`layers::project`).
+    // x [b, lq, h], sources [b, l_i, h] -> q [b, lq, heads, d], k, v [b, sum l_i, kv_heads, d]
+    fn raw_projections(&self, x: &Tensor, sources: &[&Tensor]) -> (Tensor, Tensor, Tensor) {
+        let (b, lq) = (x.size()[0], x.size()[1]);
+        let mut q = None;
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        for s in sources {
+            let mut parts = if same_tensor(s, x) && q.is_none() {
+                let mut qkv = project(s, &[&self.q_proj, &self.k_proj, &self.v_proj]);
+                q = Some(qkv.remove(0));
+                qkv
+            } else {
+                project(s, &[&self.k_proj, &self.v_proj])
+            };
+            vs.push(parts.pop().expect("v"));
+            ks.push(parts.pop().expect("k"));
+        }
+        let q = q.unwrap_or_else(|| self.q_proj.forward(x));
         // One source: its projections as they are (a concatenation of one would copy them).
-        let project = |proj: &Linear| match sources {
-            [only] => proj.forward(only),
-            _ => {
-                let parts: Vec<Tensor> = sources.iter().map(|s| proj.forward(s)).collect();
-                Tensor::cat(&parts, 1)
-            }
+        let joined = |mut parts: Vec<Tensor>| match parts.len() {
+            1 => parts.remove(0),
+            _ => Tensor::cat(&parts, 1),
         };
-        (heads(project(&self.k_proj)), heads(project(&self.v_proj)))
+        let heads = |t: Tensor| t.view([b, -1, self.kv_heads, self.head_dim]);
+        (
+            q.view([b, lq, self.heads, self.head_dim]),
+            heads(joined(ks)),
+            heads(joined(vs)),
+        )
     }
 
     // out [b, lq, heads, d] -> [b, lq, h]
