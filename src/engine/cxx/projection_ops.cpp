@@ -40,14 +40,10 @@ struct ProjectInto : public torch::autograd::Function<ProjectInto> {
     ctx->save_for_backward({x});
     ctx->saved_data["weights"] = ws.vec();
     ctx->saved_data["grads"] = grads;
-    at::Tensor rows = x.reshape({-1, in});
     torch::autograd::variable_list out;
     out.reserve(ws.size());
-    for (const at::Tensor& w : ws) {
-      auto shape = x.sizes().vec();
-      shape.back() = w.size(0);
-      out.push_back(at::mm(rows, w.t()).view(shape));
-    }
+    // matmul, not a view of mm's result: an output that is a view would refuse in-place ops.
+    for (const at::Tensor& w : ws) out.push_back(at::matmul(x, w.t()));
     return out;
   }
 

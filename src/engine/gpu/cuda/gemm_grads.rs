@@ -31,10 +31,15 @@ pub fn gemm_grads_state() -> String {
 /// (unless `--disable gemm-grads`): for a step whose weights' `.grad` are zeroed before it and
 /// read after it, and hooked by nothing.
 pub fn with_gemm_grads<T>(f: impl FnOnce() -> T) -> T {
-    let before = ACTIVE.with(|a| a.replace(true));
-    let out = f();
-    ACTIVE.with(|a| a.set(before));
-    out
+    /// Puts the thread's setting back however `f` ends (a panic the worker catches included).
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ACTIVE.with(|a| a.set(self.0));
+        }
+    }
+    let _restore = Restore(ACTIVE.with(|a| a.replace(true)));
+    f()
 }
 
 /// `x` [.., in] projected by each of `weights` ([out_j, in], trained, of `x`'s kind), the
@@ -91,8 +96,8 @@ mod tests {
     /// Inside `with_gemm_grads`, two projections of one input (the CPU's GEMMs, f32) give
     /// autograd's outputs, the input autograd's gradient, and each weight's gradient added into
     /// the `.grad` it had (a second backward doubles it: added, not overwritten), with no
-    /// gradient reaching a weight through autograd; outside it, or for a weight with no `.grad`,
-    /// the op is not taken.
+    /// gradient reaching a weight through autograd, and outputs that take in-place ops; outside
+    /// it, or for a weight with no `.grad`, the op is not taken.
     #[test]
     fn projections_accumulate_the_weights_gradients_in_their_gemms() {
         if !AVAILABLE {
@@ -136,6 +141,9 @@ mod tests {
             for (y, e) in ys.iter().zip(&expected) {
                 assert!(y.allclose(e, 1e-5, 1e-5, false), "outputs");
             }
+            // Plain outputs, not views of the op's own tensors: they take in-place ops.
+            let mut y0 = ys[0].shallow_clone();
+            assert!(y0.f_mul_scalar_(1.0).is_ok(), "an in-place op on an output");
             loss(&ys).backward();
             let scale = pass as f64;
             assert!(x.grad().allclose(&(&dx_ref * scale), 1e-4, 1e-4, false));
