@@ -133,15 +133,18 @@ fn side_by_side_of(
     (outcomes, pair, start)
 }
 
-/// The losses and the gradients' norms of `side_by_side_on_cuda`'s steps before the last agree
-/// within `losses` and `norms` of the second's, each batch gives its own loss, the last (no
-/// label counts) a zero loss and zero gradients both ways, and the weights after are within
+/// The losses of `side_by_side_on_cuda`'s steps before the last agree within `losses` of the
+/// second's, and the gradients' norms within `norms` of the largest norm of the run (not of each
+/// step's: once the loss flattens the norm falls twenty-fold, a sum of parts that cancel, whose
+/// bf16 rounding moves it by a few percent of itself), each batch gives its own loss, the last
+/// (no label counts) a zero loss and zero gradients both ways, and the weights after are within
 /// `weights` of how far they moved.
 fn assert_trained_alike(
     (outcomes, mut pair, start): (Vec<(StepOutcome, StepOutcome)>, [DrafterStep; 2], Tensor),
     (losses, norms, weights): (f64, f64, f64),
 ) -> [DrafterStep; 2] {
     let (done, last) = outcomes.split_at(outcomes.len() - 1);
+    let largest = done.iter().map(|(_, e)| e.grad_norm).fold(0.0, f32::max) as f64;
     for (i, (a, e)) in done.iter().enumerate() {
         let gap = (a.loss - e.loss).abs() as f64;
         let norm_gap = (a.grad_norm - e.grad_norm).abs() as f64;
@@ -150,7 +153,7 @@ fn assert_trained_alike(
             a.loss, e.loss, a.grad_norm, e.grad_norm
         );
         assert!(
-            gap <= losses * e.loss as f64 && norm_gap <= norms * e.grad_norm as f64,
+            gap <= losses * e.loss as f64 && norm_gap <= norms * largest,
             "step {i}: {a:?}, against {e:?}"
         );
     }
@@ -243,8 +246,8 @@ fn bf16_weights_train_like_f32_weights_on_cuda() {
 /// (`--disable drafter-kernels` on the copy's thread), at 0.6B's shapes: heads of 128, as the
 /// norm + RoPE kernel and the block attention need (the tiny preset's 32 take the ops). Both
 /// round in bf16 at different places, so the losses agree to bf16's rounding step by step, and
-/// the gradients' norms too (within 3%: once the loss flattens the norm falls from about 4.6 to
-/// 0.2, a sum of parts that cancel, which bf16's rounding of the parts moves by up to 1%, on an
+/// the gradients' norms too (to 1% of the largest: once the loss flattens the norm falls from
+/// about 4.7 to 0.2, and there the two copies' norms have been 3% of themselves apart, on an
 /// H100); RoPE applied twice, a norm skipped, or a kernel's gradient lost fails it. The
 /// weights after are further apart than the losses say (3 to 7% of how far they moved): AdamW's
 /// first steps move every weight by about the learning rate whatever its gradient's size, so a
@@ -259,7 +262,7 @@ fn the_drafters_kernels_train_like_libtorchs_ops_on_cuda() {
     let run = side_by_side_of("qwen3-0.6b", Some(FastPath::DrafterKernels), |vs, _| {
         AdamW::new(vs.variables().into_iter().collect()).with_bf16_weights()
     });
-    assert_trained_alike(run, (1e-2, 3e-2, 0.1));
+    assert_trained_alike(run, (1e-2, 1e-2, 0.1));
     assert_eq!(crate::engine::gpu::cuda::drafter_kernels_state(), "kernels");
     assert_eq!(crate::engine::gpu::cuda::block_attention_state(), "kernel");
 }
@@ -385,9 +388,10 @@ fn cupti_counts_each_drafter_steps_kernel_launches_on_cuda() {
 /// takes them), against a copy whose gradients autograd adds after each GEMM (`--disable
 /// gemm-grads` on its thread), at 0.6B's shapes: the GEMMs round the sums once where autograd
 /// rounds each part, so the two agree to bf16's rounding (the tolerances of the kernels' test
-/// above, for the same reasons: the norms 1.5% apart at most over the first 4 steps, on an
-/// H100); a gradient written over instead of added (k and v read the context and the block),
-/// one lost, or a weight's gradient counted twice (in its GEMM and by autograd) fails it.
+/// above, for the same reasons: on an H100 the norms 0.2% of the largest apart, the weights 2.7%
+/// of their move); a gradient written over instead of added (k and v read the context and the
+/// block), one lost, or a weight's gradient counted twice (in its GEMM and by autograd) fails
+/// it.
 #[test]
 #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn gradients_accumulated_in_their_gemms_train_like_autograds_on_cuda() {
@@ -398,6 +402,6 @@ fn gradients_accumulated_in_their_gemms_train_like_autograds_on_cuda() {
     let run = side_by_side_of("qwen3-0.6b", Some(FastPath::GemmGrads), |vs, _| {
         AdamW::new(vs.variables().into_iter().collect()).with_bf16_weights()
     });
-    assert_trained_alike(run, (1e-2, 3e-2, 0.1));
+    assert_trained_alike(run, (1e-2, 1e-2, 0.1));
     assert_eq!(crate::engine::gpu::cuda::gemm_grads_state(), "gemm");
 }
