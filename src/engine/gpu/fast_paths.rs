@@ -204,10 +204,29 @@ pub fn on(p: FastPath) -> bool {
 /// `f` run with `p` off on the calling thread only (the process's setting and other threads
 /// untouched): a side-by-side check of a path against the plain one inside one process.
 pub fn without<T>(p: FastPath, f: impl FnOnce() -> T) -> T {
-    let before = OFF_HERE.with(|o| o.replace(o.get() | bit(p)));
-    let out = f();
-    OFF_HERE.with(|o| o.set(before));
-    out
+    for_a_while(&OFF_HERE, |off| off | bit(p), f)
+}
+
+/// `f` run with the calling thread's `setting` changed by `change`, and put back however `f`
+/// ends (a panic a worker catches included).
+pub fn for_a_while<C: Copy + 'static, T>(
+    setting: &'static std::thread::LocalKey<std::cell::Cell<C>>,
+    change: impl FnOnce(C) -> C,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore<C: Copy + 'static>(&'static std::thread::LocalKey<std::cell::Cell<C>>, C);
+    impl<C: Copy + 'static> Drop for Restore<C> {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let before = setting.with(|c| {
+        let before = c.get();
+        c.set(change(before));
+        before
+    });
+    let _restore = Restore(setting, before);
+    f()
 }
 
 /// Runs of tiles a layer for a batch of `rows` rows: as installed, or by default 2 for one row

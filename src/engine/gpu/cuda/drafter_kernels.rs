@@ -20,7 +20,7 @@ use crate::engine::gpu::fast_paths::PathState;
 use std::ffi::c_void;
 use tch::{Kind, Tensor};
 
-/// Whether the drafter's kernels ran in this process (the ops, all three, from the first
+/// Whether the drafter's kernels ran in this process (the ops, all four, from the first
 /// failure of any on).
 static STATE: PathState = PathState::untried();
 

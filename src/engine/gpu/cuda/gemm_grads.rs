@@ -31,15 +31,7 @@ pub fn gemm_grads_state() -> String {
 /// (unless `--disable gemm-grads`): for a step whose weights' `.grad` are zeroed before it and
 /// read after it, and hooked by nothing.
 pub fn with_gemm_grads<T>(f: impl FnOnce() -> T) -> T {
-    /// Puts the thread's setting back however `f` ends (a panic the worker catches included).
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            ACTIVE.with(|a| a.set(self.0));
-        }
-    }
-    let _restore = Restore(ACTIVE.with(|a| a.replace(true)));
-    f()
+    crate::engine::gpu::fast_paths::for_a_while(&ACTIVE, |_| true, f)
 }
 
 /// `x` [.., in] projected by each of `weights` ([out_j, in], trained, of `x`'s kind), the

@@ -241,6 +241,21 @@ fn bf16_weights_train_like_f32_weights_on_cuda() {
     assert_eq!(super::super::optim::bf16_kernel_state(), "kernel");
 }
 
+/// The 0.6B drafter with bf16 weights trained with `path` (through the graphs, as a run takes
+/// it) against a copy with `path` off on its thread, held to `assert_trained_alike`'s
+/// tolerances for paths that round in bf16 at other places (1e-2 in the losses and the norms,
+/// 0.1 in the weights: see the test below); false, having run nothing, without a GPU.
+fn trains_like_the_plain_path(what: &str, path: crate::engine::gpu::fast_paths::FastPath) -> bool {
+    if crate::engine::gpu::cuda::cuda_or_skip(what).is_none() {
+        return false;
+    }
+    let run = side_by_side_of("qwen3-0.6b", Some(path), |vs, _| {
+        AdamW::new(vs.variables().into_iter().collect()).with_bf16_weights()
+    });
+    assert_trained_alike(run, (1e-2, 1e-2, 0.1));
+    true
+}
+
 /// The drafter with its own kernels (q/k norm + RoPE, silu x up, the loss's rows; through the
 /// graphs, as a run takes them) against a copy running libtorch's ops eagerly
 /// (`--disable drafter-kernels` on the copy's thread), at 0.6B's shapes: heads of 128, as the
@@ -256,13 +271,9 @@ fn bf16_weights_train_like_f32_weights_on_cuda() {
 #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn the_drafters_kernels_train_like_libtorchs_ops_on_cuda() {
     use crate::engine::gpu::fast_paths::FastPath;
-    if crate::engine::gpu::cuda::cuda_or_skip("the drafter's kernels").is_none() {
+    if !trains_like_the_plain_path("the drafter's kernels", FastPath::DrafterKernels) {
         return;
     }
-    let run = side_by_side_of("qwen3-0.6b", Some(FastPath::DrafterKernels), |vs, _| {
-        AdamW::new(vs.variables().into_iter().collect()).with_bf16_weights()
-    });
-    assert_trained_alike(run, (1e-2, 1e-2, 0.1));
     assert_eq!(crate::engine::gpu::cuda::drafter_kernels_state(), "kernels");
     assert_eq!(crate::engine::gpu::cuda::block_attention_state(), "kernel");
 }
@@ -396,12 +407,8 @@ fn cupti_counts_each_drafter_steps_kernel_launches_on_cuda() {
 #[ignore = "needs a GPU: `make gpu-tests`, then docs/gpu.md runs them on the GPU host"]
 fn gradients_accumulated_in_their_gemms_train_like_autograds_on_cuda() {
     use crate::engine::gpu::fast_paths::FastPath;
-    if crate::engine::gpu::cuda::cuda_or_skip("gradients in their GEMMs").is_none() {
+    if !trains_like_the_plain_path("gradients in their GEMMs", FastPath::GemmGrads) {
         return;
     }
-    let run = side_by_side_of("qwen3-0.6b", Some(FastPath::GemmGrads), |vs, _| {
-        AdamW::new(vs.variables().into_iter().collect()).with_bf16_weights()
-    });
-    assert_trained_alike(run, (1e-2, 1e-2, 0.1));
     assert_eq!(crate::engine::gpu::cuda::gemm_grads_state(), "gemm");
 }
