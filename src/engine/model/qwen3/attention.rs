@@ -131,8 +131,7 @@ impl Attention {
             // and RoPE go through one trained kernel each way where it runs.
             _ if block_spans.is_some() => self.projected_and_rotated(x, kv_sources, q_rope, k_rope),
             _ => {
-                let (q, k, v) = self.raw_projections(x, kv_sources);
-                let (q, k) = (normed(&self.q_norm, q), normed(&self.k_norm, k));
+                let (q, k, v) = self.normed_projections(x, kv_sources);
                 (q, k, v, false)
             }
         };
@@ -180,8 +179,7 @@ impl Attention {
         mask: &StepMask,
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Tensor {
-        let (q, k, v) = self.raw_projections(x, &[x]);
-        let (q, k) = (normed(&self.q_norm, q), normed(&self.k_norm, k));
+        let (q, k, v) = self.normed_projections(x, &[x]);
         let (q, k, v) = heads_major(&q, &k, &v, rope, rope);
         let (k, v) = match cache.take() {
             Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
@@ -243,9 +241,9 @@ impl Attention {
         )
     }
 
-    /// q, k and v projected from `x` and `kv_sources` (each its own projections), q and k normed
-    /// and rotated by one trained kernel each where it runs (the last value says whether they
-    /// were: else they are normed only, as `queries` and `keys_values` give them).
+    /// q, k and v projected from `x` and `kv_sources` (`raw_projections`), q and k normed and
+    /// rotated by one trained kernel each where it runs (the last value says whether they were:
+    /// else they are normed only, as `normed_projections` gives them).
     // x [b, lq, h], kv_sources [b, lk_i, h] -> q [b, lq, heads, d], k, v [b, lk, kv_heads, d]
     fn projected_and_rotated(
         &self,
@@ -267,6 +265,12 @@ impl Attention {
             }
         }
         (normed(&self.q_norm, q), normed(&self.k_norm, k), v, false)
+    }
+
+    /// `raw_projections` with q and k through their per-head norms (Qwen3's).
+    fn normed_projections(&self, x: &Tensor, sources: &[&Tensor]) -> (Tensor, Tensor, Tensor) {
+        let (q, k, v) = self.raw_projections(x, sources);
+        (normed(&self.q_norm, q), normed(&self.k_norm, k), v)
     }
 
     /// q from `x`, k and v from `kv_sources` concatenated along the sequence, before the norms:
