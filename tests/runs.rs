@@ -947,6 +947,14 @@ fn bench_kernels_needs_cuda_the_engine_or_drafter_and_cupti_left_to_it() {
     assert_user_error(&o, &["--kernels times CUDA kernels", "--drafter-devices"]);
     let o = run(&["bench", "drafter", "--kernels", "many"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
+    // The bench's name after the flag: the flag takes it, and the sentence says where it goes.
+    let o = run(&["bench", "--kernels", "engine"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = stderr(&o);
+    assert!(
+        err.contains("`engine` is not a count") && err.contains("`bench engine --kernels`"),
+        "{err}"
+    );
     let o = run(&[
         "bench",
         "engine",

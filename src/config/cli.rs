@@ -293,8 +293,20 @@ pub struct BenchArgs {
     /// engine's over the run's last two thirds, drafter's over its timed steps (turns --cupti
     /// off: CUPTI takes one subscriber). The heaviest N kernels are listed by name (12 when N
     /// is left out).
-    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "12")]
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "12",
+          value_parser = parse_kernel_count)]
     pub kernels: Option<usize>,
     #[command(flatten)]
     pub train: TrainArgs,
+}
+
+/// `--kernels`' count of kernels to list. A word in its place is most often the bench's name
+/// written after the flag (`bench --kernels engine`), which the flag would otherwise take.
+fn parse_kernel_count(text: &str) -> Result<usize, String> {
+    text.parse::<usize>().map_err(|_| {
+        format!(
+            "`{text}` is not a count: --kernels takes how many kernels to list, or nothing; the \
+             bench's name goes before the flag (`bench engine --kernels`)"
+        )
+    })
 }
