@@ -947,6 +947,12 @@ fn bench_kernels_needs_cuda_the_engine_or_drafter_and_cupti_left_to_it() {
     assert_user_error(&o, &["--kernels times CUDA kernels", "--drafter-devices"]);
     let o = run(&["bench", "drafter", "--kernels", "many"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
+    // A word that names no bench is only not a count: nothing about where a bench's name goes.
+    let err = stderr(&o);
+    assert!(
+        err.contains("`many` is not a count") && !err.contains("bench's name"),
+        "{err}"
+    );
     // The bench's name after the flag: the flag takes it, and the sentence says where it goes.
     let o = run(&["bench", "--kernels", "engine"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");

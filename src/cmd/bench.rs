@@ -5,7 +5,7 @@
 //! the settings' turns, `replicas.rs` the replica check.
 
 use crate::cmd::session::Session;
-use crate::config::cli::BenchArgs;
+use crate::config::cli::{BenchArgs, BENCHES};
 use crate::config::RunConfig;
 use crate::engine::gpu::kernel_time::KernelTally;
 use crate::engine::spec::PipelineSpec;
@@ -20,18 +20,6 @@ mod replicas;
 use alternate::{alternate, Setting};
 use rates::{cuda_calls_line, drafter_rate_line, phase_line, target_rate_line};
 use replicas::replicas;
-
-/// What `bench` measures, by the name its first argument gives.
-const BENCHES: [&str; 8] = [
-    "engine",
-    "drafter",
-    "modes",
-    "profiling",
-    "replicas",
-    "generate",
-    "precision",
-    "telemetry",
-];
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     if !args.train.fail_if.is_empty() || args.train.flight.is_some() {

@@ -262,6 +262,18 @@ pub struct AttachArgs {
     pub config: Option<PathBuf>,
 }
 
+/// What `bench` measures, by the name its first argument gives.
+pub const BENCHES: [&str; 8] = [
+    "engine",
+    "drafter",
+    "modes",
+    "profiling",
+    "replicas",
+    "generate",
+    "precision",
+    "telemetry",
+];
+
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// What to measure: `engine` (training step), `modes` (async / events / sync side by side),
@@ -300,13 +312,17 @@ pub struct BenchArgs {
     pub train: TrainArgs,
 }
 
-/// `--kernels`' count of kernels to list. A word in its place is most often the bench's name
-/// written after the flag (`bench --kernels engine`), which the flag would otherwise take.
+/// `--kernels`' count of kernels to list. A bench's name in its place was written after the flag
+/// (`bench --kernels engine`), which took it: the sentence says where it goes.
 fn parse_kernel_count(text: &str) -> Result<usize, String> {
     text.parse::<usize>().map_err(|_| {
+        let hint = if BENCHES.contains(&text) {
+            format!("; the bench's name goes before the flag (`bench {text} --kernels`)")
+        } else {
+            String::new()
+        };
         format!(
-            "`{text}` is not a count: --kernels takes how many kernels to list, or nothing; the \
-             bench's name goes before the flag (`bench engine --kernels`)"
+            "`{text}` is not a count: --kernels takes how many kernels to list, or nothing{hint}"
         )
     })
 }
