@@ -94,3 +94,26 @@ fn cupti_parses_on_train_and_bench() {
         assert_eq!(got.as_deref(), want, "{args:?}");
     }
 }
+
+/// `bench --help` names every bench `bench` runs in its WHAT argument (it once left out
+/// `drafter`).
+#[test]
+fn bench_help_names_every_bench() {
+    let cmd = Cli::command();
+    let bench = cmd.find_subcommand("bench").expect("a bench subcommand");
+    let what = bench
+        .get_arguments()
+        .find(|a| a.get_id() == "what")
+        .expect("bench's WHAT argument");
+    let help = what
+        .get_long_help()
+        .or_else(|| what.get_help())
+        .expect("WHAT's help")
+        .to_string();
+    for name in dflash_top::config::cli::BENCHES {
+        assert!(
+            help.contains(&format!("`{name}`")),
+            "`{name}` missing: {help}"
+        );
+    }
+}

@@ -276,8 +276,10 @@ pub const BENCHES: [&str; 8] = [
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// What to measure: `engine` (training step), `modes` (async / events / sync side by side),
-    /// `profiling` (profiling on vs off side by side), `telemetry` (phase-mark cost),
+    /// What to measure: `engine` (training step), `drafter` (the drafter alone on hidden states
+    /// its target computed first: each phase's time and TFLOP/s-equivalent), `modes` (async /
+    /// events / sync side by side), `profiling` (profiling on vs off side by side), `telemetry`
+    /// (phase-mark cost),
     /// `replicas` (drafter replicas against one drafter with their rows: equal weights, same loss),
     /// `generate` (the preset's target decoding at each of --gen-batches, side by side) or
     /// `precision` (the target in FP8 against bf16: each captured layer's error, on --steps
