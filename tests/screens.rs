@@ -854,6 +854,43 @@ fn red_means_a_fault_and_nothing_else() {
     );
 }
 
+/// A queue's depth history reads as a line along its tops: each column's top cell a cyan bar,
+/// the cells under it a dim shade (a queue full all window was a solid cyan wall).
+#[test]
+fn a_queue_history_draws_its_tops_bright_and_the_fill_under_them_dim() {
+    use ratatui::backend::TestBackend;
+    use ratatui::style::Color;
+    use ratatui::Terminal;
+    let (ctl, _t) = controls(false);
+    let mut app = app_of(blocked());
+    app.update(Action::ShowView(3), &ctl);
+    let (w, h) = (120u16, 36u16);
+    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+    term.draw(|f| dflash_top::tui::view::draw(f, &app, Theme::from_color(true), LIVE))
+        .unwrap();
+    let buf = term.backend().buffer().clone();
+    let bar = |x: u16, y: u16| "▁▂▃▄▅▆▇█".contains(buf[(x, y)].symbol());
+    let shade = |x: u16, y: u16| buf[(x, y)].symbol() == "░";
+    let (mut tops, mut unders) = (Vec::new(), Vec::new());
+    for x in 0..w {
+        for y in 0..h - 2 {
+            // The top of a column of the history at least three cells tall.
+            if bar(x, y) && shade(x, y + 1) && shade(x, y + 2) {
+                tops.push(buf[(x, y)].fg);
+                unders.push(buf[(x, y + 1)].fg);
+                unders.push(buf[(x, y + 2)].fg);
+            }
+        }
+    }
+    assert!(
+        tops.len() > 20,
+        "columns of the depth history: {}",
+        tops.len()
+    );
+    assert!(tops.iter().all(|c| *c == Color::Cyan), "{tops:?}");
+    assert!(unders.iter().all(|c| *c == Color::DarkGray), "{unders:?}");
+}
+
 /// Issue 27: the queue gauge's label reads dark on its bright fill; the timeline's queue strips
 /// have a legend in their own colours; optim and clip are not the light kin of forward and
 /// backward.

@@ -141,7 +141,9 @@ fn draw_gauge(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx, style: ratatui:
     }
 }
 
-/// The depth history as a sparkline, the latest `area.width` samples, as a share of capacity.
+/// The depth history as a sparkline, the latest `area.width` samples, as a share of capacity:
+/// each column's top cell in the accent colour, the cells under it a dim shade, so a queue that
+/// stays full reads as a line along the top over a muted fill rather than as a solid wall.
 fn draw_history(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
     let width = area.width as usize;
     let scale = 100.0 / q.capacity.max(1) as f64;
@@ -160,7 +162,27 @@ fn draw_history(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             .style(c.theme.accent(ratatui::style::Color::Cyan)),
         area,
     );
+    mute_under_tops(f.buffer_mut(), area, c.theme.dim());
 }
+
+/// In each column of `area`, the cells under its topmost drawn one become a light shade in
+/// `under`'s style (without colour, the sparkline stays as drawn).
+fn mute_under_tops(buf: &mut ratatui::buffer::Buffer, area: Rect, under: ratatui::style::Style) {
+    if under == ratatui::style::Style::default() {
+        return;
+    }
+    for x in area.left()..area.right() {
+        let top = (area.top()..area.bottom()).find(|&y| buf[(x, y)].symbol() != " ");
+        if let Some(top) = top {
+            for y in top + 1..area.bottom() {
+                buf[(x, y)].set_symbol(SHADE).set_style(under);
+            }
+        }
+    }
+}
+
+/// The fill under a depth history's tops.
+const SHADE: &str = "░";
 
 pub fn render(f: &mut Frame, area: Rect, c: &Ctx) {
     let n = c.snap.queues.len().max(1) as u32;
