@@ -752,6 +752,15 @@ fn an_attached_viewer_says_whom_it_watches_and_that_q_detaches() {
     assert!(s.lines().nth(3).unwrap().ends_with("; q leaves"), "{s}");
 }
 
+/// `app` drawn in colour on a `w` x `h` terminal: the cells with their styles.
+fn drawn(app: &App, badges: Badges, w: u16, h: u16) -> ratatui::buffer::Buffer {
+    let backend = ratatui::backend::TestBackend::new(w, h);
+    let mut term = ratatui::Terminal::new(backend).unwrap();
+    term.draw(|f| dflash_top::tui::view::draw(f, app, Theme::from_color(true), badges))
+        .unwrap();
+    term.backend().buffer().clone()
+}
+
 /// The foreground of the first cell of `text` on the screen (and its row), as drawn.
 fn fg_of(
     app: &App,
@@ -761,12 +770,7 @@ fn fg_of(
     text: &str,
     from_x: u16,
 ) -> ratatui::style::Style {
-    use ratatui::backend::TestBackend;
-    use ratatui::Terminal;
-    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
-    term.draw(|f| dflash_top::tui::view::draw(f, app, Theme::from_color(true), badges))
-        .unwrap();
-    let buf = term.backend().buffer().clone();
+    let buf = drawn(app, badges, w, h);
     for y in 0..h {
         let row: Vec<String> = (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect();
         let line: String = row.concat();
@@ -827,10 +831,7 @@ fn red_means_a_fault_and_nothing_else() {
     );
     for view in [0, 1, 2, 5] {
         stuck.update(Action::ShowView(view), &ctl);
-        let mut term = ratatui::Terminal::new(ratatui::backend::TestBackend::new(160, 45)).unwrap();
-        term.draw(|f| dflash_top::tui::view::draw(f, &stuck, Theme::from_color(true), LIVE))
-            .unwrap();
-        let buf = term.backend().buffer().clone();
+        let buf = drawn(&stuck, LIVE, 160, 45);
         // The first cell of each "target-0" / "drafter-0" label below the header.
         let label = |who: &str| {
             (4..45u16)
@@ -858,17 +859,12 @@ fn red_means_a_fault_and_nothing_else() {
 /// the cells under it a dim shade (a queue full all window was a solid cyan wall).
 #[test]
 fn a_queue_history_draws_its_tops_bright_and_the_fill_under_them_dim() {
-    use ratatui::backend::TestBackend;
     use ratatui::style::Color;
-    use ratatui::Terminal;
     let (ctl, _t) = controls(false);
     let mut app = app_of(blocked());
     app.update(Action::ShowView(3), &ctl);
     let (w, h) = (120u16, 36u16);
-    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
-    term.draw(|f| dflash_top::tui::view::draw(f, &app, Theme::from_color(true), LIVE))
-        .unwrap();
-    let buf = term.backend().buffer().clone();
+    let buf = drawn(&app, LIVE, w, h);
     let bar = |x: u16, y: u16| "▁▂▃▄▅▆▇█".contains(buf[(x, y)].symbol());
     let shade = |x: u16, y: u16| buf[(x, y)].symbol() == "░";
     let (mut tops, mut unders) = (Vec::new(), Vec::new());
@@ -896,17 +892,10 @@ fn a_queue_history_draws_its_tops_bright_and_the_fill_under_them_dim() {
 /// backward.
 #[test]
 fn gauge_labels_read_on_their_fill_strips_have_a_legend_and_twin_colours_are_gone() {
-    use ratatui::backend::TestBackend;
     use ratatui::style::Color;
-    use ratatui::Terminal;
     let (ctl, _t) = controls(false);
     let mut app = app_of(blocked());
-    let draw = |app: &App| {
-        let mut term = Terminal::new(TestBackend::new(120, 36)).unwrap();
-        term.draw(|f| dflash_top::tui::view::draw(f, app, Theme::from_color(true), LIVE))
-            .unwrap();
-        term.backend().buffer().clone()
-    };
+    let draw = |app: &App| drawn(app, LIVE, 120, 36);
     let find = |buf: &ratatui::buffer::Buffer, text: &str| {
         (0..36u16)
             .find_map(|y| {

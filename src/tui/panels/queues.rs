@@ -162,15 +162,15 @@ fn draw_history(f: &mut Frame, area: Rect, q: &QueueView, c: &Ctx) {
             .style(c.theme.accent(ratatui::style::Color::Cyan)),
         area,
     );
-    mute_under_tops(f.buffer_mut(), area, c.theme.dim());
+    // Without colour the shade would say nothing the bars do not: the sparkline stays.
+    if c.theme.color {
+        mute_under_tops(f.buffer_mut(), area, c.theme.dim());
+    }
 }
 
 /// In each column of `area`, the cells under its topmost drawn one become a light shade in
-/// `under`'s style (without colour, the sparkline stays as drawn).
+/// `under`'s style.
 fn mute_under_tops(buf: &mut ratatui::buffer::Buffer, area: Rect, under: ratatui::style::Style) {
-    if under == ratatui::style::Style::default() {
-        return;
-    }
     for x in area.left()..area.right() {
         let top = (area.top()..area.bottom()).find(|&y| buf[(x, y)].symbol() != " ");
         if let Some(top) = top {
